@@ -1,0 +1,53 @@
+// The interface every compute backend (CPU reference, CUDA) implements.
+//
+// A Batch packs the sequences of several requests into one activation of
+// [total_tokens, hidden] rows: sequence s occupies rows
+// [cu_seqlens[s], cu_seqlens[s+1]) and has positions 0..len-1. A request with
+// B sequences contributes B consecutive sequences. Backends run every
+// projection once over all rows (one GEMM with M = total_tokens) and attention
+// per sequence, as variable-length flash attention does.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "server/core/request.h"
+
+namespace layerserve {
+
+struct Batch {
+  std::vector<std::unique_ptr<InferRequest>> requests;
+  std::vector<int32_t> cu_seqlens;  // num_sequences + 1 offsets, cu_seqlens[0] == 0
+  int64_t total_tokens = 0;
+
+  // Fills cu_seqlens and total_tokens from `requests`.
+  void Pack();
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string_view Name() const = 0;
+
+  // How many batches may be in flight at once (CPU: 1; CUDA: one per stream).
+  // The batcher forms a batch only when a slot is free, so requests keep
+  // accumulating (and batching) while the backend is busy.
+  virtual int MaxInflightBatches() const = 0;
+
+  // Runs the layer span over `batch`: reads each request's `input` and fills
+  // its `output` (same dtype, same layout). Returns at once; calls `done`
+  // exactly once, on any thread, when the outputs are written or the batch
+  // failed. Must not block the caller on compute.
+  virtual void Execute(std::shared_ptr<Batch> batch, std::function<void(absl::Status)> done) = 0;
+
+  // OK while the backend can serve. A backend that hits an unrecoverable
+  // device error reports it here; readiness and health turn NOT_SERVING.
+  virtual absl::Status Health() const { return absl::OkStatus(); }
+};
+
+}  // namespace layerserve

@@ -1,0 +1,78 @@
+// The dynamic batcher: a bounded queue of InferRequests and one scheduling
+// thread that forms token-level batches (see batch_policy.h) and hands them
+// to the backend whenever it has a free slot.
+//
+// Threading: Enqueue() is called from gRPC reactions and never blocks on
+// compute. The scheduling thread owns batch formation; completions arrive on
+// backend threads. Requests whose deadline passed or that were cancelled while
+// queued are answered (DEADLINE_EXCEEDED / CANCELLED) without running.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "server/core/backend.h"
+#include "server/core/batch_policy.h"
+#include "server/core/clock.h"
+#include "server/core/mutex.h"
+#include "server/core/observer.h"
+#include "server/core/request.h"
+
+namespace layerserve {
+
+struct BatcherOptions {
+  BatchPolicy policy;
+  int64_t max_queue_size = 1024;  // requests waiting; beyond it Enqueue fails
+};
+
+class Batcher {
+ public:
+  // `backend`, `observer` and `clock` must outlive the Batcher.
+  Batcher(BatcherOptions options, Backend* backend, ServerObserver* observer, const Clock* clock);
+  ~Batcher();  // Shutdown(): drains queued and in-flight work first
+
+  Batcher(const Batcher&) = delete;
+  Batcher& operator=(const Batcher&) = delete;
+
+  // Queues the request. On success the request's on_done will be called
+  // later. On failure (queue full: RESOURCE_EXHAUSTED; shutting down:
+  // UNAVAILABLE) the status is returned, on_done is NOT called, and the
+  // request is returned to the caller through `request` (left non-null).
+  absl::Status Enqueue(std::unique_ptr<InferRequest>& request);
+
+  // Wakes the scheduler so it re-reads the clock (tests with a FakeClock).
+  void Wake();
+
+  // Stops accepting work, runs everything already queued, waits for in-flight
+  // batches, then joins the thread. Idempotent.
+  void Shutdown();
+
+  int64_t queue_depth() const;
+
+ private:
+  void Run();
+  // Removes expired or cancelled requests from the queue; answers them after
+  // the lock is released (moved into `dropped`).
+  void DropDeadLocked(SteadyTime now, std::vector<std::unique_ptr<InferRequest>>& dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start, absl::Status status);
+
+  const BatcherOptions options_;
+  Backend* const backend_;
+  ServerObserver* const observer_;
+  const Clock* const clock_;
+
+  mutable Mutex mu_;
+  std::deque<std::unique_ptr<InferRequest>> queue_ ABSL_GUARDED_BY(mu_);
+  int inflight_batches_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  CondVar cv_;  // signalled whenever the scheduling decision may change
+  std::thread thread_;
+};
+
+}  // namespace layerserve

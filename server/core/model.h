@@ -1,0 +1,108 @@
+// A span of Llama-family decoder layers: configuration and host weights.
+//
+// Loaded once at start-up (from a Hugging Face checkpoint directory or the
+// built-in demo model) and then read-only; backends copy or convert what they
+// need when they are constructed. Nothing here knows about a backend.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/core/dtype.h"
+
+namespace layerserve {
+
+// `rope_scaling` of type "llama3" (Llama 3.1+): frequency-dependent scaling.
+struct Llama3RopeScaling {
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+// The subset of a Hugging Face config.json that defines one decoder layer.
+struct LlamaConfig {
+  std::string model_type;           // "llama", "mistral" or "qwen2"
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;  // defaults to num_attention_heads
+  int64_t head_dim = 0;             // defaults to hidden_size / num_attention_heads
+  int64_t num_hidden_layers = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  std::optional<Llama3RopeScaling> rope_scaling;
+  bool attention_bias = false;      // q/k/v biases (qwen2 always; llama if set)
+  std::string torch_dtype;          // informational
+};
+
+// Parses config.json text. `source` names the file in error messages.
+// Unsupported model types, missing required fields and inconsistent sizes are
+// INVALID_ARGUMENT (or UNIMPLEMENTED for a rope_scaling type we do not know).
+absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::string_view source);
+
+// RoPE inverse frequencies (head_dim / 2 values) in float32, computed as the
+// Hugging Face implementation does, including llama3 scaling.
+std::vector<float> RopeInvFreq(const LlamaConfig& config);
+
+// A dense host tensor, row-major, in its checkpoint dtype.
+struct HostTensor {
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  std::vector<unsigned char> data;  // shape product * DTypeSize(dtype) bytes
+
+  int64_t NumElements() const;
+  // Element-wise float32 copy of the data.
+  std::vector<float> ToFloat() const;
+};
+
+// Weights of one decoder layer, named as in Hugging Face's LlamaDecoderLayer.
+// Linear weights are [out_features, in_features] (y = x W^T).
+struct LayerWeights {
+  HostTensor input_layernorm;           // [hidden]
+  HostTensor q_proj, k_proj, v_proj;    // [heads*head_dim, hidden], [kv_heads*head_dim, hidden] x2
+  HostTensor q_bias, k_bias, v_bias;    // empty unless config.attention_bias
+  HostTensor o_proj;                    // [hidden, heads*head_dim]
+  HostTensor post_attention_layernorm;  // [hidden]
+  HostTensor gate_proj, up_proj;        // [intermediate, hidden]
+  HostTensor down_proj;                 // [hidden, intermediate]
+};
+
+// The layers [first_layer, first_layer + layers.size()) of a model.
+struct ModelSpan {
+  std::string name;
+  LlamaConfig config;
+  int64_t first_layer = 0;
+  std::vector<LayerWeights> layers;
+
+  // Bytes of weight data held (for logging and the memory gauge).
+  size_t WeightBytes() const;
+};
+
+// Half-open layer range [begin, end); parsed from "A:B" (either side may be
+// empty: ":4", "2:").
+struct LayerRange {
+  std::optional<int64_t> begin;
+  std::optional<int64_t> end;
+};
+absl::StatusOr<LayerRange> ParseLayerRange(std::string_view text);
+
+// Loads config.json and the layers in `range` from `dir` (model.safetensors,
+// or shards listed in model.safetensors.index.json). Tensor names are
+// "model.layers.{i}.<module>.weight". Errors name the file and the tensor.
+absl::StatusOr<ModelSpan> LoadModelSpan(const std::filesystem::path& dir, const LayerRange& range,
+                                        std::string model_name);
+
+// The built-in demo model: a small Llama configuration with grouped-query
+// attention (hidden 512, 8 heads, 4 KV heads, head_dim 64, intermediate 1408,
+// 4 layers, rope_theta 500000) and weights from a fixed seed, so every run and
+// every machine serves identical numbers. Stored as float32.
+LlamaConfig DemoConfig();
+ModelSpan MakeDemoModel(const LayerRange& range, std::string model_name = "demo");
+
+}  // namespace layerserve

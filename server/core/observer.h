@@ -1,0 +1,74 @@
+// What the core reports about its work, for metrics and statistics.
+//
+// server/metrics implements this interface with Prometheus collectors and the
+// gRPC layer's ModelStatistics reads a StatsRecorder; the core depends on
+// neither. Callbacks may come from any thread (gRPC, batcher, backend
+// completion) and must be cheap and thread-safe; they are never called with a
+// core lock held.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace layerserve {
+
+// One finished ModelInfer call, whatever its outcome, as seen at the edge.
+struct RequestRecord {
+  std::string_view model;
+  std::string_view code;       // canonical status code name: "OK", "INVALID_ARGUMENT", ...
+  double duration_seconds = 0;  // receipt -> reply
+  int64_t tokens = 0;          // B*T, 0 if the request never parsed
+};
+
+// One request that left the queue (to run, or dropped as expired/cancelled).
+struct DequeueRecord {
+  double queue_seconds = 0;
+};
+
+// One batch executed by a backend.
+struct BatchRecord {
+  int64_t requests = 0;
+  int64_t tokens = 0;
+  double compute_seconds = 0;
+  bool ok = true;
+};
+
+class ServerObserver {
+ public:
+  virtual ~ServerObserver() = default;
+  virtual void OnRequestFinished(const RequestRecord&) {}
+  virtual void OnDequeued(const DequeueRecord&) {}
+  virtual void OnBatchExecuted(const BatchRecord&) {}
+  virtual void OnQueueDepth(int64_t /*requests*/) {}
+  // Requests accepted by the edge and not yet answered.
+  virtual void OnInflight(int64_t /*requests*/) {}
+};
+
+// Forwards every callback to each of a fixed list of observers.
+class ObserverList final : public ServerObserver {
+ public:
+  void Add(ServerObserver* observer) { observers_.push_back(observer); }  // before serving
+  void OnRequestFinished(const RequestRecord& r) override {
+    for (auto* o : observers_) o->OnRequestFinished(r);
+  }
+  void OnDequeued(const DequeueRecord& r) override {
+    for (auto* o : observers_) o->OnDequeued(r);
+  }
+  void OnBatchExecuted(const BatchRecord& r) override {
+    for (auto* o : observers_) o->OnBatchExecuted(r);
+  }
+  void OnQueueDepth(int64_t n) override {
+    for (auto* o : observers_) o->OnQueueDepth(n);
+  }
+  void OnInflight(int64_t n) override {
+    for (auto* o : observers_) o->OnInflight(n);
+  }
+
+ private:
+  std::vector<ServerObserver*> observers_;  // not owned
+};
+
+}  // namespace layerserve

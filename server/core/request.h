@@ -1,0 +1,49 @@
+// One inference request as the core sees it: transport-agnostic.
+//
+// The gRPC layer validates a ModelInfer call, builds an InferRequest whose
+// `input` points into the call's request message (which it keeps alive until
+// `on_done` runs), and hands it to the Batcher. The core fills `output` and
+// the timings, then calls `on_done` exactly once, from the batcher or a
+// backend completion thread, never under a lock.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "server/core/clock.h"
+#include "server/core/dtype.h"
+
+namespace layerserve {
+
+struct InferRequest {
+  std::string id;            // echoed back; may be empty
+  DType dtype = DType::kF32;  // of both input and output
+  int64_t batch = 0;         // B: independent sequences
+  int64_t seq_len = 0;       // T: tokens per sequence, positions 0..T-1
+  int64_t hidden = 0;
+  std::string_view input;    // B*T*hidden elements of `dtype`, row-major; not owned
+
+  // Drop the request before compute once this passes (unset: no deadline).
+  std::optional<SteadyTime> deadline;
+  // Polled before compute; true drops the request with CANCELLED. May be empty.
+  std::function<bool()> is_cancelled;
+
+  // Filled by the core.
+  std::string output;        // same size and layout as `input`
+  SteadyTime enqueue_time{};
+  double queue_seconds = 0;    // enqueue -> batch start
+  double compute_seconds = 0;  // batch start -> batch done (shared by the batch)
+  int64_t batch_requests = 0;  // requests in the batch that ran this one
+
+  // Called once with OK (output filled) or the reason the request failed.
+  std::function<void(absl::Status)> on_done;
+
+  int64_t tokens() const { return batch * seq_len; }
+  size_t num_elements() const { return static_cast<size_t>(batch * seq_len * hidden); }
+};
+
+}  // namespace layerserve

@@ -1,0 +1,91 @@
+// ModelInfer request validation (see validation.h). Every message names the
+// field at fault, because that is what a client developer reads first.
+#include "server/core/validation.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/core/status_macros.h"
+
+namespace layerserve {
+namespace {
+
+absl::Status Invalid(std::string_view input, std::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("input '", ToAbsl(input), "': ", ToAbsl(what)));
+}
+
+}  // namespace
+
+absl::StatusOr<ValidatedInput> ValidateRequest(const RequestDescription& request,
+                                               const ModelLimits& limits) {
+  for (const std::string_view out : request.requested_outputs) {
+    if (out != kOutputName) {
+      return absl::InvalidArgumentError(absl::StrCat("requested output '", ToAbsl(out),
+                                                     "' does not exist; the model has one output '",
+                                                     ToAbsl(kOutputName), "'"));
+    }
+  }
+  if (request.inputs.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("expected exactly one input '", ToAbsl(kInputName),
+                                                   "', got ", request.inputs.size(), " inputs"));
+  }
+  const InputDescription& in = request.inputs[0];
+  if (in.name != kInputName) {
+    return absl::InvalidArgumentError(absl::StrCat("unexpected input '", ToAbsl(in.name),
+                                                   "'; the model takes one input '", ToAbsl(kInputName),
+                                                   "'"));
+  }
+  const std::optional<DType> dtype = ParseProtocolDType(in.datatype);
+  if (!dtype) {
+    return Invalid(in.name, absl::StrCat("unsupported datatype '", ToAbsl(in.datatype),
+                                         "' (expected BF16, FP16 or FP32)"));
+  }
+  if (in.shape.size() != 3) {
+    return Invalid(in.name, absl::StrCat("shape [", absl::StrJoin(in.shape, ", "), "] has rank ",
+                                         in.shape.size(),
+                                         "; expected rank 3: [batch, tokens, hidden]"));
+  }
+  static constexpr std::string_view kDimNames[3] = {"batch", "tokens", "hidden"};
+  for (size_t i = 0; i < 3; ++i) {
+    if (in.shape[i] <= 0) {
+      return Invalid(in.name, absl::StrCat("shape dimension ", i, " (", ToAbsl(kDimNames[i]), ") is ",
+                                           in.shape[i], "; every dimension must be >= 1"));
+    }
+  }
+  const int64_t batch = in.shape[0], seq_len = in.shape[1], hidden = in.shape[2];
+  if (hidden != limits.hidden_size) {
+    return Invalid(in.name, absl::StrCat("shape dimension 2 (hidden) is ", hidden,
+                                         ", but the model's hidden size is ", limits.hidden_size));
+  }
+  // B*T*hidden*element_size, with overflow checked at every step: shapes come
+  // straight from the client.
+  int64_t tokens = 0;
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(batch, seq_len, &tokens) ||
+      __builtin_mul_overflow(tokens, hidden, &bytes) ||
+      __builtin_mul_overflow(bytes, static_cast<int64_t>(DTypeSize(*dtype)), &bytes)) {
+    return Invalid(in.name, absl::StrCat("shape [", absl::StrJoin(in.shape, ", "),
+                                         "] overflows a 64-bit element count"));
+  }
+  if (tokens > limits.max_tokens_per_request) {
+    return Invalid(in.name, absl::StrCat(tokens, " tokens (batch ", batch, " x ", seq_len,
+                                         ") exceed the per-request limit of ",
+                                         limits.max_tokens_per_request, " (--max-batch-tokens)"));
+  }
+  if (in.has_typed_contents) {
+    return Invalid(in.name,
+                   "tensor data in typed 'contents' fields is not supported; send it in "
+                   "raw_input_contents");
+  }
+  if (request.raw_sizes.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "raw_input_contents has ", request.raw_sizes.size(), " entries; expected 1 (one per input)"));
+  }
+  if (request.raw_sizes[0] != static_cast<size_t>(bytes)) {
+    return Invalid(in.name, absl::StrCat("raw_input_contents[0] holds ", request.raw_sizes[0],
+                                         " bytes; shape [", absl::StrJoin(in.shape, ", "), "] of ",
+                                         ToAbsl(in.datatype), " needs ", bytes));
+  }
+  return ValidatedInput{*dtype, batch, seq_len, hidden, static_cast<size_t>(bytes)};
+}
+
+}  // namespace layerserve

@@ -1,0 +1,25 @@
+// The CPU backend: the reference implementation of a decoder-layer span, and
+// the backend CI and machines without a GPU serve with.
+//
+// Weights are converted to float32 once at construction. Each batch runs on
+// the backend's own worker thread (one batch in flight), so the batcher keeps
+// queueing while it computes. Projections are single BLAS GEMMs over all
+// packed tokens; attention runs per sequence and head.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "server/core/backend.h"
+#include "server/core/model.h"
+
+namespace layerserve {
+
+struct CpuBackendOptions {
+  int num_threads = 0;  // BLAS and attention threads; 0 = all cores
+};
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const ModelSpan& model,
+                                                         const CpuBackendOptions& options);
+
+}  // namespace layerserve
