@@ -1,0 +1,262 @@
+// config.json parsing (ParseLlamaConfig) and RoPE inverse frequencies
+// (RopeInvFreq), declared in model.h.
+//
+// Field defaults follow Hugging Face's LlamaConfig / MistralConfig /
+// Qwen2Config. Anything that would change a decoder layer's math in a way this
+// server does not implement is rejected rather than ignored, except sliding
+// window attention (mistral `sliding_window`, qwen2 `use_sliding_window`): the
+// server always attends full-causally, which equals sliding-window attention
+// whenever a sequence is no longer than the window; windows are thousands of
+// tokens, and a request is bounded by --max-batch-tokens.
+#include <cmath>
+#include <numbers>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "server/core/model.h"
+#include "server/core/status_macros.h"
+
+namespace layerserve {
+namespace {
+
+using nlohmann::json;
+
+// Reads typed fields out of one JSON object, with errors that name the file
+// and the field.
+class FieldReader {
+ public:
+  FieldReader(const json& object, std::string_view source, std::string prefix = "")
+      : object_(object), source_(source), prefix_(std::move(prefix)) {}
+
+  // Absent and null both mean "not set", as in Hugging Face configs.
+  const json* Find(std::string_view key) const {
+    const auto it = object_.find(key);
+    if (it == object_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  absl::Status Error(std::string_view key, std::string_view what) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ToAbsl(source_), ": field '", prefix_, ToAbsl(key), "' ", ToAbsl(what)));
+  }
+
+  absl::StatusOr<std::optional<int64_t>> OptionalInt(std::string_view key) const {
+    const json* v = Find(key);
+    if (v == nullptr) return std::optional<int64_t>();
+    if (!v->is_number_integer()) return Error(key, "must be an integer");
+    return std::optional<int64_t>(v->get<int64_t>());
+  }
+
+  absl::StatusOr<int64_t> PositiveInt(std::string_view key) const {
+    LS_ASSIGN_OR_RETURN(std::optional<int64_t> v, OptionalInt(key));
+    if (!v) return Error(key, "is missing");
+    if (*v <= 0) return Error(key, absl::StrCat("must be positive, got ", *v));
+    return *v;
+  }
+
+  absl::StatusOr<std::optional<double>> OptionalNumber(std::string_view key) const {
+    const json* v = Find(key);
+    if (v == nullptr) return std::optional<double>();
+    if (!v->is_number()) return Error(key, "must be a number");
+    return std::optional<double>(v->get<double>());
+  }
+
+  absl::StatusOr<double> RequiredNumber(std::string_view key) const {
+    LS_ASSIGN_OR_RETURN(std::optional<double> v, OptionalNumber(key));
+    if (!v) return Error(key, "is missing");
+    return *v;
+  }
+
+  absl::StatusOr<std::optional<bool>> OptionalBool(std::string_view key) const {
+    const json* v = Find(key);
+    if (v == nullptr) return std::optional<bool>();
+    if (!v->is_boolean()) return Error(key, "must be true or false");
+    return std::optional<bool>(v->get<bool>());
+  }
+
+  absl::StatusOr<std::optional<std::string>> OptionalString(std::string_view key) const {
+    const json* v = Find(key);
+    if (v == nullptr) return std::optional<std::string>();
+    if (!v->is_string()) return Error(key, "must be a string");
+    return std::optional<std::string>(v->get<std::string>());
+  }
+
+ private:
+  const json& object_;
+  std::string_view source_;
+  std::string prefix_;
+};
+
+// `rope_scaling` (or the newer `rope_parameters`): null, {"rope_type":
+// "default"} or llama3 scaling. Sets `config.rope_scaling` and, for
+// rope_parameters, may carry rope_theta.
+absl::Status ParseRopeScaling(const json& value, std::string_view key, std::string_view source,
+                              LlamaConfig& config) {
+  if (!value.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ToAbsl(source), ": field '", ToAbsl(key), "' must be an object or null"));
+  }
+  const FieldReader reader(value, source, absl::StrCat(ToAbsl(key), "."));
+  LS_ASSIGN_OR_RETURN(std::optional<std::string> rope_type, reader.OptionalString("rope_type"));
+  if (!rope_type) {
+    LS_ASSIGN_OR_RETURN(rope_type, reader.OptionalString("type"));
+  }
+  LS_ASSIGN_OR_RETURN(std::optional<double> theta, reader.OptionalNumber("rope_theta"));
+  if (theta) config.rope_theta = *theta;
+  if (!rope_type || *rope_type == "default") {
+    config.rope_scaling.reset();
+    return absl::OkStatus();
+  }
+  if (*rope_type != "llama3") {
+    return absl::UnimplementedError(
+        absl::StrCat(ToAbsl(source), ": ", ToAbsl(key), " type '", *rope_type,
+                     "' is not supported (supported: default, llama3)"));
+  }
+  Llama3RopeScaling scaling;
+  LS_ASSIGN_OR_RETURN(scaling.factor, reader.RequiredNumber("factor"));
+  LS_ASSIGN_OR_RETURN(scaling.low_freq_factor, reader.RequiredNumber("low_freq_factor"));
+  LS_ASSIGN_OR_RETURN(scaling.high_freq_factor, reader.RequiredNumber("high_freq_factor"));
+  LS_ASSIGN_OR_RETURN(scaling.original_max_position_embeddings,
+                      reader.PositiveInt("original_max_position_embeddings"));
+  if (!(scaling.factor > 0)) return reader.Error("factor", "must be positive");
+  if (!(scaling.low_freq_factor > 0)) return reader.Error("low_freq_factor", "must be positive");
+  if (!(scaling.high_freq_factor > scaling.low_freq_factor)) {
+    return reader.Error("high_freq_factor", "must be greater than low_freq_factor");
+  }
+  config.rope_scaling = scaling;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::string_view source) {
+  const json root = json::parse(json_text, /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) {
+    return absl::InvalidArgumentError(absl::StrCat(ToAbsl(source), ": not valid JSON"));
+  }
+  if (!root.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(ToAbsl(source), ": not a JSON object"));
+  }
+  const FieldReader reader(root, source);
+  LlamaConfig config;
+
+  LS_ASSIGN_OR_RETURN(std::optional<std::string> model_type, reader.OptionalString("model_type"));
+  if (!model_type) return reader.Error("model_type", "is missing");
+  if (*model_type != "llama" && *model_type != "mistral" && *model_type != "qwen2") {
+    return absl::InvalidArgumentError(absl::StrCat(ToAbsl(source), ": model_type '", *model_type,
+                                                   "' is not supported (llama, mistral, qwen2)"));
+  }
+  config.model_type = *model_type;
+
+  LS_ASSIGN_OR_RETURN(config.hidden_size, reader.PositiveInt("hidden_size"));
+  LS_ASSIGN_OR_RETURN(config.intermediate_size, reader.PositiveInt("intermediate_size"));
+  LS_ASSIGN_OR_RETURN(config.num_attention_heads, reader.PositiveInt("num_attention_heads"));
+  LS_ASSIGN_OR_RETURN(config.num_hidden_layers, reader.PositiveInt("num_hidden_layers"));
+
+  LS_ASSIGN_OR_RETURN(std::optional<int64_t> kv_heads, reader.OptionalInt("num_key_value_heads"));
+  config.num_key_value_heads = kv_heads.value_or(config.num_attention_heads);
+  if (config.num_key_value_heads <= 0 ||
+      config.num_attention_heads % config.num_key_value_heads != 0) {
+    return reader.Error("num_key_value_heads",
+                        absl::StrCat("(", config.num_key_value_heads,
+                                     ") must be positive and divide num_attention_heads (",
+                                     config.num_attention_heads, ")"));
+  }
+
+  LS_ASSIGN_OR_RETURN(std::optional<int64_t> head_dim, reader.OptionalInt("head_dim"));
+  if (head_dim) {
+    config.head_dim = *head_dim;
+  } else {
+    if (config.hidden_size % config.num_attention_heads != 0) {
+      return reader.Error(
+          "hidden_size",
+          absl::StrCat("(", config.hidden_size, ") is not divisible by num_attention_heads (",
+                       config.num_attention_heads, ") and head_dim is not set"));
+    }
+    config.head_dim = config.hidden_size / config.num_attention_heads;
+  }
+  if (config.head_dim <= 0 || config.head_dim % 2 != 0) {
+    return reader.Error("head_dim",
+                        absl::StrCat("(", config.head_dim, ") must be positive and even"));
+  }
+
+  LS_ASSIGN_OR_RETURN(std::optional<double> eps, reader.OptionalNumber("rms_norm_eps"));
+  if (eps) config.rms_norm_eps = *eps;
+  if (!(config.rms_norm_eps > 0)) return reader.Error("rms_norm_eps", "must be positive");
+  LS_ASSIGN_OR_RETURN(std::optional<double> theta, reader.OptionalNumber("rope_theta"));
+  if (theta) config.rope_theta = *theta;
+
+  if (const json* v = reader.Find("rope_scaling")) {
+    LS_RETURN_IF_ERROR(ParseRopeScaling(*v, "rope_scaling", source, config));
+  } else if (const json* p = reader.Find("rope_parameters")) {
+    LS_RETURN_IF_ERROR(ParseRopeScaling(*p, "rope_parameters", source, config));
+  }
+  if (!(config.rope_theta > 0)) return reader.Error("rope_theta", "must be positive");
+
+  LS_ASSIGN_OR_RETURN(std::optional<std::string> act, reader.OptionalString("hidden_act"));
+  if (act && *act != "silu") {
+    return absl::UnimplementedError(
+        absl::StrCat(ToAbsl(source), ": hidden_act '", *act, "' is not supported (silu)"));
+  }
+  LS_ASSIGN_OR_RETURN(std::optional<bool> mlp_bias, reader.OptionalBool("mlp_bias"));
+  if (mlp_bias.value_or(false)) {
+    return absl::UnimplementedError(
+        absl::StrCat(ToAbsl(source), ": mlp_bias=true is not supported"));
+  }
+  LS_ASSIGN_OR_RETURN(std::optional<bool> attention_bias, reader.OptionalBool("attention_bias"));
+  if (config.model_type == "qwen2") {
+    config.attention_bias = true;  // Qwen2Attention: q/k/v biased, o_proj not
+  } else if (config.model_type == "llama" && attention_bias.value_or(false)) {
+    // LlamaAttention's attention_bias also gives o_proj a bias, which
+    // LayerWeights has no slot for; serving without it would be silently wrong.
+    return absl::UnimplementedError(absl::StrCat(
+        ToAbsl(source), ": attention_bias=true (q/k/v/o_proj biases) is not supported"));
+  }
+
+  LS_ASSIGN_OR_RETURN(std::optional<std::string> torch_dtype, reader.OptionalString("torch_dtype"));
+  if (!torch_dtype) {
+    LS_ASSIGN_OR_RETURN(torch_dtype, reader.OptionalString("dtype"));
+  }
+  config.torch_dtype = torch_dtype.value_or("");
+  return config;
+}
+
+// Mirrors transformers' _compute_default_rope_parameters and
+// _compute_llama3_parameters step by step in float32, including where torch
+// evaluates `scalar / tensor` as reciprocal(tensor) * scalar, so the
+// frequencies match Hugging Face's to the last bit on typical inputs.
+std::vector<float> RopeInvFreq(const LlamaConfig& config) {
+  const int64_t dim = config.head_dim;
+  const float base = static_cast<float>(config.rope_theta);
+  std::vector<float> inv_freq(static_cast<size_t>(dim / 2));
+  for (int64_t i = 0; i < dim / 2; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(dim);
+    inv_freq[i] = 1.0f / std::pow(base, exponent);
+  }
+  if (!config.rope_scaling) return inv_freq;
+
+  const Llama3RopeScaling& s = *config.rope_scaling;
+  const float factor = static_cast<float>(s.factor);
+  const double old_context_len = static_cast<double>(s.original_max_position_embeddings);
+  const float low_freq_wavelen = static_cast<float>(old_context_len / s.low_freq_factor);
+  const float high_freq_wavelen = static_cast<float>(old_context_len / s.high_freq_factor);
+  const float two_pi = static_cast<float>(2 * std::numbers::pi);
+  const float low = static_cast<float>(s.low_freq_factor);
+  const float span = static_cast<float>(s.high_freq_factor - s.low_freq_factor);
+  for (float& f : inv_freq) {
+    const float wavelen = (1.0f / f) * two_pi;
+    float scaled = wavelen > low_freq_wavelen ? f / factor : f;
+    const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+    if (medium) {
+      const float smooth = ((1.0f / wavelen) * static_cast<float>(old_context_len) - low) / span;
+      scaled = (1.0f - smooth) * scaled / factor + smooth * scaled;
+    }
+    f = scaled;
+  }
+  return inv_freq;
+}
+
+}  // namespace layerserve

@@ -1,0 +1,266 @@
+// Loading a span of decoder layers from a Hugging Face checkpoint directory
+// (LoadModelSpan), plus the small HostTensor / ModelSpan / LayerRange helpers
+// declared in model.h.
+//
+// Only the tensors of the requested layers are copied out of the mmapped
+// safetensors files, so a server holding 4 of 80 layers reads 4 layers' worth.
+// Every shape is checked against config.json before the copy; each error is one
+// line naming the file and the tensor.
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+#include "server/core/model.h"
+#include "server/core/safetensors.h"
+#include "server/core/status_macros.h"
+
+namespace layerserve {
+namespace {
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+absl::StatusOr<std::string> ReadTextFile(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path.string(), ": cannot open"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return absl::InvalidArgumentError(absl::StrCat(path.string(), ": read failed"));
+  return text.str();
+}
+
+// Non-negative decimal integer, digits only.
+std::optional<int64_t> ParseIndex(std::string_view text) {
+  if (text.empty() || text.size() > 18) return std::nullopt;
+  int64_t value = 0;
+  for (const char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    value = value * 10 + (c - '0');
+  }
+  return value;
+}
+
+// Where each tensor lives: one model.safetensors, or the shards named by
+// model.safetensors.index.json. Shards are opened (mapped) on first use.
+class CheckpointFiles {
+ public:
+  static absl::StatusOr<CheckpointFiles> Open(const std::filesystem::path& dir) {
+    CheckpointFiles files;
+    files.dir_ = dir;
+    const std::filesystem::path index_path = dir / "model.safetensors.index.json";
+    if (std::filesystem::exists(index_path)) {
+      files.index_path_ = index_path;
+      LS_ASSIGN_OR_RETURN(const std::string text, ReadTextFile(index_path));
+      const nlohmann::json index =
+          nlohmann::json::parse(text, /*cb=*/nullptr, /*allow_exceptions=*/false);
+      if (index.is_discarded() || !index.is_object()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_path.string(), ": not a valid JSON object"));
+      }
+      const auto map_it = index.find("weight_map");
+      if (map_it == index.end() || !map_it->is_object()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_path.string(), ": missing object 'weight_map'"));
+      }
+      for (const auto& [tensor, file] : map_it->items()) {
+        if (!file.is_string()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              index_path.string(), ": weight_map entry for '", tensor, "' is not a string"));
+        }
+        const std::filesystem::path shard(file.get<std::string>());
+        // Shards must stay inside the checkpoint directory.
+        if (shard.empty() || shard.is_absolute() ||
+            std::find(shard.begin(), shard.end(), std::filesystem::path("..")) != shard.end()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(index_path.string(), ": weight_map entry for '", tensor, "' names '",
+                           shard.string(), "', outside the checkpoint directory"));
+        }
+        files.weight_map_.emplace(tensor, shard.string());
+      }
+    } else {
+      const std::filesystem::path single = dir / "model.safetensors";
+      LS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(single));
+      files.single_ = std::make_unique<SafetensorsFile>(std::move(file));
+    }
+    return files;
+  }
+
+  absl::StatusOr<const SafetensorsFile*> FileFor(const std::string& tensor) {
+    if (single_) {
+      if (!single_->Contains(tensor)) {
+        return absl::NotFoundError(
+            absl::StrCat(single_->path().string(), ": tensor '", tensor, "' is missing"));
+      }
+      return single_.get();
+    }
+    const auto it = weight_map_.find(tensor);
+    if (it == weight_map_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat(index_path_.string(), ": tensor '", tensor, "' is missing from weight_map"));
+    }
+    auto shard_it = shards_.find(it->second);
+    if (shard_it == shards_.end()) {
+      LS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(dir_ / it->second));
+      shard_it = shards_.emplace(it->second, std::move(file)).first;
+    }
+    if (!shard_it->second.Contains(tensor)) {
+      return absl::NotFoundError(absl::StrCat(shard_it->second.path().string(), ": tensor '",
+                                              tensor, "' is missing (", index_path_.string(),
+                                              " says it is here)"));
+    }
+    return &shard_it->second;
+  }
+
+ private:
+  std::filesystem::path dir_;
+  std::filesystem::path index_path_;
+  std::unique_ptr<SafetensorsFile> single_;
+  std::map<std::string, std::string> weight_map_;
+  std::map<std::string, SafetensorsFile> shards_;
+};
+
+absl::StatusOr<HostTensor> LoadTensor(CheckpointFiles& files, const std::string& name,
+                                      const std::vector<int64_t>& expected_shape) {
+  LS_ASSIGN_OR_RETURN(const SafetensorsFile* file, files.FileFor(name));
+  LS_ASSIGN_OR_RETURN(SafetensorsTensor view, file->Get(name));
+  if (view.shape != expected_shape) {
+    return absl::InvalidArgumentError(absl::StrCat(file->path().string(), ": tensor '", name,
+                                                   "' has shape ", ShapeString(view.shape),
+                                                   ", expected ", ShapeString(expected_shape)));
+  }
+  HostTensor tensor;
+  tensor.dtype = view.dtype;
+  tensor.shape = std::move(view.shape);
+  tensor.data.assign(view.data.begin(), view.data.end());
+  return tensor;
+}
+
+absl::StatusOr<LayerWeights> LoadLayer(CheckpointFiles& files, const LlamaConfig& c,
+                                       int64_t layer) {
+  const std::string prefix = absl::StrCat("model.layers.", layer, ".");
+  const int64_t q_dim = c.num_attention_heads * c.head_dim;
+  const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
+  LayerWeights w;
+  const auto load = [&](HostTensor& dst, std::string_view module,
+                        std::vector<int64_t> shape) -> absl::Status {
+    LS_ASSIGN_OR_RETURN(dst, LoadTensor(files, absl::StrCat(prefix, ToAbsl(module)), shape));
+    return absl::OkStatus();
+  };
+  LS_RETURN_IF_ERROR(load(w.input_layernorm, "input_layernorm.weight", {c.hidden_size}));
+  LS_RETURN_IF_ERROR(load(w.q_proj, "self_attn.q_proj.weight", {q_dim, c.hidden_size}));
+  LS_RETURN_IF_ERROR(load(w.k_proj, "self_attn.k_proj.weight", {kv_dim, c.hidden_size}));
+  LS_RETURN_IF_ERROR(load(w.v_proj, "self_attn.v_proj.weight", {kv_dim, c.hidden_size}));
+  if (c.attention_bias) {
+    LS_RETURN_IF_ERROR(load(w.q_bias, "self_attn.q_proj.bias", {q_dim}));
+    LS_RETURN_IF_ERROR(load(w.k_bias, "self_attn.k_proj.bias", {kv_dim}));
+    LS_RETURN_IF_ERROR(load(w.v_bias, "self_attn.v_proj.bias", {kv_dim}));
+  }
+  LS_RETURN_IF_ERROR(load(w.o_proj, "self_attn.o_proj.weight", {c.hidden_size, q_dim}));
+  LS_RETURN_IF_ERROR(
+      load(w.post_attention_layernorm, "post_attention_layernorm.weight", {c.hidden_size}));
+  LS_RETURN_IF_ERROR(
+      load(w.gate_proj, "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}));
+  LS_RETURN_IF_ERROR(load(w.up_proj, "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}));
+  LS_RETURN_IF_ERROR(
+      load(w.down_proj, "mlp.down_proj.weight", {c.hidden_size, c.intermediate_size}));
+  return w;
+}
+
+}  // namespace
+
+int64_t HostTensor::NumElements() const {
+  // A default-constructed tensor (an absent bias) holds nothing; the loader
+  // never produces rank-0 tensors.
+  if (shape.empty()) return 0;
+  int64_t n = 1;
+  for (const int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<float> HostTensor::ToFloat() const {
+  std::vector<float> out(static_cast<size_t>(NumElements()));
+  // `data` holds exactly that many elements by construction; the min only
+  // keeps a hand-built, inconsistent tensor from reading past its buffer.
+  const size_t count = std::min(out.size(), data.size() / DTypeSize(dtype));
+  ConvertToFloat(dtype, data.data(), count, out.data());
+  return out;
+}
+
+size_t ModelSpan::WeightBytes() const {
+  size_t bytes = 0;
+  for (const LayerWeights& w : layers) {
+    for (const HostTensor* t :
+         {&w.input_layernorm, &w.q_proj, &w.k_proj, &w.v_proj, &w.q_bias, &w.k_bias, &w.v_bias,
+          &w.o_proj, &w.post_attention_layernorm, &w.gate_proj, &w.up_proj, &w.down_proj}) {
+      bytes += t->data.size();
+    }
+  }
+  return bytes;
+}
+
+absl::StatusOr<LayerRange> ParseLayerRange(std::string_view text) {
+  if (text.empty()) return LayerRange{};  // all layers, like ":"
+  const size_t colon = text.find(':');
+  if (colon == std::string_view::npos || text.find(':', colon + 1) != std::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer range '", ToAbsl(text), "' must look like A:B, :B, A: or : (half-open)"));
+  }
+  LayerRange range;
+  const std::string_view begin = text.substr(0, colon);
+  const std::string_view end = text.substr(colon + 1);
+  if (!begin.empty()) {
+    range.begin = ParseIndex(begin);
+    if (!range.begin) {
+      return absl::InvalidArgumentError(absl::StrCat("layer range '", ToAbsl(text), "': '",
+                                                     ToAbsl(begin), "' is not a layer index"));
+    }
+  }
+  if (!end.empty()) {
+    range.end = ParseIndex(end);
+    if (!range.end) {
+      return absl::InvalidArgumentError(absl::StrCat("layer range '", ToAbsl(text), "': '",
+                                                     ToAbsl(end), "' is not a layer index"));
+    }
+  }
+  if (range.begin && range.end && *range.begin >= *range.end) {
+    return absl::InvalidArgumentError(absl::StrCat("layer range '", ToAbsl(text), "' is empty"));
+  }
+  return range;
+}
+
+absl::StatusOr<ModelSpan> LoadModelSpan(const std::filesystem::path& dir, const LayerRange& range,
+                                        std::string model_name) {
+  const std::filesystem::path config_path = dir / "config.json";
+  LS_ASSIGN_OR_RETURN(const std::string config_text, ReadTextFile(config_path));
+  LS_ASSIGN_OR_RETURN(LlamaConfig config, ParseLlamaConfig(config_text, config_path.string()));
+
+  const int64_t begin = range.begin.value_or(0);
+  const int64_t end = range.end.value_or(config.num_hidden_layers);
+  if (begin < 0 || end > config.num_hidden_layers || begin >= end) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer range [", begin, ", ", end, ") is empty or outside the ",
+                     config.num_hidden_layers, " layers of ", config_path.string()));
+  }
+
+  LS_ASSIGN_OR_RETURN(CheckpointFiles files, CheckpointFiles::Open(dir));
+  ModelSpan span;
+  span.name = std::move(model_name);
+  span.first_layer = begin;
+  span.layers.reserve(static_cast<size_t>(end - begin));
+  for (int64_t layer = begin; layer < end; ++layer) {
+    LS_ASSIGN_OR_RETURN(LayerWeights weights, LoadLayer(files, config, layer));
+    span.layers.push_back(std::move(weights));
+  }
+  span.config = std::move(config);
+  return span;
+}
+
+}  // namespace layerserve

@@ -1,0 +1,275 @@
+// CPU operators of a decoder layer (see cpu_ops.h): CBLAS for every matrix
+// product, plain loops for the element-wise parts, and one thread pool that
+// splits GEMMs by output columns, attention by (sequence, head, query block)
+// and element-wise work by rows.
+#include "server/cpu/cpu_ops.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace layerserve::cpu {
+namespace {
+
+// Rows per task for the cheap element-wise operators: large enough that a
+// task outweighs the hand-off, small enough to balance short batches.
+constexpr int64_t kRowsPerTask = 16;
+
+// Query rows per attention task. Bounds the score scratch to
+// kQueryBlock x sequence_length floats per thread, and gives long single
+// sequences enough tasks to use every thread.
+constexpr int64_t kQueryBlock = 128;
+
+// Narrowest output slice a GEMM is split into; below this a thread hand-off
+// costs more than it saves.
+constexpr int64_t kMinSliceColumns = 64;
+
+void ParallelRows(ThreadPool* pool, int64_t rows,
+                  absl::FunctionRef<void(int64_t begin, int64_t end)> fn) {
+  const int64_t tasks = (rows + kRowsPerTask - 1) / kRowsPerTask;
+  if (pool == nullptr || tasks <= 1) {
+    fn(0, rows);
+    return;
+  }
+  pool->ParallelFor(
+      tasks, [&](int64_t t) { fn(t * kRowsPerTask, std::min(rows, (t + 1) * kRowsPerTask)); });
+}
+
+// y[:, n0:n1] = x W[n0:n1]^T + beta y[:, n0:n1] for one column slice per
+// thread: each thread streams its own rows of W once, which is also what
+// matters when `rows` is small and the GEMM is bound by weight reads.
+void Gemm(const float* x, int64_t rows, int64_t in_features, const float* weight,
+          int64_t out_features, float beta, float* y, ThreadPool* pool) {
+  const int64_t threads = pool == nullptr ? 1 : pool->num_threads();
+  const int64_t slices = std::clamp<int64_t>(out_features / kMinSliceColumns, 1, threads);
+  // Slices in multiples of 16 columns keep every slice on whole SIMD panels.
+  const int64_t per_slice = ((out_features + slices - 1) / slices + 15) / 16 * 16;
+  const auto slice = [&](int64_t s) {
+    const int64_t begin = s * per_slice;
+    const int64_t end = std::min(out_features, begin + per_slice);
+    if (begin >= end) return;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
+                static_cast<int>(end - begin), static_cast<int>(in_features), 1.0f, x,
+                static_cast<int>(in_features), weight + begin * in_features,
+                static_cast<int>(in_features), beta, y + begin, static_cast<int>(out_features));
+  };
+  if (slices == 1) {
+    slice(0);
+  } else {
+    pool->ParallelFor(slices, slice);
+  }
+}
+
+}  // namespace
+
+ThreadPool::ThreadPool(int num_threads) {
+  for (int i = 1; i < num_threads; ++i) threads_.emplace_back([this] { WorkerLoop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  for (std::thread& t : threads_) t.join();
+}
+
+void ThreadPool::RunItems(absl::FunctionRef<void(int64_t)> fn, int64_t n) {
+  for (int64_t i = next_index_.fetch_add(1, std::memory_order_relaxed); i < n;
+       i = next_index_.fetch_add(1, std::memory_order_relaxed)) {
+    fn(i);
+  }
+}
+
+void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> fn) {
+  if (threads_.empty() || n <= 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    job_ = &fn;
+    job_size_ = n;
+    next_index_.store(0, std::memory_order_relaxed);
+    busy_workers_ = static_cast<int>(threads_.size());
+    ++generation_;
+  }
+  RunItems(fn, n);
+  // `fn` lives in this frame, so wait until every worker has let go of it.
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int* busy) { return *busy == 0; }, &busy_workers_));
+  job_ = nullptr;
+}
+
+void ThreadPool::WorkerLoop() {
+  uint64_t seen_generation = 0;
+  while (true) {
+    const absl::FunctionRef<void(int64_t)>* job;
+    int64_t n;
+    {
+      absl::MutexLock lock(&mu_);
+      const auto has_work = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || generation_ != seen_generation;
+      };
+      mu_.Await(absl::Condition(&has_work));
+      if (stop_) return;
+      seen_generation = generation_;
+      job = job_;
+      n = job_size_;
+    }
+    RunItems(*job, n);
+    absl::MutexLock lock(&mu_);
+    --busy_workers_;
+  }
+}
+
+void UseSingleThreadedBlas() { openblas_set_num_threads(1); }
+
+void RmsNorm(const float* x, int64_t rows, int64_t cols, const float* weight, float eps, float* out,
+             ThreadPool* pool) {
+  ParallelRows(pool, rows, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = x + r * cols;
+      float* yr = out + r * cols;
+      double sum_sq = 0;
+      for (int64_t c = 0; c < cols; ++c) sum_sq += static_cast<double>(xr[c]) * xr[c];
+      const float variance = static_cast<float>(sum_sq / static_cast<double>(cols));
+      const float inv_rms = 1.0f / std::sqrt(variance + eps);
+      for (int64_t c = 0; c < cols; ++c) yr[c] = weight[c] * (xr[c] * inv_rms);
+    }
+  });
+}
+
+void Linear(const float* x, int64_t rows, int64_t in_features, const float* weight,
+            int64_t out_features, const float* bias, float* y, ThreadPool* pool) {
+  if (rows == 0) return;
+  float beta = 0.0f;
+  if (bias != nullptr) {
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(bias, out_features, y + r * out_features);
+    beta = 1.0f;
+  }
+  Gemm(x, rows, in_features, weight, out_features, beta, y, pool);
+}
+
+void LinearAccumulate(const float* x, int64_t rows, int64_t in_features, const float* weight,
+                      int64_t out_features, float* y, ThreadPool* pool) {
+  if (rows == 0) return;
+  Gemm(x, rows, in_features, weight, out_features, 1.0f, y, pool);
+}
+
+void ApplyRope(float* x, int64_t stride, int64_t num_heads, int64_t head_dim,
+               std::span<const int32_t> cu_seqlens, std::span<const float> inv_freq,
+               ThreadPool* pool) {
+  if (cu_seqlens.size() < 2) return;
+  const int64_t half = head_dim / 2;
+  const int64_t num_sequences = static_cast<int64_t>(cu_seqlens.size()) - 1;
+  const int64_t total = cu_seqlens.back();
+  ParallelRows(pool, total, [&](int64_t begin, int64_t end) {
+    std::vector<float> cos_row(static_cast<size_t>(half));
+    std::vector<float> sin_row(static_cast<size_t>(half));
+    // The sequence holding row `begin`; rows advance monotonically from there.
+    int64_t s =
+        std::upper_bound(cu_seqlens.begin(), cu_seqlens.end(), begin) - cu_seqlens.begin() - 1;
+    for (int64_t t = begin; t < end; ++t) {
+      while (s + 1 < num_sequences && t >= cu_seqlens[s + 1]) ++s;
+      const float pos = static_cast<float>(t - cu_seqlens[s]);
+      for (int64_t i = 0; i < half; ++i) {
+        // float32 angle as in HF, then cos/sin of exactly that angle.
+        const double angle = static_cast<double>(pos * inv_freq[i]);
+        cos_row[i] = static_cast<float>(std::cos(angle));
+        sin_row[i] = static_cast<float>(std::sin(angle));
+      }
+      float* row = x + t * stride;
+      for (int64_t h = 0; h < num_heads; ++h) {
+        float* v = row + h * head_dim;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = v[i];
+          const float b = v[i + half];
+          v[i] = a * cos_row[i] - b * sin_row[i];
+          v[i + half] = b * cos_row[i] + a * sin_row[i];
+        }
+      }
+    }
+  });
+}
+
+void CausalAttention(const AttentionArgs& args, std::span<const int32_t> cu_seqlens,
+                     ThreadPool* pool) {
+  struct QueryBlock {
+    int64_t seq_start;  // first key row of the sequence
+    int64_t begin;      // query rows [begin, end)
+    int64_t end;
+  };
+  std::vector<QueryBlock> blocks;
+  for (size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
+    for (int64_t b = cu_seqlens[s]; b < cu_seqlens[s + 1]; b += kQueryBlock) {
+      blocks.push_back({cu_seqlens[s], b, std::min<int64_t>(b + kQueryBlock, cu_seqlens[s + 1])});
+    }
+  }
+  const int64_t d = args.head_dim;
+  const int64_t group = args.num_heads / args.num_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+
+  const auto task = [&](int64_t index) {
+    const QueryBlock& blk = blocks[static_cast<size_t>(index / args.num_heads)];
+    const int64_t h = index % args.num_heads;
+    const int64_t kv_h = h / group;
+    const int64_t rows = blk.end - blk.begin;
+    // Causal: the block's last query sees keys up to itself, none beyond.
+    const int64_t keys = blk.end - blk.seq_start;
+    // Per-thread scratch that keeps its high-water mark: at most
+    // kQueryBlock x (longest sequence) floats.
+    thread_local std::vector<float> scores;
+    scores.resize(static_cast<size_t>(rows * keys));
+
+    const float* q = args.q + blk.begin * args.q_stride + h * d;
+    const float* k = args.k + blk.seq_start * args.kv_stride + kv_h * d;
+    const float* v = args.v + blk.seq_start * args.kv_stride + kv_h * d;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
+                static_cast<int>(keys), static_cast<int>(d), scale, q,
+                static_cast<int>(args.q_stride), k, static_cast<int>(args.kv_stride), 0.0f,
+                scores.data(), static_cast<int>(keys));
+    for (int64_t r = 0; r < rows; ++r) {
+      float* p = scores.data() + r * keys;
+      const int64_t visible = blk.begin + r - blk.seq_start + 1;
+      // Subtracting the row maximum keeps every exp() in (0, 1].
+      const float max_score = *std::max_element(p, p + visible);
+      double sum = 0;
+      for (int64_t j = 0; j < visible; ++j) {
+        p[j] = std::exp(p[j] - max_score);
+        sum += p[j];
+      }
+      const float inv_sum = static_cast<float>(1.0 / sum);
+      for (int64_t j = 0; j < visible; ++j) p[j] *= inv_sum;
+      std::fill(p + visible, p + keys, 0.0f);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows),
+                static_cast<int>(d), static_cast<int>(keys), 1.0f, scores.data(),
+                static_cast<int>(keys), v, static_cast<int>(args.kv_stride), 0.0f,
+                args.out + blk.begin * args.out_stride + h * d, static_cast<int>(args.out_stride));
+  };
+  const int64_t num_tasks = static_cast<int64_t>(blocks.size()) * args.num_heads;
+  if (pool == nullptr) {
+    for (int64_t i = 0; i < num_tasks; ++i) task(i);
+  } else {
+    pool->ParallelFor(num_tasks, task);
+  }
+}
+
+void SiluMul(const float* gate_up, int64_t rows, int64_t intermediate, float* out,
+             ThreadPool* pool) {
+  ParallelRows(pool, rows, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* gate = gate_up + r * 2 * intermediate;
+      const float* up = gate + intermediate;
+      float* o = out + r * intermediate;
+      for (int64_t j = 0; j < intermediate; ++j) {
+        o[j] = gate[j] / (1.0f + std::exp(-gate[j])) * up[j];
+      }
+    }
+  });
+}
+
+}  // namespace layerserve::cpu

@@ -1,0 +1,107 @@
+// The float32 operators the CPU backend composes into a decoder layer, plus the
+// small thread pool they share.
+//
+// All matrices are row-major float32. Operators that work on the packed batch
+// take `cu_seqlens` (num_sequences + 1 offsets into the token rows; each
+// sequence's positions start at 0). Operators that read a slice of a wider
+// activation, such as q inside the fused qkv projection, take a row stride in
+// elements. GEMMs go through CBLAS (OpenBLAS), one call per thread on a slice
+// of the work. Each operator is tested against the float64 reference in
+// tests/reference.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/synchronization/mutex.h"
+
+namespace layerserve::cpu {
+
+// A fixed set of threads that run index ranges in parallel. The calling thread
+// takes part, so ThreadPool(n) starts n - 1 threads and ThreadPool(1) runs
+// everything inline. ParallelFor is not reentrant: one caller at a time (the
+// backend has one worker thread).
+class ThreadPool {
+ public:
+  explicit ThreadPool(int num_threads);
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+  ~ThreadPool();
+
+  int num_threads() const { return static_cast<int>(threads_.size()) + 1; }
+
+  // Calls fn(i) once for every i in [0, n), spread over the pool; returns when
+  // all calls have returned.
+  void ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> fn);
+
+ private:
+  void WorkerLoop();
+  // Claims and runs indices of the current job until none are left.
+  void RunItems(absl::FunctionRef<void(int64_t)> fn, int64_t n);
+
+  absl::Mutex mu_;
+  const absl::FunctionRef<void(int64_t)>* job_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int64_t job_size_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int busy_workers_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int64_t> next_index_{0};
+  std::vector<std::thread> threads_;
+};
+
+// Makes every OpenBLAS call run on its calling thread (a process-wide setting).
+// The CPU backend parallelises with its own pool, GEMMs included, so BLAS
+// threads and pool threads never compete for the same cores.
+void UseSingleThreadedBlas();
+
+// out[r] = weight * (x[r] / sqrt(mean(x[r]^2) + eps)); statistics in at least
+// float32 precision, as Hugging Face's LlamaRMSNorm. `out` may equal `x`.
+void RmsNorm(const float* x, int64_t rows, int64_t cols, const float* weight, float eps, float* out,
+             ThreadPool* pool);
+
+// y[rows, out] = x[rows, in] W^T + bias, W: [out, in]; bias may be null.
+// Split by output columns over `pool` (null: the calling thread only).
+void Linear(const float* x, int64_t rows, int64_t in_features, const float* weight,
+            int64_t out_features, const float* bias, float* y, ThreadPool* pool);
+// y[rows, out] += x[rows, in] W^T (the residual add, fused into the GEMM).
+void LinearAccumulate(const float* x, int64_t rows, int64_t in_features, const float* weight,
+                      int64_t out_features, float* y, ThreadPool* pool);
+
+// Rotate-half RoPE in place on the first `num_heads` heads of each row of x
+// (row stride `stride`); the fused qkv layout [q heads | k heads | v] needs one
+// call with num_heads = heads + kv_heads. Angles are float32(pos * inv_freq),
+// as Hugging Face computes them.
+void ApplyRope(float* x, int64_t stride, int64_t num_heads, int64_t head_dim,
+               std::span<const int32_t> cu_seqlens, std::span<const float> inv_freq,
+               ThreadPool* pool);
+
+// Causal grouped-query attention over packed sequences, softmax scale
+// 1/sqrt(head_dim): query head h reads KV head h / (num_heads / num_kv_heads).
+// q rows have stride q_stride, k and v rows kv_stride, out rows out_stride;
+// head h occupies columns [h * head_dim, (h + 1) * head_dim) of its row.
+struct AttentionArgs {
+  const float* q = nullptr;
+  int64_t q_stride = 0;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t kv_stride = 0;
+  float* out = nullptr;
+  int64_t out_stride = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+};
+void CausalAttention(const AttentionArgs& args, std::span<const int32_t> cu_seqlens,
+                     ThreadPool* pool);
+
+// out[r, j] = silu(gate_up[r, j]) * gate_up[r, intermediate + j]: gate_up holds
+// the fused [gate | up] projection, rows of 2 * intermediate.
+void SiluMul(const float* gate_up, int64_t rows, int64_t intermediate, float* out,
+             ThreadPool* pool);
+
+}  // namespace layerserve::cpu

@@ -1,0 +1,181 @@
+// Float64 reference decoder layer (see llama_reference.h). Straight loops, no
+// tricks: each function is meant to be checked by reading it.
+#include "tests/reference/llama_reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+
+namespace reference {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+size_t Idx(int64_t row, int64_t cols, int64_t col) { return static_cast<size_t>(row * cols + col); }
+
+}  // namespace
+
+std::vector<double> RopeInvFreq(const Config& config) {
+  const int64_t half = config.head_dim / 2;
+  std::vector<double> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    inv_freq[i] = std::pow(config.rope_theta,
+                           -static_cast<double>(2 * i) / static_cast<double>(config.head_dim));
+  }
+  if (!config.llama3) return inv_freq;
+  // Llama 3.1: wavelengths longer than original_max / low_freq_factor are
+  // stretched by `factor`, shorter than original_max / high_freq_factor kept,
+  // and the band between interpolated linearly in original_max / wavelength.
+  const double old_len = config.llama3_original_max_positions;
+  const double low = config.llama3_low_freq_factor;
+  const double high = config.llama3_high_freq_factor;
+  const double factor = config.llama3_factor;
+  for (double& f : inv_freq) {
+    const double wavelen = 2 * kPi / f;
+    if (wavelen < old_len / high) continue;
+    if (wavelen > old_len / low) {
+      f = f / factor;
+      continue;
+    }
+    const double smooth = (old_len / wavelen - low) / (high - low);
+    f = (1 - smooth) * f / factor + smooth * f;
+  }
+  return inv_freq;
+}
+
+std::vector<double> RmsNorm(const std::vector<double>& x, int64_t rows, int64_t cols,
+                            const std::vector<double>& weight, double eps) {
+  std::vector<double> out(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double sum_sq = 0;
+    for (int64_t c = 0; c < cols; ++c) sum_sq += x[Idx(r, cols, c)] * x[Idx(r, cols, c)];
+    const double inv_rms = 1.0 / std::sqrt(sum_sq / static_cast<double>(cols) + eps);
+    for (int64_t c = 0; c < cols; ++c) {
+      out[Idx(r, cols, c)] = x[Idx(r, cols, c)] * inv_rms * weight[static_cast<size_t>(c)];
+    }
+  }
+  return out;
+}
+
+std::vector<double> Linear(const std::vector<double>& x, int64_t rows, int64_t in,
+                           const std::vector<double>& w, int64_t out,
+                           const std::vector<double>& bias) {
+  std::vector<double> y(static_cast<size_t>(rows * out));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t o = 0; o < out; ++o) {
+      double acc = bias.empty() ? 0.0 : bias[static_cast<size_t>(o)];
+      for (int64_t i = 0; i < in; ++i) acc += x[Idx(r, in, i)] * w[Idx(o, in, i)];
+      y[Idx(r, out, o)] = acc;
+    }
+  }
+  return y;
+}
+
+void Rope(std::vector<double>& x, int64_t heads, int64_t head_dim,
+          const std::vector<int32_t>& cu_seqlens, const std::vector<double>& inv_freq) {
+  const int64_t width = heads * head_dim;
+  const int64_t half = head_dim / 2;
+  for (size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
+    for (int64_t t = cu_seqlens[s]; t < cu_seqlens[s + 1]; ++t) {
+      const double pos = static_cast<double>(t - cu_seqlens[s]);
+      for (int64_t h = 0; h < heads; ++h) {
+        double* v = &x[Idx(t, width, h * head_dim)];
+        // rotate_half pairs element i with element i + half.
+        for (int64_t i = 0; i < half; ++i) {
+          const double angle = pos * inv_freq[static_cast<size_t>(i)];
+          const double a = v[i];
+          const double b = v[i + half];
+          v[i] = a * std::cos(angle) - b * std::sin(angle);
+          v[i + half] = b * std::cos(angle) + a * std::sin(angle);
+        }
+      }
+    }
+  }
+}
+
+std::vector<double> Attention(const std::vector<double>& q, const std::vector<double>& k,
+                              const std::vector<double>& v, const std::vector<int32_t>& cu_seqlens,
+                              int64_t heads, int64_t kv_heads, int64_t head_dim) {
+  const int64_t q_width = heads * head_dim;
+  const int64_t kv_width = kv_heads * head_dim;
+  const int64_t group = heads / kv_heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  std::vector<double> out(q.size(), 0.0);
+  std::vector<double> scores;
+  for (size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
+    const int64_t start = cu_seqlens[s];
+    const int64_t end = cu_seqlens[s + 1];
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t kvh = h / group;
+      for (int64_t i = start; i < end; ++i) {
+        // Query i attends to keys start..i of its own sequence.
+        scores.assign(static_cast<size_t>(i - start + 1), 0.0);
+        double max_score = -INFINITY;
+        for (int64_t j = start; j <= i; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < head_dim; ++d) {
+            dot += q[Idx(i, q_width, h * head_dim + d)] * k[Idx(j, kv_width, kvh * head_dim + d)];
+          }
+          scores[static_cast<size_t>(j - start)] = dot * scale;
+          max_score = std::max(max_score, dot * scale);
+        }
+        double denom = 0;
+        for (double& sc : scores) {
+          sc = std::exp(sc - max_score);
+          denom += sc;
+        }
+        for (int64_t j = start; j <= i; ++j) {
+          const double p = scores[static_cast<size_t>(j - start)] / denom;
+          for (int64_t d = 0; d < head_dim; ++d) {
+            out[Idx(i, q_width, h * head_dim + d)] += p * v[Idx(j, kv_width, kvh * head_dim + d)];
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<double> SiluMul(const std::vector<double>& gate, const std::vector<double>& up) {
+  std::vector<double> out(gate.size());
+  for (size_t i = 0; i < gate.size(); ++i) {
+    out[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
+  }
+  return out;
+}
+
+std::vector<double> DecoderLayer(const std::vector<double>& x,
+                                 const std::vector<int32_t>& cu_seqlens, const Config& config,
+                                 const Layer& layer) {
+  const int64_t tokens = cu_seqlens.empty() ? 0 : cu_seqlens.back();
+  const int64_t hidden = config.hidden;
+  const int64_t q_width = config.heads * config.head_dim;
+  const int64_t kv_width = config.kv_heads * config.head_dim;
+
+  const std::vector<double> n = RmsNorm(x, tokens, hidden, layer.input_norm, config.rms_norm_eps);
+  std::vector<double> q = Linear(n, tokens, hidden, layer.wq, q_width, layer.bq);
+  std::vector<double> k = Linear(n, tokens, hidden, layer.wk, kv_width, layer.bk);
+  const std::vector<double> v = Linear(n, tokens, hidden, layer.wv, kv_width, layer.bv);
+  const std::vector<double> inv_freq = RopeInvFreq(config);
+  Rope(q, config.heads, config.head_dim, cu_seqlens, inv_freq);
+  Rope(k, config.kv_heads, config.head_dim, cu_seqlens, inv_freq);
+  const std::vector<double> a =
+      Attention(q, k, v, cu_seqlens, config.heads, config.kv_heads, config.head_dim);
+  const std::vector<double> o = Linear(a, tokens, q_width, layer.wo, hidden, {});
+
+  std::vector<double> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) h[i] = x[i] + o[i];
+
+  const std::vector<double> m = RmsNorm(h, tokens, hidden, layer.post_norm, config.rms_norm_eps);
+  const std::vector<double> gate = Linear(m, tokens, hidden, layer.wgate, config.intermediate, {});
+  const std::vector<double> up = Linear(m, tokens, hidden, layer.wup, config.intermediate, {});
+  const std::vector<double> act = SiluMul(gate, up);
+  const std::vector<double> down =
+      Linear(act, tokens, config.intermediate, layer.wdown, hidden, {});
+
+  std::vector<double> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = h[i] + down[i];
+  return out;
+}
+
+}  // namespace reference

@@ -1,0 +1,80 @@
+// A float64 reference of one Llama-family decoder layer, in plain standard C++.
+//
+// Tests compare every backend against these functions. The file uses nothing
+// from layerserve (no shared headers, no absl, no BLAS), so a bug in the
+// server's config handling, RoPE frequencies or kernels cannot hide by being
+// shared with the reference. Everything is written for clarity, not speed:
+// straight loops in double, matrices row-major in std::vector<double>.
+//
+// Semantics follow Hugging Face's LlamaDecoderLayer (and Qwen2's q/k/v biases):
+//   n = RMSNorm(x);  q, k, v = n Wq^T + bq, n Wk^T + bk, n Wv^T + bv
+//   q, k = rope(q), rope(k);  a = causal GQA softmax(q k^T / sqrt(d)) v
+//   h = x + a Wo^T;  m = RMSNorm(h);  out = h + (silu(m Wg^T) * (m Wu^T)) Wd^T
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace reference {
+
+struct Config {
+  int64_t hidden = 0;
+  int64_t intermediate = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  // Llama 3 frequency scaling; off when llama3 is false.
+  bool llama3 = false;
+  double llama3_factor = 8.0;
+  double llama3_low_freq_factor = 1.0;
+  double llama3_high_freq_factor = 4.0;
+  double llama3_original_max_positions = 8192.0;
+};
+
+// One layer's weights, row-major; linear weights are [out, in] (y = x W^T).
+// Biases are empty when the model has none.
+struct Layer {
+  std::vector<double> input_norm;  // [hidden]
+  std::vector<double> wq, wk, wv;  // [heads*head_dim, hidden], [kv_heads*head_dim, hidden] x2
+  std::vector<double> bq, bk, bv;  // [heads*head_dim], [kv_heads*head_dim] x2, or empty
+  std::vector<double> wo;          // [hidden, heads*head_dim]
+  std::vector<double> post_norm;   // [hidden]
+  std::vector<double> wgate, wup;  // [intermediate, hidden]
+  std::vector<double> wdown;       // [hidden, intermediate]
+};
+
+// head_dim/2 inverse frequencies theta^(-2i/d), with llama3 scaling if set.
+std::vector<double> RopeInvFreq(const Config& config);
+
+// x: [rows, cols]; each row scaled by 1/sqrt(mean(x^2) + eps), times weight.
+std::vector<double> RmsNorm(const std::vector<double>& x, int64_t rows, int64_t cols,
+                            const std::vector<double>& weight, double eps);
+
+// x: [rows, in], w: [out, in], bias: [out] or empty. Returns [rows, out].
+std::vector<double> Linear(const std::vector<double>& x, int64_t rows, int64_t in,
+                           const std::vector<double>& w, int64_t out,
+                           const std::vector<double>& bias);
+
+// Rotate-half RoPE, in place. x: [tokens, heads*head_dim], tokens packed as
+// sequences [cu_seqlens[s], cu_seqlens[s+1]) with positions 0..len-1.
+void Rope(std::vector<double>& x, int64_t heads, int64_t head_dim,
+          const std::vector<int32_t>& cu_seqlens, const std::vector<double>& inv_freq);
+
+// Causal grouped-query attention per sequence. q: [tokens, heads*head_dim],
+// k, v: [tokens, kv_heads*head_dim]; query head h reads KV head
+// h / (heads / kv_heads). Returns [tokens, heads*head_dim].
+std::vector<double> Attention(const std::vector<double>& q, const std::vector<double>& k,
+                              const std::vector<double>& v, const std::vector<int32_t>& cu_seqlens,
+                              int64_t heads, int64_t kv_heads, int64_t head_dim);
+
+// silu(gate) * up, element-wise.
+std::vector<double> SiluMul(const std::vector<double>& gate, const std::vector<double>& up);
+
+// One decoder layer over packed sequences. x: [tokens, hidden].
+std::vector<double> DecoderLayer(const std::vector<double>& x,
+                                 const std::vector<int32_t>& cu_seqlens, const Config& config,
+                                 const Layer& layer);
+
+}  // namespace reference

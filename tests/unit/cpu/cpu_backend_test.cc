@@ -1,0 +1,447 @@
+// The whole CPU backend (MakeCpuBackend + Execute) against a stack of float64
+// reference decoder layers: the demo model, a random qwen2-style model with
+// q/k/v biases and GQA ratio 4, and a random llama model with llama3 RoPE
+// scaling and BF16 weights; FP32, FP16 and BF16 requests, several packed
+// sequences per batch. Outputs are poisoned with NaN bytes first, so a row the
+// backend forgot to write fails the comparison.
+#include "server/cpu/cpu_backend.h"
+
+#include <cmath>
+#include <cstring>
+#include <future>
+
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/core/dtype.h"
+#include "tests/reference/llama_reference.h"
+#include "tests/unit/cpu/test_util.h"
+
+namespace layerserve {
+namespace {
+
+using cpu_test::Rng;
+using ::testing::HasSubstr;
+
+// ---- models -------------------------------------------------------------
+
+// Decodes a weight tensor here rather than with HostTensor::ToFloat, so the
+// reference does not share the server's conversion code.
+std::vector<double> DecodeWeights(const HostTensor& t) {
+  std::vector<double> out;
+  if (t.dtype == DType::kF32) {
+    for (size_t i = 0; i < t.data.size(); i += 4) {
+      float f;
+      std::memcpy(&f, &t.data[i], 4);
+      out.push_back(f);
+    }
+  } else {
+    EXPECT_EQ(t.dtype, DType::kBF16) << "test models use F32 or BF16 weights";
+    for (size_t i = 0; i < t.data.size(); i += 2) {
+      const uint32_t bits =
+          (static_cast<uint32_t>(t.data[i + 1]) << 24) | (static_cast<uint32_t>(t.data[i]) << 16);
+      float f;
+      std::memcpy(&f, &bits, 4);
+      out.push_back(f);
+    }
+  }
+  return out;
+}
+
+struct ReferenceModel {
+  reference::Config config;
+  std::vector<reference::Layer> layers;
+};
+
+ReferenceModel ToReference(const ModelSpan& span) {
+  const LlamaConfig& c = span.config;
+  ReferenceModel m;
+  m.config.hidden = c.hidden_size;
+  m.config.intermediate = c.intermediate_size;
+  m.config.heads = c.num_attention_heads;
+  m.config.kv_heads = c.num_key_value_heads;
+  m.config.head_dim = c.head_dim;
+  // The server adds eps in float32, as torch does.
+  m.config.rms_norm_eps = static_cast<float>(c.rms_norm_eps);
+  m.config.rope_theta = c.rope_theta;
+  if (c.rope_scaling) {
+    m.config.llama3 = true;
+    m.config.llama3_factor = c.rope_scaling->factor;
+    m.config.llama3_low_freq_factor = c.rope_scaling->low_freq_factor;
+    m.config.llama3_high_freq_factor = c.rope_scaling->high_freq_factor;
+    m.config.llama3_original_max_positions =
+        static_cast<double>(c.rope_scaling->original_max_position_embeddings);
+  }
+  for (const LayerWeights& w : span.layers) {
+    reference::Layer l;
+    l.input_norm = DecodeWeights(w.input_layernorm);
+    l.wq = DecodeWeights(w.q_proj);
+    l.wk = DecodeWeights(w.k_proj);
+    l.wv = DecodeWeights(w.v_proj);
+    l.bq = DecodeWeights(w.q_bias);
+    l.bk = DecodeWeights(w.k_bias);
+    l.bv = DecodeWeights(w.v_bias);
+    l.wo = DecodeWeights(w.o_proj);
+    l.post_norm = DecodeWeights(w.post_attention_layernorm);
+    l.wgate = DecodeWeights(w.gate_proj);
+    l.wup = DecodeWeights(w.up_proj);
+    l.wdown = DecodeWeights(w.down_proj);
+    m.layers.push_back(std::move(l));
+  }
+  return m;
+}
+
+std::vector<double> ReferenceForward(const ReferenceModel& m, std::vector<double> x,
+                                     const std::vector<int32_t>& cu_seqlens) {
+  for (const reference::Layer& layer : m.layers) {
+    x = reference::DecoderLayer(x, cu_seqlens, m.config, layer);
+  }
+  return x;
+}
+
+HostTensor RandomTensor(Rng& rng, std::vector<int64_t> shape, double lo, double hi, DType dtype) {
+  HostTensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  std::vector<float> values(static_cast<size_t>(t.NumElements()));
+  for (float& v : values) v = static_cast<float>(rng.Uniform(lo, hi));
+  t.data.resize(values.size() * DTypeSize(dtype));
+  ConvertFromFloat(values.data(), values.size(), dtype, t.data.data());
+  return t;
+}
+
+ModelSpan RandomModel(const LlamaConfig& c, int64_t first_layer, int64_t num_layers,
+                      DType weight_dtype, uint64_t seed) {
+  Rng rng(seed);
+  ModelSpan span;
+  span.name = "random";
+  span.config = c;
+  span.first_layer = first_layer;
+  const int64_t q = c.num_attention_heads * c.head_dim;
+  const int64_t kv = c.num_key_value_heads * c.head_dim;
+  const auto linear = [&](int64_t out, int64_t in) {
+    const double s = 1.0 / std::sqrt(static_cast<double>(in));
+    return RandomTensor(rng, {out, in}, -s, s, weight_dtype);
+  };
+  for (int64_t l = 0; l < num_layers; ++l) {
+    LayerWeights w;
+    w.input_layernorm = RandomTensor(rng, {c.hidden_size}, 0.8, 1.2, weight_dtype);
+    w.q_proj = linear(q, c.hidden_size);
+    w.k_proj = linear(kv, c.hidden_size);
+    w.v_proj = linear(kv, c.hidden_size);
+    if (c.attention_bias) {
+      w.q_bias = RandomTensor(rng, {q}, -0.5, 0.5, weight_dtype);
+      w.k_bias = RandomTensor(rng, {kv}, -0.5, 0.5, weight_dtype);
+      w.v_bias = RandomTensor(rng, {kv}, -0.5, 0.5, weight_dtype);
+    }
+    w.o_proj = linear(c.hidden_size, q);
+    w.post_attention_layernorm = RandomTensor(rng, {c.hidden_size}, 0.8, 1.2, weight_dtype);
+    w.gate_proj = linear(c.intermediate_size, c.hidden_size);
+    w.up_proj = linear(c.intermediate_size, c.hidden_size);
+    w.down_proj = linear(c.hidden_size, c.intermediate_size);
+    span.layers.push_back(std::move(w));
+  }
+  return span;
+}
+
+// qwen2-style: q/k/v biases, 4 query heads per KV head.
+LlamaConfig Qwen2StyleConfig() {
+  LlamaConfig c;
+  c.model_type = "qwen2";
+  c.hidden_size = 256;
+  c.intermediate_size = 320;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 1;
+  c.head_dim = 64;
+  c.num_hidden_layers = 2;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 1e6;
+  c.attention_bias = true;
+  return c;
+}
+
+// llama with llama3 RoPE scaling; original_max_position_embeddings is tiny so
+// the scaled bands matter at the positions these tests use. head_dim 128, MHA.
+LlamaConfig Llama3StyleConfig() {
+  LlamaConfig c;
+  c.model_type = "llama";
+  c.hidden_size = 256;
+  c.intermediate_size = 384;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 2;
+  c.head_dim = 128;
+  c.num_hidden_layers = 8;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 10000.0;
+  c.rope_scaling = Llama3RopeScaling{8.0, 1.0, 4.0, 64};
+  return c;
+}
+
+// ---- batches ------------------------------------------------------------
+
+struct RequestShape {
+  int64_t batch;
+  int64_t seq_len;
+  DType dtype;
+};
+
+// Activations exactly representable in BF16, FP16 and FP32 (bf16 values of
+// magnitude >= 2^-14 or zero), so one reference run serves every dtype.
+std::vector<float> RepresentableInputs(Rng& rng, size_t n) {
+  std::vector<float> v(n);
+  for (float& x : v) {
+    x = Bf16ToFloat(FloatToBf16(static_cast<float>(rng.Uniform(-2, 2))));
+    if (std::abs(x) < 0x1p-14f) x = 0.0f;
+  }
+  return v;
+}
+
+// A Batch over `shapes` whose inputs are consecutive slices of `activations`,
+// packed by Batch::Pack, with outputs poisoned.
+struct BuiltBatch {
+  std::shared_ptr<Batch> batch;
+  std::vector<std::unique_ptr<std::string>> inputs;  // owned storage for input views
+};
+
+BuiltBatch BuildBatch(const std::vector<RequestShape>& shapes,
+                      const std::vector<float>& activations, int64_t hidden) {
+  BuiltBatch built;
+  built.batch = std::make_shared<Batch>();
+  size_t offset = 0;
+  for (size_t r = 0; r < shapes.size(); ++r) {
+    const RequestShape& s = shapes[r];
+    auto request = std::make_unique<InferRequest>();
+    request->id = "req" + std::to_string(r);
+    request->dtype = s.dtype;
+    request->batch = s.batch;
+    request->seq_len = s.seq_len;
+    request->hidden = hidden;
+    const size_t n = request->num_elements();
+    auto input = std::make_unique<std::string>(n * DTypeSize(s.dtype), '\0');
+    ConvertFromFloat(activations.data() + offset, n, s.dtype, input->data());
+    offset += n;
+    request->input = *input;
+    // 0xff bytes are NaN in FP32, FP16 and BF16.
+    request->output.assign(input->size(), '\xff');
+    built.inputs.push_back(std::move(input));
+    built.batch->requests.push_back(std::move(request));
+  }
+  built.batch->Pack();
+  return built;
+}
+
+absl::Status RunBatch(Backend& backend, std::shared_ptr<Batch> batch) {
+  std::promise<absl::Status> result;
+  auto future = result.get_future();
+  backend.Execute(std::move(batch), [&result](absl::Status s) { result.set_value(std::move(s)); });
+  return future.get();
+}
+
+double DtypeRelativeUlp(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return 0.0;
+    case DType::kF16:
+      return 0x1p-10;
+    case DType::kBF16:
+      return 0x1p-7;
+  }
+  return 0;
+}
+
+// Compares each request's output with the reference rounded to its dtype:
+// |got - round(ref)| <= ulp(dtype) * |ref| + fp32_tol * (|ref| + rms(ref)).
+// The dtype term covers results that straddle a rounding boundary.
+void ExpectOutputsMatch(const Batch& batch, const std::vector<double>& want, double fp32_tol) {
+  const double rms = cpu_test::Rms(want);
+  size_t offset = 0;
+  for (const auto& request : batch.requests) {
+    SCOPED_TRACE(std::string("request ") + request->id + " dtype " +
+                 std::string(DTypeProtocolName(request->dtype)));
+    const size_t n = request->num_elements();
+    ASSERT_EQ(request->output.size(), request->input.size());
+    std::vector<float> got(n);
+    ConvertToFloat(request->dtype, request->output.data(), n, got.data());
+    double worst = -1;
+    size_t worst_i = 0;
+    double worst_rounded = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double ref = want[offset + i];
+      const float ref_f = static_cast<float>(ref);
+      float rounded = ref_f;
+      ConvertFromFloat(&ref_f, 1, request->dtype, &rounded);  // round-trip through the dtype
+      ConvertToFloat(request->dtype, &rounded, 1, &rounded);
+      const double tol = DtypeRelativeUlp(request->dtype) * std::abs(ref) +
+                         fp32_tol * (std::abs(ref) + rms) + 0x1p-24;
+      const double excess = std::abs(got[i] - rounded) / tol;
+      if (!(excess <= worst)) {
+        worst = excess;
+        worst_i = i;
+        worst_rounded = rounded;
+        if (std::isnan(excess)) break;
+      }
+    }
+    EXPECT_LE(worst, 1.0) << "worst element " << worst_i << " (token " << worst_i / request->hidden
+                          << "): got " << got[worst_i] << ", reference " << want[offset + worst_i]
+                          << " rounded " << worst_rounded << "; error / tolerance " << worst;
+    offset += n;
+  }
+}
+
+// ---- tests --------------------------------------------------------------
+
+// Runs `model` on FP32, FP16 and BF16 batches of the same activations and on a
+// batch mixing all three, against the reference.
+void CheckModel(const ModelSpan& model, int num_threads, double fp32_tol, uint64_t seed) {
+  auto backend = MakeCpuBackend(model, CpuBackendOptions{num_threads});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  EXPECT_EQ((*backend)->Name(), "cpu");
+  EXPECT_EQ((*backend)->MaxInflightBatches(), 1);
+  const int64_t hidden = model.config.hidden_size;
+  // Sequences of 1, 7, 7, 13 tokens (a request with B = 2 in the middle).
+  const std::vector<std::pair<int64_t, int64_t>> layout = {{1, 1}, {2, 7}, {1, 13}};
+  const std::vector<int32_t> cu_seqlens = {0, 1, 8, 15, 28};
+  Rng rng(seed);
+  const std::vector<float> x = RepresentableInputs(rng, static_cast<size_t>(28 * hidden));
+  const std::vector<double> want =
+      ReferenceForward(ToReference(model), cpu_test::ToDouble(x), cu_seqlens);
+
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(std::string("batch dtype ") + std::string(DTypeProtocolName(dtype)));
+    std::vector<RequestShape> shapes;
+    for (const auto& [b, t] : layout) shapes.push_back({b, t, dtype});
+    BuiltBatch built = BuildBatch(shapes, x, hidden);
+    ASSERT_EQ(built.batch->cu_seqlens, cu_seqlens);
+    ASSERT_TRUE(RunBatch(**backend, built.batch).ok());
+    ExpectOutputsMatch(*built.batch, want, fp32_tol);
+  }
+  BuiltBatch mixed =
+      BuildBatch({{1, 1, DType::kBF16}, {2, 7, DType::kF32}, {1, 13, DType::kF16}}, x, hidden);
+  ASSERT_TRUE(RunBatch(**backend, mixed.batch).ok());
+  ExpectOutputsMatch(*mixed.batch, want, fp32_tol);
+}
+
+TEST(CpuBackendTest, DemoModelMatchesReference) {
+  CheckModel(MakeDemoModel(LayerRange{}), /*num_threads=*/2, 1e-5, 11);
+}
+
+TEST(CpuBackendTest, Qwen2StyleWithBiasesMatchesReference) {
+  CheckModel(RandomModel(Qwen2StyleConfig(), 0, 2, DType::kF32, 12), /*num_threads=*/2, 1e-5, 13);
+}
+
+TEST(CpuBackendTest, Llama3ScaledBf16WeightsMatchReference) {
+  // A span from the middle of the model, single-threaded.
+  CheckModel(RandomModel(Llama3StyleConfig(), 5, 2, DType::kBF16, 14), /*num_threads=*/1, 1e-5, 15);
+}
+
+TEST(CpuBackendTest, QueuedBatchesAllCompleteInOrder) {
+  const ModelSpan model = RandomModel(Qwen2StyleConfig(), 0, 1, DType::kF32, 21);
+  auto backend = MakeCpuBackend(model, CpuBackendOptions{2});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  Rng rng(22);
+  const int64_t hidden = model.config.hidden_size;
+  const ReferenceModel ref = ToReference(model);
+  std::vector<BuiltBatch> batches;
+  std::vector<std::vector<double>> wants;
+  for (int64_t t : {3, 1, 5}) {
+    const std::vector<float> x = RepresentableInputs(rng, static_cast<size_t>(t * hidden));
+    wants.push_back(ReferenceForward(ref, cpu_test::ToDouble(x), {0, static_cast<int32_t>(t)}));
+    batches.push_back(BuildBatch({{1, t, DType::kF32}}, x, hidden));
+  }
+  absl::Mutex mu;
+  std::vector<int> order;
+  std::vector<std::promise<absl::Status>> results(batches.size());
+  for (size_t i = 0; i < batches.size(); ++i) {
+    (*backend)->Execute(batches[i].batch, [&, i](absl::Status s) {
+      {
+        absl::MutexLock lock(&mu);
+        order.push_back(static_cast<int>(i));
+      }
+      results[i].set_value(std::move(s));
+    });
+  }
+  for (size_t i = 0; i < batches.size(); ++i) {
+    ASSERT_TRUE(results[i].get_future().get().ok());
+    ExpectOutputsMatch(*batches[i].batch, wants[i], 1e-5);
+  }
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
+}
+
+TEST(CpuBackendTest, DestructionFinishesQueuedBatches) {
+  const ModelSpan model = RandomModel(Qwen2StyleConfig(), 0, 1, DType::kF32, 31);
+  Rng rng(32);
+  const std::vector<float> x = RepresentableInputs(rng, 4 * 256);
+  std::vector<BuiltBatch> batches;
+  std::atomic<int> done_ok{0};
+  {
+    auto backend = MakeCpuBackend(model, CpuBackendOptions{1});
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    for (int i = 0; i < 4; ++i) {
+      batches.push_back(BuildBatch({{1, 4, DType::kBF16}}, x, 256));
+      (*backend)->Execute(batches.back().batch, [&](absl::Status s) { done_ok += s.ok(); });
+    }
+  }
+  EXPECT_EQ(done_ok.load(), 4);
+}
+
+TEST(CpuBackendTest, EmptyBatchIsOk) {
+  auto backend = MakeCpuBackend(MakeDemoModel(LayerRange{0, 1}), CpuBackendOptions{1});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto batch = std::make_shared<Batch>();
+  batch->Pack();
+  EXPECT_TRUE(RunBatch(**backend, batch).ok());
+}
+
+TEST(CpuBackendTest, RejectsInconsistentBatches) {
+  const ModelSpan model = MakeDemoModel(LayerRange{0, 1});
+  auto backend = MakeCpuBackend(model, CpuBackendOptions{1});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  Rng rng(41);
+  const std::vector<float> x = RepresentableInputs(rng, 6 * 512);
+
+  BuiltBatch wrong_cu = BuildBatch({{2, 3, DType::kF32}}, x, 512);
+  wrong_cu.batch->cu_seqlens = {0, 6};  // one sequence of 6, not two of 3
+  absl::Status s = RunBatch(**backend, wrong_cu.batch);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+
+  BuiltBatch wrong_hidden = BuildBatch({{1, 3, DType::kF32}}, x, 512);
+  wrong_hidden.batch->requests[0]->hidden = 256;
+  s = RunBatch(**backend, wrong_hidden.batch);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("req0"));
+
+  BuiltBatch short_input = BuildBatch({{1, 3, DType::kF32}}, x, 512);
+  short_input.batch->requests[0]->input.remove_suffix(4);
+  s = RunBatch(**backend, short_input.batch);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+
+  // The backend still serves after rejecting batches.
+  BuiltBatch good = BuildBatch({{1, 3, DType::kF32}}, x, 512);
+  EXPECT_TRUE(RunBatch(**backend, good.batch).ok());
+}
+
+TEST(CpuBackendTest, RejectsBadModels) {
+  ModelSpan empty = MakeDemoModel(LayerRange{0, 1});
+  empty.layers.clear();
+  EXPECT_EQ(MakeCpuBackend(empty, {}).status().code(), absl::StatusCode::kInvalidArgument);
+
+  ModelSpan wrong_shape = MakeDemoModel(LayerRange{2, 3});
+  wrong_shape.layers[0].up_proj.shape = {10, 512};
+  wrong_shape.layers[0].up_proj.data.resize(10 * 512 * 4);
+  auto backend = MakeCpuBackend(wrong_shape, {});
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(backend.status().message(), HasSubstr("layer 2 up_proj"));
+
+  ModelSpan missing_bias = RandomModel(Qwen2StyleConfig(), 0, 1, DType::kF32, 51);
+  missing_bias.layers[0].k_bias = HostTensor{};
+  backend = MakeCpuBackend(missing_bias, {});
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(backend.status().message(), HasSubstr("k_bias"));
+
+  EXPECT_EQ(MakeCpuBackend(MakeDemoModel(LayerRange{}), CpuBackendOptions{-1}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace layerserve

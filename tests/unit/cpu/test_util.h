@@ -1,0 +1,80 @@
+// Shared helpers for the CPU tests: a portable seeded generator (the same
+// numbers under every standard library) and a comparison that reports the
+// worst element.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace layerserve::cpu_test {
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t Next() {
+    state_ += 0x9e3779b97f4a7c15ull;
+    uint64_t z = state_;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [lo, hi).
+  double Uniform(double lo, double hi) {
+    return lo + (hi - lo) * static_cast<double>(Next() >> 11) * 0x1p-53;
+  }
+
+ private:
+  uint64_t state_;
+};
+
+// float32 values, uniform in [lo, hi).
+inline std::vector<float> RandomFloats(Rng& rng, size_t n, double lo = -1, double hi = 1) {
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(rng.Uniform(lo, hi));
+  return v;
+}
+
+inline std::vector<double> ToDouble(const std::vector<float>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+inline double Rms(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x * x;
+  return v.empty() ? 0 : std::sqrt(s / static_cast<double>(v.size()));
+}
+
+// Passes when every |got - want| <= rel_tol * (|want| + rms(want)): relative
+// for large elements, scaled by the tensor's magnitude for elements near zero
+// (where an fp32 result carries the absolute error of its inputs). NaN fails.
+inline ::testing::AssertionResult AllClose(const std::vector<float>& got,
+                                           const std::vector<double>& want, double rel_tol) {
+  if (got.size() != want.size()) {
+    return ::testing::AssertionFailure()
+           << "size " << got.size() << " != reference size " << want.size();
+  }
+  const double scale = Rms(want);
+  double worst = 0;
+  size_t worst_i = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::abs(got[i] - want[i]) / (std::abs(want[i]) + scale);
+    if (!(err <= worst)) {  // NaN lands here and sticks
+      worst = err;
+      worst_i = i;
+      if (std::isnan(err)) break;
+    }
+  }
+  std::ostringstream worst_text;
+  worst_text << "worst element " << worst_i << ": got " << got[worst_i] << ", reference "
+             << want[worst_i] << ", scaled error " << worst << " (tolerance " << rel_tol << ", rms "
+             << scale << ")";
+  if (!(worst <= rel_tol)) return ::testing::AssertionFailure() << worst_text.str();
+  return ::testing::AssertionSuccess() << worst_text.str();
+}
+
+}  // namespace layerserve::cpu_test

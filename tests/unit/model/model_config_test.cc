@@ -1,0 +1,292 @@
+// ParseLlamaConfig on real-world-shaped configs and on broken ones, and
+// RopeInvFreq against the independent float64 reference (tests/reference).
+#include <cmath>
+#include <numbers>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/core/model.h"
+#include "tests/reference/llama_reference.h"
+
+namespace layerserve {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Shaped like meta-llama/Llama-3.1-8B's config.json.
+constexpr char kLlama31[] = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 131072,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16"
+})";
+
+// Shaped like mistralai/Mistral-7B-v0.1 (sliding window, no head_dim).
+constexpr char kMistral[] = R"({
+  "model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+  "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
+  "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+  "hidden_act": "silu", "torch_dtype": "bfloat16"
+})";
+
+// Shaped like Qwen/Qwen2-0.5B.
+constexpr char kQwen2[] = R"({
+  "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+  "num_attention_heads": 14, "num_key_value_heads": 2, "num_hidden_layers": 24,
+  "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "rope_scaling": null,
+  "sliding_window": 32768, "use_sliding_window": false, "max_window_layers": 24,
+  "torch_dtype": "bfloat16"
+})";
+
+TEST(ModelConfigTest, ParsesLlama31) {
+  auto c = ParseLlamaConfig(kLlama31, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "llama");
+  EXPECT_EQ(c->hidden_size, 4096);
+  EXPECT_EQ(c->intermediate_size, 14336);
+  EXPECT_EQ(c->num_attention_heads, 32);
+  EXPECT_EQ(c->num_key_value_heads, 8);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->num_hidden_layers, 32);
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 500000.0);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_EQ(c->torch_dtype, "bfloat16");
+  ASSERT_TRUE(c->rope_scaling.has_value());
+  EXPECT_DOUBLE_EQ(c->rope_scaling->factor, 8.0);
+  EXPECT_DOUBLE_EQ(c->rope_scaling->low_freq_factor, 1.0);
+  EXPECT_DOUBLE_EQ(c->rope_scaling->high_freq_factor, 4.0);
+  EXPECT_EQ(c->rope_scaling->original_max_position_embeddings, 8192);
+}
+
+TEST(ModelConfigTest, ParsesMistralWithSlidingWindow) {
+  auto c = ParseLlamaConfig(kMistral, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "mistral");
+  EXPECT_EQ(c->head_dim, 128);  // hidden / heads
+  EXPECT_EQ(c->num_key_value_heads, 8);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_FALSE(c->rope_scaling.has_value());
+}
+
+TEST(ModelConfigTest, ParsesQwen2WithImpliedBias) {
+  auto c = ParseLlamaConfig(kQwen2, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "qwen2");
+  EXPECT_TRUE(c->attention_bias);
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_EQ(c->num_key_value_heads, 2);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 1e6);
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-6);
+}
+
+TEST(ModelConfigTest, AppliesHuggingFaceDefaults) {
+  auto c = ParseLlamaConfig(R"({"model_type": "llama", "hidden_size": 64,
+      "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2,
+      "num_key_value_heads": null, "head_dim": null})",
+                            "tiny.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_key_value_heads, 4);
+  EXPECT_EQ(c->head_dim, 16);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 10000.0);
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-6);
+  EXPECT_FALSE(c->rope_scaling.has_value());
+}
+
+TEST(ModelConfigTest, ExplicitHeadDimWins) {
+  auto c = ParseLlamaConfig(R"({"model_type": "mistral", "hidden_size": 5120,
+      "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+      "head_dim": 128, "num_hidden_layers": 40})",
+                            "nemo.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 128);
+}
+
+TEST(ModelConfigTest, DefaultRopeTypeMeansNoScaling) {
+  auto c = ParseLlamaConfig(R"({"model_type": "llama", "hidden_size": 64,
+      "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2,
+      "rope_scaling": {"rope_type": "default"}})",
+                            "c.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->rope_scaling.has_value());
+}
+
+TEST(ModelConfigTest, RopeParametersCarryThetaAndScaling) {
+  auto c = ParseLlamaConfig(R"({"model_type": "llama", "hidden_size": 64,
+      "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2,
+      "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192}})",
+                            "c.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->rope_theta, 500000.0);
+  ASSERT_TRUE(c->rope_scaling.has_value());
+  EXPECT_DOUBLE_EQ(c->rope_scaling->factor, 32.0);
+}
+
+struct BadConfig {
+  std::string label;
+  std::string json;
+  absl::StatusCode code;
+  std::string fragment;
+};
+
+TEST(ModelConfigTest, RejectsBadConfigs) {
+  const std::string base = R"("hidden_size": 64, "intermediate_size": 128,
+      "num_attention_heads": 4, "num_hidden_layers": 2)";
+  const std::vector<BadConfig> cases = {
+      {"not JSON", "{\"model_type\": ", absl::StatusCode::kInvalidArgument, "not valid JSON"},
+      {"not an object", "[]", absl::StatusCode::kInvalidArgument, "not a JSON object"},
+      {"missing model_type", "{" + base + "}", absl::StatusCode::kInvalidArgument,
+       "'model_type' is missing"},
+      {"unsupported model_type", R"({"model_type": "gpt2", )" + base + "}",
+       absl::StatusCode::kInvalidArgument, "'gpt2' is not supported"},
+      {"missing hidden_size",
+       R"({"model_type": "llama", "intermediate_size": 128, "num_attention_heads": 4,
+           "num_hidden_layers": 2})",
+       absl::StatusCode::kInvalidArgument, "'hidden_size' is missing"},
+      {"string hidden_size",
+       R"({"model_type": "llama", "hidden_size": "64", "intermediate_size": 128,
+           "num_attention_heads": 4, "num_hidden_layers": 2})",
+       absl::StatusCode::kInvalidArgument, "'hidden_size' must be an integer"},
+      {"float layers",
+       R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+           "num_attention_heads": 4, "num_hidden_layers": 2.5})",
+       absl::StatusCode::kInvalidArgument, "'num_hidden_layers' must be an integer"},
+      {"zero heads",
+       R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+           "num_attention_heads": 0, "num_hidden_layers": 2})",
+       absl::StatusCode::kInvalidArgument, "'num_attention_heads' must be positive"},
+      {"kv heads do not divide",
+       R"({"model_type": "llama", "num_key_value_heads": 3, )" + base + "}",
+       absl::StatusCode::kInvalidArgument, "num_key_value_heads"},
+      {"hidden not divisible",
+       R"({"model_type": "llama", "hidden_size": 66, "intermediate_size": 128,
+           "num_attention_heads": 4, "num_hidden_layers": 2})",
+       absl::StatusCode::kInvalidArgument, "not divisible"},
+      {"odd head_dim", R"({"model_type": "llama", "head_dim": 15, )" + base + "}",
+       absl::StatusCode::kInvalidArgument, "'head_dim'"},
+      {"string rope_theta", R"({"model_type": "llama", "rope_theta": "1e4", )" + base + "}",
+       absl::StatusCode::kInvalidArgument, "'rope_theta' must be a number"},
+      {"string attention_bias", R"({"model_type": "llama", "attention_bias": "yes", )" + base + "}",
+       absl::StatusCode::kInvalidArgument, "'attention_bias' must be true or false"},
+      {"rope_scaling not object", R"({"model_type": "llama", "rope_scaling": 8, )" + base + "}",
+       absl::StatusCode::kInvalidArgument, "'rope_scaling' must be an object"},
+      {"yarn rope", R"({"model_type": "qwen2", "rope_scaling": {"type": "yarn", "factor": 4},
+           )" + base + "}",
+       absl::StatusCode::kUnimplemented, "'yarn' is not supported"},
+      {"linear rope",
+       R"({"model_type": "llama", "rope_scaling": {"rope_type": "linear",
+           "factor": 2}, )" +
+           base + "}",
+       absl::StatusCode::kUnimplemented, "'linear' is not supported"},
+      {"llama3 missing factor",
+       R"({"model_type": "llama", "rope_scaling": {"rope_type": "llama3",
+           "low_freq_factor": 1, "high_freq_factor": 4,
+           "original_max_position_embeddings": 8192}, )" +
+           base + "}",
+       absl::StatusCode::kInvalidArgument, "'rope_scaling.factor' is missing"},
+      {"llama3 equal bands",
+       R"({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8,
+           "low_freq_factor": 2, "high_freq_factor": 2,
+           "original_max_position_embeddings": 8192}, )" +
+           base + "}",
+       absl::StatusCode::kInvalidArgument, "high_freq_factor"},
+      {"llama o_proj bias", R"({"model_type": "llama", "attention_bias": true, )" + base + "}",
+       absl::StatusCode::kUnimplemented, "attention_bias=true"},
+      {"mlp bias", R"({"model_type": "llama", "mlp_bias": true, )" + base + "}",
+       absl::StatusCode::kUnimplemented, "mlp_bias"},
+      {"gelu", R"({"model_type": "llama", "hidden_act": "gelu", )" + base + "}",
+       absl::StatusCode::kUnimplemented, "'gelu'"},
+  };
+  for (const BadConfig& c : cases) {
+    SCOPED_TRACE(c.label);
+    auto parsed = ParseLlamaConfig(c.json, "/models/x/config.json");
+    ASSERT_FALSE(parsed.ok());
+    EXPECT_EQ(parsed.status().code(), c.code) << parsed.status();
+    EXPECT_THAT(parsed.status().message(), HasSubstr("/models/x/config.json"));
+    EXPECT_THAT(parsed.status().message(), HasSubstr(c.fragment));
+  }
+}
+
+reference::Config ReferenceRope(const LlamaConfig& c) {
+  reference::Config r;
+  r.head_dim = c.head_dim;
+  r.rope_theta = c.rope_theta;
+  if (c.rope_scaling) {
+    r.llama3 = true;
+    r.llama3_factor = c.rope_scaling->factor;
+    r.llama3_low_freq_factor = c.rope_scaling->low_freq_factor;
+    r.llama3_high_freq_factor = c.rope_scaling->high_freq_factor;
+    r.llama3_original_max_positions =
+        static_cast<double>(c.rope_scaling->original_max_position_embeddings);
+  }
+  return r;
+}
+
+void ExpectInvFreqMatchesReference(const LlamaConfig& c) {
+  const std::vector<float> got = RopeInvFreq(c);
+  const std::vector<double> want = reference::RopeInvFreq(ReferenceRope(c));
+  ASSERT_EQ(got.size(), want.size());
+  double worst = 0;
+  size_t worst_i = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double rel = std::abs(got[i] - want[i]) / want[i];
+    if (!(rel <= worst)) {
+      worst = rel;
+      worst_i = i;
+    }
+  }
+  // float32 pow plus a few float32 ops: a handful of ulps.
+  EXPECT_LT(worst, 2e-6) << "worst element " << worst_i << ": got " << got[worst_i]
+                         << ", reference " << want[worst_i];
+}
+
+TEST(RopeInvFreqTest, DefaultMatchesReference) {
+  LlamaConfig c;
+  c.head_dim = 128;
+  c.rope_theta = 10000.0;
+  ExpectInvFreqMatchesReference(c);
+  c.head_dim = 64;
+  c.rope_theta = 1e6;
+  ExpectInvFreqMatchesReference(c);
+}
+
+TEST(RopeInvFreqTest, Llama3ScalingMatchesReference) {
+  auto c = ParseLlamaConfig(kLlama31, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ExpectInvFreqMatchesReference(*c);
+
+  // Spot checks of the three bands, computed here from the definition.
+  const std::vector<float> f = RopeInvFreq(*c);
+  ASSERT_EQ(f.size(), 64u);
+  // Highest frequency: wavelength 2*pi < 8192/4, unchanged.
+  EXPECT_FLOAT_EQ(f[0], 1.0f);
+  // Lowest frequency: wavelength far beyond 8192, divided by the factor 8.
+  const double lowest = std::pow(500000.0, -126.0 / 128.0) / 8.0;
+  EXPECT_NEAR(f[63], lowest, lowest * 1e-6);
+  // i = 30: wavelength 2*pi*500000^(60/128) ~ 2882, inside [2048, 8192]:
+  // interpolated with smooth = (8192/wavelength - 1) / 3.
+  const double base = std::pow(500000.0, -60.0 / 128.0);
+  const double smooth = (8192.0 / (2 * std::numbers::pi / base) - 1.0) / 3.0;
+  ASSERT_GT(smooth, 0.0);
+  ASSERT_LT(smooth, 1.0);
+  const double medium = (1 - smooth) * base / 8.0 + smooth * base;
+  EXPECT_NEAR(f[30], medium, medium * 1e-6);
+}
+
+}  // namespace
+}  // namespace layerserve
