@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "server/core/observer.h"
@@ -24,7 +25,10 @@ namespace layerserve {
 //   layerserve_batch_tokens{model}                      histogram
 //   layerserve_queue_depth{model}                       gauge
 //   layerserve_inflight_requests{model}                 gauge
-// Duration buckets span 50 us to 10 s.
+//   layerserve_kernel_duration_seconds{model,op}        histogram (CUDA backend, sampled)
+//   layerserve_gpu_memory_used_bytes{model}             gauge (CUDA backend)
+// Duration buckets span 50 us to 10 s. Calls that name a model this process
+// does not serve count under model="other" (client text never becomes a label).
 class PrometheusMetrics final : public ServerObserver {
  public:
   explicit PrometheusMetrics(std::string model_name);
@@ -35,6 +39,12 @@ class PrometheusMetrics final : public ServerObserver {
   void OnBatchExecuted(const BatchRecord& r) override;
   void OnQueueDepth(int64_t requests) override;
   void OnInflight(int64_t requests) override;
+
+  // Device time of one kernel launch of a sampled batch; `op` is a backend's
+  // fixed op name ("gemm_qkv", "attention", ...). Thread-safe.
+  void OnKernelTime(std::string_view op, double seconds);
+  // GPU memory in use on the serving device.
+  void SetGpuMemoryUsedBytes(int64_t bytes);
 
   // The exposition text (Prometheus text format 0.0.4) of every family.
   std::string Serialize() const;

@@ -1,0 +1,270 @@
+// PrometheusMetrics: the core's ServerObserver callbacks turned into
+// prometheus-cpp collectors; MetricsHttpServer: cpp-httplib serving their
+// exposition text. See prometheus_metrics.h for the families and for why the
+// endpoint is not prometheus-cpp's Exposer.
+#include "server/metrics/prometheus_metrics.h"
+
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
+
+namespace layerserve {
+namespace {
+
+// A 1-2.5-5 series from 50 us to 10 s: one inference of a few layers takes
+// anywhere from tens of microseconds (tiny model, GPU) to seconds (large batch
+// on CPU), and queue waits sit at the low end.
+std::vector<double> DurationBucketsSeconds() {
+  return {50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3,
+          50e-3, 100e-3, 250e-3, 500e-3, 1.0,  2.5,    5.0,  10.0};
+}
+
+// Device time of one kernel launch: from a microsecond (an elementwise op at
+// one token) to a tenth of a second (a large GEMM or attention).
+std::vector<double> KernelBucketsSeconds() {
+  return {1e-6,  2.5e-6, 5e-6,   10e-6, 25e-6, 50e-6, 100e-6, 250e-6,
+          500e-6, 1e-3,  2.5e-3, 5e-3,  10e-3, 25e-3, 50e-3,  100e-3};
+}
+
+// Powers of two from 1 up to and including `max`.
+std::vector<double> PowersOfTwoUpTo(double max) {
+  std::vector<double> bounds;
+  for (double b = 1; b <= max; b *= 2) bounds.push_back(b);
+  return bounds;
+}
+
+// Requests that name a model this process does not serve are counted under
+// this label value: the name comes from the client, and copying it into a
+// label would let any client create unbounded series.
+constexpr char kOtherModelLabel[] = "other";
+
+// Threads that answer scrapes. More than one so that a keep-alive connection
+// held open by one scraper does not stall another (e.g. curl beside Prometheus).
+constexpr size_t kHttpWorkerThreads = 4;
+
+constexpr time_t kKeepAliveSeconds = 1;
+
+constexpr auto kStopPollInterval = std::chrono::milliseconds(1);
+
+}  // namespace
+
+struct PrometheusMetrics::Impl {
+  explicit Impl(std::string name)
+      : model_name(std::move(name)),
+        registry(std::make_shared<prometheus::Registry>()),
+        requests(prometheus::BuildCounter()
+                     .Name("layerserve_requests_total")
+                     .Help("ModelInfer calls answered, by model and canonical status code.")
+                     .Register(*registry)),
+        request_duration(prometheus::BuildHistogram()
+                             .Name("layerserve_request_duration_seconds")
+                             .Help("ModelInfer latency from receipt to reply.")
+                             .Register(*registry)),
+        queue_duration(prometheus::BuildHistogram()
+                           .Name("layerserve_queue_duration_seconds")
+                           .Help("Time a request waited in the batcher queue.")
+                           .Register(*registry)),
+        compute_duration(prometheus::BuildHistogram()
+                             .Name("layerserve_compute_duration_seconds")
+                             .Help("Backend execution time of one batch.")
+                             .Register(*registry)),
+        batch_size(prometheus::BuildHistogram()
+                       .Name("layerserve_batch_size")
+                       .Help("Requests per backend execution.")
+                       .Register(*registry)),
+        batch_tokens(prometheus::BuildHistogram()
+                         .Name("layerserve_batch_tokens")
+                         .Help("Tokens (sum of B*T) per backend execution.")
+                         .Register(*registry)),
+        queue_depth(prometheus::BuildGauge()
+                        .Name("layerserve_queue_depth")
+                        .Help("Requests waiting in the batcher queue.")
+                        .Register(*registry)),
+        inflight(prometheus::BuildGauge()
+                     .Name("layerserve_inflight_requests")
+                     .Help("Requests accepted and not yet answered.")
+                     .Register(*registry)),
+        kernel_duration(prometheus::BuildHistogram()
+                            .Name("layerserve_kernel_duration_seconds")
+                            .Help("GPU time of one kernel launch, by op (sampled batches).")
+                            .Register(*registry)),
+        gpu_memory_used(prometheus::BuildGauge()
+                            .Name("layerserve_gpu_memory_used_bytes")
+                            .Help("GPU memory in use on the serving device.")
+                            .Register(*registry)),
+        request_duration_model(request_duration.Add(ModelLabel(), DurationBucketsSeconds())),
+        queue_duration_model(queue_duration.Add(ModelLabel(), DurationBucketsSeconds())),
+        compute_duration_model(compute_duration.Add(ModelLabel(), DurationBucketsSeconds())),
+        batch_size_model(batch_size.Add(ModelLabel(), PowersOfTwoUpTo(1024))),
+        batch_tokens_model(batch_tokens.Add(ModelLabel(), PowersOfTwoUpTo(65536))),
+        queue_depth_model(queue_depth.Add(ModelLabel())),
+        inflight_model(inflight.Add(ModelLabel())) {
+    // Present from the first scrape, so that rate() has a zero to start from.
+    requests.Add({{"model", model_name}, {"code", "OK"}});
+  }
+
+  prometheus::Labels ModelLabel() const { return {{"model", model_name}}; }
+
+  const std::string model_name;
+  std::shared_ptr<prometheus::Registry> registry;
+  prometheus::Family<prometheus::Counter>& requests;
+  prometheus::Family<prometheus::Histogram>& request_duration;
+  prometheus::Family<prometheus::Histogram>& queue_duration;
+  prometheus::Family<prometheus::Histogram>& compute_duration;
+  prometheus::Family<prometheus::Histogram>& batch_size;
+  prometheus::Family<prometheus::Histogram>& batch_tokens;
+  prometheus::Family<prometheus::Gauge>& queue_depth;
+  prometheus::Family<prometheus::Gauge>& inflight;
+  prometheus::Family<prometheus::Histogram>& kernel_duration;  // series made on first use
+  prometheus::Family<prometheus::Gauge>& gpu_memory_used;      // set by the CUDA backend only
+  // The single-model series, resolved once; the families own them and every
+  // metric is itself thread-safe.
+  prometheus::Histogram& request_duration_model;
+  prometheus::Histogram& queue_duration_model;
+  prometheus::Histogram& compute_duration_model;
+  prometheus::Histogram& batch_size_model;
+  prometheus::Histogram& batch_tokens_model;
+  prometheus::Gauge& queue_depth_model;
+  prometheus::Gauge& inflight_model;
+};
+
+PrometheusMetrics::PrometheusMetrics(std::string model_name)
+    : impl_(std::make_unique<Impl>(std::move(model_name))) {}
+
+PrometheusMetrics::~PrometheusMetrics() = default;
+
+void PrometheusMetrics::OnRequestFinished(const RequestRecord& r) {
+  const bool served = r.model == impl_->model_name;
+  // Family::Add returns the existing series for known labels (under the
+  // family's own lock); the code set is the ~16 canonical names.
+  impl_->requests
+      .Add({{"model", served ? impl_->model_name : std::string(kOtherModelLabel)},
+            {"code", std::string(r.code)}})
+      .Increment();
+  if (served) impl_->request_duration_model.Observe(r.duration_seconds);
+}
+
+void PrometheusMetrics::OnDequeued(const DequeueRecord& r) {
+  impl_->queue_duration_model.Observe(r.queue_seconds);
+}
+
+void PrometheusMetrics::OnBatchExecuted(const BatchRecord& r) {
+  // Failed batches are observed too: they occupied the backend for that long,
+  // and their requests show up under a non-OK code in requests_total.
+  impl_->compute_duration_model.Observe(r.compute_seconds);
+  impl_->batch_size_model.Observe(static_cast<double>(r.requests));
+  impl_->batch_tokens_model.Observe(static_cast<double>(r.tokens));
+}
+
+void PrometheusMetrics::OnQueueDepth(int64_t requests) {
+  impl_->queue_depth_model.Set(static_cast<double>(requests));
+}
+
+void PrometheusMetrics::OnInflight(int64_t requests) {
+  impl_->inflight_model.Set(static_cast<double>(requests));
+}
+
+void PrometheusMetrics::OnKernelTime(std::string_view op, double seconds) {
+  // Family::Add returns the existing series after the first call for an op
+  // (a fixed set of ~8 names chosen by the backend, never by a client).
+  impl_->kernel_duration
+      .Add({{"model", impl_->model_name}, {"op", std::string(op)}}, KernelBucketsSeconds())
+      .Observe(seconds);
+}
+
+void PrometheusMetrics::SetGpuMemoryUsedBytes(int64_t bytes) {
+  impl_->gpu_memory_used.Add(impl_->ModelLabel()).Set(static_cast<double>(bytes));
+}
+
+std::string PrometheusMetrics::Serialize() const {
+  return prometheus::TextSerializer().Serialize(impl_->registry->Collect());
+}
+
+struct MetricsHttpServer::Impl {
+  httplib::Server server;
+  std::thread thread;
+  std::atomic<bool> listen_returned{false};
+  int port = 0;
+};
+
+MetricsHttpServer::MetricsHttpServer() : impl_(std::make_unique<Impl>()) {}
+
+MetricsHttpServer::~MetricsHttpServer() { Stop(); }
+
+int MetricsHttpServer::port() const { return impl_->port; }
+
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
+    const std::string& host, int port, const PrometheusMetrics* metrics) {
+  if (metrics == nullptr) return absl::InvalidArgumentError("metrics must not be null");
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics port out of range: ", port));
+  }
+  std::unique_ptr<MetricsHttpServer> self(new MetricsHttpServer());
+  httplib::Server& server = self->impl_->server;
+  server.new_task_queue = [] { return new httplib::ThreadPool(kHttpWorkerThreads); };
+  // httplib's workers notice stop() only between requests, so an idle
+  // keep-alive connection (Prometheus holds one) delays Stop() by this much;
+  // scrapes come seconds apart, so a long keep-alive buys nothing.
+  server.set_keep_alive_timeout(kKeepAliveSeconds);
+  // httplib's default also sets SO_REUSEPORT, which lets a second process bind
+  // the same port and silently take half the scrapes; keep only SO_REUSEADDR
+  // (a restart may rebind while old connections sit in TIME_WAIT).
+  server.set_socket_options([](socket_t sock) {
+    const int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  server.Get("/metrics", [metrics](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics->Serialize(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("ok\n", "text/plain");
+  });
+
+  if (port == 0) {
+    const int bound = server.bind_to_any_port(host);
+    if (bound <= 0) {
+      return absl::UnavailableError(absl::StrCat("metrics: cannot bind ", host, ":<any>"));
+    }
+    self->impl_->port = bound;
+  } else {
+    if (!server.bind_to_port(host, port)) {
+      return absl::UnavailableError(absl::StrCat("metrics: cannot bind ", host, ":", port));
+    }
+    self->impl_->port = port;
+  }
+
+  Impl* impl = self->impl_.get();
+  impl->thread = std::thread([impl] {
+    impl->server.listen_after_bind();
+    impl->listen_returned.store(true);
+  });
+  return self;
+}
+
+void MetricsHttpServer::Stop() {
+  if (!impl_->thread.joinable()) return;
+  // httplib's stop() does nothing until the accept loop has begun, so a Stop()
+  // right after Start() first waits for the loop (or for its early return).
+  while (!impl_->server.is_running() && !impl_->listen_returned.load()) {
+    std::this_thread::sleep_for(kStopPollInterval);
+  }
+  impl_->server.stop();
+  impl_->thread.join();
+}
+
+}  // namespace layerserve
