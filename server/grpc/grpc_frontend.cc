@@ -1,0 +1,152 @@
+// The gRPC server, its health service and its life cycle (see
+// grpc_frontend.h).
+#include "server/grpc/grpc_frontend.h"
+
+#include <algorithm>
+#include <climits>
+#include <string>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "grpc/grpc.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "server/grpc/infer_handler.h"
+#include "server/grpc/inference_service.h"
+#include "server/grpc/serving_state.h"
+#include "server/grpc/status_convert.h"
+
+namespace layerserve {
+namespace {
+
+using grpc::health::v1::HealthCheckRequest;
+using grpc::health::v1::HealthCheckResponse;
+
+// A ModelStreamInferResponse wraps the ModelInferResponse in a few bytes of
+// framing (tag and length); the reply-size check leaves room for it.
+constexpr size_t kStreamEnvelopeBytes = 16;
+
+// grpc.health.v1.Health, answered from the live serving state rather than
+// gRPC's default service (whose status would have to be pushed on every
+// change of backend health). "" is the whole server; the inference service's
+// full name is accepted too. Watch is not implemented (UNIMPLEMENTED, which
+// the protocol tells clients to treat as "not supported").
+class HealthService final : public grpc::health::v1::Health::CallbackService {
+ public:
+  explicit HealthService(const ServingState* state) : state_(state) {}
+
+  grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* context,
+                                  const HealthCheckRequest* request,
+                                  HealthCheckResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    if (!request->service().empty() &&
+        request->service() != inference::GRPCInferenceService::service_full_name()) {
+      reactor->Finish(ToGrpcStatus(
+          absl::NotFoundError(absl::StrCat("unknown service '", request->service(), "'"))));
+      return reactor;
+    }
+    response->set_status(state_->Readiness().ok() ? HealthCheckResponse::SERVING
+                                                  : HealthCheckResponse::NOT_SERVING);
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+ private:
+  const ServingState* const state_;
+};
+
+}  // namespace
+
+int DefaultMaxMessageBytes(const ServedModel& model) {
+  constexpr int64_t kHeadroomBytes = int64_t{1} << 20;
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(model.max_batch_tokens, model.config.hidden_size, &bytes) ||
+      __builtin_mul_overflow(bytes, int64_t{4}, &bytes) ||
+      __builtin_add_overflow(bytes, kHeadroomBytes, &bytes)) {
+    return INT_MAX;
+  }
+  return static_cast<int>(std::min<int64_t>(bytes, INT_MAX));
+}
+
+struct GrpcFrontend::Impl {
+  Impl(const ServedModel& model, const GrpcFrontendOptions& options, Batcher* batcher,
+       Backend* backend, ServerObserver* observer, const StatsRecorder* stats)
+      : model(model),
+        state(backend),
+        infer(this->model, batcher, observer, &state,
+              static_cast<size_t>(options.max_send_message_bytes) - kStreamEnvelopeBytes),
+        service(this->model, options.server_version, &state, &infer, stats),
+        health(&state) {}
+
+  const ServedModel model;
+  ServingState state;
+  InferHandler infer;
+  InferenceService service;
+  HealthService health;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  bool shut_down = false;  // touched only by the owner's thread
+};
+
+absl::StatusOr<std::unique_ptr<GrpcFrontend>> GrpcFrontend::Start(
+    const GrpcFrontendOptions& options, const ServedModel& model, Batcher* batcher,
+    Backend* backend, ServerObserver* observer, const StatsRecorder* stats) {
+  GrpcFrontendOptions resolved = options;
+  if (resolved.max_receive_message_bytes <= 0) {
+    resolved.max_receive_message_bytes = DefaultMaxMessageBytes(model);
+  }
+  if (resolved.max_send_message_bytes <= 0) {
+    resolved.max_send_message_bytes = DefaultMaxMessageBytes(model);
+  }
+  if (static_cast<size_t>(resolved.max_send_message_bytes) <= kStreamEnvelopeBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max send message size of ", resolved.max_send_message_bytes, " bytes is too small"));
+  }
+  auto impl = std::make_unique<Impl>(model, resolved, batcher, backend, observer, stats);
+
+  // IPv6 literals need brackets in a gRPC target ("[::]:8001").
+  const std::string address = absl::StrContains(resolved.host, ':')
+                                  ? absl::StrCat("[", resolved.host, "]:", resolved.port)
+                                  : absl::StrCat(resolved.host, ":", resolved.port);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &impl->port);
+  // gRPC sets SO_REUSEPORT by default on Linux, which would let a second
+  // server bind the same port and silently take half the connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(resolved.max_receive_message_bytes);
+  builder.SetMaxSendMessageSize(resolved.max_send_message_bytes);
+  builder.RegisterService(&impl->service);
+  builder.RegisterService(&impl->health);
+  impl->server = builder.BuildAndStart();
+  if (impl->server == nullptr || impl->port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("could not start the gRPC server on ", address,
+                     " (is the port in use, or the host not a local address?)"));
+  }
+  return std::unique_ptr<GrpcFrontend>(new GrpcFrontend(std::move(impl)));
+}
+
+GrpcFrontend::GrpcFrontend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+GrpcFrontend::~GrpcFrontend() { Shutdown(absl::Now()); }
+
+int GrpcFrontend::port() const { return impl_->port; }
+
+void GrpcFrontend::BeginDrain() { impl_->state.BeginDrain(); }
+
+void GrpcFrontend::Shutdown(absl::Time deadline) {
+  if (impl_->shut_down) return;
+  impl_->shut_down = true;
+  impl_->state.BeginDrain();
+  // Streams stay open as long as their clients want; until they close (or
+  // the deadline) the server keeps answering, so health checks and readiness
+  // probes read NOT_SERVING / ready=false rather than "connection refused".
+  impl_->state.AwaitNoStreams(deadline);
+  impl_->server->Shutdown(absl::ToChronoTime(deadline));
+  impl_->server->Wait();
+}
+
+}  // namespace layerserve

@@ -1,0 +1,78 @@
+// The gRPC edge of layerserve: one grpc::Server serving
+// inference.GRPCInferenceService and grpc.health.v1.Health for the one
+// served model, on gRPC's callback API.
+//
+// Life cycle (driven by main): Start() binds and serves; BeginDrain() turns
+// readiness and health to NOT_SERVING and makes new inferences UNAVAILABLE
+// while accepted ones finish; the caller then shuts the Batcher down (which
+// answers everything queued) and calls Shutdown(deadline), which keeps
+// answering (ready=false, NOT_SERVING, new inferences UNAVAILABLE) while
+// ModelStreamInfer calls are open, up to the deadline, then stops the server,
+// cancelling whatever is still open.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/core/backend.h"
+#include "server/core/batcher.h"
+#include "server/core/observer.h"
+#include "server/core/served_model.h"
+#include "server/core/stats.h"
+
+namespace layerserve {
+
+struct GrpcFrontendOptions {
+  std::string host = "0.0.0.0";
+  int port = 8001;             // 0: the OS picks a free port; see GrpcFrontend::port()
+  std::string server_version;  // reported by ServerMetadata
+  // Largest message accepted / sent, in bytes; 0: DefaultMaxMessageBytes().
+  int max_receive_message_bytes = 0;
+  int max_send_message_bytes = 0;
+};
+
+// Room for the largest legal request (and its reply, which has the same
+// size): max_batch_tokens * hidden * 4 bytes (FP32, the widest accepted
+// datatype) plus 1 MiB for the envelope, capped at INT32_MAX (gRPC's limit).
+// gRPC's own default of 4 MiB would reject a 2048-token BF16 request at hidden
+// 1024; clients that keep that default must stay under it on their side too.
+int DefaultMaxMessageBytes(const ServedModel& model);
+
+class GrpcFrontend {
+ public:
+  // Starts serving on options.host:options.port. All pointers must outlive
+  // the frontend; the Batcher must not be destroyed while requests it holds
+  // could still complete into the frontend (shut it down first).
+  static absl::StatusOr<std::unique_ptr<GrpcFrontend>> Start(const GrpcFrontendOptions& options,
+                                                             const ServedModel& model,
+                                                             Batcher* batcher, Backend* backend,
+                                                             ServerObserver* observer,
+                                                             const StatsRecorder* stats);
+  ~GrpcFrontend();  // Shutdown(now) if not shut down yet
+
+  GrpcFrontend(const GrpcFrontend&) = delete;
+  GrpcFrontend& operator=(const GrpcFrontend&) = delete;
+
+  // The bound port (the chosen one when options.port was 0).
+  int port() const;
+
+  // Readiness and health become NOT_SERVING and new inferences UNAVAILABLE.
+  // Thread-safe, idempotent, returns at once.
+  void BeginDrain();
+
+  // Begins draining if not yet, waits until open streams close or `deadline`
+  // passes, then stops the server (cancelling what is still open) and returns
+  // once every call has finished. Blocks; call it from main, not from a gRPC
+  // reaction. Idempotent.
+  void Shutdown(absl::Time deadline);
+
+ private:
+  struct Impl;
+  explicit GrpcFrontend(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace layerserve

@@ -1,0 +1,89 @@
+// The edge's half of a ModelInfer request (see infer_handler.h).
+#include "server/grpc/infer_handler.h"
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/grpc/model_info.h"
+#include "server/grpc/request_convert.h"
+#include "server/grpc/status_convert.h"
+
+namespace layerserve {
+namespace {
+
+double SecondsSince(SteadyTime start) {
+  return std::chrono::duration<double>(SteadyClock::Get()->Now() - start).count();
+}
+
+}  // namespace
+
+InferHandler::InferHandler(const ServedModel& model, Batcher* batcher, ServerObserver* observer,
+                           const ServingState* state, size_t max_reply_bytes)
+    : model_(model),
+      limits_{.hidden_size = model.config.hidden_size,
+              .max_tokens_per_request = model.max_batch_tokens},
+      batcher_(batcher),
+      observer_(observer),
+      state_(state),
+      max_reply_bytes_(max_reply_bytes) {}
+
+void InferHandler::Submit(grpc::CallbackServerContext* context,
+                          const inference::ModelInferRequest* request,
+                          inference::ModelInferResponse* response, Reply reply) {
+  const SteadyTime receipt = SteadyClock::Get()->Now();
+  AddInflight(1);
+  absl::Status status = CheckModel(model_, request->model_name(), request->model_version());
+  if (status.ok()) status = state_->Readiness();
+  if (!status.ok()) return Complete(reply, status, receipt, 0);
+
+  const std::optional<SteadyTime> transport_deadline =
+      SteadyDeadline(context->deadline(), std::chrono::system_clock::now(), receipt);
+  absl::StatusOr<std::unique_ptr<InferRequest>> made =
+      MakeInferRequest(*request, limits_, transport_deadline, receipt);
+  if (!made.ok()) return Complete(reply, made.status(), receipt, 0);
+
+  std::unique_ptr<InferRequest> infer = *std::move(made);
+  InferRequest* const raw = infer.get();  // owned by the core until on_done returns
+  const int64_t tokens = raw->tokens();
+  raw->is_cancelled = [context] { return context->IsCancelled(); };
+  raw->on_done = [this, raw, response, reply, receipt, tokens](absl::Status done) {
+    if (done.ok()) done = FillInferResponse(model_, *raw, response);
+    if (done.ok() && response->ByteSizeLong() > max_reply_bytes_) {
+      done = absl::ResourceExhaustedError(
+          absl::StrCat("the reply would be ", response->ByteSizeLong(),
+                       " bytes, more than the largest reply this server sends (", max_reply_bytes_,
+                       " bytes); send fewer tokens per request"));
+    }
+    if (!done.ok()) response->Clear();
+    Complete(reply, done, receipt, tokens);
+  };
+  // Queue full is RESOURCE_EXHAUSTED (the documented choice; Triton says
+  // UNAVAILABLE); shutting down is UNAVAILABLE. Either way the request comes
+  // back to us and on_done will not run.
+  status = batcher_->Enqueue(infer);
+  if (!status.ok()) Complete(reply, status, receipt, tokens);
+}
+
+void InferHandler::Complete(const Reply& reply, const absl::Status& status, SteadyTime receipt,
+                            int64_t tokens) {
+  const std::string code = StatusCodeName(status);
+  observer_->OnRequestFinished({.model = model_.name,
+                                .code = code,
+                                .duration_seconds = SecondsSince(receipt),
+                                .tokens = tokens});
+  AddInflight(-1);
+  // Statistics are recorded before the reply, so a client that asks for them
+  // right after its answer sees its own request counted.
+  reply(status);
+}
+
+void InferHandler::AddInflight(int64_t delta) {
+  absl::MutexLock lock(&inflight_mu_);
+  inflight_ += delta;
+  observer_->OnInflight(inflight_);
+}
+
+}  // namespace layerserve

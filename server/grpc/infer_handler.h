@@ -1,0 +1,68 @@
+// One ModelInfer request's path through the edge, shared by the unary RPC and
+// ModelStreamInfer: check the model and readiness, validate and convert,
+// enqueue on the Batcher, and when the core is done build the response, check
+// its size, report the outcome to the observer and reply.
+//
+// Threading: Submit() runs on a gRPC reaction and never blocks (the batcher's
+// Enqueue only takes its queue lock). The reply runs on that same thread when
+// the request is rejected up front, otherwise on the batcher's or backend's
+// completion thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "grpc_service.pb.h"
+#include "grpcpp/server_context.h"
+#include "server/core/batcher.h"
+#include "server/core/clock.h"
+#include "server/core/observer.h"
+#include "server/core/served_model.h"
+#include "server/core/validation.h"
+#include "server/grpc/serving_state.h"
+
+namespace layerserve {
+
+class InferHandler {
+ public:
+  // Called exactly once per Submit with the outcome; on OK the response has
+  // been filled. Nothing in the handler touches the request, the response or
+  // the context after calling it.
+  using Reply = std::function<void(const absl::Status&)>;
+
+  // All pointers must outlive the handler, and the handler every request
+  // submitted to it. `max_reply_bytes`: the largest serialized
+  // ModelInferResponse the transport will send.
+  InferHandler(const ServedModel& model, Batcher* batcher, ServerObserver* observer,
+               const ServingState* state, size_t max_reply_bytes);
+
+  InferHandler(const InferHandler&) = delete;
+  InferHandler& operator=(const InferHandler&) = delete;
+
+  // `context`, `request` and `response` must stay valid until `reply` runs;
+  // the core reads the tensor straight out of `request`.
+  void Submit(grpc::CallbackServerContext* context, const inference::ModelInferRequest* request,
+              inference::ModelInferResponse* response, Reply reply);
+
+ private:
+  // Reports the finished request, then replies.
+  void Complete(const Reply& reply, const absl::Status& status, SteadyTime receipt, int64_t tokens);
+  void AddInflight(int64_t delta);
+
+  const ServedModel& model_;
+  const ModelLimits limits_;
+  Batcher* const batcher_;
+  ServerObserver* const observer_;
+  const ServingState* const state_;
+  const size_t max_reply_bytes_;
+
+  // Held only to report the count in the order it changes.
+  absl::Mutex inflight_mu_;
+  int64_t inflight_ ABSL_GUARDED_BY(inflight_mu_) = 0;
+};
+
+}  // namespace layerserve

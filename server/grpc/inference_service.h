@@ -1,0 +1,61 @@
+// inference.GRPCInferenceService on gRPC's callback API: the health and
+// metadata RPCs answer inline; ModelInfer and ModelStreamInfer hand each
+// request to the InferHandler and reply from its completion.
+//
+// Every reaction returns without blocking: nothing here waits on compute, and
+// the only lock (a stream's write queue) guards a few pointer moves.
+#pragma once
+
+#include <string>
+
+#include "grpc_service.grpc.pb.h"
+#include "server/core/served_model.h"
+#include "server/core/stats.h"
+#include "server/grpc/infer_handler.h"
+#include "server/grpc/serving_state.h"
+
+namespace layerserve {
+
+class InferenceService final : public inference::GRPCInferenceService::CallbackService {
+ public:
+  // All pointers must outlive the service (and the gRPC server it is
+  // registered with).
+  InferenceService(const ServedModel& model, std::string server_version, ServingState* state,
+                   InferHandler* infer, const StatsRecorder* stats);
+
+  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
+                                       const inference::ServerLiveRequest* request,
+                                       inference::ServerLiveResponse* response) override;
+  grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* context,
+                                        const inference::ServerReadyRequest* request,
+                                        inference::ServerReadyResponse* response) override;
+  grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* context,
+                                       const inference::ModelReadyRequest* request,
+                                       inference::ModelReadyResponse* response) override;
+  grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* context,
+                                           const inference::ServerMetadataRequest* request,
+                                           inference::ServerMetadataResponse* response) override;
+  grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* context,
+                                          const inference::ModelMetadataRequest* request,
+                                          inference::ModelMetadataResponse* response) override;
+  grpc::ServerUnaryReactor* ModelConfig(grpc::CallbackServerContext* context,
+                                        const inference::ModelConfigRequest* request,
+                                        inference::ModelConfigResponse* response) override;
+  grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext* context,
+                                            const inference::ModelStatisticsRequest* request,
+                                            inference::ModelStatisticsResponse* response) override;
+  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
+                                       const inference::ModelInferRequest* request,
+                                       inference::ModelInferResponse* response) override;
+  grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
+  ModelStreamInfer(grpc::CallbackServerContext* context) override;
+
+ private:
+  const ServedModel& model_;
+  const std::string server_version_;
+  ServingState* const state_;  // also counts open streams
+  InferHandler* const infer_;
+  const StatsRecorder* const stats_;
+};
+
+}  // namespace layerserve

@@ -1,0 +1,134 @@
+// Metadata, configuration and statistics messages (see model_info.h).
+#include "server/grpc/model_info.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "server/core/validation.h"
+
+namespace layerserve {
+namespace {
+
+constexpr std::string_view kServerName = "layerserve";
+constexpr std::string_view kPlatform = "layerserve";
+
+// Protocol extensions this server implements; "statistics" is what makes
+// perf_analyzer call ModelStatistics around each measurement window.
+constexpr std::string_view kExtensions[] = {"model_configuration", "statistics"};
+
+// The activation tensor is [batch, tokens, hidden]: B and T vary per request.
+void AddActivationShape(const ServedModel& model, google::protobuf::RepeatedField<int64_t>* dims) {
+  dims->Add(-1);
+  dims->Add(-1);
+  dims->Add(model.config.hidden_size);
+}
+
+// This absl predates its std::string_view interop, so StrCat needs its own
+// view type.
+absl::string_view AbslView(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+void SetDuration(const DurationStat& in, inference::StatisticDuration* out) {
+  out->set_count(in.count);
+  out->set_ns(in.ns);
+}
+
+}  // namespace
+
+absl::Status CheckModel(const ServedModel& model, std::string_view name, std::string_view version) {
+  if (name != model.name) {
+    return absl::NotFoundError(absl::StrCat("unknown model '", AbslView(name),
+                                            "'; this server serves '", model.name, "'"));
+  }
+  if (!version.empty() && version != model.version) {
+    return absl::NotFoundError(absl::StrCat("model '", AbslView(name), "' has no version '",
+                                            AbslView(version), "'; it serves version '",
+                                            model.version, "'"));
+  }
+  return absl::OkStatus();
+}
+
+void FillServerMetadata(std::string_view server_version,
+                        inference::ServerMetadataResponse* response) {
+  response->set_name(std::string(kServerName));
+  response->set_version(std::string(server_version));
+  for (std::string_view extension : kExtensions) response->add_extensions(std::string(extension));
+}
+
+void FillModelMetadata(const ServedModel& model, inference::ModelMetadataResponse* response) {
+  response->set_name(model.name);
+  response->add_versions(model.version);
+  response->set_platform(std::string(kPlatform));
+  // BF16 is advertised because it is what Llama checkpoints and clients
+  // exchange; the server also accepts FP16 and FP32 and always answers in the
+  // request's datatype. Metadata has room for only one datatype per tensor.
+  for (auto* tensor : {response->add_inputs(), response->add_outputs()}) {
+    tensor->set_name(std::string(kInputName));
+    tensor->set_datatype("BF16");
+    AddActivationShape(model, tensor->mutable_shape());
+  }
+}
+
+void FillModelConfig(const ServedModel& model, inference::ModelConfig* config) {
+  config->set_name(model.name);
+  config->set_platform(std::string(kPlatform));
+  config->set_backend(std::string(kPlatform));
+  // 0: no implicit batch dimension. B is an explicit dimension of the shape,
+  // and the server batches at token level across requests with different B
+  // and T, which Triton's implicit batching (requests stacked along an extra
+  // leading dimension with identical remaining dims) cannot describe. With 0,
+  // perf_analyzer keeps all three dimensions and takes them from --shape.
+  config->set_max_batch_size(0);
+
+  auto* input = config->add_input();
+  input->set_name(std::string(kInputName));
+  input->set_data_type(inference::TYPE_BF16);
+  AddActivationShape(model, input->mutable_dims());
+  auto* output = config->add_output();
+  output->set_name(std::string(kOutputName));
+  output->set_data_type(inference::TYPE_BF16);
+  AddActivationShape(model, output->mutable_dims());
+
+  // Present: the dynamic scheduler. The token-level batcher has no preferred
+  // batch sizes; its delay and queue bound are the server's flags, and the
+  // "timeout" request parameter is honoured.
+  auto* batching = config->mutable_dynamic_batching();
+  batching->set_max_queue_delay_microseconds(static_cast<uint64_t>(model.max_queue_delay_us));
+  auto* queue = batching->mutable_default_queue_policy();
+  queue->set_timeout_action(inference::ModelQueuePolicy::REJECT);
+  queue->set_allow_timeout_override(true);
+  queue->set_max_queue_size(static_cast<uint32_t>(model.max_queue_size));
+
+  // One response per request, also on ModelStreamInfer.
+  config->mutable_model_transaction_policy()->set_decoupled(false);
+
+  auto& parameters = *config->mutable_parameters();
+  parameters["model_type"].set_string_value(model.config.model_type);
+  parameters["layers"].set_string_value(
+      absl::StrCat(model.first_layer, ":", model.first_layer + model.num_layers));
+  parameters["hidden_size"].set_string_value(absl::StrCat(model.config.hidden_size));
+  parameters["max_batch_tokens"].set_string_value(absl::StrCat(model.max_batch_tokens));
+  parameters["compute_backend"].set_string_value(model.backend);
+}
+
+void FillModelStatistics(const ServedModel& model, const ModelStatsSnapshot& stats,
+                         inference::ModelStatistics* out) {
+  out->set_name(model.name);
+  out->set_version(model.version);
+  out->set_last_inference(stats.last_inference_ms);
+  out->set_inference_count(stats.inference_count);
+  out->set_execution_count(stats.execution_count);
+  auto* infer = out->mutable_inference_stats();
+  SetDuration(stats.success, infer->mutable_success());
+  SetDuration(stats.fail, infer->mutable_fail());
+  SetDuration(stats.queue, infer->mutable_queue());
+  SetDuration(stats.compute_input, infer->mutable_compute_input());
+  SetDuration(stats.compute_infer, infer->mutable_compute_infer());
+  SetDuration(stats.compute_output, infer->mutable_compute_output());
+  for (const auto& [batch_size, compute] : stats.batch_compute_infer) {
+    auto* batch = out->add_batch_stats();
+    batch->set_batch_size(batch_size);
+    SetDuration(compute, batch->mutable_compute_infer());
+  }
+}
+
+}  // namespace layerserve

@@ -1,0 +1,59 @@
+// Conversions between the wire messages of ModelInfer and the core's
+// transport-agnostic InferRequest.
+//
+// Validation itself lives in the core (server/core/validation.h): this file
+// copies the few fields it needs into a RequestDescription, and after the core
+// accepts it builds an InferRequest whose `input` is a view into the request
+// message. Whoever calls MakeInferRequest keeps that message alive until the
+// request's on_done has run.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "grpc_service.pb.h"
+#include "server/core/clock.h"
+#include "server/core/request.h"
+#include "server/core/served_model.h"
+#include "server/core/validation.h"
+
+namespace layerserve {
+
+// Views into `request` (valid while it is).
+RequestDescription DescribeRequest(const inference::ModelInferRequest& request);
+
+// The "timeout" request parameter (Triton's convention: int64 microseconds;
+// 0 or absent means none) as a deadline relative to `now`. INVALID_ARGUMENT if
+// it has another type or is negative.
+absl::StatusOr<std::optional<SteadyTime>> TimeoutParameterDeadline(
+    const inference::ModelInferRequest& request, SteadyTime now);
+
+// A transport deadline (gRPC's, on the system clock; time_point::max() means
+// none) moved onto the steady clock the batcher uses, given both clocks' now.
+std::optional<SteadyTime> SteadyDeadline(std::chrono::system_clock::time_point deadline,
+                                         std::chrono::system_clock::time_point system_now,
+                                         SteadyTime steady_now);
+
+// The earlier of two optional deadlines.
+std::optional<SteadyTime> EarlierDeadline(std::optional<SteadyTime> a, std::optional<SteadyTime> b);
+
+// Validates `request` against the model's limits and builds the core request:
+// id, dtype, shape and an `input` view into raw_input_contents[0]. The
+// deadline is the earlier of `transport_deadline` and the "timeout"
+// parameter. on_done and is_cancelled are left for the caller to set.
+absl::StatusOr<std::unique_ptr<InferRequest>> MakeInferRequest(
+    const inference::ModelInferRequest& request, const ModelLimits& limits,
+    std::optional<SteadyTime> transport_deadline, SteadyTime now);
+
+// Fills `response` for a request the core completed successfully: model name
+// and version, the echoed id, one output `hidden_states` with the input's
+// datatype and shape, and its bytes moved out of `done.output` into
+// raw_output_contents. INTERNAL if the output does not have the input's size
+// (a backend bug must not reach clients as a malformed tensor).
+absl::Status FillInferResponse(const ServedModel& model, InferRequest& done,
+                               inference::ModelInferResponse* response);
+
+}  // namespace layerserve
