@@ -1,0 +1,336 @@
+// Load generator (see bench.h). Closed loop: one std::thread per concurrent
+// stream calling the blocking Infer. Open loop: this thread sleeps until each
+// arrival time and fires AsyncInfer; completions are recorded from gRPC's
+// callback threads, so everything they touch is shared-owned and locked.
+#include "client/bench.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+
+namespace layerserve::client {
+namespace {
+
+// Thread-safe sink for request outcomes.
+class Recorder {
+ public:
+  Recorder(absl::Time measure_start, absl::Time measure_end)
+      : measure_start_(measure_start), measure_end_(measure_end) {}
+
+  void Record(absl::Time issued, absl::Time completed, const absl::Status& status) {
+    completed_total_.fetch_add(1, std::memory_order_relaxed);
+    if (!status.ok()) errors_total_.fetch_add(1, std::memory_order_relaxed);
+    if (issued < measure_start_ || issued >= measure_end_) return;
+    absl::MutexLock lock(&mu_);
+    last_completion_ = std::max(last_completion_, completed);
+    if (status.ok()) {
+      latencies_ms_.push_back(absl::ToDoubleMilliseconds(completed - issued));
+    } else {
+      ++errors_by_code_[absl::StatusCodeToString(status.code())];
+      ++failed_;
+    }
+  }
+
+  int64_t completed_total() const { return completed_total_.load(std::memory_order_relaxed); }
+  int64_t errors_total() const { return errors_total_.load(std::memory_order_relaxed); }
+
+  void Fill(BenchReport& report) const {
+    absl::MutexLock lock(&mu_);
+    report.requests_ok = static_cast<int64_t>(latencies_ms_.size());
+    report.requests_failed = failed_;
+    report.errors_by_code = errors_by_code_;
+    const absl::Time end = std::max(last_completion_, measure_end_);
+    report.measured_seconds = absl::ToDoubleSeconds(end - measure_start_);
+    if (report.measured_seconds > 0) {
+      report.requests_per_second = report.requests_ok / report.measured_seconds;
+      report.tokens_per_second = report.requests_per_second *
+                                 static_cast<double>(report.options.batch * report.options.tokens);
+    }
+    if (!latencies_ms_.empty()) {
+      double sum = 0;
+      for (double v : latencies_ms_) sum += v;
+      report.latency_mean_ms = sum / static_cast<double>(latencies_ms_.size());
+      report.latency_max_ms = *std::max_element(latencies_ms_.begin(), latencies_ms_.end());
+    }
+    report.latency_p50_ms = Percentile(latencies_ms_, 50);
+    report.latency_p90_ms = Percentile(latencies_ms_, 90);
+    report.latency_p99_ms = Percentile(latencies_ms_, 99);
+  }
+
+ private:
+  const absl::Time measure_start_;
+  const absl::Time measure_end_;
+  std::atomic<int64_t> completed_total_{0};
+  std::atomic<int64_t> errors_total_{0};
+  mutable absl::Mutex mu_;
+  std::vector<double> latencies_ms_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> errors_by_code_ ABSL_GUARDED_BY(mu_);
+  int64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_completion_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
+// Prints "elapsed, done, req/s, errors" to stderr once a second, rewriting
+// the same line, until destroyed.
+class ProgressLine {
+ public:
+  ProgressLine(const Recorder* recorder, absl::Time start, absl::Time measure_start, bool enabled)
+      : recorder_(recorder), start_(start), measure_start_(measure_start) {
+    if (enabled) thread_ = std::thread([this] { Run(); });
+  }
+  ~ProgressLine() {
+    stop_.Notify();
+    if (thread_.joinable()) {
+      thread_.join();
+      std::fputc('\n', stderr);
+    }
+  }
+
+ private:
+  void Run() {
+    int64_t previous_done = 0;
+    while (!stop_.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+      const absl::Time now = absl::Now();
+      const int64_t done = recorder_->completed_total();
+      std::fprintf(stderr, "\r[%6.1fs%s] done %lld | %.1f req/s | errors %lld   ",
+                   absl::ToDoubleSeconds(now - start_), now < measure_start_ ? " warm-up" : "",
+                   static_cast<long long>(done), static_cast<double>(done - previous_done),
+                   static_cast<long long>(recorder_->errors_total()));
+      std::fflush(stderr);
+      previous_done = done;
+    }
+  }
+
+  const Recorder* recorder_;
+  const absl::Time start_;
+  const absl::Time measure_start_;
+  absl::Notification stop_;
+  std::thread thread_;
+};
+
+std::vector<Tensor> MakeInputs(const BenchOptions& options, size_t count) {
+  std::mt19937_64 rng(options.seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<Tensor> inputs;
+  const std::vector<int64_t> shape = {options.batch, options.tokens, options.hidden};
+  std::vector<float> values(static_cast<size_t>(options.batch * options.tokens * options.hidden));
+  for (size_t i = 0; i < count; ++i) {
+    for (float& v : values) v = normal(rng);
+    // Options were validated, so the datatype and shape are acceptable.
+    inputs.push_back(*FloatsToTensor(values, shape, options.datatype));
+  }
+  return inputs;
+}
+
+void RunClosedLoop(Client& client, const BenchOptions& options, const std::vector<Tensor>& inputs,
+                   absl::Time measure_end, Recorder& recorder) {
+  std::vector<std::thread> workers;
+  for (int w = 0; w < options.concurrency; ++w) {
+    workers.emplace_back([&, w] {
+      for (size_t i = static_cast<size_t>(w);; ++i) {
+        const absl::Time issued = absl::Now();
+        if (issued >= measure_end) break;
+        absl::StatusOr<Tensor> result =
+            client.Infer(options.model, inputs[i % inputs.size()],
+                         issued + absl::Seconds(options.timeout_seconds));
+        recorder.Record(issued, absl::Now(), result.status());
+      }
+    });
+  }
+  for (std::thread& worker : workers) worker.join();
+}
+
+struct InFlight {
+  absl::Mutex mu;
+  int count ABSL_GUARDED_BY(mu) = 0;
+};
+
+absl::Status RunOpenLoop(Client& client, const BenchOptions& options,
+                         const std::vector<Tensor>& inputs, absl::Time start,
+                         absl::Time measure_start, absl::Time measure_end,
+                         const std::shared_ptr<Recorder>& recorder, BenchReport& report) {
+  auto in_flight = std::make_shared<InFlight>();
+  std::mt19937_64 rng(options.seed ^ 0x9e3779b97f4a7c15ull);
+  std::exponential_distribution<double> gap(options.rate_per_second);
+  absl::Time next = start;
+  for (size_t i = 0;; ++i) {
+    next += absl::Seconds(options.arrivals == Arrivals::kPoisson ? gap(rng)
+                                                                 : 1.0 / options.rate_per_second);
+    if (next >= measure_end) break;
+    absl::SleepFor(next - absl::Now());
+    const absl::Time issued = absl::Now();
+    const bool measured = next >= measure_start;
+    if (measured) {
+      report.max_schedule_lag_ms =
+          std::max(report.max_schedule_lag_ms, absl::ToDoubleMilliseconds(issued - next));
+    }
+    {
+      absl::MutexLock lock(&in_flight->mu);
+      if (in_flight->count >= options.max_in_flight) {
+        if (measured) ++report.skipped_arrivals;
+        continue;
+      }
+      ++in_flight->count;
+    }
+    client.AsyncInfer(options.model, inputs[i % inputs.size()],
+                      issued + absl::Seconds(options.timeout_seconds),
+                      [recorder, in_flight, scheduled = next](absl::StatusOr<Tensor> result) {
+                        recorder->Record(scheduled, absl::Now(), result.status());
+                        absl::MutexLock lock(&in_flight->mu);
+                        --in_flight->count;
+                      });
+  }
+  // Every call carries a deadline, so the drain ends; the margin covers
+  // gRPC delivering the DEADLINE_EXCEEDED callbacks.
+  absl::MutexLock lock(&in_flight->mu);
+  const bool drained = in_flight->mu.AwaitWithTimeout(
+      absl::Condition(
+          +[](int* count) { return *count == 0; }, &in_flight->count),
+      absl::Seconds(options.timeout_seconds + 10));
+  if (!drained) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(in_flight->count, " requests still outstanding after the run"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+double Percentile(std::vector<double> samples, double p) {
+  if (samples.empty()) return 0;
+  std::sort(samples.begin(), samples.end());
+  const double rank = std::ceil(p / 100.0 * static_cast<double>(samples.size()));
+  const size_t index = rank < 1 ? 0 : static_cast<size_t>(rank) - 1;
+  return samples[std::min(index, samples.size() - 1)];
+}
+
+absl::StatusOr<BenchReport> RunBench(Client& client, BenchOptions options) {
+  if (options.model.empty()) return absl::InvalidArgumentError("--model is required");
+  if (options.batch < 1 || options.tokens < 1) {
+    return absl::InvalidArgumentError("--batch and --tokens must be at least 1");
+  }
+  if ((options.concurrency > 0) == (options.rate_per_second > 0)) {
+    return absl::InvalidArgumentError("give exactly one of --concurrency C or --rate R");
+  }
+  if (options.concurrency < 0 || options.rate_per_second < 0) {
+    return absl::InvalidArgumentError("--concurrency and --rate must be positive");
+  }
+  if (!(options.duration_seconds > 0) || options.warmup_seconds < 0 ||
+      !(options.timeout_seconds > 0) || options.max_in_flight < 1) {
+    return absl::InvalidArgumentError(
+        "--duration-s and the timeout must be positive, --warmup-s non-negative, "
+        "--max-in-flight at least 1");
+  }
+  if (options.datatype != "FP32" && options.datatype != "FP16" && options.datatype != "BF16") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--datatype must be FP32, FP16 or BF16, not ", options.datatype));
+  }
+  if (options.hidden <= 0) {
+    absl::StatusOr<inference::ModelMetadataResponse> metadata =
+        client.ModelMetadata(options.model, absl::Now() + absl::Seconds(10));
+    if (!metadata.ok()) return metadata.status();
+    for (const auto& input : metadata->inputs()) {
+      if (input.name() == kHiddenStates && input.shape_size() > 0) {
+        options.hidden = input.shape(input.shape_size() - 1);
+      }
+    }
+    if (options.hidden <= 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("model ", options.model,
+                       " does not state its hidden size in its metadata; pass --hidden"));
+    }
+  }
+
+  const std::vector<Tensor> inputs = MakeInputs(options, 4);
+  BenchReport report;
+  report.options = options;
+  const absl::Time start = absl::Now();
+  const absl::Time measure_start = start + absl::Seconds(options.warmup_seconds);
+  const absl::Time measure_end = measure_start + absl::Seconds(options.duration_seconds);
+  auto recorder = std::make_shared<Recorder>(measure_start, measure_end);
+  {
+    ProgressLine progress(recorder.get(), start, measure_start, options.progress);
+    if (options.concurrency > 0) {
+      RunClosedLoop(client, options, inputs, measure_end, *recorder);
+    } else {
+      absl::Status status =
+          RunOpenLoop(client, options, inputs, start, measure_start, measure_end, recorder, report);
+      if (!status.ok()) return status;
+    }
+  }
+  recorder->Fill(report);
+  return report;
+}
+
+std::string FormatBenchReport(const BenchReport& r) {
+  const BenchOptions& o = r.options;
+  std::string mode =
+      o.concurrency > 0 ? absl::StrCat("closed loop, concurrency ", o.concurrency)
+                        : absl::StrFormat("open loop, %.1f req/s %s arrivals", o.rate_per_second,
+                                          o.arrivals == Arrivals::kPoisson ? "Poisson" : "uniform");
+  std::string out = absl::StrFormat(
+      "model %s, input [%d, %d, %d] %s, %s, %.1f s measured\n"
+      "throughput: %.2f req/s, %.1f tokens/s (%d ok, %d failed)\n"
+      "latency ms: p50 %.2f  p90 %.2f  p99 %.2f  mean %.2f  max %.2f\n",
+      o.model, o.batch, o.tokens, o.hidden, o.datatype, mode, r.measured_seconds,
+      r.requests_per_second, r.tokens_per_second, r.requests_ok, r.requests_failed,
+      r.latency_p50_ms, r.latency_p90_ms, r.latency_p99_ms, r.latency_mean_ms, r.latency_max_ms);
+  for (const auto& [code, count] : r.errors_by_code) {
+    absl::StrAppend(&out, "errors ", code, ": ", count, "\n");
+  }
+  if (o.rate_per_second > 0) {
+    absl::StrAppendFormat(&out,
+                          "scheduler: max lag %.2f ms, %d arrivals skipped at %d in flight%s\n",
+                          r.max_schedule_lag_ms, r.skipped_arrivals, o.max_in_flight,
+                          r.skipped_arrivals > 0 ? " (SATURATED: the server cannot keep up)" : "");
+  }
+  return out;
+}
+
+std::string BenchReportJson(const BenchReport& r) {
+  const BenchOptions& o = r.options;
+  nlohmann::json j;
+  j["model"] = o.model;
+  j["mode"] = o.concurrency > 0 ? "closed" : "open";
+  j["batch"] = o.batch;
+  j["tokens"] = o.tokens;
+  j["hidden"] = o.hidden;
+  j["datatype"] = o.datatype;
+  if (o.concurrency > 0) {
+    j["concurrency"] = o.concurrency;
+  } else {
+    j["rate_per_second"] = o.rate_per_second;
+    j["arrivals"] = o.arrivals == Arrivals::kPoisson ? "poisson" : "uniform";
+    j["max_in_flight"] = o.max_in_flight;
+    j["skipped_arrivals"] = r.skipped_arrivals;
+    j["saturated"] = r.skipped_arrivals > 0;
+    j["max_schedule_lag_ms"] = r.max_schedule_lag_ms;
+  }
+  j["duration_s"] = o.duration_seconds;
+  j["warmup_s"] = o.warmup_seconds;
+  j["measured_s"] = r.measured_seconds;
+  j["requests_ok"] = r.requests_ok;
+  j["requests_failed"] = r.requests_failed;
+  j["requests_per_second"] = r.requests_per_second;
+  j["tokens_per_second"] = r.tokens_per_second;
+  j["latency_ms"] = {{"p50", r.latency_p50_ms},
+                     {"p90", r.latency_p90_ms},
+                     {"p99", r.latency_p99_ms},
+                     {"mean", r.latency_mean_ms},
+                     {"max", r.latency_max_ms}};
+  j["errors_by_code"] = r.errors_by_code;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace layerserve::client

@@ -1,0 +1,74 @@
+// Load generator behind `layerctl bench`: closed-loop (C workers, one request
+// each at a time) or open-loop (requests issued at a target rate whatever the
+// server's speed, Poisson or uniform arrivals), random [B, T, hidden] inputs,
+// and a report of throughput, latency percentiles and errors by code.
+//
+// Measurement: requests issued during the warm-up are sent but not recorded.
+// Recorded are the requests issued in [warm-up end, warm-up end + duration);
+// throughput divides their successes by the time from the warm-up end to the
+// last recorded completion, so slow tails are not flattered. Open-loop
+// latencies run from each request's scheduled arrival time, so any lateness
+// of the scheduler counts against them (no coordinated omission).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/client.h"
+
+namespace layerserve::client {
+
+enum class Arrivals { kPoisson, kUniform };
+
+struct BenchOptions {
+  std::string model;
+  int64_t batch = 1;   // B
+  int64_t tokens = 1;  // T per sequence
+  int64_t hidden = 0;  // 0: read from ModelMetadata
+  std::string datatype = "FP32";
+  int concurrency = 0;         // > 0 selects the closed loop
+  double rate_per_second = 0;  // > 0 selects the open loop
+  Arrivals arrivals = Arrivals::kPoisson;
+  double duration_seconds = 10;
+  double warmup_seconds = 0;
+  int max_in_flight = 512;      // open loop: arrivals beyond it are skipped and counted
+  double timeout_seconds = 30;  // per-request deadline
+  uint64_t seed = 1;
+  bool progress = true;  // the \r-updated line on stderr, once a second
+};
+
+struct BenchReport {
+  BenchOptions options;  // as run (hidden resolved)
+  double measured_seconds = 0;
+  int64_t requests_ok = 0;
+  int64_t requests_failed = 0;
+  double requests_per_second = 0;  // successful requests
+  double tokens_per_second = 0;    // successful requests * B * T
+  double latency_mean_ms = 0;
+  double latency_p50_ms = 0;
+  double latency_p90_ms = 0;
+  double latency_p99_ms = 0;
+  double latency_max_ms = 0;
+  std::map<std::string, int64_t> errors_by_code;  // "RESOURCE_EXHAUSTED" -> count
+  // Open loop only: arrivals not sent because max_in_flight requests were
+  // outstanding (the server could not keep up), and the worst lateness of
+  // the scheduler against the arrival times.
+  int64_t skipped_arrivals = 0;
+  double max_schedule_lag_ms = 0;
+};
+
+// Runs the benchmark against `client`. INVALID_ARGUMENT for inconsistent
+// options; errors of individual requests are counted, not returned.
+absl::StatusOr<BenchReport> RunBench(Client& client, BenchOptions options);
+
+// Human-readable summary (several lines) and the JSON form of the report.
+std::string FormatBenchReport(const BenchReport& report);
+std::string BenchReportJson(const BenchReport& report);
+
+// Nearest-rank percentile (p in [0, 100]) of unsorted samples; 0 if empty.
+double Percentile(std::vector<double> samples, double p);
+
+}  // namespace layerserve::client

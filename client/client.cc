@@ -1,0 +1,192 @@
+// Client implementation (see client.h): thin wrappers over the generated stubs.
+#include "client/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <climits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace layerserve::client {
+namespace {
+
+void SetDeadline(grpc::ClientContext& context, absl::Time deadline) {
+  // Converting InfiniteFuture to a chrono time point would overflow; no
+  // deadline is gRPC's default anyway.
+  if (deadline != absl::InfiniteFuture()) context.set_deadline(absl::ToChronoTime(deadline));
+}
+
+}  // namespace
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target) {
+  if (target.empty()) return absl::InvalidArgumentError("empty server address");
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(INT32_MAX);
+  args.SetMaxSendMessageSize(INT32_MAX);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (channel == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot create a channel to ", target));
+  }
+  return std::unique_ptr<Client>(new Client(std::move(channel)));
+}
+
+Client::Client(std::shared_ptr<grpc::Channel> channel)
+    : channel_(std::move(channel)),
+      inference_(inference::GRPCInferenceService::NewStub(channel_)),
+      health_(grpc::health::v1::Health::NewStub(channel_)) {}
+
+absl::StatusOr<bool> Client::Live(absl::Time deadline) {
+  grpc::ClientContext context;
+  SetDeadline(context, deadline);
+  inference::ServerLiveRequest request;
+  inference::ServerLiveResponse response;
+  absl::Status status = FromGrpcStatus(inference_->ServerLive(&context, request, &response));
+  if (!status.ok()) return status;
+  return response.live();
+}
+
+absl::StatusOr<bool> Client::Ready(absl::Time deadline) {
+  grpc::ClientContext context;
+  SetDeadline(context, deadline);
+  inference::ServerReadyRequest request;
+  inference::ServerReadyResponse response;
+  absl::Status status = FromGrpcStatus(inference_->ServerReady(&context, request, &response));
+  if (!status.ok()) return status;
+  return response.ready();
+}
+
+absl::StatusOr<bool> Client::ModelReady(std::string_view model, absl::Time deadline) {
+  grpc::ClientContext context;
+  SetDeadline(context, deadline);
+  inference::ModelReadyRequest request;
+  request.set_name(std::string(model));
+  inference::ModelReadyResponse response;
+  absl::Status status = FromGrpcStatus(inference_->ModelReady(&context, request, &response));
+  if (!status.ok()) return status;
+  return response.ready();
+}
+
+absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Client::Health(
+    absl::Time deadline) {
+  grpc::ClientContext context;
+  SetDeadline(context, deadline);
+  grpc::health::v1::HealthCheckRequest request;
+  grpc::health::v1::HealthCheckResponse response;
+  absl::Status status = FromGrpcStatus(health_->Check(&context, request, &response));
+  if (!status.ok()) return status;
+  return response.status();
+}
+
+absl::StatusOr<inference::ServerMetadataResponse> Client::ServerMetadata(absl::Time deadline) {
+  grpc::ClientContext context;
+  SetDeadline(context, deadline);
+  inference::ServerMetadataRequest request;
+  inference::ServerMetadataResponse response;
+  absl::Status status = FromGrpcStatus(inference_->ServerMetadata(&context, request, &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<inference::ModelMetadataResponse> Client::ModelMetadata(std::string_view model,
+                                                                       absl::Time deadline) {
+  grpc::ClientContext context;
+  SetDeadline(context, deadline);
+  inference::ModelMetadataRequest request;
+  request.set_name(std::string(model));
+  inference::ModelMetadataResponse response;
+  absl::Status status = FromGrpcStatus(inference_->ModelMetadata(&context, request, &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+inference::ModelInferRequest Client::MakeInferRequest(std::string_view model, const Tensor& input) {
+  inference::ModelInferRequest request;
+  request.set_model_name(std::string(model));
+  inference::ModelInferRequest::InferInputTensor* tensor = request.add_inputs();
+  tensor->set_name(std::string(kHiddenStates));
+  tensor->set_datatype(input.datatype);
+  for (int64_t dim : input.shape) tensor->add_shape(dim);
+  request.add_outputs()->set_name(std::string(kHiddenStates));
+  request.add_raw_input_contents(input.data);
+  return request;
+}
+
+absl::StatusOr<Tensor> Client::OutputFromResponse(const inference::ModelInferResponse& response) {
+  for (int i = 0; i < response.outputs_size(); ++i) {
+    const inference::ModelInferResponse::InferOutputTensor& output = response.outputs(i);
+    if (output.name() != kHiddenStates) continue;
+    if (i >= response.raw_output_contents_size()) {
+      return absl::InternalError(absl::StrCat("reply has output '", output.name(), "' at index ", i,
+                                              " but only ", response.raw_output_contents_size(),
+                                              " raw_output_contents entries"));
+    }
+    Tensor tensor{output.datatype(),
+                  {output.shape().begin(), output.shape().end()},
+                  response.raw_output_contents(i)};
+    const std::optional<int64_t> count = tensor.NumElements();
+    const std::optional<size_t> element_size = DatatypeByteSize(tensor.datatype);
+    if (!count || !element_size ||
+        tensor.data.size() != static_cast<size_t>(*count) * *element_size) {
+      return absl::InternalError(absl::StrCat(
+          "reply output '", output.name(), "' has ", tensor.data.size(), " raw bytes for shape [",
+          absl::StrJoin(tensor.shape, ","), "] of datatype ", tensor.datatype));
+    }
+    return tensor;
+  }
+  return absl::InternalError(absl::StrCat("reply has no output named '", kHiddenStates, "'"));
+}
+
+absl::StatusOr<inference::ModelInferResponse> Client::InferRaw(
+    const inference::ModelInferRequest& request, absl::Time deadline) {
+  grpc::ClientContext context;
+  SetDeadline(context, deadline);
+  inference::ModelInferResponse response;
+  absl::Status status = FromGrpcStatus(inference_->ModelInfer(&context, request, &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<Tensor> Client::Infer(std::string_view model, const Tensor& input,
+                                     absl::Time deadline) {
+  absl::StatusOr<inference::ModelInferResponse> response =
+      InferRaw(MakeInferRequest(model, input), deadline);
+  if (!response.ok()) return response.status();
+  return OutputFromResponse(*response);
+}
+
+void Client::AsyncInfer(std::string_view model, const Tensor& input, absl::Time deadline,
+                        InferCallback done) {
+  // Everything the call refers to must live until gRPC invokes the reaction,
+  // so it is owned by one heap object that the reaction deletes.
+  struct Call {
+    grpc::ClientContext context;
+    inference::ModelInferRequest request;
+    inference::ModelInferResponse response;
+    InferCallback done;
+  };
+  auto call = std::make_unique<Call>();
+  SetDeadline(call->context, deadline);
+  call->request = MakeInferRequest(model, input);
+  call->done = std::move(done);
+  Call* raw = call.release();
+  inference_->async()->ModelInfer(&raw->context, &raw->request, &raw->response,
+                                  [raw](grpc::Status status) {
+                                    std::unique_ptr<Call> owned(raw);
+                                    absl::Status result = FromGrpcStatus(status);
+                                    if (!result.ok()) {
+                                      owned->done(result);
+                                    } else {
+                                      owned->done(OutputFromResponse(owned->response));
+                                    }
+                                  });
+}
+
+}  // namespace layerserve::client

@@ -1,0 +1,82 @@
+// A C++ client for layerserve (or any Open Inference Protocol gRPC server):
+// one channel, the inference and health stubs, and conversion of every
+// grpc::Status into the absl::Status with the same code.
+//
+// Threading: a Client is thread-safe. All methods may be called concurrently
+// from many threads; they share one channel (gRPC multiplexes calls over it).
+// AsyncInfer callbacks run on gRPC's callback threads and must not block for
+// long.
+//
+// Message size: the channel accepts and sends messages up to INT32_MAX bytes,
+// as tritonclient does, so large [B, T, hidden] tensors are not cut off by
+// gRPC's 4 MiB default.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/tensor.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpc_service.grpc.pb.h"
+
+namespace layerserve::client {
+
+// Name of the single input and output tensor of a layerserve model.
+inline constexpr char kHiddenStates[] = "hidden_states";
+
+// grpc::Status -> absl::Status (the numeric codes are the same).
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+class Client {
+ public:
+  // `target` is a gRPC target such as "localhost:8001" or "dns:///host:8001".
+  // Connection is lazy: an unreachable server shows up as UNAVAILABLE on the
+  // first call, not here.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target);
+
+  // Each call fails with DEADLINE_EXCEEDED once `deadline` passes
+  // (absl::InfiniteFuture(): no deadline).
+  absl::StatusOr<bool> Live(absl::Time deadline);
+  absl::StatusOr<bool> Ready(absl::Time deadline);
+  absl::StatusOr<bool> ModelReady(std::string_view model, absl::Time deadline);
+  // grpc.health.v1.Health/Check for the whole server (service "").
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Health(absl::Time deadline);
+  absl::StatusOr<inference::ServerMetadataResponse> ServerMetadata(absl::Time deadline);
+  absl::StatusOr<inference::ModelMetadataResponse> ModelMetadata(std::string_view model,
+                                                                 absl::Time deadline);
+
+  // Runs `input` (sent as the tensor "hidden_states" in raw_input_contents)
+  // through `model` and returns the output "hidden_states". A reply without
+  // that output, or whose raw bytes do not match its shape, is INTERNAL.
+  absl::StatusOr<Tensor> Infer(std::string_view model, const Tensor& input, absl::Time deadline);
+
+  // As Infer, but returns at once; `done` is called exactly once, on a gRPC
+  // thread, with the result. The Client must outlive the call.
+  using InferCallback = std::function<void(absl::StatusOr<Tensor>)>;
+  void AsyncInfer(std::string_view model, const Tensor& input, absl::Time deadline,
+                  InferCallback done);
+
+  // Sends a hand-built request unchanged: for tests of the server's
+  // validation and for callers that need fields Infer does not set.
+  absl::StatusOr<inference::ModelInferResponse> InferRaw(
+      const inference::ModelInferRequest& request, absl::Time deadline);
+
+  // The request Infer sends.
+  static inference::ModelInferRequest MakeInferRequest(std::string_view model, const Tensor& input);
+  // The output tensor Infer returns from a reply.
+  static absl::StatusOr<Tensor> OutputFromResponse(const inference::ModelInferResponse& response);
+
+ private:
+  explicit Client(std::shared_ptr<grpc::Channel> channel);
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<inference::GRPCInferenceService::Stub> inference_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+};
+
+}  // namespace layerserve::client

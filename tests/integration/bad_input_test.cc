@@ -1,0 +1,206 @@
+// Every malformed ModelInfer request gets the right status code and a
+// message that names the field at fault; afterwards the server still answers
+// a good request correctly. Requests are built by hand (Client::InferRaw) so
+// that nothing in the client can tidy them up first.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "client/client.h"
+#include "tests/integration/reference_check.h"
+#include "tests/integration/server_process.h"
+
+namespace layerserve::integration {
+namespace {
+
+using client::Client;
+using inference::ModelInferRequest;
+
+constexpr int64_t kHidden = 512;
+constexpr int64_t kMaxBatchTokens = 256;
+
+class BadInputTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+        ServerProcess::Start({"--max-batch-tokens=" + std::to_string(kMaxBatchTokens)});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = server->release();
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server_->grpc_target());
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = client->release();
+  }
+  static void TearDownTestSuite() {
+    delete client_;
+    delete server_;
+    client_ = nullptr;
+    server_ = nullptr;
+  }
+  void SetUp() override { ASSERT_NE(client_, nullptr) << "the server did not start"; }
+
+  // A valid FP32 request for [1, 2, hidden].
+  static ModelInferRequest GoodRequest() {
+    client::Tensor tensor{"FP32", {1, 2, kHidden}, std::string(2 * kHidden * 4, '\0')};
+    return Client::MakeInferRequest("demo", tensor);
+  }
+
+  // Sends `request` and checks the code and that the message contains every
+  // one of `words` (the field names a developer would search for).
+  static void ExpectRejected(const ModelInferRequest& request, absl::StatusCode code,
+                             const std::vector<std::string>& words) {
+    absl::StatusOr<inference::ModelInferResponse> response =
+        client_->InferRaw(request, absl::Now() + absl::Seconds(10));
+    ASSERT_FALSE(response.ok()) << "accepted: " << request.ShortDebugString().substr(0, 300);
+    EXPECT_EQ(response.status().code(), code) << response.status();
+    const std::string message(response.status().message());
+    for (const std::string& word : words) {
+      EXPECT_NE(message.find(word), std::string::npos)
+          << "message \"" << message << "\" does not mention \"" << word << "\"";
+    }
+  }
+
+  static ModelInferRequest WithShape(std::vector<int64_t> shape) {
+    ModelInferRequest request = GoodRequest();
+    request.mutable_inputs(0)->clear_shape();
+    for (int64_t dim : shape) request.mutable_inputs(0)->add_shape(dim);
+    return request;
+  }
+
+  static ServerProcess* server_;
+  static Client* client_;
+};
+
+ServerProcess* BadInputTest::server_ = nullptr;
+Client* BadInputTest::client_ = nullptr;
+
+constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
+
+TEST_F(BadInputTest, WrongInputName) {
+  ModelInferRequest request = GoodRequest();
+  request.mutable_inputs(0)->set_name("input0");
+  ExpectRejected(request, kInvalid, {"input0", "hidden_states"});
+}
+
+TEST_F(BadInputTest, TwoInputs) {
+  ModelInferRequest request = GoodRequest();
+  *request.add_inputs() = request.inputs(0);
+  request.add_raw_input_contents(request.raw_input_contents(0));
+  ExpectRejected(request, kInvalid, {"input", "2"});
+}
+
+TEST_F(BadInputTest, NoInputs) {
+  ModelInferRequest request = GoodRequest();
+  request.clear_inputs();
+  request.clear_raw_input_contents();
+  ExpectRejected(request, kInvalid, {"input"});
+}
+
+TEST_F(BadInputTest, UnknownDatatypes) {
+  for (const std::string datatype : {"INT32", "FOO", "fp32", ""}) {
+    SCOPED_TRACE(datatype);
+    ModelInferRequest request = GoodRequest();
+    request.mutable_inputs(0)->set_datatype(datatype);
+    std::vector<std::string> words = {"datatype"};
+    if (!datatype.empty()) words.push_back(datatype);
+    ExpectRejected(request, kInvalid, words);
+  }
+}
+
+TEST_F(BadInputTest, WrongRank) {
+  ExpectRejected(WithShape({2, kHidden}), kInvalid, {"shape", "rank"});
+  ExpectRejected(WithShape({1, 1, 2, kHidden}), kInvalid, {"shape", "rank"});
+  ExpectRejected(WithShape({}), kInvalid, {"shape", "rank"});
+}
+
+TEST_F(BadInputTest, ZeroOrNegativeDimension) {
+  ExpectRejected(WithShape({0, 2, kHidden}), kInvalid, {"shape", "batch"});
+  ExpectRejected(WithShape({1, 0, kHidden}), kInvalid, {"shape", "tokens"});
+  ExpectRejected(WithShape({1, -2, kHidden}), kInvalid, {"shape", "-2"});
+  ExpectRejected(WithShape({-1, 2, kHidden}), kInvalid, {"shape", "-1"});
+}
+
+TEST_F(BadInputTest, WrongHiddenSize) {
+  ModelInferRequest request = WithShape({1, 2, 256});
+  request.set_raw_input_contents(0, std::string(2 * 256 * 4, '\0'));
+  ExpectRejected(request, kInvalid, {"hidden", "256", "512"});
+}
+
+TEST_F(BadInputTest, ElementCountOverflow) {
+  ExpectRejected(WithShape({int64_t{1} << 62, 4, kHidden}), kInvalid, {"shape", "overflow"});
+  ExpectRejected(WithShape({int64_t{1} << 40, int64_t{1} << 40, kHidden}), kInvalid,
+                 {"shape", "overflow"});
+}
+
+TEST_F(BadInputTest, TooManyTokens) {
+  ModelInferRequest request = WithShape({2, kMaxBatchTokens / 2 + 1, kHidden});
+  request.set_raw_input_contents(0, std::string((kMaxBatchTokens + 2) * kHidden * 4, '\0'));
+  ExpectRejected(request, kInvalid, {"tokens", std::to_string(kMaxBatchTokens)});
+}
+
+TEST_F(BadInputTest, RawContentsOfWrongLength) {
+  for (const size_t bytes : {size_t{0}, size_t{1}, size_t{2 * kHidden * 4 - 1},
+                             size_t{2 * kHidden * 2}, size_t{2 * kHidden * 4 + 4}}) {
+    SCOPED_TRACE(bytes);
+    ModelInferRequest request = GoodRequest();
+    request.set_raw_input_contents(0, std::string(bytes, '\0'));
+    ExpectRejected(request, kInvalid, {"raw_input_contents", std::to_string(bytes)});
+  }
+}
+
+TEST_F(BadInputTest, MissingRawContents) {
+  ModelInferRequest request = GoodRequest();
+  request.clear_raw_input_contents();
+  ExpectRejected(request, kInvalid, {"raw_input_contents"});
+}
+
+TEST_F(BadInputTest, ExtraRawContents) {
+  ModelInferRequest request = GoodRequest();
+  request.add_raw_input_contents(request.raw_input_contents(0));
+  ExpectRejected(request, kInvalid, {"raw_input_contents"});
+}
+
+TEST_F(BadInputTest, TypedContentsInsteadOfRaw) {
+  ModelInferRequest request = GoodRequest();
+  request.clear_raw_input_contents();
+  for (int i = 0; i < 2 * kHidden; ++i)
+    request.mutable_inputs(0)->mutable_contents()->add_fp32_contents(0.5f);
+  ExpectRejected(request, kInvalid, {"contents"});
+}
+
+TEST_F(BadInputTest, UnknownRequestedOutput) {
+  ModelInferRequest request = GoodRequest();
+  request.mutable_outputs(0)->set_name("logits");
+  ExpectRejected(request, kInvalid, {"output", "logits"});
+}
+
+TEST_F(BadInputTest, UnknownModelIsNotFound) {
+  ModelInferRequest request = GoodRequest();
+  request.set_model_name("no_such_model");
+  ExpectRejected(request, absl::StatusCode::kNotFound, {"no_such_model"});
+}
+
+// Runs last in the suite's order (gtest keeps definition order): every bad
+// request above left the server able to serve a good one correctly.
+TEST_F(BadInputTest, ServerStillServesCorrectlyAfterBadRequests) {
+  // The whole battery again in this process, so this holds even when ctest
+  // runs each test in its own process with its own server.
+  const std::vector<ModelInferRequest> bad = {WithShape({2, kHidden}), WithShape({0, 2, kHidden}),
+                                              WithShape({int64_t{1} << 62, 4, kHidden}),
+                                              WithShape({1, 2, 7})};
+  for (const ModelInferRequest& request : bad) {
+    EXPECT_FALSE(client_->InferRaw(request, absl::Now() + absl::Seconds(10)).ok());
+  }
+  const DemoReference reference(0, 4);
+  const std::vector<float> x = RandomBf16ExactValues(3 * kHidden, 99);
+  absl::StatusOr<client::Tensor> input = client::FloatsToTensor(x, {1, 3, kHidden}, "FP32");
+  ASSERT_TRUE(input.ok());
+  absl::StatusOr<client::Tensor> output =
+      client_->Infer("demo", *input, absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(output.ok()) << output.status();
+  EXPECT_TRUE(MatchesReference(*output, {1, 3, kHidden}, "FP32", reference.Run(x, 1, 3)));
+}
+
+}  // namespace
+}  // namespace layerserve::integration

@@ -1,0 +1,143 @@
+// Overload behaviour: with --max-queue-size 1 and a 1 s queue delay, a burst
+// of concurrent requests is partly refused with RESOURCE_EXHAUSTED; a request
+// whose client deadline passes while it waits in the queue fails with
+// DEADLINE_EXCEEDED and is dropped without being computed; and the server
+// keeps serving correct answers afterwards.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "client/client.h"
+#include "tests/integration/reference_check.h"
+#include "tests/integration/server_process.h"
+
+namespace layerserve::integration {
+namespace {
+
+using client::Client;
+using client::Tensor;
+
+constexpr int64_t kHidden = 512;
+constexpr absl::Duration kQueueDelay = absl::Seconds(1);
+
+class OverloadTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
+        {"--max-queue-size=1",
+         "--max-queue-delay-us=" + std::to_string(absl::ToInt64Microseconds(kQueueDelay))});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = server->release();
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server_->grpc_target());
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = client->release();
+  }
+  static void TearDownTestSuite() {
+    delete client_;
+    delete server_;
+    client_ = nullptr;
+    server_ = nullptr;
+  }
+  void SetUp() override { ASSERT_NE(client_, nullptr) << "the server did not start"; }
+
+  // One [1, 2, hidden] request, checked against the reference.
+  static void ExpectGoodRequestServed() {
+    const std::vector<float> x = RandomBf16ExactValues(2 * kHidden, 77);
+    absl::StatusOr<Tensor> input = client::FloatsToTensor(x, {1, 2, kHidden}, "BF16");
+    ASSERT_TRUE(input.ok());
+    absl::StatusOr<Tensor> output = client_->Infer("demo", *input, absl::Now() + absl::Seconds(20));
+    ASSERT_TRUE(output.ok()) << output.status();
+    EXPECT_TRUE(
+        MatchesReference(*output, {1, 2, kHidden}, "BF16", DemoReference(0, 4).Run(x, 1, 2)));
+  }
+
+  // Requests executed so far (the layerserve_batch_size histogram's sum).
+  static absl::StatusOr<double> ExecutedRequests() {
+    absl::StatusOr<std::string> metrics = HttpGet(server_->metrics_port(), "/metrics");
+    if (!metrics.ok()) return metrics.status();
+    absl::StatusOr<double> sum = MetricSum(*metrics, "layerserve_batch_size_sum");
+    if (absl::IsNotFound(sum.status())) return 0.0;  // no execution yet
+    return sum;
+  }
+
+  static ServerProcess* server_;
+  static Client* client_;
+};
+
+ServerProcess* OverloadTest::server_ = nullptr;
+Client* OverloadTest::client_ = nullptr;
+
+TEST_F(OverloadTest, FullQueueIsResourceExhausted) {
+  constexpr int kCalls = 16;
+  const std::vector<float> x = RandomBf16ExactValues(kHidden, 3);
+  absl::StatusOr<Tensor> input = client::FloatsToTensor(x, {1, 1, kHidden}, "FP32");
+  ASSERT_TRUE(input.ok());
+  absl::Mutex mu;
+  int pending = kCalls;
+  std::vector<absl::Status> results(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    client_->AsyncInfer("demo", *input, absl::Now() + absl::Seconds(20),
+                        [&, i](absl::StatusOr<Tensor> result) {
+                          absl::MutexLock lock(&mu);
+                          results[i] = result.status();
+                          --pending;
+                        });
+  }
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(
+                                        +[](int* left) { return *left == 0; }, &pending),
+                                    absl::Seconds(25)))
+        << pending << " calls never completed";
+  }
+  int ok = 0, exhausted = 0;
+  for (const absl::Status& status : results) {
+    if (status.ok()) {
+      ++ok;
+    } else if (absl::IsResourceExhausted(status)) {
+      ++exhausted;
+      EXPECT_NE(std::string(status.message()).find("queue"), std::string::npos)
+          << "RESOURCE_EXHAUSTED message does not mention the queue: " << status;
+    } else {
+      ADD_FAILURE() << "unexpected status " << status;
+    }
+  }
+  std::fprintf(stderr, "[test] burst of %d: %d OK, %d RESOURCE_EXHAUSTED\n", kCalls, ok, exhausted);
+  EXPECT_GE(ok, 1) << "the request that fit in the queue must run";
+  EXPECT_GE(exhausted, 1) << "a queue of one cannot take a burst of " << kCalls;
+  ExpectGoodRequestServed();
+}
+
+TEST_F(OverloadTest, DeadlineExpiresWhileQueued) {
+  absl::StatusOr<double> executed_before = ExecutedRequests();
+  ASSERT_TRUE(executed_before.ok()) << executed_before.status();
+
+  const std::vector<float> x = RandomBf16ExactValues(kHidden, 4);
+  absl::StatusOr<Tensor> input = client::FloatsToTensor(x, {1, 1, kHidden}, "FP32");
+  ASSERT_TRUE(input.ok());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Tensor> doomed = client_->Infer("demo", *input, start + absl::Milliseconds(100));
+  const absl::Duration waited = absl::Now() - start;
+  EXPECT_EQ(doomed.status().code(), absl::StatusCode::kDeadlineExceeded) << doomed.status();
+  EXPECT_LT(waited, kQueueDelay) << "the call outlived its deadline";
+
+  // Let the server reach the doomed request's batching time, when it must
+  // drop it instead of computing it; the queue (size 1) is free afterwards.
+  absl::SleepFor(kQueueDelay + absl::Milliseconds(300));
+  ExpectGoodRequestServed();
+  // Metrics may be recorded just after the reply is sent: allow a moment.
+  absl::StatusOr<double> executed_after = ExecutedRequests();
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(2);
+       executed_after.ok() && *executed_after < *executed_before + 1 && absl::Now() < give_up;
+       executed_after = ExecutedRequests()) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(executed_after.ok()) << executed_after.status();
+  EXPECT_EQ(*executed_after - *executed_before, 1)
+      << "only the good request should have been computed; the expired one must be dropped";
+}
+
+}  // namespace
+}  // namespace layerserve::integration

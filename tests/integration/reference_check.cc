@@ -1,0 +1,140 @@
+// DemoReference and MatchesReference (see reference_check.h).
+#include "tests/integration/reference_check.h"
+
+#include <cmath>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "server/core/model.h"
+
+namespace layerserve::integration {
+namespace {
+
+std::vector<double> ToDouble(const HostTensor& tensor) {
+  const std::vector<float> values = tensor.ToFloat();
+  return std::vector<double>(values.begin(), values.end());
+}
+
+// The reference's output value as the server would return it in `datatype`.
+double RoundTo(double value, const std::string& datatype) {
+  const float f = static_cast<float>(value);
+  if (datatype == "FP16") return client::HalfBitsToFloat(client::FloatToHalfBits(f));
+  if (datatype == "BF16") return client::Bf16BitsToFloat(client::FloatToBf16Bits(f));
+  return f;
+}
+
+}  // namespace
+
+DemoReference::DemoReference(int64_t first_layer, int64_t end_layer) {
+  LayerRange range;
+  range.begin = first_layer;
+  range.end = end_layer;
+  const ModelSpan span = MakeDemoModel(range);
+  const LlamaConfig& c = span.config;
+  config_.hidden = c.hidden_size;
+  config_.intermediate = c.intermediate_size;
+  config_.heads = c.num_attention_heads;
+  config_.kv_heads = c.num_key_value_heads;
+  config_.head_dim = c.head_dim;
+  config_.rms_norm_eps = c.rms_norm_eps;
+  config_.rope_theta = c.rope_theta;
+  if (c.rope_scaling) {
+    config_.llama3 = true;
+    config_.llama3_factor = c.rope_scaling->factor;
+    config_.llama3_low_freq_factor = c.rope_scaling->low_freq_factor;
+    config_.llama3_high_freq_factor = c.rope_scaling->high_freq_factor;
+    config_.llama3_original_max_positions =
+        static_cast<double>(c.rope_scaling->original_max_position_embeddings);
+  }
+  for (const LayerWeights& w : span.layers) {
+    reference::Layer layer;
+    layer.input_norm = ToDouble(w.input_layernorm);
+    layer.wq = ToDouble(w.q_proj);
+    layer.wk = ToDouble(w.k_proj);
+    layer.wv = ToDouble(w.v_proj);
+    layer.bq = ToDouble(w.q_bias);
+    layer.bk = ToDouble(w.k_bias);
+    layer.bv = ToDouble(w.v_bias);
+    layer.wo = ToDouble(w.o_proj);
+    layer.post_norm = ToDouble(w.post_attention_layernorm);
+    layer.wgate = ToDouble(w.gate_proj);
+    layer.wup = ToDouble(w.up_proj);
+    layer.wdown = ToDouble(w.down_proj);
+    layers_.push_back(std::move(layer));
+  }
+}
+
+std::vector<double> DemoReference::Run(const std::vector<float>& x, int64_t batch,
+                                       int64_t seq_len) const {
+  std::vector<int32_t> cu_seqlens;
+  for (int64_t b = 0; b <= batch; ++b) cu_seqlens.push_back(static_cast<int32_t>(b * seq_len));
+  std::vector<double> h(x.begin(), x.end());
+  for (const reference::Layer& layer : layers_) {
+    h = reference::DecoderLayer(h, cu_seqlens, config_, layer);
+  }
+  return h;
+}
+
+std::vector<float> RandomBf16ExactValues(size_t count, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> values(count);
+  for (float& v : values) v = client::Bf16BitsToFloat(client::FloatToBf16Bits(normal(rng)));
+  return values;
+}
+
+double ToleranceFor(const std::string& datatype) {
+  if (datatype == "FP16") return 2e-3;
+  if (datatype == "BF16") return 1.6e-2;
+  return 1e-4;
+}
+
+::testing::AssertionResult MatchesReference(const client::Tensor& got,
+                                            const std::vector<int64_t>& expected_shape,
+                                            const std::string& expected_datatype,
+                                            const std::vector<double>& reference) {
+  if (got.datatype != expected_datatype) {
+    return ::testing::AssertionFailure()
+           << "datatype " << got.datatype << ", expected " << expected_datatype;
+  }
+  if (got.shape != expected_shape) {
+    return ::testing::AssertionFailure()
+           << "shape [" << absl::StrJoin(got.shape, ",") << "], expected ["
+           << absl::StrJoin(expected_shape, ",") << "]";
+  }
+  absl::StatusOr<std::vector<float>> values = client::TensorToFloats(got);
+  if (!values.ok()) return ::testing::AssertionFailure() << values.status();
+  if (values->size() != reference.size()) {
+    return ::testing::AssertionFailure()
+           << values->size() << " values, reference has " << reference.size();
+  }
+  double scale = 0;
+  for (double r : reference) scale = std::max(scale, std::fabs(r));
+  if (!(scale > 0)) return ::testing::AssertionFailure() << "reference is all zero or NaN";
+  size_t worst = 0;
+  double worst_error = -1;
+  for (size_t i = 0; i < reference.size(); ++i) {
+    const double error = std::fabs((*values)[i] - RoundTo(reference[i], got.datatype));
+    // NaN compares false: treat it as the worst possible element.
+    if (!(error <= worst_error) || std::isnan(error)) {
+      worst_error = std::isnan(error) ? INFINITY : error;
+      worst = i;
+    }
+  }
+  const double relative = worst_error / scale;
+  const int64_t hidden = expected_shape.back();
+  const int64_t seq_len = expected_shape[1];
+  const std::string where = absl::StrFormat(
+      "worst element [%d, %d, %d]: got %.8g, reference %.8g (rounded to %s: %.8g), error %.3g = "
+      "%.3g of the reference scale %.4g (tolerance %.3g)",
+      static_cast<int64_t>(worst) / hidden / seq_len,
+      static_cast<int64_t>(worst) / hidden % seq_len, static_cast<int64_t>(worst) % hidden,
+      (*values)[worst], reference[worst], got.datatype, RoundTo(reference[worst], got.datatype),
+      worst_error, relative, scale, ToleranceFor(got.datatype));
+  if (relative > ToleranceFor(got.datatype)) return ::testing::AssertionFailure() << where;
+  return ::testing::AssertionSuccess() << where;
+}
+
+}  // namespace layerserve::integration

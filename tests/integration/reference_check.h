@@ -1,0 +1,52 @@
+// Expected outputs for integration tests: the demo model's weights (built by
+// layerserve_core's MakeDemoModel, the same deterministic weights the server
+// serves) run through the float64 reference decoder layer in
+// tests/reference, and a comparison with a tolerance by datatype that prints
+// the worst element.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "client/tensor.h"
+#include "tests/reference/llama_reference.h"
+
+namespace layerserve::integration {
+
+class DemoReference {
+ public:
+  // Layers [first_layer, end_layer) of the demo model.
+  DemoReference(int64_t first_layer, int64_t end_layer);
+
+  int64_t hidden() const { return config_.hidden; }
+
+  // Runs x ([batch, seq_len, hidden], row-major) through the layers; each of
+  // the `batch` rows is an independent sequence at positions 0..seq_len-1, as
+  // the server treats them.
+  std::vector<double> Run(const std::vector<float>& x, int64_t batch, int64_t seq_len) const;
+
+ private:
+  reference::Config config_;
+  std::vector<reference::Layer> layers_;
+};
+
+// `count` standard-normal values rounded to BF16, so the same input is exact
+// in BF16, FP16 and FP32 and one reference output serves all three.
+std::vector<float> RandomBf16ExactValues(size_t count, uint64_t seed);
+
+// Largest error of `got` against the reference rounded to got's datatype,
+// relative to the largest reference magnitude, allowed per datatype:
+// FP32 1e-4, FP16 2e-3 (~2 ulp), BF16 1.6e-2 (~2 ulp).
+double ToleranceFor(const std::string& datatype);
+
+// Checks datatype, shape and values; the failure message names the worst
+// element ([b, t, h], got, reference, rounded reference, relative error).
+::testing::AssertionResult MatchesReference(const client::Tensor& got,
+                                            const std::vector<int64_t>& expected_shape,
+                                            const std::string& expected_datatype,
+                                            const std::vector<double>& reference);
+
+}  // namespace layerserve::integration
