@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs what building and testing layerserve needs on Debian 12: the C++
+# toolchain and libraries (apt), the Python client stack the compatibility
+# tests use (pip), and perf_analyzer (scripts/install-perf-analyzer.sh).
+#
+# Idempotent: apt runs only if a package is missing, pip only if an import
+# fails. Runs as root, or through sudo where that exists.
+# Env: PYTHON (default python3), LAYERSERVE_TOOLS_DIR (perf_analyzer's home),
+#      LAYERSERVE_SKIP_PERF_ANALYZER=1 to leave perf_analyzer out.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+DEBS=(
+  build-essential cmake ninja-build pkg-config git ca-certificates curl
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
+  libabsl-dev prometheus-cpp-dev libcpp-httplib-dev nlohmann-json3-dev libopenblas-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-pip
+  libb64-0d  # perf_analyzer's one non-bundled system library
+)
+
+command -v dpkg-query >/dev/null || die "not a Debian system (no dpkg-query); install the packages by hand: ${DEBS[*]}"
+if debs_installed "${DEBS[@]}"; then
+  log "Debian packages: all present"
+else
+  apt_install "${DEBS[@]}"
+fi
+
+if "$PYTHON" -c 'import tritonclient.grpc, numpy, pytest' 2>/dev/null; then
+  log "Python packages: all present"
+else
+  log "pip install tritonclient[grpc] numpy pytest"
+  pip_install 'tritonclient[grpc]' numpy pytest
+  "$PYTHON" -c 'import tritonclient.grpc, numpy, pytest' ||
+    die "Python packages installed but not importable by $PYTHON"
+fi
+
+# perf_analyzer is a download from PyPI: if that fails the build and the other
+# tests still work, and its test reports the recorded reason as a skip.
+if [[ ${LAYERSERVE_SKIP_PERF_ANALYZER:-0} == 1 ]]; then
+  log "perf_analyzer: skipped (LAYERSERVE_SKIP_PERF_ANALYZER=1)"
+elif ! bash "$LAYERSERVE_ROOT/scripts/install-perf-analyzer.sh"; then
+  log "WARNING: perf_analyzer could not be installed; its compatibility test will be skipped"
+fi
+log "done"

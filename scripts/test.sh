@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# THE test command: installs dependencies, builds, runs every ctest test (unit,
+# integration, reference, Python/perf_analyzer compatibility; GPU tests skip
+# visibly without a GPU), then builds the core with ThreadSanitizer in
+# build-tsan and runs its tests. Exits non-zero on any failure and always ends
+# with one summary line.
+# Env: LAYERSERVE_SKIP_INSTALL=1 skips install-deps; LAYERSERVE_SKIP_TSAN=1
+#      skips the ThreadSanitizer stage; LAYERSERVE_BUILD_DIR (default build) and
+#      LAYERSERVE_TSAN_BUILD_DIR (default build-tsan) move the build trees.
+# Args: passed to the main cmake configure (e.g. -DLAYERSERVE_CUDA=OFF).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+cd "$LAYERSERVE_ROOT"
+
+stage="start"
+declare -a done_stages=()
+started=$SECONDS
+summary() {
+  local rc=$?
+  local took=$((SECONDS - started)) passed="none" s
+  for s in "${done_stages[@]}"; do
+    if [[ $passed == none ]]; then passed="$s"; else passed="$passed; $s"; fi
+  done
+  if [[ $rc -eq 0 ]]; then
+    printf 'layerserve test.sh: PASS (%s) in %ds\n' "$passed" "$took"
+  else
+    printf 'layerserve test.sh: FAIL at stage "%s" (exit %d; passed: %s) in %ds\n' \
+      "$stage" "$rc" "$passed" "$took"
+  fi
+}
+trap summary EXIT
+
+# ctest's count of tests that ran, from its "N% tests passed, F tests failed out of T" line.
+ctest_total() { sed -n 's/.*tests failed out of \([0-9]*\).*/\1/p' "$1" | tail -n1; }
+
+run_ctest() {  # run_ctest <build dir> <log file> [launcher...]
+  local dir=$1 out=$2
+  shift 2
+  # --no-tests=error: an empty suite (e.g. a broken discovery) must not pass.
+  "$@" ctest --test-dir "$dir" --output-on-failure --no-tests=error --timeout 900 2>&1 | tee "$out"
+}
+
+if [[ ${LAYERSERVE_SKIP_INSTALL:-0} != 1 ]]; then
+  stage="install-deps"
+  bash scripts/install-deps.sh
+  done_stages+=("install-deps")
+fi
+
+build_dir="${LAYERSERVE_BUILD_DIR:-$LAYERSERVE_ROOT/build}"
+tsan_dir="${LAYERSERVE_TSAN_BUILD_DIR:-$LAYERSERVE_ROOT/build-tsan}"
+
+stage="build"
+LAYERSERVE_BUILD_DIR="$build_dir" bash scripts/build.sh "$@"
+done_stages+=("build")
+
+stage="ctest"
+run_ctest "$build_dir" "$build_dir/ctest.log"
+done_stages+=("ctest: $(ctest_total "$build_dir/ctest.log") tests")
+
+if [[ ${LAYERSERVE_SKIP_TSAN:-0} != 1 ]]; then
+  stage="tsan build"
+  LAYERSERVE_BUILD_DIR="$tsan_dir" bash scripts/build.sh -DLAYERSERVE_TSAN=ON -DLAYERSERVE_CUDA=OFF
+  stage="tsan ctest"
+  # halt_on_error: a race fails its test at once rather than only in the log.
+  export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
+  # GCC 12's TSan cannot map its shadow under high ASLR entropy (newer
+  # kernels); running without ASLR avoids that where the sandbox allows it.
+  launcher=()
+  if setarch "$(uname -m)" -R true 2>/dev/null; then launcher=(setarch "$(uname -m)" -R); fi
+  run_ctest "$tsan_dir" "$tsan_dir/ctest.log" "${launcher[@]}"
+  done_stages+=("tsan: $(ctest_total "$tsan_dir/ctest.log") tests")
+fi
+stage="done"

@@ -1,0 +1,231 @@
+"""A float64 numpy reference of Llama-family decoder layers, and a writer for
+tiny Hugging Face checkpoints (config.json + model.safetensors) to serve.
+
+The compatibility tests write a random checkpoint with this module, start
+layerserve on it with --model-dir, and compare what tritonclient gets back
+with `decoder_layers` below. Nothing here is shared with the server: the
+safetensors format is written by hand and the layer math follows Hugging
+Face's LlamaDecoderLayer / Qwen2DecoderLayer directly.
+"""
+
+import json
+import math
+import struct
+from pathlib import Path
+
+import numpy as np
+
+# ---------------------------------------------------------------- bfloat16
+
+
+def bf16_bits(x):
+    """float -> bfloat16 bit patterns (uint16), round to nearest even."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def bf16_to_f32(bits):
+    """bfloat16 bit patterns (uint16) -> float32."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def round_to_bf16(x):
+    """The float32 values nearest to `x` that bfloat16 represents exactly."""
+    return bf16_to_f32(bf16_bits(x))
+
+
+# ------------------------------------------------------------- checkpoint
+
+_SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16}
+
+
+def write_safetensors(path, tensors, dtype):
+    """Writes {name: float array} as one .safetensors file in `dtype`
+    ("F32", "F16" or "BF16"): an 8-byte little-endian header length, the JSON
+    header, then the tensors' bytes back to back."""
+    header, blobs, offset = {}, [], 0
+    for name in sorted(tensors):
+        value = np.asarray(tensors[name])
+        if dtype == "BF16":
+            blob = bf16_bits(value).astype("<u2").tobytes()
+        else:
+            blob = value.astype(np.dtype(_SAFETENSORS_DTYPES[dtype]).newbyteorder("<")).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(value.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    header["__metadata__"] = {"format": "pt"}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)  # keeps the data section 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for blob in blobs:
+            f.write(blob)
+
+
+def stored_values(value, dtype):
+    """What a reader gets back for `value` stored as `dtype`, in float64."""
+    if dtype == "BF16":
+        return round_to_bf16(value).astype(np.float64)
+    return np.asarray(value, dtype=_SAFETENSORS_DTYPES[dtype]).astype(np.float64)
+
+
+def make_checkpoint(directory, config, weight_dtype="F32", seed=0):
+    """Writes config.json and model.safetensors with random weights for every
+    layer of `config` (a Hugging Face config dict). Returns the per-layer
+    weights exactly as stored (float64 numpy arrays, HF names without the
+    "model.layers.{i}." prefix), for the reference."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    hidden = config["hidden_size"]
+    inter = config["intermediate_size"]
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads", heads)
+    head_dim = config.get("head_dim", hidden // heads)
+    biases = config["model_type"] == "qwen2" or config.get("attention_bias", False)
+
+    def linear(out_features, in_features):
+        return rng.normal(0.0, 1.0 / math.sqrt(in_features), (out_features, in_features))
+
+    tensors, layers = {}, []
+    for i in range(config["num_hidden_layers"]):
+        w = {
+            "input_layernorm.weight": 1.0 + 0.1 * rng.normal(size=hidden),
+            "self_attn.q_proj.weight": linear(heads * head_dim, hidden),
+            "self_attn.k_proj.weight": linear(kv_heads * head_dim, hidden),
+            "self_attn.v_proj.weight": linear(kv_heads * head_dim, hidden),
+            "self_attn.o_proj.weight": linear(hidden, heads * head_dim),
+            "post_attention_layernorm.weight": 1.0 + 0.1 * rng.normal(size=hidden),
+            "mlp.gate_proj.weight": linear(inter, hidden),
+            "mlp.up_proj.weight": linear(inter, hidden),
+            "mlp.down_proj.weight": linear(hidden, inter),
+        }
+        if biases:
+            w["self_attn.q_proj.bias"] = 0.1 * rng.normal(size=heads * head_dim)
+            w["self_attn.k_proj.bias"] = 0.1 * rng.normal(size=kv_heads * head_dim)
+            w["self_attn.v_proj.bias"] = 0.1 * rng.normal(size=kv_heads * head_dim)
+        for name, value in w.items():
+            tensors[f"model.layers.{i}.{name}"] = value
+        layers.append({name: stored_values(value, weight_dtype) for name, value in w.items()})
+    # A checkpoint also holds what a layer span never reads.
+    tensors["model.embed_tokens.weight"] = rng.normal(size=(16, hidden))
+    tensors["model.norm.weight"] = np.ones(hidden)
+
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    write_safetensors(directory / "model.safetensors", tensors, weight_dtype)
+    return layers
+
+
+# -------------------------------------------------------------- reference
+
+
+def rope_inv_freq(config):
+    """head_dim/2 inverse frequencies, with Llama 3 scaling if configured
+    (as Hugging Face's _compute_llama3_parameters)."""
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim", config["hidden_size"] // heads)
+    theta = config.get("rope_theta", 10000.0)
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    scaling = config.get("rope_scaling")
+    if not scaling or scaling.get("rope_type", scaling.get("type")) in (None, "default"):
+        return inv_freq
+    assert scaling.get("rope_type", scaling.get("type")) == "llama3", scaling
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_context = scaling["original_max_position_embeddings"]
+    low_freq_wavelen = old_context / low
+    high_freq_wavelen = old_context / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    return np.where(medium, smoothed, scaled)
+
+
+def rms_norm(x, weight, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def apply_rope(x, inv_freq):
+    """x: [B, T, heads, head_dim]; rotate-half RoPE at positions 0..T-1."""
+    positions = np.arange(x.shape[1], dtype=np.float64)
+    angles = np.outer(positions, inv_freq)                    # [T, d/2]
+    angles = np.concatenate([angles, angles], axis=-1)        # [T, d]
+    cos, sin = np.cos(angles)[None, :, None, :], np.sin(angles)[None, :, None, :]
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+def decoder_layer(x, w, config):
+    """One decoder layer. x: [B, T, hidden] float64 -> [B, T, hidden]."""
+    b, t, hidden = x.shape
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads", heads)
+    head_dim = config.get("head_dim", hidden // heads)
+    eps = config.get("rms_norm_eps", 1e-6)
+
+    def proj(v, name):
+        out = v @ w[f"{name}.weight"].T
+        bias = w.get(f"{name}.bias")
+        return out if bias is None else out + bias
+
+    n = rms_norm(x, w["input_layernorm.weight"], eps)
+    q = proj(n, "self_attn.q_proj").reshape(b, t, heads, head_dim)
+    k = proj(n, "self_attn.k_proj").reshape(b, t, kv_heads, head_dim)
+    v = proj(n, "self_attn.v_proj").reshape(b, t, kv_heads, head_dim)
+    inv_freq = rope_inv_freq(config)
+    q, k = apply_rope(q, inv_freq), apply_rope(k, inv_freq)
+    group = heads // kv_heads
+    k = np.repeat(k, group, axis=2)  # query head h reads KV head h // group
+    v = np.repeat(v, group, axis=2)
+    scores = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
+    scores = np.where(np.tril(np.ones((t, t), dtype=bool)), scores, -np.inf)
+    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs = scores / scores.sum(axis=-1, keepdims=True)
+    attn = np.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, t, heads * head_dim)
+    h = x + proj(attn, "self_attn.o_proj")
+
+    m = rms_norm(h, w["post_attention_layernorm.weight"], eps)
+    gate = proj(m, "mlp.gate_proj")
+    up = proj(m, "mlp.up_proj")
+    return h + proj(gate / (1.0 + np.exp(-gate)) * up, "mlp.down_proj")
+
+
+def decoder_layers(x, layers, config):
+    """Runs `layers` (a list of weight dicts) in order over x [B, T, hidden]."""
+    out = np.asarray(x, dtype=np.float64)
+    for w in layers:
+        out = decoder_layer(out, w, config)
+    return out
+
+
+def worst_element(actual, expected):
+    """A readable description of the largest absolute difference."""
+    diff = np.abs(np.asarray(actual, np.float64) - np.asarray(expected, np.float64))
+    idx = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    return (f"worst at {tuple(int(i) for i in idx)}: got {float(actual[idx]):.6g}, "
+            f"expected {float(expected[idx]):.6g} (|diff| {float(diff[idx]):.3g}, "
+            f"max |expected| {float(np.max(np.abs(expected))):.3g})")
+
+
+def assert_close(actual, expected, max_rel, rms_rel, what):
+    """Fails unless max|a-e| <= max_rel * max|e| and rms(a-e) <= rms_rel * rms(e),
+    naming the worst element."""
+    actual = np.asarray(actual, np.float64)
+    expected = np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert np.all(np.isfinite(actual)), f"{what}: non-finite output"
+    diff = actual - expected
+    scale = float(np.max(np.abs(expected)))
+    rms_err = float(np.sqrt(np.mean(diff * diff)))
+    rms_ref = float(np.sqrt(np.mean(expected * expected)))
+    ok_max = float(np.max(np.abs(diff))) <= max_rel * scale
+    ok_rms = rms_err <= rms_rel * rms_ref
+    assert ok_max and ok_rms, (
+        f"{what}: rms error {rms_err:.3g} (limit {rms_rel * rms_ref:.3g}), "
+        f"max error limit {max_rel * scale:.3g}; {worst_element(actual, expected)}")
