@@ -153,12 +153,13 @@ void Batcher::Run() {
 void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
                           absl::Status status) {
   const double compute_seconds = Seconds(clock_->Now() - start);
+  // Recorded before the replies, so statistics read after a reply include it.
+  observer_->OnBatchExecuted(
+      {static_cast<int64_t>(batch->requests.size()), batch->total_tokens, compute_seconds, status.ok()});
   for (auto& r : batch->requests) {
     r->compute_seconds = compute_seconds;
     r->on_done(status);
   }
-  observer_->OnBatchExecuted(
-      {static_cast<int64_t>(batch->requests.size()), batch->total_tokens, compute_seconds, status.ok()});
   MutexLock lock(&mu_);
   --inflight_batches_;
   cv_.Signal();
