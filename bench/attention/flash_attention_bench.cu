@@ -1,0 +1,339 @@
+// Benchmark of the flash-attention versions (and, briefly, the RMSNorm, RoPE
+// and SiLU-gate kernels) on the device; PyTorch is version 0, measured by
+// torch_sdpa.py beside this file with the same shapes and method.
+//
+// Method: inputs filled on the device from a hash (uniform in [-1, 1]);
+// every version is validated against a float64 host reference on sampled
+// rows before it is timed; each timed launch sits between its own pair of
+// CUDA events after a warm-up; input sets rotate so that no launch finds its
+// operands in L2 from the previous one; the median is reported.
+// Causal attention FLOPs: 4 * len^2 * head_dim * heads / 2 per sequence.
+//
+// Usage: flash_attention_bench [--iters N] [--warmup N]
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/attention/flash_attention_versions.h"
+#include "layerserve/kernels/attention.h"
+#include "layerserve/kernels/layer_ops.h"
+
+namespace layerserve::kernels {
+namespace {
+
+// A benchmark is a program, not library code: a CUDA failure ends it.
+#define BENCH_CHECK_CUDA(expr)                                                                  \
+  do {                                                                                          \
+    const cudaError_t err_ = (expr);                                                            \
+    if (err_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+#define BENCH_CHECK_OK(expr)                                                                 \
+  do {                                                                                       \
+    const absl::Status st_ = (expr);                                                         \
+    if (!st_.ok()) {                                                                         \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, std::string(st_.message()).c_str()); \
+      std::exit(1);                                                                          \
+    }                                                                                        \
+  } while (0)
+
+__global__ void FillUniform(__nv_bfloat16* x, int64_t n, uint32_t seed) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed ^ static_cast<uint32_t>(i >> 32) * 0x85EBCA77u;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    h *= 0x297A2D39u;
+    h ^= h >> 15;
+    x[i] = __float2bfloat16_rn(static_cast<float>(h) * (2.0f / 4294967296.0f) - 1.0f);
+  }
+}
+
+struct DeviceBuffer {
+  explicit DeviceBuffer(size_t bytes) { BENCH_CHECK_CUDA(cudaMalloc(&ptr, bytes)); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* ptr = nullptr;
+};
+
+std::unique_ptr<DeviceBuffer> RandomBuffer(int64_t elems, uint32_t seed) {
+  auto buf = std::make_unique<DeviceBuffer>(elems * sizeof(__nv_bfloat16));
+  FillUniform<<<1024, 256>>>(static_cast<__nv_bfloat16*>(buf->ptr), elems, seed);
+  BENCH_CHECK_CUDA(cudaGetLastError());
+  return buf;
+}
+
+float Bf16ToFloat(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Median device time in ms of `launch(set)` over `iters` launches, rotating
+// through `sets` input sets, after `warmup` launches.
+double MedianMs(int sets, int warmup, int iters, const std::function<void(int)>& launch) {
+  for (int i = 0; i < warmup; ++i) launch(i % sets);
+  std::vector<cudaEvent_t> events(2 * iters);
+  for (cudaEvent_t& e : events) BENCH_CHECK_CUDA(cudaEventCreate(&e));
+  for (int i = 0; i < iters; ++i) {
+    BENCH_CHECK_CUDA(cudaEventRecord(events[2 * i]));
+    launch(i % sets);
+    BENCH_CHECK_CUDA(cudaEventRecord(events[2 * i + 1]));
+  }
+  BENCH_CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<double> ms(iters);
+  for (int i = 0; i < iters; ++i) {
+    float t = 0;
+    BENCH_CHECK_CUDA(cudaEventElapsedTime(&t, events[2 * i], events[2 * i + 1]));
+    ms[i] = t;
+  }
+  for (cudaEvent_t& e : events) cudaEventDestroy(e);
+  std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
+  return ms[iters / 2];
+}
+
+// Enough input sets that their total is at least twice the L2.
+int SetsFor(size_t bytes_per_set, size_t l2_bytes) {
+  return static_cast<int>(std::max<size_t>(2, (2 * l2_bytes + bytes_per_set - 1) / bytes_per_set));
+}
+
+struct Shape {
+  const char* name;
+  std::vector<int> seqlens;
+};
+
+constexpr int kHeads = 32, kKvHeads = 8;
+
+struct AttnSet {
+  std::unique_ptr<DeviceBuffer> q, k, v, out;
+};
+
+// Checks sampled (token, head) rows of set 0's output against float64.
+bool Validate(const Shape& shape, const std::vector<int32_t>& cu, const AttnSet& set, int64_t tokens,
+              int head_dim) {
+  const int64_t qw = int64_t{kHeads} * head_dim, kw = int64_t{kKvHeads} * head_dim;
+  std::vector<uint16_t> q(tokens * qw), k(tokens * kw), v(tokens * kw), out(tokens * qw);
+  BENCH_CHECK_CUDA(cudaMemcpy(q.data(), set.q->ptr, q.size() * 2, cudaMemcpyDeviceToHost));
+  BENCH_CHECK_CUDA(cudaMemcpy(k.data(), set.k->ptr, k.size() * 2, cudaMemcpyDeviceToHost));
+  BENCH_CHECK_CUDA(cudaMemcpy(v.data(), set.v->ptr, v.size() * 2, cudaMemcpyDeviceToHost));
+  BENCH_CHECK_CUDA(cudaMemcpy(out.data(), set.out->ptr, out.size() * 2, cudaMemcpyDeviceToHost));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  double worst = 0;
+  for (int sample = 0; sample < 48; ++sample) {
+    const int s = sample % static_cast<int>(shape.seqlens.size());
+    const int len = shape.seqlens[s];
+    const int row = static_cast<int>((static_cast<int64_t>(sample) * 7919 + len - 1) % len);
+    const int h = (sample * 13) % kHeads;
+    const int kvh = h / (kHeads / kKvHeads);
+    const int64_t t = cu[s] + row;
+    std::vector<double> score(row + 1);
+    double mx = -INFINITY;
+    for (int j = 0; j <= row; ++j) {
+      double dot = 0;
+      for (int e = 0; e < head_dim; ++e)
+        dot += double{Bf16ToFloat(q[t * qw + h * head_dim + e])} *
+               Bf16ToFloat(k[(cu[s] + j) * kw + kvh * head_dim + e]);
+      score[j] = dot * scale;
+      mx = std::max(mx, score[j]);
+    }
+    double sum = 0;
+    for (double& x : score) sum += (x = std::exp(x - mx));
+    for (int e = 0; e < head_dim; ++e) {
+      double o = 0;
+      for (int j = 0; j <= row; ++j) o += score[j] / sum * Bf16ToFloat(v[(cu[s] + j) * kw + kvh * head_dim + e]);
+      const double got = Bf16ToFloat(out[t * qw + h * head_dim + e]);
+      const double err = std::isfinite(got) ? std::fabs(got - o) : INFINITY;
+      worst = std::max(worst, err);
+    }
+  }
+  // bf16 output rounding of values below 1 is < 2^-9; allow a few of those.
+  const bool ok = worst < 1e-2;
+  if (!ok) std::printf("  VALIDATION FAILED: max |err| %.3g on sampled rows\n", worst);
+  return ok;
+}
+
+void BenchAttention(int head_dim, const std::vector<Shape>& shapes, int warmup, int iters, size_t l2_bytes) {
+  std::printf("\nflash attention fwd: causal, bf16, heads %d, kv heads %d, head_dim %d (median of %d)\n", kHeads,
+              kKvHeads, head_dim, iters);
+  std::printf("%-8s %6s  %-48s %9s %9s\n", "shape", "tokens", "version", "ms", "TFLOP/s");
+  for (const Shape& shape : shapes) {
+    std::vector<int32_t> cu = {0};
+    double flops = 0;
+    for (int len : shape.seqlens) {
+      cu.push_back(cu.back() + len);
+      flops += 4.0 * len * len * head_dim * kHeads / 2;
+    }
+    const int64_t tokens = cu.back();
+    const int max_len = *std::max_element(shape.seqlens.begin(), shape.seqlens.end());
+    DeviceBuffer d_cu(cu.size() * sizeof(int32_t));
+    BENCH_CHECK_CUDA(cudaMemcpy(d_cu.ptr, cu.data(), cu.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    const size_t set_bytes = tokens * (2 * kHeads + 2 * kKvHeads) * head_dim * 2;
+    const int sets = SetsFor(set_bytes, l2_bytes);
+    std::vector<AttnSet> data(sets);
+    for (int i = 0; i < sets; ++i) {
+      data[i].q = RandomBuffer(tokens * kHeads * head_dim, 100 + 3 * i);
+      data[i].k = RandomBuffer(tokens * kKvHeads * head_dim, 101 + 3 * i);
+      data[i].v = RandomBuffer(tokens * kKvHeads * head_dim, 102 + 3 * i);
+      data[i].out = std::make_unique<DeviceBuffer>(tokens * kHeads * head_dim * 2);
+    }
+    auto params = [&](int set) {
+      FlashAttentionParams p;
+      p.q = data[set].q->ptr;
+      p.k = data[set].k->ptr;
+      p.v = data[set].v->ptr;
+      p.out = data[set].out->ptr;
+      p.q_row_stride = p.out_row_stride = int64_t{kHeads} * head_dim;
+      p.k_row_stride = p.v_row_stride = int64_t{kKvHeads} * head_dim;
+      p.cu_seqlens = static_cast<const int32_t*>(d_cu.ptr);
+      p.num_seqs = static_cast<int>(shape.seqlens.size());
+      p.max_seqlen = max_len;
+      p.num_heads = kHeads;
+      p.num_kv_heads = kKvHeads;
+      p.head_dim = head_dim;
+      p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      p.causal = true;
+      p.dtype = DType::kBF16;
+      return p;
+    };
+    const absl::StatusOr<int> default_version = DefaultFlashAttentionVersion(params(0));
+    BENCH_CHECK_OK(default_version.status());
+    for (int version = 1; version <= kFlashAttentionVersions; ++version) {
+      BENCH_CHECK_CUDA(cudaMemset(data[0].out->ptr, 0xFF, tokens * kHeads * head_dim * 2));
+      BENCH_CHECK_OK(LaunchFlashAttentionVersion(params(0), version, nullptr));
+      BENCH_CHECK_CUDA(cudaDeviceSynchronize());
+      if (!Validate(shape, cu, data[0], tokens, head_dim)) continue;
+      const double ms = MedianMs(sets, warmup, iters, [&](int set) {
+        BENCH_CHECK_OK(LaunchFlashAttentionVersion(params(set), version, nullptr));
+      });
+      std::printf("%-8s %6lld  %-48s %9.3f %9.1f%s\n", shape.name, static_cast<long long>(tokens),
+                  FlashAttentionVersionName(version), ms, flops / (ms * 1e-3) / 1e12,
+                  version == *default_version ? "  (default)" : "");
+    }
+  }
+}
+
+// Memory-bound kernels: GB/s counting each byte read or written once.
+void BenchLayerOps(int warmup, int iters, size_t l2_bytes) {
+  std::printf("\nlayer ops, bf16 (median of %d): GB/s counts each tensor byte read or written once\n", iters);
+  std::printf("%-34s %9s %9s\n", "op", "us", "GB/s");
+  auto report = [](const char* name, double ms, double bytes) {
+    std::printf("%-34s %9.1f %9.0f\n", name, ms * 1e3, bytes / (ms * 1e-3) / 1e9);
+  };
+  const int64_t tokens = 8192;
+  {
+    const int64_t cols = 4096;
+    const double bytes = 4.0 * tokens * cols * 2 + cols * 2;
+    const int sets = SetsFor(static_cast<size_t>(bytes), l2_bytes);
+    std::vector<std::unique_ptr<DeviceBuffer>> x, r, h, y;
+    for (int i = 0; i < sets; ++i) {
+      x.push_back(RandomBuffer(tokens * cols, 200 + i));
+      r.push_back(RandomBuffer(tokens * cols, 300 + i));
+      h.push_back(std::make_unique<DeviceBuffer>(tokens * cols * 2));
+      y.push_back(std::make_unique<DeviceBuffer>(tokens * cols * 2));
+    }
+    auto w = RandomBuffer(cols, 400);
+    const double ms = MedianMs(sets, warmup, iters, [&](int s) {
+      RmsNormParams p;
+      p.x = x[s]->ptr;
+      p.residual = r[s]->ptr;
+      p.h_out = h[s]->ptr;
+      p.weight = w->ptr;
+      p.y = y[s]->ptr;
+      p.rows = tokens;
+      p.cols = cols;
+      BENCH_CHECK_OK(LaunchRmsNorm(p, nullptr));
+    });
+    report("rms_norm+residual 8192x4096", ms, bytes);
+  }
+  {
+    const int heads = 32, kv_heads = 8, head_dim = 128;
+    const int64_t width = int64_t{heads + 2 * kv_heads} * head_dim;
+    const double bytes = 2.0 * tokens * (heads + kv_heads) * head_dim * 2;
+    const int sets = SetsFor(static_cast<size_t>(tokens * width * 2), l2_bytes);
+    std::vector<std::unique_ptr<DeviceBuffer>> qkv;
+    for (int i = 0; i < sets; ++i) qkv.push_back(RandomBuffer(tokens * width, 500 + i));
+    std::vector<int32_t> pos(tokens);
+    for (int64_t t = 0; t < tokens; ++t) pos[t] = static_cast<int32_t>(t);
+    std::vector<float> inv_freq(head_dim / 2);
+    for (int i = 0; i < head_dim / 2; ++i) inv_freq[i] = static_cast<float>(std::pow(500000.0, -2.0 * i / head_dim));
+    DeviceBuffer d_pos(tokens * 4), d_freq(head_dim * 2);
+    BENCH_CHECK_CUDA(cudaMemcpy(d_pos.ptr, pos.data(), tokens * 4, cudaMemcpyHostToDevice));
+    BENCH_CHECK_CUDA(cudaMemcpy(d_freq.ptr, inv_freq.data(), head_dim * 2, cudaMemcpyHostToDevice));
+    const double ms = MedianMs(sets, warmup, iters, [&](int s) {
+      RopeParams p;
+      p.qkv = qkv[s]->ptr;
+      p.positions = static_cast<const int32_t*>(d_pos.ptr);
+      p.inv_freq = static_cast<const float*>(d_freq.ptr);
+      p.tokens = tokens;
+      p.num_heads = heads;
+      p.num_kv_heads = kv_heads;
+      p.head_dim = head_dim;
+      BENCH_CHECK_OK(LaunchRope(p, nullptr));
+    });
+    report("rope q,k 8192 tok, 32+8 heads x128", ms, bytes);
+  }
+  {
+    const int64_t width = 14336;
+    const double bytes = 3.0 * tokens * width * 2;
+    const int sets = SetsFor(static_cast<size_t>(bytes), l2_bytes);
+    std::vector<std::unique_ptr<DeviceBuffer>> in, out;
+    for (int i = 0; i < sets; ++i) {
+      in.push_back(RandomBuffer(tokens * 2 * width, 600 + i));
+      out.push_back(std::make_unique<DeviceBuffer>(tokens * width * 2));
+    }
+    const double ms = MedianMs(sets, warmup, iters, [&](int s) {
+      SiluMulParams p;
+      p.gate_up = in[s]->ptr;
+      p.out = out[s]->ptr;
+      p.rows = tokens;
+      p.width = width;
+      BENCH_CHECK_OK(LaunchSiluMul(p, nullptr));
+    });
+    report("silu_mul 8192x14336", ms, bytes);
+  }
+}
+
+int Main(int argc, char** argv) {
+  int iters = 50, warmup = 10;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::strcmp(argv[i], "--iters") == 0) iters = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--warmup") == 0) warmup = std::atoi(argv[i + 1]);
+  }
+  int device = 0;
+  cudaDeviceProp prop;
+  BENCH_CHECK_CUDA(cudaGetDevice(&device));
+  BENCH_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  std::printf("device: %s, %d SMs, L2 %d MB, sm_%d%d\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
+              prop.major, prop.minor);
+  const std::vector<Shape> shapes = {
+      {"1x2048", {2048}},          {"4x512", {512, 512, 512, 512}}, {"1x4096", {4096}},
+      {"4x1024", {1024, 1024, 1024, 1024}}, {"1x8192", {8192}},   {"8x1024", std::vector<int>(8, 1024)},
+      {"mix8k", {4096, 2048, 1024, 512, 512}},
+  };
+  BenchAttention(128, shapes, warmup, iters, prop.l2CacheSize);
+  BenchAttention(64, {shapes[0], shapes[2], shapes[4], shapes[5]}, warmup, iters, prop.l2CacheSize);
+  BenchLayerOps(warmup, iters, prop.l2CacheSize);
+  return 0;
+}
+
+}  // namespace
+}  // namespace layerserve::kernels
+
+int main(int argc, char** argv) { return layerserve::kernels::Main(argc, argv); }

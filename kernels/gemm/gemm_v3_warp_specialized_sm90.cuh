@@ -1,0 +1,131 @@
+// Version 3: warp-specialized persistent GEMM. Warpgroup 0 is the producer:
+// one thread walks the same tile sequence as the consumers and keeps the
+// kStages-deep TMA ring full, waiting only on per-slot "empty" barriers.
+// Warpgroups 1 and 2 are consumers: each owns 64 rows of a 128 x kBlockN tile
+// (m64n256k16 wgmma and 128 fp32 accumulators per thread at kBlockN = 256),
+// releases a slot as soon as the wgmma that read it has retired, and writes
+// its tile straight from registers while the producer already streams the
+// next tile's k-blocks. kBlockN = 128 (six stages) is for shapes whose
+// 128x256 tiles would leave SMs idle.
+//
+// setmaxnreg moves registers from the producer (40) to the consumers (232);
+// it requires the launch-bounds register cap (384 threads, 1 block/SM).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/gemm/gemm_sm90_utils.cuh"
+#include "kernels/gemm/wgmma_sm90.cuh"
+
+namespace layerserve::kernels::gemm::v3 {
+
+constexpr int kBlockM = 128;
+constexpr int kBlockK = 64;
+constexpr int kThreads = 384;
+constexpr int kConsumerWarps = 8;
+constexpr int kGroupM = 8;
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;
+constexpr int kABytes = kBlockM * kBlockK * 2;
+static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
+
+template <int kBlockN>
+struct Config {
+  static constexpr int kStages = kBlockN == 256 ? 4 : 6;
+  static constexpr int kWBytes = kBlockN * kBlockK * 2;
+  static constexpr int kStageBytes = kABytes + kWBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;
+  static_assert(kABytes % 1024 == 0 && kWBytes % 1024 == 0, "tiles must stay 1024-byte aligned");
+};
+
+template <int kBlockN>
+__global__ void __launch_bounds__(kThreads, 1)
+    GemmWarpSpecializedKernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w,
+                              const GemmArgs args) {
+#if LS_GEMM_DEVICE_SM90A
+  constexpr int kStages = Config<kBlockN>::kStages;
+  constexpr int kStageBytes = Config<kBlockN>::kStageBytes;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t ring = (SmemAddr(smem_raw) + 1023) & ~1023u;
+  const uint32_t full_bar = ring + kStages * kStageBytes;
+  const uint32_t empty_bar = full_bar + kStages * 8;
+  const int warpgroup = threadIdx.x / 128;
+  const int num_kb = (args.k + kBlockK - 1) / kBlockK;
+  const int num_tiles = args.tiles_m * args.tiles_n;
+
+  if (threadIdx.x == 0) {
+    PrefetchTensorMap(&map_a);
+    PrefetchTensorMap(&map_w);
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(full_bar + 8 * s, 1);                  // the producer's arrive.expect_tx
+      MbarInit(empty_bar + 8 * s, kConsumerWarps);    // one arrive per consumer warp
+    }
+    FenceBarrierInit();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    SetMaxNRegDecrease<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      uint32_t iter = 0;
+      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+        const TileCoord tile = GroupedTile(t, args.tiles_m, args.tiles_n, kGroupM);
+        for (int kb = 0; kb < num_kb; ++kb, ++iter) {
+          const int slot = iter % kStages;
+          // First pass over the ring: parity 1 of a fresh barrier counts as
+          // completed, so the producer does not wait.
+          MbarWait(empty_bar + 8 * slot, ((iter / kStages) & 1) ^ 1);
+          const uint32_t bar = full_bar + 8 * slot;
+          const uint32_t dst = ring + slot * kStageBytes;
+          MbarArriveExpectTx(bar, kStageBytes);
+          TmaLoad2d(dst, &map_a, bar, kb * kBlockK, tile.m * kBlockM);
+          TmaLoad2d(dst + kABytes, &map_w, bar, kb * kBlockK, tile.n * kBlockN);
+        }
+      }
+    }
+  } else {
+    SetMaxNRegIncrease<kConsumerRegs>();
+    const int consumer = warpgroup - 1;
+    const bool signals = threadIdx.x % 32 == 0;
+    uint32_t iter = 0;
+    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+      const TileCoord tile = GroupedTile(t, args.tiles_m, args.tiles_n, kGroupM);
+      float acc[kBlockN / 2];
+#pragma unroll
+      for (int i = 0; i < kBlockN / 2; ++i) acc[i] = 0.f;
+
+      for (int kb = 0; kb < num_kb; ++kb, ++iter) {
+        const int slot = iter % kStages;
+        MbarWait(full_bar + 8 * slot, (iter / kStages) & 1);
+        const uint64_t desc_a = SmemDescSw128(ring + slot * kStageBytes + consumer * (64 * kBlockK * 2));
+        const uint64_t desc_w = SmemDescSw128(ring + slot * kStageBytes + kABytes);
+        FenceAccumulators(acc);
+        WgmmaFence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockK / 16; ++kk) WgmmaBf16M64<kBlockN>(acc, desc_a + 2 * kk, desc_w + 2 * kk);
+        WgmmaCommit();
+        FenceAccumulators(acc);
+        // Keep one k-block of wgmma in flight; the one before it has retired,
+        // so its slot can be refilled.
+        WgmmaWait<1>();
+        if (kb > 0) {
+          __syncwarp();
+          if (signals) MbarArrive(empty_bar + 8 * ((iter - 1) % kStages));
+        }
+      }
+      WgmmaWait<0>();
+      FenceAccumulators(acc);
+      if (num_kb > 0) {
+        __syncwarp();
+        if (signals) MbarArrive(empty_bar + 8 * ((iter - 1) % kStages));
+      }
+      StoreWgmmaAccumulators<kBlockN>(acc, args, tile.m * kBlockM + consumer * 64, tile.n * kBlockN);
+    }
+  }
+#endif
+}
+
+}  // namespace layerserve::kernels::gemm::v3

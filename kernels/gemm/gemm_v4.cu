@@ -1,0 +1,63 @@
+// Host launcher of version 4 (gemm_v4_small_m_sm90.cuh): picks the token
+// padding (the wgmma N), builds tensor maps over W (128-row boxes) and A
+// (m_pad-row boxes, rows past m zero-filled) and launches tiles x splits CTAs
+// in clusters of `splits` (the CTAs that share one W tile).
+#include <cstdint>
+
+#include "kernels/gemm/gemm_internal.h"
+#include "kernels/gemm/gemm_v4_small_m_sm90.cuh"
+
+namespace layerserve::kernels::gemm {
+namespace {
+
+static_assert(v4::kMaxSplits == kMaxSplitK, "kernel and host agree on the largest split");
+
+template <int kMPad>
+absl::Status Launch(const GemmParams& p, int splits, cudaStream_t stream) {
+  using L = v4::Layout<kMPad>;
+  GemmArgs args = MakeGemmArgs(p, /*block_m=*/kMPad, v4::kBlockN);
+  args.splits = splits;
+  absl::StatusOr<CUtensorMap> map_w = MakeBf16TensorMap(p.w, p.n, p.k, v4::kBlockN);
+  if (!map_w.ok()) return map_w.status();
+  absl::StatusOr<CUtensorMap> map_a = MakeBf16TensorMap(p.a, p.m, p.k, kMPad);
+  if (!map_a.ok()) return map_a.status();
+  LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(v4::GemmSmallMKernel<kMPad>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemBytes));
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = static_cast<unsigned>(splits);
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(args.tiles_n * splits));
+  config.blockDim = dim3(v4::kThreads);
+  config.dynamicSmemBytes = L::kSmemBytes;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  LS_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, v4::GemmSmallMKernel<kMPad>, *map_w, *map_a, args));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LaunchGemmV4(const GemmParams& p, int splits, const DeviceInfo& dev, cudaStream_t stream) {
+  if (dev.max_smem_optin < v4::Layout<v4::kMaxM>::kSmemBytes) {
+    return absl::ResourceExhaustedError("gemm v4: not enough shared memory");
+  }
+  if (splits < 1 || splits > v4::kMaxSplits) return absl::InvalidArgumentError("gemm v4: splits must be 1..8");
+  switch (SmallMPad(p.m)) {
+    case 8:
+      return Launch<8>(p, splits, stream);
+    case 16:
+      return Launch<16>(p, splits, stream);
+    case 32:
+      return Launch<32>(p, splits, stream);
+    case 64:
+      return Launch<64>(p, splits, stream);
+    default:
+      return absl::InvalidArgumentError("gemm v4: m must be <= 64");
+  }
+}
+
+}  // namespace layerserve::kernels::gemm

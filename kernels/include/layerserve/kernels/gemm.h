@@ -1,0 +1,134 @@
+// Dense projection GEMM of a decoder layer: C[M,N] = A[M,K] · W[N,K]ᵀ (+ R[M,N]),
+// bf16 in, fp32 accumulate, bf16 out, all row-major (W is the nn.Linear weight
+// as stored). M is the number of batched tokens; N, K are model dimensions.
+//
+// Three entry points, all launching on the caller's stream without
+// synchronizing:
+//   - LaunchGemm: one of our numbered kernel versions (1..4), for tests, the
+//     benchmark and the dispatcher;
+//   - CublasLtGemm: version 0, the cuBLASLt yardstick and fallback;
+//   - GemmDispatcher: what production calls; picks per (M bucket, N, K)
+//     between our versions and cuBLASLt (defaults, a short autotune pass, or
+//     explicit overrides) and falls back to cuBLASLt wherever ours do not apply
+//     (non-Hopper device, binary built without sm_90a, N or K not multiples
+//     of 8, misaligned pointers).
+// Plain C++ header: compiles without nvcc.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "layerserve/kernels/common.h"
+
+namespace layerserve::kernels {
+
+struct GemmParams {
+  const void* a = nullptr;         // [m, k], row-major
+  const void* w = nullptr;         // [n, k], row-major
+  const void* residual = nullptr;  // [m, n] or null; may alias c (in-place residual add)
+  void* c = nullptr;               // [m, n]
+  int64_t m = 0;                   // tokens, >= 1
+  int64_t n = 0;                   // multiple of 8 for our kernels
+  int64_t k = 0;                   // multiple of 8 for our kernels
+  DType dtype = DType::kBF16;      // bf16 only for now
+};
+
+// Numbered kernel versions; the benchmark and docs/perf-gemm.md use the same
+// numbers.
+enum class GemmVersion : int {
+  kCublasLt = 0,          // cuBLASLt (CublasLtGemm); not launchable through LaunchGemm
+  kMmaSync = 1,           // persistent, cp.async double buffering + mma.sync (sm_80+ code path)
+  kTmaWgmma = 2,          // persistent, TMA ring + mbarriers + wgmma, 128x128 tiles (sm_90a)
+  kWarpSpecialized = 3,   // producer warpgroup + 2 consumer warpgroups, 128x256 or 128x128 tiles (sm_90a)
+  kSmallMSplitK = 4,      // M <= 64: weight streaming, split-K reduced in a cluster, tokens as wgmma N (sm_90a)
+};
+inline constexpr int kNumGemmVersions = 5;
+
+struct GemmConfig {
+  GemmVersion version = GemmVersion::kWarpSpecialized;
+  // Version 4 only: K splits, 1..8 (one thread block cluster per W tile);
+  // 0 picks from the shape and the SM count.
+  int split_k = 0;
+  // Version 3 only: tile width 128 or 256; 0 picks from the shape.
+  int block_n = 0;
+};
+
+std::string GemmConfigName(const GemmConfig& config);
+
+// OK if `config` can run `p` on the current device with this binary, else the
+// reason (UNIMPLEMENTED for a missing arch/feature, INVALID_ARGUMENT for a
+// shape or alignment the version does not take).
+absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config);
+
+// Launches version 1..4 on `stream`.
+absl::Status LaunchGemm(const GemmParams& p, const GemmConfig& config, cudaStream_t stream);
+
+// Version 0: cuBLASLt with one cached plan (layouts + heuristic algorithm) per
+// shape. Owns a handle and a workspace; serves one stream at a time.
+class CublasLtGemm {
+ public:
+  static absl::StatusOr<std::unique_ptr<CublasLtGemm>> Create();
+  ~CublasLtGemm();
+  CublasLtGemm(const CublasLtGemm&) = delete;
+  CublasLtGemm& operator=(const CublasLtGemm&) = delete;
+
+  absl::Status Run(const GemmParams& p, cudaStream_t stream);
+
+ private:
+  struct Impl;
+  explicit CublasLtGemm(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Chooses and runs a GEMM per (M bucket, N, K). Owns a CublasLtGemm (and its
+// workspace), so it serves one stream at a time (the server keeps one per
+// stream). Not thread-safe.
+class GemmDispatcher {
+ public:
+  // For the current device.
+  static absl::StatusOr<std::unique_ptr<GemmDispatcher>> Create();
+  ~GemmDispatcher();
+  GemmDispatcher(const GemmDispatcher&) = delete;
+  GemmDispatcher& operator=(const GemmDispatcher&) = delete;
+
+  // Runs C = A·Wᵀ (+R) with the configuration Choose() names. Falls back to
+  // cuBLASLt when the chosen version does not support `p`.
+  absl::Status Run(const GemmParams& p, cudaStream_t stream);
+
+  // Times every candidate (cuBLASLt, v3 at both tile widths, v4 at 1/2/4/8
+  // splits for M <= 64) for each M bucket on synthetic random data of shape
+  // (bucket's largest M capped at 8192, n, k), launches back to back in a
+  // CUDA graph with W rotating through enough copies to miss in L2, and caches
+  // the fastest. Allocates (and frees) 8192 * (k + n) bf16 elements plus those
+  // copies of W; call at start-up, not on the serving path. Synchronizes
+  // `stream`.
+  absl::Status Autotune(int64_t n, int64_t k, cudaStream_t stream);
+
+  // Pins the configuration of m's bucket for (n, k), replacing any tuned one.
+  void SetOverride(int64_t m, int64_t n, int64_t k, const GemmConfig& config);
+
+  // Tuned or overridden choice, else a default from the shape.
+  GemmConfig Choose(int64_t m, int64_t n, int64_t k) const;
+
+  // M buckets: 1-8, 9-16, 17-32, 33-64, then powers of two up to 8192, then
+  // everything larger. Returns the bucket's index.
+  static int MBucket(int64_t m);
+  static int64_t MBucketUpperBound(int bucket);  // largest M of the bucket (16384 for the last)
+
+ private:
+  GemmDispatcher(std::unique_ptr<CublasLtGemm> cublaslt, bool custom_kernels_available);
+
+  std::unique_ptr<CublasLtGemm> cublaslt_;
+  bool custom_kernels_available_;
+  std::map<std::tuple<int, int64_t, int64_t>, GemmConfig> choices_;  // (bucket, n, k)
+};
+
+}  // namespace layerserve::kernels

@@ -1,0 +1,69 @@
+// Elementwise and normalization kernels of a Llama decoder layer, launched on
+// a caller's stream over packed activations [tokens, width] (row-major).
+//
+// Each launcher validates its params, launches, checks the launch, and
+// returns; nothing synchronizes. Activations are bf16 or fp16; statistics and
+// rotations are computed in fp32.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "layerserve/kernels/common.h"
+
+namespace layerserve::kernels {
+
+// y = RMSNorm(h) * weight, with h = x (+ residual when given).
+// When `residual` is non-null, h is also written to `h_out` (which may alias
+// `x` or `residual`), fusing the residual add of the previous sub-layer.
+struct RmsNormParams {
+  const void* x = nullptr;         // [rows, cols]
+  const void* residual = nullptr;  // [rows, cols] or null
+  void* h_out = nullptr;           // [rows, cols]; required iff residual != null
+  const void* weight = nullptr;    // [cols]
+  void* y = nullptr;               // [rows, cols]
+  int64_t rows = 0;
+  int64_t cols = 0;
+  float eps = 1e-6f;
+  DType dtype = DType::kBF16;      // of x, residual, h_out, weight, y
+};
+absl::Status LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream);
+
+// Rotary embedding (rotate-half convention), in place on the q and k parts of
+// a fused qkv activation [tokens, (heads + 2*kv_heads) * head_dim] laid out
+// q | k | v along each row. Token t has position positions[t].
+struct RopeParams {
+  void* qkv = nullptr;
+  const int32_t* positions = nullptr;  // [tokens], device
+  const float* inv_freq = nullptr;     // [head_dim / 2], device
+  int64_t tokens = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  DType dtype = DType::kBF16;
+};
+absl::Status LaunchRope(const RopeParams& p, cudaStream_t stream);
+
+// out = silu(gate) * up, where each row of gate_up is [gate (width) | up (width)].
+struct SiluMulParams {
+  const void* gate_up = nullptr;  // [rows, 2 * width]
+  void* out = nullptr;            // [rows, width]
+  int64_t rows = 0;
+  int64_t width = 0;
+  DType dtype = DType::kBF16;
+};
+absl::Status LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream);
+
+// Element type conversion, n elements (for wire <-> activation dtypes).
+struct CastParams {
+  const void* src = nullptr;
+  DType src_dtype = DType::kF32;
+  void* dst = nullptr;
+  DType dst_dtype = DType::kBF16;
+  int64_t n = 0;
+};
+absl::Status LaunchCast(const CastParams& p, cudaStream_t stream);
+
+}  // namespace layerserve::kernels

@@ -1,0 +1,90 @@
+// Device code of RMSNorm fused with the residual add.
+//
+// A "row group" of kWarpsPerRow warps normalizes one row: one warp for narrow
+// rows (several rows per CTA), a whole CTA for wide ones. Pass 1 forms
+// h = x + residual with 16-byte loads, writes it out and parks it in shared
+// memory while summing h^2 in fp32; pass 2 reads h back (each thread touches
+// only the vectors it wrote, so no barrier is needed for the parked row) and
+// writes y. Rounding follows Hugging Face's LlamaRMSNorm in 16-bit models:
+// h is rounded to T (the residual add is a T op), h * rsqrt(mean(h^2) + eps)
+// is rounded to T, and so is weight * that.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/common/dtype.cuh"
+#include "kernels/common/reduce.cuh"
+#include "layerserve/kernels/layer_ops.h"
+
+namespace layerserve::kernels::norm {
+
+template <typename T, int kWarpsPerRow, int kWarpsPerBlock>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) RmsNormKernel(const RmsNormParams p) {
+  static_assert(kWarpsPerBlock % kWarpsPerRow == 0, "a CTA holds whole row groups");
+  constexpr int kRowsPerBlock = kWarpsPerBlock / kWarpsPerRow;
+  constexpr int kThreadsPerRow = kWarpsPerRow * 32;
+  constexpr int kVec = kVec16<T>;
+  using V = Vec<T, kVec>;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];  // [kRowsPerBlock][cols] of T
+  __shared__ float warp_sums[kWarpsPerBlock];
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int group = warp / kWarpsPerRow;
+  const int t = threadIdx.x % kThreadsPerRow;
+  const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + group;
+  // Rows past the end still reach the barrier below; they just do no work.
+  const bool active = row < p.rows;
+  const int64_t nvec = p.cols / kVec;
+  V* parked = reinterpret_cast<V*>(smem_raw) + group * nvec;
+
+  float sum_sq = 0.f;
+  if (active) {
+    const V* x = static_cast<const V*>(p.x) + row * nvec;
+    const V* res = p.residual != nullptr ? static_cast<const V*>(p.residual) + row * nvec : nullptr;
+    V* h_out = res != nullptr ? static_cast<V*>(p.h_out) + row * nvec : nullptr;
+    for (int64_t i = t; i < nvec; i += kThreadsPerRow) {
+      V h = x[i];
+      if (res != nullptr) {
+        const V r = res[i];
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) h.v[e] = FromFloat<T>(ToFloat(h.v[e]) + ToFloat(r.v[e]));
+        h_out[i] = h;  // may alias x or residual: element i was read above
+      }
+      parked[i] = h;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const float f = ToFloat(h.v[e]);
+        sum_sq += f * f;
+      }
+    }
+  }
+  sum_sq = WarpReduceSum(sum_sq);
+  if constexpr (kWarpsPerRow > 1) {
+    if (lane == 0) warp_sums[warp] = sum_sq;
+    __syncthreads();
+    sum_sq = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarpsPerRow; ++w) sum_sq += warp_sums[group * kWarpsPerRow + w];
+  }
+  if (!active) return;
+
+  const float inv_rms = rsqrtf(sum_sq / static_cast<float>(p.cols) + p.eps);
+  const V* weight = static_cast<const V*>(p.weight);
+  V* y = static_cast<V*>(p.y) + row * nvec;
+  for (int64_t i = t; i < nvec; i += kThreadsPerRow) {
+    const V h = parked[i];
+    const V w = weight[i];
+    V out;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      out.v[e] = FromFloat<T>(ToFloat(w.v[e]) * RoundTo<T>(ToFloat(h.v[e]) * inv_rms));
+    }
+    y[i] = out;
+  }
+}
+
+}  // namespace layerserve::kernels::norm

@@ -1,0 +1,47 @@
+// Launcher of the in-place rotary embedding kernel: validation, one CTA per
+// token, dtype dispatch.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/common/static_switch.h"
+#include "kernels/rope/rope.cuh"
+#include "layerserve/kernels/layer_ops.h"
+
+namespace layerserve::kernels {
+namespace {
+
+constexpr int kThreads = 128;
+
+template <typename T>
+absl::Status Launch(const RopeParams& p, cudaStream_t stream) {
+  const size_t smem_bytes = static_cast<size_t>(p.head_dim) * sizeof(float);
+  rope::RopeKernel<T><<<static_cast<unsigned>(p.tokens), kThreads, smem_bytes, stream>>>(p);
+  LS_CUDA_RETURN_IF_LAUNCH_ERROR(RopeKernel);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LaunchRope(const RopeParams& p, cudaStream_t stream) {
+  // Each half of a head is rotated in 16-byte chunks of 8 elements.
+  if (p.head_dim <= 0 || p.head_dim % 16 != 0 || p.head_dim > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rope: head_dim must be a multiple of 16 up to 1024, got ", p.head_dim));
+  }
+  if (p.tokens < 0 || p.tokens >= (int64_t{1} << 31) || p.num_heads < 0 || p.num_kv_heads < 0) {
+    return absl::InvalidArgumentError("rope: tokens and head counts must be in range");
+  }
+  if (p.qkv == nullptr || p.positions == nullptr || p.inv_freq == nullptr) {
+    return absl::InvalidArgumentError("rope: qkv, positions and inv_freq must be set");
+  }
+  if (reinterpret_cast<uintptr_t>(p.qkv) % 16 != 0) {
+    return absl::InvalidArgumentError("rope: qkv must be 16-byte aligned");
+  }
+  if (p.tokens == 0 || p.num_heads + p.num_kv_heads == 0) return absl::OkStatus();
+  return LS_HALF_DTYPE_SWITCH(p.dtype, T, [&] { return Launch<T>(p, stream); });
+}
+
+}  // namespace layerserve::kernels

@@ -1,0 +1,292 @@
+// GPU tests of the fused flash-attention forward, every numbered version,
+// against a float64 reference (STYLE rule 2).
+//
+// Attention is a reduction over up to thousands of keys, so a fixed tolerance
+// would either hide bugs on short sequences or flake on long ones. Instead the
+// kernel's error against the float64 reference must stay within 2x the error
+// of a plain same-precision implementation of the same math: scores and
+// probabilities materialized in the activation dtype (as an unfused PyTorch
+// bf16/fp16 implementation does), fp32 accumulation inside each product. Both
+// read the same rounded q, k, v; both errors are printed.
+//
+// Inputs are one fused qkv buffer [tokens, (heads + 2 kv_heads) * head_dim],
+// as the server lays it out, so the row strides are exercised everywhere.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+#include "kernels/attention/flash_attention_versions.h"
+#include "layerserve/kernels/attention.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace layerserve::kernels {
+namespace {
+
+using testing::Decode;
+using testing::DeviceBuffer;
+using testing::DTypeName;
+using testing::Encode;
+using testing::ParallelFor;
+using testing::RandomValues;
+using testing::RoundToDType;
+
+struct AttnCase {
+  std::vector<int> seqlens;
+  int head_dim;
+  int heads;
+  int kv_heads;
+  DType dtype;
+  bool causal;
+  // Added to the true longest length: callers may size the grid from an
+  // upper bound, and the extra query tiles must exit without writing.
+  int max_seqlen_slack = 0;
+};
+
+std::string CaseName(const AttnCase& c) {
+  std::string name = std::string(DTypeName(c.dtype)) + "_d" + std::to_string(c.head_dim) + "_h" +
+                     std::to_string(c.heads) + "kv" + std::to_string(c.kv_heads) + (c.causal ? "" : "_full") +
+                     "_len";
+  for (size_t i = 0; i < c.seqlens.size() && i < 4; ++i) name += "_" + std::to_string(c.seqlens[i]);
+  if (c.seqlens.size() > 4) name += "_and" + std::to_string(c.seqlens.size() - 4) + "more";
+  return name;
+}
+
+// gtest prints parameters in test listings and failures.
+void PrintTo(const AttnCase& c, std::ostream* os) { *os << CaseName(c); }
+
+// Host copies of one case's inputs and both references, [tokens, heads*d].
+struct AttnProblem {
+  std::vector<int32_t> cu_seqlens;
+  int64_t tokens = 0;
+  int64_t qkv_width = 0;
+  std::vector<double> qkv;    // rounded to the dtype
+  std::vector<double> exact;  // float64 reference
+  std::vector<double> plain;  // same-precision unfused implementation
+};
+
+AttnProblem BuildProblem(const AttnCase& c) {
+  AttnProblem pr;
+  pr.cu_seqlens.push_back(0);
+  for (int len : c.seqlens) pr.cu_seqlens.push_back(pr.cu_seqlens.back() + len);
+  pr.tokens = pr.cu_seqlens.back();
+  pr.qkv_width = int64_t{c.heads + 2 * c.kv_heads} * c.head_dim;
+  // Spread wide enough that softmax rows are far from uniform.
+  pr.qkv = RandomValues(c.dtype, pr.tokens * pr.qkv_width, -2.0, 2.0, 1000 + pr.tokens * 7 + c.head_dim + c.heads);
+  const int64_t out_width = int64_t{c.heads} * c.head_dim;
+  pr.exact.assign(pr.tokens * out_width, 0.0);
+  pr.plain.assign(pr.tokens * out_width, 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  const int group = c.heads / c.kv_heads;
+  const int d = c.head_dim;
+
+  ParallelFor(c.seqlens.size() * c.heads, [&](size_t job) {
+    const int s = static_cast<int>(job / c.heads);
+    const int h = static_cast<int>(job % c.heads);
+    const int kvh = h / group;
+    const int64_t start = pr.cu_seqlens[s];
+    const int len = c.seqlens[s];
+    auto q_at = [&](int i) { return &pr.qkv[(start + i) * pr.qkv_width + int64_t{h} * d]; };
+    auto k_at = [&](int j) { return &pr.qkv[(start + j) * pr.qkv_width + int64_t{c.heads + kvh} * d]; };
+    auto v_at = [&](int j) {
+      return &pr.qkv[(start + j) * pr.qkv_width + int64_t{c.heads + c.kv_heads + kvh} * d];
+    };
+    std::vector<double> s_exact(len), p_plain(len);
+    std::vector<float> s_plain(len);
+    for (int i = 0; i < len; ++i) {
+      const int n_keys = c.causal ? i + 1 : len;
+      const double* q = q_at(i);
+      double max_exact = -INFINITY;
+      float max_plain = -INFINITY;
+      for (int j = 0; j < n_keys; ++j) {
+        const double* k = k_at(j);
+        double dot = 0;
+        float dot_f = 0;
+        for (int e = 0; e < d; ++e) {
+          dot += q[e] * k[e];
+          dot_f += static_cast<float>(q[e]) * static_cast<float>(k[e]);
+        }
+        s_exact[j] = dot * scale;
+        s_plain[j] = static_cast<float>(RoundToDType(c.dtype, dot_f * static_cast<float>(scale)));
+        max_exact = std::max(max_exact, s_exact[j]);
+        max_plain = std::max(max_plain, s_plain[j]);
+      }
+      double sum_exact = 0;
+      float sum_plain = 0;
+      for (int j = 0; j < n_keys; ++j) {
+        s_exact[j] = std::exp(s_exact[j] - max_exact);
+        sum_exact += s_exact[j];
+        s_plain[j] = std::exp(s_plain[j] - max_plain);
+        sum_plain += s_plain[j];
+      }
+      for (int j = 0; j < n_keys; ++j) p_plain[j] = RoundToDType(c.dtype, s_plain[j] / sum_plain);
+      double* out_exact = &pr.exact[(start + i) * out_width + int64_t{h} * d];
+      double* out_plain = &pr.plain[(start + i) * out_width + int64_t{h} * d];
+      std::vector<float> acc_plain(d, 0.f);
+      for (int j = 0; j < n_keys; ++j) {
+        const double* v = v_at(j);
+        const double w = s_exact[j] / sum_exact;
+        const float wp = static_cast<float>(p_plain[j]);
+        for (int e = 0; e < d; ++e) {
+          out_exact[e] += w * v[e];
+          acc_plain[e] += wp * static_cast<float>(v[e]);
+        }
+      }
+      for (int e = 0; e < d; ++e) out_plain[e] = RoundToDType(c.dtype, acc_plain[e]);
+    }
+  });
+  return pr;
+}
+
+struct ErrorStats {
+  double max_abs = 0;
+  double mean_abs = 0;
+  size_t worst = 0;
+  size_t non_finite = 0;
+};
+
+ErrorStats Errors(const std::vector<double>& got, const std::vector<double>& want) {
+  ErrorStats st;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) {
+      if (st.non_finite++ == 0) st.worst = i;
+      continue;
+    }
+    const double err = std::fabs(got[i] - want[i]);
+    st.mean_abs += err;
+    if (err > st.max_abs && st.non_finite == 0) {
+      st.max_abs = err;
+      st.worst = i;
+    }
+  }
+  st.mean_abs /= std::max<size_t>(1, got.size());
+  return st;
+}
+
+class FlashAttentionTest : public testing::GpuTestWithParam<AttnCase> {};
+
+TEST_P(FlashAttentionTest, WithinTwiceThePlainImplementationsError) {
+  const AttnCase c = GetParam();
+  const AttnProblem pr = BuildProblem(c);
+  const ErrorStats plain = Errors(pr.plain, pr.exact);
+  const int64_t out_width = int64_t{c.heads} * c.head_dim;
+  const size_t elem = DTypeBytes(c.dtype);
+
+  DeviceBuffer d_qkv(pr.qkv.size() * elem), d_out(pr.tokens * out_width * elem),
+      d_cu(pr.cu_seqlens.size() * sizeof(int32_t));
+  d_qkv.Upload(Encode(c.dtype, pr.qkv).data(), d_qkv.bytes());
+  d_cu.Upload(pr.cu_seqlens.data(), d_cu.bytes());
+
+  FlashAttentionParams p;
+  const char* base = static_cast<const char*>(d_qkv.get());
+  p.q = base;
+  p.k = base + int64_t{c.heads} * c.head_dim * elem;
+  p.v = base + int64_t{c.heads + c.kv_heads} * c.head_dim * elem;
+  p.out = d_out.get();
+  p.q_row_stride = p.k_row_stride = p.v_row_stride = pr.qkv_width;
+  p.out_row_stride = out_width;
+  p.cu_seqlens = static_cast<const int32_t*>(d_cu.get());
+  p.num_seqs = static_cast<int>(c.seqlens.size());
+  p.max_seqlen = *std::max_element(c.seqlens.begin(), c.seqlens.end()) + c.max_seqlen_slack;
+  p.num_heads = c.heads;
+  p.num_kv_heads = c.kv_heads;
+  p.head_dim = c.head_dim;
+  p.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  p.causal = c.causal;
+  p.dtype = c.dtype;
+
+  auto describe = [&](size_t i) {
+    const int64_t token = static_cast<int64_t>(i) / out_width;
+    const int64_t col = static_cast<int64_t>(i) % out_width;
+    const int seq = static_cast<int>(std::upper_bound(pr.cu_seqlens.begin(), pr.cu_seqlens.end(), token) -
+                                     pr.cu_seqlens.begin()) - 1;
+    return "seq " + std::to_string(seq) + " row " + std::to_string(token - pr.cu_seqlens[seq]) + " head " +
+           std::to_string(col / c.head_dim) + " dim " + std::to_string(col % c.head_dim);
+  };
+
+  // Version 0 here means the production entry point (LaunchFlashAttention).
+  for (int version = 0; version <= kFlashAttentionVersions; ++version) {
+    SCOPED_TRACE(version == 0 ? std::string("LaunchFlashAttention") : FlashAttentionVersionName(version));
+    d_out.Poison();
+    const absl::Status st =
+        version == 0 ? LaunchFlashAttention(p, nullptr) : LaunchFlashAttentionVersion(p, version, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    LS_ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    std::vector<uint8_t> bytes(d_out.bytes());
+    d_out.Download(bytes.data(), bytes.size());
+    const std::vector<double> got = Decode(c.dtype, bytes);
+    const ErrorStats kernel = Errors(got, pr.exact);
+    const std::string report = "kernel max|err| " + std::to_string(kernel.max_abs) + " mean " +
+                               std::to_string(kernel.mean_abs) + "; plain max|err| " +
+                               std::to_string(plain.max_abs) + " mean " + std::to_string(plain.mean_abs) +
+                               "; worst at " + describe(kernel.worst) + ": got " +
+                               std::to_string(got[kernel.worst]) + ", expected " +
+                               std::to_string(pr.exact[kernel.worst]) + ", plain " +
+                               std::to_string(pr.plain[kernel.worst]);
+    EXPECT_EQ(kernel.non_finite, 0u) << kernel.non_finite << " non-finite outputs (unwritten or NaN); first at "
+                                     << describe(kernel.worst);
+    // A floor of a quarter ulp at 1.0 keeps exact-looking tiny cases (one
+    // key: output = v) from demanding better than exact.
+    const double floor = 0.25 * testing::DTypeEpsilon(c.dtype);
+    EXPECT_LE(kernel.max_abs, 2 * plain.max_abs + floor) << report;
+    EXPECT_LE(kernel.mean_abs, 2 * plain.mean_abs + floor) << report;
+    // Kept in the XML report (--gtest_output=xml) for docs/perf-attention.md.
+    RecordProperty(version == 0 ? "default" : "v" + std::to_string(version),
+                   std::to_string(kernel.max_abs) + " " + std::to_string(kernel.mean_abs) + " " +
+                       std::to_string(plain.max_abs) + " " + std::to_string(plain.mean_abs));
+  }
+}
+
+std::vector<AttnCase> Cases() {
+  std::vector<AttnCase> cases;
+  // Single sequences around the tile sizes (64, 128) and beyond, every GQA
+  // ratio, both head sizes and dtypes.
+  for (DType dtype : {DType::kBF16, DType::kF16})
+    for (int d : {64, 128})
+      for (int kv : {8, 2, 1})
+        for (int len : {1, 7, 63, 64, 65, 127, 500, 1000}) cases.push_back({{len}, d, 8, kv, dtype, true});
+  // Long sequences.
+  cases.push_back({{4096}, 128, 8, 1, DType::kBF16, true});
+  cases.push_back({{4096}, 128, 8, 2, DType::kF16, true});
+  cases.push_back({{4096}, 64, 4, 1, DType::kBF16, true});
+  // Packed batches of different lengths: no attention may cross a boundary.
+  cases.push_back({{1000, 1, 65, 7, 4096, 63, 127, 500, 64}, 128, 8, 2, DType::kBF16, true});
+  cases.push_back({{3, 700, 64, 129, 1}, 64, 8, 8, DType::kF16, true});
+  cases.push_back({{255, 256, 257}, 128, 8, 1, DType::kF16, true});
+  cases.push_back({{130, 1, 1, 190}, 64, 4, 1, DType::kBF16, true, /*max_seqlen_slack=*/300});
+  // Non-causal (encoder-style) attention.
+  cases.push_back({{7, 65, 300}, 64, 8, 2, DType::kBF16, false});
+  cases.push_back({{1, 129, 1000}, 128, 4, 4, DType::kF16, false});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, FlashAttentionTest, ::testing::ValuesIn(Cases()),
+                         [](const ::testing::TestParamInfo<AttnCase>& info) {
+                           return CaseName(info.param) + "_" + std::to_string(info.index);
+                         });
+
+// An empty batch launches nothing and succeeds.
+TEST(FlashAttentionGridTest, ZeroSequencesIsANoOp) {
+  if (!testing::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  DeviceBuffer d(64);
+  FlashAttentionParams p;
+  p.q = p.k = p.v = d.get();
+  p.out = d.get();
+  p.cu_seqlens = static_cast<const int32_t*>(d.get());
+  p.q_row_stride = p.out_row_stride = 128;
+  p.k_row_stride = p.v_row_stride = 128;
+  p.num_seqs = 0;
+  p.max_seqlen = 0;
+  p.num_heads = p.num_kv_heads = 1;
+  p.head_dim = 128;
+  p.softmax_scale = 0.088f;
+  EXPECT_TRUE(LaunchFlashAttention(p, nullptr).ok());
+  LS_ASSERT_CUDA_OK(cudaDeviceSynchronize());
+}
+
+}  // namespace
+}  // namespace layerserve::kernels
