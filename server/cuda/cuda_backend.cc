@@ -1,0 +1,438 @@
+// The CUDA backend (see cuda_backend.h): the stream pool and the life of a
+// batch on one stream.
+//
+// Per batch, on the stream's own thread:
+//   host:   each request's input -> pinned staging (memcpy); positions and
+//           cu_seqlens -> pinned metadata
+//   stream: H2D staging and metadata; per request Cast(wire dtype -> x rows);
+//           the layers; per request Cast(x rows -> wire dtype) into the same
+//           staging offsets; D2H staging; record the completion event
+//   host:   wait for the event; pinned staging -> each request's output; done
+// Inputs and outputs share the staging buffers: a request's output has the
+// size and dtype of its input, and the stream orders the copy-out after the
+// copy-in, so one buffer of each kind per stream is enough.
+#include "server/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <iostream>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "layerserve/kernels/layer_ops.h"
+#include "server/core/mutex.h"
+#include "server/core/status_macros.h"
+#include "server/cuda/cuda_check.h"
+#include "server/cuda/cuda_resources.h"
+#include "server/cuda/device_weights.h"
+#include "server/cuda/gemm.h"
+#include "server/cuda/layer_executor.h"
+
+namespace layerserve {
+namespace {
+
+using cuda::ActivationArena;
+using cuda::CudaEvent;
+using cuda::CudaStream;
+using cuda::DeviceBuffer;
+using cuda::OpTimer;
+using cuda::PinnedBuffer;
+
+kernels::DType KernelDType(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return kernels::DType::kF32;
+    case DType::kF16:
+      return kernels::DType::kF16;
+    case DType::kBF16:
+      return kernels::DType::kBF16;
+  }
+  return kernels::DType::kF32;
+}
+
+std::string_view KernelDTypeName(kernels::DType t) {
+  return t == kernels::DType::kF16 ? "fp16" : t == kernels::DType::kBF16 ? "bf16" : "fp32";
+}
+
+// Everything one stream owns. Touched only by that stream's thread.
+struct StreamSlot {
+  CudaStream stream;
+  CudaEvent done;  // recorded after the copy-out; the thread waits on it
+  ActivationArena arena;
+  DeviceBuffer io_device;  // wire-dtype inputs, then outputs, of the batch
+  PinnedBuffer io_host;
+  PinnedBuffer meta_host;  // positions [tokens] then cu_seqlens [num_seqs + 1]
+  DeviceBuffer workspace;  // cuBLASLt
+  OpTimer timer;
+};
+
+absl::StatusOr<std::unique_ptr<StreamSlot>> MakeSlot(const cuda::LayerShape& shape,
+                                                     int64_t max_tokens, int num_layers,
+                                                     size_t workspace_bytes) {
+  auto slot = std::make_unique<StreamSlot>();
+  const size_t t = static_cast<size_t>(max_tokens);
+  const size_t io_bytes = t * static_cast<size_t>(shape.hidden) * sizeof(float);
+  LS_ASSIGN_OR_RETURN(slot->stream, cuda::CreateStream());
+  LS_ASSIGN_OR_RETURN(slot->done, cuda::CreateEvent(cudaEventDisableTiming));
+  LS_ASSIGN_OR_RETURN(slot->arena, ActivationArena::Create(shape, max_tokens));
+  LS_ASSIGN_OR_RETURN(slot->io_device, DeviceBuffer::Allocate(io_bytes));
+  LS_ASSIGN_OR_RETURN(slot->io_host, PinnedBuffer::Allocate(io_bytes));
+  LS_ASSIGN_OR_RETURN(slot->meta_host, PinnedBuffer::Allocate((2 * t + 1) * sizeof(int32_t)));
+  LS_ASSIGN_OR_RETURN(slot->workspace, DeviceBuffer::Allocate(workspace_bytes));
+  LS_ASSIGN_OR_RETURN(slot->timer, OpTimer::Create(num_layers * cuda::kOpsPerLayer));
+  return slot;
+}
+
+class CudaBackendImpl final : public CudaBackend {
+ public:
+  CudaBackendImpl(const CudaBackendOptions& options, const LlamaConfig& config,
+                  cuda::DeviceWeights weights, std::unique_ptr<cuda::GemmEngine> gemm,
+                  kernels::DType dtype, std::vector<std::unique_ptr<StreamSlot>> slots)
+      : options_(options),
+        config_(config),
+        weights_(std::move(weights)),
+        gemm_(std::move(gemm)),
+        executor_(cuda::LayerShape::FromConfig(config, dtype), weights_.layers(),
+                  weights_.inv_freq(), gemm_.get()),
+        slots_(std::move(slots)) {
+    for (const auto& slot : slots_) {
+      activation_bytes_ += slot->arena.bytes() + slot->io_device.bytes() + slot->workspace.bytes();
+    }
+    for (const auto& slot : slots_) {
+      workers_.emplace_back([this, s = slot.get()] { WorkerLoop(*s); });
+    }
+  }
+
+  ~CudaBackendImpl() override {
+    {
+      MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    work_cv_.SignalAll();
+    for (std::thread& worker : workers_) worker.join();
+    // The members' destructors release device memory on this thread.
+    static_cast<void>(cudaSetDevice(options_.device));
+  }
+
+  std::string_view Name() const override { return "cuda"; }
+  int MaxInflightBatches() const override { return static_cast<int>(slots_.size()); }
+
+  void Execute(std::shared_ptr<Batch> batch, std::function<void(absl::Status)> done) override {
+    {
+      MutexLock lock(&mu_);
+      queue_.push_back(Job{std::move(batch), std::move(done)});
+    }
+    work_cv_.Signal();
+  }
+
+  absl::Status Health() const override {
+    MutexLock lock(&health_mu_);
+    return health_;
+  }
+
+  size_t WeightBytes() const override { return weights_.bytes(); }
+  size_t ActivationBytes() const override { return activation_bytes_; }
+
+  absl::StatusOr<int64_t> DeviceMemoryUsedBytes() const override {
+    LS_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+    size_t free_bytes = 0;
+    size_t total_bytes = 0;
+    LS_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return static_cast<int64_t>(total_bytes - free_bytes);
+  }
+
+ private:
+  struct Job {
+    std::shared_ptr<Batch> batch;
+    std::function<void(absl::Status)> done;
+  };
+
+  // One per stream: runs queued batches until shutdown, then drains the queue
+  // so every `done` is called exactly once.
+  void WorkerLoop(StreamSlot& slot) {
+    const cudaError_t set_device = cudaSetDevice(options_.device);
+    while (true) {
+      Job job;
+      {
+        MutexLock lock(&mu_);
+        while (!stop_ && queue_.empty()) work_cv_.Wait(&mu_);
+        if (queue_.empty()) return;  // stop_ and drained
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      absl::Status status =
+          set_device == cudaSuccess
+              ? RunBatch(slot, *job.batch)
+              : kernels::CudaError(set_device, "cudaSetDevice", __FILE__, __LINE__);
+      job.done(std::move(status));
+    }
+  }
+
+  absl::Status CheckBatch(const Batch& batch) const {
+    std::vector<int32_t> expected = {0};
+    for (const auto& request : batch.requests) {
+      if (request->hidden != config_.hidden_size) {
+        return absl::InvalidArgumentError(absl::StrCat("request '", request->id, "' has hidden ",
+                                                       request->hidden, ", model has ",
+                                                       config_.hidden_size));
+      }
+      if (request->input.size() != request->num_elements() * DTypeSize(request->dtype)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "request '", request->id, "' input is ", request->input.size(), " bytes, shape needs ",
+            request->num_elements() * DTypeSize(request->dtype)));
+      }
+      if (request->batch < 0 || request->seq_len < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("request '", request->id, "' has a negative shape"));
+      }
+      if (expected.back() + request->tokens() > options_.max_batch_tokens) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cuda backend: batch exceeds max_batch_tokens (", options_.max_batch_tokens, ")"));
+      }
+      for (int64_t b = 0; b < request->batch; ++b) {
+        expected.push_back(static_cast<int32_t>(expected.back() + request->seq_len));
+      }
+    }
+    if (batch.cu_seqlens != expected || batch.total_tokens != expected.back()) {
+      return absl::InternalError(
+          "cuda backend: batch cu_seqlens/total_tokens do not match its requests");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status RunBatch(StreamSlot& slot, Batch& batch) {
+    LS_RETURN_IF_ERROR(CheckBatch(batch));
+    if (absl::Status health = Health(); !health.ok()) {
+      return absl::UnavailableError(absl::StrCat("cuda backend is unhealthy: ", health.message()));
+    }
+    if (batch.total_tokens == 0) {
+      for (const auto& request : batch.requests) request->output.clear();
+      return absl::OkStatus();
+    }
+
+    // Pack inputs and metadata into pinned memory.
+    std::vector<size_t> offsets;
+    offsets.reserve(batch.requests.size());
+    size_t io_bytes = 0;
+    for (const auto& request : batch.requests) {
+      offsets.push_back(io_bytes);
+      std::memcpy(slot.io_host.data() + io_bytes, request->input.data(), request->input.size());
+      io_bytes += request->input.size();
+    }
+    const int64_t tokens = batch.total_tokens;
+    const int num_seqs = static_cast<int>(batch.cu_seqlens.size()) - 1;
+    auto* meta = reinterpret_cast<int32_t*>(slot.meta_host.data());
+    int max_seqlen = 0;
+    for (int s = 0; s < num_seqs; ++s) {
+      const int32_t begin = batch.cu_seqlens[s];
+      const int32_t len = batch.cu_seqlens[s + 1] - begin;
+      max_seqlen = std::max(max_seqlen, len);
+      for (int32_t i = 0; i < len; ++i) meta[begin + i] = i;
+    }
+    std::memcpy(meta + tokens, batch.cu_seqlens.data(), batch.cu_seqlens.size() * sizeof(int32_t));
+    cuda::BatchGeometry geometry;
+    geometry.tokens = tokens;
+    geometry.num_seqs = num_seqs;
+    geometry.max_seqlen = max_seqlen;
+    geometry.positions = slot.arena.meta;
+    geometry.cu_seqlens = slot.arena.meta + tokens;
+
+    const bool sampled =
+        options_.timing_sink != nullptr && options_.timing_sample_every > 0 &&
+        batches_.fetch_add(1, std::memory_order_relaxed) % options_.timing_sample_every == 0;
+    absl::Status status = Enqueue(slot, batch, offsets, io_bytes, geometry, sampled);
+    if (status.ok()) {
+      status = [&]() -> absl::Status {
+        LS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.done.get()));
+        return absl::OkStatus();
+      }();
+    }
+    if (!status.ok()) return BatchFailed(slot, tokens, status);
+
+    if (sampled) {
+      // Outputs are already correct: a timing failure must not fail the batch.
+      static_cast<void>(slot.timer.Report(options_.timing_sink));
+    }
+    for (size_t i = 0; i < batch.requests.size(); ++i) {
+      InferRequest& request = *batch.requests[i];
+      request.output.resize(request.input.size());
+      std::memcpy(request.output.data(), slot.io_host.data() + offsets[i], request.input.size());
+    }
+    return absl::OkStatus();
+  }
+
+  // Enqueues the whole batch on the slot's stream.
+  absl::Status Enqueue(StreamSlot& slot, const Batch& batch, const std::vector<size_t>& offsets,
+                       size_t io_bytes, const cuda::BatchGeometry& geometry, bool sampled) {
+    const cudaStream_t stream = slot.stream.get();
+    const kernels::DType act = executor_.shape().dtype;
+    const size_t row_bytes = static_cast<size_t>(config_.hidden_size) * kernels::DTypeBytes(act);
+    auto* io_device = static_cast<unsigned char*>(slot.io_device.data());
+    auto* x = static_cast<unsigned char*>(slot.arena.x);
+
+    LS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(io_device, slot.io_host.data(), io_bytes, cudaMemcpyHostToDevice, stream));
+    LS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        slot.arena.meta, slot.meta_host.data(),
+        (static_cast<size_t>(geometry.tokens) + geometry.num_seqs + 1) * sizeof(int32_t),
+        cudaMemcpyHostToDevice, stream));
+    // Wire dtype <-> activation dtype, per request (a batch may mix dtypes).
+    const auto convert = [&](bool to_activation) -> absl::Status {
+      size_t row = 0;
+      for (size_t i = 0; i < batch.requests.size(); ++i) {
+        const InferRequest& request = *batch.requests[i];
+        void* wire = io_device + offsets[i];
+        void* rows = x + row * row_bytes;
+        const kernels::DType wire_dtype = KernelDType(request.dtype);
+        if (wire_dtype == act) {
+          LS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(to_activation ? rows : wire,
+                                                  to_activation ? wire : rows, request.input.size(),
+                                                  cudaMemcpyDeviceToDevice, stream));
+        } else {
+          kernels::CastParams cast;
+          cast.src = to_activation ? wire : rows;
+          cast.src_dtype = to_activation ? wire_dtype : act;
+          cast.dst = to_activation ? rows : wire;
+          cast.dst_dtype = to_activation ? act : wire_dtype;
+          cast.n = static_cast<int64_t>(request.num_elements());
+          LS_RETURN_IF_ERROR(kernels::LaunchCast(cast, stream));
+        }
+        row += static_cast<size_t>(request.tokens());
+      }
+      return absl::OkStatus();
+    };
+    LS_RETURN_IF_ERROR(convert(true));
+    const cuda::GemmWorkspace workspace{slot.workspace.data(), slot.workspace.bytes()};
+    LS_RETURN_IF_ERROR(executor_.Forward(slot.arena, geometry, workspace, stream,
+                                         sampled ? &slot.timer : nullptr));
+    LS_RETURN_IF_ERROR(convert(false));
+    LS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(slot.io_host.data(), io_device, io_bytes, cudaMemcpyDeviceToHost, stream));
+    LS_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.done.get(), stream));
+    return absl::OkStatus();
+  }
+
+  // Drains the stream (so no launched work still touches the slot's buffers
+  // when the next batch packs into them) and classifies the failure: a sticky
+  // error marks the backend unhealthy for good.
+  absl::Status BatchFailed(StreamSlot& slot, int64_t tokens, const absl::Status& cause) {
+    const cudaError_t sync = cudaStreamSynchronize(slot.stream.get());
+    const cudaError_t last = cudaGetLastError();  // clears a non-sticky error
+    const cudaError_t sticky = cuda::IsStickyCudaError(sync)   ? sync
+                               : cuda::IsStickyCudaError(last) ? last
+                                                               : cudaPeekAtLastError();
+    if (sticky != cudaSuccess) {
+      MutexLock lock(&health_mu_);
+      if (health_.ok()) {
+        health_ = absl::InternalError(absl::StrCat(
+            "unrecoverable CUDA error ", cudaGetErrorName(sticky), " (", cudaGetErrorString(sticky),
+            "); the server must restart. First failure: ", cause.message()));
+        std::cerr << "layerserve: cuda backend: " << health_.message() << std::endl;
+      }
+    }
+    return absl::InternalError(
+        absl::StrCat("cuda backend: batch of ", tokens, " tokens failed: ", cause.message()));
+  }
+
+  const CudaBackendOptions options_;
+  const LlamaConfig config_;
+  const cuda::DeviceWeights weights_;
+  const std::unique_ptr<cuda::GemmEngine> gemm_;
+  const cuda::LayerExecutor executor_;
+  const std::vector<std::unique_ptr<StreamSlot>> slots_;
+  size_t activation_bytes_ = 0;
+  std::atomic<uint64_t> batches_{0};
+
+  mutable Mutex health_mu_;
+  absl::Status health_ ABSL_GUARDED_BY(health_mu_);
+
+  Mutex mu_;
+  CondVar work_cv_;
+  std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> workers_;  // last: started once everything above exists
+};
+
+absl::Status ValidateOptions(const ModelSpan& model, const CudaBackendOptions& options) {
+  if (model.layers.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda backend: model '", model.name, "' has no layers"));
+  }
+  const LlamaConfig& c = model.config;
+  if (c.hidden_size <= 0 || c.intermediate_size <= 0 || c.num_attention_heads <= 0 ||
+      c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0 ||
+      c.hidden_size % 8 != 0 || c.intermediate_size % 8 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda backend: model '", model.name, "' has an inconsistent configuration"));
+  }
+  if (c.head_dim != 64 && c.head_dim != 128) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda backend: head_dim ", c.head_dim, " is not supported (flash attention: 64 or 128)"));
+  }
+  if (options.num_streams < 1 || options.num_streams > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda backend: num_streams must be in [1, 64], got ", options.num_streams));
+  }
+  if (options.max_batch_tokens < 1 || options.max_batch_tokens > (int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda backend: max_batch_tokens must be in [1, 16777216], got ", options.max_batch_tokens));
+  }
+  if (options.timing_sample_every < 0) {
+    return absl::InvalidArgumentError("cuda backend: timing_sample_every must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool CudaDeviceAvailable() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& model,
+                                                             const CudaBackendOptions& options) {
+  LS_RETURN_IF_ERROR(ValidateOptions(model, options));
+  int device_count = 0;
+  LS_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&device_count));
+  if (options.device < 0 || options.device >= device_count) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda backend: device ", options.device,
+                                                   " does not exist (", device_count, " devices)"));
+  }
+  LS_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
+  cudaDeviceProp props{};
+  LS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, options.device));
+
+  const kernels::DType dtype = cuda::ActivationDTypeFor(model);
+  LS_ASSIGN_OR_RETURN(cuda::DeviceWeights weights, cuda::DeviceWeights::Upload(model, dtype));
+  LS_ASSIGN_OR_RETURN(std::unique_ptr<cuda::GemmEngine> gemm,
+                      cuda::GemmEngine::Create(cuda::GemmEngine::kDefaultWorkspaceBytes,
+                                               options.gemm_mode));
+  const cuda::LayerShape shape = cuda::LayerShape::FromConfig(model.config, dtype);
+  std::vector<std::unique_ptr<StreamSlot>> slots;
+  for (int i = 0; i < options.num_streams; ++i) {
+    LS_ASSIGN_OR_RETURN(std::unique_ptr<StreamSlot> slot,
+                        MakeSlot(shape, options.max_batch_tokens,
+                                 static_cast<int>(model.layers.size()), gemm->workspace_bytes()));
+    slots.push_back(std::move(slot));
+  }
+  auto backend = std::make_unique<CudaBackendImpl>(options, model.config, std::move(weights),
+                                                   std::move(gemm), dtype, std::move(slots));
+  const absl::StatusOr<int64_t> used = backend->DeviceMemoryUsedBytes();
+  std::cerr << "layerserve: cuda backend: device " << options.device << " (" << props.name
+            << ", sm_" << props.major << props.minor << ", " << props.multiProcessorCount
+            << " SMs); " << KernelDTypeName(dtype) << " weights, " << backend->WeightBytes()
+            << " bytes uploaded for " << model.layers.size() << " layers; " << options.num_streams
+            << " streams, " << backend->ActivationBytes()
+            << " activation bytes for max_batch_tokens=" << options.max_batch_tokens
+            << "; device memory used " << (used.ok() ? absl::StrCat(*used) : "unknown") << " bytes"
+            << std::endl;
+  return std::unique_ptr<CudaBackend>(std::move(backend));
+}
+
+}  // namespace layerserve

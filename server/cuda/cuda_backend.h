@@ -1,0 +1,67 @@
+// The CUDA backend: serves a decoder-layer span on one GPU.
+//
+// Weights are uploaded once at construction (bf16, or fp16 for fp16
+// checkpoints; q/k/v and gate/up fused). Batches run on a pool of streams:
+// each stream owns its activation arena, pinned host staging, cuBLASLt
+// workspace and events, all allocated here, so the request path never calls
+// cudaMalloc. Each stream has one thread that takes the next queued batch,
+// packs its inputs into pinned memory, enqueues copy-in, the layers and
+// copy-out, waits for the stream's event, fills the outputs and calls `done`.
+// Execute only queues, so it never blocks its caller; with num_streams
+// streams, that many batches overlap (MaxInflightBatches).
+//
+// A failed batch fails alone (its `done` gets the error, usually INTERNAL).
+// A sticky device error (illegal address, device assert, ...) corrupts the
+// CUDA context for good: Health() then returns it permanently, later batches
+// fail with UNAVAILABLE, and the frontend reports NOT_SERVING.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "server/core/backend.h"
+#include "server/core/model.h"
+#include "server/cuda/gemm.h"
+#include "server/cuda/kernel_timing.h"
+
+namespace layerserve {
+
+struct CudaBackendOptions {
+  int device = 0;       // CUDA device ordinal
+  int num_streams = 2;  // batches in flight at once
+  // Largest batch (sum of B*T over its requests); sizes each stream's arena.
+  int64_t max_batch_tokens = 8192;
+  // Receives per-op device times of sampled batches; not owned, must outlive
+  // the backend. Null: no timing.
+  KernelTimingSink* timing_sink = nullptr;
+  // Times one batch in this many (the events cost a little); 0 never.
+  int timing_sample_every = 16;
+  // Which GEMM implementation serves each projection shape (gemm.h): auto
+  // takes our Hopper kernels only where they match cuBLASLt; cublaslt and
+  // custom force one side, for comparison. Off Hopper everything is cuBLASLt.
+  cuda::GemmMode gemm_mode = cuda::GemmMode::kAuto;
+};
+
+class CudaBackend : public Backend {
+ public:
+  // Weight bytes held on the device.
+  virtual size_t WeightBytes() const = 0;
+  // Device bytes of the stream pool: arenas, staging and GEMM workspaces.
+  virtual size_t ActivationBytes() const = 0;
+  // Memory in use on the whole device (cudaMemGetInfo: total - free), which
+  // includes the CUDA context and other processes. Callable from any thread.
+  virtual absl::StatusOr<int64_t> DeviceMemoryUsedBytes() const = 0;
+};
+
+// True when the CUDA runtime sees at least one device (for --backend=auto).
+bool CudaDeviceAvailable();
+
+// Validates the model and options (INVALID_ARGUMENT), uploads the weights and
+// allocates the stream pool (INTERNAL on device failures, out of memory
+// included). Logs one line with the bytes uploaded to stderr.
+absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& model,
+                                                             const CudaBackendOptions& options);
+
+}  // namespace layerserve

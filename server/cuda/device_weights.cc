@@ -1,0 +1,147 @@
+// Weight upload (see device_weights.h): each layer's tensors are converted on
+// the host into one contiguous image laid out as the device buffer will be,
+// then copied with one cudaMemcpy per layer.
+#include "server/cuda/device_weights.h"
+
+#include <cstring>
+#include <string_view>
+
+#include "absl/strings/str_cat.h"
+#include "server/core/status_macros.h"
+#include "server/cuda/cuda_check.h"
+
+namespace layerserve::cuda {
+namespace {
+
+DType CoreDType(kernels::DType t) { return t == kernels::DType::kF16 ? DType::kF16 : DType::kBF16; }
+
+absl::Status CheckSize(const HostTensor& t, int64_t expected, int64_t layer,
+                       std::string_view what) {
+  if (t.NumElements() != expected ||
+      t.data.size() != static_cast<size_t>(expected) * DTypeSize(t.dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda backend: layer ", layer, " ", ToAbsl(what),
+                                                   " has ", t.NumElements(), " elements, expected ",
+                                                   expected));
+  }
+  return absl::OkStatus();
+}
+
+// Writes `tensors`, concatenated and converted to `dtype`, at `dst`.
+void ConvertInto(std::initializer_list<const HostTensor*> tensors, DType dtype,
+                 unsigned char* dst) {
+  std::vector<float> scratch;
+  for (const HostTensor* t : tensors) {
+    const size_t n = static_cast<size_t>(t->NumElements());
+    if (t->dtype == dtype) {
+      std::memcpy(dst, t->data.data(), t->data.size());
+    } else {
+      scratch.resize(n);
+      ConvertToFloat(t->dtype, t->data.data(), n, scratch.data());
+      ConvertFromFloat(scratch.data(), n, dtype, dst);
+    }
+    dst += n * DTypeSize(dtype);
+  }
+}
+
+absl::Status CheckLayer(const LayerWeights& w, const LlamaConfig& c, int64_t layer) {
+  const int64_t hidden = c.hidden_size;
+  const int64_t q_dim = c.num_attention_heads * c.head_dim;
+  const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
+  const int64_t inter = c.intermediate_size;
+  LS_RETURN_IF_ERROR(CheckSize(w.input_layernorm, hidden, layer, "input_layernorm"));
+  LS_RETURN_IF_ERROR(CheckSize(w.q_proj, q_dim * hidden, layer, "q_proj"));
+  LS_RETURN_IF_ERROR(CheckSize(w.k_proj, kv_dim * hidden, layer, "k_proj"));
+  LS_RETURN_IF_ERROR(CheckSize(w.v_proj, kv_dim * hidden, layer, "v_proj"));
+  LS_RETURN_IF_ERROR(CheckSize(w.q_bias, c.attention_bias ? q_dim : 0, layer, "q_bias"));
+  LS_RETURN_IF_ERROR(CheckSize(w.k_bias, c.attention_bias ? kv_dim : 0, layer, "k_bias"));
+  LS_RETURN_IF_ERROR(CheckSize(w.v_bias, c.attention_bias ? kv_dim : 0, layer, "v_bias"));
+  LS_RETURN_IF_ERROR(CheckSize(w.o_proj, hidden * q_dim, layer, "o_proj"));
+  LS_RETURN_IF_ERROR(
+      CheckSize(w.post_attention_layernorm, hidden, layer, "post_attention_layernorm"));
+  LS_RETURN_IF_ERROR(CheckSize(w.gate_proj, inter * hidden, layer, "gate_proj"));
+  LS_RETURN_IF_ERROR(CheckSize(w.up_proj, inter * hidden, layer, "up_proj"));
+  return CheckSize(w.down_proj, hidden * inter, layer, "down_proj");
+}
+
+}  // namespace
+
+kernels::DType ActivationDTypeFor(const ModelSpan& model) {
+  if (!model.layers.empty() && model.layers.front().q_proj.dtype == DType::kF16) {
+    return kernels::DType::kF16;
+  }
+  return kernels::DType::kBF16;
+}
+
+absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kernels::DType dtype) {
+  if (dtype == kernels::DType::kF32) {
+    return absl::InvalidArgumentError("cuda backend: weights must be bf16 or fp16 on the device");
+  }
+  const LlamaConfig& c = model.config;
+  const LayerShape shape = LayerShape::FromConfig(c, dtype);
+  const size_t e = static_cast<size_t>(kernels::DTypeBytes(dtype));
+  const DType host_dtype = CoreDType(dtype);
+
+  DeviceWeights out;
+  std::vector<unsigned char> image;
+  for (size_t i = 0; i < model.layers.size(); ++i) {
+    const LayerWeights& w = model.layers[i];
+    LS_RETURN_IF_ERROR(CheckLayer(w, c, model.first_layer + static_cast<int64_t>(i)));
+    // The same Take sequence sizes the layer's buffer, places tensors in the
+    // host image and yields the device views.
+    struct Offsets {
+      void* input_norm;
+      void* w_qkv;
+      void* b_qkv;
+      void* w_o;
+      void* post_norm;
+      void* w_gate_up;
+      void* w_down;
+    };
+    const auto carve = [&](BumpLayout& layout) {
+      Offsets o;
+      o.input_norm = layout.Take(static_cast<size_t>(shape.hidden) * e);
+      o.w_qkv = layout.Take(static_cast<size_t>(shape.qkv_weight_elements()) * e);
+      o.b_qkv =
+          c.attention_bias ? layout.Take(static_cast<size_t>(shape.qkv_width()) * e) : nullptr;
+      o.w_o = layout.Take(static_cast<size_t>(shape.o_weight_elements()) * e);
+      o.post_norm = layout.Take(static_cast<size_t>(shape.hidden) * e);
+      o.w_gate_up = layout.Take(static_cast<size_t>(shape.gate_up_weight_elements()) * e);
+      o.w_down = layout.Take(static_cast<size_t>(shape.down_weight_elements()) * e);
+      return o;
+    };
+    BumpLayout sizing(nullptr);
+    carve(sizing);
+    image.assign(sizing.bytes(), 0);
+    BumpLayout host_layout(image.data());
+    const Offsets h = carve(host_layout);
+    const auto at = [](void* p) { return static_cast<unsigned char*>(p); };
+    ConvertInto({&w.input_layernorm}, host_dtype, at(h.input_norm));
+    ConvertInto({&w.q_proj, &w.k_proj, &w.v_proj}, host_dtype, at(h.w_qkv));
+    if (c.attention_bias) ConvertInto({&w.q_bias, &w.k_bias, &w.v_bias}, host_dtype, at(h.b_qkv));
+    ConvertInto({&w.o_proj}, host_dtype, at(h.w_o));
+    ConvertInto({&w.post_attention_layernorm}, host_dtype, at(h.post_norm));
+    ConvertInto({&w.gate_proj, &w.up_proj}, host_dtype, at(h.w_gate_up));
+    ConvertInto({&w.down_proj}, host_dtype, at(h.w_down));
+
+    LS_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(image.size()));
+    LS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(buffer.data(), image.data(), image.size(), cudaMemcpyHostToDevice));
+    BumpLayout device_layout(buffer.data());
+    const Offsets d = carve(device_layout);
+    out.views_.push_back(LayerDeviceWeights{d.input_norm, d.w_qkv, d.b_qkv, d.w_o, d.post_norm,
+                                            d.w_gate_up, d.w_down});
+    out.bytes_ += e * static_cast<size_t>(
+                          2 * shape.hidden + shape.qkv_weight_elements() +
+                          (c.attention_bias ? shape.qkv_width() : 0) + shape.o_weight_elements() +
+                          shape.gate_up_weight_elements() + shape.down_weight_elements());
+    out.buffers_.push_back(std::move(buffer));
+  }
+
+  const std::vector<float> inv_freq = RopeInvFreq(c);
+  LS_ASSIGN_OR_RETURN(out.inv_freq_, DeviceBuffer::Allocate(inv_freq.size() * sizeof(float)));
+  LS_CUDA_RETURN_IF_ERROR(cudaMemcpy(out.inv_freq_.data(), inv_freq.data(),
+                                     inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
+  return out;
+}
+
+}  // namespace layerserve::cuda

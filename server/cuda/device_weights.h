@@ -1,0 +1,41 @@
+// A ModelSpan's weights on the device, uploaded once when the backend is
+// built: converted to the activation dtype (fp16 checkpoints stay fp16; bf16
+// and f32 ones become bf16), with q/k/v fused into one [qkv_width, hidden]
+// weight (and bias) and gate/up into one [2 intermediate, hidden] weight, so
+// each layer runs two GEMMs fewer.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "layerserve/kernels/common.h"
+#include "server/core/model.h"
+#include "server/cuda/cuda_resources.h"
+#include "server/cuda/layer_executor.h"
+
+namespace layerserve::cuda {
+
+// The dtype a span computes in: fp16 when its projections are stored fp16,
+// bf16 otherwise (fp16 has too little range for f32 checkpoints' activations).
+kernels::DType ActivationDTypeFor(const ModelSpan& model);
+
+class DeviceWeights {
+ public:
+  // Validates every tensor's size against the config (INVALID_ARGUMENT naming
+  // the layer and tensor) and uploads. The current device must be set.
+  static absl::StatusOr<DeviceWeights> Upload(const ModelSpan& model, kernels::DType dtype);
+
+  const std::vector<LayerDeviceWeights>& layers() const { return views_; }
+  const float* inv_freq() const { return static_cast<const float*>(inv_freq_.data()); }
+  // Bytes of weight data on the device (excluding allocation padding).
+  size_t bytes() const { return bytes_; }
+
+ private:
+  std::vector<DeviceBuffer> buffers_;  // one per layer
+  std::vector<LayerDeviceWeights> views_;
+  DeviceBuffer inv_freq_;
+  size_t bytes_ = 0;
+};
+
+}  // namespace layerserve::cuda

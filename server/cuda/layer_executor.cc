@@ -1,0 +1,215 @@
+// The layer executor (see layer_executor.h): one decoder layer as nine
+// launches on one stream.
+#include "server/cuda/layer_executor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "layerserve/kernels/attention.h"
+#include "layerserve/kernels/layer_ops.h"
+#include "server/core/status_macros.h"
+
+namespace layerserve::cuda {
+namespace {
+
+// Records the end of `op` when the batch is sampled.
+absl::Status MarkOp(OpTimer* timer, std::string_view op, cudaStream_t stream) {
+  return timer == nullptr ? absl::OkStatus() : timer->Mark(op, stream);
+}
+
+}  // namespace
+
+LayerShape LayerShape::FromConfig(const LlamaConfig& config, kernels::DType dtype) {
+  LayerShape s;
+  s.hidden = config.hidden_size;
+  s.intermediate = config.intermediate_size;
+  s.num_heads = static_cast<int>(config.num_attention_heads);
+  s.num_kv_heads = static_cast<int>(config.num_key_value_heads);
+  s.head_dim = static_cast<int>(config.head_dim);
+  s.rms_norm_eps = static_cast<float>(config.rms_norm_eps);
+  s.dtype = dtype;
+  return s;
+}
+
+absl::StatusOr<ActivationArena> ActivationArena::Create(const LayerShape& shape,
+                                                        int64_t max_tokens) {
+  if (max_tokens <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("activation arena: max_tokens must be positive, got ", max_tokens));
+  }
+  const size_t t = static_cast<size_t>(max_tokens);
+  const size_t e = static_cast<size_t>(kernels::DTypeBytes(shape.dtype));
+  const size_t big = static_cast<size_t>(std::max(shape.qkv_width(), 2 * shape.intermediate));
+  const size_t mid = static_cast<size_t>(std::max(shape.q_width(), shape.intermediate));
+  const size_t hidden = static_cast<size_t>(shape.hidden);
+  // The same sequence of Takes sizes the allocation and then carves it.
+  const auto carve = [&](BumpLayout& layout, ActivationArena* arena) {
+    void* x = layout.Take(t * hidden * e);
+    void* normed = layout.Take(t * hidden * e);
+    void* big_buffer = layout.Take(t * big * e);
+    void* mid_buffer = layout.Take(t * mid * e);
+    void* meta = layout.Take((2 * t + 1) * sizeof(int32_t));
+    if (arena != nullptr) {
+      arena->x = x;
+      arena->normed = normed;
+      arena->qkv = arena->gate_up = big_buffer;
+      arena->attn = arena->mlp = mid_buffer;
+      arena->meta = static_cast<int32_t*>(meta);
+    }
+  };
+  BumpLayout sizing(nullptr);
+  carve(sizing, nullptr);
+  ActivationArena arena;
+  LS_ASSIGN_OR_RETURN(arena.buffer_, DeviceBuffer::Allocate(sizing.bytes()));
+  BumpLayout layout(arena.buffer_.data());
+  carve(layout, &arena);
+  arena.max_tokens_ = max_tokens;
+  return arena;
+}
+
+LayerExecutor::LayerExecutor(LayerShape shape, std::vector<LayerDeviceWeights> layers,
+                             const float* inv_freq, GemmEngine* gemm)
+    : shape_(shape), layers_(std::move(layers)), inv_freq_(inv_freq), gemm_(gemm) {}
+
+absl::Status LayerExecutor::Forward(const ActivationArena& arena, const BatchGeometry& batch,
+                                    const GemmWorkspace& workspace, cudaStream_t stream,
+                                    OpTimer* timer) const {
+  if (batch.tokens <= 0 || batch.tokens > arena.max_tokens()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer executor: ", batch.tokens, " tokens, the arena holds ", arena.max_tokens()));
+  }
+  if (timer != nullptr) LS_RETURN_IF_ERROR(timer->Start(stream));
+  for (const LayerDeviceWeights& w : layers_) {
+    LS_RETURN_IF_ERROR(ForwardLayer(w, arena, batch, workspace, stream, timer));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LayerExecutor::ForwardLayer(const LayerDeviceWeights& w, const ActivationArena& arena,
+                                         const BatchGeometry& batch, const GemmWorkspace& workspace,
+                                         cudaStream_t stream, OpTimer* timer) const {
+  const LayerShape& s = shape_;
+  const int64_t tokens = batch.tokens;
+
+  kernels::RmsNormParams norm;
+  norm.x = arena.x;
+  norm.weight = w.input_norm;
+  norm.y = arena.normed;
+  norm.rows = tokens;
+  norm.cols = s.hidden;
+  norm.eps = s.rms_norm_eps;
+  norm.dtype = s.dtype;
+  LS_RETURN_IF_ERROR(kernels::LaunchRmsNorm(norm, stream));
+  LS_RETURN_IF_ERROR(MarkOp(timer, kOpNorm, stream));
+
+  GemmParams qkv;
+  qkv.a = arena.normed;
+  qkv.lda = s.hidden;
+  qkv.w = w.w_qkv;
+  qkv.ldw = s.hidden;
+  qkv.d = arena.qkv;
+  qkv.ldd = s.qkv_width();
+  qkv.bias = w.b_qkv;
+  qkv.m = tokens;
+  qkv.n = s.qkv_width();
+  qkv.k = s.hidden;
+  qkv.dtype = s.dtype;
+  LS_RETURN_IF_ERROR(gemm_->Gemm(qkv, workspace, stream));
+  LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmQkv, stream));
+
+  kernels::RopeParams rope;
+  rope.qkv = arena.qkv;
+  rope.positions = batch.positions;
+  rope.inv_freq = inv_freq_;
+  rope.tokens = tokens;
+  rope.num_heads = s.num_heads;
+  rope.num_kv_heads = s.num_kv_heads;
+  rope.head_dim = s.head_dim;
+  rope.dtype = s.dtype;
+  LS_RETURN_IF_ERROR(kernels::LaunchRope(rope, stream));
+  LS_RETURN_IF_ERROR(MarkOp(timer, kOpRope, stream));
+
+  const int64_t element_bytes = kernels::DTypeBytes(s.dtype);
+  const auto* qkv_bytes = static_cast<const unsigned char*>(arena.qkv);
+  kernels::FlashAttentionParams attention;
+  attention.q = qkv_bytes;
+  attention.k = qkv_bytes + s.q_width() * element_bytes;
+  attention.v = qkv_bytes + (s.q_width() + int64_t{s.num_kv_heads} * s.head_dim) * element_bytes;
+  attention.out = arena.attn;
+  attention.q_row_stride = s.qkv_width();
+  attention.k_row_stride = s.qkv_width();
+  attention.v_row_stride = s.qkv_width();
+  attention.out_row_stride = s.q_width();
+  attention.cu_seqlens = batch.cu_seqlens;
+  attention.num_seqs = batch.num_seqs;
+  attention.max_seqlen = batch.max_seqlen;
+  attention.num_heads = s.num_heads;
+  attention.num_kv_heads = s.num_kv_heads;
+  attention.head_dim = s.head_dim;
+  attention.softmax_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  attention.causal = true;
+  attention.dtype = s.dtype;
+  LS_RETURN_IF_ERROR(kernels::LaunchFlashAttention(attention, stream));
+  LS_RETURN_IF_ERROR(MarkOp(timer, kOpAttention, stream));
+
+  GemmParams o;
+  o.a = arena.attn;
+  o.lda = s.q_width();
+  o.w = w.w_o;
+  o.ldw = s.q_width();
+  o.d = arena.x;
+  o.ldd = s.hidden;
+  o.accumulate = true;
+  o.m = tokens;
+  o.n = s.hidden;
+  o.k = s.q_width();
+  o.dtype = s.dtype;
+  LS_RETURN_IF_ERROR(gemm_->Gemm(o, workspace, stream));
+  LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmO, stream));
+
+  norm.weight = w.post_norm;
+  LS_RETURN_IF_ERROR(kernels::LaunchRmsNorm(norm, stream));
+  LS_RETURN_IF_ERROR(MarkOp(timer, kOpNorm, stream));
+
+  GemmParams gate_up;
+  gate_up.a = arena.normed;
+  gate_up.lda = s.hidden;
+  gate_up.w = w.w_gate_up;
+  gate_up.ldw = s.hidden;
+  gate_up.d = arena.gate_up;
+  gate_up.ldd = 2 * s.intermediate;
+  gate_up.m = tokens;
+  gate_up.n = 2 * s.intermediate;
+  gate_up.k = s.hidden;
+  gate_up.dtype = s.dtype;
+  LS_RETURN_IF_ERROR(gemm_->Gemm(gate_up, workspace, stream));
+  LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmGateUp, stream));
+
+  kernels::SiluMulParams silu;
+  silu.gate_up = arena.gate_up;
+  silu.out = arena.mlp;
+  silu.rows = tokens;
+  silu.width = s.intermediate;
+  silu.dtype = s.dtype;
+  LS_RETURN_IF_ERROR(kernels::LaunchSiluMul(silu, stream));
+  LS_RETURN_IF_ERROR(MarkOp(timer, kOpSiluMul, stream));
+
+  GemmParams down;
+  down.a = arena.mlp;
+  down.lda = s.intermediate;
+  down.w = w.w_down;
+  down.ldw = s.intermediate;
+  down.d = arena.x;
+  down.ldd = s.hidden;
+  down.accumulate = true;
+  down.m = tokens;
+  down.n = s.hidden;
+  down.k = s.intermediate;
+  down.dtype = s.dtype;
+  LS_RETURN_IF_ERROR(gemm_->Gemm(down, workspace, stream));
+  return MarkOp(timer, kOpGemmDown, stream);
+}
+
+}  // namespace layerserve::cuda

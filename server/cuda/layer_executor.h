@@ -1,0 +1,124 @@
+// The layer executor: runs a span of decoder layers over a packed activation
+// already on the device, on one stream, through the kernel library and the
+// GEMM engine. The backend calls it per batch; bench/layer times it directly.
+//
+// Per layer, with x [tokens, hidden] the residual stream, updated in place:
+//   n  = RMSNorm(x)                    norm
+//   qkv = n · Wqkvᵀ (+ bqkv)           gemm_qkv   (bias through the GEMM epilogue)
+//   RoPE on the q and k parts of qkv   rope
+//   a  = FlashAttention(qkv)           attention  (varlen, causal, GQA)
+//   x  = a · Woᵀ + x                   gemm_o     (residual fused: beta = 1)
+//   n  = RMSNorm(x)                    norm
+//   gu = n · Wguᵀ                      gemm_gate_up
+//   m  = silu(g) * u                   silu_mul
+//   x  = m · Wdᵀ + x                   gemm_down  (residual fused: beta = 1)
+// Because both residual adds happen inside the GEMMs, x always holds the full
+// residual stream and RMSNorm never needs its separate residual input.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "layerserve/kernels/common.h"
+#include "server/core/model.h"
+#include "server/cuda/cuda_resources.h"
+#include "server/cuda/gemm.h"
+#include "server/cuda/kernel_timing.h"
+
+namespace layerserve::cuda {
+
+// The sizes of one decoder layer and the activation dtype it computes in.
+struct LayerShape {
+  int64_t hidden = 0;
+  int64_t intermediate = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  float rms_norm_eps = 1e-6f;
+  kernels::DType dtype = kernels::DType::kBF16;
+
+  static LayerShape FromConfig(const LlamaConfig& config, kernels::DType dtype);
+  int64_t q_width() const { return int64_t{num_heads} * head_dim; }
+  int64_t qkv_width() const { return int64_t{num_heads + 2 * num_kv_heads} * head_dim; }
+  // Elements of each fused weight.
+  int64_t qkv_weight_elements() const { return qkv_width() * hidden; }
+  int64_t o_weight_elements() const { return hidden * q_width(); }
+  int64_t gate_up_weight_elements() const { return 2 * intermediate * hidden; }
+  int64_t down_weight_elements() const { return hidden * intermediate; }
+};
+
+// Device pointers to one layer's weights, in the activation dtype (not owned).
+struct LayerDeviceWeights {
+  const void* input_norm = nullptr;  // [hidden]
+  const void* w_qkv = nullptr;       // [qkv_width, hidden]: q rows, then k, then v
+  const void* b_qkv = nullptr;       // [qkv_width] or null
+  const void* w_o = nullptr;         // [hidden, q_width]
+  const void* post_norm = nullptr;   // [hidden]
+  const void* w_gate_up = nullptr;   // [2 intermediate, hidden]: gate rows, then up rows
+  const void* w_down = nullptr;      // [hidden, intermediate]
+};
+
+// One stream's activations for up to max_tokens tokens, in one allocation.
+// Buffers whose live ranges never overlap share memory: qkv and gate_up
+// (qkv is dead once attention ran), attention output and the SiLU product.
+class ActivationArena {
+ public:
+  static absl::StatusOr<ActivationArena> Create(const LayerShape& shape, int64_t max_tokens);
+
+  int64_t max_tokens() const { return max_tokens_; }
+  size_t bytes() const { return buffer_.bytes(); }
+
+  void* x = nullptr;        // [tokens, hidden]: the residual stream, input and output
+  void* normed = nullptr;   // [tokens, hidden]
+  void* qkv = nullptr;      // [tokens, qkv_width]
+  void* gate_up = nullptr;  // [tokens, 2 intermediate] (aliases qkv)
+  void* attn = nullptr;     // [tokens, q_width]
+  void* mlp = nullptr;      // [tokens, intermediate] (aliases attn)
+  // Per-batch int32 metadata: positions [tokens] then cu_seqlens [num_seqs+1].
+  int32_t* meta = nullptr;  // capacity 2 max_tokens + 1
+
+ private:
+  DeviceBuffer buffer_;
+  int64_t max_tokens_ = 0;
+};
+
+// The packing of one batch; the pointers are device memory (usually
+// ActivationArena::meta).
+struct BatchGeometry {
+  int64_t tokens = 0;
+  int num_seqs = 0;
+  int max_seqlen = 0;
+  const int32_t* positions = nullptr;   // [tokens]: 0..len-1 within each sequence
+  const int32_t* cu_seqlens = nullptr;  // [num_seqs + 1]
+};
+
+class LayerExecutor {
+ public:
+  // `layers` and `inv_freq` (head_dim / 2 floats, device) must outlive the
+  // executor, as must `gemm`.
+  LayerExecutor(LayerShape shape, std::vector<LayerDeviceWeights> layers, const float* inv_freq,
+                GemmEngine* gemm);
+
+  // Enqueues every layer over arena.x[0, tokens) on `stream`; nothing
+  // synchronizes. With a timer, records an event after each op.
+  absl::Status Forward(const ActivationArena& arena, const BatchGeometry& batch,
+                       const GemmWorkspace& workspace, cudaStream_t stream, OpTimer* timer) const;
+
+  const LayerShape& shape() const { return shape_; }
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+
+ private:
+  absl::Status ForwardLayer(const LayerDeviceWeights& w, const ActivationArena& arena,
+                            const BatchGeometry& batch, const GemmWorkspace& workspace,
+                            cudaStream_t stream, OpTimer* timer) const;
+
+  const LayerShape shape_;
+  const std::vector<LayerDeviceWeights> layers_;
+  const float* const inv_freq_;
+  GemmEngine* const gemm_;
+};
+
+}  // namespace layerserve::cuda

@@ -1,0 +1,13 @@
+# Tests of the CUDA backend (server/cuda), included from tests/gpu/CMakeLists.txt.
+# Label gpu: each test skips visibly ("no CUDA device: GPU test skipped") on a
+# machine without a GPU. The backend test compares against the CPU backend.
+if(TARGET layerserve_cuda AND TARGET layerserve_cpu)
+  layerserve_add_gtest(cuda_backend_test
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_backend_test.cc
+    LIBS layerserve_cuda layerserve_cpu
+    LABELS gpu)
+  layerserve_add_gtest(cuda_backend_gemm_test
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_backend_gemm_test.cc
+    LIBS layerserve_cuda
+    LABELS gpu)
+endif()

@@ -1,0 +1,409 @@
+// The CUDA backend against the CPU backend (the float32 reference) on the demo
+// model and on small random qwen2-style models with q/k/v biases (bf16 and
+// fp16 checkpoints): mixed batches of (B, T) from T=1 to T=1000 in FP32, FP16
+// and BF16, poisoned outputs, concurrent batches over the stream pool, failed
+// batches that leave the backend healthy, kernel timings and memory reports.
+//
+// The CUDA backend computes in bf16 (fp16 for fp16 checkpoints) with fp32
+// accumulation, so elements are compared relative to the output's scale:
+// |cuda - cpu| <= kTol * (rms(cpu) + |cpu|), and ||cuda - cpu|| / ||cpu|| <=
+// kNormTol. Without a GPU every device test skips visibly.
+#include "server/cuda/cuda_backend.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/core/backend.h"
+#include "server/core/dtype.h"
+#include "server/core/model.h"
+#include "server/core/mutex.h"
+#include "server/cpu/cpu_backend.h"
+#include "server/cuda/cuda_check.h"
+
+namespace layerserve {
+namespace {
+
+constexpr double kTol = 3e-2;
+constexpr double kNormTol = 1e-2;
+
+#define SKIP_WITHOUT_GPU()                                                          \
+  do {                                                                              \
+    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device: GPU test skipped"; \
+  } while (0)
+
+struct RequestSpec {
+  int64_t batch;
+  int64_t seq_len;
+  DType dtype;
+};
+
+HostTensor RandomTensor(std::vector<int64_t> shape, DType dtype, double mean, double stddev,
+                        std::mt19937& rng) {
+  HostTensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  std::normal_distribution<float> dist(static_cast<float>(mean), static_cast<float>(stddev));
+  std::vector<float> values(static_cast<size_t>(t.NumElements()));
+  for (float& v : values) v = dist(rng);
+  t.data.resize(values.size() * DTypeSize(dtype));
+  ConvertFromFloat(values.data(), values.size(), dtype, t.data.data());
+  return t;
+}
+
+// A qwen2-shaped span (q/k/v biases, GQA 2:1) with random weights stored in
+// `dtype`.
+ModelSpan MakeQwenModel(DType dtype, uint64_t seed) {
+  ModelSpan m;
+  m.name = "qwen-test";
+  LlamaConfig& c = m.config;
+  c.model_type = "qwen2";
+  c.hidden_size = 256;
+  c.intermediate_size = 688;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 64;
+  c.num_hidden_layers = 2;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 1e6;
+  c.attention_bias = true;
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  const int64_t h = c.hidden_size, q = 4 * 64, kv = 2 * 64, inter = c.intermediate_size;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    LayerWeights w;
+    w.input_layernorm = RandomTensor({h}, dtype, 1.0, 0.1, rng);
+    w.q_proj = RandomTensor({q, h}, dtype, 0, 1 / std::sqrt(double(h)), rng);
+    w.k_proj = RandomTensor({kv, h}, dtype, 0, 1 / std::sqrt(double(h)), rng);
+    w.v_proj = RandomTensor({kv, h}, dtype, 0, 1 / std::sqrt(double(h)), rng);
+    w.q_bias = RandomTensor({q}, dtype, 0, 0.5, rng);
+    w.k_bias = RandomTensor({kv}, dtype, 0, 0.5, rng);
+    w.v_bias = RandomTensor({kv}, dtype, 0, 0.5, rng);
+    w.o_proj = RandomTensor({h, q}, dtype, 0, 1 / std::sqrt(double(q)), rng);
+    w.post_attention_layernorm = RandomTensor({h}, dtype, 1.0, 0.1, rng);
+    w.gate_proj = RandomTensor({inter, h}, dtype, 0, 1 / std::sqrt(double(h)), rng);
+    w.up_proj = RandomTensor({inter, h}, dtype, 0, 1 / std::sqrt(double(h)), rng);
+    w.down_proj = RandomTensor({h, inter}, dtype, 0, 1 / std::sqrt(double(inter)), rng);
+    m.layers.push_back(std::move(w));
+  }
+  return m;
+}
+
+// Request inputs, kept alive while any batch built from them runs.
+struct Inputs {
+  std::vector<RequestSpec> specs;
+  std::vector<std::string> data;
+};
+
+Inputs RandomInputs(const std::vector<RequestSpec>& specs, int64_t hidden, std::mt19937& rng) {
+  Inputs in;
+  in.specs = specs;
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (const RequestSpec& s : specs) {
+    std::vector<float> values(static_cast<size_t>(s.batch * s.seq_len * hidden));
+    for (float& v : values) v = dist(rng);
+    std::string bytes(values.size() * DTypeSize(s.dtype), '\0');
+    ConvertFromFloat(values.data(), values.size(), s.dtype, bytes.data());
+    in.data.push_back(std::move(bytes));
+  }
+  return in;
+}
+
+// A batch over `in` whose outputs are poisoned with 0xff bytes (NaN in every
+// dtype), so an element the backend never writes fails the comparison.
+std::shared_ptr<Batch> MakeBatch(const Inputs& in, int64_t hidden) {
+  auto batch = std::make_shared<Batch>();
+  for (size_t i = 0; i < in.specs.size(); ++i) {
+    auto r = std::make_unique<InferRequest>();
+    r->id = "r" + std::to_string(i);
+    r->dtype = in.specs[i].dtype;
+    r->batch = in.specs[i].batch;
+    r->seq_len = in.specs[i].seq_len;
+    r->hidden = hidden;
+    r->input = in.data[i];
+    r->output.assign(in.data[i].size(), '\xff');
+    batch->requests.push_back(std::move(r));
+  }
+  batch->Pack();
+  return batch;
+}
+
+// Starts `batch` on `backend`; the future becomes ready when `done` runs.
+std::future<absl::Status> Start(Backend& backend, std::shared_ptr<Batch> batch) {
+  auto promise = std::make_shared<std::promise<absl::Status>>();
+  std::future<absl::Status> result = promise->get_future();
+  backend.Execute(std::move(batch),
+                  [promise](absl::Status s) { promise->set_value(std::move(s)); });
+  return result;
+}
+
+absl::Status Wait(std::future<absl::Status>& f) {
+  if (f.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
+    return absl::DeadlineExceededError("batch did not complete within 120 s");
+  }
+  return f.get();
+}
+
+absl::Status RunSync(Backend& backend, std::shared_ptr<Batch> batch) {
+  std::future<absl::Status> f = Start(backend, std::move(batch));
+  return Wait(f);
+}
+
+// Compares every request's output; reports the worst element.
+void ExpectClose(const Batch& actual, const Batch& expected, const std::string& what) {
+  ASSERT_EQ(actual.requests.size(), expected.requests.size());
+  for (size_t i = 0; i < actual.requests.size(); ++i) {
+    const InferRequest& a = *actual.requests[i];
+    const InferRequest& e = *expected.requests[i];
+    ASSERT_EQ(a.output.size(), e.output.size()) << what << " request " << i;
+    const size_t n = e.num_elements();
+    std::vector<float> av(n), ev(n);
+    ConvertToFloat(a.dtype, a.output.data(), n, av.data());
+    ConvertToFloat(e.dtype, e.output.data(), n, ev.data());
+    double sum_sq = 0, diff_sq = 0;
+    for (size_t j = 0; j < n; ++j) sum_sq += double(ev[j]) * ev[j];
+    const double rms = std::sqrt(sum_sq / double(n));
+    double worst = -1;
+    size_t worst_j = 0;
+    for (size_t j = 0; j < n; ++j) {
+      const double d = std::abs(double(av[j]) - double(ev[j]));
+      diff_sq += std::isfinite(d) ? d * d : 1e30;
+      const double score = std::isfinite(d) ? d / (rms + std::abs(double(ev[j]))) : 1e30;
+      if (score > worst) {
+        worst = score;
+        worst_j = j;
+      }
+    }
+    const double norm_err = std::sqrt(diff_sq / (sum_sq + 1e-30));
+    const int64_t hidden = e.hidden;
+    const std::string where =
+        what + " request " + std::to_string(i) + " (B=" + std::to_string(e.batch) +
+        " T=" + std::to_string(e.seq_len) + " " + std::string(DTypeProtocolName(e.dtype)) +
+        "): worst element token " + std::to_string(worst_j / hidden) + " feature " +
+        std::to_string(worst_j % hidden) + ": cuda " + std::to_string(av[worst_j]) + " cpu " +
+        std::to_string(ev[worst_j]) + " (score " + std::to_string(worst) + ", output rms " +
+        std::to_string(rms) + "); normwise error " + std::to_string(norm_err);
+    EXPECT_LE(worst, kTol) << where;
+    EXPECT_LE(norm_err, kNormTol) << where;
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+const std::vector<std::vector<RequestSpec>>& MixedBatches() {
+  static const auto* batches = new std::vector<std::vector<RequestSpec>>{
+      {{1, 1, DType::kF32}},
+      {{1, 1, DType::kBF16}, {2, 7, DType::kF16}, {1, 33, DType::kF32}, {3, 1, DType::kBF16}},
+      {{1, 1000, DType::kF32}},
+      {{1, 1000, DType::kBF16}, {4, 16, DType::kF16}},
+      {{2, 130, DType::kF16}, {1, 64, DType::kF32}},
+  };
+  return *batches;
+}
+
+void CompareOnModel(const ModelSpan& model, int num_streams) {
+  CudaBackendOptions options;
+  options.num_streams = num_streams;
+  options.max_batch_tokens = 2048;
+  absl::StatusOr<std::unique_ptr<CudaBackend>> cuda = MakeCudaBackend(model, options);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  absl::StatusOr<std::unique_ptr<Backend>> cpu = MakeCpuBackend(model, CpuBackendOptions{});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  std::mt19937 rng(1234);
+  int index = 0;
+  for (const auto& specs : MixedBatches()) {
+    const Inputs in = RandomInputs(specs, model.config.hidden_size, rng);
+    auto on_cuda = MakeBatch(in, model.config.hidden_size);
+    auto on_cpu = MakeBatch(in, model.config.hidden_size);
+    const absl::Status cuda_status = RunSync(**cuda, on_cuda);
+    ASSERT_TRUE(cuda_status.ok()) << cuda_status;
+    const absl::Status cpu_status = RunSync(**cpu, on_cpu);
+    ASSERT_TRUE(cpu_status.ok()) << cpu_status;
+    ExpectClose(*on_cuda, *on_cpu, model.name + " batch " + std::to_string(index++));
+    if (::testing::Test::HasFailure()) return;
+  }
+  EXPECT_TRUE((*cuda)->Health().ok());
+}
+
+TEST(CudaBackendTest, MatchesCpuOnDemoModel) {
+  SKIP_WITHOUT_GPU();
+  CompareOnModel(MakeDemoModel(LayerRange{}), 2);
+}
+
+TEST(CudaBackendTest, MatchesCpuOnQwen2StyleBf16ModelWithBiases) {
+  SKIP_WITHOUT_GPU();
+  CompareOnModel(MakeQwenModel(DType::kBF16, 7), 1);
+}
+
+TEST(CudaBackendTest, MatchesCpuOnQwen2StyleFp16ModelWithBiases) {
+  SKIP_WITHOUT_GPU();
+  CompareOnModel(MakeQwenModel(DType::kF16, 11), 2);
+}
+
+// More batches than streams, all submitted at once: they queue, overlap on
+// the pool and each completes exactly once with its own results.
+TEST(CudaBackendTest, ConcurrentBatchesOverTheStreamPool) {
+  SKIP_WITHOUT_GPU();
+  const ModelSpan model = MakeDemoModel(LayerRange{0, 2});
+  CudaBackendOptions options;
+  options.num_streams = 3;
+  options.max_batch_tokens = 1024;
+  auto cuda = MakeCudaBackend(model, options);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  EXPECT_EQ((*cuda)->MaxInflightBatches(), 3);
+  auto cpu = MakeCpuBackend(model, CpuBackendOptions{});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+
+  std::mt19937 rng(99);
+  constexpr int kBatches = 12;
+  std::vector<Inputs> inputs;
+  std::vector<std::shared_ptr<Batch>> batches;
+  std::vector<std::future<absl::Status>> futures;
+  for (int i = 0; i < kBatches; ++i) {
+    const DType dtype = i % 3 == 0 ? DType::kF32 : i % 3 == 1 ? DType::kBF16 : DType::kF16;
+    inputs.push_back(RandomInputs({{1 + i % 2, 1 + 37 * i, dtype}, {1, 5, DType::kF32}},
+                                  model.config.hidden_size, rng));
+  }
+  for (int i = 0; i < kBatches; ++i) {
+    batches.push_back(MakeBatch(inputs[i], model.config.hidden_size));
+    futures.push_back(Start(**cuda, batches.back()));
+  }
+  for (int i = 0; i < kBatches; ++i) {
+    const absl::Status status = Wait(futures[i]);
+    ASSERT_TRUE(status.ok()) << "batch " << i << ": " << status;
+    auto reference = MakeBatch(inputs[i], model.config.hidden_size);
+    ASSERT_TRUE(RunSync(**cpu, reference).ok());
+    ExpectClose(*batches[i], *reference, "concurrent batch " + std::to_string(i));
+  }
+}
+
+TEST(CudaBackendTest, FailedBatchFailsAloneAndBackendStaysHealthy) {
+  SKIP_WITHOUT_GPU();
+  const ModelSpan model = MakeDemoModel(LayerRange{0, 1});
+  CudaBackendOptions options;
+  options.max_batch_tokens = 64;
+  auto cuda = MakeCudaBackend(model, options);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  std::mt19937 rng(5);
+  const int64_t hidden = model.config.hidden_size;
+
+  const Inputs too_long = RandomInputs({{1, 65, DType::kF32}}, hidden, rng);
+  EXPECT_EQ(RunSync(**cuda, MakeBatch(too_long, hidden)).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  const Inputs wrong_hidden = RandomInputs({{1, 4, DType::kF32}}, hidden / 2, rng);
+  EXPECT_EQ(RunSync(**cuda, MakeBatch(wrong_hidden, hidden / 2)).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  const Inputs good = RandomInputs({{2, 32, DType::kBF16}}, hidden, rng);
+  auto batch = MakeBatch(good, hidden);
+  const absl::Status status = RunSync(**cuda, batch);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_TRUE((*cuda)->Health().ok());
+  auto cpu = MakeCpuBackend(model, CpuBackendOptions{});
+  ASSERT_TRUE(cpu.ok());
+  auto reference = MakeBatch(good, hidden);
+  ASSERT_TRUE(RunSync(**cpu, reference).ok());
+  ExpectClose(*batch, *reference, "after failures");
+}
+
+class RecordingSink final : public KernelTimingSink {
+ public:
+  void OnKernelTime(std::string_view op, double seconds) override {
+    MutexLock lock(&mu_);
+    ++counts_[std::string(op)];
+    if (!(seconds > 0 && seconds < 1)) ++bad_;
+  }
+  std::map<std::string, int> counts() {
+    MutexLock lock(&mu_);
+    return counts_;
+  }
+  int bad() {
+    MutexLock lock(&mu_);
+    return bad_;
+  }
+
+ private:
+  Mutex mu_;
+  std::map<std::string, int> counts_ ABSL_GUARDED_BY(mu_);
+  int bad_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TEST(CudaBackendTest, ReportsKernelTimesOfSampledBatches) {
+  SKIP_WITHOUT_GPU();
+  const ModelSpan model = MakeDemoModel(LayerRange{0, 3});
+  RecordingSink sink;
+  CudaBackendOptions options;
+  options.max_batch_tokens = 256;
+  options.timing_sink = &sink;
+  options.timing_sample_every = 2;
+  auto cuda = MakeCudaBackend(model, options);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  std::mt19937 rng(3);
+  const Inputs in = RandomInputs({{2, 100, DType::kBF16}}, model.config.hidden_size, rng);
+  for (int i = 0; i < 3; ++i) {  // batches 0 and 2 are sampled
+    const absl::Status status = RunSync(**cuda, MakeBatch(in, model.config.hidden_size));
+    ASSERT_TRUE(status.ok()) << status;
+  }
+  const std::map<std::string, int> expected = {
+      {"norm", 2 * 3 * 2}, {"gemm_qkv", 3 * 2},     {"rope", 3 * 2},     {"attention", 3 * 2},
+      {"gemm_o", 3 * 2},   {"gemm_gate_up", 3 * 2}, {"silu_mul", 3 * 2}, {"gemm_down", 3 * 2}};
+  EXPECT_EQ(sink.counts(), expected);
+  EXPECT_EQ(sink.bad(), 0) << "durations outside (0, 1) s";
+}
+
+TEST(CudaBackendTest, ReportsMemory) {
+  SKIP_WITHOUT_GPU();
+  const ModelSpan model = MakeQwenModel(DType::kBF16, 3);
+  CudaBackendOptions options;
+  options.max_batch_tokens = 512;
+  auto cuda = MakeCudaBackend(model, options);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  const LlamaConfig& c = model.config;
+  const int64_t qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim;
+  const int64_t per_layer = 2 * c.hidden_size + qkv * c.hidden_size + qkv +
+                            c.hidden_size * c.num_attention_heads * c.head_dim +
+                            3 * c.intermediate_size * c.hidden_size;
+  EXPECT_EQ((*cuda)->WeightBytes(), static_cast<size_t>(2 * per_layer * c.num_hidden_layers));
+  EXPECT_GT((*cuda)->ActivationBytes(), 0u);
+  absl::StatusOr<int64_t> used = (*cuda)->DeviceMemoryUsedBytes();
+  ASSERT_TRUE(used.ok()) << used.status();
+  EXPECT_GE(*used, static_cast<int64_t>((*cuda)->WeightBytes() + (*cuda)->ActivationBytes()));
+}
+
+// Validation happens before the device is touched, so these run anywhere.
+TEST(CudaBackendTest, RejectsBadOptionsAndShapes) {
+  const ModelSpan model = MakeDemoModel(LayerRange{0, 1});
+  CudaBackendOptions options;
+  options.num_streams = 0;
+  EXPECT_EQ(MakeCudaBackend(model, options).status().code(), absl::StatusCode::kInvalidArgument);
+  options = CudaBackendOptions{};
+  options.max_batch_tokens = 0;
+  EXPECT_EQ(MakeCudaBackend(model, options).status().code(), absl::StatusCode::kInvalidArgument);
+  ModelSpan odd = MakeDemoModel(LayerRange{0, 1});
+  odd.config.head_dim = 96;
+  EXPECT_EQ(MakeCudaBackend(odd, CudaBackendOptions{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ModelSpan empty = MakeDemoModel(LayerRange{0, 1});
+  empty.layers.clear();
+  EXPECT_EQ(MakeCudaBackend(empty, CudaBackendOptions{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CudaCheckTest, ClassifiesStickyErrors) {
+  EXPECT_TRUE(cuda::IsStickyCudaError(cudaErrorIllegalAddress));
+  EXPECT_TRUE(cuda::IsStickyCudaError(cudaErrorAssert));
+  EXPECT_TRUE(cuda::IsStickyCudaError(cudaErrorLaunchFailure));
+  EXPECT_FALSE(cuda::IsStickyCudaError(cudaSuccess));
+  EXPECT_FALSE(cuda::IsStickyCudaError(cudaErrorInvalidValue));
+  EXPECT_FALSE(cuda::IsStickyCudaError(cudaErrorMemoryAllocation));
+}
+
+}  // namespace
+}  // namespace layerserve
