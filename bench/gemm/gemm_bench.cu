@@ -1,0 +1,379 @@
+// gemm_bench: times the numbered GEMM versions (0 = cuBLASLt) on the
+// Llama-3-8B projection shapes over a sweep of token counts M.
+//
+// Each (version, shape) is first validated against cuBLASLt's output (which
+// the GPU test suite checks against an fp64 reference), then timed with CUDA
+// events after warm-up: a CUDA graph of 10 back-to-back launches is replayed
+// --iters times and the median replay time / 10 is reported. Inputs are
+// random and rotate among enough buffer sets that their total exceeds the L2
+// cache three times over, so timings include the weight streaming from HBM
+// that serving sees.
+//
+//   gemm_bench [--versions=0,1,2,3,4] [--shapes=6144x4096,...] [--ms=1,8,...]
+//              [--iters=7] [--csv=PATH]
+// A version may pin a configuration: 3b128 / 3b256 (v3 tile width), 4s2
+// (v4 with 2 K splits); plain 3 and 4 use the launchers' own choice.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "layerserve/kernels/gemm.h"
+
+namespace layerserve::kernels {
+namespace {
+
+#define BENCH_CHECK_CUDA(expr)                                                                 \
+  do {                                                                                         \
+    const cudaError_t bench_err_ = (expr);                                                     \
+    if (bench_err_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(bench_err_)); \
+      return false;                                                                            \
+    }                                                                                          \
+  } while (0)
+
+__global__ void FillKernel(__nv_bfloat16* dst, int64_t count, uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint64_t z = (seed + 1) * 0xD1B54A32D192ED03ull + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    dst[i] = __float2bfloat16_rn(2.f * static_cast<float>(z >> 40) * (1.0f / 16777216.0f) - 1.f);
+  }
+}
+
+// Counts elements of `out` that differ from `expected` by more than
+// rel * |expected| + abs (or are not finite); also the largest such ratio.
+__global__ void CompareKernel(const __nv_bfloat16* out, const __nv_bfloat16* expected, int64_t count, float rel,
+                              float abs_tol, unsigned long long* bad, float* worst) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float o = __bfloat162float(out[i]);
+    const float e = __bfloat162float(expected[i]);
+    const float ratio = isfinite(o) ? fabsf(o - e) / (rel * fabsf(e) + abs_tol) : 1e30f;
+    if (ratio > 1.f) atomicAdd(bad, 1ull);
+    atomicMax(reinterpret_cast<int*>(worst), __float_as_int(ratio));  // ratios are >= 0
+  }
+}
+
+constexpr int kGraphLaunches = 10;
+
+// One benchmarked configuration, e.g. "4s2" = version 4 with split_k 2.
+struct Variant {
+  std::string label;
+  GemmConfig config;
+};
+
+bool ParseVariant(const std::string& text, Variant* v) {
+  if (text.empty() || text[0] < '0' || text[0] > '4') return false;
+  v->label = "v" + text;
+  v->config = GemmConfig{static_cast<GemmVersion>(text[0] - '0'), 0, 0};
+  if (text.size() == 1) return true;
+  const int value = std::atoi(text.c_str() + 2);
+  if (text[1] == 's' && text[0] == '4') {
+    v->config.split_k = value;
+    return true;
+  }
+  if (text[1] == 'b' && text[0] == '3') {
+    v->config.block_n = value;
+    return true;
+  }
+  return false;
+}
+
+struct Options {
+  std::vector<Variant> versions = {{"v0", {GemmVersion::kCublasLt, 0, 0}},
+                                   {"v1", {GemmVersion::kMmaSync, 0, 0}},
+                                   {"v2", {GemmVersion::kTmaWgmma, 0, 0}},
+                                   {"v3", {GemmVersion::kWarpSpecialized, 0, 0}},
+                                   {"v4", {GemmVersion::kSmallMSplitK, 0, 0}}};
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+  std::vector<int64_t> ms = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
+  int iters = 7;  // timed graph replays
+  std::string csv;
+};
+
+std::vector<std::string> Split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t end = s.find(sep, start);
+    out.push_back(s.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return out;
+}
+
+bool ParseOptions(int argc, char** argv, Options* opt) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const size_t eq = arg.find('=');
+    const std::string key = arg.substr(0, eq);
+    const std::string value = eq == std::string::npos ? "" : arg.substr(eq + 1);
+    if (key == "--versions") {
+      opt->versions.clear();
+      for (const std::string& text : Split(value, ',')) {
+        Variant v;
+        if (!ParseVariant(text, &v)) return false;
+        opt->versions.push_back(v);
+      }
+    } else if (key == "--shapes") {
+      opt->shapes.clear();
+      for (const std::string& s : Split(value, ',')) {
+        const size_t x = s.find('x');
+        if (x == std::string::npos) return false;
+        opt->shapes.push_back({std::atoll(s.substr(0, x).c_str()), std::atoll(s.substr(x + 1).c_str())});
+      }
+    } else if (key == "--ms") {
+      opt->ms.clear();
+      for (const std::string& m : Split(value, ',')) opt->ms.push_back(std::atoll(m.c_str()));
+    } else if (key == "--iters") {
+      opt->iters = std::max(1, std::atoi(value.c_str()));
+    } else if (key == "--csv") {
+      opt->csv = value;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+struct Row {
+  int64_t m, n, k;
+  std::string label;
+  std::string status;  // "ok", "INVALID", "n/a: ..."
+  double median_us = 0, tflops = 0, gbps = 0, ratio = 0;
+};
+
+class Bench {
+ public:
+  explicit Bench(Options opt) : opt_(std::move(opt)) {}
+  ~Bench() {
+    for (void* p : allocations_) cudaFree(p);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  bool Run();
+
+ private:
+  void* Alloc(size_t bytes) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) return nullptr;
+    allocations_.push_back(p);
+    return p;
+  }
+  absl::Status Launch(const GemmConfig& config, const GemmParams& p);
+  bool RunShape(int64_t n, int64_t k);
+  void Print(const Row& r) const;
+
+  Options opt_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<CublasLtGemm> cublaslt_;
+  std::vector<void*> allocations_;
+  std::vector<Row> rows_;
+  size_t l2_bytes_ = 0;
+};
+
+absl::Status Bench::Launch(const GemmConfig& config, const GemmParams& p) {
+  if (config.version == GemmVersion::kCublasLt) return cublaslt_->Run(p, stream_);
+  return LaunchGemm(p, config, stream_);
+}
+
+void Bench::Print(const Row& r) const {
+  if (r.status == "ok") {
+    std::printf("%6lld %6lld %6lld  %-6s %10.1f us  %7.1f TFLOP/s  %7.0f GB/s  %5.2fx v0\n",
+                static_cast<long long>(r.m), static_cast<long long>(r.n), static_cast<long long>(r.k), r.label.c_str(),
+                r.median_us, r.tflops, r.gbps, r.ratio);
+  } else {
+    std::printf("%6lld %6lld %6lld  %-6s %s\n", static_cast<long long>(r.m), static_cast<long long>(r.n),
+                static_cast<long long>(r.k), r.label.c_str(), r.status.c_str());
+  }
+  std::fflush(stdout);
+}
+
+bool Bench::RunShape(int64_t n, int64_t k) {
+  const int64_t max_m = *std::max_element(opt_.ms.begin(), opt_.ms.end());
+  const size_t w_bytes = n * k * 2;
+  const size_t a_bytes = max_m * k * 2;
+  const size_t c_bytes = max_m * n * 2;
+  // Rotate through enough weight+activation sets to defeat the L2.
+  const int sets = static_cast<int>(std::max<size_t>(2, (3 * l2_bytes_ + w_bytes - 1) / w_bytes));
+  std::vector<void*> a(sets), w(sets), c(sets);
+  for (int s = 0; s < sets; ++s) {
+    a[s] = Alloc(a_bytes);
+    w[s] = Alloc(w_bytes);
+    c[s] = Alloc(c_bytes);
+    if (a[s] == nullptr || w[s] == nullptr || c[s] == nullptr) {
+      std::fprintf(stderr, "out of device memory for n=%lld k=%lld\n", static_cast<long long>(n),
+                   static_cast<long long>(k));
+      return false;
+    }
+    FillKernel<<<4096, 256, 0, stream_>>>(static_cast<__nv_bfloat16*>(a[s]), max_m * k, 2 * s);
+    FillKernel<<<4096, 256, 0, stream_>>>(static_cast<__nv_bfloat16*>(w[s]), n * k, 2 * s + 1);
+    BENCH_CHECK_CUDA(cudaPeekAtLastError());
+  }
+  void* expected = Alloc(c_bytes);
+  unsigned long long* bad = static_cast<unsigned long long*>(Alloc(sizeof(unsigned long long) + sizeof(float)));
+  float* worst = reinterpret_cast<float*>(bad + 1);
+  if (expected == nullptr || bad == nullptr) return false;
+  cudaEvent_t start, stop;
+  BENCH_CHECK_CUDA(cudaEventCreate(&start));
+  BENCH_CHECK_CUDA(cudaEventCreate(&stop));
+
+  for (int64_t m : opt_.ms) {
+    auto params = [&](int s, void* out) {
+      GemmParams p;
+      p.a = a[s];
+      p.w = w[s];
+      p.c = out;
+      p.m = m;
+      p.n = n;
+      p.k = k;
+      return p;
+    };
+    const absl::Status ref_status = cublaslt_->Run(params(0, expected), stream_);
+    if (!ref_status.ok()) {
+      std::fprintf(stderr, "cuBLASLt reference failed: %s\n", std::string(ref_status.message()).c_str());
+      return false;
+    }
+    double v0_us = 0;
+    for (const Variant& variant : opt_.versions) {
+      const GemmConfig& config = variant.config;
+      Row row{m, n, k, variant.label, "ok"};
+      if (config.version == GemmVersion::kSmallMSplitK && m > 64) continue;  // small-M kernel only
+      const absl::Status supported = GemmSupported(params(0, c[0]), config);
+      if (!supported.ok()) {
+        row.status = "n/a: " + std::string(supported.message());
+        rows_.push_back(row);
+        Print(row);
+        continue;
+      }
+      // Validate against cuBLASLt on poisoned output.
+      BENCH_CHECK_CUDA(cudaMemsetAsync(c[0], 0xFF, m * n * 2, stream_));
+      BENCH_CHECK_CUDA(cudaMemsetAsync(bad, 0, sizeof(unsigned long long) + sizeof(float), stream_));
+      const absl::Status st = Launch(config, params(0, c[0]));
+      if (st.ok()) {
+        const float scale = std::sqrt(static_cast<float>(k)) / 3.f;  // uniform [-1, 1) inputs
+        CompareKernel<<<1024, 256, 0, stream_>>>(static_cast<const __nv_bfloat16*>(c[0]),
+                                                 static_cast<const __nv_bfloat16*>(expected), m * n, 2.02f / 256.f,
+                                                 1e-3f * scale, bad, worst);
+        BENCH_CHECK_CUDA(cudaPeekAtLastError());
+      }
+      BENCH_CHECK_CUDA(cudaStreamSynchronize(stream_));
+      unsigned long long bad_host = 0;
+      float worst_host = 0;
+      BENCH_CHECK_CUDA(cudaMemcpy(&bad_host, bad, sizeof(bad_host), cudaMemcpyDeviceToHost));
+      BENCH_CHECK_CUDA(cudaMemcpy(&worst_host, worst, sizeof(worst_host), cudaMemcpyDeviceToHost));
+      if (!st.ok() || bad_host != 0) {
+        row.status = !st.ok() ? "FAILED: " + std::string(st.message())
+                              : "INVALID: " + std::to_string(bad_host) + " bad elements, worst err/allowed " +
+                                    std::to_string(worst_host);
+        rows_.push_back(row);
+        Print(row);
+        continue;
+      }
+      // Launches go back to back, as in a layer, through a graph of
+      // kGraphLaunches launches rotating over the buffer sets (host launch
+      // cost stays out of the numbers); one warm-up replay, then the median
+      // over timed replays.
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      BENCH_CHECK_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+      bool captured = true;
+      for (int i = 0; i < kGraphLaunches && captured; ++i) {
+        captured = Launch(config, params(i % sets, c[i % sets])).ok();
+      }
+      BENCH_CHECK_CUDA(cudaStreamEndCapture(stream_, &graph));
+      if (!captured) {
+        std::fprintf(stderr, "launch failed during graph capture\n");
+        return false;
+      }
+      BENCH_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+      BENCH_CHECK_CUDA(cudaGraphLaunch(exec, stream_));
+      std::vector<float> times;
+      for (int i = 0; i < opt_.iters; ++i) {
+        BENCH_CHECK_CUDA(cudaEventRecord(start, stream_));
+        BENCH_CHECK_CUDA(cudaGraphLaunch(exec, stream_));
+        BENCH_CHECK_CUDA(cudaEventRecord(stop, stream_));
+        BENCH_CHECK_CUDA(cudaEventSynchronize(stop));
+        float ms = 0;
+        BENCH_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+        times.push_back(ms / kGraphLaunches);
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      std::sort(times.begin(), times.end());
+      row.median_us = 1e3 * times[times.size() / 2];
+      row.tflops = 2.0 * m * n * k / (row.median_us * 1e-6) / 1e12;
+      row.gbps = 2.0 * (m * k + n * k + m * n) / (row.median_us * 1e-6) / 1e9;
+      if (config.version == GemmVersion::kCublasLt) v0_us = row.median_us;
+      row.ratio = v0_us > 0 ? v0_us / row.median_us : 0;
+      rows_.push_back(row);
+      Print(row);
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  // Free this shape's buffers before the next shape.
+  for (void* p : allocations_) cudaFree(p);
+  allocations_.clear();
+  return true;
+}
+
+bool Bench::Run() {
+  int device = 0;
+  BENCH_CHECK_CUDA(cudaGetDevice(&device));
+  cudaDeviceProp prop;
+  BENCH_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  l2_bytes_ = prop.l2CacheSize;
+  std::printf("device: %s, %d SMs, L2 %zu MB\n", prop.name, prop.multiProcessorCount, l2_bytes_ >> 20);
+  BENCH_CHECK_CUDA(cudaStreamCreate(&stream_));
+  absl::StatusOr<std::unique_ptr<CublasLtGemm>> cublaslt = CublasLtGemm::Create();
+  if (!cublaslt.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(cublaslt.status().message()).c_str());
+    return false;
+  }
+  cublaslt_ = *std::move(cublaslt);
+  std::printf("%6s %6s %6s  %-6s %13s  %15s  %11s  %s\n", "M", "N", "K", "ver", "median", "rate", "A+W+C",
+              "vs cuBLASLt");
+  for (const auto& [n, k] : opt_.shapes) {
+    if (!RunShape(n, k)) return false;
+  }
+  if (!opt_.csv.empty()) {
+    FILE* f = std::fopen(opt_.csv.c_str(), "w");
+    if (f == nullptr) return false;
+    std::fprintf(f, "m,n,k,version,status,median_us,tflops,gbps,ratio_vs_v0\n");
+    for (const Row& r : rows_) {
+      std::fprintf(f, "%lld,%lld,%lld,%s,\"%s\",%.2f,%.2f,%.1f,%.3f\n", static_cast<long long>(r.m),
+                   static_cast<long long>(r.n), static_cast<long long>(r.k), r.label.c_str(), r.status.c_str(),
+                   r.median_us,
+                   r.tflops, r.gbps, r.ratio);
+    }
+    std::fclose(f);
+  }
+  return true;
+}
+
+}  // namespace
+}  // namespace layerserve::kernels
+
+int main(int argc, char** argv) {
+  layerserve::kernels::Options opt;
+  if (!layerserve::kernels::ParseOptions(argc, argv, &opt)) {
+    std::fprintf(stderr,
+                 "usage: gemm_bench [--versions=0,1,2,3,3b128,4,4s2,...] [--shapes=NxK,...] [--ms=1,8,...] [--iters=N] "
+                 "[--csv=PATH]\n");
+    return 2;
+  }
+  layerserve::kernels::Bench bench(std::move(opt));
+  return bench.Run() ? 0 : 1;
+}

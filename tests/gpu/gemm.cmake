@@ -1,0 +1,12 @@
+# GEMM GPU tests; include()d from tests/gpu/CMakeLists.txt when the CUDA
+# language is enabled and the layerserve_gemm target exists.
+find_package(CUDAToolkit REQUIRED)
+add_library(layerserve_gemm_reference STATIC ${CMAKE_CURRENT_LIST_DIR}/gemm_reference.cu)
+target_include_directories(layerserve_gemm_reference PUBLIC ${CMAKE_CURRENT_LIST_DIR}/../..)
+target_link_libraries(layerserve_gemm_reference PUBLIC CUDA::cudart)
+set_target_properties(layerserve_gemm_reference PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
+
+layerserve_add_gtest(gemm_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/gemm_test.cc
+  LIBS layerserve_gemm layerserve_gemm_reference
+  LABELS gpu)
