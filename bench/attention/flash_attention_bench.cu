@@ -8,6 +8,10 @@
 // CUDA events after a warm-up; input sets rotate so that no launch finds its
 // operands in L2 from the previous one; the median is reported.
 // Causal attention FLOPs: 4 * len^2 * head_dim * heads / 2 per sequence.
+// Shapes marked "qkv" read q, k and v from one fused [tokens, (heads +
+// 2 kv_heads) * head_dim] buffer, as the served layer does; the others from
+// three packed buffers. The longest-first versions (4..7) are also timed with
+// all heads in one section where their default section is smaller.
 //
 // Usage: flash_attention_bench [--iters N] [--warmup N]
 #include <cuda_bf16.h>
@@ -117,23 +121,60 @@ int SetsFor(size_t bytes_per_set, size_t l2_bytes) {
 struct Shape {
   const char* name;
   std::vector<int> seqlens;
+  bool fused_qkv = false;
 };
 
 constexpr int kHeads = 32, kKvHeads = 8;
 
+// One input set: q, k, v as three packed buffers, or as column ranges of one
+// fused qkv buffer (then `q` holds it and `k`, `v` are null).
 struct AttnSet {
   std::unique_ptr<DeviceBuffer> q, k, v, out;
+  const void* q_ptr = nullptr;
+  const void* k_ptr = nullptr;
+  const void* v_ptr = nullptr;
+  int64_t q_stride = 0, kv_stride = 0;
 };
+
+AttnSet MakeSet(bool fused_qkv, int64_t tokens, int head_dim, uint32_t seed) {
+  AttnSet set;
+  const int64_t qw = int64_t{kHeads} * head_dim, kw = int64_t{kKvHeads} * head_dim;
+  if (fused_qkv) {
+    set.q = RandomBuffer(tokens * (qw + 2 * kw), seed);
+    const auto* base = static_cast<const __nv_bfloat16*>(set.q->ptr);
+    set.q_ptr = base;
+    set.k_ptr = base + qw;
+    set.v_ptr = base + qw + kw;
+    set.q_stride = set.kv_stride = qw + 2 * kw;
+  } else {
+    set.q = RandomBuffer(tokens * qw, seed);
+    set.k = RandomBuffer(tokens * kw, seed + 1);
+    set.v = RandomBuffer(tokens * kw, seed + 2);
+    set.q_ptr = set.q->ptr;
+    set.k_ptr = set.k->ptr;
+    set.v_ptr = set.v->ptr;
+    set.q_stride = qw;
+    set.kv_stride = kw;
+  }
+  set.out = std::make_unique<DeviceBuffer>(tokens * qw * 2);
+  return set;
+}
+
+// Copies rows of `width` elements, `stride` apart on the device, to a packed host array.
+std::vector<uint16_t> DownloadRows(const void* src, int64_t rows, int64_t width, int64_t stride) {
+  std::vector<uint16_t> host(rows * width);
+  BENCH_CHECK_CUDA(cudaMemcpy2D(host.data(), width * 2, src, stride * 2, width * 2, rows, cudaMemcpyDeviceToHost));
+  return host;
+}
 
 // Checks sampled (token, head) rows of set 0's output against float64.
 bool Validate(const Shape& shape, const std::vector<int32_t>& cu, const AttnSet& set, int64_t tokens,
               int head_dim) {
   const int64_t qw = int64_t{kHeads} * head_dim, kw = int64_t{kKvHeads} * head_dim;
-  std::vector<uint16_t> q(tokens * qw), k(tokens * kw), v(tokens * kw), out(tokens * qw);
-  BENCH_CHECK_CUDA(cudaMemcpy(q.data(), set.q->ptr, q.size() * 2, cudaMemcpyDeviceToHost));
-  BENCH_CHECK_CUDA(cudaMemcpy(k.data(), set.k->ptr, k.size() * 2, cudaMemcpyDeviceToHost));
-  BENCH_CHECK_CUDA(cudaMemcpy(v.data(), set.v->ptr, v.size() * 2, cudaMemcpyDeviceToHost));
-  BENCH_CHECK_CUDA(cudaMemcpy(out.data(), set.out->ptr, out.size() * 2, cudaMemcpyDeviceToHost));
+  const std::vector<uint16_t> q = DownloadRows(set.q_ptr, tokens, qw, set.q_stride);
+  const std::vector<uint16_t> k = DownloadRows(set.k_ptr, tokens, kw, set.kv_stride);
+  const std::vector<uint16_t> v = DownloadRows(set.v_ptr, tokens, kw, set.kv_stride);
+  const std::vector<uint16_t> out = DownloadRows(set.out->ptr, tokens, qw, qw);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   double worst = 0;
   for (int sample = 0; sample < 48; ++sample) {
@@ -172,7 +213,7 @@ bool Validate(const Shape& shape, const std::vector<int32_t>& cu, const AttnSet&
 void BenchAttention(int head_dim, const std::vector<Shape>& shapes, int warmup, int iters, size_t l2_bytes) {
   std::printf("\nflash attention fwd: causal, bf16, heads %d, kv heads %d, head_dim %d (median of %d)\n", kHeads,
               kKvHeads, head_dim, iters);
-  std::printf("%-8s %6s  %-48s %9s %9s\n", "shape", "tokens", "version", "ms", "TFLOP/s");
+  std::printf("%-10s %6s  %-48s %9s %9s\n", "shape", "tokens", "version", "ms", "TFLOP/s");
   for (const Shape& shape : shapes) {
     std::vector<int32_t> cu = {0};
     double flops = 0;
@@ -186,21 +227,17 @@ void BenchAttention(int head_dim, const std::vector<Shape>& shapes, int warmup, 
     BENCH_CHECK_CUDA(cudaMemcpy(d_cu.ptr, cu.data(), cu.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
     const size_t set_bytes = tokens * (2 * kHeads + 2 * kKvHeads) * head_dim * 2;
     const int sets = SetsFor(set_bytes, l2_bytes);
-    std::vector<AttnSet> data(sets);
-    for (int i = 0; i < sets; ++i) {
-      data[i].q = RandomBuffer(tokens * kHeads * head_dim, 100 + 3 * i);
-      data[i].k = RandomBuffer(tokens * kKvHeads * head_dim, 101 + 3 * i);
-      data[i].v = RandomBuffer(tokens * kKvHeads * head_dim, 102 + 3 * i);
-      data[i].out = std::make_unique<DeviceBuffer>(tokens * kHeads * head_dim * 2);
-    }
+    std::vector<AttnSet> data;
+    for (int i = 0; i < sets; ++i) data.push_back(MakeSet(shape.fused_qkv, tokens, head_dim, 100 + 3 * i));
     auto params = [&](int set) {
       FlashAttentionParams p;
-      p.q = data[set].q->ptr;
-      p.k = data[set].k->ptr;
-      p.v = data[set].v->ptr;
+      p.q = data[set].q_ptr;
+      p.k = data[set].k_ptr;
+      p.v = data[set].v_ptr;
       p.out = data[set].out->ptr;
-      p.q_row_stride = p.out_row_stride = int64_t{kHeads} * head_dim;
-      p.k_row_stride = p.v_row_stride = int64_t{kKvHeads} * head_dim;
+      p.q_row_stride = data[set].q_stride;
+      p.k_row_stride = p.v_row_stride = data[set].kv_stride;
+      p.out_row_stride = int64_t{kHeads} * head_dim;
       p.cu_seqlens = static_cast<const int32_t*>(d_cu.ptr);
       p.num_seqs = static_cast<int>(shape.seqlens.size());
       p.max_seqlen = max_len;
@@ -214,17 +251,29 @@ void BenchAttention(int head_dim, const std::vector<Shape>& shapes, int warmup, 
     };
     const absl::StatusOr<int> default_version = DefaultFlashAttentionVersion(params(0));
     BENCH_CHECK_OK(default_version.status());
-    for (int version = 1; version <= kFlashAttentionVersions; ++version) {
+    struct Run {
+      int version;
+      int heads_per_section;  // 0: the launcher's choice
+    };
+    std::vector<Run> runs;
+    for (int version = 1; version <= kFlashAttentionVersions; ++version) runs.push_back({version, 0});
+    if (FlashHeadsPerSection(params(0), static_cast<int64_t>(l2_bytes)) < kHeads) {
+      runs.push_back({4, kHeads});
+      runs.push_back({6, kHeads});
+    }
+    for (const Run& run : runs) {
       BENCH_CHECK_CUDA(cudaMemset(data[0].out->ptr, 0xFF, tokens * kHeads * head_dim * 2));
-      BENCH_CHECK_OK(LaunchFlashAttentionVersion(params(0), version, nullptr));
+      BENCH_CHECK_OK(LaunchFlashAttentionVersion(params(0), run.version, nullptr, run.heads_per_section));
       BENCH_CHECK_CUDA(cudaDeviceSynchronize());
       if (!Validate(shape, cu, data[0], tokens, head_dim)) continue;
       const double ms = MedianMs(sets, warmup, iters, [&](int set) {
-        BENCH_CHECK_OK(LaunchFlashAttentionVersion(params(set), version, nullptr));
+        BENCH_CHECK_OK(LaunchFlashAttentionVersion(params(set), run.version, nullptr, run.heads_per_section));
       });
-      std::printf("%-8s %6lld  %-48s %9.3f %9.1f%s\n", shape.name, static_cast<long long>(tokens),
-                  FlashAttentionVersionName(version), ms, flops / (ms * 1e-3) / 1e12,
-                  version == *default_version ? "  (default)" : "");
+      const std::string name = std::string(FlashAttentionVersionName(run.version)) +
+                               (run.heads_per_section > 0 ? ", 1 section" : "");
+      std::printf("%-10s %6lld  %-48s %9.3f %9.1f%s\n", shape.name, static_cast<long long>(tokens), name.c_str(),
+                  ms, flops / (ms * 1e-3) / 1e12,
+                  run.version == *default_version && run.heads_per_section == 0 ? "  (default)" : "");
     }
   }
 }
@@ -326,6 +375,9 @@ int Main(int argc, char** argv) {
       {"1x2048", {2048}},          {"4x512", {512, 512, 512, 512}}, {"1x4096", {4096}},
       {"4x1024", {1024, 1024, 1024, 1024}}, {"1x8192", {8192}},   {"8x1024", std::vector<int>(8, 1024)},
       {"mix8k", {4096, 2048, 1024, 512, 512}},
+      {"1x4096qkv", {4096}, /*fused_qkv=*/true}, {"1x8192qkv", {8192}, /*fused_qkv=*/true},
+      // K/V of 64 MiB: the first length whose default splits the heads into sections.
+      {"1x16384", {16384}},
   };
   BenchAttention(128, shapes, warmup, iters, prop.l2CacheSize);
   BenchAttention(64, {shapes[0], shapes[2], shapes[4], shapes[5]}, warmup, iters, prop.l2CacheSize);

@@ -26,29 +26,60 @@ const char* FlashAttentionVersionName(int version) {
       return "v2 128x64 tile, 8 warps x 16 rows, Q in smem";
     case 3:
       return "v3 64x64 tile, 4 warps x 16 rows, Q in registers";
+    case 4:
+      return "v4 v1 tiles, longest tile first";
+    case 5:
+      return "v5 v3 tiles, longest tile first";
+    case 6:
+      return "v6 v4 + lazy rescale";
+    case 7:
+      return "v7 v5 + lazy rescale";
     default:
       return "unknown";
   }
 }
 
-// v1's 128-row tiles do the most work per byte of shared memory read, but a
-// grid of few of them leaves SMs idle in its last wave (causal tiles also
-// differ in length). With fewer than 3 waves of v1 tiles (2 CTAs per SM fit),
-// v3's 64-row tiles give twice the CTAs to balance. Measured on the H100
-// (132 SMs, so 792 tiles; 32 heads, head_dim 128, causal bf16, TFLOP/s v1 / v3):
-//   1 x 2048 tokens:  512 tiles -> v3 (191 / 208)
-//   4 x 512:          512 tiles -> v3 (137 / 151)
-//   1 x 4096:        1024 tiles -> v1 (255 / 248)
-//   1 x 8192:        2048 tiles -> v1 (298 / 273)
-// The tile count is an upper bound: lengths are on the device, so every
-// sequence is counted at max_seqlen.
+// v6 (v1's 128-row tiles, longest tile first, lazy rescale) is fastest on
+// every measured shape but one: many short sequences in a short grid, where
+// v7's 64-row tiles (same schedule and rescale) give twice the CTAs to balance
+// and each CTA's fixed cost (Q load, output store) is a large share of its few
+// key tiles. Measured on the H100 (132 SMs; 32 heads / 8 KV heads, head_dim
+// 128, causal bf16, TFLOP/s v6 / v7, two bench runs; v1 tiles = query tiles
+// of 128 rows x heads x sequences, 792 = 3 waves at 2 CTAs per SM):
+//   1 x 2048:  512 v1 tiles -> v6 (272, 270 / 260, 258)
+//   4 x 512:   512 v1 tiles -> v7 (150, 149 / 171, 170)
+//   4 x 1024: 1024 v1 tiles -> v6 (249, 249 / 232, 231)
+//   1 x 4096: 1024 v1 tiles -> v6 (320, 317 / 290, 288)
+//   1 x 8192: 2048 v1 tiles -> v6 (343, 341 / 300, 302)
+// So v7 needs both a grid under 3 waves and max_seqlen at most 1024 (between
+// the measured 512 and 2048). The count is an upper bound: lengths are on the
+// device, so every sequence is counted at max_seqlen. A grid too large for
+// the longest-first enumeration (query tiles x heads > 2^31 - 1) takes v1.
 absl::StatusOr<int> DefaultFlashAttentionVersion(const FlashAttentionParams& p) {
   int device = 0, sm_count = 0;
   LS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   LS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
-  constexpr int kV1BlockM = 128, kV1CtasPerSm = 2, kMinWaves = 3;
-  const int64_t v1_tiles = int64_t{p.num_seqs} * ((p.max_seqlen + kV1BlockM - 1) / kV1BlockM) * p.num_heads;
-  return v1_tiles < int64_t{kMinWaves} * kV1CtasPerSm * sm_count ? 3 : 1;
+  constexpr int kV1BlockM = 128, kV7BlockM = 64, kV1CtasPerSm = 2, kMinWaves = 3, kShortSeqlen = 1024;
+  const int64_t v1_tiles_per_seq = int64_t{(p.max_seqlen + kV1BlockM - 1) / kV1BlockM} * p.num_heads;
+  if (int64_t{(p.max_seqlen + kV7BlockM - 1) / kV7BlockM} * p.num_heads > int64_t{INT32_MAX}) return 1;
+  const bool short_grid = int64_t{p.num_seqs} * v1_tiles_per_seq < int64_t{kMinWaves} * kV1CtasPerSm * sm_count;
+  return short_grid && p.max_seqlen <= kShortSeqlen ? 7 : 6;
+}
+
+int FlashHeadsPerSection(const FlashAttentionParams& p, int64_t l2_bytes) {
+  // Within a section every head's tiles run side by side, so the K/V of all
+  // its heads are read concurrently and should stay in L2. Measured on the
+  // H100 (50 MB L2): one section of all 32 heads at 8192 tokens (K/V 32 MiB,
+  // 64% of L2) ran 0-2.5% faster than sections of 8 heads, so L2 is not yet
+  // thrashing there; three quarters leaves room for the streamed Q and O.
+  // Longer sequences (sections below all heads) are not yet measured.
+  const int64_t kv_bytes_per_head = int64_t{p.max_seqlen} * p.head_dim * 2 /*K and V*/ * 2 /*16-bit*/;
+  const int64_t budget = l2_bytes / 4 * 3;
+  int kv_heads = 1;
+  for (int d = 2; d <= p.num_kv_heads; ++d) {
+    if (p.num_kv_heads % d == 0 && d * kv_bytes_per_head <= budget) kv_heads = d;
+  }
+  return kv_heads * (p.num_heads / p.num_kv_heads);
 }
 
 absl::Status ValidateFlashAttentionParams(const FlashAttentionParams& p) {
@@ -88,16 +119,35 @@ absl::Status ValidateFlashAttentionParams(const FlashAttentionParams& p) {
   return absl::OkStatus();
 }
 
-absl::Status LaunchFlashAttentionVersion(const FlashAttentionParams& p, int version, cudaStream_t stream) {
+absl::Status LaunchFlashAttentionVersion(const FlashAttentionParams& p, int version, cudaStream_t stream,
+                                         int heads_per_section) {
   if (absl::Status s = ValidateFlashAttentionParams(p); !s.ok()) return s;
   if (p.num_seqs == 0 || p.max_seqlen == 0) return absl::OkStatus();
+  if (heads_per_section < 0 || (heads_per_section > 0 && p.num_heads % heads_per_section != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flash attention: heads_per_section ", heads_per_section, " does not divide num_heads"));
+  }
+  if (heads_per_section == 0 && version >= 4) {
+    int device = 0, l2_bytes = 0;
+    LS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    LS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+    heads_per_section = FlashHeadsPerSection(p, l2_bytes);
+  }
   switch (version) {
     case 1:
-      return flash::RunFlashFwdV1(p, stream);
+      return flash::RunFlashFwdV1(p, heads_per_section, stream);
     case 2:
-      return flash::RunFlashFwdV2(p, stream);
+      return flash::RunFlashFwdV2(p, heads_per_section, stream);
     case 3:
-      return flash::RunFlashFwdV3(p, stream);
+      return flash::RunFlashFwdV3(p, heads_per_section, stream);
+    case 4:
+      return flash::RunFlashFwdV4(p, heads_per_section, stream);
+    case 5:
+      return flash::RunFlashFwdV5(p, heads_per_section, stream);
+    case 6:
+      return flash::RunFlashFwdV6(p, heads_per_section, stream);
+    case 7:
+      return flash::RunFlashFwdV7(p, heads_per_section, stream);
     default:
       return absl::InvalidArgumentError(absl::StrCat("flash attention: no version ", version));
   }

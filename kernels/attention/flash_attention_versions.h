@@ -9,16 +9,24 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "layerserve/kernels/attention.h"
 
 namespace layerserve::kernels {
 
-inline constexpr int kFlashAttentionVersions = 3;  // versions 1..3
+inline constexpr int kFlashAttentionVersions = 7;  // versions 1..7
 
-// A one-line description ("v1 128x64 4 warps ...") of version 1..3.
+// A one-line description ("v1 128x64 4 warps ...") of version 1..7.
 const char* FlashAttentionVersionName(int version);
+
+// Heads per dispatch section of the longest-first versions (4..7): the most
+// whole GQA groups whose K and V (max_seqlen rows each) fit in three quarters
+// of `l2_bytes` while their count divides num_kv_heads evenly (equal sections
+// keep the last one as long as the others); at least one group.
+int FlashHeadsPerSection(const FlashAttentionParams& p, int64_t l2_bytes);
 
 // The version production uses for this problem on the current device, or
 // an error if the device cannot be queried. The rule and the measurements
@@ -29,13 +37,22 @@ absl::StatusOr<int> DefaultFlashAttentionVersion(const FlashAttentionParams& p);
 absl::Status ValidateFlashAttentionParams(const FlashAttentionParams& p);
 
 // Validates `p` and launches version `version` (1..kFlashAttentionVersions).
-absl::Status LaunchFlashAttentionVersion(const FlashAttentionParams& p, int version, cudaStream_t stream);
+// `heads_per_section` (versions 4..7 only) must divide p.num_heads; 0 takes
+// FlashHeadsPerSection for the current device. Tests and the benchmark set it
+// to exercise and compare other section sizes.
+absl::Status LaunchFlashAttentionVersion(const FlashAttentionParams& p, int version, cudaStream_t stream,
+                                         int heads_per_section = 0);
 
 namespace flash {
-// One per flash_fwd_v*.cu; params already validated.
-absl::Status RunFlashFwdV1(const FlashAttentionParams& p, cudaStream_t stream);
-absl::Status RunFlashFwdV2(const FlashAttentionParams& p, cudaStream_t stream);
-absl::Status RunFlashFwdV3(const FlashAttentionParams& p, cudaStream_t stream);
+// One per flash_fwd_v*.cu; params already validated. Versions 1..3 ignore
+// `heads_per_section`.
+absl::Status RunFlashFwdV1(const FlashAttentionParams& p, int heads_per_section, cudaStream_t stream);
+absl::Status RunFlashFwdV2(const FlashAttentionParams& p, int heads_per_section, cudaStream_t stream);
+absl::Status RunFlashFwdV3(const FlashAttentionParams& p, int heads_per_section, cudaStream_t stream);
+absl::Status RunFlashFwdV4(const FlashAttentionParams& p, int heads_per_section, cudaStream_t stream);
+absl::Status RunFlashFwdV5(const FlashAttentionParams& p, int heads_per_section, cudaStream_t stream);
+absl::Status RunFlashFwdV6(const FlashAttentionParams& p, int heads_per_section, cudaStream_t stream);
+absl::Status RunFlashFwdV7(const FlashAttentionParams& p, int heads_per_section, cudaStream_t stream);
 }  // namespace flash
 
 }  // namespace layerserve::kernels

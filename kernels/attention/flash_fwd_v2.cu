@@ -6,8 +6,8 @@
 
 namespace layerserve::kernels::flash {
 
-absl::Status RunFlashFwdV2(const FlashAttentionParams& p, cudaStream_t stream) {
-  return RunFlashFwd<FlashFwdConfig<128, 64, 8, false, 2>>(p, stream);
+absl::Status RunFlashFwdV2(const FlashAttentionParams& p, int heads_per_section, cudaStream_t stream) {
+  return RunFlashFwd<FlashFwdConfig<128, 64, 8, false, 2>>(p, heads_per_section, stream);
 }
 
 }  // namespace layerserve::kernels::flash

@@ -5,8 +5,8 @@
 
 namespace layerserve::kernels::flash {
 
-absl::Status RunFlashFwdV3(const FlashAttentionParams& p, cudaStream_t stream) {
-  return RunFlashFwd<FlashFwdConfig<64, 64, 4, true, 2>>(p, stream);
+absl::Status RunFlashFwdV3(const FlashAttentionParams& p, int heads_per_section, cudaStream_t stream) {
+  return RunFlashFwd<FlashFwdConfig<64, 64, 4, true, 2>>(p, heads_per_section, stream);
 }
 
 }  // namespace layerserve::kernels::flash

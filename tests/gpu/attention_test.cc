@@ -1,5 +1,6 @@
-// GPU tests of the fused flash-attention forward, every numbered version,
-// against a float64 reference (STYLE rule 2).
+// GPU tests of the fused flash-attention forward, every numbered version (and
+// the longest-first versions at several section sizes), against a float64
+// reference (STYLE rule 2).
 //
 // Attention is a reduction over up to thousands of keys, so a fixed tolerance
 // would either hide bugs on short sequences or flake on long ones. Instead the
@@ -209,11 +210,25 @@ TEST_P(FlashAttentionTest, WithinTwiceThePlainImplementationsError) {
   };
 
   // Version 0 here means the production entry point (LaunchFlashAttention).
-  for (int version = 0; version <= kFlashAttentionVersions; ++version) {
-    SCOPED_TRACE(version == 0 ? std::string("LaunchFlashAttention") : FlashAttentionVersionName(version));
+  // The longest-first versions also run with every smaller section size than
+  // the device's default (one section for these small problems), so that
+  // several sections, each of one or more heads, are exercised.
+  struct Run {
+    int version;
+    int heads_per_section;  // 0: the launcher's choice
+  };
+  std::vector<Run> runs;
+  for (int version = 0; version <= kFlashAttentionVersions; ++version) runs.push_back({version, 0});
+  for (int version = 4; version <= kFlashAttentionVersions; ++version)
+    for (int heads = 1; heads < c.heads; ++heads)
+      if (c.heads % heads == 0) runs.push_back({version, heads});
+  for (const Run& run : runs) {
+    const int version = run.version;
+    SCOPED_TRACE((version == 0 ? std::string("LaunchFlashAttention") : FlashAttentionVersionName(version)) +
+                 (run.heads_per_section > 0 ? ", heads per section " + std::to_string(run.heads_per_section) : ""));
     d_out.Poison();
-    const absl::Status st =
-        version == 0 ? LaunchFlashAttention(p, nullptr) : LaunchFlashAttentionVersion(p, version, nullptr);
+    const absl::Status st = version == 0 ? LaunchFlashAttention(p, nullptr)
+                                         : LaunchFlashAttentionVersion(p, version, nullptr, run.heads_per_section);
     ASSERT_TRUE(st.ok()) << st;
     LS_ASSERT_CUDA_OK(cudaDeviceSynchronize());
     std::vector<uint8_t> bytes(d_out.bytes());
@@ -234,6 +249,7 @@ TEST_P(FlashAttentionTest, WithinTwiceThePlainImplementationsError) {
     const double floor = 0.25 * testing::DTypeEpsilon(c.dtype);
     EXPECT_LE(kernel.max_abs, 2 * plain.max_abs + floor) << report;
     EXPECT_LE(kernel.mean_abs, 2 * plain.mean_abs + floor) << report;
+    if (run.heads_per_section > 0) continue;
     // Kept in the XML report (--gtest_output=xml) for docs/perf-attention.md.
     RecordProperty(version == 0 ? "default" : "v" + std::to_string(version),
                    std::to_string(kernel.max_abs) + " " + std::to_string(kernel.mean_abs) + " " +
@@ -253,6 +269,9 @@ std::vector<AttnCase> Cases() {
   cases.push_back({{4096}, 128, 8, 1, DType::kBF16, true});
   cases.push_back({{4096}, 128, 8, 2, DType::kF16, true});
   cases.push_back({{4096}, 64, 4, 1, DType::kBF16, true});
+  // The served model's head layout (32 heads, 8 KV heads): sections of 1..16
+  // heads in the longest-first versions.
+  cases.push_back({{1500, 700}, 128, 32, 8, DType::kBF16, true});
   // Packed batches of different lengths: no attention may cross a boundary.
   cases.push_back({{1000, 1, 65, 7, 4096, 63, 127, 500, 64}, 128, 8, 2, DType::kBF16, true});
   cases.push_back({{3, 700, 64, 129, 1}, 64, 8, 8, DType::kF16, true});
@@ -268,6 +287,30 @@ INSTANTIATE_TEST_SUITE_P(Kernels, FlashAttentionTest, ::testing::ValuesIn(Cases(
                          [](const ::testing::TestParamInfo<AttnCase>& info) {
                            return CaseName(info.param) + "_" + std::to_string(info.index);
                          });
+
+// Sections hold whole GQA groups, divide the KV heads evenly and keep their
+// K/V within three quarters of L2 (host-only arithmetic: no device needed).
+TEST(FlashAttentionScheduleTest, HeadsPerSectionFitsThreeQuartersOfL2) {
+  FlashAttentionParams p;
+  p.num_heads = 32;
+  p.num_kv_heads = 8;
+  p.head_dim = 128;
+  const int64_t h100_l2 = 50 << 20;  // budget 37.5 MiB; K+V take 512 B per token and KV head
+  p.max_seqlen = 8192;               // 4 MiB per KV head: all 8 fit
+  EXPECT_EQ(FlashHeadsPerSection(p, h100_l2), 32);
+  p.max_seqlen = 16384;  // 8 MiB: 4 fit
+  EXPECT_EQ(FlashHeadsPerSection(p, h100_l2), 16);
+  p.max_seqlen = 32768;  // 16 MiB: 2 fit
+  EXPECT_EQ(FlashHeadsPerSection(p, h100_l2), 8);
+  p.max_seqlen = 1 << 20;  // nothing fits: still one whole group
+  EXPECT_EQ(FlashHeadsPerSection(p, h100_l2), 4);
+  p.num_heads = 24;
+  p.num_kv_heads = 6;
+  p.max_seqlen = 16384;  // 8 MiB each: 4 would fit, but 4 does not divide 6
+  EXPECT_EQ(FlashHeadsPerSection(p, h100_l2), 12);
+  p.max_seqlen = 8192;  // 4 MiB each: all 6 fit
+  EXPECT_EQ(FlashHeadsPerSection(p, h100_l2), 24);
+}
 
 // An empty batch launches nothing and succeeds.
 TEST(FlashAttentionGridTest, ZeroSequencesIsANoOp) {
