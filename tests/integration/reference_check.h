@@ -39,7 +39,8 @@ std::vector<float> RandomBf16ExactValues(size_t count, uint64_t seed);
 
 // Largest error of `got` against the reference rounded to got's datatype,
 // relative to the largest reference magnitude, allowed per datatype:
-// FP32 1e-4, FP16 2e-3 (~2 ulp), BF16 1.6e-2 (~2 ulp).
+// FP32 1e-4, FP16 2e-3 (~2 ulp), BF16 1.6e-2 (~2 ulp); never tighter than
+// the tolerance of the backend's compute type, $LAYERSERVE_COMPUTE_DTYPE.
 double ToleranceFor(const std::string& datatype);
 
 // Checks datatype, shape and values; the failure message names the worst

@@ -54,8 +54,16 @@ absl::Status ParseReadyLine(const std::string& line, int* grpc_port, int* metric
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     const std::vector<std::string>& extra_args, absl::Duration ready_timeout) {
-  std::vector<std::string> args = {LAYERSERVE_BINARY, "--host=127.0.0.1", "--grpc-port=0",
-                                   "--metrics-port=0"};
+  // The same suite runs against another build or backend without rebuilding
+  // (scripts/gpu-run.sh: LAYERSERVE_BINARY=... LAYERSERVE_SERVER_ARGS=--backend=cuda).
+  const char* binary = std::getenv("LAYERSERVE_BINARY");
+  std::vector<std::string> args = {binary != nullptr ? binary : LAYERSERVE_BINARY,
+                                   "--host=127.0.0.1", "--grpc-port=0", "--metrics-port=0"};
+  if (const char* server_args = std::getenv("LAYERSERVE_SERVER_ARGS")) {
+    for (absl::string_view arg : absl::StrSplit(server_args, ' ', absl::SkipEmpty())) {
+      args.emplace_back(arg);
+    }
+  }
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   // argv is built before fork: the child may only make async-signal-safe calls.
   std::vector<char*> argv;

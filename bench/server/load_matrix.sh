@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The server under load: layerctl bench at concurrency 1, 8 and 64 with
+# 1-token and 128-token requests, with batching on (--max-batch-tokens 8192)
+# and off (--max-batch-tokens = one request's tokens, so every batch holds one
+# request). One layerserve per setting, on loopback; one JSON line per run.
+#   bench/server/load_matrix.sh BIN_DIR OUT_DIR [layerserve args...]
+# BIN_DIR holds layerserve and layerctl; the remaining args choose the model
+# and backend (e.g. --model-dir ckpt --backend cuda).
+set -euo pipefail
+bin=$1 out=$2
+shift 2
+duration_s=${LOAD_DURATION_S:-5}
+mkdir -p "$out"
+summary="$out/load_summary.txt"
+: > "$summary"
+
+start_server() {  # start_server LOG [args...]; sets server_pid and grpc_port
+  local log=$1
+  shift
+  "$bin/layerserve" --host=127.0.0.1 --grpc-port=0 --metrics-port=0 "$@" > "$log.stdout" 2> "$log" &
+  server_pid=$!
+  for _ in $(seq 1 600); do
+    grpc_port=$(sed -n 's/.*grpc_port=\([0-9]*\).*/\1/p' "$log.stdout")
+    [[ -n $grpc_port ]] && return 0
+    kill -0 "$server_pid" 2>/dev/null || { cat "$log"; return 1; }
+    sleep 0.1
+  done
+  echo "server did not start"; return 1
+}
+
+for tokens in 1 128; do
+  for batching in on off; do
+    max_batch_tokens=8192
+    [[ $batching == off ]] && max_batch_tokens=$tokens
+    start_server "$out/server_t${tokens}_${batching}.log" "$@" --max-batch-tokens="$max_batch_tokens"
+    model=$(sed -n 's/.*model=\([^ ]*\).*/\1/p' "$out/server_t${tokens}_${batching}.log.stdout")
+    for concurrency in 1 8 64; do
+      json="$out/load_t${tokens}_c${concurrency}_${batching}.json"
+      "$bin/layerctl" bench --url="127.0.0.1:$grpc_port" --model="$model" --tokens="$tokens" \
+        --concurrency="$concurrency" --duration-s="$duration_s" --warmup-s=1 --no-progress --json="$json" \
+        > "$out/load_t${tokens}_c${concurrency}_${batching}.txt" 2>&1
+      printf 'tokens=%-4s concurrency=%-3s batching=%-3s %s\n' "$tokens" "$concurrency" "$batching" \
+        "$(tr -d '\n' < "$json")" | tee -a "$summary"
+    done
+    kill -TERM "$server_pid" && wait "$server_pid" || true
+  done
+done

@@ -1,0 +1,62 @@
+"""Writes a Hugging Face-style Llama checkpoint with random bf16 weights, for
+load tests of layerserve with realistic shapes and no download:
+config.json + model.safetensors, Llama-3-8B shapes by default.
+
+    python3 bench/server/make_checkpoint.py OUT_DIR [--layers 4] [--device cuda]
+
+Needs torch and safetensors (both on the GPU machine). Weights are scaled so
+activations stay O(1) through the layers (uniform(-1,1)/sqrt(fan_in)); the
+numbers are meaningless, the shapes and bytes are real.
+"""
+import argparse
+import json
+import os
+
+import torch
+from safetensors.torch import save_file
+
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16",
+    "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "max_position_embeddings": 8192, "vocab_size": 128256,
+}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out_dir")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    config = dict(CONFIG, num_hidden_layers=args.layers)
+    h, i = config["hidden_size"], config["intermediate_size"]
+    q = config["num_attention_heads"] * config["head_dim"]
+    kv = config["num_key_value_heads"] * config["head_dim"]
+    gen = torch.Generator(device=args.device).manual_seed(0)
+
+    def linear(out_features, in_features):
+        w = torch.rand(out_features, in_features, generator=gen, device=args.device) * 2 - 1
+        return (w / in_features ** 0.5).to(torch.bfloat16).cpu()
+
+    tensors = {}
+    for layer in range(args.layers):
+        p = f"model.layers.{layer}."
+        tensors[p + "input_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+        tensors[p + "post_attention_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+        tensors[p + "self_attn.q_proj.weight"] = linear(q, h)
+        tensors[p + "self_attn.k_proj.weight"] = linear(kv, h)
+        tensors[p + "self_attn.v_proj.weight"] = linear(kv, h)
+        tensors[p + "self_attn.o_proj.weight"] = linear(h, q)
+        tensors[p + "mlp.gate_proj.weight"] = linear(i, h)
+        tensors[p + "mlp.up_proj.weight"] = linear(i, h)
+        tensors[p + "mlp.down_proj.weight"] = linear(h, i)
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    save_file(tensors, os.path.join(args.out_dir, "model.safetensors"))
+    print(f"wrote {args.layers} layers to {args.out_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root, with the bundle that
+# scripts/gpu-bundle.sh made: the GPU tests, the integration suite against
+# `layerserve --backend=cuda`, and the benchmarks. Logs and tables go to $OUT
+# (default ./gpu-out); the exit status is non-zero if any test failed.
+#   usage: scripts/gpu-run.sh [tests] [bench-kernels] [bench-layer] [bench-server]
+#          (no argument: all four)
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+out=${OUT:-$root/gpu-out}
+mkdir -p "$out"
+bundle=${TMPDIR:-/tmp}/layerserve-gpu
+if [[ ! -x $bundle/bin/layerserve ]]; then
+  mkdir -p "$bundle"
+  tar -C "$bundle" -xJf "$root/.gpubundle/layerserve-gpu.tar.xz" || exit 1
+fi
+export LD_LIBRARY_PATH="$bundle/lib:${LD_LIBRARY_PATH:-}"
+export PYTHONUNBUFFERED=1
+stages=("$@")
+[[ ${#stages[@]} -eq 0 ]] && stages=(tests bench-kernels bench-layer bench-server)
+failed=0
+
+run_test() {  # run_test NAME [env...]: one gtest binary, one log, one summary line
+  local name=$1
+  shift
+  local start=$SECONDS
+  env "$@" timeout 600 "$bundle/bin/$name" --gtest_brief=1 > "$out/$name.log" 2>&1
+  local rc=$?
+  [[ $rc -ne 0 ]] && failed=1
+  printf '%-34s rc=%d %4ds %s\n' "$name" "$rc" "$((SECONDS - start))" \
+    "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$name.log" | tr '\n' ' ')" | tee -a "$out/tests.txt"
+  [[ $rc -ne 0 ]] && grep -B2 -A10 -E 'Failure|FAILED  \]' "$out/$name.log" | head -40
+}
+
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv | tee "$out/device.txt"
+for stage in "${stages[@]}"; do
+  case $stage in
+    tests)
+      : > "$out/tests.txt"
+      for t in layer_ops_gpu_test attention_gpu_test gemm_test cuda_backend_gemm_test \
+               cuda_backend_test metrics_cublaslt_test; do
+        run_test "$t"
+      done
+      # The foundation issue's integration suite, unchanged, against the CUDA
+      # backend; tolerances are those of its compute type (BF16).
+      for t in "$bundle"/bin/integration_*_test; do
+        run_test "$(basename "$t")" LAYERSERVE_BINARY="$bundle/bin/layerserve" \
+          LAYERSERVE_SERVER_ARGS=--backend=cuda LAYERSERVE_COMPUTE_DTYPE=BF16
+      done
+      ;;
+    bench-kernels)
+      "$bundle/bin/flash_attention_bench" > "$out/attention_bench.txt" 2>&1
+      python3 bench/attention/torch_sdpa.py > "$out/attention_torch.txt" 2>&1
+      timeout 300 "$bundle/bin/gemm_bench" --csv="$out/gemm_bench.csv" > "$out/gemm_bench.txt" 2>&1
+      tail -n 40 "$out/attention_bench.txt" "$out/attention_torch.txt" "$out/gemm_bench.txt"
+      ;;
+    bench-layer)
+      "$bundle/bin/layer_bench" --csv="$out/layer_ours.csv" > "$out/layer_ours.txt" 2>&1
+      python3 bench/layer/hf_layer.py --ours "$out/layer_ours.csv" > "$out/layer_vs_hf.txt" 2>&1
+      cat "$out/layer_ours.txt" "$out/layer_vs_hf.txt"
+      ;;
+    bench-server)
+      ckpt=/tmp/layerserve-llama3-8b-shapes-4l
+      [[ -f $ckpt/model.safetensors ]] || python3 bench/server/make_checkpoint.py "$ckpt" --layers 4
+      bash bench/server/load_matrix.sh "$bundle/bin" "$out/server" \
+        --model-dir="$ckpt" --model-name=llama3-8b-4l --backend=cuda
+      ;;
+    *) echo "unknown stage '$stage'"; exit 2 ;;
+  esac
+done
+exit "$failed"
