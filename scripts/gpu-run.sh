@@ -11,10 +11,8 @@ cd "$root"
 out=${OUT:-$root/gpu-out}
 mkdir -p "$out"
 bundle=${TMPDIR:-/tmp}/layerserve-gpu
-if [[ ! -x $bundle/bin/layerserve ]]; then
-  mkdir -p "$bundle"
-  tar -C "$bundle" -xJf "$root/.gpubundle/layerserve-gpu.tar.xz" || exit 1
-fi
+rm -rf "$bundle" && mkdir -p "$bundle"  # never run a stale bundle
+tar -C "$bundle" -xJf "$root/.gpubundle/layerserve-gpu.tar.xz" || exit 1
 export LD_LIBRARY_PATH="$bundle/lib:${LD_LIBRARY_PATH:-}"
 export PYTHONUNBUFFERED=1
 stages=("$@")
@@ -52,19 +50,23 @@ for stage in "${stages[@]}"; do
     bench-kernels)
       "$bundle/bin/flash_attention_bench" > "$out/attention_bench.txt" 2>&1
       python3 bench/attention/torch_sdpa.py > "$out/attention_torch.txt" 2>&1
-      timeout 300 "$bundle/bin/gemm_bench" --csv="$out/gemm_bench.csv" > "$out/gemm_bench.txt" 2>&1
+      # GEMM_BENCH_ARGS narrows the run, e.g. --versions=0,3,4 --shapes=4096x4096.
+      # shellcheck disable=SC2086
+      timeout 300 "$bundle/bin/gemm_bench" --csv="$out/gemm_bench.csv" ${GEMM_BENCH_ARGS:-} > "$out/gemm_bench.txt" 2>&1
       tail -n 40 "$out/attention_bench.txt" "$out/attention_torch.txt" "$out/gemm_bench.txt"
       ;;
     bench-layer)
-      "$bundle/bin/layer_bench" --csv="$out/layer_ours.csv" > "$out/layer_ours.txt" 2>&1
+      "$bundle/bin/layer_bench" --csv "$out/layer_ours.csv" > "$out/layer_ours.txt" 2>&1
       python3 bench/layer/hf_layer.py --ours "$out/layer_ours.csv" > "$out/layer_vs_hf.txt" 2>&1
       cat "$out/layer_ours.txt" "$out/layer_vs_hf.txt"
       ;;
     bench-server)
       ckpt=/tmp/layerserve-llama3-8b-shapes-4l
       [[ -f $ckpt/model.safetensors ]] || python3 bench/server/make_checkpoint.py "$ckpt" --layers 4
+      # LOAD_SERVER_ARGS adds server flags (e.g. --max-queue-delay-us=100 --streams=4).
+      # shellcheck disable=SC2086
       bash bench/server/load_matrix.sh "$bundle/bin" "$out/server" \
-        --model-dir="$ckpt" --model-name=llama3-8b-4l --backend=cuda
+        --model-dir="$ckpt" --model-name=llama3-8b-4l --backend=cuda ${LOAD_SERVER_ARGS:-}
       ;;
     *) echo "unknown stage '$stage'"; exit 2 ;;
   esac

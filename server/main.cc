@@ -62,6 +62,9 @@ ABSL_FLAG(int64_t, max_queue_size, 1024,
 ABSL_FLAG(int, cpu_threads, 0, "CPU backend threads (0 = all cores)");
 ABSL_FLAG(int, streams, 2, "CUDA backend: CUDA streams, i.e. batches in flight at once");
 ABSL_FLAG(int, cuda_device, 0, "CUDA backend: device ordinal");
+ABSL_FLAG(std::string, gemm, "auto",
+          "CUDA backend GEMMs: auto (per shape, the project's kernels where measured faster), "
+          "cublaslt, or custom (the project's kernels wherever they apply)");
 ABSL_FLAG(int, drain_timeout_s, 30,
           "on SIGTERM/SIGINT, how long queued and open calls may take to finish");
 
@@ -169,6 +172,9 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackendFromFlags(
   options.num_streams = absl::GetFlag(FLAGS_streams);
   options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.timing_sink = kernel_times;
+  absl::StatusOr<cuda::GemmMode> gemm_mode = cuda::ParseGemmMode(absl::GetFlag(FLAGS_gemm));
+  if (!gemm_mode.ok()) return gemm_mode.status();
+  options.gemm_mode = *gemm_mode;
   absl::StatusOr<std::unique_ptr<CudaBackend>> cuda = MakeCudaBackend(span, options);
   if (!cuda.ok()) return cuda.status();
   // Nothing is allocated on the request path, so the start-up figure holds.

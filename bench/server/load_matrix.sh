@@ -14,13 +14,14 @@ mkdir -p "$out"
 summary="$out/load_summary.txt"
 : > "$summary"
 
-start_server() {  # start_server LOG [args...]; sets server_pid and grpc_port
+start_server() {  # start_server LOG [args...]; sets server_pid, grpc_port, metrics_port
   local log=$1
   shift
   "$bin/layerserve" --host=127.0.0.1 --grpc-port=0 --metrics-port=0 "$@" > "$log.stdout" 2> "$log" &
   server_pid=$!
   for _ in $(seq 1 600); do
     grpc_port=$(sed -n 's/.*grpc_port=\([0-9]*\).*/\1/p' "$log.stdout")
+    metrics_port=$(sed -n 's/.*metrics_port=\([0-9]*\).*/\1/p' "$log.stdout")
     [[ -n $grpc_port ]] && return 0
     kill -0 "$server_pid" 2>/dev/null || { cat "$log"; return 1; }
     sleep 0.1
@@ -42,6 +43,9 @@ for tokens in 1 128; do
       printf 'tokens=%-4s concurrency=%-3s batching=%-3s %s\n' "$tokens" "$concurrency" "$batching" \
         "$(tr -d '\n' < "$json")" | tee -a "$summary"
     done
+    # The server's own view of the three runs: batch sizes, queue and compute time.
+    python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())" \
+      "http://127.0.0.1:$metrics_port/metrics" > "$out/metrics_t${tokens}_${batching}.txt" || true
     kill -TERM "$server_pid" && wait "$server_pid" || true
   done
 done

@@ -35,7 +35,8 @@ bool BuiltWithSm90a();
 
 // Tensor map over a row-major bf16 matrix [rows, cols] (cols contiguous),
 // boxes of box_rows x 64 columns (128 bytes: one 128B-swizzle row), zero fill
-// outside the matrix.
+// outside the matrix. Remembered per thread by its arguments, so repeated
+// launches on the same buffers and M skip the encode.
 absl::StatusOr<CUtensorMap> MakeBf16TensorMap(const void* base, int64_t rows, int64_t cols, int box_rows);
 
 // Version 4 sizing. Token count padded to the wgmma N the kernel uses.

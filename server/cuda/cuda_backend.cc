@@ -281,17 +281,28 @@ class CudaBackendImpl final : public CudaBackend {
         slot.arena.meta, slot.meta_host.data(),
         (static_cast<size_t>(geometry.tokens) + geometry.num_seqs + 1) * sizeof(int32_t),
         cudaMemcpyHostToDevice, stream));
-    // Wire dtype <-> activation dtype, per request (a batch may mix dtypes).
+    // Wire dtype <-> activation dtype. Requests are packed in order on both
+    // sides, so each run of consecutive requests with one wire dtype is one
+    // contiguous range: one cast (or copy) per run, not per request, keeps
+    // a batch of many 1-token requests from paying a launch for each.
     const auto convert = [&](bool to_activation) -> absl::Status {
       size_t row = 0;
-      for (size_t i = 0; i < batch.requests.size(); ++i) {
-        const InferRequest& request = *batch.requests[i];
+      for (size_t i = 0; i < batch.requests.size();) {
+        const kernels::DType wire_dtype = KernelDType(batch.requests[i]->dtype);
+        size_t end = i;
+        size_t bytes = 0, rows_in_run = 0;
+        int64_t elements = 0;
+        for (; end < batch.requests.size() && KernelDType(batch.requests[end]->dtype) == wire_dtype;
+             ++end) {
+          bytes += batch.requests[end]->input.size();
+          rows_in_run += static_cast<size_t>(batch.requests[end]->tokens());
+          elements += static_cast<int64_t>(batch.requests[end]->num_elements());
+        }
         void* wire = io_device + offsets[i];
         void* rows = x + row * row_bytes;
-        const kernels::DType wire_dtype = KernelDType(request.dtype);
         if (wire_dtype == act) {
           LS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(to_activation ? rows : wire,
-                                                  to_activation ? wire : rows, request.input.size(),
+                                                  to_activation ? wire : rows, bytes,
                                                   cudaMemcpyDeviceToDevice, stream));
         } else {
           kernels::CastParams cast;
@@ -299,10 +310,11 @@ class CudaBackendImpl final : public CudaBackend {
           cast.src_dtype = to_activation ? wire_dtype : act;
           cast.dst = to_activation ? rows : wire;
           cast.dst_dtype = to_activation ? act : wire_dtype;
-          cast.n = static_cast<int64_t>(request.num_elements());
+          cast.n = elements;
           LS_RETURN_IF_ERROR(kernels::LaunchCast(cast, stream));
         }
-        row += static_cast<size_t>(request.tokens());
+        row += rows_in_run;
+        i = end;
       }
       return absl::OkStatus();
     };
