@@ -26,6 +26,13 @@ struct Batch {
 
   // Fills cu_seqlens and total_tokens from `requests`.
   void Pack();
+
+  // What every backend checks before it computes: each request's hidden size
+  // and input byte count match its shape, no shape is negative, the packing
+  // matches the requests, and the batch fits `max_tokens`. The frontend's
+  // validation already guarantees all of it; this keeps a backend safe when
+  // called directly (tests, benchmarks) or by a buggy caller.
+  absl::Status Validate(int64_t hidden_size, int64_t max_tokens) const;
 };
 
 class Backend {

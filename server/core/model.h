@@ -73,6 +73,11 @@ struct LayerWeights {
   HostTensor down_proj;                 // [hidden, intermediate]
 };
 
+// OK when every tensor of `w` has the element count `config` implies (biases
+// empty unless config.attention_bias); else INVALID_ARGUMENT naming layer
+// `layer` and the tensor. Backends call it before converting weights.
+absl::Status CheckLayerWeights(const LayerWeights& w, const LlamaConfig& config, int64_t layer);
+
 // The layers [first_layer, first_layer + layers.size()) of a model.
 struct ModelSpan {
   std::string name;

@@ -236,6 +236,50 @@ absl::StatusOr<LayerRange> ParseLayerRange(std::string_view text) {
   return range;
 }
 
+namespace {
+
+absl::Status CheckElements(const HostTensor& t, int64_t expected, int64_t layer,
+                           std::string_view what) {
+  if (t.NumElements() != expected ||
+      t.data.size() != static_cast<size_t>(expected) * DTypeSize(t.dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " ", ToAbsl(what), " has ",
+                                                   t.NumElements(), " elements, expected ",
+                                                   expected));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckLayerWeights(const LayerWeights& w, const LlamaConfig& c, int64_t layer) {
+  const int64_t hidden = c.hidden_size;
+  const int64_t q_dim = c.num_attention_heads * c.head_dim;
+  const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
+  const int64_t inter = c.intermediate_size;
+  const struct {
+    const HostTensor& tensor;
+    int64_t elements;
+    std::string_view name;
+  } expected[] = {
+      {w.input_layernorm, hidden, "input_layernorm"},
+      {w.q_proj, q_dim * hidden, "q_proj"},
+      {w.k_proj, kv_dim * hidden, "k_proj"},
+      {w.v_proj, kv_dim * hidden, "v_proj"},
+      {w.q_bias, c.attention_bias ? q_dim : 0, "q_bias"},
+      {w.k_bias, c.attention_bias ? kv_dim : 0, "k_bias"},
+      {w.v_bias, c.attention_bias ? kv_dim : 0, "v_bias"},
+      {w.o_proj, hidden * q_dim, "o_proj"},
+      {w.post_attention_layernorm, hidden, "post_attention_layernorm"},
+      {w.gate_proj, inter * hidden, "gate_proj"},
+      {w.up_proj, inter * hidden, "up_proj"},
+      {w.down_proj, hidden * inter, "down_proj"},
+  };
+  for (const auto& e : expected) {
+    LS_RETURN_IF_ERROR(CheckElements(e.tensor, e.elements, layer, e.name));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelSpan> LoadModelSpan(const std::filesystem::path& dir, const LayerRange& range,
                                         std::string model_name) {
   const std::filesystem::path config_path = dir / "config.json";

@@ -10,6 +10,7 @@
 #include "server/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <limits>
 #include <deque>
 #include <new>
 #include <thread>
@@ -35,40 +36,13 @@ struct CpuLayer {
   std::vector<float> w_down;      // [hidden, intermediate]
 };
 
-absl::Status CheckSize(const HostTensor& t, int64_t expected, int64_t layer,
-                       std::string_view what) {
-  if (t.NumElements() != expected ||
-      t.data.size() != static_cast<size_t>(expected) * DTypeSize(t.dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " ", ToAbsl(what), " has ",
-                                                   t.NumElements(), " elements, expected ",
-                                                   expected));
-  }
-  return absl::OkStatus();
-}
-
 void Append(std::vector<float>& dst, const HostTensor& t) {
   const std::vector<float> values = t.ToFloat();
   dst.insert(dst.end(), values.begin(), values.end());
 }
 
 absl::StatusOr<CpuLayer> ConvertLayer(const LayerWeights& w, const LlamaConfig& c, int64_t layer) {
-  const int64_t hidden = c.hidden_size;
-  const int64_t q_dim = c.num_attention_heads * c.head_dim;
-  const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
-  const int64_t inter = c.intermediate_size;
-  LS_RETURN_IF_ERROR(CheckSize(w.input_layernorm, hidden, layer, "input_layernorm"));
-  LS_RETURN_IF_ERROR(CheckSize(w.q_proj, q_dim * hidden, layer, "q_proj"));
-  LS_RETURN_IF_ERROR(CheckSize(w.k_proj, kv_dim * hidden, layer, "k_proj"));
-  LS_RETURN_IF_ERROR(CheckSize(w.v_proj, kv_dim * hidden, layer, "v_proj"));
-  LS_RETURN_IF_ERROR(CheckSize(w.q_bias, c.attention_bias ? q_dim : 0, layer, "q_bias"));
-  LS_RETURN_IF_ERROR(CheckSize(w.k_bias, c.attention_bias ? kv_dim : 0, layer, "k_bias"));
-  LS_RETURN_IF_ERROR(CheckSize(w.v_bias, c.attention_bias ? kv_dim : 0, layer, "v_bias"));
-  LS_RETURN_IF_ERROR(CheckSize(w.o_proj, hidden * q_dim, layer, "o_proj"));
-  LS_RETURN_IF_ERROR(
-      CheckSize(w.post_attention_layernorm, hidden, layer, "post_attention_layernorm"));
-  LS_RETURN_IF_ERROR(CheckSize(w.gate_proj, inter * hidden, layer, "gate_proj"));
-  LS_RETURN_IF_ERROR(CheckSize(w.up_proj, inter * hidden, layer, "up_proj"));
-  LS_RETURN_IF_ERROR(CheckSize(w.down_proj, hidden * inter, layer, "down_proj"));
+  LS_RETURN_IF_ERROR(CheckLayerWeights(w, c, layer));
 
   CpuLayer out;
   out.input_norm = w.input_layernorm.ToFloat();
@@ -145,32 +119,9 @@ class CpuBackend final : public Backend {
     }
   }
 
-  absl::Status CheckBatch(const Batch& batch) const {
-    std::vector<int32_t> expected = {0};
-    for (const auto& request : batch.requests) {
-      if (request->hidden != config_.hidden_size) {
-        return absl::InvalidArgumentError(absl::StrCat("request '", request->id, "' has hidden ",
-                                                       request->hidden, ", model has ",
-                                                       config_.hidden_size));
-      }
-      if (request->input.size() != request->num_elements() * DTypeSize(request->dtype)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "request '", request->id, "' input is ", request->input.size(), " bytes, shape needs ",
-            request->num_elements() * DTypeSize(request->dtype)));
-      }
-      for (int64_t b = 0; b < request->batch; ++b) {
-        expected.push_back(static_cast<int32_t>(expected.back() + request->seq_len));
-      }
-    }
-    if (batch.cu_seqlens != expected || batch.total_tokens != expected.back()) {
-      return absl::InternalError(
-          "cpu backend: batch cu_seqlens/total_tokens do not match its requests");
-    }
-    return absl::OkStatus();
-  }
-
   absl::Status Run(Batch& batch) {
-    LS_RETURN_IF_ERROR(CheckBatch(batch));
+    // The CPU backend has no arena: any batch size is computable.
+    LS_RETURN_IF_ERROR(batch.Validate(config_.hidden_size, std::numeric_limits<int64_t>::max()));
     const int64_t tokens = batch.total_tokens;
     const int64_t hidden = config_.hidden_size;
     x_.resize(static_cast<size_t>(tokens * hidden));

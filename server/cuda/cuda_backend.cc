@@ -173,40 +173,8 @@ class CudaBackendImpl final : public CudaBackend {
     }
   }
 
-  absl::Status CheckBatch(const Batch& batch) const {
-    std::vector<int32_t> expected = {0};
-    for (const auto& request : batch.requests) {
-      if (request->hidden != config_.hidden_size) {
-        return absl::InvalidArgumentError(absl::StrCat("request '", request->id, "' has hidden ",
-                                                       request->hidden, ", model has ",
-                                                       config_.hidden_size));
-      }
-      if (request->input.size() != request->num_elements() * DTypeSize(request->dtype)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "request '", request->id, "' input is ", request->input.size(), " bytes, shape needs ",
-            request->num_elements() * DTypeSize(request->dtype)));
-      }
-      if (request->batch < 0 || request->seq_len < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("request '", request->id, "' has a negative shape"));
-      }
-      if (expected.back() + request->tokens() > options_.max_batch_tokens) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "cuda backend: batch exceeds max_batch_tokens (", options_.max_batch_tokens, ")"));
-      }
-      for (int64_t b = 0; b < request->batch; ++b) {
-        expected.push_back(static_cast<int32_t>(expected.back() + request->seq_len));
-      }
-    }
-    if (batch.cu_seqlens != expected || batch.total_tokens != expected.back()) {
-      return absl::InternalError(
-          "cuda backend: batch cu_seqlens/total_tokens do not match its requests");
-    }
-    return absl::OkStatus();
-  }
-
   absl::Status RunBatch(StreamSlot& slot, Batch& batch) {
-    LS_RETURN_IF_ERROR(CheckBatch(batch));
+    LS_RETURN_IF_ERROR(batch.Validate(config_.hidden_size, options_.max_batch_tokens));
     if (absl::Status health = Health(); !health.ok()) {
       return absl::UnavailableError(absl::StrCat("cuda backend is unhealthy: ", health.message()));
     }

@@ -15,17 +15,6 @@ namespace {
 
 DType CoreDType(kernels::DType t) { return t == kernels::DType::kF16 ? DType::kF16 : DType::kBF16; }
 
-absl::Status CheckSize(const HostTensor& t, int64_t expected, int64_t layer,
-                       std::string_view what) {
-  if (t.NumElements() != expected ||
-      t.data.size() != static_cast<size_t>(expected) * DTypeSize(t.dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat("cuda backend: layer ", layer, " ", ToAbsl(what),
-                                                   " has ", t.NumElements(), " elements, expected ",
-                                                   expected));
-  }
-  return absl::OkStatus();
-}
-
 // Writes `tensors`, concatenated and converted to `dtype`, at `dst`.
 void ConvertInto(std::initializer_list<const HostTensor*> tensors, DType dtype,
                  unsigned char* dst) {
@@ -41,26 +30,6 @@ void ConvertInto(std::initializer_list<const HostTensor*> tensors, DType dtype,
     }
     dst += n * DTypeSize(dtype);
   }
-}
-
-absl::Status CheckLayer(const LayerWeights& w, const LlamaConfig& c, int64_t layer) {
-  const int64_t hidden = c.hidden_size;
-  const int64_t q_dim = c.num_attention_heads * c.head_dim;
-  const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
-  const int64_t inter = c.intermediate_size;
-  LS_RETURN_IF_ERROR(CheckSize(w.input_layernorm, hidden, layer, "input_layernorm"));
-  LS_RETURN_IF_ERROR(CheckSize(w.q_proj, q_dim * hidden, layer, "q_proj"));
-  LS_RETURN_IF_ERROR(CheckSize(w.k_proj, kv_dim * hidden, layer, "k_proj"));
-  LS_RETURN_IF_ERROR(CheckSize(w.v_proj, kv_dim * hidden, layer, "v_proj"));
-  LS_RETURN_IF_ERROR(CheckSize(w.q_bias, c.attention_bias ? q_dim : 0, layer, "q_bias"));
-  LS_RETURN_IF_ERROR(CheckSize(w.k_bias, c.attention_bias ? kv_dim : 0, layer, "k_bias"));
-  LS_RETURN_IF_ERROR(CheckSize(w.v_bias, c.attention_bias ? kv_dim : 0, layer, "v_bias"));
-  LS_RETURN_IF_ERROR(CheckSize(w.o_proj, hidden * q_dim, layer, "o_proj"));
-  LS_RETURN_IF_ERROR(
-      CheckSize(w.post_attention_layernorm, hidden, layer, "post_attention_layernorm"));
-  LS_RETURN_IF_ERROR(CheckSize(w.gate_proj, inter * hidden, layer, "gate_proj"));
-  LS_RETURN_IF_ERROR(CheckSize(w.up_proj, inter * hidden, layer, "up_proj"));
-  return CheckSize(w.down_proj, hidden * inter, layer, "down_proj");
 }
 
 }  // namespace
@@ -85,7 +54,7 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
   std::vector<unsigned char> image;
   for (size_t i = 0; i < model.layers.size(); ++i) {
     const LayerWeights& w = model.layers[i];
-    LS_RETURN_IF_ERROR(CheckLayer(w, c, model.first_layer + static_cast<int64_t>(i)));
+    LS_RETURN_IF_ERROR(CheckLayerWeights(w, c, model.first_layer + static_cast<int64_t>(i)));
     // The same Take sequence sizes the layer's buffer, places tensors in the
     // host image and yields the device views.
     struct Offsets {

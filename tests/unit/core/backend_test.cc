@@ -1,0 +1,62 @@
+// Batch packing and the checks every backend runs before computing.
+#include "server/core/backend.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace layerserve {
+namespace {
+
+std::unique_ptr<InferRequest> Request(int64_t batch, int64_t seq_len, const std::string& bytes,
+                                      int64_t hidden = 2) {
+  auto r = std::make_unique<InferRequest>();
+  r->id = "r";
+  r->dtype = DType::kBF16;
+  r->batch = batch;
+  r->seq_len = seq_len;
+  r->hidden = hidden;
+  r->input = bytes;
+  return r;
+}
+
+TEST(BatchTest, PackGivesEachSequenceItsRows) {
+  const std::string two_by_three(2 * 3 * 2 * 2, 'x'), one_by_one(1 * 1 * 2 * 2, 'y');
+  Batch batch;
+  batch.requests.push_back(Request(2, 3, two_by_three));
+  batch.requests.push_back(Request(1, 1, one_by_one));
+  batch.Pack();
+  EXPECT_EQ(batch.cu_seqlens, (std::vector<int32_t>{0, 3, 6, 7}));
+  EXPECT_EQ(batch.total_tokens, 7);
+  EXPECT_TRUE(batch.Validate(/*hidden_size=*/2, /*max_tokens=*/7).ok());
+}
+
+TEST(BatchTest, ValidateRejectsWhatNoBackendMayCompute) {
+  const std::string bytes(1 * 4 * 2 * 2, 'x');
+  struct Case {
+    const char* label;
+    int64_t hidden_size, max_tokens;
+    std::unique_ptr<InferRequest> request;
+    absl::StatusCode code;
+  };
+  Case cases[] = {
+      {"hidden mismatch", 4, 100, Request(1, 4, bytes), absl::StatusCode::kInvalidArgument},
+      {"byte count", 2, 100, Request(1, 3, bytes), absl::StatusCode::kInvalidArgument},
+      {"negative shape", 2, 100, Request(-1, 4, bytes), absl::StatusCode::kInvalidArgument},
+      {"over max tokens", 2, 3, Request(1, 4, bytes), absl::StatusCode::kInvalidArgument},
+  };
+  for (Case& c : cases) {
+    Batch batch;
+    batch.requests.push_back(std::move(c.request));
+    batch.Pack();
+    EXPECT_EQ(batch.Validate(c.hidden_size, c.max_tokens).code(), c.code) << c.label;
+  }
+  Batch stale;  // packed, then changed: the offsets no longer match
+  stale.requests.push_back(Request(1, 4, bytes));
+  stale.Pack();
+  stale.cu_seqlens.back() = 3;
+  EXPECT_EQ(stale.Validate(2, 100).code(), absl::StatusCode::kInternal);
+}
+
+}  // namespace
+}  // namespace layerserve
