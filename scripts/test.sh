@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # THE test command: installs dependencies, builds, runs every ctest test (unit,
 # integration, reference, Python/perf_analyzer compatibility; GPU tests skip
-# visibly without a GPU), then builds the core with ThreadSanitizer in
+# visibly without a GPU), checks the deployment files (scripts/check-deploy.sh),
+# then builds the core with ThreadSanitizer in
 # build-tsan and runs its tests. Exits non-zero on any failure and always ends
 # with one summary line.
 # Env: LAYERSERVE_SKIP_INSTALL=1 skips install-deps; LAYERSERVE_SKIP_TSAN=1
@@ -56,6 +57,13 @@ done_stages+=("build")
 stage="ctest"
 run_ctest "$build_dir" "$build_dir/ctest.log"
 done_stages+=("ctest: $(ctest_total "$build_dir/ctest.log") tests")
+
+# Deployment files (compose, Prometheus rules and their tests, the Grafana
+# dashboard's queries) against a live server and a real Prometheus.
+stage="deploy-check"
+LAYERSERVE_BIN="$build_dir/server/layerserve" LAYERCTL_BIN="$build_dir/client/layerctl" \
+  bash scripts/check-deploy.sh
+done_stages+=("deploy-check")
 
 if [[ ${LAYERSERVE_SKIP_TSAN:-0} != 1 ]]; then
   stage="tsan build"

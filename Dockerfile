@@ -1,0 +1,65 @@
+# syntax=docker/dockerfile:1
+# Container image of layerserve: a build stage on NVIDIA's CUDA 13 devel image
+# compiles the server and layerctl for the H100 (sm_90a); the runtime stage on
+# the matching CUDA runtime image carries only the two binaries and the shared
+# libraries they load. deploy/docker-compose.yml and deploy/k8s/ run it.
+#
+# Ubuntu 24.04 (noble) libraries this relies on, the same major versions as the
+# Debian 12 machines the project is tested on:
+#   gRPC 1.51.1 (libgrpc++1.51t64, libgrpc29t64), protobuf 3.21.12
+#   (libprotobuf32t64), Abseil 20220623 (libabsl20220623t64), prometheus-cpp
+#   1.0.2 (libprometheus-cpp-core1.0), OpenBLAS 0.3.26, cpp-httplib (0.14 in
+#   noble, 0.11 in Debian 12), nlohmann-json 3.11. grpc-proto supplies
+#   grpc/health/v1/health.proto (the build's proto/CMakeLists.txt looks for it
+#   under /usr/share/grpc-proto).
+# The runtime package list is not written by hand: the build stage asks dpkg
+# which packages own the libraries `ldd` reports, so the names follow noble's
+# t64 renames without guesswork. libcudart and libcublasLt come with the
+# CUDA runtime base image.
+#
+# UNVERIFIED: this file is checked statically (scripts/check-deploy.sh); no
+# image has been built by the project, which has no Docker engine on its
+# machines. Build on a machine with Docker:
+#   docker build -t layerserve:latest .
+ARG CUDA_VERSION=13.0.1
+
+FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04 AS build
+ENV DEBIAN_FRONTEND=noninteractive
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      g++ cmake ninja-build pkg-config \
+      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto \
+      libabsl-dev prometheus-cpp-dev libopenblas-dev nlohmann-json3-dev libcpp-httplib-dev \
+ && rm -rf /var/lib/apt/lists/*
+# 90a: the H100's sm_90a, which the persistent GEMM kernels need.
+ARG CUDA_ARCHITECTURES=90a
+WORKDIR /src
+COPY . .
+RUN cmake -S . -B build -G Ninja \
+      -DCMAKE_BUILD_TYPE=Release \
+      -DLAYERSERVE_BUILD_TESTS=OFF \
+      -DLAYERSERVE_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES} \
+ && cmake --build build --target layerserve layerctl
+# The runtime stage installs exactly the packages owning the non-CUDA shared
+# libraries of the two binaries.
+RUN ldd build/server/layerserve build/client/layerctl \
+      | awk '/=> \// {print $3}' | grep -v '^/usr/local/cuda' | xargs -n1 basename | sort -u \
+      | while read -r so; do dpkg -S "*-linux-gnu*/${so}" | head -n1 | cut -d: -f1; done \
+      | sort -u > /runtime-debs.txt \
+ && cat /runtime-debs.txt
+
+FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04 AS runtime
+ENV DEBIAN_FRONTEND=noninteractive
+COPY --from=build /runtime-debs.txt /tmp/runtime-debs.txt
+RUN apt-get update \
+ && xargs -a /tmp/runtime-debs.txt apt-get install -y --no-install-recommends \
+ && rm -rf /var/lib/apt/lists/* /tmp/runtime-debs.txt \
+ && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin layerserve
+COPY --from=build /src/build/server/layerserve /src/build/client/layerctl /usr/local/bin/
+USER layerserve
+EXPOSE 8001 8002
+HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
+  CMD ["layerctl", "health", "--url", "127.0.0.1:8001"]
+ENTRYPOINT ["layerserve"]
+CMD ["--host", "0.0.0.0", "--grpc-port", "8001", "--metrics-port", "8002"]
