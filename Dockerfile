@@ -9,9 +9,8 @@
 #   gRPC 1.51.1 (libgrpc++1.51t64, libgrpc29t64), protobuf 3.21.12
 #   (libprotobuf32t64), Abseil 20220623 (libabsl20220623t64), prometheus-cpp
 #   1.0.2 (libprometheus-cpp-core1.0), OpenBLAS 0.3.26, cpp-httplib (0.14 in
-#   noble, 0.11 in Debian 12), nlohmann-json 3.11. grpc-proto supplies
-#   grpc/health/v1/health.proto (the build's proto/CMakeLists.txt looks for it
-#   under /usr/share/grpc-proto).
+#   noble, 0.11 in Debian 12), nlohmann-json 3.11. The gRPC health proto is
+#   part of the repository (proto/grpc/health/v1), so no grpc-proto package.
 # The runtime package list is not written by hand: the build stage asks dpkg
 # which packages own the libraries `ldd` reports, so the names follow noble's
 # t64 renames without guesswork. libcudart and libcublasLt come with the
@@ -21,14 +20,16 @@
 # image has been built by the project, which has no Docker engine on its
 # machines. Build on a machine with Docker:
 #   docker build -t layerserve:latest .
-ARG CUDA_VERSION=13.0.1
+# 13.0.2: NVIDIA publishes ubuntu24.04 images of it (nvcr.io/nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04
+# is in public use); the tag itself was not pulled here.
+ARG CUDA_VERSION=13.0.2
 
 FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04 AS build
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       g++ cmake ninja-build pkg-config \
-      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto \
+      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
       libabsl-dev prometheus-cpp-dev libopenblas-dev nlohmann-json3-dev libcpp-httplib-dev \
  && rm -rf /var/lib/apt/lists/*
 # 90a: the H100's sm_90a, which the persistent GEMM kernels need.
