@@ -28,6 +28,7 @@
 #include "server/core/mutex.h"
 #include "server/cpu/cpu_backend.h"
 #include "server/cuda/cuda_check.h"
+#include "tests/support/random_model.h"
 
 namespace layerserve {
 namespace {
@@ -46,25 +47,10 @@ struct RequestSpec {
   DType dtype;
 };
 
-HostTensor RandomTensor(std::vector<int64_t> shape, DType dtype, double mean, double stddev,
-                        std::mt19937& rng) {
-  HostTensor t;
-  t.dtype = dtype;
-  t.shape = std::move(shape);
-  std::normal_distribution<float> dist(static_cast<float>(mean), static_cast<float>(stddev));
-  std::vector<float> values(static_cast<size_t>(t.NumElements()));
-  for (float& v : values) v = dist(rng);
-  t.data.resize(values.size() * DTypeSize(dtype));
-  ConvertFromFloat(values.data(), values.size(), dtype, t.data.data());
-  return t;
-}
-
 // A qwen2-shaped span (q/k/v biases, GQA 2:1) with random weights stored in
 // `dtype`.
 ModelSpan MakeQwenModel(DType dtype, uint64_t seed) {
-  ModelSpan m;
-  m.name = "qwen-test";
-  LlamaConfig& c = m.config;
+  LlamaConfig c;
   c.model_type = "qwen2";
   c.hidden_size = 256;
   c.intermediate_size = 688;
@@ -75,24 +61,8 @@ ModelSpan MakeQwenModel(DType dtype, uint64_t seed) {
   c.rms_norm_eps = 1e-6;
   c.rope_theta = 1e6;
   c.attention_bias = true;
-  std::mt19937 rng(static_cast<uint32_t>(seed));
-  const int64_t h = c.hidden_size, q = 4 * 64, kv = 2 * 64, inter = c.intermediate_size;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    LayerWeights w;
-    w.input_layernorm = RandomTensor({h}, dtype, 1.0, 0.1, rng);
-    w.q_proj = RandomTensor({q, h}, dtype, 0, 1 / std::sqrt(double(h)), rng);
-    w.k_proj = RandomTensor({kv, h}, dtype, 0, 1 / std::sqrt(double(h)), rng);
-    w.v_proj = RandomTensor({kv, h}, dtype, 0, 1 / std::sqrt(double(h)), rng);
-    w.q_bias = RandomTensor({q}, dtype, 0, 0.5, rng);
-    w.k_bias = RandomTensor({kv}, dtype, 0, 0.5, rng);
-    w.v_bias = RandomTensor({kv}, dtype, 0, 0.5, rng);
-    w.o_proj = RandomTensor({h, q}, dtype, 0, 1 / std::sqrt(double(q)), rng);
-    w.post_attention_layernorm = RandomTensor({h}, dtype, 1.0, 0.1, rng);
-    w.gate_proj = RandomTensor({inter, h}, dtype, 0, 1 / std::sqrt(double(h)), rng);
-    w.up_proj = RandomTensor({inter, h}, dtype, 0, 1 / std::sqrt(double(h)), rng);
-    w.down_proj = RandomTensor({h, inter}, dtype, 0, 1 / std::sqrt(double(inter)), rng);
-    m.layers.push_back(std::move(w));
-  }
+  ModelSpan m = test_support::RandomModel(c, /*first_layer=*/0, c.num_hidden_layers, dtype, seed);
+  m.name = "qwen-test";
   return m;
 }
 

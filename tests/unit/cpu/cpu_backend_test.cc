@@ -15,12 +15,14 @@
 #include "gtest/gtest.h"
 #include "server/core/dtype.h"
 #include "tests/reference/llama_reference.h"
+#include "tests/support/random_model.h"
 #include "tests/unit/cpu/test_util.h"
 
 namespace layerserve {
 namespace {
 
 using cpu_test::Rng;
+using test_support::RandomModel;
 using ::testing::HasSubstr;
 
 // ---- models -------------------------------------------------------------
@@ -99,50 +101,6 @@ std::vector<double> ReferenceForward(const ReferenceModel& m, std::vector<double
   return x;
 }
 
-HostTensor RandomTensor(Rng& rng, std::vector<int64_t> shape, double lo, double hi, DType dtype) {
-  HostTensor t;
-  t.dtype = dtype;
-  t.shape = std::move(shape);
-  std::vector<float> values(static_cast<size_t>(t.NumElements()));
-  for (float& v : values) v = static_cast<float>(rng.Uniform(lo, hi));
-  t.data.resize(values.size() * DTypeSize(dtype));
-  ConvertFromFloat(values.data(), values.size(), dtype, t.data.data());
-  return t;
-}
-
-ModelSpan RandomModel(const LlamaConfig& c, int64_t first_layer, int64_t num_layers,
-                      DType weight_dtype, uint64_t seed) {
-  Rng rng(seed);
-  ModelSpan span;
-  span.name = "random";
-  span.config = c;
-  span.first_layer = first_layer;
-  const int64_t q = c.num_attention_heads * c.head_dim;
-  const int64_t kv = c.num_key_value_heads * c.head_dim;
-  const auto linear = [&](int64_t out, int64_t in) {
-    const double s = 1.0 / std::sqrt(static_cast<double>(in));
-    return RandomTensor(rng, {out, in}, -s, s, weight_dtype);
-  };
-  for (int64_t l = 0; l < num_layers; ++l) {
-    LayerWeights w;
-    w.input_layernorm = RandomTensor(rng, {c.hidden_size}, 0.8, 1.2, weight_dtype);
-    w.q_proj = linear(q, c.hidden_size);
-    w.k_proj = linear(kv, c.hidden_size);
-    w.v_proj = linear(kv, c.hidden_size);
-    if (c.attention_bias) {
-      w.q_bias = RandomTensor(rng, {q}, -0.5, 0.5, weight_dtype);
-      w.k_bias = RandomTensor(rng, {kv}, -0.5, 0.5, weight_dtype);
-      w.v_bias = RandomTensor(rng, {kv}, -0.5, 0.5, weight_dtype);
-    }
-    w.o_proj = linear(c.hidden_size, q);
-    w.post_attention_layernorm = RandomTensor(rng, {c.hidden_size}, 0.8, 1.2, weight_dtype);
-    w.gate_proj = linear(c.intermediate_size, c.hidden_size);
-    w.up_proj = linear(c.intermediate_size, c.hidden_size);
-    w.down_proj = linear(c.hidden_size, c.intermediate_size);
-    span.layers.push_back(std::move(w));
-  }
-  return span;
-}
 
 // qwen2-style: q/k/v biases, 4 query heads per KV head.
 LlamaConfig Qwen2StyleConfig() {

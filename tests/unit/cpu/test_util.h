@@ -1,6 +1,5 @@
-// Shared helpers for the CPU tests: a portable seeded generator (the same
-// numbers under every standard library) and a comparison that reports the
-// worst element.
+// Shared helpers for the CPU tests: the portable seeded generator (from
+// tests/support) and a comparison that reports the worst element.
 #pragma once
 
 #include <cmath>
@@ -10,27 +9,11 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/support/random_model.h"
 
 namespace layerserve::cpu_test {
 
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    state_ += 0x9e3779b97f4a7c15ull;
-    uint64_t z = state_;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [lo, hi).
-  double Uniform(double lo, double hi) {
-    return lo + (hi - lo) * static_cast<double>(Next() >> 11) * 0x1p-53;
-  }
-
- private:
-  uint64_t state_;
-};
+using test_support::Rng;
 
 // float32 values, uniform in [lo, hi).
 inline std::vector<float> RandomFloats(Rng& rng, size_t n, double lo = -1, double hi = 1) {
