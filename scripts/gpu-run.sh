@@ -36,15 +36,15 @@ for stage in "${stages[@]}"; do
   case $stage in
     tests)
       : > "$out/tests.txt"
-      for t in layer_ops_gpu_test attention_gpu_test gemm_test cuda_backend_gemm_test \
-               cuda_backend_test metrics_cublaslt_test; do
+      for t in layer_ops_gpu_test attention_gpu_test gemm_test gemm_tuning_test \
+               cuda_backend_gemm_test cuda_backend_test metrics_cublaslt_test; do
         run_test "$t"
       done
       # The foundation issue's integration suite, unchanged, against the CUDA
       # backend; tolerances are those of its compute type (BF16).
       for t in "$bundle"/bin/integration_*_test; do
         run_test "$(basename "$t")" LAYERSERVE_BINARY="$bundle/bin/layerserve" \
-          LAYERSERVE_SERVER_ARGS=--backend=cuda LAYERSERVE_COMPUTE_DTYPE=BF16
+          LAYERSERVE_SERVER_ARGS="--backend=cuda --gemm-tune-cache=$out/gemm-tune-demo.json" LAYERSERVE_COMPUTE_DTYPE=BF16
       done
       ;;
     bench-kernels)

@@ -65,6 +65,16 @@ ABSL_FLAG(int, cuda_device, 0, "CUDA backend: device ordinal");
 ABSL_FLAG(std::string, gemm, "auto",
           "CUDA backend GEMMs: auto (per shape, the project's kernels where measured faster), "
           "cublaslt, or custom (the project's kernels wherever they apply)");
+ABSL_FLAG(bool, gemm_autotune, true,
+          "CUDA backend, --gemm=auto: time our GEMM kernels against cuBLASLt for the model's "
+          "shapes at load (about a second per shape) and use the faster per token-count bucket; "
+          "off: built-in defaults");
+ABSL_FLAG(std::string, gemm_tune_cache, "",
+          "CUDA backend, --gemm=auto: JSON file keeping the autotune results between starts "
+          "(read if it matches this device, driver and version; written after tuning)");
+ABSL_FLAG(std::string, gemm_override, "",
+          "CUDA backend, --gemm=auto: pin choices, M:NxK=CONFIG[,...] with CONFIG one of v0 "
+          "(cuBLASLt), v3, v3b128, v3b256, v4, v4s1..v4s8; e.g. 16:6144x4096=v0");
 ABSL_FLAG(int, drain_timeout_s, 30,
           "on SIGTERM/SIGINT, how long queued and open calls may take to finish");
 
@@ -175,6 +185,16 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackendFromFlags(
   absl::StatusOr<cuda::GemmMode> gemm_mode = cuda::ParseGemmMode(absl::GetFlag(FLAGS_gemm));
   if (!gemm_mode.ok()) return gemm_mode.status();
   options.gemm_mode = *gemm_mode;
+  absl::StatusOr<std::vector<cuda::GemmPin>> pins =
+      cuda::ParseGemmPins(absl::GetFlag(FLAGS_gemm_override));
+  if (!pins.ok()) return pins.status();
+  if (!pins->empty() && *gemm_mode != cuda::GemmMode::kAuto) {
+    return absl::InvalidArgumentError("--gemm-override needs --gemm=auto");
+  }
+  options.gemm_tuning.autotune = absl::GetFlag(FLAGS_gemm_autotune);
+  options.gemm_tuning.cache_path = absl::GetFlag(FLAGS_gemm_tune_cache);
+  options.gemm_tuning.build = kVersion;
+  options.gemm_tuning.pins = *std::move(pins);
   absl::StatusOr<std::unique_ptr<CudaBackend>> cuda = MakeCudaBackend(span, options);
   if (!cuda.ok()) return cuda.status();
   // Nothing is allocated on the request path, so the start-up figure holds.

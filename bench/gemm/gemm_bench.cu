@@ -4,15 +4,20 @@
 // Each (version, shape) is first validated against cuBLASLt's output (which
 // the GPU test suite checks against an fp64 reference), then timed with CUDA
 // events after warm-up: a CUDA graph of 10 back-to-back launches is replayed
-// --iters times and the median replay time / 10 is reported. Inputs are
+// --iters times in each of --rounds rounds that interleave the versions, and
+// the median replay time / 10 is reported. Inputs are
 // random and rotate among enough buffer sets that their total exceeds the L2
 // cache three times over, so timings include the weight streaming from HBM
 // that serving sees.
 //
-//   gemm_bench [--versions=0,1,2,3,4] [--shapes=6144x4096,...] [--ms=1,8,...]
-//              [--iters=7] [--csv=PATH]
+//   gemm_bench [--versions=0,1,2,3,4,auto] [--shapes=6144x4096,...] [--ms=1,8,...]
+//              [--iters=5] [--rounds=3] [--csv=PATH]
 // A version may pin a configuration: 3b128 / 3b256 (v3 tile width), 4s2
 // (v4 with 2 K splits); plain 3 and 4 use the launchers' own choice.
+// "auto" is the server's path: a GemmDispatcher autotuned for the shape (as
+// at model load, up to the largest --ms), timed like the others; its row
+// also gives its ratio to the fastest other variant at that M, which the
+// issue bounds at 2% slower.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -71,23 +76,20 @@ constexpr int kGraphLaunches = 10;
 struct Variant {
   std::string label;
   GemmConfig config;
+  bool is_auto = false;  // the autotuned dispatcher; config unused
 };
 
 bool ParseVariant(const std::string& text, Variant* v) {
-  if (text.empty() || text[0] < '0' || text[0] > '4') return false;
-  v->label = "v" + text;
-  v->config = GemmConfig{static_cast<GemmVersion>(text[0] - '0'), 0, 0};
-  if (text.size() == 1) return true;
-  const int value = std::atoi(text.c_str() + 2);
-  if (text[1] == 's' && text[0] == '4') {
-    v->config.split_k = value;
+  if (text == "auto") {
+    v->label = "auto";
+    v->is_auto = true;
     return true;
   }
-  if (text[1] == 'b' && text[0] == '3') {
-    v->config.block_n = value;
-    return true;
-  }
-  return false;
+  const absl::StatusOr<GemmConfig> config = ParseGemmConfigSpec(text);
+  if (!config.ok()) return false;
+  v->label = GemmConfigSpec(*config);
+  v->config = *config;
+  return true;
 }
 
 struct Options {
@@ -95,10 +97,12 @@ struct Options {
                                    {"v1", {GemmVersion::kMmaSync, 0, 0}},
                                    {"v2", {GemmVersion::kTmaWgmma, 0, 0}},
                                    {"v3", {GemmVersion::kWarpSpecialized, 0, 0}},
-                                   {"v4", {GemmVersion::kSmallMSplitK, 0, 0}}};
+                                   {"v4", {GemmVersion::kSmallMSplitK, 0, 0}},
+                                   {"auto", {}, true}};
   std::vector<std::pair<int64_t, int64_t>> shapes = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
   std::vector<int64_t> ms = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
-  int iters = 7;  // timed graph replays
+  int iters = 5;   // timed graph replays per round
+  int rounds = 3;  // interleaved rounds over the variants
   std::string csv;
 };
 
@@ -139,6 +143,8 @@ bool ParseOptions(int argc, char** argv, Options* opt) {
       for (const std::string& m : Split(value, ',')) opt->ms.push_back(std::atoll(m.c_str()));
     } else if (key == "--iters") {
       opt->iters = std::max(1, std::atoi(value.c_str()));
+    } else if (key == "--rounds") {
+      opt->rounds = std::max(1, std::atoi(value.c_str()));
     } else if (key == "--csv") {
       opt->csv = value;
     } else {
@@ -153,6 +159,10 @@ struct Row {
   std::string label;
   std::string status;  // "ok", "INVALID", "n/a: ..."
   double median_us = 0, tflops = 0, gbps = 0, ratio = 0;
+  // auto rows: the dispatcher's choice, and its time over the fastest other
+  // variant's at this M (1.00 = as fast; the bound is 1.02).
+  std::string chosen;
+  double vs_best = 0;
 };
 
 class Bench {
@@ -171,28 +181,32 @@ class Bench {
     allocations_.push_back(p);
     return p;
   }
-  absl::Status Launch(const GemmConfig& config, const GemmParams& p);
+  absl::Status Launch(const Variant& variant, const GemmParams& p);
   bool RunShape(int64_t n, int64_t k);
   void Print(const Row& r) const;
 
   Options opt_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<CublasLtGemm> cublaslt_;
+  std::unique_ptr<GemmDispatcher> dispatcher_;  // tuned for the current shape
   std::vector<void*> allocations_;
   std::vector<Row> rows_;
   size_t l2_bytes_ = 0;
 };
 
-absl::Status Bench::Launch(const GemmConfig& config, const GemmParams& p) {
-  if (config.version == GemmVersion::kCublasLt) return cublaslt_->Run(p, stream_);
-  return LaunchGemm(p, config, stream_);
+absl::Status Bench::Launch(const Variant& variant, const GemmParams& p) {
+  if (variant.is_auto) return dispatcher_->Run(p, stream_);
+  if (variant.config.version == GemmVersion::kCublasLt) return cublaslt_->Run(p, stream_);
+  return LaunchGemm(p, variant.config, stream_);
 }
 
 void Bench::Print(const Row& r) const {
   if (r.status == "ok") {
-    std::printf("%6lld %6lld %6lld  %-6s %10.1f us  %7.1f TFLOP/s  %7.0f GB/s  %5.2fx v0\n",
-                static_cast<long long>(r.m), static_cast<long long>(r.n), static_cast<long long>(r.k), r.label.c_str(),
-                r.median_us, r.tflops, r.gbps, r.ratio);
+    std::printf("%6lld %6lld %6lld  %-6s %10.1f us  %7.1f TFLOP/s  %7.0f GB/s  %5.2fx v0", static_cast<long long>(r.m),
+                static_cast<long long>(r.n), static_cast<long long>(r.k), r.label.c_str(), r.median_us, r.tflops,
+                r.gbps, r.ratio);
+    if (!r.chosen.empty()) std::printf("  [%s, %.3fx the fastest other]", r.chosen.c_str(), r.vs_best);
+    std::printf("\n");
   } else {
     std::printf("%6lld %6lld %6lld  %-6s %s\n", static_cast<long long>(r.m), static_cast<long long>(r.n),
                 static_cast<long long>(r.k), r.label.c_str(), r.status.c_str());
@@ -228,6 +242,19 @@ bool Bench::RunShape(int64_t n, int64_t k) {
   cudaEvent_t start, stop;
   BENCH_CHECK_CUDA(cudaEventCreate(&start));
   BENCH_CHECK_CUDA(cudaEventCreate(&stop));
+  if (std::any_of(opt_.versions.begin(), opt_.versions.end(), [](const Variant& v) { return v.is_auto; })) {
+    absl::StatusOr<std::unique_ptr<GemmDispatcher>> dispatcher = GemmDispatcher::Create();
+    if (!dispatcher.ok()) {
+      std::fprintf(stderr, "dispatcher: %s\n", std::string(dispatcher.status().message()).c_str());
+      return false;
+    }
+    dispatcher_ = *std::move(dispatcher);
+    const absl::StatusOr<std::vector<GemmTuneResult>> tuned = dispatcher_->Autotune(n, k, stream_, max_m);
+    if (!tuned.ok()) {
+      std::fprintf(stderr, "autotune: %s\n", std::string(tuned.status().message()).c_str());
+      return false;
+    }
+  }
 
   for (int64_t m : opt_.ms) {
     auto params = [&](int s, void* out) {
@@ -245,22 +272,31 @@ bool Bench::RunShape(int64_t n, int64_t k) {
       std::fprintf(stderr, "cuBLASLt reference failed: %s\n", std::string(ref_status.message()).c_str());
       return false;
     }
-    double v0_us = 0;
+    // Pass 1: validate each variant and capture its graph. Pass 2: time the
+    // captured graphs in interleaved rounds, so clock and power drift over
+    // the sweep hits every variant alike instead of whichever ran last.
+    struct Timed {
+      Row row;
+      cudaGraphExec_t exec = nullptr;
+      std::vector<float> times;
+    };
+    std::vector<Timed> timed;
     for (const Variant& variant : opt_.versions) {
-      const GemmConfig& config = variant.config;
+      const GemmConfig config = variant.is_auto ? dispatcher_->Choose(m, n, k) : variant.config;
       Row row{m, n, k, variant.label, "ok"};
-      if (config.version == GemmVersion::kSmallMSplitK && m > 64) continue;  // small-M kernel only
-      const absl::Status supported = GemmSupported(params(0, c[0]), config);
+      if (variant.is_auto) row.chosen = GemmConfigSpec(config);
+      if (!variant.is_auto && config.version == GemmVersion::kSmallMSplitK && m > 64) continue;  // small-M only
+      const absl::Status supported =
+          config.version == GemmVersion::kCublasLt ? absl::OkStatus() : GemmSupported(params(0, c[0]), config);
       if (!supported.ok()) {
         row.status = "n/a: " + std::string(supported.message());
-        rows_.push_back(row);
-        Print(row);
+        timed.push_back({row});
         continue;
       }
       // Validate against cuBLASLt on poisoned output.
       BENCH_CHECK_CUDA(cudaMemsetAsync(c[0], 0xFF, m * n * 2, stream_));
       BENCH_CHECK_CUDA(cudaMemsetAsync(bad, 0, sizeof(unsigned long long) + sizeof(float), stream_));
-      const absl::Status st = Launch(config, params(0, c[0]));
+      const absl::Status st = Launch(variant, params(0, c[0]));
       if (st.ok()) {
         const float scale = std::sqrt(static_cast<float>(k)) / 3.f;  // uniform [-1, 1) inputs
         CompareKernel<<<1024, 256, 0, stream_>>>(static_cast<const __nv_bfloat16*>(c[0]),
@@ -277,20 +313,18 @@ bool Bench::RunShape(int64_t n, int64_t k) {
         row.status = !st.ok() ? "FAILED: " + std::string(st.message())
                               : "INVALID: " + std::to_string(bad_host) + " bad elements, worst err/allowed " +
                                     std::to_string(worst_host);
-        rows_.push_back(row);
-        Print(row);
+        timed.push_back({row});
         continue;
       }
       // Launches go back to back, as in a layer, through a graph of
       // kGraphLaunches launches rotating over the buffer sets (host launch
-      // cost stays out of the numbers); one warm-up replay, then the median
-      // over timed replays.
+      // cost stays out of the numbers).
       cudaGraph_t graph = nullptr;
       cudaGraphExec_t exec = nullptr;
       BENCH_CHECK_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
       bool captured = true;
       for (int i = 0; i < kGraphLaunches && captured; ++i) {
-        captured = Launch(config, params(i % sets, c[i % sets])).ok();
+        captured = Launch(variant, params(i % sets, c[i % sets])).ok();
       }
       BENCH_CHECK_CUDA(cudaStreamEndCapture(stream_, &graph));
       if (!captured) {
@@ -298,34 +332,52 @@ bool Bench::RunShape(int64_t n, int64_t k) {
         return false;
       }
       BENCH_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-      BENCH_CHECK_CUDA(cudaGraphLaunch(exec, stream_));
-      std::vector<float> times;
-      for (int i = 0; i < opt_.iters; ++i) {
-        BENCH_CHECK_CUDA(cudaEventRecord(start, stream_));
-        BENCH_CHECK_CUDA(cudaGraphLaunch(exec, stream_));
-        BENCH_CHECK_CUDA(cudaEventRecord(stop, stream_));
-        BENCH_CHECK_CUDA(cudaEventSynchronize(stop));
-        float ms = 0;
-        BENCH_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-        times.push_back(ms / kGraphLaunches);
-      }
-      cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
-      std::sort(times.begin(), times.end());
-      row.median_us = 1e3 * times[times.size() / 2];
+      BENCH_CHECK_CUDA(cudaGraphLaunch(exec, stream_));  // warm-up replay
+      timed.push_back({row, exec});
+    }
+    for (int round = 0; round < opt_.rounds; ++round) {
+      for (Timed& t : timed) {
+        if (t.exec == nullptr) continue;
+        for (int i = 0; i < opt_.iters; ++i) {
+          BENCH_CHECK_CUDA(cudaEventRecord(start, stream_));
+          BENCH_CHECK_CUDA(cudaGraphLaunch(t.exec, stream_));
+          BENCH_CHECK_CUDA(cudaEventRecord(stop, stream_));
+          BENCH_CHECK_CUDA(cudaEventSynchronize(stop));
+          float ms = 0;
+          BENCH_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+          t.times.push_back(ms / kGraphLaunches);
+        }
+      }
+    }
+    double v0_us = 0, best_other_us = 0;
+    for (Timed& t : timed) {
+      if (t.exec == nullptr) continue;
+      cudaGraphExecDestroy(t.exec);
+      std::sort(t.times.begin(), t.times.end());
+      Row& row = t.row;
+      row.median_us = 1e3 * t.times[t.times.size() / 2];
       row.tflops = 2.0 * m * n * k / (row.median_us * 1e-6) / 1e12;
       row.gbps = 2.0 * (m * k + n * k + m * n) / (row.median_us * 1e-6) / 1e9;
-      if (config.version == GemmVersion::kCublasLt) v0_us = row.median_us;
-      row.ratio = v0_us > 0 ? v0_us / row.median_us : 0;
+      if (row.label == "v0") v0_us = row.median_us;
+      if (row.chosen.empty() && (best_other_us == 0 || row.median_us < best_other_us)) best_other_us = row.median_us;
+    }
+    for (Timed& t : timed) {
+      Row& row = t.row;
+      if (row.status == "ok") {
+        row.ratio = v0_us > 0 ? v0_us / row.median_us : 0;
+        if (!row.chosen.empty()) row.vs_best = best_other_us > 0 ? row.median_us / best_other_us : 0;
+      }
       rows_.push_back(row);
       Print(row);
     }
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  // Free this shape's buffers before the next shape.
+  // Free this shape's buffers (and tuned dispatcher) before the next shape.
   for (void* p : allocations_) cudaFree(p);
   allocations_.clear();
+  dispatcher_.reset();
   return true;
 }
 
@@ -351,12 +403,11 @@ bool Bench::Run() {
   if (!opt_.csv.empty()) {
     FILE* f = std::fopen(opt_.csv.c_str(), "w");
     if (f == nullptr) return false;
-    std::fprintf(f, "m,n,k,version,status,median_us,tflops,gbps,ratio_vs_v0\n");
+    std::fprintf(f, "m,n,k,version,status,median_us,tflops,gbps,ratio_vs_v0,chosen,vs_fastest_other\n");
     for (const Row& r : rows_) {
-      std::fprintf(f, "%lld,%lld,%lld,%s,\"%s\",%.2f,%.2f,%.1f,%.3f\n", static_cast<long long>(r.m),
+      std::fprintf(f, "%lld,%lld,%lld,%s,\"%s\",%.2f,%.2f,%.1f,%.3f,%s,%.3f\n", static_cast<long long>(r.m),
                    static_cast<long long>(r.n), static_cast<long long>(r.k), r.label.c_str(), r.status.c_str(),
-                   r.median_us,
-                   r.tflops, r.gbps, r.ratio);
+                   r.median_us, r.tflops, r.gbps, r.ratio, r.chosen.c_str(), r.vs_best);
     }
     std::fclose(f);
   }
@@ -370,8 +421,8 @@ int main(int argc, char** argv) {
   layerserve::kernels::Options opt;
   if (!layerserve::kernels::ParseOptions(argc, argv, &opt)) {
     std::fprintf(stderr,
-                 "usage: gemm_bench [--versions=0,1,2,3,3b128,4,4s2,...] [--shapes=NxK,...] [--ms=1,8,...] [--iters=N] "
-                 "[--csv=PATH]\n");
+                 "usage: gemm_bench [--versions=0,1,2,3,3b128,4,4s2,auto,...] [--shapes=NxK,...] [--ms=1,8,...] [--iters=N] "
+                 "[--rounds=N] [--csv=PATH]\n");
     return 2;
   }
   layerserve::kernels::Bench bench(std::move(opt));

@@ -125,8 +125,16 @@ absl::Status Run(const std::string& csv_path, int iters) {
                       DeviceBuffer::Allocate(inv_freq.size() * sizeof(float)));
   LS_CUDA_RETURN_IF_ERROR(cudaMemcpy(inv_freq_dev.data(), inv_freq.data(),
                                      inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
-  LS_ASSIGN_OR_RETURN(auto gemm,
-                      cuda::GemmEngine::Create(cuda::GemmEngine::kDefaultWorkspaceBytes));
+  // The server's GEMM routing: auto mode, tuned at "load" for this layer's
+  // shapes (the table goes to stderr).
+  cuda::GemmEngineTuning tuning;
+  tuning.shapes = {{shape.qkv_width(), shape.hidden},
+                   {shape.hidden, shape.q_width()},
+                   {2 * shape.intermediate, shape.hidden},
+                   {shape.hidden, shape.intermediate}};
+  tuning.max_m = kMaxTokens;
+  LS_ASSIGN_OR_RETURN(auto gemm, cuda::GemmEngine::Create(cuda::GemmEngine::kDefaultWorkspaceBytes,
+                                                          cuda::GemmMode::kAuto, tuning));
   LS_ASSIGN_OR_RETURN(DeviceBuffer workspace_buffer,
                       DeviceBuffer::Allocate(gemm->workspace_bytes()));
   const cuda::GemmWorkspace workspace{workspace_buffer.data(), workspace_buffer.bytes()};

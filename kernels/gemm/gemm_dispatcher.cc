@@ -69,38 +69,54 @@ class EventPair {
   cudaEvent_t stop_ = nullptr;
 };
 
-// Milliseconds per launch of run(0..kLaunches-1) captured into a CUDA graph
-// (back to back, without host launch cost, as a layer's projections run),
-// median of a few replays after one warm-up replay.
-template <typename Run>
-absl::StatusOr<float> TimeBackToBack(Run& run, cudaStream_t stream, const EventPair& events) {
-  constexpr int kLaunches = 10;
-  constexpr int kReplays = 3;
-  cudaGraph_t graph = nullptr;
-  LS_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-  absl::Status captured = absl::OkStatus();
-  for (int i = 0; i < kLaunches && captured.ok(); ++i) captured = run(i);
-  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-  LS_GEMM_RETURN_IF_ERROR(captured);
-  LS_CUDA_RETURN_IF_ERROR(end);
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-  cudaGraphDestroy(graph);
-  LS_CUDA_RETURN_IF_ERROR(inst);
-  std::array<float, kReplays> times{};
-  cudaError_t err = cudaGraphLaunch(exec, stream);
-  for (float& t : times) {
-    if (err == cudaSuccess) err = cudaEventRecord(events.start(), stream);
-    if (err == cudaSuccess) err = cudaGraphLaunch(exec, stream);
-    if (err == cudaSuccess) err = cudaEventRecord(events.stop(), stream);
-    if (err == cudaSuccess) err = cudaEventSynchronize(events.stop());
-    if (err == cudaSuccess) err = cudaEventElapsedTime(&t, events.start(), events.stop());
+// One candidate's launches run(0..kLaunches-1) captured into a CUDA graph:
+// back to back, without host launch cost, as a layer's projections run.
+class LaunchGraph {
+ public:
+  static constexpr int kLaunches = 10;
+
+  LaunchGraph() = default;
+  LaunchGraph(LaunchGraph&& other) noexcept : exec_(std::exchange(other.exec_, nullptr)) {}
+  LaunchGraph& operator=(LaunchGraph&&) = delete;
+  ~LaunchGraph() {
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
   }
-  cudaGraphExecDestroy(exec);
-  LS_CUDA_RETURN_IF_ERROR(err);
-  std::sort(times.begin(), times.end());
-  return times[kReplays / 2] / kLaunches;
-}
+
+  template <typename Run>
+  absl::Status Capture(Run& run, cudaStream_t stream) {
+    cudaGraph_t graph = nullptr;
+    LS_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+    absl::Status captured = absl::OkStatus();
+    for (int i = 0; i < kLaunches && captured.ok(); ++i) captured = run(i);
+    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+    LS_GEMM_RETURN_IF_ERROR(captured);
+    LS_CUDA_RETURN_IF_ERROR(end);
+    const cudaError_t inst = cudaGraphInstantiate(&exec_, graph, 0);
+    cudaGraphDestroy(graph);
+    LS_CUDA_RETURN_IF_ERROR(inst);
+    LS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec_, stream));  // warm-up replay
+    return absl::OkStatus();
+  }
+
+  // Milliseconds per launch over one replay.
+  absl::StatusOr<float> Time(cudaStream_t stream, const EventPair& events) const {
+    float ms = 0;
+    LS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.start(), stream));
+    LS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec_, stream));
+    LS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.stop(), stream));
+    LS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(events.stop()));
+    LS_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, events.start(), events.stop()));
+    return ms / kLaunches;
+  }
+
+ private:
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+// Timed replays per candidate, one per round; rounds interleave the
+// candidates so clock and power drift during the pass does not favour one,
+// and the median keeps a one-off stall from deciding the choice.
+constexpr int kTuneRounds = 5;
 
 }  // namespace
 
@@ -148,21 +164,23 @@ absl::Status GemmDispatcher::Run(const GemmParams& p, cudaStream_t stream) {
   return LaunchGemm(p, config, stream);
 }
 
-absl::Status GemmDispatcher::Autotune(int64_t n, int64_t k, cudaStream_t stream) {
-  if (!custom_kernels_available_ || n % 8 != 0 || k % 8 != 0) return absl::OkStatus();
-  absl::StatusOr<gemm::DeviceInfo> dev = gemm::CurrentDeviceInfo();
-  if (!dev.ok()) return dev.status();
+absl::StatusOr<std::vector<GemmTuneResult>> GemmDispatcher::Autotune(int64_t n, int64_t k, cudaStream_t stream,
+                                                                     int64_t max_m) {
+  std::vector<GemmTuneResult> results;
+  if (!custom_kernels_available_ || n % 8 != 0 || k % 8 != 0 || max_m < 1) return results;
   int device = 0, l2_bytes = 0;
   LS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   LS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  const int last_bucket = MBucket(max_m);
+  const int64_t rows = std::min(MBucketUpperBound(last_bucket), kTuneMaxM);
   // Enough copies of W that timed launches stream it from HBM, as serving does.
   const size_t w_bytes = static_cast<size_t>(n * k) * 2;
   const int w_sets = static_cast<int>(std::max<size_t>(2, (2 * static_cast<size_t>(l2_bytes) + w_bytes - 1) / w_bytes));
   DeviceBuffer a, c;
   std::vector<DeviceBuffer> w(w_sets);
-  LS_GEMM_RETURN_IF_ERROR(a.Allocate(static_cast<size_t>(kTuneMaxM * k) * 2));
-  LS_GEMM_RETURN_IF_ERROR(c.Allocate(static_cast<size_t>(kTuneMaxM * n) * 2));
-  LS_GEMM_RETURN_IF_ERROR(gemm::FillRandomBf16(a.get(), kTuneMaxM * k, 1, stream));
+  LS_GEMM_RETURN_IF_ERROR(a.Allocate(static_cast<size_t>(rows * k) * 2));
+  LS_GEMM_RETURN_IF_ERROR(c.Allocate(static_cast<size_t>(rows * n) * 2));
+  LS_GEMM_RETURN_IF_ERROR(gemm::FillRandomBf16(a.get(), rows * k, 1, stream));
   for (int i = 0; i < w_sets; ++i) {
     LS_GEMM_RETURN_IF_ERROR(w[i].Allocate(w_bytes));
     LS_GEMM_RETURN_IF_ERROR(gemm::FillRandomBf16(w[i].get(), n * k, 2 + i, stream));
@@ -170,11 +188,11 @@ absl::Status GemmDispatcher::Autotune(int64_t n, int64_t k, cudaStream_t stream)
   EventPair events;
   LS_GEMM_RETURN_IF_ERROR(events.Create());
 
-  for (int bucket = 0; bucket < static_cast<int>(kBucketUpper.size()); ++bucket) {
+  for (int bucket = 0; bucket <= last_bucket; ++bucket) {
     GemmParams p;
     p.a = a.get();
     p.c = c.get();
-    p.m = std::min(kBucketUpper[bucket], kTuneMaxM);
+    p.m = std::min(MBucketUpperBound(bucket), rows);
     p.n = n;
     p.k = k;
     std::vector<GemmConfig> candidates = {{GemmVersion::kCublasLt, 0, 0},
@@ -183,8 +201,8 @@ absl::Status GemmDispatcher::Autotune(int64_t n, int64_t k, cudaStream_t stream)
     if (p.m <= 64) {
       for (int s : {1, 2, 4, 8}) candidates.push_back({GemmVersion::kSmallMSplitK, s, 0});
     }
-    GemmConfig best = candidates.front();
-    float best_ms = -1.f;
+    std::vector<GemmConfig> configs;
+    std::vector<LaunchGraph> graphs;
     for (const GemmConfig& config : candidates) {
       p.w = w[0].get();
       if (config.version != GemmVersion::kCublasLt && !GemmSupported(p, config).ok()) continue;
@@ -193,17 +211,34 @@ absl::Status GemmDispatcher::Autotune(int64_t n, int64_t k, cudaStream_t stream)
         return config.version == GemmVersion::kCublasLt ? cublaslt_->Run(p, stream) : LaunchGemm(p, config, stream);
       };
       LS_GEMM_RETURN_IF_ERROR(run(0));  // plans, module load, L2 state
-      absl::StatusOr<float> ms = TimeBackToBack(run, stream, events);
-      if (!ms.ok()) return ms.status();
-      if (best_ms < 0.f || *ms < best_ms) {
-        best_ms = *ms;
-        best = config;
+      LaunchGraph graph;
+      LS_GEMM_RETURN_IF_ERROR(graph.Capture(run, stream));
+      configs.push_back(config);
+      graphs.push_back(std::move(graph));
+    }
+    std::vector<std::array<float, kTuneRounds>> times(graphs.size());
+    for (int round = 0; round < kTuneRounds; ++round) {
+      for (size_t i = 0; i < graphs.size(); ++i) {
+        absl::StatusOr<float> ms = graphs[i].Time(stream, events);
+        if (!ms.ok()) return ms.status();
+        times[i][round] = *ms;
       }
     }
-    choices_[{bucket, n, k}] = best;
+    GemmTuneResult result{bucket, p.m, n, k, configs.front(), -1.f, -1.f};
+    for (size_t i = 0; i < graphs.size(); ++i) {
+      std::sort(times[i].begin(), times[i].end());
+      const float us = 1e3f * times[i][kTuneRounds / 2];
+      if (configs[i].version == GemmVersion::kCublasLt) result.cublaslt_us = us;
+      if (result.chosen_us < 0.f || us < result.chosen_us) {
+        result.chosen_us = us;
+        result.chosen = configs[i];
+      }
+    }
+    choices_[{bucket, n, k}] = result.chosen;
+    results.push_back(result);
   }
   LS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  return absl::OkStatus();
+  return results;
 }
 
 }  // namespace layerserve::kernels

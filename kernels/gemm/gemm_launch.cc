@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <tuple>
 
 #include "absl/status/status.h"
@@ -139,6 +140,47 @@ std::string GemmConfigName(const GemmConfig& config) {
       return config.split_k > 0 ? absl::StrCat("v4-split-k", config.split_k) : "v4-split-k";
   }
   return absl::StrCat("v?", static_cast<int>(config.version));
+}
+
+std::string GemmConfigSpec(const GemmConfig& config) {
+  std::string spec = absl::StrCat("v", static_cast<int>(config.version));
+  if (config.version == GemmVersion::kWarpSpecialized && config.block_n > 0) {
+    absl::StrAppend(&spec, "b", config.block_n);
+  } else if (config.version == GemmVersion::kSmallMSplitK && config.split_k > 0) {
+    absl::StrAppend(&spec, "s", config.split_k);
+  }
+  return spec;
+}
+
+absl::StatusOr<GemmConfig> ParseGemmConfigSpec(std::string_view spec) {
+  const std::string text(spec);
+  const auto bad = [&text] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gemm configuration '", text, "' is not one of v0, v1, v2, v3, v3b128, v3b256, v4, v4s1..v4s8"));
+  };
+  std::string_view rest = spec;
+  if (!rest.empty() && rest.front() == 'v') rest.remove_prefix(1);
+  if (rest.empty() || rest.front() < '0' || rest.front() > '4') return bad();
+  GemmConfig config{static_cast<GemmVersion>(rest.front() - '0'), 0, 0};
+  rest.remove_prefix(1);
+  if (rest.empty()) return config;
+  const char option = rest.front();
+  rest.remove_prefix(1);
+  int value = 0;
+  for (const char c : rest) {
+    if (c < '0' || c > '9' || value > 1000) return bad();
+    value = value * 10 + (c - '0');
+  }
+  if (rest.empty()) return bad();
+  if (config.version == GemmVersion::kWarpSpecialized && option == 'b' && (value == 128 || value == 256)) {
+    config.block_n = value;
+    return config;
+  }
+  if (config.version == GemmVersion::kSmallMSplitK && option == 's' && value >= 1 && value <= gemm::kMaxSplitK) {
+    config.split_k = value;
+    return config;
+  }
+  return bad();
 }
 
 namespace {

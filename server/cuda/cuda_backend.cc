@@ -390,10 +390,19 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& mo
 
   const kernels::DType dtype = cuda::ActivationDTypeFor(model);
   LS_ASSIGN_OR_RETURN(cuda::DeviceWeights weights, cuda::DeviceWeights::Upload(model, dtype));
+  const cuda::LayerShape shape = cuda::LayerShape::FromConfig(model.config, dtype);
+  cuda::GemmEngineTuning tuning;
+  if (dtype == kernels::DType::kBF16) {  // our GEMM kernels take bf16 only
+    tuning.shapes = {{shape.qkv_width(), shape.hidden},
+                     {shape.hidden, shape.q_width()},
+                     {2 * shape.intermediate, shape.hidden},
+                     {shape.hidden, shape.intermediate}};
+  }
+  tuning.max_m = options.max_batch_tokens;
+  tuning.options = options.gemm_tuning;
   LS_ASSIGN_OR_RETURN(std::unique_ptr<cuda::GemmEngine> gemm,
                       cuda::GemmEngine::Create(cuda::GemmEngine::kDefaultWorkspaceBytes,
-                                               options.gemm_mode));
-  const cuda::LayerShape shape = cuda::LayerShape::FromConfig(model.config, dtype);
+                                               options.gemm_mode, tuning));
   std::vector<std::unique_ptr<StreamSlot>> slots;
   for (int i = 0; i < options.num_streams; ++i) {
     LS_ASSIGN_OR_RETURN(std::unique_ptr<StreamSlot> slot,

@@ -42,6 +42,9 @@ struct CudaBackendOptions {
   // takes our Hopper kernels only where they match cuBLASLt; cublaslt and
   // custom force one side, for comparison. Off Hopper everything is cuBLASLt.
   cuda::GemmMode gemm_mode = cuda::GemmMode::kAuto;
+  // Auto mode: where its per-shape table comes from (cache file, autotune
+  // pass at load, pins); see gemm_tuning.h.
+  cuda::GemmTuningOptions gemm_tuning;
 };
 
 class CudaBackend : public Backend {

@@ -158,7 +158,8 @@ absl::StatusOr<GemmMode> ParseGemmMode(std::string_view name) {
 }
 
 absl::StatusOr<std::unique_ptr<GemmEngine>> GemmEngine::Create(size_t workspace_bytes,
-                                                               GemmMode mode) {
+                                                               GemmMode mode,
+                                                               const GemmEngineTuning& tuning) {
   LS_ASSIGN_OR_RETURN(CublasLtHandle handle, CreateCublasLtHandle());
   bool custom_kernels = false;
   std::unique_ptr<kernels::GemmDispatcher> dispatcher;
@@ -169,6 +170,8 @@ absl::StatusOr<std::unique_ptr<GemmEngine>> GemmEngine::Create(size_t workspace_
           kernels::GemmDispatcher::Create();
       if (made.ok()) {
         dispatcher = *std::move(made);
+        LS_RETURN_IF_ERROR(TuneGemmDispatcher(*dispatcher, tuning.shapes, tuning.max_m,
+                                              tuning.options, std::cerr));
       } else {
         usable = made.status();
       }

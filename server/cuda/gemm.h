@@ -36,6 +36,8 @@
 #include <memory>
 #include <string_view>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -43,14 +45,16 @@
 #include "layerserve/kernels/gemm.h"
 #include "server/core/mutex.h"
 #include "server/cuda/cuda_resources.h"
+#include "server/cuda/gemm_tuning.h"
 
 namespace layerserve::cuda {
 
 // Which implementation the GEMMs that our kernels can take run on.
 enum class GemmMode {
-  // Per (M bucket, N, K), the kernel library's GemmDispatcher table: ours only
-  // where it measured them at least as fast as cuBLASLt (v4 for M <= 16 on
-  // the Llama shapes), cuBLASLt elsewhere. The serving default.
+  // Per (M bucket, N, K), the kernel library's GemmDispatcher table, tuned
+  // at creation for the model's shapes (gemm_tuning.h: timed against
+  // cuBLASLt, or read from a cache, or pinned); untuned shapes get the
+  // built-in defaults (v4 for M <= 16, cuBLASLt above). The serving default.
   kAuto,
   // cuBLASLt for every call: the reference path, and the way back should one
   // of our kernels misbehave on some device.
@@ -89,6 +93,13 @@ struct GemmWorkspace {
   size_t bytes = 0;
 };
 
+// What the auto mode's table is tuned for at creation (gemm_tuning.h).
+struct GemmEngineTuning {
+  std::vector<std::pair<int64_t, int64_t>> shapes;  // (n, k) of the model's projections
+  int64_t max_m = 1;                                // largest M a call will have
+  GemmTuningOptions options;
+};
+
 class GemmEngine {
  public:
   // 32 MiB is what cuBLASLt's Hopper kernels ask for at most.
@@ -98,9 +109,12 @@ class GemmEngine {
   // the current device. Where `mode` wants our kernels but they cannot run
   // here (not a compute capability 9.0 device, binary without sm_90a) or the
   // dispatcher cannot be created, logs one line to stderr and routes every
-  // call to cuBLASLt: that is not an error.
-  static absl::StatusOr<std::unique_ptr<GemmEngine>> Create(size_t workspace_bytes,
-                                                            GemmMode mode = GemmMode::kAuto);
+  // call to cuBLASLt: that is not an error. In auto mode with our kernels
+  // usable, the per-shape table is tuned for `tuning` before this returns
+  // (cache, autotune pass, pins; logged to stderr), so serving never times.
+  static absl::StatusOr<std::unique_ptr<GemmEngine>> Create(
+      size_t workspace_bytes, GemmMode mode = GemmMode::kAuto,
+      const GemmEngineTuning& tuning = GemmEngineTuning{});
   ~GemmEngine();
 
   // Enqueues the product on `stream`; nothing synchronizes. INVALID_ARGUMENT
@@ -136,8 +150,8 @@ class GemmEngine {
   const size_t workspace_bytes_;
   const GemmMode mode_;
   const bool custom_kernels_;
-  // Consulted only through its const Choose(), whose table nothing changes
-  // after creation, so all streams may share it. Its Run() and its own
+  // Consulted only through its const Choose(), whose table is tuned in
+  // Create and never changes after, so all streams may share it. Its Run() and its own
   // cuBLASLt instance serve one stream at a time and stay unused: cuBLASLt
   // runs here, on the caller's workspace. Null unless mode_ is kAuto and
   // custom_kernels_.

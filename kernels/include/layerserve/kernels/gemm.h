@@ -22,7 +22,9 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <tuple>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -63,6 +65,13 @@ struct GemmConfig {
 
 std::string GemmConfigName(const GemmConfig& config);
 
+// Short spelling of a configuration, as flags, the benchmark and the autotune
+// cache write it: "v0" (cuBLASLt), "v1", "v2", "v3", "v3b128", "v3b256", "v4",
+// "v4s1".."v4s8". ParseGemmConfigSpec is its inverse (INVALID_ARGUMENT for
+// anything else); the leading "v" is optional there.
+std::string GemmConfigSpec(const GemmConfig& config);
+absl::StatusOr<GemmConfig> ParseGemmConfigSpec(std::string_view spec);
+
 // OK if `config` can run `p` on the current device with this binary, else the
 // reason (UNIMPLEMENTED for a missing arch/feature, INVALID_ARGUMENT for a
 // shape or alignment the version does not take).
@@ -88,6 +97,19 @@ class CublasLtGemm {
   std::unique_ptr<Impl> impl_;
 };
 
+// One M bucket's autotune outcome for (n, k): the configuration chosen and
+// the measured time of it and of cuBLASLt (microseconds per launch, launches
+// back to back) at m_timed, the bucket's largest M (capped at 8192).
+struct GemmTuneResult {
+  int bucket = 0;
+  int64_t m_timed = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  GemmConfig chosen;
+  float chosen_us = 0;
+  float cublaslt_us = 0;
+};
+
 // Chooses and runs a GEMM per (M bucket, N, K). Owns a CublasLtGemm (and its
 // workspace), so it serves one stream at a time (the server keeps one per
 // stream). Not thread-safe.
@@ -107,16 +129,23 @@ class GemmDispatcher {
   // splits for M <= 64) for each M bucket on synthetic random data of shape
   // (bucket's largest M capped at 8192, n, k), launches back to back in a
   // CUDA graph with W rotating through enough copies to miss in L2, and caches
-  // the fastest. Allocates (and frees) 8192 * (k + n) bf16 elements plus those
-  // copies of W; call at start-up, not on the serving path. Synchronizes
-  // `stream`.
-  absl::Status Autotune(int64_t n, int64_t k, cudaStream_t stream);
+  // the fastest. Buckets that hold no M <= max_m are skipped (they keep
+  // their default). Allocates (and frees) min(max_m, 8192) * (k + n) bf16
+  // elements plus those copies of W; call at start-up, not on the serving
+  // path. Synchronizes `stream`. Where our kernels cannot run (see Create),
+  // nothing is timed and the result is empty.
+  absl::StatusOr<std::vector<GemmTuneResult>> Autotune(int64_t n, int64_t k, cudaStream_t stream,
+                                                       int64_t max_m = int64_t{1} << 40);
 
   // Pins the configuration of m's bucket for (n, k), replacing any tuned one.
   void SetOverride(int64_t m, int64_t n, int64_t k, const GemmConfig& config);
 
   // Tuned or overridden choice, else a default from the shape.
   GemmConfig Choose(int64_t m, int64_t n, int64_t k) const;
+
+  // False where every call goes to cuBLASLt (not a compute capability 9.0
+  // device, or this binary has no sm_90a code).
+  bool custom_kernels_available() const { return custom_kernels_available_; }
 
   // M buckets: 1-8, 9-16, 17-32, 33-64, then powers of two up to 8192, then
   // everything larger. Returns the bucket's index.

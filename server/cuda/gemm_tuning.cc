@@ -1,0 +1,302 @@
+// GEMM tuning at model load (see gemm_tuning.h): cache file, autotune pass,
+// pins, and the log of the resulting table.
+#include "server/cuda/gemm_tuning.h"
+
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <ostream>
+#include <sstream>
+#include <system_error>
+#include <tuple>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
+#include "server/core/status_macros.h"
+#include "server/cuda/cuda_check.h"
+
+namespace layerserve::cuda {
+namespace {
+
+using kernels::GemmDispatcher;
+using kernels::GemmTuneResult;
+
+constexpr char kCacheFormat[] = "layerserve-gemm-tune-1";
+
+absl::Status PinError(absl::string_view entry, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("--gemm-override entry '", entry, "': ", why,
+                                                  " (expected M:NxK=CONFIG, e.g. 16:6144x4096=v4s2)"));
+}
+
+bool ParsePositive(absl::string_view text, int64_t* out) {
+  return absl::SimpleAtoi(text, out) && *out > 0;
+}
+
+// Owns a stream for the tuning pass.
+class TuneStream {
+ public:
+  ~TuneStream() {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  absl::Status Create() {
+    LS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    return absl::OkStatus();
+  }
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+// The cache's results for (n, k) if they cover every bucket up to
+// `last_bucket`, else nothing.
+std::vector<GemmTuneResult> CachedFor(const std::vector<GemmTuneResult>& cached, int64_t n,
+                                      int64_t k, int last_bucket) {
+  std::map<int, GemmTuneResult> by_bucket;
+  for (const GemmTuneResult& r : cached) {
+    if (r.n == n && r.k == k && r.bucket <= last_bucket) by_bucket[r.bucket] = r;
+  }
+  if (static_cast<int>(by_bucket.size()) != last_bucket + 1) return {};
+  std::vector<GemmTuneResult> out;
+  for (const auto& [bucket, r] : by_bucket) out.push_back(r);
+  return out;
+}
+
+absl::StatusOr<std::vector<GemmTuneResult>> ReadCache(const std::string& path,
+                                                      const std::string& key, std::ostream& log) {
+  std::ifstream in(path);
+  if (!in) {
+    log << "layerserve: gemm: no tuning cache at " << path << " yet" << std::endl;
+    return std::vector<GemmTuneResult>{};
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<GemmTuneCache> cache = ParseGemmTuneCache(text.str());
+  if (!cache.ok()) {
+    log << "layerserve: gemm: ignoring tuning cache " << path << ": " << cache.status().message()
+        << std::endl;
+    return std::vector<GemmTuneResult>{};
+  }
+  if (cache->device_key != key) {
+    log << "layerserve: gemm: tuning cache " << path << " is for '" << cache->device_key
+        << "', not '" << key << "'; tuning again" << std::endl;
+    return std::vector<GemmTuneResult>{};
+  }
+  return cache->results;
+}
+
+absl::Status WriteCache(const std::string& path, const GemmTuneCache& cache) {
+  // Per process, so two servers starting together never share a temp file.
+  const std::string temp = absl::StrCat(path, ".tmp.", getpid());
+  {
+    std::ofstream out(temp, std::ios::trunc);
+    out << SerializeGemmTuneCache(cache);
+    if (!out.flush()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("gemm: cannot write the tuning cache '", temp, "'"));
+    }
+  }
+  std::error_code error;
+  std::filesystem::rename(temp, path, error);
+  if (error) {
+    return absl::FailedPreconditionError(absl::StrCat("gemm: cannot rename '", temp, "' to '",
+                                                      path, "': ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+// "m<=8 v4s4 1.06x": the bucket, its choice, and cuBLASLt's time over the
+// choice's (how much faster the choice measured; 1.00x when it is cuBLASLt).
+std::string DescribeResult(const GemmTuneResult& r) {
+  std::string text = absl::StrCat("m<=", GemmDispatcher::MBucketUpperBound(r.bucket), " ",
+                                  kernels::GemmConfigSpec(r.chosen));
+  if (r.chosen_us > 0 && r.cublaslt_us > 0) {
+    absl::StrAppend(&text, absl::StrFormat(" %.2fx", r.cublaslt_us / r.chosen_us));
+  }
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<GemmPin>> ParseGemmPins(std::string_view text) {
+  std::vector<GemmPin> pins;
+  if (text.empty()) return pins;
+  for (const absl::string_view entry : absl::StrSplit(ToAbsl(text), ',')) {
+    const std::vector<absl::string_view> lhs_rhs = absl::StrSplit(entry, '=');
+    if (lhs_rhs.size() != 2) return PinError(entry, "no single '='");
+    const std::vector<absl::string_view> m_shape = absl::StrSplit(lhs_rhs[0], ':');
+    if (m_shape.size() != 2) return PinError(entry, "no single ':'");
+    const std::vector<absl::string_view> n_k = absl::StrSplit(m_shape[1], 'x');
+    GemmPin pin;
+    if (n_k.size() != 2 || !ParsePositive(m_shape[0], &pin.m) || !ParsePositive(n_k[0], &pin.n) ||
+        !ParsePositive(n_k[1], &pin.k)) {
+      return PinError(entry, "M, N and K must be positive integers");
+    }
+    absl::StatusOr<kernels::GemmConfig> config =
+        kernels::ParseGemmConfigSpec(std::string_view(lhs_rhs[1].data(), lhs_rhs[1].size()));
+    if (!config.ok()) return PinError(entry, config.status().message());
+    pin.config = *config;
+    pins.push_back(pin);
+  }
+  return pins;
+}
+
+std::string FormatGemmPin(const GemmPin& pin) {
+  return absl::StrCat(pin.m, ":", pin.n, "x", pin.k, "=", kernels::GemmConfigSpec(pin.config));
+}
+
+std::string SerializeGemmTuneCache(const GemmTuneCache& cache) {
+  nlohmann::json entries = nlohmann::json::array();
+  for (const GemmTuneResult& r : cache.results) {
+    entries.push_back({{"n", r.n},
+                       {"k", r.k},
+                       {"m_max", GemmDispatcher::MBucketUpperBound(r.bucket)},
+                       {"m_timed", r.m_timed},
+                       {"config", kernels::GemmConfigSpec(r.chosen)},
+                       {"us", r.chosen_us},
+                       {"cublaslt_us", r.cublaslt_us}});
+  }
+  const nlohmann::json doc = {
+      {"format", kCacheFormat}, {"device_key", cache.device_key}, {"entries", entries}};
+  return doc.dump(1) + "\n";
+}
+
+absl::StatusOr<GemmTuneCache> ParseGemmTuneCache(std::string_view json) {
+  const nlohmann::json doc = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return absl::InvalidArgumentError("gemm tuning cache: not a JSON object");
+  }
+  if (doc.value("format", "") != kCacheFormat) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gemm tuning cache: format is not '", kCacheFormat, "'"));
+  }
+  const auto key = doc.find("device_key");
+  const auto entries = doc.find("entries");
+  if (key == doc.end() || !key->is_string() || entries == doc.end() || !entries->is_array()) {
+    return absl::InvalidArgumentError("gemm tuning cache: needs device_key and entries");
+  }
+  GemmTuneCache cache;
+  cache.device_key = key->get<std::string>();
+  for (const nlohmann::json& e : *entries) {
+    const auto number = [&e](const char* name) -> const nlohmann::json* {
+      const auto it = e.find(name);
+      return it != e.end() && it->is_number() ? &*it : nullptr;
+    };
+    const nlohmann::json* n = number("n");
+    const nlohmann::json* k = number("k");
+    const nlohmann::json* m_max = number("m_max");
+    const auto config = e.find("config");
+    if (n == nullptr || k == nullptr || m_max == nullptr || config == e.end() ||
+        !config->is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gemm tuning cache: bad entry ", e.dump()));
+    }
+    GemmTuneResult r;
+    r.n = n->get<int64_t>();
+    r.k = k->get<int64_t>();
+    r.bucket = GemmDispatcher::MBucket(m_max->get<int64_t>());
+    if (r.n <= 0 || r.k <= 0 || GemmDispatcher::MBucketUpperBound(r.bucket) != m_max->get<int64_t>()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gemm tuning cache: entry ", e.dump(), " is not an M bucket of this build"));
+    }
+    absl::StatusOr<kernels::GemmConfig> chosen =
+        kernels::ParseGemmConfigSpec(config->get<std::string>());
+    if (!chosen.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gemm tuning cache: ", chosen.status().message()));
+    }
+    r.chosen = *chosen;
+    if (const nlohmann::json* v = number("m_timed")) r.m_timed = v->get<int64_t>();
+    if (const nlohmann::json* v = number("us")) r.chosen_us = v->get<float>();
+    if (const nlohmann::json* v = number("cublaslt_us")) r.cublaslt_us = v->get<float>();
+    cache.results.push_back(r);
+  }
+  return cache;
+}
+
+absl::StatusOr<std::string> CurrentDeviceKey(std::string_view build) {
+  int device = 0, driver = 0, runtime = 0;
+  LS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  cudaDeviceProp props{};
+  LS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, device));
+  LS_CUDA_RETURN_IF_ERROR(cudaDriverGetVersion(&driver));
+  LS_CUDA_RETURN_IF_ERROR(cudaRuntimeGetVersion(&runtime));
+  return absl::StrCat(props.name, "; sm_", props.major, props.minor, "; ",
+                      props.multiProcessorCount, " SMs; driver ", driver, "; runtime ", runtime,
+                      "; layerserve ", ToAbsl(build));
+}
+
+absl::Status TuneGemmDispatcher(GemmDispatcher& dispatcher,
+                                const std::vector<std::pair<int64_t, int64_t>>& shapes,
+                                int64_t max_m, const GemmTuningOptions& options, std::ostream& log) {
+  if (!dispatcher.custom_kernels_available()) return absl::OkStatus();
+  LS_ASSIGN_OR_RETURN(const std::string key, CurrentDeviceKey(options.build));
+  std::vector<GemmTuneResult> cached;
+  if (!options.cache_path.empty()) {
+    LS_ASSIGN_OR_RETURN(cached, ReadCache(options.cache_path, key, log));
+  }
+  const int last_bucket = GemmDispatcher::MBucket(max_m);
+  TuneStream stream;
+  bool tuned_any = false;
+  // Entries for the cache file: everything read (other models' shapes
+  // included) with this pass's results replacing those of their shape.
+  std::map<std::tuple<int64_t, int64_t, int>, GemmTuneResult> merged;
+  for (const GemmTuneResult& r : cached) merged[{r.n, r.k, r.bucket}] = r;
+
+  for (const auto& [n, k] : shapes) {
+    std::vector<GemmTuneResult> results = CachedFor(cached, n, k, last_bucket);
+    std::string source = "from the cache";
+    if (results.empty() && options.autotune) {
+      if (stream.get() == nullptr) LS_RETURN_IF_ERROR(stream.Create());
+      const auto start = std::chrono::steady_clock::now();
+      LS_ASSIGN_OR_RETURN(results, dispatcher.Autotune(n, k, stream.get(), max_m));
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      source = absl::StrFormat("autotuned in %.1f s", seconds);
+      tuned_any = true;
+      for (const GemmTuneResult& r : results) merged[{r.n, r.k, r.bucket}] = r;
+    } else if (results.empty()) {
+      source = "defaults, autotune off";
+    } else {
+      for (const GemmTuneResult& r : results) {
+        dispatcher.SetOverride(GemmDispatcher::MBucketUpperBound(r.bucket), n, k, r.chosen);
+      }
+    }
+    std::string line = absl::StrCat("layerserve: gemm ", n, "x", k, " (", source, "):");
+    for (const GemmTuneResult& r : results) absl::StrAppend(&line, " ", DescribeResult(r));
+    if (results.empty()) {
+      for (int b = 0; b <= last_bucket; ++b) {
+        const int64_t m = GemmDispatcher::MBucketUpperBound(b);
+        absl::StrAppend(&line, " m<=", m, " ",
+                        kernels::GemmConfigSpec(dispatcher.Choose(m, n, k)));
+      }
+    }
+    log << line << std::endl;
+  }
+  if (tuned_any && !options.cache_path.empty()) {
+    GemmTuneCache cache{key, {}};
+    for (const auto& [where, r] : merged) cache.results.push_back(r);
+    LS_RETURN_IF_ERROR(WriteCache(options.cache_path, cache));
+    log << "layerserve: gemm: tuning written to " << options.cache_path << std::endl;
+  }
+  for (const GemmPin& pin : options.pins) {
+    dispatcher.SetOverride(pin.m, pin.n, pin.k, pin.config);
+    log << "layerserve: gemm: pinned " << FormatGemmPin(pin) << std::endl;
+  }
+  if (!shapes.empty()) {
+    log << "layerserve: gemm: (the figure after each choice is cuBLASLt's time over the "
+           "choice's; pin a bucket with --gemm-override=M:NxK=CONFIG)"
+        << std::endl;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace layerserve::cuda

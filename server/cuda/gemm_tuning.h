@@ -1,0 +1,80 @@
+// GEMM tuning at model load: which kernel serves each projection shape.
+//
+// The kernel library's GemmDispatcher keeps a table (M bucket, N, K) ->
+// configuration and can fill it by timing every candidate against cuBLASLt
+// (Autotune). This file decides, once at start-up, where that table comes
+// from, in this order:
+//   1. a cache file (--gemm-tune-cache) written by an earlier start on the
+//      same device, driver and layerserve version: no timing at all;
+//   2. an autotune pass for the shapes the cache lacks (--gemm-autotune,
+//      on by default; about a second per shape on an H100), whose results
+//      are then written back to the cache file;
+//   3. pins from --gemm-override, which replace any tuned or cached choice;
+// and logs the resulting table, one line per shape, in the same spelling the
+// override flag takes, so a line can be pasted back to pin a choice.
+//
+// The cache is JSON (readable, editable: an edited choice is used as is).
+// It is keyed by everything that changes the timings: device name, compute
+// capability, SM count, driver and runtime versions, and the layerserve
+// version; a file for another key is ignored and rewritten. Writes go to a
+// temporary file renamed over the old one, so a crash never leaves half a
+// cache behind, and servers starting together each leave a whole file.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "layerserve/kernels/gemm.h"
+
+namespace layerserve::cuda {
+
+// One --gemm-override entry: the bucket of `m` for (n, k) runs `config`.
+struct GemmPin {
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  kernels::GemmConfig config;
+};
+
+// "M:NxK=SPEC[,M:NxK=SPEC...]", e.g. "16:6144x4096=v4s2,4096:4096x14336=v0";
+// SPEC as kernels::ParseGemmConfigSpec reads it. Empty text: no pins.
+absl::StatusOr<std::vector<GemmPin>> ParseGemmPins(std::string_view text);
+std::string FormatGemmPin(const GemmPin& pin);
+
+// What a tuning pass measured on one device.
+struct GemmTuneCache {
+  std::string device_key;
+  std::vector<kernels::GemmTuneResult> results;
+};
+
+std::string SerializeGemmTuneCache(const GemmTuneCache& cache);
+// INVALID_ARGUMENT for text that is not a cache this version wrote (or an
+// edit of one with a bad configuration spelling).
+absl::StatusOr<GemmTuneCache> ParseGemmTuneCache(std::string_view json);
+
+// The device key of the current CUDA device; `build` names this binary (the
+// layerserve version).
+absl::StatusOr<std::string> CurrentDeviceKey(std::string_view build);
+
+struct GemmTuningOptions {
+  bool autotune = true;
+  std::string cache_path;  // empty: no cache
+  std::string build;       // goes into the device key
+  std::vector<GemmPin> pins;
+};
+
+// Fills `dispatcher`'s table for the (n, k) `shapes` a model runs at up to
+// `max_m` tokens, as the header comment says, logging to `log`. Returns an
+// error only for a failed tuning pass or an unwritable cache path; an
+// unreadable or stale cache is logged and replaced.
+absl::Status TuneGemmDispatcher(kernels::GemmDispatcher& dispatcher,
+                                const std::vector<std::pair<int64_t, int64_t>>& shapes,
+                                int64_t max_m, const GemmTuningOptions& options, std::ostream& log);
+
+}  // namespace layerserve::cuda

@@ -1,0 +1,225 @@
+// GEMM tuning at model load (server/cuda/gemm_tuning.h): the configuration
+// spellings, --gemm-override parsing and the cache file format run anywhere;
+// the tuning pass itself (autotune, cache written and read back, stale
+// cache, pins over tuned choices) needs the H100 and skips visibly elsewhere.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "layerserve/kernels/gemm.h"
+#include "server/cuda/gemm_tuning.h"
+
+namespace layerserve::cuda {
+namespace {
+
+using kernels::GemmConfig;
+using kernels::GemmDispatcher;
+using kernels::GemmTuneResult;
+using kernels::GemmVersion;
+
+TEST(GemmConfigSpecTest, EverySpellingRoundTrips) {
+  for (const char* spec : {"v0", "v1", "v2", "v3", "v3b128", "v3b256", "v4", "v4s1", "v4s2", "v4s4",
+                           "v4s8"}) {
+    const absl::StatusOr<GemmConfig> config = kernels::ParseGemmConfigSpec(spec);
+    ASSERT_TRUE(config.ok()) << spec << ": " << config.status();
+    EXPECT_EQ(kernels::GemmConfigSpec(*config), spec);
+  }
+  const absl::StatusOr<GemmConfig> bare = kernels::ParseGemmConfigSpec("4s2");
+  ASSERT_TRUE(bare.ok());
+  EXPECT_EQ(bare->version, GemmVersion::kSmallMSplitK);
+  EXPECT_EQ(bare->split_k, 2);
+}
+
+TEST(GemmConfigSpecTest, OthersAreRejected) {
+  for (const char* spec : {"", "v", "v5", "x3", "v3b64", "v3b", "v3s2", "v4s0", "v4s9", "v4b128",
+                           "v4s2x", "v0s1", "v3b1280000000"}) {
+    EXPECT_EQ(kernels::ParseGemmConfigSpec(spec).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << "'" << spec << "'";
+  }
+}
+
+TEST(GemmPinsTest, ParsesAListAndFormatsItBack) {
+  const absl::StatusOr<std::vector<GemmPin>> pins =
+      ParseGemmPins("16:6144x4096=v4s2,4096:4096x14336=v0,300:4096x4096=3b128");
+  ASSERT_TRUE(pins.ok()) << pins.status();
+  ASSERT_EQ(pins->size(), 3u);
+  EXPECT_EQ((*pins)[0].m, 16);
+  EXPECT_EQ((*pins)[0].n, 6144);
+  EXPECT_EQ((*pins)[0].k, 4096);
+  EXPECT_EQ((*pins)[0].config.split_k, 2);
+  EXPECT_EQ((*pins)[1].config.version, GemmVersion::kCublasLt);
+  EXPECT_EQ(FormatGemmPin((*pins)[2]), "300:4096x4096=v3b128");
+  const absl::StatusOr<std::vector<GemmPin>> none = ParseGemmPins("");
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+}
+
+TEST(GemmPinsTest, BadEntriesNameThemselves) {
+  for (const char* text : {"16:6144x4096", "16=v0", "0:64x64=v0", "16:64x0=v0", "a:64x64=v0",
+                           "16:64x64x2=v0", "16:64x64=v9", "16:64x64=v0,", "16:64x64=v0=v3"}) {
+    const absl::StatusOr<std::vector<GemmPin>> pins = ParseGemmPins(text);
+    EXPECT_EQ(pins.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(std::string(pins.status().message()).find("--gemm-override"), std::string::npos)
+        << pins.status();
+  }
+}
+
+GemmTuneResult Result(int bucket, int64_t n, int64_t k, GemmConfig config, float us, float v0_us) {
+  GemmTuneResult r;
+  r.bucket = bucket;
+  r.m_timed = GemmDispatcher::MBucketUpperBound(bucket);
+  r.n = n;
+  r.k = k;
+  r.chosen = config;
+  r.chosen_us = us;
+  r.cublaslt_us = v0_us;
+  return r;
+}
+
+TEST(GemmTuneCacheTest, RoundTrips) {
+  GemmTuneCache cache;
+  cache.device_key = "NVIDIA H100 80GB HBM3; sm_90; 132 SMs; driver 13000; runtime 13000; layerserve 0.1";
+  cache.results = {Result(0, 6144, 4096, {GemmVersion::kSmallMSplitK, 4, 0}, 11.5f, 12.25f),
+                   Result(11, 4096, 14336, {GemmVersion::kWarpSpecialized, 0, 128}, 900.f, 880.f),
+                   Result(5, 4096, 4096, {GemmVersion::kCublasLt, 0, 0}, 20.f, 20.f)};
+  const absl::StatusOr<GemmTuneCache> back = ParseGemmTuneCache(SerializeGemmTuneCache(cache));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->device_key, cache.device_key);
+  ASSERT_EQ(back->results.size(), cache.results.size());
+  for (size_t i = 0; i < cache.results.size(); ++i) {
+    const GemmTuneResult& a = cache.results[i];
+    const GemmTuneResult& b = back->results[i];
+    EXPECT_EQ(b.bucket, a.bucket);
+    EXPECT_EQ(b.m_timed, a.m_timed);
+    EXPECT_EQ(b.n, a.n);
+    EXPECT_EQ(b.k, a.k);
+    EXPECT_EQ(kernels::GemmConfigSpec(b.chosen), kernels::GemmConfigSpec(a.chosen));
+    EXPECT_FLOAT_EQ(b.chosen_us, a.chosen_us);
+    EXPECT_FLOAT_EQ(b.cublaslt_us, a.cublaslt_us);
+  }
+}
+
+TEST(GemmTuneCacheTest, RejectsWhatItDidNotWrite) {
+  const std::string good_entry = R"({"n":64,"k":64,"m_max":8,"config":"v4s2"})";
+  const auto doc = [](const std::string& entry) {
+    return R"({"format":"layerserve-gemm-tune-1","device_key":"d","entries":[)" + entry + "]}";
+  };
+  ASSERT_TRUE(ParseGemmTuneCache(doc(good_entry)).ok());
+  for (const std::string& text :
+       {std::string("not json"), std::string("[]"),
+        std::string(R"({"format":"other","device_key":"d","entries":[]})"),
+        std::string(R"({"format":"layerserve-gemm-tune-1","entries":[]})"),
+        doc(R"({"n":64,"k":64,"m_max":100,"config":"v0"})"),  // 100 bounds no bucket
+        doc(R"({"n":64,"k":64,"m_max":8,"config":"v7"})"),
+        doc(R"({"n":0,"k":64,"m_max":8,"config":"v0"})"),
+        doc(R"({"n":64,"m_max":8,"config":"v0"})")}) {
+    EXPECT_EQ(ParseGemmTuneCache(text).status().code(), absl::StatusCode::kInvalidArgument) << text;
+  }
+}
+
+bool HaveDevice() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// One tuning pass as the server runs it at load: a fresh dispatcher, the
+// model's shapes, and what it logged.
+struct Pass {
+  std::unique_ptr<GemmDispatcher> dispatcher;
+  std::string log;
+};
+
+Pass RunPass(const std::vector<std::pair<int64_t, int64_t>>& shapes, int64_t max_m,
+             const GemmTuningOptions& options) {
+  Pass pass;
+  absl::StatusOr<std::unique_ptr<GemmDispatcher>> dispatcher = GemmDispatcher::Create();
+  EXPECT_TRUE(dispatcher.ok()) << dispatcher.status();
+  if (!dispatcher.ok()) return pass;
+  pass.dispatcher = *std::move(dispatcher);
+  std::ostringstream log;
+  const absl::Status status = TuneGemmDispatcher(*pass.dispatcher, shapes, max_m, options, log);
+  EXPECT_TRUE(status.ok()) << status;
+  pass.log = log.str();
+  std::printf("%s", pass.log.c_str());
+  return pass;
+}
+
+TEST(GemmTuningTest, TunesWritesTheCacheAndReadsItBack) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  {
+    absl::StatusOr<std::unique_ptr<GemmDispatcher>> probe = GemmDispatcher::Create();
+    ASSERT_TRUE(probe.ok()) << probe.status();
+    if (!(*probe)->custom_kernels_available()) {
+      GTEST_SKIP() << "not an sm_90a device/binary: every GEMM is cuBLASLt, nothing to tune";
+    }
+  }
+  const std::string path =
+      (std::filesystem::path(::testing::TempDir()) / "layerserve_gemm_tune_test.json").string();
+  std::filesystem::remove(path);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1024, 1024}, {2048, 512}};
+  const int64_t max_m = 100;  // buckets up to 128
+  const int last_bucket = GemmDispatcher::MBucket(max_m);
+  GemmTuningOptions options;
+  options.cache_path = path;
+  options.build = "test";
+
+  const Pass tuned = RunPass(shapes, max_m, options);
+  EXPECT_NE(tuned.log.find("1024x1024 (autotuned"), std::string::npos) << tuned.log;
+  const absl::StatusOr<GemmTuneCache> written = ParseGemmTuneCache(ReadFile(path));
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(written->results.size(), shapes.size() * (last_bucket + 1));
+  for (const GemmTuneResult& r : written->results) {
+    EXPECT_GT(r.chosen_us, 0.f);
+    EXPECT_GT(r.cublaslt_us, 0.f);
+    EXPECT_LE(r.chosen_us, r.cublaslt_us) << "the choice is the fastest candidate, cuBLASLt included";
+  }
+
+  const Pass cached = RunPass(shapes, max_m, options);
+  EXPECT_NE(cached.log.find("1024x1024 (from the cache)"), std::string::npos) << cached.log;
+  EXPECT_EQ(cached.log.find("autotuned"), std::string::npos) << cached.log;
+  for (const auto& [n, k] : shapes) {
+    for (int b = 0; b <= last_bucket; ++b) {
+      const int64_t m = GemmDispatcher::MBucketUpperBound(b);
+      EXPECT_EQ(kernels::GemmConfigSpec(cached.dispatcher->Choose(m, n, k)),
+                kernels::GemmConfigSpec(tuned.dispatcher->Choose(m, n, k)))
+          << n << "x" << k << " m<=" << m;
+    }
+  }
+
+  // A larger max_m than the cache covers re-tunes; so does another device key.
+  const Pass wider = RunPass({{1024, 1024}}, 1000, options);
+  EXPECT_NE(wider.log.find("1024x1024 (autotuned"), std::string::npos) << wider.log;
+  options.build = "another build";
+  const Pass stale = RunPass({{1024, 1024}}, max_m, options);
+  EXPECT_NE(stale.log.find("tuning again"), std::string::npos) << stale.log;
+
+  // Pins win over the cache; autotune off without a cache keeps the defaults.
+  options.pins = {GemmPin{5, 1024, 1024, GemmConfig{GemmVersion::kWarpSpecialized, 0, 128}}};
+  const Pass pinned = RunPass({{1024, 1024}}, max_m, options);
+  EXPECT_EQ(kernels::GemmConfigSpec(pinned.dispatcher->Choose(8, 1024, 1024)), "v3b128");
+  EXPECT_NE(pinned.log.find("pinned 5:1024x1024=v3b128"), std::string::npos) << pinned.log;
+  GemmTuningOptions off;
+  off.autotune = false;
+  const Pass defaults = RunPass({{1024, 1024}}, max_m, off);
+  EXPECT_NE(defaults.log.find("defaults, autotune off"), std::string::npos) << defaults.log;
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace layerserve::cuda
