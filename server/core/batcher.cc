@@ -22,6 +22,9 @@ double Seconds(SteadyTime::duration d) { return std::chrono::duration<double>(d)
 Batcher::Batcher(BatcherOptions options, Backend* backend, ServerObserver* observer,
                  const Clock* clock)
     : options_(options), backend_(backend), observer_(observer), clock_(clock) {
+  for (int i = 0; i < std::max(1, options_.reply_threads); ++i) {
+    reply_threads_.emplace_back([this] { RunReplies(); });
+  }
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -54,6 +57,16 @@ void Batcher::Shutdown() {
     cv_.Signal();
   }
   if (thread_.joinable()) thread_.join();
+  // The scheduler has seen every batch finish, and a batch queues its
+  // replies before it counts as finished: the repliers drain, then stop.
+  {
+    MutexLock lock(&reply_mu_);
+    replies_stopping_ = true;
+    reply_cv_.SignalAll();
+  }
+  for (std::thread& t : reply_threads_) {
+    if (t.joinable()) t.join();
+  }
 }
 
 int64_t Batcher::queue_depth() const {
@@ -156,13 +169,31 @@ void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
   // Recorded before the replies, so statistics read after a reply include it.
   observer_->OnBatchExecuted(
       {static_cast<int64_t>(batch->requests.size()), batch->total_tokens, compute_seconds, status.ok()});
-  for (auto& r : batch->requests) {
-    r->compute_seconds = compute_seconds;
-    r->on_done(status);
+  for (auto& r : batch->requests) r->compute_seconds = compute_seconds;
+  {
+    MutexLock lock(&reply_mu_);
+    for (size_t i = 0; i < batch->requests.size(); ++i) replies_.push_back({batch, i, status});
+    reply_cv_.SignalAll();
   }
+  // The slot is free as soon as the results are on the host; the next batch
+  // need not wait for this one's replies.
   MutexLock lock(&mu_);
   --inflight_batches_;
   cv_.Signal();
+}
+
+void Batcher::RunReplies() {
+  for (;;) {
+    Reply reply;
+    {
+      MutexLock lock(&reply_mu_);
+      while (replies_.empty() && !replies_stopping_) reply_cv_.Wait(&reply_mu_);
+      if (replies_.empty()) return;  // stopping, and nothing left to answer
+      reply = std::move(replies_.front());
+      replies_.pop_front();
+    }
+    reply.batch->requests[reply.index]->on_done(std::move(reply.status));
+  }
 }
 
 }  // namespace layerserve

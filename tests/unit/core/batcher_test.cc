@@ -218,6 +218,34 @@ TEST(BatcherTest, RequestsAccumulateWhileTheBackendIsBusy) {
   EXPECT_EQ(backend.batch_sizes(), (std::vector<size_t>{1, 10}));
 }
 
+// Replies run on the batcher's reply threads: a slow reply (here one that
+// blocks until the next batch has run) holds neither the backend's only slot
+// nor the backend's thread.
+TEST(BatcherTest, ASlowReplyDoesNotHoldTheBackend) {
+  SteadyClock* clock = SteadyClock::Get();
+  FakeBackend backend(1);
+  ServerObserver observer;
+  Batcher batcher(Options(1024, 0), &backend, &observer, clock);
+  Notification second_done;
+  Outcome first;
+  auto r0 = MakeRequest("a", 1, &first);
+  r0->on_done = [&first, &second_done](absl::Status s) {
+    first.status = s;
+    first.output = second_done.WaitFor(milliseconds(10000)) ? "second ran first" : "timed out";
+    first.done.Notify();
+  };
+  ASSERT_TRUE(batcher.Enqueue(r0).ok());
+  ASSERT_TRUE(backend.AwaitBatches(1));
+  Outcome second;
+  auto r1 = MakeRequest("b", 1, &second);
+  ASSERT_TRUE(batcher.Enqueue(r1).ok());
+  ASSERT_TRUE(second.done.WaitFor(milliseconds(10000)));
+  second_done.Notify();
+  ASSERT_TRUE(first.done.WaitFor(milliseconds(10000)));
+  EXPECT_EQ(first.output, "second ran first");
+  EXPECT_EQ(backend.batch_sizes(), (std::vector<size_t>{1, 1}));
+}
+
 TEST(BatcherTest, FullQueueRejectsAndReturnsTheRequest) {
   FakeClock clock;
   FakeBackend backend(1);
