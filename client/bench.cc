@@ -133,11 +133,12 @@ std::vector<Tensor> MakeInputs(const BenchOptions& options, size_t count) {
   return inputs;
 }
 
-void RunClosedLoop(Client& client, const BenchOptions& options, const std::vector<Tensor>& inputs,
-                   absl::Time measure_end, Recorder& recorder) {
+void RunClosedLoop(const std::vector<Client*>& clients, const BenchOptions& options,
+                   const std::vector<Tensor>& inputs, absl::Time measure_end, Recorder& recorder) {
   std::vector<std::thread> workers;
   for (int w = 0; w < options.concurrency; ++w) {
     workers.emplace_back([&, w] {
+      Client& client = *clients[static_cast<size_t>(w) % clients.size()];
       for (size_t i = static_cast<size_t>(w);; ++i) {
         const absl::Time issued = absl::Now();
         if (issued >= measure_end) break;
@@ -156,7 +157,7 @@ struct InFlight {
   int count ABSL_GUARDED_BY(mu) = 0;
 };
 
-absl::Status RunOpenLoop(Client& client, const BenchOptions& options,
+absl::Status RunOpenLoop(const std::vector<Client*>& clients, const BenchOptions& options,
                          const std::vector<Tensor>& inputs, absl::Time start,
                          absl::Time measure_start, absl::Time measure_end,
                          const std::shared_ptr<Recorder>& recorder, BenchReport& report) {
@@ -183,7 +184,7 @@ absl::Status RunOpenLoop(Client& client, const BenchOptions& options,
       }
       ++in_flight->count;
     }
-    client.AsyncInfer(options.model, inputs[i % inputs.size()],
+    clients[i % clients.size()]->AsyncInfer(options.model, inputs[i % inputs.size()],
                       issued + absl::Seconds(options.timeout_seconds),
                       [recorder, in_flight, scheduled = next](absl::StatusOr<Tensor> result) {
                         recorder->Record(scheduled, absl::Now(), result.status());
@@ -216,6 +217,13 @@ double Percentile(std::vector<double> samples, double p) {
 }
 
 absl::StatusOr<BenchReport> RunBench(Client& client, BenchOptions options) {
+  return RunBench(std::vector<Client*>{&client}, std::move(options));
+}
+
+absl::StatusOr<BenchReport> RunBench(const std::vector<Client*>& clients, BenchOptions options) {
+  if (clients.empty()) return absl::InvalidArgumentError("no client to run the benchmark with");
+  Client& client = *clients.front();
+  options.connections = static_cast<int>(clients.size());
   if (options.model.empty()) return absl::InvalidArgumentError("--model is required");
   if (options.batch < 1 || options.tokens < 1) {
     return absl::InvalidArgumentError("--batch and --tokens must be at least 1");
@@ -262,10 +270,10 @@ absl::StatusOr<BenchReport> RunBench(Client& client, BenchOptions options) {
   {
     ProgressLine progress(recorder.get(), start, measure_start, options.progress);
     if (options.concurrency > 0) {
-      RunClosedLoop(client, options, inputs, measure_end, *recorder);
+      RunClosedLoop(clients, options, inputs, measure_end, *recorder);
     } else {
       absl::Status status =
-          RunOpenLoop(client, options, inputs, start, measure_start, measure_end, recorder, report);
+          RunOpenLoop(clients, options, inputs, start, measure_start, measure_end, recorder, report);
       if (!status.ok()) return status;
     }
   }
@@ -276,7 +284,8 @@ absl::StatusOr<BenchReport> RunBench(Client& client, BenchOptions options) {
 std::string FormatBenchReport(const BenchReport& r) {
   const BenchOptions& o = r.options;
   std::string mode =
-      o.concurrency > 0 ? absl::StrCat("closed loop, concurrency ", o.concurrency)
+      o.concurrency > 0 ? absl::StrCat("closed loop, concurrency ", o.concurrency, " over ",
+                                       o.connections, o.connections == 1 ? " connection" : " connections")
                         : absl::StrFormat("open loop, %.1f req/s %s arrivals", o.rate_per_second,
                                           o.arrivals == Arrivals::kPoisson ? "Poisson" : "uniform");
   std::string out = absl::StrFormat(
@@ -307,6 +316,7 @@ std::string BenchReportJson(const BenchReport& r) {
   j["tokens"] = o.tokens;
   j["hidden"] = o.hidden;
   j["datatype"] = o.datatype;
+  j["connections"] = o.connections;
   if (o.concurrency > 0) {
     j["concurrency"] = o.concurrency;
   } else {

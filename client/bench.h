@@ -30,6 +30,9 @@ struct BenchOptions {
   int64_t hidden = 0;  // 0: read from ModelMetadata
   std::string datatype = "FP32";
   int concurrency = 0;         // > 0 selects the closed loop
+  // Client connections the load is spread over (RunBench's `clients`); set
+  // by RunBench from the clients it is given.
+  int connections = 1;
   double rate_per_second = 0;  // > 0 selects the open loop
   Arrivals arrivals = Arrivals::kPoisson;
   double duration_seconds = 10;
@@ -60,8 +63,12 @@ struct BenchReport {
   double max_schedule_lag_ms = 0;
 };
 
-// Runs the benchmark against `client`. INVALID_ARGUMENT for inconsistent
-// options; errors of individual requests are counted, not returned.
+// Runs the benchmark against the server behind `clients` (at least one; give
+// several with dedicated connections to spread the load over connections:
+// closed-loop worker w uses clients[w % n], open-loop arrival i clients[i % n]).
+// INVALID_ARGUMENT for inconsistent options; errors of individual requests
+// are counted, not returned.
+absl::StatusOr<BenchReport> RunBench(const std::vector<Client*>& clients, BenchOptions options);
 absl::StatusOr<BenchReport> RunBench(Client& client, BenchOptions options);
 
 // Human-readable summary (several lines) and the JSON form of the report.

@@ -25,11 +25,13 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target) {
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,
+                                                        bool dedicated_connection) {
   if (target.empty()) return absl::InvalidArgumentError("empty server address");
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(INT32_MAX);
   args.SetMaxSendMessageSize(INT32_MAX);
+  if (dedicated_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   if (channel == nullptr) {

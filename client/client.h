@@ -36,8 +36,12 @@ class Client {
  public:
   // `target` is a gRPC target such as "localhost:8001" or "dns:///host:8001".
   // Connection is lazy: an unreachable server shows up as UNAVAILABLE on the
-  // first call, not here.
-  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target);
+  // first call, not here. gRPC shares one TCP connection between channels to
+  // the same target; `dedicated_connection` gives this client its own (as
+  // separate client processes would have), which load generators use to
+  // spread their streams over several connections.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target,
+                                                         bool dedicated_connection = false);
 
   // Each call fails with DEADLINE_EXCEEDED once `deadline` passes
   // (absl::InfiniteFuture(): no deadline).

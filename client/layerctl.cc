@@ -50,9 +50,12 @@ commands:
             [--arrivals poisson|uniform] [--duration-s D] [--warmup-s W]
             [--datatype FP32|FP16|BF16] [--hidden H] [--max-in-flight N]
             [--timeout-s S] [--seed N] [--json out.json] [--no-progress] [--url host:port]
+            [--connections N]
             Random inputs. Closed loop: C threads, one request each at a time.
             Open loop: R requests/s whatever the latency; arrivals beyond
             --max-in-flight outstanding requests are skipped and reported.
+            --connections spreads the load over N TCP connections (default 1),
+            as N client processes would.
   help      Prints this text.
 
 --url defaults to localhost:8001.
@@ -232,7 +235,8 @@ int Bench(const std::vector<std::string>& args) {
   absl::StatusOr<Flags> flags = Flags::Parse(
       args,
       {"url", "model", "tokens", "batch", "concurrency", "rate", "arrivals", "duration-s",
-       "warmup-s", "datatype", "hidden", "max-in-flight", "timeout-s", "seed", "json"},
+       "warmup-s", "datatype", "hidden", "max-in-flight", "timeout-s", "seed", "json",
+       "connections"},
       {"no-progress"});
   if (!flags.ok()) return Fail(flags.status());
   BenchOptions options;
@@ -259,9 +263,24 @@ int Bench(const std::vector<std::string>& args) {
         flags->GetNumber("seed", &options.seed)}) {
     if (!s.ok()) return Fail(s);
   }
-  absl::StatusOr<std::unique_ptr<Client>> client = ConnectFromFlags(*flags);
-  if (!client.ok()) return Fail(client.status());
-  absl::StatusOr<BenchReport> report = RunBench(**client, options);
+  int connections = 1;
+  if (absl::Status s = flags->GetNumber("connections", &connections); !s.ok()) return Fail(s);
+  if (connections < 1 || connections > 256) {
+    return Fail(absl::InvalidArgumentError("--connections must be in [1, 256]"));
+  }
+  // One connection: the shared channel every other command uses. More: each
+  // client its own TCP connection, as that many client processes would have.
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<Client*> client_pointers;
+  for (int i = 0; i < connections; ++i) {
+    absl::StatusOr<std::unique_ptr<Client>> client =
+        connections == 1 ? ConnectFromFlags(*flags)
+                         : Client::Connect(flags->Get("url", "localhost:8001"), true);
+    if (!client.ok()) return Fail(client.status());
+    client_pointers.push_back(client->get());
+    clients.push_back(*std::move(client));
+  }
+  absl::StatusOr<BenchReport> report = RunBench(client_pointers, options);
   if (!report.ok()) return Fail(report.status());
   std::fputs(FormatBenchReport(*report).c_str(), stdout);
   if (flags->Has("json")) {

@@ -5,11 +5,13 @@
 # request). One layerserve per setting, on loopback; one JSON line per run.
 #   bench/server/load_matrix.sh BIN_DIR OUT_DIR [layerserve args...]
 # BIN_DIR holds layerserve and layerctl; the remaining args choose the model
-# and backend (e.g. --model-dir ckpt --backend cuda).
+# and backend (e.g. --model-dir ckpt --backend cuda). LOAD_CLIENT_ARGS adds
+# layerctl bench flags (e.g. "--connections=8 --datatype=BF16").
 set -euo pipefail
 bin=$1 out=$2
 shift 2
 duration_s=${LOAD_DURATION_S:-5}
+read -r -a client_args <<< "${LOAD_CLIENT_ARGS:-}"
 mkdir -p "$out"
 summary="$out/load_summary.txt"
 : > "$summary"
@@ -39,7 +41,7 @@ for tokens in 1 128; do
       json="$out/load_t${tokens}_c${concurrency}_${batching}.json"
       "$bin/layerctl" bench --url="127.0.0.1:$grpc_port" --model="$model" --tokens="$tokens" \
         --concurrency="$concurrency" --duration-s="$duration_s" --warmup-s=1 --no-progress --json="$json" \
-        > "$out/load_t${tokens}_c${concurrency}_${batching}.txt" 2>&1
+        "${client_args[@]}" > "$out/load_t${tokens}_c${concurrency}_${batching}.txt" 2>&1
       printf 'tokens=%-4s concurrency=%-3s batching=%-3s %s\n' "$tokens" "$concurrency" "$batching" \
         "$(tr -d '\n' < "$json")" | tee -a "$summary"
     done
