@@ -3,9 +3,9 @@
 # (docs/perf.md "The server under load": where the ~2.5 ms between the client's
 # latency and the server's own request time goes, and which knob moves
 # throughput). Closed-loop `layerctl bench` runs over a small matrix: baseline,
-# --streams 1 and 4, --max-queue-delay-us 0 and 500, BF16 on the wire, 2x32 and
-# 4x16 client processes, the async (callback API) client in open loop, and
-# batching off. One summary line per setting on stdout (also OUT_DIR/summary.txt):
+# --streams 1 and 4, --max-queue-delay-us 0 and 500, BF16 on the wire, 2x32
+# and 4x16 client processes, one process over 8 connections, the async
+# (callback API) client in open loop, and batching off. One summary line per setting on stdout (also OUT_DIR/summary.txt):
 # client tok/s and latency, and the server's /metrics deltas over the measured
 # window (scraped when the warm-up ends and after the clients exit), process CPU
 # per request, and for the baseline the server's busiest threads (top -H).
@@ -285,6 +285,7 @@ if start_server baseline; then
   run_setting bf16 1 --concurrency="$c" --datatype=BF16
   run_setting clients-2x$((c / 2)) 2 --concurrency=$((c / 2))
   run_setting clients-4x$((c / 4)) 4 --concurrency=$((c / 4))
+  run_setting connections-8 1 --concurrency="$c" --connections=8
   # The callback-API client: one thread issues, gRPC threads complete; at most
   # c outstanding, arrivals beyond that are skipped (a closed loop in effect).
   run_setting async-open 1 --rate="$open_rate" --arrivals=uniform --max-in-flight="$c"
