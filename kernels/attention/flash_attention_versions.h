@@ -17,12 +17,12 @@
 
 namespace layerserve::kernels {
 
-inline constexpr int kFlashAttentionVersions = 7;  // versions 1..7
+inline constexpr int kFlashAttentionVersions = 8;  // versions 1..8
 
-// A one-line description ("v1 128x64 4 warps ...") of version 1..7.
+// A one-line description ("v1 128x64 4 warps ...") of version 1..8.
 const char* FlashAttentionVersionName(int version);
 
-// Heads per dispatch section of the longest-first versions (4..7): the most
+// Heads per dispatch section of the longest-first versions (4..8): the most
 // whole GQA groups whose K and V (max_seqlen rows each) fit in three quarters
 // of `l2_bytes` while their count divides num_kv_heads evenly (equal sections
 // keep the last one as long as the others); at least one group.
@@ -36,8 +36,13 @@ absl::StatusOr<int> DefaultFlashAttentionVersion(const FlashAttentionParams& p);
 // INVALID_ARGUMENT naming the first problem with `p`, else OK.
 absl::Status ValidateFlashAttentionParams(const FlashAttentionParams& p);
 
+// OK if version `version` runs valid params `p` on the current device and
+// build; UNIMPLEMENTED saying why not (v8: head_dim 128, bf16, sm_90a build,
+// compute capability 9.0), which is also what launching it would return.
+absl::Status FlashAttentionVersionAvailable(const FlashAttentionParams& p, int version);
+
 // Validates `p` and launches version `version` (1..kFlashAttentionVersions).
-// `heads_per_section` (versions 4..7 only) must divide p.num_heads; 0 takes
+// `heads_per_section` (versions 4..8 only) must divide p.num_heads; 0 takes
 // FlashHeadsPerSection for the current device. Tests and the benchmark set it
 // to exercise and compare other section sizes.
 absl::Status LaunchFlashAttentionVersion(const FlashAttentionParams& p, int version, cudaStream_t stream,
@@ -53,6 +58,8 @@ absl::Status RunFlashFwdV4(const FlashAttentionParams& p, int heads_per_section,
 absl::Status RunFlashFwdV5(const FlashAttentionParams& p, int heads_per_section, cudaStream_t stream);
 absl::Status RunFlashFwdV6(const FlashAttentionParams& p, int heads_per_section, cudaStream_t stream);
 absl::Status RunFlashFwdV7(const FlashAttentionParams& p, int heads_per_section, cudaStream_t stream);
+absl::Status RunFlashFwdV8(const FlashAttentionParams& p, int heads_per_section, cudaStream_t stream);
+absl::Status FlashFwdV8Available(const FlashAttentionParams& p);
 }  // namespace flash
 
 }  // namespace layerserve::kernels

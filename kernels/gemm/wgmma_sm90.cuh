@@ -142,4 +142,44 @@ __device__ __forceinline__ void WgmmaBf16M64(float (&d)[kN / 2], uint64_t desc_a
   }
 }
 
+// Attention additions (kernels/attention/flash_fwd_sm90.cuh): the P·V product,
+// D(64 x 128) += A(64 x 16, registers) · B(16 x 128, smem), where B is stored
+// MN-major (its 128 columns contiguous, as V's [key][dim] rows are) and the
+// instruction's transpose-B flag reads it that way. A's four registers per
+// thread follow the mma.sync m16n8k16 A layout within each warp's 16 rows,
+// which is also how two adjacent n8 column groups of a wgmma accumulator lie,
+// so scores become A operands by packing pairs in place.
+__device__ __forceinline__ void WgmmaBf16M64N128RegA(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
+#if LS_GEMM_DEVICE_SM90A
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+#endif
+}
+
+// Descriptor of an MN-major bf16 operand in 128B-swizzle atoms: 64 contiguous
+// MN elements (one 128-byte row) per K index, 8 K rows per 1024-byte atom,
+// atoms of successive K groups 1024 bytes apart (stride offset) and the next
+// 64 MN elements `mn_block_bytes` further (leading offset). Aligned as
+// SmemDescSw128; a k16 step advances the start by 2048 bytes.
+__device__ __forceinline__ uint64_t SmemDescSw128MnMajor(uint32_t addr, uint32_t mn_block_bytes) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(mn_block_bytes >> 4) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
 }  // namespace layerserve::kernels::gemm
