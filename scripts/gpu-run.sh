@@ -56,7 +56,9 @@ for stage in "${stages[@]}"; do
       tail -n 40 "$out/attention_bench.txt" "$out/attention_torch.txt" "$out/gemm_bench.txt"
       ;;
     bench-layer)
-      "$bundle/bin/layer_bench" --csv "$out/layer_ours.csv" > "$out/layer_ours.txt" 2>&1
+      # LAYER_BENCH_ARGS adds layer_bench flags (e.g. --gemm cublaslt, --no-autotune).
+      # shellcheck disable=SC2086
+      "$bundle/bin/layer_bench" --csv "$out/layer_ours.csv" ${LAYER_BENCH_ARGS:-} > "$out/layer_ours.txt" 2>&1
       python3 bench/layer/hf_layer.py --ours "$out/layer_ours.csv" > "$out/layer_vs_hf.txt" 2>&1
       cat "$out/layer_ours.txt" "$out/layer_vs_hf.txt"
       ;;

@@ -9,7 +9,9 @@
 // gives the per-op split. Prints a table and, with --csv, writes
 // "tokens,seqs,ms" rows that bench/layer/hf_layer.py puts beside HF's times.
 //
-//   layer_bench [--csv PATH] [--iters N]
+//   layer_bench [--csv PATH] [--iters N] [--gemm MODE] [--no-autotune]
+// --gemm auto|cublaslt|custom routes the GEMMs as the server's flag does;
+// --no-autotune keeps auto's built-in table (for A/B runs of the autotune).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -80,7 +82,7 @@ class CollectingSink final : public KernelTimingSink {
   std::map<std::string, std::vector<double>> times_;
 };
 
-absl::Status Run(const std::string& csv_path, int iters) {
+absl::Status Run(const std::string& csv_path, int iters, cuda::GemmMode gemm_mode, bool autotune) {
   LS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
   cudaDeviceProp props{};
   LS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, 0));
@@ -133,8 +135,9 @@ absl::Status Run(const std::string& csv_path, int iters) {
                    {2 * shape.intermediate, shape.hidden},
                    {shape.hidden, shape.intermediate}};
   tuning.max_m = kMaxTokens;
+  tuning.options.autotune = autotune;
   LS_ASSIGN_OR_RETURN(auto gemm, cuda::GemmEngine::Create(cuda::GemmEngine::kDefaultWorkspaceBytes,
-                                                          cuda::GemmMode::kAuto, tuning));
+                                                          gemm_mode, tuning));
   LS_ASSIGN_OR_RETURN(DeviceBuffer workspace_buffer,
                       DeviceBuffer::Allocate(gemm->workspace_bytes()));
   const cuda::GemmWorkspace workspace{workspace_buffer.data(), workspace_buffer.bytes()};
@@ -252,18 +255,29 @@ absl::Status Run(const std::string& csv_path, int iters) {
 int main(int argc, char** argv) {
   std::string csv_path;
   int iters = 50;
+  layerserve::cuda::GemmMode gemm_mode = layerserve::cuda::GemmMode::kAuto;
+  bool autotune = true;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--csv" && i + 1 < argc) {
       csv_path = argv[++i];
     } else if (arg == "--iters" && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--gemm" && i + 1 < argc) {
+      const absl::StatusOr<layerserve::cuda::GemmMode> mode = layerserve::cuda::ParseGemmMode(argv[++i]);
+      if (!mode.ok()) {
+        std::cerr << mode.status().message() << "\n";
+        return 2;
+      }
+      gemm_mode = *mode;
+    } else if (arg == "--no-autotune") {
+      autotune = false;
     } else {
-      std::cerr << "usage: layer_bench [--csv PATH] [--iters N]\n";
+      std::cerr << "usage: layer_bench [--csv PATH] [--iters N] [--gemm auto|cublaslt|custom] [--no-autotune]\n";
       return 2;
     }
   }
-  const absl::Status status = layerserve::bench::Run(csv_path, iters);
+  const absl::Status status = layerserve::bench::Run(csv_path, iters, gemm_mode, autotune);
   if (!status.ok()) {
     std::cerr << "layer_bench: " << status << "\n";
     return 1;
