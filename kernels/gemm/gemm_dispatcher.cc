@@ -4,8 +4,9 @@
 // Defaults (before any autotune) follow the H100 measurements in
 // docs/perf-gemm.md: the small-M kernel (v4) for M <= 16, where it matches or
 // beats cuBLASLt on the Llama-3-8B shapes, and cuBLASLt everywhere else
-// (v3 reaches 0.8-1.0x of it). cuBLASLt also wherever our kernels cannot run
-// (no Hopper, no sm_90a code in this binary, N or K not multiples of 8).
+// (v3 reaches 0.8-1.0x of it, v5 0.8-1.0x; autotune picks per bucket).
+// cuBLASLt also wherever our kernels cannot run (no Hopper, no sm_90a code
+// in this binary, N or K not multiples of 8).
 // Autotune replaces the defaults with measured winners per bucket;
 // SetOverride pins a choice. Run() still checks each launch and falls back to
 // cuBLASLt when the chosen kernel does not take the call (e.g. misaligned
@@ -200,6 +201,8 @@ absl::StatusOr<std::vector<GemmTuneResult>> GemmDispatcher::Autotune(int64_t n, 
                                           {GemmVersion::kWarpSpecialized, 0, 128}};
     if (p.m <= 64) {
       for (int s : {1, 2, 4, 8}) candidates.push_back({GemmVersion::kSmallMSplitK, s, 0});
+    } else {
+      candidates.push_back({GemmVersion::kClusterMulticast, 0, 0});
     }
     std::vector<GemmConfig> configs;
     std::vector<LaunchGraph> graphs;

@@ -54,6 +54,7 @@ absl::Status LaunchGemmV3(const GemmParams& p, int block_n, const DeviceInfo& de
 // wave clearly better.
 int AutoBlockNV3(int64_t m, int64_t n, int num_sms);
 absl::Status LaunchGemmV4(const GemmParams& p, int splits, const DeviceInfo& dev, cudaStream_t stream);
+absl::Status LaunchGemmV5(const GemmParams& p, const DeviceInfo& dev, cudaStream_t stream);
 
 // Fills n bf16 elements with uniform values in [-1, 1) from `seed` (the
 // dispatcher's autotune data: never time on zeros).

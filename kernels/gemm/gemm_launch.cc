@@ -138,6 +138,8 @@ std::string GemmConfigName(const GemmConfig& config) {
       return config.block_n > 0 ? absl::StrCat("v3-warp-specialized-bn", config.block_n) : "v3-warp-specialized";
     case GemmVersion::kSmallMSplitK:
       return config.split_k > 0 ? absl::StrCat("v4-split-k", config.split_k) : "v4-split-k";
+    case GemmVersion::kClusterMulticast:
+      return "v5-cluster-multicast";
   }
   return absl::StrCat("v?", static_cast<int>(config.version));
 }
@@ -156,11 +158,11 @@ absl::StatusOr<GemmConfig> ParseGemmConfigSpec(std::string_view spec) {
   const std::string text(spec);
   const auto bad = [&text] {
     return absl::InvalidArgumentError(absl::StrCat(
-        "gemm configuration '", text, "' is not one of v0, v1, v2, v3, v3b128, v3b256, v4, v4s1..v4s8"));
+        "gemm configuration '", text, "' is not one of v0, v1, v2, v3, v3b128, v3b256, v4, v4s1..v4s8, v5"));
   };
   std::string_view rest = spec;
   if (!rest.empty() && rest.front() == 'v') rest.remove_prefix(1);
-  if (rest.empty() || rest.front() < '0' || rest.front() > '4') return bad();
+  if (rest.empty() || rest.front() < '0' || rest.front() > '5') return bad();
   GemmConfig config{static_cast<GemmVersion>(rest.front() - '0'), 0, 0};
   rest.remove_prefix(1);
   if (rest.empty()) return config;
@@ -215,10 +217,11 @@ absl::Status CheckOurs(const GemmParams& p, const GemmConfig& config, const gemm
     case GemmVersion::kTmaWgmma:
     case GemmVersion::kWarpSpecialized:
     case GemmVersion::kSmallMSplitK:
+    case GemmVersion::kClusterMulticast:
       if (dev.cc_major != 9 || dev.cc_minor != 0) {
-        return absl::UnimplementedError("gemm v2-v4 need a compute capability 9.0 (Hopper) device");
+        return absl::UnimplementedError("gemm v2-v5 need a compute capability 9.0 (Hopper) device");
       }
-      if (!gemm::BuiltWithSm90a()) return absl::UnimplementedError("gemm v2-v4: library built without sm_90a");
+      if (!gemm::BuiltWithSm90a()) return absl::UnimplementedError("gemm v2-v5: library built without sm_90a");
       if (config.version == GemmVersion::kSmallMSplitK && p.m > 64) {
         return absl::InvalidArgumentError("gemm v4 takes m <= 64");
       }
@@ -261,6 +264,8 @@ absl::Status LaunchGemm(const GemmParams& p, const GemmConfig& config, cudaStrea
       return gemm::LaunchGemmV3(p, config.block_n, *dev, stream);
     case GemmVersion::kSmallMSplitK:
       return gemm::LaunchGemmV4(p, ResolveSplits(p, config, *dev), *dev, stream);
+    case GemmVersion::kClusterMulticast:
+      return gemm::LaunchGemmV5(p, *dev, stream);
     case GemmVersion::kCublasLt:
       break;
   }

@@ -1,4 +1,4 @@
-// GPU tests of every GEMM version (cuBLASLt v0, our v1-v4, the dispatcher)
+// GPU tests of every GEMM version (cuBLASLt v0, our v1-v5, the dispatcher)
 // against a higher-precision reference: a plain fp32 GEMM on the device over
 // the same bf16 inputs, itself checked against fp64 on the host at sampled
 // elements. Inputs are random, outputs poisoned with NaN before each run, and
@@ -91,6 +91,7 @@ std::vector<Variant> Variants() {
       {"v4_split_1", Runner::kLaunch, {GemmVersion::kSmallMSplitK, 1}},
       {"v4_split_3", Runner::kLaunch, {GemmVersion::kSmallMSplitK, 3}},
       {"v4_split_8", Runner::kLaunch, {GemmVersion::kSmallMSplitK, 8}},
+      {"v5_cluster_multicast", Runner::kLaunch, {GemmVersion::kClusterMulticast, 0}},
       {"dispatcher", Runner::kDispatcher, {}},
   };
 }

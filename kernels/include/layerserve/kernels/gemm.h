@@ -4,7 +4,7 @@
 //
 // Three entry points, all launching on the caller's stream without
 // synchronizing:
-//   - LaunchGemm: one of our numbered kernel versions (1..4), for tests, the
+//   - LaunchGemm: one of our numbered kernel versions (1..5), for tests, the
 //     benchmark and the dispatcher;
 //   - CublasLtGemm: version 0, the cuBLASLt yardstick and fallback;
 //   - GemmDispatcher: what production calls; picks per (M bucket, N, K)
@@ -51,8 +51,9 @@ enum class GemmVersion : int {
   kTmaWgmma = 2,          // persistent, TMA ring + mbarriers + wgmma, 128x128 tiles (sm_90a)
   kWarpSpecialized = 3,   // producer warpgroup + 2 consumer warpgroups, 128x256 or 128x128 tiles (sm_90a)
   kSmallMSplitK = 4,      // M <= 64: weight streaming, split-K reduced in a cluster, tokens as wgmma N (sm_90a)
+  kClusterMulticast = 5,  // v3 in 2-CTA clusters along M sharing each W tile by TMA multicast (sm_90a)
 };
-inline constexpr int kNumGemmVersions = 5;
+inline constexpr int kNumGemmVersions = 6;
 
 struct GemmConfig {
   GemmVersion version = GemmVersion::kWarpSpecialized;
@@ -67,7 +68,7 @@ std::string GemmConfigName(const GemmConfig& config);
 
 // Short spelling of a configuration, as flags, the benchmark and the autotune
 // cache write it: "v0" (cuBLASLt), "v1", "v2", "v3", "v3b128", "v3b256", "v4",
-// "v4s1".."v4s8". ParseGemmConfigSpec is its inverse (INVALID_ARGUMENT for
+// "v4s1".."v4s8", "v5". ParseGemmConfigSpec is its inverse (INVALID_ARGUMENT for
 // anything else); the leading "v" is optional there.
 std::string GemmConfigSpec(const GemmConfig& config);
 absl::StatusOr<GemmConfig> ParseGemmConfigSpec(std::string_view spec);
@@ -77,7 +78,7 @@ absl::StatusOr<GemmConfig> ParseGemmConfigSpec(std::string_view spec);
 // shape or alignment the version does not take).
 absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config);
 
-// Launches version 1..4 on `stream`.
+// Launches version 1..5 on `stream`.
 absl::Status LaunchGemm(const GemmParams& p, const GemmConfig& config, cudaStream_t stream);
 
 // Version 0: cuBLASLt with one cached plan (layouts + heuristic algorithm) per
@@ -126,11 +127,11 @@ class GemmDispatcher {
   absl::Status Run(const GemmParams& p, cudaStream_t stream);
 
   // Times every candidate (cuBLASLt, v3 at both tile widths, v4 at 1/2/4/8
-  // splits for M <= 64) for each M bucket on synthetic random data of shape
-  // (bucket's largest M capped at 8192, n, k), launches back to back in a
-  // CUDA graph with W rotating through enough copies to miss in L2, and caches
-  // the fastest. Buckets that hold no M <= max_m are skipped (they keep
-  // their default). Allocates (and frees) min(max_m, 8192) * (k + n) bf16
+  // splits for M <= 64, v5 for M > 64) for each M bucket on synthetic random
+  // data of shape (bucket's largest M capped at 8192, n, k), launches back to
+  // back in a CUDA graph with W rotating through enough copies to miss in L2,
+  // and caches the fastest. Buckets that hold no M <= max_m are skipped
+  // (they keep their default). Allocates (and frees) min(max_m, 8192) * (k + n) bf16
   // elements plus those copies of W; call at start-up, not on the serving
   // path. Synchronizes `stream`. Where our kernels cannot run (see Create),
   // nothing is timed and the result is empty.
