@@ -17,7 +17,7 @@ if command -v cuobjdump >/dev/null; then
   rm -f "$OUT/sass_full.txt"
 fi
 : > "$OUT/test.log"
-for v in v0_cublaslt v1_mma_sync v2_tma_wgmma v3_bn256 v3_bn128 v4_split_auto v4_split_1 v4_split_3 v4_split_8 dispatcher; do
+for v in v0_cublaslt v1_mma_sync v2_tma_wgmma v3_bn256 v3_bn128 v4_split_auto v4_split_1 v4_split_3 v4_split_8 v5_cluster_multicast dispatcher; do
   start=$SECONDS
   timeout 120 "$BUNDLE/gemm_test" --gtest_filter="*MatchesReference/$v" >> "$OUT/test.log" 2>&1
   rc=$?
