@@ -9,12 +9,14 @@
 #include <cstdint>
 
 #include "kernels/common/dtype.cuh"
+#include "kernels/common/pdl.cuh"
 #include "layerserve/kernels/layer_ops.h"
 
 namespace layerserve::kernels::activation {
 
 template <typename T>
 __global__ void SiluMulKernel(const SiluMulParams p) {
+  AllowDependentLaunch();  // down_proj may start streaming its weights
   constexpr int kVec = kVec16<T>;
   using V = Vec<T, kVec>;
   const int64_t vecs_per_row = p.width / kVec;

@@ -30,6 +30,7 @@
 
 #include "kernels/common/dtype.cuh"
 #include "kernels/common/mma_sm80.cuh"
+#include "kernels/common/pdl.cuh"
 #include "kernels/common/reduce.cuh"
 #include "layerserve/kernels/attention.h"
 
@@ -115,6 +116,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSm)
   constexpr int kDTiles = Traits::kDTiles;
   constexpr int kKSteps = Traits::kKSteps;
   constexpr int kPSteps = Traits::kPSteps;
+  AllowDependentLaunch();  // o_proj may start streaming its weights
 
   int m_block, head, seq;
   if constexpr (Traits::kLptSchedule) {

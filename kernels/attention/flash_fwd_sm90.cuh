@@ -204,6 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using T = __nv_bfloat16;
   using gemm::FenceAccumulators;
   using gemm::SmemAddr;
+  AllowDependentLaunch();  // o_proj may start streaming its weights
 
   // Longest-first order within sections of heads (see kLptSchedule).
   const int m_blocks = (p.max_seqlen + kBlockM - 1) / kBlockM;

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/pdl.cuh"  // the PDL calls of v4
 #include "layerserve/kernels/gemm.h"
 
 // Hopper-only instructions are emitted only in the sm_90a device pass; other

@@ -1,7 +1,10 @@
 // Host launcher of version 4 (gemm_v4_small_m_sm90.cuh): picks the token
 // padding (the wgmma N), builds tensor maps over W (128-row boxes) and A
 // (m_pad-row boxes, rows past m zero-filled) and launches tiles x splits CTAs
-// in clusters of `splits` (the CTAs that share one W tile).
+// in clusters of `splits` (the CTAs that share one W tile), with programmatic
+// dependent launch. The kernel reads W before it waits for the preceding
+// grid, so the kernel just before it on the stream must not write W (weights
+// are written once, at load); A, the residual and C are free of that rule.
 #include <cstdint>
 
 #include "kernels/gemm/gemm_internal.h"
@@ -23,18 +26,22 @@ absl::Status Launch(const GemmParams& p, int splits, cudaStream_t stream) {
   if (!map_a.ok()) return map_a.status();
   LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(v4::GemmSmallMKernel<kMPad>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemBytes));
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = static_cast<unsigned>(splits);
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
+  cudaLaunchAttribute attrs[2]{};
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = static_cast<unsigned>(splits);
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  // Programmatic dependent launch: the kernel may start before the preceding
+  // kernel on the stream completes, and streams W meanwhile.
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(args.tiles_n * splits));
   config.blockDim = dim3(v4::kThreads);
   config.dynamicSmemBytes = L::kSmemBytes;
   config.stream = stream;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
+  config.attrs = attrs;
+  config.numAttrs = 2;
   LS_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, v4::GemmSmallMKernel<kMPad>, *map_w, *map_a, args));
   return absl::OkStatus();
 }

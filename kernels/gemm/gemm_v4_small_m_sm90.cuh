@@ -13,6 +13,14 @@
 // global workspace, no atomics.
 //
 // Warps 0-7 are the two consumer warpgroups, warp 8 the TMA producer.
+//
+// Launched with programmatic dependent launch (PDL): the producer streams its
+// first ring's worth of W, which no kernel writes, before waiting
+// (griddepcontrol.wait) for the preceding grid to complete; A, the residual
+// and C are touched only after that wait. Each CTA also lets the next kernel
+// launch early (griddepcontrol.launch_dependents), so that its CTAs take the
+// SMs' free slots and fill their rings with W while this one runs. Without
+// PDL both instructions are no-ops and the kernel runs as before.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -127,14 +135,35 @@ __global__ void __launch_bounds__(kThreads, 2)
     FenceBarrierInit();
   }
   __syncthreads();
+  // When the next kernel may launch. For kMPad <= 32 at once: its CTAs wait
+  // out this whole kernel with their rings full, which measured fastest (back
+  // to back in gemm_bench) on every Llama-3-8B shape at M <= 16 and about
+  // even at M = 32. At M = 64 that was 0.9-1.6 us slower on o_proj and down
+  // than a launch once this CTA has issued its last load (below); why is not
+  // known.
+  constexpr bool kLaunchDependentsAtEntry = kMPad <= 32;
+  if constexpr (kLaunchDependentsAtEntry) AllowDependentLaunch();
 
   float* staged = reinterpret_cast<float*>(smem_raw + (ring - SmemAddr(smem_raw)));
   if (threadIdx.x >= kConsumerThreads) {
     if (threadIdx.x == kConsumerThreads) {
       PrefetchTensorMap(&map_w);
       PrefetchTensorMap(&map_a);
-      uint32_t iter = 0;
-      for (int kb = kb_begin; kb < kb_end; ++kb, ++iter) {
+      // No kernel writes W, so the ring's first pass takes its W tiles before
+      // the wait for the preceding grid, which may still be writing A. Each
+      // stage's barrier expects the W and the A bytes from the start.
+      const int first_pass = min(kb_end - kb_begin, kStages);
+      for (int slot = 0; slot < first_pass; ++slot) {
+        const uint32_t bar = full_bar + 8 * slot;
+        MbarArriveExpectTx(bar, L::kStageBytes);
+        TmaLoad2d(ring + slot * L::kStageBytes, &map_w, bar, (kb_begin + slot) * kBlockK, n0);
+      }
+      WaitForPrerequisiteGrids();
+      for (int slot = 0; slot < first_pass; ++slot) {
+        TmaLoad2d(ring + slot * L::kStageBytes + kWBytes, &map_a, full_bar + 8 * slot, (kb_begin + slot) * kBlockK, 0);
+      }
+      for (int iter = first_pass; iter < kb_end - kb_begin; ++iter) {
+        const int kb = kb_begin + iter;
         const int slot = iter % kStages;
         MbarWait(empty_bar + 8 * slot, ((iter / kStages) & 1) ^ 1);
         const uint32_t bar = full_bar + 8 * slot;
@@ -143,11 +172,16 @@ __global__ void __launch_bounds__(kThreads, 2)
         TmaLoad2d(dst, &map_w, bar, kb * kBlockK, n0);
         TmaLoad2d(dst + kWBytes, &map_a, bar, kb * kBlockK, 0);
       }
+      if constexpr (!kLaunchDependentsAtEntry) AllowDependentLaunch();
     }
     __syncwarp();
   } else {
     ConsumeAndStage<kMPad>(ring, full_bar, empty_bar, kb_begin, kb_end, staged);
   }
+  // The epilogue reads the residual and writes C, which the preceding grid
+  // may read or write: every thread waits for it (long complete by now; the
+  // producer has waited already).
+  WaitForPrerequisiteGrids();
   // Every CTA of the cluster has staged its partial tile.
   cluster.sync();
 

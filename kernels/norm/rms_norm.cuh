@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "kernels/common/dtype.cuh"
+#include "kernels/common/pdl.cuh"
 #include "kernels/common/reduce.cuh"
 #include "layerserve/kernels/layer_ops.h"
 
@@ -23,6 +24,7 @@ namespace layerserve::kernels::norm {
 template <typename T, int kWarpsPerRow, int kWarpsPerBlock>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) RmsNormKernel(const RmsNormParams p) {
   static_assert(kWarpsPerBlock % kWarpsPerRow == 0, "a CTA holds whole row groups");
+  AllowDependentLaunch();  // the GEMM after the norm may start streaming its weights
   constexpr int kRowsPerBlock = kWarpsPerBlock / kWarpsPerRow;
   constexpr int kThreadsPerRow = kWarpsPerRow * 32;
   constexpr int kVec = kVec16<T>;

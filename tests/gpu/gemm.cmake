@@ -10,3 +10,10 @@ layerserve_add_gtest(gemm_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/gemm_test.cc
   LIBS layerserve_gemm layerserve_gemm_reference
   LABELS gpu)
+
+# Chains of v4 launches under programmatic dependent launch, each reading the
+# previous one's output, against the same chain run one launch at a time.
+layerserve_add_gtest(gemm_pdl_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/gemm_pdl_test.cc
+  LIBS layerserve_gemm layerserve_gemm_reference
+  LABELS gpu)
