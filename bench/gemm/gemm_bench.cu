@@ -11,7 +11,7 @@
 // that serving sees.
 //
 //   gemm_bench [--versions=0,1,2,3,4,auto] [--shapes=6144x4096,...] [--ms=1,8,...]
-//              [--iters=5] [--rounds=3] [--csv=PATH]
+//              [--iters=5] [--rounds=5] [--csv=PATH]
 // A version may pin a configuration: 3b128 / 3b256 (v3 tile width), 4s2
 // (v4 with 2 K splits); plain 3 and 4 use the launchers' own choice.
 // "auto" is the server's path: a GemmDispatcher autotuned for the shape (as
@@ -102,7 +102,7 @@ struct Options {
   std::vector<std::pair<int64_t, int64_t>> shapes = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
   std::vector<int64_t> ms = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
   int iters = 5;   // timed graph replays per round
-  int rounds = 3;  // interleaved rounds over the variants
+  int rounds = 5;  // interleaved rounds over the variants
   std::string csv;
 };
 
@@ -336,8 +336,12 @@ bool Bench::RunShape(int64_t n, int64_t k) {
       BENCH_CHECK_CUDA(cudaGraphLaunch(exec, stream_));  // warm-up replay
       timed.push_back({row, exec});
     }
+    // Each round also starts at another variant, so none always runs right
+    // after the same neighbour (a power-hungry predecessor can leave the
+    // clocks lower for the next one).
     for (int round = 0; round < opt_.rounds; ++round) {
-      for (Timed& t : timed) {
+      for (size_t j = 0; j < timed.size(); ++j) {
+        Timed& t = timed[(j + static_cast<size_t>(round)) % timed.size()];
         if (t.exec == nullptr) continue;
         for (int i = 0; i < opt_.iters; ++i) {
           BENCH_CHECK_CUDA(cudaEventRecord(start, stream_));
