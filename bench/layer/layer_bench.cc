@@ -10,8 +10,13 @@
 // "tokens,seqs,ms" rows that bench/layer/hf_layer.py puts beside HF's times.
 //
 //   layer_bench [--csv PATH] [--iters N] [--gemm MODE] [--no-autotune]
+//               [--compare cublaslt|untuned]
 // --gemm auto|cublaslt|custom routes the GEMMs as the server's flag does;
-// --no-autotune keeps auto's built-in table (for A/B runs of the autotune).
+// --no-autotune keeps auto's built-in table. --compare times a second
+// executor on the same weights, with every GEMM on cuBLASLt or with auto's
+// untuned table, alternating run by run with the first, and adds its median
+// and the ratio: an A/B that the machine's drift between runs (10-25% here at
+// times) cannot fake.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -20,6 +25,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -82,7 +88,8 @@ class CollectingSink final : public KernelTimingSink {
   std::map<std::string, std::vector<double>> times_;
 };
 
-absl::Status Run(const std::string& csv_path, int iters, cuda::GemmMode gemm_mode, bool autotune) {
+absl::Status Run(const std::string& csv_path, int iters, cuda::GemmMode gemm_mode, bool autotune,
+                 const std::string& compare) {
   LS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
   cudaDeviceProp props{};
   LS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, 0));
@@ -148,6 +155,19 @@ absl::Status Run(const std::string& csv_path, int iters, cuda::GemmMode gemm_mod
       FillUniformBf16(x0.data(), kMaxTokens * shape.hidden, 99, 0.0f, 1.7f, stream.get()));
   const cuda::LayerExecutor executor(shape, {layer}, static_cast<const float*>(inv_freq_dev.data()),
                                      gemm.get());
+  std::unique_ptr<cuda::GemmEngine> gemm_b;
+  std::unique_ptr<cuda::LayerExecutor> executor_b;
+  if (!compare.empty()) {
+    cuda::GemmEngineTuning untuned = tuning;
+    untuned.options.autotune = false;
+    LS_ASSIGN_OR_RETURN(gemm_b, cuda::GemmEngine::Create(
+                                    cuda::GemmEngine::kDefaultWorkspaceBytes,
+                                    compare == "cublaslt" ? cuda::GemmMode::kCublasLt : cuda::GemmMode::kAuto,
+                                    untuned));
+    executor_b = std::make_unique<cuda::LayerExecutor>(
+        shape, std::vector<cuda::LayerDeviceWeights>{layer},
+        static_cast<const float*>(inv_freq_dev.data()), gemm_b.get());
+  }
   LS_ASSIGN_OR_RETURN(cuda::OpTimer timer, cuda::OpTimer::Create(cuda::kOpsPerLayer));
   LS_ASSIGN_OR_RETURN(cuda::CudaEvent start, cuda::CreateEvent(cudaEventDefault));
   LS_ASSIGN_OR_RETURN(cuda::CudaEvent stop, cuda::CreateEvent(cudaEventDefault));
@@ -185,12 +205,14 @@ absl::Status Run(const std::string& csv_path, int iters, cuda::GemmMode gemm_mod
     geometry.positions = arena.meta;
     geometry.cu_seqlens = arena.meta + c.tokens;
 
-    const auto forward = [&](cuda::OpTimer* op_timer, double* ms) -> absl::Status {
+    const auto forward = [&](cuda::OpTimer* op_timer, double* ms,
+                             const cuda::LayerExecutor* which = nullptr) -> absl::Status {
       LS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(arena.x, x0.data(),
                                               static_cast<size_t>(c.tokens * shape.hidden) * 2,
                                               cudaMemcpyDeviceToDevice, stream.get()));
       LS_CUDA_RETURN_IF_ERROR(cudaEventRecord(start.get(), stream.get()));
-      LS_RETURN_IF_ERROR(executor.Forward(arena, geometry, workspace, stream.get(), op_timer));
+      LS_RETURN_IF_ERROR((which != nullptr ? *which : executor)
+                             .Forward(arena, geometry, workspace, stream.get(), op_timer));
       LS_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop.get(), stream.get()));
       LS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop.get()));
       float elapsed = 0;
@@ -211,10 +233,17 @@ absl::Status Run(const std::string& csv_path, int iters, cuda::GemmMode gemm_mod
       }
     }
 
-    std::vector<double> times;
+    std::vector<double> times, times_b;
+    if (executor_b != nullptr) {
+      for (int i = 0; i < 5; ++i) LS_RETURN_IF_ERROR(forward(nullptr, &ms, executor_b.get()));
+    }
     for (int i = 0; i < iters; ++i) {
       LS_RETURN_IF_ERROR(forward(nullptr, &ms));
       times.push_back(ms);
+      if (executor_b != nullptr) {
+        LS_RETURN_IF_ERROR(forward(nullptr, &ms, executor_b.get()));
+        times_b.push_back(ms);
+      }
     }
     CollectingSink sink;
     for (int i = 0; i < std::max(5, iters / 4); ++i) {
@@ -243,6 +272,10 @@ absl::Status Run(const std::string& csv_path, int iters, cuda::GemmMode gemm_mod
                 static_cast<long>(c.tokens), c.seqs, median_ms, min_ms, floor_ms,
                 floor_ms / median_ms, (gemm_flops + attn_flops) / (median_ms * 1e-3) / 1e12,
                 weight_bytes / (median_ms * 1e-3) / 1e9, ops.c_str());
+    if (!times_b.empty()) {
+      std::printf("%7s %5s %10.4f  (%s, alternating with the row above: %.3fx its time)\n", "", "",
+                  Median(times_b), compare.c_str(), Median(times_b) / median_ms);
+    }
     if (csv.is_open()) csv << c.tokens << "," << c.seqs << "," << median_ms << "\n";
   }
   std::printf("gemm plans cached: %zu\n", gemm->CachedPlans());
@@ -257,6 +290,7 @@ int main(int argc, char** argv) {
   int iters = 50;
   layerserve::cuda::GemmMode gemm_mode = layerserve::cuda::GemmMode::kAuto;
   bool autotune = true;
+  std::string compare;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--csv" && i + 1 < argc) {
@@ -272,12 +306,16 @@ int main(int argc, char** argv) {
       gemm_mode = *mode;
     } else if (arg == "--no-autotune") {
       autotune = false;
+    } else if (arg == "--compare" && i + 1 < argc && (std::string_view(argv[i + 1]) == "cublaslt" ||
+                                                       std::string_view(argv[i + 1]) == "untuned")) {
+      compare = argv[++i];
     } else {
-      std::cerr << "usage: layer_bench [--csv PATH] [--iters N] [--gemm auto|cublaslt|custom] [--no-autotune]\n";
+      std::cerr << "usage: layer_bench [--csv PATH] [--iters N] [--gemm auto|cublaslt|custom] [--no-autotune] "
+                   "[--compare cublaslt|untuned]\n";
       return 2;
     }
   }
-  const absl::Status status = layerserve::bench::Run(csv_path, iters, gemm_mode, autotune);
+  const absl::Status status = layerserve::bench::Run(csv_path, iters, gemm_mode, autotune, compare);
   if (!status.ok()) {
     std::cerr << "layer_bench: " << status << "\n";
     return 1;
