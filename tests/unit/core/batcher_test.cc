@@ -192,6 +192,8 @@ TEST(BatcherTest, FullBatchRunsWithoutWaiting) {
   auto rb = MakeRequest(payload, 4, &b);
   ASSERT_TRUE(batcher.Enqueue(ra).ok());
   ASSERT_TRUE(batcher.Enqueue(rb).ok());
+  // Both are waited for: one batch's replies run on several reply threads.
+  ASSERT_TRUE(a.done.WaitFor(milliseconds(10000)));
   ASSERT_TRUE(b.done.WaitFor(milliseconds(10000)));
   EXPECT_TRUE(a.status.ok());
   EXPECT_EQ(backend.batch_sizes(), std::vector<size_t>{2});
@@ -214,6 +216,9 @@ TEST(BatcherTest, RequestsAccumulateWhileTheBackendIsBusy) {
     ASSERT_TRUE(batcher.Enqueue(r).ok());
   }
   backend.SetOpen(true);
+  // Every outcome is waited for before it goes out of scope: replies run on
+  // the batcher's reply threads, in no particular order.
+  ASSERT_TRUE(first.done.WaitFor(milliseconds(10000)));
   for (auto& o : rest) ASSERT_TRUE(o.done.WaitFor(milliseconds(10000)));
   EXPECT_EQ(backend.batch_sizes(), (std::vector<size_t>{1, 10}));
 }
@@ -226,9 +231,10 @@ TEST(BatcherTest, ASlowReplyDoesNotHoldTheBackend) {
   FakeBackend backend(1);
   ServerObserver observer;
   Batcher batcher(Options(1024, 0), &backend, &observer, clock);
+  const std::string payload = "a";  // requests view their input: it must outlive them
   Notification second_done;
   Outcome first;
-  auto r0 = MakeRequest("a", 1, &first);
+  auto r0 = MakeRequest(payload, 1, &first);
   r0->on_done = [&first, &second_done](absl::Status s) {
     first.status = s;
     first.output = second_done.WaitFor(milliseconds(10000)) ? "second ran first" : "timed out";
@@ -237,7 +243,7 @@ TEST(BatcherTest, ASlowReplyDoesNotHoldTheBackend) {
   ASSERT_TRUE(batcher.Enqueue(r0).ok());
   ASSERT_TRUE(backend.AwaitBatches(1));
   Outcome second;
-  auto r1 = MakeRequest("b", 1, &second);
+  auto r1 = MakeRequest(payload, 1, &second);
   ASSERT_TRUE(batcher.Enqueue(r1).ok());
   ASSERT_TRUE(second.done.WaitFor(milliseconds(10000)));
   second_done.Notify();
@@ -250,9 +256,11 @@ TEST(BatcherTest, FullQueueRejectsAndReturnsTheRequest) {
   FakeClock clock;
   FakeBackend backend(1);
   ServerObserver observer;
-  Batcher batcher(Options(64, 1'000'000, /*queue=*/2), &backend, &observer, &clock);
+  // Declared before the batcher: its destructor runs the two queued requests,
+  // whose replies write to o[0] and o[1].
   const std::string payload = "q";
   Outcome o[3];
+  Batcher batcher(Options(64, 1'000'000, /*queue=*/2), &backend, &observer, &clock);
   for (int i = 0; i < 2; ++i) {
     auto r = MakeRequest(payload, 1, &o[i]);
     ASSERT_TRUE(batcher.Enqueue(r).ok());
