@@ -22,6 +22,7 @@
 #include "nlohmann/json.hpp"
 #include "server/core/status_macros.h"
 #include "server/cuda/cuda_check.h"
+#include "server/cuda/cuda_resources.h"
 
 namespace layerserve::cuda {
 namespace {
@@ -39,22 +40,6 @@ absl::Status PinError(absl::string_view entry, absl::string_view why) {
 bool ParsePositive(absl::string_view text, int64_t* out) {
   return absl::SimpleAtoi(text, out) && *out > 0;
 }
-
-// Owns a stream for the tuning pass.
-class TuneStream {
- public:
-  ~TuneStream() {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-  absl::Status Create() {
-    LS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    return absl::OkStatus();
-  }
-  cudaStream_t get() const { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
 
 // The cache's results for (n, k) if they cover every bucket up to
 // `last_bucket`, else nothing.
@@ -244,7 +229,7 @@ absl::Status TuneGemmDispatcher(GemmDispatcher& dispatcher,
     LS_ASSIGN_OR_RETURN(cached, ReadCache(options.cache_path, key, log));
   }
   const int last_bucket = GemmDispatcher::MBucket(max_m);
-  TuneStream stream;
+  CudaStream stream;  // created on the first shape that needs timing
   bool tuned_any = false;
   // Entries for the cache file: everything read (other models' shapes
   // included) with this pass's results replacing those of their shape.
@@ -255,7 +240,9 @@ absl::Status TuneGemmDispatcher(GemmDispatcher& dispatcher,
     std::vector<GemmTuneResult> results = CachedFor(cached, n, k, last_bucket);
     std::string source = "from the cache";
     if (results.empty() && options.autotune) {
-      if (stream.get() == nullptr) LS_RETURN_IF_ERROR(stream.Create());
+      if (stream.get() == nullptr) {
+        LS_ASSIGN_OR_RETURN(stream, CreateStream());
+      }
       const auto start = std::chrono::steady_clock::now();
       LS_ASSIGN_OR_RETURN(results, dispatcher.Autotune(n, k, stream.get(), max_m));
       const double seconds =
