@@ -8,7 +8,7 @@ if(TARGET layerserve_cuda AND TARGET layerserve_cpu)
     LABELS gpu)
   layerserve_add_gtest(gemm_tuning_test
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/gemm_tuning_test.cc
-    LIBS layerserve_cuda
+    LIBS layerserve_cuda layerserve_gpu_test_util
     LABELS gpu)
   layerserve_add_gtest(cuda_backend_gemm_test
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_backend_gemm_test.cc

@@ -15,5 +15,5 @@ layerserve_add_gtest(gemm_test
 # previous one's output, against the same chain run one launch at a time.
 layerserve_add_gtest(gemm_pdl_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/gemm_pdl_test.cc
-  LIBS layerserve_gemm layerserve_gemm_reference
+  LIBS layerserve_gemm layerserve_gemm_reference layerserve_gpu_test_util
   LABELS gpu)

@@ -26,32 +26,19 @@
 #include "absl/strings/str_cat.h"
 #include "layerserve/kernels/gemm.h"
 #include "tests/gpu/gemm_reference.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace layerserve::kernels {
 namespace {
 
 using gemm_testing::Bf16ToFloat;
 using gemm_testing::FillUniformBf16;
+using testing::DeviceBuffer;
+using testing::HaveCudaDevice;
 
 constexpr int kChainLength = 8;
 constexpr int kStreamRepeats = 3;
 constexpr int kGraphReplays = 2;
-
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) { ok_ = cudaMalloc(&ptr_, bytes) == cudaSuccess; }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  bool ok() const { return ok_; }
-  void* get() const { return ptr_; }
-
- private:
-  void* ptr_ = nullptr;
-  bool ok_ = false;
-};
 
 // Where a launch's output goes: kSeparate: c = x[next], residual = A = x[cur];
 // kInPlace: c = residual = x[next] (x[next] += x[cur]·Wᵀ).
@@ -65,7 +52,7 @@ struct ChainCase {
   bool with_cublaslt;  // even steps run cuBLASLt
 };
 
-std::string CaseName(const testing::TestParamInfo<ChainCase>& info) {
+std::string CaseName(const ::testing::TestParamInfo<ChainCase>& info) {
   const ChainCase& c = info.param;
   return absl::StrCat("m", c.m, "_d", c.d, "_s", c.splits, c.residual == Residual::kInPlace ? "_inplace" : "_separate",
                       c.with_cublaslt ? "_cublaslt" : "");
@@ -84,11 +71,10 @@ std::vector<ChainCase> Cases() {
   return cases;
 }
 
-class GemmChainTest : public testing::TestWithParam<ChainCase> {
+class GemmChainTest : public ::testing::TestWithParam<ChainCase> {
  protected:
   void SetUp() override {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) GTEST_SKIP() << "no CUDA device";
+    if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
     if (GetParam().with_cublaslt) {
       absl::StatusOr<std::unique_ptr<CublasLtGemm>> lt = CublasLtGemm::Create();
@@ -181,7 +167,7 @@ class GemmChainTest : public testing::TestWithParam<ChainCase> {
 TEST_P(GemmChainTest, OverlappedChainMatchesSerialChain) {
   const ChainCase& c = GetParam();
   DeviceBuffer w(c.d * c.d * 2), x0(c.m * c.d * 2), x1(c.m * c.d * 2);
-  ASSERT_TRUE(w.ok() && x0.ok() && x1.ok());
+  ASSERT_FALSE(HasFailure());  // DeviceBuffer reports a failed cudaMalloc
   w_ = w.get();
   x_[0] = x0.get();
   x_[1] = x1.get();
@@ -220,7 +206,7 @@ TEST_P(GemmChainTest, OverlappedChainMatchesSerialChain) {
   cudaGraphExecDestroy(exec);
 }
 
-INSTANTIATE_TEST_SUITE_P(Chains, GemmChainTest, testing::ValuesIn(Cases()), CaseName);
+INSTANTIATE_TEST_SUITE_P(Chains, GemmChainTest, ::testing::ValuesIn(Cases()), CaseName);
 
 }  // namespace
 }  // namespace layerserve::kernels

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "layerserve/kernels/gemm.h"
 #include "server/cuda/gemm_tuning.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace layerserve::cuda {
 namespace {
@@ -126,11 +127,6 @@ TEST(GemmTuneCacheTest, RejectsWhatItDidNotWrite) {
   }
 }
 
-bool HaveDevice() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;
@@ -161,7 +157,7 @@ Pass RunPass(const std::vector<std::pair<int64_t, int64_t>>& shapes, int64_t max
 }
 
 TEST(GemmTuningTest, TunesWritesTheCacheAndReadsItBack) {
-  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  if (!kernels::testing::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
   {
     absl::StatusOr<std::unique_ptr<GemmDispatcher>> probe = GemmDispatcher::Create();
     ASSERT_TRUE(probe.ok()) << probe.status();
