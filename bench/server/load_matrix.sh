@@ -16,27 +16,15 @@ mkdir -p "$out"
 summary="$out/load_summary.txt"
 : > "$summary"
 
-start_server() {  # start_server LOG [args...]; sets server_pid, grpc_port, metrics_port
-  local log=$1
-  shift
-  "$bin/layerserve" --host=127.0.0.1 --grpc-port=0 --metrics-port=0 "$@" > "$log.stdout" 2> "$log" &
-  server_pid=$!
-  for _ in $(seq 1 600); do
-    grpc_port=$(sed -n 's/.*grpc_port=\([0-9]*\).*/\1/p' "$log.stdout")
-    metrics_port=$(sed -n 's/.*metrics_port=\([0-9]*\).*/\1/p' "$log.stdout")
-    [[ -n $grpc_port ]] && return 0
-    kill -0 "$server_pid" 2>/dev/null || { cat "$log"; return 1; }
-    sleep 0.1
-  done
-  echo "server did not start"; return 1
-}
+# shellcheck source=bench/server/server_process.sh
+source "$(dirname "${BASH_SOURCE[0]}")/server_process.sh"
+trap stop_server EXIT
 
 for tokens in 1 128; do
   for batching in on off; do
     max_batch_tokens=8192
     [[ $batching == off ]] && max_batch_tokens=$tokens
     start_server "$out/server_t${tokens}_${batching}.log" "$@" --max-batch-tokens="$max_batch_tokens"
-    model=$(sed -n 's/.*model=\([^ ]*\).*/\1/p' "$out/server_t${tokens}_${batching}.log.stdout")
     for concurrency in 1 8 64; do
       json="$out/load_t${tokens}_c${concurrency}_${batching}.json"
       "$bin/layerctl" bench --url="127.0.0.1:$grpc_port" --model="$model" --tokens="$tokens" \
@@ -48,6 +36,6 @@ for tokens in 1 128; do
     # The server's own view of the three runs: batch sizes, queue and compute time.
     python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())" \
       "http://127.0.0.1:$metrics_port/metrics" > "$out/metrics_t${tokens}_${batching}.txt" || true
-    kill -TERM "$server_pid" && wait "$server_pid" || true
+    stop_server
   done
 done

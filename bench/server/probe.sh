@@ -186,42 +186,8 @@ cpu_ticks() {  # utime + stime of a process, in clock ticks
   echo $((f[11] + f[12]))
 }
 
-start_server() {  # start_server NAME [extra args...]; sets server_pid grpc_port metrics_port model layers
-  local log="$out/server_$1.log"
-  shift
-  : > "$log.stdout"  # exists before the first poll below
-  "$bin/layerserve" --host=127.0.0.1 --grpc-port=0 --metrics-port=0 "${server_args[@]}" "$@" \
-    > "$log.stdout" 2> "$log" &
-  server_pid=$!
-  for _ in $(seq 1 600); do
-    grpc_port=$(sed -n 's/.*grpc_port=\([0-9]*\).*/\1/p' "$log.stdout")
-    metrics_port=$(sed -n 's/.*metrics_port=\([0-9]*\).*/\1/p' "$log.stdout")
-    if [[ -n $grpc_port ]]; then
-      model=$(sed -n 's/.*model=\([^ ]*\).*/\1/p' "$log.stdout")
-      local range
-      range=$(sed -n 's/.* layers=\([0-9]*:[0-9]*\).*/\1/p' "$log.stdout")
-      layers=$(( ${range#*:} - ${range%:*} ))
-      return 0
-    fi
-    kill -0 "$server_pid" 2>/dev/null || { tail -n 5 "$log" >&2; server_pid=""; return 1; }
-    sleep 0.1
-  done
-  echo "server did not start in 60 s" >&2
-  stop_server
-  return 1
-}
-
-stop_server() {
-  [[ -z $server_pid ]] && return 0
-  kill -TERM "$server_pid" 2>/dev/null
-  for _ in $(seq 1 100); do
-    kill -0 "$server_pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -KILL "$server_pid" 2>/dev/null
-  wait "$server_pid" 2>/dev/null
-  server_pid=""
-}
+# shellcheck source=bench/server/server_process.sh
+source "$(dirname "${BASH_SOURCE[0]}")/server_process.sh"
 trap stop_server EXIT
 
 scrape() { python3 "$helper" scrape "http://127.0.0.1:$metrics_port/metrics" "$1"; }
@@ -280,7 +246,7 @@ echo "# probe: ${tokens}-token requests, concurrency $c, ${duration_s} s after $
 echo "# ms: client p50/p99/mean; srv req/queue/compute = server means over the window (compute per batch); other = req - queue - compute (handler + reply loop); gap = client mean - srv req; gpu = device time per sampled batch; served = OK/all in the window" | tee -a "$summary"
 
 # One server for the settings that change only the client.
-if start_server baseline; then
+if start_server "$out/server_baseline.log" "${server_args[@]}"; then
   run_setting baseline 1 --concurrency="$c"
   run_setting bf16 1 --concurrency="$c" --datatype=BF16
   run_setting clients-2x$((c / 2)) 2 --concurrency=$((c / 2))
@@ -298,7 +264,7 @@ fi
 for setting in "streams-1 --streams=1" "streams-4 --streams=4" "delay-0us --max-queue-delay-us=0" \
                "delay-500us --max-queue-delay-us=500" "batching-off --max-batch-tokens=$tokens"; do
   read -r label flag <<< "$setting"
-  if start_server "$label" "$flag"; then
+  if start_server "$out/server_$label.log" "${server_args[@]}" "$flag"; then
     run_setting "$label" 1 --concurrency="$c"
     stop_server
   else
