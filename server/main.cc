@@ -279,6 +279,12 @@ int Run() {
                    span->config.hidden_size, ", ", span->config.num_attention_heads, " heads, ",
                    span->config.num_key_value_heads, " kv heads) layers ", first_layer, ":",
                    end_layer, ", ", span->WeightBytes(), " weight bytes"));
+  if (const int64_t window = span->config.SmallestAttentionWindow(
+          first_layer, end_layer - first_layer);
+      window > 0) {
+    Log(absl::StrCat("sliding-window attention: window ", span->config.sliding_window,
+                     " tokens in some or all of the served layers"));
+  }
 
   PrometheusMetrics metrics(span->name);
 #ifdef LAYERSERVE_WITH_CUDA
@@ -294,6 +300,10 @@ int Run() {
     backend = MakeCpuBackend(*span, options);
   }
   if (!backend.ok()) return Fail(backend.status());
+  if (const Backend::SequenceLimit limit = (*backend)->MaxSequence(); limit.max_tokens > 0) {
+    Log(absl::StrCat("sequences longer than ", limit.max_tokens, " tokens are refused: ",
+                     limit.reason));
+  }
 
   ServedModel served;
   served.name = span->name;
@@ -304,6 +314,9 @@ int Run() {
   served.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   served.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
   served.max_queue_size = absl::GetFlag(FLAGS_max_queue_size);
+  const Backend::SequenceLimit sequence_limit = (*backend)->MaxSequence();
+  served.max_sequence_tokens = sequence_limit.max_tokens;
+  served.sequence_limit_reason = sequence_limit.reason;
   span.value().layers.clear();  // the backend holds its own copy of the weights
 
   StatsRecorder stats;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -51,6 +52,20 @@ class Backend {
   // exactly once, on any thread, when the outputs are written or the batch
   // failed. Must not block the caller on compute.
   virtual void Execute(std::shared_ptr<Batch> batch, std::function<void(absl::Status)> done) = 0;
+
+  // The longest sequence (T, the tokens of one of a request's B sequences)
+  // this backend computes exactly for its model, and why; max_tokens 0 means
+  // no limit beyond the batch budget. The edge refuses longer sequences with
+  // INVALID_ARGUMENT quoting `reason`, so a backend that lacks some of the
+  // model's math past a length never answers with other math. Today: the CUDA
+  // backend's attention has no sliding window, so for a windowed model it
+  // serves sequences up to the window, where windowed and full-causal
+  // attention agree.
+  struct SequenceLimit {
+    int64_t max_tokens = 0;
+    std::string reason;
+  };
+  virtual SequenceLimit MaxSequence() const { return {}; }
 
   // OK while the backend can serve. A backend that hits an unrecoverable
   // device error reports it here; readiness and health turn NOT_SERVING.

@@ -39,11 +39,30 @@ struct LlamaConfig {
   std::optional<Llama3RopeScaling> rope_scaling;
   bool attention_bias = false;      // q/k/v biases (qwen2 always; llama if set)
   std::string torch_dtype;          // informational
+
+  // Sliding-window attention, with Hugging Face's semantics: in a windowed
+  // layer query i sees key j iff 0 <= i - j < sliding_window. 0: no layer is
+  // windowed. Which layers are: `sliding_layers[layer]` (one entry per model
+  // layer), or every layer when sliding_layers is empty.
+  int64_t sliding_window = 0;
+  std::vector<bool> sliding_layers;
+
+  // The attention window of model layer `layer` (an index into the whole
+  // model, not the span), or 0 for full causal attention.
+  int64_t AttentionWindow(int64_t layer) const;
+  // The smallest window among model layers [first, first + count), or 0 when
+  // none of them is windowed.
+  int64_t SmallestAttentionWindow(int64_t first, int64_t count) const;
 };
 
 // Parses config.json text. `source` names the file in error messages.
 // Unsupported model types, missing required fields and inconsistent sizes are
-// INVALID_ARGUMENT (or UNIMPLEMENTED for a rope_scaling type we do not know).
+// INVALID_ARGUMENT (or UNIMPLEMENTED for a rope_scaling type or layer type we
+// do not know). Sliding windows follow transformers: mistral's
+// `sliding_window` (4096 when absent, null for none) applies to every layer;
+// qwen2's applies only with `use_sliding_window`, to layers >=
+// `max_window_layers`; an explicit `layer_types` list
+// ("full_attention"/"sliding_attention") overrides both. llama has none.
 absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::string_view source);
 
 // RoPE inverse frequencies (head_dim / 2 values) in float32, computed as the

@@ -3,11 +3,12 @@
 //
 // Field defaults follow Hugging Face's LlamaConfig / MistralConfig /
 // Qwen2Config. Anything that would change a decoder layer's math in a way this
-// server does not implement is rejected rather than ignored, except sliding
-// window attention (mistral `sliding_window`, qwen2 `use_sliding_window`): the
-// server always attends full-causally, which equals sliding-window attention
-// whenever a sequence is no longer than the window; windows are thousands of
-// tokens, and a request is bounded by --max-batch-tokens.
+// server does not implement is rejected rather than ignored. Sliding-window
+// attention is parsed into per-layer windows here; each backend either
+// computes it or refuses sequences longer than the window (Backend::
+// MaxSequenceTokens), so no request is answered with full-causal attention
+// where the model attends through a window.
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <optional>
@@ -130,7 +131,79 @@ absl::Status ParseRopeScaling(const json& value, std::string_view key, std::stri
   return absl::OkStatus();
 }
 
+// The window size and the windowed layers: see ParseLlamaConfig in model.h.
+absl::Status ParseSlidingWindow(const json& root, const FieldReader& reader,
+                                LlamaConfig& config) {
+  // Mirrors the transformers configs: MistralConfig defaults sliding_window to
+  // 4096 (null disables it); Qwen2Config keeps it only with
+  // use_sliding_window, and then windows layers >= max_window_layers; llama
+  // has no window at all.
+  std::optional<int64_t> window;
+  if (config.model_type == "mistral" || config.model_type == "qwen2") {
+    bool enabled = true;
+    if (config.model_type == "qwen2") {
+      LS_ASSIGN_OR_RETURN(std::optional<bool> use, reader.OptionalBool("use_sliding_window"));
+      enabled = use.value_or(false);
+    }
+    if (enabled) {
+      const auto it = root.find("sliding_window");
+      if (it == root.end()) {
+        window = 4096;
+      } else if (!it->is_null()) {
+        LS_ASSIGN_OR_RETURN(window, reader.OptionalInt("sliding_window"));
+        if (*window <= 0) {
+          return reader.Error("sliding_window", absl::StrCat("must be positive, got ", *window));
+        }
+      }
+    }
+  }
+  const int64_t layers = config.num_hidden_layers;
+  if (const json* types = reader.Find("layer_types")) {
+    if (!types->is_array() || static_cast<int64_t>(types->size()) != layers) {
+      return reader.Error("layer_types",
+                          absl::StrCat("must be a list of num_hidden_layers (", layers, ") strings"));
+    }
+    config.sliding_layers.assign(static_cast<size_t>(layers), false);
+    for (int64_t i = 0; i < layers; ++i) {
+      const json& t = (*types)[static_cast<size_t>(i)];
+      if (t == "sliding_attention") {
+        config.sliding_layers[static_cast<size_t>(i)] = true;
+      } else if (t != "full_attention") {
+        return absl::UnimplementedError(absl::StrCat(
+            reader.Error("layer_types", "").message(), "entry ", i, " is ", t.dump(),
+            "; supported: \"full_attention\", \"sliding_attention\""));
+      }
+    }
+  } else if (window && config.model_type == "qwen2") {
+    LS_ASSIGN_OR_RETURN(std::optional<int64_t> max_window_layers,
+                        reader.OptionalInt("max_window_layers"));
+    const int64_t first_windowed = max_window_layers.value_or(28);
+    config.sliding_layers.assign(static_cast<size_t>(layers), false);
+    for (int64_t i = std::max<int64_t>(first_windowed, 0); i < layers; ++i) {
+      config.sliding_layers[static_cast<size_t>(i)] = true;
+    }
+  }
+  config.sliding_window = window.value_or(0);
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+int64_t LlamaConfig::AttentionWindow(int64_t layer) const {
+  if (sliding_window <= 0) return 0;
+  if (sliding_layers.empty()) return sliding_window;
+  if (layer < 0 || layer >= static_cast<int64_t>(sliding_layers.size())) return 0;
+  return sliding_layers[static_cast<size_t>(layer)] ? sliding_window : 0;
+}
+
+int64_t LlamaConfig::SmallestAttentionWindow(int64_t first, int64_t count) const {
+  int64_t smallest = 0;
+  for (int64_t layer = first; layer < first + count; ++layer) {
+    const int64_t w = AttentionWindow(layer);
+    if (w > 0 && (smallest == 0 || w < smallest)) smallest = w;
+  }
+  return smallest;
+}
 
 absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::string_view source) {
   const json root = json::parse(json_text, /*cb=*/nullptr, /*allow_exceptions=*/false);
@@ -221,6 +294,7 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::st
     LS_ASSIGN_OR_RETURN(torch_dtype, reader.OptionalString("dtype"));
   }
   config.torch_dtype = torch_dtype.value_or("");
+  LS_RETURN_IF_ERROR(ParseSlidingWindow(root, reader, config));
   return config;
 }
 

@@ -5,7 +5,8 @@
 // single-threaded inside each piece, so the two never oversubscribe the cores.
 //
 // Per layer, over the packed activation x [tokens, hidden]:
-//   n = RMSNorm(x); qkv = n Wqkv^T (+ b); RoPE on q and k; a = attention;
+//   n = RMSNorm(x); qkv = n Wqkv^T (+ b); RoPE on q and k;
+//   a = causal attention (through the layer's sliding window, if it has one);
 //   x += a Wo^T; n = RMSNorm(x); gu = n Wgu^T; x += (silu(g) * u) Wd^T.
 #include "server/cpu/cpu_backend.h"
 
@@ -34,6 +35,7 @@ struct CpuLayer {
   std::vector<float> post_norm;   // [hidden]
   std::vector<float> w_gate_up;   // [2 intermediate, hidden]: gate rows, then up rows
   std::vector<float> w_down;      // [hidden, intermediate]
+  int64_t window = 0;             // sliding attention window; 0: full causal
 };
 
 void Append(std::vector<float>& dst, const HostTensor& t) {
@@ -59,6 +61,7 @@ absl::StatusOr<CpuLayer> ConvertLayer(const LayerWeights& w, const LlamaConfig& 
   Append(out.w_gate_up, w.gate_proj);
   Append(out.w_gate_up, w.up_proj);
   out.w_down = w.down_proj.ToFloat();
+  out.window = c.AttentionWindow(layer);
   return out;
 }
 
@@ -173,6 +176,7 @@ class CpuBackend final : public Backend {
     args.num_heads = heads;
     args.num_kv_heads = kv_heads;
     args.head_dim = d;
+    args.window = layer.window;
     cpu::CausalAttention(args, cu_seqlens, &pool_);
     cpu::LinearAccumulate(attn_.data(), tokens, heads * d, layer.w_o.data(), hidden, x_.data(),
                           &pool_);

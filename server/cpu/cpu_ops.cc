@@ -217,23 +217,32 @@ void CausalAttention(const AttentionArgs& args, std::span<const int32_t> cu_seql
     const int64_t h = index % args.num_heads;
     const int64_t kv_h = h / group;
     const int64_t rows = blk.end - blk.begin;
-    // Causal: the block's last query sees keys up to itself, none beyond.
-    const int64_t keys = blk.end - blk.seq_start;
+    // Query row i sees keys [first_key(i), i].
+    const auto first_key = [&](int64_t i) {
+      return args.window > 0 ? std::max(blk.seq_start, i - args.window + 1) : blk.seq_start;
+    };
+    // Scores cover keys [k0, blk.end): every key some row of the block sees.
+    const int64_t k0 = first_key(blk.begin);
+    const int64_t keys = blk.end - k0;
     // Per-thread scratch that keeps its high-water mark: at most
-    // kQueryBlock x (longest sequence) floats.
+    // kQueryBlock x (kQueryBlock + window, or the longest sequence) floats.
     thread_local std::vector<float> scores;
     scores.resize(static_cast<size_t>(rows * keys));
 
     const float* q = args.q + blk.begin * args.q_stride + h * d;
-    const float* k = args.k + blk.seq_start * args.kv_stride + kv_h * d;
-    const float* v = args.v + blk.seq_start * args.kv_stride + kv_h * d;
+    const float* k = args.k + kv_h * d;
+    const float* v = args.v + kv_h * d;
+    float* out = args.out + h * d;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
                 static_cast<int>(keys), static_cast<int>(d), scale, q,
-                static_cast<int>(args.q_stride), k, static_cast<int>(args.kv_stride), 0.0f,
-                scores.data(), static_cast<int>(keys));
+                static_cast<int>(args.q_stride), k + k0 * args.kv_stride,
+                static_cast<int>(args.kv_stride), 0.0f, scores.data(), static_cast<int>(keys));
+    // Softmax of each row over the keys it sees; the other scores stay as they
+    // are and are never read again.
     for (int64_t r = 0; r < rows; ++r) {
-      float* p = scores.data() + r * keys;
-      const int64_t visible = blk.begin + r - blk.seq_start + 1;
+      const int64_t i = blk.begin + r;
+      float* p = scores.data() + r * keys + (first_key(i) - k0);
+      const int64_t visible = i - first_key(i) + 1;
       // Subtracting the row maximum keeps every exp() in (0, 1].
       const float max_score = *std::max_element(p, p + visible);
       double sum = 0;
@@ -243,12 +252,39 @@ void CausalAttention(const AttentionArgs& args, std::span<const int32_t> cu_seql
       }
       const float inv_sum = static_cast<float>(1.0 / sum);
       for (int64_t j = 0; j < visible; ++j) p[j] *= inv_sum;
-      std::fill(p + visible, p + keys, 0.0f);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows),
-                static_cast<int>(d), static_cast<int>(keys), 1.0f, scores.data(),
-                static_cast<int>(keys), v, static_cast<int>(args.kv_stride), 0.0f,
-                args.out + blk.begin * args.out_stride + h * d, static_cast<int>(args.out_stride));
+    // P V in two parts, so that no row multiplies a value row it does not see
+    // (0 x NaN is NaN): keys [c0, c1] that every row of the block sees go
+    // through one GEMM; each row adds its own remaining keys, at most
+    // kQueryBlock - 1 on the diagonal plus, with a window, its left edge.
+    const int64_t c0 = first_key(blk.end - 1);
+    const int64_t c1 = blk.begin;
+    float* out_rows = out + blk.begin * args.out_stride;
+    if (c0 <= c1) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows),
+                  static_cast<int>(d), static_cast<int>(c1 - c0 + 1), 1.0f,
+                  scores.data() + (c0 - k0), static_cast<int>(keys), v + c0 * args.kv_stride,
+                  static_cast<int>(args.kv_stride), 0.0f, out_rows,
+                  static_cast<int>(args.out_stride));
+    } else {
+      for (int64_t r = 0; r < rows; ++r) std::fill_n(out_rows + r * args.out_stride, d, 0.0f);
+    }
+    // out_row += p[a..b] V[a..b] for the keys a..b (inclusive) outside [c0, c1].
+    const auto add_keys = [&](int64_t r, int64_t a, int64_t b) {
+      if (a > b) return;
+      cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(b - a + 1), static_cast<int>(d),
+                  1.0f, v + a * args.kv_stride, static_cast<int>(args.kv_stride),
+                  scores.data() + r * keys + (a - k0), 1, 1.0f, out_rows + r * args.out_stride, 1);
+    };
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = blk.begin + r;
+      if (c0 <= c1) {
+        add_keys(r, first_key(i), c0 - 1);
+        add_keys(r, c1 + 1, i);
+      } else {
+        add_keys(r, first_key(i), i);
+      }
+    }
   };
   const int64_t num_tasks = static_cast<int64_t>(blocks.size()) * args.num_heads;
   if (pool == nullptr) {

@@ -84,6 +84,10 @@ void ApplyRope(float* x, int64_t stride, int64_t num_heads, int64_t head_dim,
 // 1/sqrt(head_dim): query head h reads KV head h / (num_heads / num_kv_heads).
 // q rows have stride q_stride, k and v rows kv_stride, out rows out_stride;
 // head h occupies columns [h * head_dim, (h + 1) * head_dim) of its row.
+// With window > 0, query i sees key j of its sequence iff 0 <= i - j < window
+// (sliding-window attention); window 0 is plain causal attention. A query's
+// output reads only the value rows it sees, so a NaN or Inf in one token
+// cannot reach an earlier token or one outside the window.
 struct AttentionArgs {
   const float* q = nullptr;
   int64_t q_stride = 0;
@@ -95,6 +99,7 @@ struct AttentionArgs {
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
+  int64_t window = 0;
 };
 void CausalAttention(const AttentionArgs& args, std::span<const int32_t> cu_seqlens,
                      ThreadPool* pool);

@@ -91,10 +91,12 @@ absl::StatusOr<std::unique_ptr<StreamSlot>> MakeSlot(const cuda::LayerShape& sha
 class CudaBackendImpl final : public CudaBackend {
  public:
   CudaBackendImpl(const CudaBackendOptions& options, const LlamaConfig& config,
-                  cuda::DeviceWeights weights, std::unique_ptr<cuda::GemmEngine> gemm,
-                  kernels::DType dtype, std::vector<std::unique_ptr<StreamSlot>> slots)
+                  int64_t window_limit, cuda::DeviceWeights weights,
+                  std::unique_ptr<cuda::GemmEngine> gemm, kernels::DType dtype,
+                  std::vector<std::unique_ptr<StreamSlot>> slots)
       : options_(options),
         config_(config),
+        window_limit_(window_limit),
         weights_(std::move(weights)),
         gemm_(std::move(gemm)),
         executor_(cuda::LayerShape::FromConfig(config, dtype), weights_.layers(),
@@ -121,6 +123,18 @@ class CudaBackendImpl final : public CudaBackend {
 
   std::string_view Name() const override { return "cuda"; }
   int MaxInflightBatches() const override { return static_cast<int>(slots_.size()); }
+
+  // The attention kernels have no sliding window yet. Up to the smallest
+  // window of the span, windowed and full-causal attention are the same
+  // thing; past it they differ, so longer sequences are refused rather than
+  // answered with full-causal attention.
+  SequenceLimit MaxSequence() const override {
+    if (window_limit_ == 0) return {};
+    return {window_limit_,
+            absl::StrCat("the model attends through a sliding window of ", window_limit_,
+                         " tokens, which the cuda backend does not implement yet (the cpu "
+                         "backend does: --backend=cpu)")};
+  }
 
   void Execute(std::shared_ptr<Batch> batch, std::function<void(absl::Status)> done) override {
     {
@@ -175,6 +189,15 @@ class CudaBackendImpl final : public CudaBackend {
 
   absl::Status RunBatch(StreamSlot& slot, Batch& batch) {
     LS_RETURN_IF_ERROR(batch.Validate(config_.hidden_size, options_.max_batch_tokens));
+    if (window_limit_ > 0) {
+      for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s) {
+        if (batch.cu_seqlens[s + 1] - batch.cu_seqlens[s] > window_limit_) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "sequence of ", batch.cu_seqlens[s + 1] - batch.cu_seqlens[s],
+              " tokens: ", MaxSequence().reason));
+        }
+      }
+    }
     if (absl::Status health = Health(); !health.ok()) {
       return absl::UnavailableError(absl::StrCat("cuda backend is unhealthy: ", health.message()));
     }
@@ -321,6 +344,7 @@ class CudaBackendImpl final : public CudaBackend {
 
   const CudaBackendOptions options_;
   const LlamaConfig config_;
+  const int64_t window_limit_;  // smallest sliding window of the span; 0: none
   const cuda::DeviceWeights weights_;
   const std::unique_ptr<cuda::GemmEngine> gemm_;
   const cuda::LayerExecutor executor_;
@@ -410,7 +434,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& mo
                                  static_cast<int>(model.layers.size()), gemm->workspace_bytes()));
     slots.push_back(std::move(slot));
   }
-  auto backend = std::make_unique<CudaBackendImpl>(options, model.config, std::move(weights),
+  const int64_t window_limit = model.config.SmallestAttentionWindow(
+      model.first_layer, static_cast<int64_t>(model.layers.size()));
+  auto backend = std::make_unique<CudaBackendImpl>(options, model.config, window_limit,
+                                                   std::move(weights),
                                                    std::move(gemm), dtype, std::move(slots));
   const absl::StatusOr<int64_t> used = backend->DeviceMemoryUsedBytes();
   std::cerr << "layerserve: cuda backend: device " << options.device << " (" << props.name

@@ -24,7 +24,9 @@ InferHandler::InferHandler(const ServedModel& model, Batcher* batcher, ServerObs
                            const ServingState* state, size_t max_reply_bytes)
     : model_(model),
       limits_{.hidden_size = model.config.hidden_size,
-              .max_tokens_per_request = model.max_batch_tokens},
+              .max_tokens_per_request = model.max_batch_tokens,
+              .max_sequence_tokens = model.max_sequence_tokens,
+              .sequence_limit_reason = model.sequence_limit_reason},
       batcher_(batcher),
       observer_(observer),
       state_(state),

@@ -283,6 +283,38 @@ TEST(CudaBackendTest, FailedBatchFailsAloneAndBackendStaysHealthy) {
   ExpectClose(*batch, *reference, "after failures");
 }
 
+// The attention kernels have no sliding window: for a windowed model the
+// backend serves sequences up to the window (where it matches the CPU
+// backend, which implements the window) and refuses longer ones.
+TEST(CudaBackendTest, SlidingWindowModelServedUpToTheWindow) {
+  SKIP_WITHOUT_GPU();
+  ModelSpan model = MakeQwenModel(DType::kBF16, 13);
+  model.config.sliding_window = 48;  // every layer windowed
+  CudaBackendOptions options;
+  options.max_batch_tokens = 256;
+  auto cuda = MakeCudaBackend(model, options);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  EXPECT_EQ((*cuda)->MaxSequence().max_tokens, 48);
+  EXPECT_NE((*cuda)->MaxSequence().reason.find("sliding window of 48"), std::string::npos);
+  auto cpu = MakeCpuBackend(model, CpuBackendOptions{});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  std::mt19937 rng(17);
+  const int64_t hidden = model.config.hidden_size;
+
+  const Inputs within = RandomInputs({{2, 48, DType::kBF16}, {1, 5, DType::kF32}}, hidden, rng);
+  auto batch = MakeBatch(within, hidden);
+  const absl::Status status = RunSync(**cuda, batch);
+  ASSERT_TRUE(status.ok()) << status;
+  auto reference = MakeBatch(within, hidden);
+  ASSERT_TRUE(RunSync(**cpu, reference).ok());
+  ExpectClose(*batch, *reference, "within the window");
+
+  const Inputs beyond = RandomInputs({{1, 49, DType::kBF16}}, hidden, rng);
+  const absl::Status refused = RunSync(**cuda, MakeBatch(beyond, hidden));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE((*cuda)->Health().ok());
+}
+
 class RecordingSink final : public KernelTimingSink {
  public:
   void OnKernelTime(std::string_view op, double seconds) override {

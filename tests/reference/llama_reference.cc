@@ -95,7 +95,7 @@ void Rope(std::vector<double>& x, int64_t heads, int64_t head_dim,
 
 std::vector<double> Attention(const std::vector<double>& q, const std::vector<double>& k,
                               const std::vector<double>& v, const std::vector<int32_t>& cu_seqlens,
-                              int64_t heads, int64_t kv_heads, int64_t head_dim) {
+                              int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t window) {
   const int64_t q_width = heads * head_dim;
   const int64_t kv_width = kv_heads * head_dim;
   const int64_t group = heads / kv_heads;
@@ -108,15 +108,17 @@ std::vector<double> Attention(const std::vector<double>& q, const std::vector<do
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t kvh = h / group;
       for (int64_t i = start; i < end; ++i) {
-        // Query i attends to keys start..i of its own sequence.
-        scores.assign(static_cast<size_t>(i - start + 1), 0.0);
+        // Query i attends to keys first..i of its own sequence: all of them,
+        // or the last `window`.
+        const int64_t first = window > 0 ? std::max(start, i - window + 1) : start;
+        scores.assign(static_cast<size_t>(i - first + 1), 0.0);
         double max_score = -INFINITY;
-        for (int64_t j = start; j <= i; ++j) {
+        for (int64_t j = first; j <= i; ++j) {
           double dot = 0;
           for (int64_t d = 0; d < head_dim; ++d) {
             dot += q[Idx(i, q_width, h * head_dim + d)] * k[Idx(j, kv_width, kvh * head_dim + d)];
           }
-          scores[static_cast<size_t>(j - start)] = dot * scale;
+          scores[static_cast<size_t>(j - first)] = dot * scale;
           max_score = std::max(max_score, dot * scale);
         }
         double denom = 0;
@@ -124,8 +126,8 @@ std::vector<double> Attention(const std::vector<double>& q, const std::vector<do
           sc = std::exp(sc - max_score);
           denom += sc;
         }
-        for (int64_t j = start; j <= i; ++j) {
-          const double p = scores[static_cast<size_t>(j - start)] / denom;
+        for (int64_t j = first; j <= i; ++j) {
+          const double p = scores[static_cast<size_t>(j - first)] / denom;
           for (int64_t d = 0; d < head_dim; ++d) {
             out[Idx(i, q_width, h * head_dim + d)] += p * v[Idx(j, kv_width, kvh * head_dim + d)];
           }
@@ -160,7 +162,8 @@ std::vector<double> DecoderLayer(const std::vector<double>& x,
   Rope(q, config.heads, config.head_dim, cu_seqlens, inv_freq);
   Rope(k, config.kv_heads, config.head_dim, cu_seqlens, inv_freq);
   const std::vector<double> a =
-      Attention(q, k, v, cu_seqlens, config.heads, config.kv_heads, config.head_dim);
+      Attention(q, k, v, cu_seqlens, config.heads, config.kv_heads, config.head_dim,
+                config.sliding_window);
   const std::vector<double> o = Linear(a, tokens, q_width, layer.wo, hidden, {});
 
   std::vector<double> h(x.size());

@@ -31,6 +31,9 @@ struct Config {
   double llama3_low_freq_factor = 1.0;
   double llama3_high_freq_factor = 4.0;
   double llama3_original_max_positions = 8192.0;
+  // Sliding-window attention: query i sees key j iff 0 <= i - j < window.
+  // 0: full causal attention.
+  int64_t sliding_window = 0;
 };
 
 // One layer's weights, row-major; linear weights are [out, in] (y = x W^T).
@@ -64,10 +67,12 @@ void Rope(std::vector<double>& x, int64_t heads, int64_t head_dim,
 
 // Causal grouped-query attention per sequence. q: [tokens, heads*head_dim],
 // k, v: [tokens, kv_heads*head_dim]; query head h reads KV head
-// h / (heads / kv_heads). Returns [tokens, heads*head_dim].
+// h / (heads / kv_heads). With window > 0 query i reads only keys j with
+// i - j < window. Returns [tokens, heads*head_dim].
 std::vector<double> Attention(const std::vector<double>& q, const std::vector<double>& k,
                               const std::vector<double>& v, const std::vector<int32_t>& cu_seqlens,
-                              int64_t heads, int64_t kv_heads, int64_t head_dim);
+                              int64_t heads, int64_t kv_heads, int64_t head_dim,
+                              int64_t window = 0);
 
 // silu(gate) * up, element-wise.
 std::vector<double> SiluMul(const std::vector<double>& gate, const std::vector<double>& up);

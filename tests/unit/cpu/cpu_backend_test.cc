@@ -53,6 +53,7 @@ std::vector<double> DecodeWeights(const HostTensor& t) {
 struct ReferenceModel {
   reference::Config config;
   std::vector<reference::Layer> layers;
+  std::vector<int64_t> windows;  // per layer: sliding window, 0 for full causal
 };
 
 ReferenceModel ToReference(const ModelSpan& span) {
@@ -74,7 +75,9 @@ ReferenceModel ToReference(const ModelSpan& span) {
     m.config.llama3_original_max_positions =
         static_cast<double>(c.rope_scaling->original_max_position_embeddings);
   }
-  for (const LayerWeights& w : span.layers) {
+  for (size_t i = 0; i < span.layers.size(); ++i) {
+    const LayerWeights& w = span.layers[i];
+    m.windows.push_back(c.AttentionWindow(span.first_layer + static_cast<int64_t>(i)));
     reference::Layer l;
     l.input_norm = DecodeWeights(w.input_layernorm);
     l.wq = DecodeWeights(w.q_proj);
@@ -95,8 +98,10 @@ ReferenceModel ToReference(const ModelSpan& span) {
 
 std::vector<double> ReferenceForward(const ReferenceModel& m, std::vector<double> x,
                                      const std::vector<int32_t>& cu_seqlens) {
-  for (const reference::Layer& layer : m.layers) {
-    x = reference::DecoderLayer(x, cu_seqlens, m.config, layer);
+  reference::Config config = m.config;
+  for (size_t i = 0; i < m.layers.size(); ++i) {
+    config.sliding_window = m.windows[i];
+    x = reference::DecoderLayer(x, cu_seqlens, config, m.layers[i]);
   }
   return x;
 }
@@ -132,6 +137,23 @@ LlamaConfig Llama3StyleConfig() {
   c.rms_norm_eps = 1e-5;
   c.rope_theta = 10000.0;
   c.rope_scaling = Llama3RopeScaling{8.0, 1.0, 4.0, 64};
+  return c;
+}
+
+// mistral-style: every layer attends through a window of 4 tokens, shorter
+// than most test sequences. GQA ratio 2.
+LlamaConfig MistralStyleConfig() {
+  LlamaConfig c;
+  c.model_type = "mistral";
+  c.hidden_size = 256;
+  c.intermediate_size = 320;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 64;
+  c.num_hidden_layers = 4;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 10000.0;
+  c.sliding_window = 4;
   return c;
 }
 
@@ -290,6 +312,37 @@ TEST(CpuBackendTest, Qwen2StyleWithBiasesMatchesReference) {
 TEST(CpuBackendTest, Llama3ScaledBf16WeightsMatchReference) {
   // A span from the middle of the model, single-threaded.
   CheckModel(RandomModel(Llama3StyleConfig(), 5, 2, DType::kBF16, 14), /*num_threads=*/1, 1e-5, 15);
+}
+
+TEST(CpuBackendTest, MistralSlidingWindowMatchesReference) {
+  CheckModel(RandomModel(MistralStyleConfig(), 1, 2, DType::kF32, 16), /*num_threads=*/2, 1e-5, 17);
+}
+
+TEST(CpuBackendTest, Qwen2WindowOnlyInLaterLayersMatchesReference) {
+  // use_sliding_window with max_window_layers 2: of the span 1:3, layer 1
+  // attends fully and layer 2 through a window of 5.
+  LlamaConfig c = Qwen2StyleConfig();
+  c.num_hidden_layers = 4;
+  c.sliding_window = 5;
+  c.sliding_layers = {false, false, true, true};
+  CheckModel(RandomModel(c, 1, 2, DType::kF32, 18), /*num_threads=*/2, 1e-5, 19);
+}
+
+// The window test above would pass vacuously if windowed and full attention
+// agreed on its inputs: they must differ well beyond the tolerance.
+TEST(CpuBackendTest, SlidingWindowChangesTheAnswer) {
+  const ModelSpan model = RandomModel(MistralStyleConfig(), 1, 2, DType::kF32, 16);
+  ReferenceModel windowed = ToReference(model);
+  ReferenceModel full = windowed;
+  for (int64_t& w : full.windows) w = 0;
+  Rng rng(17);
+  const int64_t hidden = model.config.hidden_size;
+  const std::vector<float> x = RepresentableInputs(rng, static_cast<size_t>(13 * hidden));
+  const std::vector<double> a = ReferenceForward(windowed, cpu_test::ToDouble(x), {0, 13});
+  const std::vector<double> b = ReferenceForward(full, cpu_test::ToDouble(x), {0, 13});
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  EXPECT_GT(worst, 1e-2 * cpu_test::Rms(a));
 }
 
 TEST(CpuBackendTest, QueuedBatchesAllCompleteInOrder) {

@@ -145,6 +145,7 @@ struct AttentionCase {
   int64_t kv_heads;
   int64_t head_dim;
   std::vector<int32_t> cu_seqlens;
+  int64_t window = 0;  // sliding window; 0: full causal
 };
 
 TEST(CpuOpsTest, CausalGqaAttention) {
@@ -156,12 +157,20 @@ TEST(CpuOpsTest, CausalGqaAttention) {
       {8, 2, 128, {0, 13, 14, 45}},     // ratio 4, head_dim 128
       {4, 1, 64, {0, 300}},             // crosses the 128-row query blocks
       {2, 2, 128, {0, 129, 130, 259}},  // block edges at 128 / 129
+      // Sliding windows (query i sees keys i-window+1..i):
+      {4, 2, 64, {0, 1, 8, 27}, 1},       // each query sees only itself
+      {4, 2, 64, {0, 9, 40}, 5},          // shorter than the sequences
+      {4, 1, 64, {0, 300}, 100},          // shorter than a 128-row query block
+      {2, 1, 128, {0, 300, 555}, 200},    // longer than a block, shorter than the sequences
+      {2, 2, 64, {0, 129, 130, 259}, 129},  // equal to a sequence: full causal
+      {2, 2, 64, {0, 50}, 4096},          // longer than every sequence
   };
   for (const AttentionCase& c : cases) {
     for (ThreadPool* p : {&pool, static_cast<ThreadPool*>(nullptr)}) {
       SCOPED_TRACE(::testing::Message()
                    << "heads " << c.heads << " kv " << c.kv_heads << " d " << c.head_dim
-                   << " tokens " << c.cu_seqlens.back() << (p ? " pool" : " inline"));
+                   << " tokens " << c.cu_seqlens.back() << " window " << c.window
+                   << (p ? " pool" : " inline"));
       const int64_t tokens = c.cu_seqlens.back();
       const int64_t qw = c.heads * c.head_dim;
       const int64_t kvw = c.kv_heads * c.head_dim;
@@ -181,9 +190,11 @@ TEST(CpuOpsTest, CausalGqaAttention) {
       args.num_heads = c.heads;
       args.num_kv_heads = c.kv_heads;
       args.head_dim = c.head_dim;
+      args.window = c.window;
       CausalAttention(args, c.cu_seqlens, p);
-      const std::vector<double> want = reference::Attention(
-          ToDouble(q), ToDouble(k), ToDouble(v), c.cu_seqlens, c.heads, c.kv_heads, c.head_dim);
+      const std::vector<double> want =
+          reference::Attention(ToDouble(q), ToDouble(k), ToDouble(v), c.cu_seqlens, c.heads,
+                               c.kv_heads, c.head_dim, c.window);
       EXPECT_TRUE(AllClose(out, want, 1e-5));
     }
   }
@@ -201,6 +212,43 @@ TEST(CpuOpsTest, AttentionSoftmaxSurvivesLargeScores) {
   const std::vector<double> want =
       reference::Attention(ToDouble(q), ToDouble(k), ToDouble(v), cu, 1, 1, d);
   EXPECT_TRUE(AllClose(out, want, 1e-5));
+}
+
+// A NaN or Inf in the key and value of one token must reach only the queries
+// that see that token: never an earlier token (keys after a query are not
+// read at all) and never a token past the window.
+TEST(CpuOpsTest, AttentionKeepsNonFiniteTokensToThoseThatSeeThem) {
+  ThreadPool pool(3);
+  Rng rng(6);
+  const int64_t heads = 4, kv_heads = 2, d = 64, tokens = 300;
+  const int64_t qw = heads * d, kvw = kv_heads * d;
+  const std::vector<int32_t> cu = {0, tokens};
+  for (const int64_t window : {int64_t{0}, int64_t{7}, int64_t{150}}) {
+    for (const int64_t bad : {int64_t{0}, int64_t{60}, int64_t{200}}) {
+      for (const float poison : {NAN, INFINITY}) {
+        SCOPED_TRACE(::testing::Message() << "window " << window << " bad token " << bad
+                                          << " value " << poison);
+        const std::vector<float> q = RandomFloats(rng, tokens * qw, -2, 2);
+        std::vector<float> k = RandomFloats(rng, tokens * kvw, -2, 2);
+        std::vector<float> v = RandomFloats(rng, tokens * kvw);
+        for (int64_t c = 0; c < kvw; ++c) {
+          k[bad * kvw + c] = poison;
+          v[bad * kvw + c] = poison;
+        }
+        std::vector<float> out(tokens * qw, NAN);
+        AttentionArgs args{q.data(), qw, k.data(), v.data(), kvw, out.data(), qw,
+                           heads,    kv_heads, d, window};
+        CausalAttention(args, cu, &pool);
+        for (int64_t t = 0; t < tokens; ++t) {
+          const bool sees_bad = t >= bad && (window == 0 || t - bad < window);
+          if (sees_bad) continue;
+          for (int64_t c = 0; c < qw; ++c) {
+            ASSERT_TRUE(std::isfinite(out[t * qw + c])) << "token " << t << " column " << c;
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(CpuOpsTest, SiluMul) {

@@ -2,6 +2,7 @@
 // RopeInvFreq against the independent float64 reference (tests/reference).
 #include <cmath>
 #include <numbers>
+#include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -80,6 +81,67 @@ TEST(ModelConfigTest, ParsesMistralWithSlidingWindow) {
   EXPECT_EQ(c->num_key_value_heads, 8);
   EXPECT_FALSE(c->attention_bias);
   EXPECT_FALSE(c->rope_scaling.has_value());
+  EXPECT_EQ(c->sliding_window, 4096);
+  for (int64_t layer : {0, 17, 31}) EXPECT_EQ(c->AttentionWindow(layer), 4096) << layer;
+  EXPECT_EQ(c->SmallestAttentionWindow(8, 4), 4096);
+}
+
+// The sliding-window rules of the transformers configs, one case each.
+TEST(ModelConfigTest, SlidingWindowFollowsTransformers) {
+  const auto parse = [](const std::string& extra) {
+    return ParseLlamaConfig(
+        "{\"hidden_size\": 64, \"intermediate_size\": 128, \"num_attention_heads\": 4, "
+        "\"num_hidden_layers\": 4, " + extra + "}",
+        "c.json");
+  };
+  // Mistral: absent means MistralConfig's default of 4096; null disables it.
+  auto absent = parse(R"("model_type": "mistral")");
+  ASSERT_TRUE(absent.ok()) << absent.status();
+  EXPECT_EQ(absent->AttentionWindow(0), 4096);
+  auto null_window = parse(R"("model_type": "mistral", "sliding_window": null)");
+  ASSERT_TRUE(null_window.ok()) << null_window.status();
+  EXPECT_EQ(null_window->AttentionWindow(0), 0);
+  EXPECT_EQ(null_window->SmallestAttentionWindow(0, 4), 0);
+  // Llama has no window, whatever the file says.
+  auto llama = parse(R"("model_type": "llama", "sliding_window": 16)");
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ(llama->AttentionWindow(3), 0);
+  // Qwen2: only with use_sliding_window, and only from max_window_layers on.
+  auto qwen_off = parse(R"("model_type": "qwen2", "sliding_window": 16)");
+  ASSERT_TRUE(qwen_off.ok()) << qwen_off.status();
+  EXPECT_EQ(qwen_off->AttentionWindow(3), 0);
+  auto qwen_on = parse(
+      R"("model_type": "qwen2", "sliding_window": 16, "use_sliding_window": true,
+         "max_window_layers": 2)");
+  ASSERT_TRUE(qwen_on.ok()) << qwen_on.status();
+  EXPECT_EQ(qwen_on->AttentionWindow(0), 0);
+  EXPECT_EQ(qwen_on->AttentionWindow(1), 0);
+  EXPECT_EQ(qwen_on->AttentionWindow(2), 16);
+  EXPECT_EQ(qwen_on->AttentionWindow(3), 16);
+  EXPECT_EQ(qwen_on->SmallestAttentionWindow(0, 2), 0);  // a span of full layers only
+  EXPECT_EQ(qwen_on->SmallestAttentionWindow(1, 2), 16);
+  // An explicit layer_types list wins.
+  auto typed = parse(
+      R"("model_type": "mistral", "sliding_window": 8,
+         "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                         "full_attention"])");
+  ASSERT_TRUE(typed.ok()) << typed.status();
+  EXPECT_EQ(typed->AttentionWindow(0), 8);
+  EXPECT_EQ(typed->AttentionWindow(1), 0);
+  EXPECT_EQ(typed->AttentionWindow(2), 8);
+  // Errors name the field.
+  auto zero = parse(R"("model_type": "mistral", "sliding_window": 0)");
+  ASSERT_FALSE(zero.ok());
+  EXPECT_THAT(zero.status().message(), HasSubstr("sliding_window"));
+  auto short_list = parse(R"("model_type": "mistral", "layer_types": ["full_attention"])");
+  ASSERT_FALSE(short_list.ok());
+  EXPECT_THAT(short_list.status().message(), HasSubstr("layer_types"));
+  auto unknown = parse(
+      R"("model_type": "mistral", "layer_types": ["full_attention", "chunked_attention",
+         "full_attention", "full_attention"])");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("chunked_attention"));
 }
 
 TEST(ModelConfigTest, ParsesQwen2WithImpliedBias) {
@@ -91,6 +153,7 @@ TEST(ModelConfigTest, ParsesQwen2WithImpliedBias) {
   EXPECT_EQ(c->num_key_value_heads, 2);
   EXPECT_DOUBLE_EQ(c->rope_theta, 1e6);
   EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-6);
+  EXPECT_EQ(c->sliding_window, 0);  // use_sliding_window: false
 }
 
 TEST(ModelConfigTest, AppliesHuggingFaceDefaults) {
