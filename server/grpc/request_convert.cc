@@ -77,11 +77,35 @@ std::optional<SteadyTime> EarlierDeadline(std::optional<SteadyTime> a,
   return std::min(*a, *b);
 }
 
+absl::Status CheckNoSequenceParameters(const inference::ModelInferRequest& request) {
+  // Triton's sequence batcher spelling (tritonclient's sequence_id=,
+  // sequence_start=, sequence_end=): it sends them only for a sequence, so any
+  // of them set means the client expects state this server does not keep.
+  for (const char* name : {"sequence_id", "sequence_start", "sequence_end"}) {
+    const auto it = request.parameters().find(name);
+    if (it == request.parameters().end()) continue;
+    const inference::InferParameter& p = it->second;
+    const bool unset =
+        (p.parameter_choice_case() == inference::InferParameter::kInt64Param &&
+         p.int64_param() == 0) ||
+        (p.parameter_choice_case() == inference::InferParameter::kStringParam &&
+         p.string_param().empty()) ||
+        (p.parameter_choice_case() == inference::InferParameter::kBoolParam && !p.bool_param());
+    if (unset) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request parameter '", name,
+        "' is set, but this server keeps no sequence state yet: every request is computed on "
+        "its own, with positions 0..T-1; send the whole sequence without sequence parameters"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<InferRequest>> MakeInferRequest(
     const inference::ModelInferRequest& request, const ModelLimits& limits,
     std::optional<SteadyTime> transport_deadline, SteadyTime now) {
   LS_ASSIGN_OR_RETURN(const ValidatedInput input,
                       ValidateRequest(DescribeRequest(request), limits));
+  LS_RETURN_IF_ERROR(CheckNoSequenceParameters(request));
   LS_ASSIGN_OR_RETURN(const std::optional<SteadyTime> timeout_deadline,
                       TimeoutParameterDeadline(request, now));
   auto infer = std::make_unique<InferRequest>();

@@ -31,6 +31,13 @@ RequestDescription DescribeRequest(const inference::ModelInferRequest& request);
 absl::StatusOr<std::optional<SteadyTime>> TimeoutParameterDeadline(
     const inference::ModelInferRequest& request, SteadyTime now);
 
+// INVALID_ARGUMENT when the request carries Triton's sequence parameters
+// (a non-zero or non-empty sequence_id, or sequence_start/sequence_end true):
+// the server keeps no per-sequence state yet, and computing such a request as
+// if it stood alone would be a silently wrong answer. Other parameters than
+// these and "timeout" are ignored (README: Protocol).
+absl::Status CheckNoSequenceParameters(const inference::ModelInferRequest& request);
+
 // A transport deadline (gRPC's, on the system clock; time_point::max() means
 // none) moved onto the steady clock the batcher uses, given both clocks' now.
 std::optional<SteadyTime> SteadyDeadline(std::chrono::system_clock::time_point deadline,
@@ -43,7 +50,7 @@ std::optional<SteadyTime> EarlierDeadline(std::optional<SteadyTime> a, std::opti
 // Validates `request` against the model's limits and builds the core request:
 // id, dtype, shape and an `input` view into raw_input_contents[0]. The
 // deadline is the earlier of `transport_deadline` and the "timeout"
-// parameter. on_done and is_cancelled are left for the caller to set.
+// parameter; sequence parameters are refused (CheckNoSequenceParameters). on_done and is_cancelled are left for the caller to set.
 absl::StatusOr<std::unique_ptr<InferRequest>> MakeInferRequest(
     const inference::ModelInferRequest& request, const ModelLimits& limits,
     std::optional<SteadyTime> transport_deadline, SteadyTime now);

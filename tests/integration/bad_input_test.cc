@@ -77,6 +77,35 @@ Client* BadInputTest::client_ = nullptr;
 
 constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
 
+// Sequence parameters ask for state the server does not keep; tritonclient
+// sends them only for a sequence (sequence_id != 0), and those are refused.
+TEST_F(BadInputTest, SequenceParametersRefused) {
+  {
+    ModelInferRequest request = GoodRequest();
+    (*request.mutable_parameters())["sequence_id"].set_int64_param(42);
+    (*request.mutable_parameters())["sequence_start"].set_bool_param(true);
+    ExpectRejected(request, kInvalid, {"sequence_id", "sequence state"});
+  }
+  {
+    ModelInferRequest request = GoodRequest();
+    (*request.mutable_parameters())["sequence_id"].set_string_param("chat-7");
+    ExpectRejected(request, kInvalid, {"sequence_id"});
+  }
+  {
+    ModelInferRequest request = GoodRequest();
+    (*request.mutable_parameters())["sequence_end"].set_bool_param(true);
+    ExpectRejected(request, kInvalid, {"sequence_end"});
+  }
+  // Unset spellings and unknown parameters are ignored.
+  ModelInferRequest request = GoodRequest();
+  (*request.mutable_parameters())["sequence_id"].set_int64_param(0);
+  (*request.mutable_parameters())["sequence_start"].set_bool_param(false);
+  (*request.mutable_parameters())["priority"].set_int64_param(1);
+  absl::StatusOr<inference::ModelInferResponse> response =
+      client_->InferRaw(request, absl::Now() + absl::Seconds(10));
+  EXPECT_TRUE(response.ok()) << response.status();
+}
+
 TEST_F(BadInputTest, WrongInputName) {
   ModelInferRequest request = GoodRequest();
   request.mutable_inputs(0)->set_name("input0");
