@@ -31,13 +31,13 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "server/core/batcher.h"
-#include "server/core/model.h"
 #include "server/core/observer.h"
-#include "server/core/served_model.h"
 #include "server/core/stats.h"
 #include "server/cpu/cpu_backend.h"
 #include "server/grpc/grpc_frontend.h"
+#include "server/grpc/served_model.h"
 #include "server/metrics/prometheus_metrics.h"
+#include "server/model/model.h"
 #ifdef LAYERSERVE_WITH_CUDA
 #include "server/cuda/cuda_backend.h"
 #endif

@@ -32,14 +32,14 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "bench/layer/random_fill.h"
-#include "server/core/model.h"
-#include "server/core/status_macros.h"
 #include "server/cuda/cuda_check.h"
 #include "server/cuda/cuda_resources.h"
 #include "server/cuda/gemm.h"
 #include "server/cuda/kernel_timing.h"
 #include "server/cuda/layer_executor.h"
+#include "server/model/model.h"
 
 namespace layerserve::bench {
 namespace {

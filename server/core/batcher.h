@@ -20,10 +20,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "base/mutex.h"
 #include "server/core/backend.h"
 #include "server/core/batch_policy.h"
 #include "server/core/clock.h"
-#include "server/core/mutex.h"
 #include "server/core/observer.h"
 #include "server/core/request.h"
 

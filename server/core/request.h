@@ -14,8 +14,8 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "base/dtype.h"
 #include "server/core/clock.h"
-#include "server/core/dtype.h"
 
 namespace layerserve {
 

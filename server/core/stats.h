@@ -8,7 +8,7 @@
 #include <map>
 
 #include "absl/base/thread_annotations.h"
-#include "server/core/mutex.h"
+#include "base/mutex.h"
 #include "server/core/observer.h"
 
 namespace layerserve {

@@ -21,7 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "server/core/status_macros.h"
+#include "base/status_macros.h"
 #include "server/cpu/cpu_ops.h"
 
 namespace layerserve {

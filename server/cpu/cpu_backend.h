@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/core/backend.h"
-#include "server/core/model.h"
+#include "server/model/model.h"
 
 namespace layerserve {
 

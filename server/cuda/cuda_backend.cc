@@ -24,9 +24,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "base/mutex.h"
+#include "base/status_macros.h"
 #include "layerserve/kernels/layer_ops.h"
-#include "server/core/mutex.h"
-#include "server/core/status_macros.h"
 #include "server/cuda/cuda_check.h"
 #include "server/cuda/cuda_resources.h"
 #include "server/cuda/device_weights.h"

@@ -22,9 +22,9 @@
 
 #include "absl/status/statusor.h"
 #include "server/core/backend.h"
-#include "server/core/model.h"
 #include "server/cuda/gemm.h"
 #include "server/cuda/kernel_timing.h"
+#include "server/model/model.h"
 
 namespace layerserve {
 

@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
-#include "server/core/status_macros.h"
+#include "base/status_macros.h"
 #include "server/cuda/cuda_check.h"
 
 namespace layerserve::cuda {

@@ -10,9 +10,9 @@
 
 #include "absl/status/statusor.h"
 #include "layerserve/kernels/common.h"
-#include "server/core/model.h"
 #include "server/cuda/cuda_resources.h"
 #include "server/cuda/layer_executor.h"
+#include "server/model/model.h"
 
 namespace layerserve::cuda {
 

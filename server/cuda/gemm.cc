@@ -11,7 +11,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
-#include "server/core/status_macros.h"
+#include "base/status_macros.h"
 #include "server/cuda/cuda_check.h"
 
 namespace layerserve::cuda {

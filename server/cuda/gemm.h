@@ -41,9 +41,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "base/mutex.h"
 #include "layerserve/kernels/common.h"
 #include "layerserve/kernels/gemm.h"
-#include "server/core/mutex.h"
 #include "server/cuda/cuda_resources.h"
 #include "server/cuda/gemm_tuning.h"
 

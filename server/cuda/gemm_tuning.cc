@@ -19,8 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "base/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "server/core/status_macros.h"
 #include "server/cuda/cuda_check.h"
 #include "server/cuda/cuda_resources.h"
 

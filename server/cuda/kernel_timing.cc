@@ -2,7 +2,7 @@
 #include "server/cuda/kernel_timing.h"
 
 #include "absl/strings/str_cat.h"
-#include "server/core/status_macros.h"
+#include "base/status_macros.h"
 #include "server/cuda/cuda_check.h"
 
 namespace layerserve::cuda {

@@ -7,9 +7,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "layerserve/kernels/attention.h"
 #include "layerserve/kernels/layer_ops.h"
-#include "server/core/status_macros.h"
 
 namespace layerserve::cuda {
 namespace {

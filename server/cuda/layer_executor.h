@@ -23,10 +23,10 @@
 
 #include "absl/status/statusor.h"
 #include "layerserve/kernels/common.h"
-#include "server/core/model.h"
 #include "server/cuda/cuda_resources.h"
 #include "server/cuda/gemm.h"
 #include "server/cuda/kernel_timing.h"
+#include "server/model/model.h"
 
 namespace layerserve::cuda {
 

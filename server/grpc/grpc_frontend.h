@@ -20,8 +20,8 @@
 #include "server/core/backend.h"
 #include "server/core/batcher.h"
 #include "server/core/observer.h"
-#include "server/core/served_model.h"
 #include "server/core/stats.h"
+#include "server/grpc/served_model.h"
 
 namespace layerserve {
 

@@ -21,8 +21,8 @@
 #include "server/core/batcher.h"
 #include "server/core/clock.h"
 #include "server/core/observer.h"
-#include "server/core/served_model.h"
 #include "server/core/validation.h"
+#include "server/grpc/served_model.h"
 #include "server/grpc/serving_state.h"
 
 namespace layerserve {

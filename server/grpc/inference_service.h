@@ -9,9 +9,9 @@
 #include <string>
 
 #include "grpc_service.grpc.pb.h"
-#include "server/core/served_model.h"
 #include "server/core/stats.h"
 #include "server/grpc/infer_handler.h"
+#include "server/grpc/served_model.h"
 #include "server/grpc/serving_state.h"
 
 namespace layerserve {

@@ -9,8 +9,8 @@
 #include "absl/status/status.h"
 #include "grpc_service.pb.h"
 #include "model_config.pb.h"
-#include "server/core/served_model.h"
 #include "server/core/stats.h"
+#include "server/grpc/served_model.h"
 
 namespace layerserve {
 

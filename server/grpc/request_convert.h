@@ -17,8 +17,8 @@
 #include "grpc_service.pb.h"
 #include "server/core/clock.h"
 #include "server/core/request.h"
-#include "server/core/served_model.h"
 #include "server/core/validation.h"
+#include "server/grpc/served_model.h"
 
 namespace layerserve {
 

@@ -17,9 +17,9 @@
 #include <tuple>
 #include <vector>
 
+#include "base/dtype.h"
 #include "gtest/gtest.h"
 #include "layerserve/kernels/gemm.h"
-#include "server/core/dtype.h"
 #include "server/cuda/cuda_backend.h"
 #include "server/cuda/cuda_resources.h"
 #include "server/cuda/gemm.h"

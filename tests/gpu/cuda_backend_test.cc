@@ -21,13 +21,13 @@
 #include <string>
 #include <vector>
 
+#include "base/dtype.h"
+#include "base/mutex.h"
 #include "gtest/gtest.h"
 #include "server/core/backend.h"
-#include "server/core/dtype.h"
-#include "server/core/model.h"
-#include "server/core/mutex.h"
 #include "server/cpu/cpu_backend.h"
 #include "server/cuda/cuda_check.h"
+#include "server/model/model.h"
 #include "tests/support/random_model.h"
 
 namespace layerserve {

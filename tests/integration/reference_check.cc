@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "server/core/model.h"
+#include "server/model/model.h"
 
 namespace layerserve::integration {
 namespace {

@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "server/core/dtype.h"
-#include "server/core/model.h"
+#include "base/dtype.h"
+#include "server/model/model.h"
 
 namespace layerserve::test_support {
 

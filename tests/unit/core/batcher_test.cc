@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "server/core/mutex.h"
+#include "base/mutex.h"
 
 namespace layerserve {
 namespace {

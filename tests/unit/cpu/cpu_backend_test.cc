@@ -11,9 +11,9 @@
 #include <future>
 
 #include "absl/synchronization/mutex.h"
+#include "base/dtype.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/core/dtype.h"
 #include "tests/reference/llama_reference.h"
 #include "tests/support/random_model.h"
 #include "tests/unit/cpu/test_util.h"

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "gtest/gtest.h"
-#include "server/core/model.h"
+#include "server/model/model.h"
 
 namespace layerserve {
 namespace {

@@ -6,7 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/core/model.h"
+#include "server/model/model.h"
 #include "tests/unit/model/test_files.h"
 
 namespace layerserve {

@@ -1,6 +1,6 @@
 // SafetensorsFile: valid files read back exactly; every kind of malformed file
 // is rejected at Open() with a message naming the file (and the tensor).
-#include "server/core/safetensors.h"
+#include "server/model/safetensors.h"
 
 #include <cstring>
 

@@ -16,9 +16,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "server/core/model.h"
-#include "server/core/status_macros.h"
+#include "server/model/model.h"
 
 namespace layerserve {
 namespace {

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/core/dtype.h"
+#include "base/dtype.h"
 
 namespace layerserve {
 

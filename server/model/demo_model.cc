@@ -10,7 +10,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "server/core/model.h"
+#include "server/model/model.h"
 
 namespace layerserve {
 namespace {

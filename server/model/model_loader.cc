@@ -16,10 +16,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "server/core/model.h"
-#include "server/core/safetensors.h"
-#include "server/core/status_macros.h"
+#include "server/model/model.h"
+#include "server/model/safetensors.h"
 
 namespace layerserve {
 namespace {

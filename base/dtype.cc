@@ -1,5 +1,5 @@
 // Element type names and conversions (see dtype.h).
-#include "server/core/dtype.h"
+#include "base/dtype.h"
 
 #include <bit>
 #include <cmath>

@@ -1,6 +1,6 @@
 // safetensors reader: POSIX mmap plus a header validated once at Open() (see
 // safetensors.h).
-#include "server/core/safetensors.h"
+#include "server/model/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -15,8 +15,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "server/core/status_macros.h"
 
 namespace layerserve {
 namespace {

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "server/core/model.h"
+#include "server/model/model.h"
 
 namespace layerserve {
 

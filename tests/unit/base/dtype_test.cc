@@ -1,6 +1,6 @@
 // Element conversions must round exactly as torch does (round to nearest
 // even), since a bf16 client compares our output bit for bit with its own.
-#include "server/core/dtype.h"
+#include "base/dtype.h"
 
 #include <gtest/gtest.h>
 
