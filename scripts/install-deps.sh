@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing layerserve needs on Debian 12: the C++
-# toolchain and libraries (apt), the Python client stack the compatibility
-# tests use (pip), and perf_analyzer (scripts/install-perf-analyzer.sh).
+# toolchain and libraries (apt), the Python packages the compatibility tests
+# use (pip), and perf_analyzer (scripts/install-perf-analyzer.sh).
 #
 # Idempotent: apt runs only if a package is missing, pip only if an import
 # fails. Runs as root, or through sudo where that exists.
@@ -26,13 +26,14 @@ else
   apt_install "${DEBS[@]}"
 fi
 
-if "$PYTHON" -c 'import tritonclient.grpc, numpy, pytest' 2>/dev/null; then
+# prometheus_client parses /metrics for the tests.
+PY_IMPORTS='import tritonclient.grpc, numpy, pytest, prometheus_client'
+if "$PYTHON" -c "$PY_IMPORTS" 2>/dev/null; then
   log "Python packages: all present"
 else
-  log "pip install tritonclient[grpc] numpy pytest"
-  pip_install 'tritonclient[grpc]' numpy pytest
-  "$PYTHON" -c 'import tritonclient.grpc, numpy, pytest' ||
-    die "Python packages installed but not importable by $PYTHON"
+  log "pip install tritonclient[grpc] numpy pytest prometheus-client"
+  pip_install 'tritonclient[grpc]' numpy pytest prometheus-client
+  "$PYTHON" -c "$PY_IMPORTS" || die "Python packages installed but not importable by $PYTHON"
 fi
 
 # perf_analyzer is a download from PyPI: if that fails the build and the other
