@@ -1,9 +1,9 @@
 """Start a layerserve on loopback, read its ready line, scrape /metrics, stop it.
 
 The one copy of this for Python, used by the compatibility tests
-(tests/python) and kept in tests/support, next to the C++ test support, so
-that other tests and bench/server can import it too; each user puts
-tests/support on sys.path itself. Nothing here imports pytest, so a server
+(tests/python) and the deployment tests (tests/deploy), and kept in
+tests/support, next to the C++ test support, so that bench/server can import
+it too; each user puts tests/support on sys.path itself. Nothing here imports pytest, so a server
 that does not come up raises ServerStartError, which a test turns into a
 failure. Every wait is bounded.
 
