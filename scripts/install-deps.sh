@@ -2,8 +2,8 @@
 # Installs what building and testing layerserve needs on Debian 12: the C++
 # toolchain and libraries (apt), docker-compose and Prometheus for the
 # deployment tests (apt, without starting Prometheus's service), the Python
-# packages the compatibility and deployment tests use (pip), and perf_analyzer
-# (scripts/install-perf-analyzer.sh).
+# packages the compatibility and deployment tests and bench/server use (pip),
+# and perf_analyzer (scripts/install-perf-analyzer.sh).
 #
 # Idempotent: apt runs only if a package is missing, pip only if an import
 # fails. Runs as root, or through sudo where that exists.
@@ -48,8 +48,8 @@ else
   [[ $install_rc == 0 ]] || die "apt install ${DEPLOY_DEBS[*]} failed"
 fi
 
-# prometheus_client parses /metrics for the tests; yaml reads the deployment
-# files.
+# prometheus_client parses /metrics for the tests and bench/server; yaml reads
+# the deployment files.
 PY_IMPORTS='import tritonclient.grpc, numpy, pytest, prometheus_client, yaml'
 if "$PYTHON" -c "$PY_IMPORTS" 2>/dev/null; then
   log "Python packages: all present"

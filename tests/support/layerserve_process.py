@@ -1,11 +1,10 @@
 """Start a layerserve on loopback, read its ready line, scrape /metrics, stop it.
 
-The one copy of this for Python, used by the compatibility tests
-(tests/python) and the deployment tests (tests/deploy), and kept in
-tests/support, next to the C++ test support, so that bench/server can import
-it too; each user puts tests/support on sys.path itself. Nothing here imports pytest, so a server
-that does not come up raises ServerStartError, which a test turns into a
-failure. Every wait is bounded.
+The one copy of this for Python: the compatibility tests (tests/python), the
+deployment tests (tests/deploy) and the server benchmarks (bench/server) all
+use it; each puts tests/support on sys.path itself. Nothing here imports
+pytest, so a server that does not come up raises ServerStartError, which a
+test turns into a failure and a benchmark into a message. Every wait is bounded.
 
 The server picks its ports (--grpc-port=0 --metrics-port=0) and announces them
 in one line, so parallel runs never collide on a port:
