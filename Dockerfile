@@ -16,7 +16,7 @@
 # t64 renames without guesswork. libcudart and libcublasLt come with the
 # CUDA runtime base image.
 #
-# UNVERIFIED: this file is checked statically (scripts/check-deploy.sh); no
+# UNVERIFIED: this file is checked statically (tests/deploy/test_deploy.py); no
 # image has been built by the project, which has no Docker engine on its
 # machines. Build on a machine with Docker:
 #   docker build -t layerserve:latest .

@@ -5,7 +5,9 @@
 # (git-ignored; ~20 MB, to stay well inside what a transfer may carry): the
 # binaries, stripped of debug info, and the non-system shared libraries they
 # link (gRPC, protobuf, Abseil, OpenBLAS, prometheus-cpp; not libc, libstdc++
-# or CUDA, which the GPU machine has).
+# or CUDA, which the GPU machine has), and the pure-Python prometheus_client
+# that bench/server reads /metrics with (the GPU machine's Python has no pip
+# packages beyond PyTorch and transformers).
 # Then, on the GPU machine, from the repository root: scripts/gpu-run.sh.
 #   usage: scripts/gpu-bundle.sh [build dir, default build]
 set -euo pipefail
@@ -37,6 +39,10 @@ for b in "$bundle"/bin/*; do
     grep -v -E '/(libc|libm|libgcc_s|libstdc\+\+|libpthread|libdl|librt|ld-linux[^/]*)\.so|libcuda|libcublas|libcudart' |
     xargs -r -I{} cp -L -n {} "$bundle/lib/"
 done
+mkdir -p "$bundle/python"
+cp -r "$("$PYTHON" -c 'import os, prometheus_client; print(os.path.dirname(prometheus_client.__file__))')" \
+  "$bundle/python/"
+find "$bundle/python" -name __pycache__ -prune -exec rm -rf {} +
 mkdir -p .gpubundle
-tar -C "$bundle" -cf - bin lib | xz -T2 -6 > .gpubundle/layerserve-gpu.tar.xz
+tar -C "$bundle" -cf - bin lib python | xz -T2 -6 > .gpubundle/layerserve-gpu.tar.xz
 du -sh "$bundle" .gpubundle/layerserve-gpu.tar.xz

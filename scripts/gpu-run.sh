@@ -14,6 +14,8 @@ bundle=${TMPDIR:-/tmp}/layerserve-gpu
 rm -rf "$bundle" && mkdir -p "$bundle"  # never run a stale bundle
 tar -C "$bundle" -xJf "$root/.gpubundle/layerserve-gpu.tar.xz" || exit 1
 export LD_LIBRARY_PATH="$bundle/lib:${LD_LIBRARY_PATH:-}"
+# prometheus_client for bench/server's Python, which reads /metrics with it.
+export PYTHONPATH="$bundle/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 stages=("$@")
 [[ ${#stages[@]} -eq 0 ]] && stages=(tests bench-kernels bench-layer bench-server)
@@ -67,7 +69,7 @@ for stage in "${stages[@]}"; do
       [[ -f $ckpt/model.safetensors ]] || python3 bench/server/make_checkpoint.py "$ckpt" --layers 4
       # LOAD_SERVER_ARGS adds server flags (e.g. --max-queue-delay-us=100 --streams=4).
       # shellcheck disable=SC2086
-      bash bench/server/load_matrix.sh "$bundle/bin" "$out/server" \
+      python3 bench/server/load_matrix.py "$bundle/bin" "$out/server" \
         --model-dir="$ckpt" --model-name=llama3-8b-4l --backend=cuda ${LOAD_SERVER_ARGS:-}
       ;;
     *) echo "unknown stage '$stage'"; exit 2 ;;

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing layerserve needs on Debian 12: the C++
-# toolchain and libraries (apt), the Python client stack the compatibility
-# tests use (pip), and perf_analyzer (scripts/install-perf-analyzer.sh).
+# toolchain and libraries (apt), docker-compose and Prometheus for the
+# deployment tests (apt, without starting Prometheus's service), the Python
+# packages the compatibility and deployment tests and bench/server use (pip),
+# and perf_analyzer (scripts/install-perf-analyzer.sh).
 #
 # Idempotent: apt runs only if a package is missing, pip only if an import
 # fails. Runs as root, or through sudo where that exists.
@@ -26,13 +28,35 @@ else
   apt_install "${DEBS[@]}"
 fi
 
-if "$PYTHON" -c 'import tritonclient.grpc, numpy, pytest' 2>/dev/null; then
+# tests/deploy checks the compose file, promtool's rule tests and a real
+# Prometheus. Debian's prometheus package starts its daemon on install; a
+# policy-rc.d that answers 101 tells invoke-rc.d not to. A machine that
+# already has a policy (Docker images do) keeps its own.
+DEPLOY_DEBS=(docker-compose prometheus)
+if debs_installed "${DEPLOY_DEBS[@]}"; then
+  log "deployment test tools: all present"
+else
+  added_policy=0
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\nexit 101\n' | as_root tee /usr/sbin/policy-rc.d >/dev/null
+    as_root chmod 755 /usr/sbin/policy-rc.d
+    added_policy=1
+  fi
+  install_rc=0
+  apt_install "${DEPLOY_DEBS[@]}" || install_rc=$?
+  [[ $added_policy == 1 ]] && as_root rm -f /usr/sbin/policy-rc.d
+  [[ $install_rc == 0 ]] || die "apt install ${DEPLOY_DEBS[*]} failed"
+fi
+
+# prometheus_client parses /metrics for the tests and bench/server; yaml reads
+# the deployment files.
+PY_IMPORTS='import tritonclient.grpc, numpy, pytest, prometheus_client, yaml'
+if "$PYTHON" -c "$PY_IMPORTS" 2>/dev/null; then
   log "Python packages: all present"
 else
-  log "pip install tritonclient[grpc] numpy pytest"
-  pip_install 'tritonclient[grpc]' numpy pytest
-  "$PYTHON" -c 'import tritonclient.grpc, numpy, pytest' ||
-    die "Python packages installed but not importable by $PYTHON"
+  log "pip install tritonclient[grpc] numpy pytest prometheus-client pyyaml"
+  pip_install 'tritonclient[grpc]' numpy pytest prometheus-client pyyaml
+  "$PYTHON" -c "$PY_IMPORTS" || die "Python packages installed but not importable by $PYTHON"
 fi
 
 # perf_analyzer is a download from PyPI: if that fails the build and the other

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # THE test command: installs dependencies, builds, runs every ctest test (unit,
 # integration, reference, Python/perf_analyzer compatibility; GPU tests skip
-# visibly without a GPU), checks the deployment files (scripts/check-deploy.sh),
+# visibly without a GPU), checks the deployment files (pytest on tests/deploy),
 # then builds the core with ThreadSanitizer in
 # build-tsan and runs its tests. Exits non-zero on any failure and always ends
 # with one summary line.
@@ -33,6 +33,8 @@ trap summary EXIT
 
 # ctest's count of tests that ran, from its "N% tests passed, F tests failed out of T" line.
 ctest_total() { sed -n 's/.*tests failed out of \([0-9]*\).*/\1/p' "$1" | tail -n1; }
+# pytest's count of passed tests, from its "== N passed ... in Ts ==" line.
+pytest_passed() { sed -n 's/.* \([0-9]*\) passed.*/\1/p' "$1" | tail -n1; }
 
 run_ctest() {  # run_ctest <build dir> <log file> [launcher...]
   local dir=$1 out=$2
@@ -58,12 +60,14 @@ stage="ctest"
 run_ctest "$build_dir" "$build_dir/ctest.log"
 done_stages+=("ctest: $(ctest_total "$build_dir/ctest.log") tests")
 
-# Deployment files (compose, Prometheus rules and their tests, the Grafana
-# dashboard's queries) against a live server and a real Prometheus.
+# Deployment files (Dockerfile, compose, Prometheus rules and their tests, the
+# Grafana dashboard's queries) against a live server and a real Prometheus: its
+# own stage rather than a ctest test, so that the summary line names it.
 stage="deploy-check"
 LAYERSERVE_BIN="$build_dir/server/layerserve" LAYERCTL_BIN="$build_dir/client/layerctl" \
-  bash scripts/check-deploy.sh
-done_stages+=("deploy-check")
+  PYTHONDONTWRITEBYTECODE=1 "$PYTHON" -m pytest -v -rs -p no:cacheprovider \
+  --basetemp="$build_dir/pytest-deploy" tests/deploy 2>&1 | tee "$build_dir/deploy-check.log"
+done_stages+=("deploy-check: $(pytest_passed "$build_dir/deploy-check.log") tests")
 
 if [[ ${LAYERSERVE_SKIP_TSAN:-0} != 1 ]]; then
   stage="tsan build"

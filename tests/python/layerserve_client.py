@@ -1,6 +1,6 @@
 """tritonclient helpers shared by the compatibility tests: build FP32/BF16
-inputs the way a client application would, decode outputs, and read the
-Prometheus endpoint.
+inputs the way a client application would and decode outputs. (The
+Prometheus endpoint is read through tests/support/layerserve_process.py.)
 
 BF16 went through two tritonclient APIs: releases before r26.06 take float32
 arrays for a "BF16" input (truncating them), later ones require
@@ -8,8 +8,6 @@ ml_dtypes.bfloat16 arrays. Inputs here are first rounded to values bfloat16
 represents exactly, so both APIs send the same bits, and outputs are decoded
 from the raw response bytes, so the checks do not depend on either.
 """
-
-import re
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -84,22 +82,3 @@ def io_names(client, model):
     assert len(metadata.inputs) == 1 and len(metadata.outputs) == 1, metadata
     return metadata.inputs[0].name, metadata.outputs[0].name
 
-
-def parse_exposition(text):
-    """Prometheus text format -> {(name, frozenset(labels.items())): value}."""
-    samples = {}
-    sample_re = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
-    label_re = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = sample_re.match(line)
-        assert match, f"unparsable exposition line: {line!r}"
-        name, labels, value = match.groups()
-        samples[(name, frozenset(label_re.findall(labels or "")))] = float(value)
-    return samples
-
-
-def sample(samples, name, **labels):
-    """The value of one series, 0.0 if it does not exist (yet)."""
-    return samples.get((name, frozenset(labels.items())), 0.0)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as grpcclient
 
-from layerserve_client import RPC_TIMEOUT_S, io_names, parse_exposition
+from layerserve_client import RPC_TIMEOUT_S, io_names
 
 PERF_ANALYZER_TIMEOUT_S = 240
 
@@ -36,7 +36,7 @@ def perf_analyzer():
 def request_counts(server):
     """{code: count} of layerserve_requests_total for the served model."""
     counts = {}
-    for (name, labels), value in parse_exposition(server.scrape("/metrics")[2]).items():
+    for (name, labels), value in server.samples().items():
         labels = dict(labels)
         if name == "layerserve_requests_total" and labels.get("model") == server.model:
             counts[labels["code"]] = value

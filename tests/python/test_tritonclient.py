@@ -17,7 +17,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from layerserve_client import (RPC_TIMEOUT_S, client_bf16_dtype, infer, io_names, make_input,
-                               output_as_f32, parse_exposition, sample)
+                               output_as_f32)
+from layerserve_process import parse_samples, sample
 from llama_numpy import assert_close, round_to_bf16
 
 DEMO_HIDDEN = 512
@@ -176,7 +177,7 @@ def test_metrics_endpoint_counts_these_calls(client, demo_server, names):
     status, content_type, body = demo_server.scrape("/metrics")
     assert status == 200
     assert content_type.startswith("text/plain; version=0.0.4"), content_type
-    before = parse_exposition(body)
+    before = parse_samples(body)
 
     for seed in (9, 10):
         infer(client, demo_server.model, *names, activations((1, 4, DEMO_HIDDEN), seed), "FP32")
@@ -192,7 +193,7 @@ def test_metrics_endpoint_counts_these_calls(client, demo_server, names):
     # a moment before the metrics do.
     deadline = time.monotonic() + 10
     while True:
-        after = parse_exposition(demo_server.scrape("/metrics")[2])
+        after = parse_samples(demo_server.scrape("/metrics")[2])
         settled = (delta("layerserve_request_duration_seconds_count", model=model) >= 3 and
                    sample(after, "layerserve_inflight_requests", model=model) == 0)
         if settled or time.monotonic() > deadline:

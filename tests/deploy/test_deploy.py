@@ -1,0 +1,506 @@
+"""The deployment and observability files, checked without Docker or a GPU:
+  1. Dockerfile and .dockerignore: instruction-level checks (no Dockerfile
+     linter is packaged for Debian 12);
+  2. deploy/docker-compose.yml: `docker-compose config -q` for every profile;
+  3. Prometheus: `promtool check config`, `check rules`, `test rules`;
+  4. the Grafana dashboard: parses, uses the provisioned datasource uid;
+  5. every metric named in a dashboard, rule or HPA/adapter file is exported
+     by a real layerserve (live scrape on loopback; the CUDA-only families are
+     checked against the metrics header instead);
+  6. a real Prometheus scrapes that server every second during a
+     `layerctl bench` run, and each dashboard query, and the p99 latency,
+     come back from its HTTP API;
+  7. deploy/README.md's split-model recipe: two servers with --layers 0:2
+     and 2:4 chained with `layerctl infer` give the full model's output.
+
+scripts/test.sh runs this file as its "deploy-check" stage, after ctest; alone,
+from the repository root:
+  LAYERSERVE_BIN=build/server/layerserve LAYERCTL_BIN=build/client/layerctl \\
+    python3 -m pytest -v tests/deploy
+(those two are also the defaults). docker-compose, promtool and prometheus come
+from scripts/install-deps.sh; a missing one fails the tests that need it.
+Servers and Prometheus listen on loopback only, on ports the kernel picks.
+"""
+
+import fnmatch
+import glob
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+from layerserve_process import LayerserveProcess  # noqa: E402
+
+DATASOURCE_UID = "layerserve-prom"
+# Families only the CUDA backend exports: the CPU server here cannot show
+# them, so their names are checked against the metrics header instead.
+CUDA_ONLY = {"layerserve_kernel_duration_seconds", "layerserve_gpu_memory_used_bytes"}
+SERVER_FLAGS = ["--backend=cpu", "--cpu-threads=2"]
+COMMAND_TIMEOUT_S = 120
+WAIT_S = 30  # for Prometheus to get ready, and then to scrape the server
+
+
+def binary(env, default):
+    path = Path(os.environ.get(env) or ROOT / default)
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"no binary at {path} (run scripts/build.sh, or set {env})")
+    return path
+
+
+def tool(name):
+    path = shutil.which(name)
+    if not path:
+        pytest.fail(f"missing {name} (run scripts/install-deps.sh)")
+    return path
+
+
+def run(*args, cwd=None, timeout_s=COMMAND_TIMEOUT_S):
+    """Runs a command to completion; fails the test, with its output, on a
+    non-zero exit. Returns its stdout."""
+    proc = subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=timeout_s)
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}: {' '.join(map(str, args))}\n{proc.stdout}{proc.stderr}")
+    return proc.stdout
+
+
+# --- 1. Dockerfile ---------------------------------------------------------------
+
+DOCKER_INSTRUCTIONS = {"FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT",
+                       "VOLUME", "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK",
+                       "SHELL"}
+FROM_RE = re.compile(r"(\S+)(?:\s+AS\s+(\S+))?", re.I)
+
+
+class Dockerfile:
+    """Logical instructions (comments dropped, backslash continuations
+    joined) and the instructions of the final stage."""
+
+    def __init__(self, path):
+        self.instructions, pending = [], ""
+        for line in open(path):
+            s = line.rstrip("\n")
+            if not pending and (not s.strip() or s.lstrip().startswith("#")):
+                continue
+            if pending and s.lstrip().startswith("#"):
+                continue
+            if s.endswith("\\"):
+                pending += s[:-1] + " "
+                continue
+            self.instructions.append((pending + s).strip())
+            pending = ""
+        self.ends_in_continuation = bool(pending)
+        last_from = max((i for i, x in enumerate(self.instructions) if x.startswith("FROM ")),
+                        default=0)
+        self.final_stage = self.instructions[last_from:]
+
+    def split(self):
+        """(keyword, rest) of every instruction."""
+        return [(ins.partition(" ")[0], ins.partition(" ")[2]) for ins in self.instructions]
+
+
+@pytest.fixture(scope="module")
+def dockerfile():
+    return Dockerfile(ROOT / "Dockerfile")
+
+
+def test_dockerfile_syntax(dockerfile):
+    errors = ["file ends inside a line continuation"] if dockerfile.ends_in_continuation else []
+    for kw, rest in dockerfile.split():
+        if kw.upper() not in DOCKER_INSTRUCTIONS:
+            errors.append(f"unknown instruction {kw!r}")
+        if kw != kw.upper():
+            errors.append(f"instruction not upper case: {kw}")
+        if kw == "FROM" and not FROM_RE.fullmatch(rest.strip()):
+            errors.append(f"bad FROM: {rest}")
+        if kw in ("CMD", "ENTRYPOINT", "HEALTHCHECK") and "[" in rest:
+            try:
+                json.loads(rest[rest.index("["):])
+            except ValueError as e:
+                errors.append(f"{kw} exec form is not valid JSON: {e}")
+    assert not errors
+
+
+def test_dockerfile_stages_are_tagged_and_named(dockerfile):
+    errors, stages = [], []
+    for kw, rest in dockerfile.split():
+        if kw == "FROM":
+            m = FROM_RE.fullmatch(rest.strip())
+            if not m:
+                continue  # test_dockerfile_syntax reports it
+            image, name = m.groups()
+            if not re.search(r":\S", image.replace("${CUDA_VERSION}", "x")):
+                errors.append(f"FROM without a tag: {image}")
+            stages.append(name)
+        elif kw == "COPY":
+            m = re.search(r"--from=(\S+)", rest)
+            if m and m.group(1) not in stages[:-1]:
+                errors.append(f"COPY --from={m.group(1)} names no earlier stage")
+    if len(stages) < 2:
+        errors.append("expected a multi-stage build")
+    assert not errors
+
+
+def test_dockerfile_final_stage(dockerfile):
+    """Non-root, both ports, a health check and layerserve as the entry point."""
+    tail = dockerfile.final_stage
+    errors = []
+    users = [x[len("USER "):].strip() for x in tail if x.startswith("USER ")]
+    if (users[-1] if users else "root") in ("root", "0"):
+        errors.append("final stage runs as root")
+    exposed = " ".join(x[len("EXPOSE "):] for x in tail if x.startswith("EXPOSE ")).split()
+    errors += [f"final stage does not EXPOSE {port}" for port in ("8001", "8002")
+               if port not in exposed]
+    healthchecks = [x for x in tail if x.startswith("HEALTHCHECK")]
+    if not healthchecks or "health" not in healthchecks[0]:
+        errors.append("final stage has no layerctl health HEALTHCHECK")
+    if not any(x.startswith("ENTRYPOINT") and "layerserve" in x for x in tail):
+        errors.append("final stage ENTRYPOINT is not layerserve")
+    assert not errors
+
+
+def test_dockerfile_build_turns_tests_off(dockerfile):
+    assert any("LAYERSERVE_BUILD_TESTS=OFF" in x for x in dockerfile.instructions)
+
+
+def test_dockerignore_keeps_what_the_build_reads():
+    patterns = [p.strip().rstrip("/") for p in open(ROOT / ".dockerignore")
+                if p.strip() and not p.startswith("#")]
+    needed = {"CMakeLists.txt"} | set(
+        re.findall(r"add_subdirectory\((\S+?)\)", (ROOT / "CMakeLists.txt").read_text()))
+    excluded = [f"{pat!r} excludes {path}" for path in sorted(needed) for pat in patterns
+                if fnmatch.fnmatch(path, pat) or path.startswith(pat + "/")]
+    assert not excluded, "the build needs what these .dockerignore patterns exclude"
+
+
+# --- 2. docker-compose --------------------------------------------------------------
+
+def compose(*args):
+    return run(tool("docker-compose"), "-f", DEPLOY / "docker-compose.yml", *args)
+
+
+@pytest.mark.parametrize("profile", ["", "gpu", "cpu"], ids=["no-profile", "gpu", "cpu"])
+def test_compose_config_is_valid(profile):
+    compose(*(["--profile", profile] if profile else []), "config", "-q")
+
+
+def test_compose_services():
+    services = sorted(compose("config", "--services").split())
+    assert services == ["grafana", "layerserve-cpu", "layerserve-gpu", "prometheus"]
+
+
+def test_compose_gpu_profile_reserves_the_device():
+    assert "driver: nvidia" in compose("--profile", "gpu", "config"), \
+        "the gpu profile lost its device reservation"
+
+
+# --- 3. promtool ----------------------------------------------------------------------
+
+def test_promtool_check_config():
+    run(tool("promtool"), "check", "config", "--syntax-only", DEPLOY / "prometheus/prometheus.yml")
+
+
+def test_promtool_check_rules():
+    rules = sorted(glob.glob(str(DEPLOY / "prometheus/rules/*.yml")))
+    assert rules
+    run(tool("promtool"), "check", "rules", *rules)
+
+
+def test_promtool_test_rules():
+    tests_dir = DEPLOY / "prometheus/tests"
+    tests = sorted(p.name for p in tests_dir.glob("*.yml"))
+    assert tests
+    run(tool("promtool"), "test", "rules", *tests, cwd=tests_dir)
+
+
+# --- 4. Grafana dashboard ---------------------------------------------------------------
+
+DASHBOARD = json.loads((DEPLOY / "grafana/dashboards/layerserve.json").read_text())
+
+
+def test_datasource_is_provisioned_with_the_dashboards_uid():
+    datasource = (DEPLOY / "grafana/provisioning/datasources/prometheus.yml").read_text()
+    assert f"uid: {DATASOURCE_UID}" in datasource
+
+
+def test_dashboard_panels_use_the_provisioned_datasource():
+    bad = [p["title"] for p in DASHBOARD["panels"] if p["type"] != "row"
+           and (p["datasource"]["uid"] != DATASOURCE_UID
+                or any(t["datasource"]["uid"] != DATASOURCE_UID for t in p["targets"]))]
+    assert not bad, f"panels not on the {DATASOURCE_UID} datasource"
+
+
+def test_dashboard_panel_ids_are_unique():
+    ids = [p["id"] for p in DASHBOARD["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+# --- 5. metric names against a live server ---------------------------------------------
+
+def promql_expressions():
+    """(where, expression) for every PromQL expression or metric name of the
+    dashboard, the recording and alerting rules, the HPA and its adapter."""
+    exprs = []
+    for p in DASHBOARD["panels"]:
+        for t in p.get("targets", []):
+            exprs.append(("dashboard: " + p["title"], t["expr"]))
+    for v in DASHBOARD["templating"]["list"]:
+        exprs.append(("dashboard variable " + v["name"], v["definition"]))
+    for f in sorted(glob.glob(str(DEPLOY / "prometheus/rules/*.yml"))):
+        for g in yaml.safe_load(open(f))["groups"]:
+            for r in g["rules"]:
+                exprs.append((f"rule {r.get('record') or r.get('alert')}", str(r["expr"])))
+    adapter = yaml.safe_load(open(DEPLOY / "k8s/prometheus-adapter-values.yaml"))
+    for r in adapter["rules"]["custom"]:
+        exprs.append(("adapter seriesQuery", r["seriesQuery"]))
+    hpa = yaml.safe_load(open(DEPLOY / "k8s/hpa.yaml"))
+    for m in hpa["spec"]["metrics"]:
+        exprs.append(("hpa metric", m["pods"]["metric"]["name"]))
+    return exprs
+
+
+# The series names a family of each type puts on the wire (a histogram has no
+# series under its own name). The parser names a counter family without _total.
+SERIES_SUFFIXES = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"],
+                   "summary": ["", "_sum", "_count"]}
+
+
+def queryable_names(metrics_text):
+    """Every series name the scrape's families make available to PromQL,
+    including those of labelled families with no series yet."""
+    names = set()
+    for family in text_string_to_metric_families(metrics_text):
+        names |= {family.name + s for s in SERIES_SUFFIXES.get(family.type, [""])}
+        names |= {s.name for s in family.samples}
+    return names
+
+
+def declared_in_header():
+    header = (ROOT / "server/metrics/prometheus_metrics.h").read_text()
+    return set(re.findall(r"(layerserve_\w+)\{", header))
+
+
+@pytest.fixture(scope="module")
+def server_bin():
+    return binary("LAYERSERVE_BIN", "build/server/layerserve")
+
+
+@pytest.fixture(scope="module")
+def ctl_bin():
+    return binary("LAYERCTL_BIN", "build/client/layerctl")
+
+
+@pytest.fixture(scope="module")
+def full_server(server_bin, tmp_path_factory):
+    """The demo model, all layers: the server every live check talks to."""
+    with LayerserveProcess(server_bin, SERVER_FLAGS,
+                           tmp_path_factory.mktemp("full") / "layerserve.log") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def served_metrics(full_server, ctl_bin):
+    """The /metrics text after one request, so that every labelled family
+    has a series."""
+    run(ctl_bin, "bench", f"--url={full_server.grpc_url}", "--model=demo", "--tokens=4",
+        "--concurrency=1", "--duration-s=1", "--warmup-s=0", "--no-progress")
+    return full_server.scrape()[2]
+
+
+def test_layerctl_health_is_serving(full_server, ctl_bin):
+    run(ctl_bin, "health", f"--url={full_server.grpc_url}")
+
+
+def test_cuda_only_families_are_declared_in_the_header():
+    assert CUDA_ONLY <= declared_in_header(), "CUDA-only families missing from prometheus_metrics.h"
+
+
+def test_every_metric_named_is_exported(served_metrics):
+    exported, declared = queryable_names(served_metrics), declared_in_header()
+    unknown = []
+    for where, expr in promql_expressions():
+        # A metric name, not part of a recorded name (level:metric:operations).
+        for name in re.findall(r"(?<![\w:])(layerserve_[a-z0-9_]+)", expr):
+            family = re.sub(r"_(bucket|sum|count)$", "", name)
+            if name not in exported and not (family in CUDA_ONLY and family in declared):
+                unknown.append(f"{where}: {name}")
+    assert not unknown, "metrics no server exports"
+
+
+# --- 6. a live Prometheus ---------------------------------------------------------------
+
+def dashboard_queries():
+    """pytest params: each dashboard query with Grafana's variables filled in,
+    and whether it must return a series on the CPU backend."""
+    params = []
+    for p in DASHBOARD["panels"]:
+        for t in p.get("targets", []):
+            q = t["expr"].replace("$__rate_interval", "30s").replace("$model", ".*")
+            needs_data = not any(c in q for c in CUDA_ONLY)
+            params.append(pytest.param(q, needs_data, id=f"{p['title']} {t.get('refId', '')}"))
+    return params
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Prometheus:
+    """A prometheus process and its HTTP API."""
+
+    def __init__(self, config, workdir):
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.log_path = workdir / "prometheus.log"
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [tool("prometheus"), f"--config.file={config}",
+                 f"--storage.tsdb.path={workdir / 'tsdb'}",
+                 f"--web.listen-address={self.url.removeprefix('http://')}"],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def log_tail(self, lines=20):
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def get(self, path):
+        with urllib.request.urlopen(self.url + path, timeout=10) as res:
+            return json.load(res) if path.startswith("/api/") else res.read()
+
+    def query(self, q):
+        body = self.get("/api/v1/query?" + urllib.parse.urlencode({"query": q}))
+        assert body["status"] == "success", f"{q}: {body}"
+        return body["data"]["result"]
+
+    def wait_until(self, what, ready):
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"prometheus exited; log:\n{self.log_tail()}"
+            try:
+                if ready():
+                    return
+            except OSError:
+                pass  # not listening yet
+            time.sleep(0.5)
+        pytest.fail(f"prometheus: {what} not within {WAIT_S} s; log:\n{self.log_tail()}")
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def live_prometheus_config(full_server, tmp_path_factory):
+    """deploy/prometheus/prometheus.yml, scraping the live server every second."""
+    cfg = yaml.safe_load(open(DEPLOY / "prometheus/prometheus.yml"))
+    cfg["global"]["scrape_interval"] = "1s"
+    cfg["global"]["evaluation_interval"] = "1s"
+    cfg["rule_files"] = [str(DEPLOY / "prometheus/rules/*.yml")]
+    (job,) = cfg["scrape_configs"]
+    job["static_configs"] = [{"targets": [f"127.0.0.1:{full_server.metrics_port}"]}]
+    path = tmp_path_factory.mktemp("prometheus") / "prometheus.yml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def prometheus(live_prometheus_config, full_server, ctl_bin):
+    """A real Prometheus that has scraped the server every second through a
+    5 s `layerctl bench` run, and a few times after it."""
+    prom = Prometheus(live_prometheus_config, live_prometheus_config.parent)
+    try:
+        prom.wait_until("/-/ready", lambda: prom.get("/-/ready") is not None)
+        # Ready is not scraped: wait for the first successful scrape.
+        prom.wait_until("a scrape of the server", lambda: prom.query('up{job="layerserve"} == 1'))
+        bench = run(ctl_bin, "bench", f"--url={full_server.grpc_url}", "--model=demo",
+                    "--tokens=8", "--concurrency=4", "--duration-s=5", "--no-progress")
+        print("bench:", next((x for x in bench.splitlines() if "req/s" in x), bench[:200]))
+        time.sleep(3)  # a few scrapes after the last request
+        yield prom
+    finally:
+        prom.stop()
+
+
+def test_live_prometheus_config_is_valid(live_prometheus_config):
+    run(tool("promtool"), "check", "config", live_prometheus_config)
+
+
+def test_prometheus_computes_p99_latency_of_the_bench(prometheus):
+    p99_q = ("histogram_quantile(0.99, sum by (le) "
+             "(rate(layerserve_request_duration_seconds_bucket[30s])))")
+    deadline = time.monotonic() + 20
+    while True:
+        res = prometheus.query(p99_q)
+        p99 = float(res[0]["value"][1]) if res else math.nan
+        if math.isfinite(p99) and p99 > 0:
+            break
+        if time.monotonic() > deadline:
+            counts = prometheus.query("layerserve_request_duration_seconds_count[60s]")
+            pytest.fail(f"no finite p99 from prometheus within 20 s: {p99_q}\n"
+                        f"last result: {res}\nrequest counts scraped: {counts}")
+        time.sleep(1)
+    print(f"prometheus: p99 request latency over the bench = {p99 * 1e3:.2f} ms")
+
+
+def test_prometheus_scrape_target_is_up(prometheus):
+    up = prometheus.query('up{job="layerserve"}')
+    assert up and up[0]["value"][1] == "1", f"scrape target not up: {up}"
+
+
+@pytest.mark.parametrize("query,needs_data", dashboard_queries())
+def test_prometheus_answers_dashboard_query(prometheus, query, needs_data):
+    result = prometheus.query(query)
+    assert result or not needs_data, f"no data after the bench: {query}"
+
+
+def test_prometheus_loads_the_rules_without_errors(prometheus):
+    groups = prometheus.get("/api/v1/rules")["data"]["groups"]
+    assert groups, "no rule groups loaded"
+    failing = [r["name"] for g in groups for r in g["rules"] if r.get("health") == "err"]
+    assert not failing, "rules failing to evaluate"
+
+
+# --- 7. split-model recipe ---------------------------------------------------------------
+
+def test_split_model_recipe(full_server, server_bin, ctl_bin, tmp_path):
+    """deploy/README.md: layers 0:2 on one server, 2:4 on another, chained
+    with `layerctl infer`, equal the full model's output."""
+    x = tmp_path / "x.npy"
+    np.save(x, np.random.default_rng(0).standard_normal((2, 16, 512)).astype("<f4"))
+
+    def infer(server, inp, out):
+        run(ctl_bin, "infer", f"--url={server.grpc_url}", "--model=demo", f"--input={inp}",
+            f"--output={out}")
+
+    with LayerserveProcess(server_bin, [*SERVER_FLAGS, "--layers=0:2"], tmp_path / "first.log") as a, \
+         LayerserveProcess(server_bin, [*SERVER_FLAGS, "--layers=2:4"], tmp_path / "second.log") as b:
+        infer(a, x, tmp_path / "h.npy")
+        infer(b, tmp_path / "h.npy", tmp_path / "y.npy")
+    infer(full_server, x, tmp_path / "ref.npy")
+
+    y, ref = np.load(tmp_path / "y.npy"), np.load(tmp_path / "ref.npy")
+    assert y.shape == ref.shape
+    err = np.abs(y.astype(np.float64) - ref)
+    worst = np.unravel_index(np.argmax(err), err.shape)
+    assert err[worst] <= 1e-5 * max(1.0, float(np.abs(ref).max())), (
+        f"chained 0:2 -> 2:4 differs from 0:4: worst at {worst}: {y[worst]} vs {ref[worst]}")
