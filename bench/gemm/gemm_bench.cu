@@ -94,8 +94,6 @@ bool ParseVariant(const std::string& text, Variant* v) {
 
 struct Options {
   std::vector<Variant> versions = {{"v0", {GemmVersion::kCublasLt, 0, 0}},
-                                   {"v1", {GemmVersion::kMmaSync, 0, 0}},
-                                   {"v2", {GemmVersion::kTmaWgmma, 0, 0}},
                                    {"v3", {GemmVersion::kWarpSpecialized, 0, 0}},
                                    {"v4", {GemmVersion::kSmallMSplitK, 0, 0}},
                                    {"auto", {}, true}};

@@ -20,20 +20,10 @@ bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 
 const char* FlashAttentionVersionName(int version) {
   switch (version) {
-    case 1:
-      return "v1 128x64 tile, 4 warps x 32 rows, Q in smem";
-    case 2:
-      return "v2 128x64 tile, 8 warps x 16 rows, Q in smem";
-    case 3:
-      return "v3 64x64 tile, 4 warps x 16 rows, Q in registers";
-    case 4:
-      return "v4 v1 tiles, longest tile first";
-    case 5:
-      return "v5 v3 tiles, longest tile first";
     case 6:
-      return "v6 v4 + lazy rescale";
+      return "v6 128x64 tile, 4 warps x 32 rows, Q in smem, longest first, lazy rescale";
     case 7:
-      return "v7 v5 + lazy rescale";
+      return "v7 64x64 tile, 4 warps x 16 rows, Q in registers, longest first, lazy rescale";
     case 8:
       return "v8 128x128 wgmma, 2 warpgroups, sm_90a";
     default:
@@ -43,14 +33,13 @@ const char* FlashAttentionVersionName(int version) {
 
 // v8 (wgmma, Hopper only: head_dim 128, bf16, sm_90a build, CC 9.0) beat v6
 // and v7 on every measured shape, by 1.25x-1.45x over v6, so it is taken
-// wherever it runs, for causal attention (non-causal was not timed for any
-// version). H100, 32 heads / 8 KV heads, head_dim 128, causal bf16, TFLOP/s
+// wherever it runs. H100, 32 heads / 8 KV heads, head_dim 128, causal bf16, TFLOP/s
 // from one call, v8 (two bench runs) / v6 / v7:
 //   1 x 2048:  375.4, 373.1 / 266.8 / 255.2   4 x 512:  194.8, 195.9 / 149.0 / 168.4
 //   1 x 4096:  454.4, 461.6 / 321.5 / 287.6   4 x 1024: 307.4, 313.3 / 245.3 / 228.6
 //   1 x 8192:  500.4, 500.8 / 344.1 / 300.7   8 x 1024: 322.4, 322.4 / 257.1 / 235.0
 //   1 x 16384: 498.7, 493.9 / 359.0 / 304.8   mixed 8k: 417.1, 419.9 / 309.9 / 273.4
-// Elsewhere (head_dim 64, fp16, non-causal, other GPUs) v6 is fastest on
+// Elsewhere (head_dim 64, fp16, other GPUs) v6 is fastest on
 // every measured shape but one: many short sequences in a short grid, where
 // v7's 64-row tiles (same schedule and rescale) give twice the CTAs to
 // balance and each CTA's fixed cost (Q load, output store) is a large share
@@ -64,22 +53,20 @@ const char* FlashAttentionVersionName(int version) {
 //   1 x 8192: 2048 v1 tiles -> v6 (343, 341 / 300, 302)
 // So v7 needs both a grid under 3 waves and max_seqlen at most 1024 (between
 // the measured 512 and 2048). The count is an upper bound: lengths are on the
-// device, so every sequence is counted at max_seqlen. A grid too large for
-// the longest-first enumeration (query tiles x heads > 2^31 - 1) takes v1.
+// device, so every sequence is counted at max_seqlen. (A grid too large for
+// the longest-first enumeration, query tiles x heads > 2^31 - 1, is refused
+// at launch; serving's --max-batch-tokens keeps far below it.)
 absl::StatusOr<int> DefaultFlashAttentionVersion(const FlashAttentionParams& p) {
   int device = 0, sm_count = 0;
   LS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   LS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
-  constexpr int kV1BlockM = 128, kV7BlockM = 64, kV1CtasPerSm = 2, kMinWaves = 3, kShortSeqlen = 1024;
+  constexpr int kV1BlockM = 128, kV1CtasPerSm = 2, kMinWaves = 3, kShortSeqlen = 1024;
   const int64_t v1_tiles_per_seq = int64_t{(p.max_seqlen + kV1BlockM - 1) / kV1BlockM} * p.num_heads;
-  if (int64_t{(p.max_seqlen + kV7BlockM - 1) / kV7BlockM} * p.num_heads > int64_t{INT32_MAX}) return 1;
-  if (p.causal) {
-    const absl::Status v8 = flash::FlashFwdV8Available(p);
-    if (v8.ok()) return 8;
-    // UNIMPLEMENTED only says v8 does not take this case; anything else is a
-    // failed device query and is reported.
-    if (!absl::IsUnimplemented(v8)) return v8;
-  }
+  const absl::Status v8 = flash::FlashFwdV8Available(p);
+  if (v8.ok()) return 8;
+  // UNIMPLEMENTED only says v8 does not take this case; anything else is a
+  // failed device query and is reported.
+  if (!absl::IsUnimplemented(v8)) return v8;
   const bool short_grid = int64_t{p.num_seqs} * v1_tiles_per_seq < int64_t{kMinWaves} * kV1CtasPerSm * sm_count;
   return short_grid && p.max_seqlen <= kShortSeqlen ? 7 : 6;
 }
@@ -138,11 +125,15 @@ absl::Status ValidateFlashAttentionParams(const FlashAttentionParams& p) {
 }
 
 absl::Status FlashAttentionVersionAvailable(const FlashAttentionParams& p, int version) {
-  if (version == 8) return flash::FlashFwdV8Available(p);
-  if (version < 1 || version > kFlashAttentionVersions) {
-    return absl::InvalidArgumentError(absl::StrCat("flash attention: no version ", version));
+  switch (version) {
+    case 6:
+    case 7:
+      return absl::OkStatus();
+    case 8:
+      return flash::FlashFwdV8Available(p);
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("flash attention: no version ", version, " is built"));
   }
-  return absl::OkStatus();
 }
 
 absl::Status LaunchFlashAttentionVersion(const FlashAttentionParams& p, int version, cudaStream_t stream,
@@ -153,23 +144,13 @@ absl::Status LaunchFlashAttentionVersion(const FlashAttentionParams& p, int vers
     return absl::InvalidArgumentError(
         absl::StrCat("flash attention: heads_per_section ", heads_per_section, " does not divide num_heads"));
   }
-  if (heads_per_section == 0 && version >= 4) {
+  if (heads_per_section == 0) {
     int device = 0, l2_bytes = 0;
     LS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
     LS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
     heads_per_section = FlashHeadsPerSection(p, l2_bytes);
   }
   switch (version) {
-    case 1:
-      return flash::RunFlashFwdV1(p, heads_per_section, stream);
-    case 2:
-      return flash::RunFlashFwdV2(p, heads_per_section, stream);
-    case 3:
-      return flash::RunFlashFwdV3(p, heads_per_section, stream);
-    case 4:
-      return flash::RunFlashFwdV4(p, heads_per_section, stream);
-    case 5:
-      return flash::RunFlashFwdV5(p, heads_per_section, stream);
     case 6:
       return flash::RunFlashFwdV6(p, heads_per_section, stream);
     case 7:
@@ -177,7 +158,7 @@ absl::Status LaunchFlashAttentionVersion(const FlashAttentionParams& p, int vers
     case 8:
       return flash::RunFlashFwdV8(p, heads_per_section, stream);
     default:
-      return absl::InvalidArgumentError(absl::StrCat("flash attention: no version ", version));
+      return absl::InvalidArgumentError(absl::StrCat("flash attention: no version ", version, " is built"));
   }
 }
 

@@ -11,13 +11,15 @@
 // row XOR-swizzled by (row % 8): the 8 row addresses of every ldmatrix phase
 // then fall in 8 different bank groups, so loads are conflict-free.
 //
-// Two options added with versions 4+ (docs/perf-attention.md has the numbers):
-// - kLptSchedule: the grid enumerates (query tile, head) pairs so that, within
-//   a section of heads that share L2-resident K/V, every head's longest causal
-//   tile is dispatched before any shorter one (longest-processing-time order).
-//   Without it, blocks run head by head and the last heads' long tiles start
-//   when the grid is nearly drained, leaving a tail of half-idle SMs.
-// - kLazyRescale: a row's running max is only raised (and the output
+// Attention is causal (the only kind a decoder layer runs). Two choices of the
+// version ladder stay built in (docs/perf-attention.md has the numbers; the
+// versions without them were removed once serving could no longer pick them):
+// - Longest-first schedule: the grid enumerates (query tile, head) pairs so
+//   that, within a section of heads that share L2-resident K/V, every head's
+//   longest causal tile is dispatched before any shorter one
+//   (longest-processing-time order); head by head, the last heads' long tiles
+//   would start when the grid is nearly drained, leaving half-idle SMs.
+// - Lazy rescale: a row's running max is only raised (and the output
 //   accumulator rescaled) when a new score exceeds it by more than
 //   2^kRescaleSlackLog2 in exp space. Probabilities are then bounded by
 //   2^kRescaleSlackLog2 instead of 1, harmless in fp32 and exact after the
@@ -36,8 +38,7 @@
 
 namespace layerserve::kernels::flash {
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, bool kQInRegs_, int kMinBlocksPerSm_,
-          bool kLptSchedule_, bool kLazyRescale_>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, bool kQInRegs_, int kMinBlocksPerSm_>
 struct FlashFwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
@@ -45,8 +46,6 @@ struct FlashFwdTraits {
   static constexpr int kNWarps = kNWarps_;
   static constexpr bool kQInRegs = kQInRegs_;
   static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
-  static constexpr bool kLptSchedule = kLptSchedule_;
-  static constexpr bool kLazyRescale = kLazyRescale_;
   static constexpr int kThreads = kNWarps * 32;
   static constexpr int kRowsPerWarp = kBlockM / kNWarps;
   static constexpr int kMTiles = kRowsPerWarp / 16;  // m16 tiles per warp
@@ -100,12 +99,12 @@ __device__ __forceinline__ void LoadQFragment(uint32_t (&a)[4], const T* sQ, int
   LdMatrixX4(a, sQ + SwizzledOffset<Traits::kHeadDim>(row, chunk));
 }
 
-// Probabilities may reach 2^kRescaleSlackLog2 under kLazyRescale (see top).
+// Probabilities may reach 2^kRescaleSlackLog2 with the lazy rescale (see top).
 inline constexpr float kRescaleSlackLog2 = 8.f;
 
-// `heads_per_section` (kLptSchedule only) divides p.num_heads; the grid is
-// (query tiles x heads, sequences) then, else (query tiles, heads, sequences).
-template <typename Traits, typename T, bool kCausal>
+// `heads_per_section` divides p.num_heads; the grid is (query tiles x heads,
+// sequences).
+template <typename Traits, typename T>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSm)
     FlashFwdKernel(const FlashAttentionParams p, const int heads_per_section) {
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -118,26 +117,18 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSm)
   constexpr int kPSteps = Traits::kPSteps;
   AllowDependentLaunch();  // o_proj may start streaming its weights
 
-  int m_block, head, seq;
-  if constexpr (Traits::kLptSchedule) {
-    // Sections of heads run one after another; inside one, rank r covers query
-    // tile (last - r) of every head in the section, so the longest causal
-    // tiles of all its heads start first and the grid ends on short ones.
-    // Adjacent blocks are adjacent heads: GQA heads sharing K/V run together.
-    const int m_blocks = (p.max_seqlen + kBlockM - 1) / kBlockM;
-    const int section_blocks = m_blocks * heads_per_section;
-    const int section = blockIdx.x / section_blocks;
-    const int in_section = blockIdx.x - section * section_blocks;
-    const int rank = in_section / heads_per_section;
-    m_block = m_blocks - 1 - rank;
-    head = section * heads_per_section + (in_section - rank * heads_per_section);
-    seq = blockIdx.y;
-  } else {
-    // Heaviest (last) query tiles of each head first.
-    m_block = gridDim.x - 1 - blockIdx.x;
-    head = blockIdx.y;
-    seq = blockIdx.z;
-  }
+  // Sections of heads run one after another; inside one, rank r covers query
+  // tile (last - r) of every head in the section, so the longest causal tiles
+  // of all its heads start first and the grid ends on short ones. Adjacent
+  // blocks are adjacent heads: GQA heads sharing K/V run together.
+  const int m_blocks = (p.max_seqlen + kBlockM - 1) / kBlockM;
+  const int section_blocks = m_blocks * heads_per_section;
+  const int section = blockIdx.x / section_blocks;
+  const int in_section = blockIdx.x - section * section_blocks;
+  const int rank = in_section / heads_per_section;
+  const int m_block = m_blocks - 1 - rank;
+  const int head = section * heads_per_section + (in_section - rank * heads_per_section);
+  const int seq = blockIdx.y;
   const int seq_start = p.cu_seqlens[seq];
   const int seqlen = p.cu_seqlens[seq + 1] - seq_start;
   const int m0 = m_block * kBlockM;
@@ -148,7 +139,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSm)
   const T* k = static_cast<const T*>(p.k) + seq_start * p.k_row_stride + kv_head * kHeadDim;
   const T* v = static_cast<const T*>(p.v) + seq_start * p.v_row_stride + kv_head * kHeadDim;
 
-  const int n_end = kCausal ? min(seqlen, m0 + kBlockM) : seqlen;
+  const int n_end = min(seqlen, m0 + kBlockM);  // causal: no key after the tile's last query
   const int n_blocks = (n_end + kBlockN - 1) / kBlockN;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -255,10 +246,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSm)
       }
     }
 
-    // Mask keys past the sequence end and, when causal, keys after the query.
-    // Only the tiles on the diagonal or the sequence boundary need it.
+    // Mask keys past the sequence end and keys after the query. Only the
+    // tiles on the diagonal or the sequence boundary need it.
     const int n0 = nb * kBlockN;
-    const bool need_mask = (n0 + kBlockN > seqlen) || (kCausal && n0 + kBlockN - 1 > m0);
+    const bool need_mask = (n0 + kBlockN > seqlen) || (n0 + kBlockN - 1 > m0);
     if (need_mask) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
@@ -268,73 +259,35 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSm)
           for (int e = 0; e < 4; ++e) {
             const int row = m0 + warp_row0 + mt * 16 + quad_row + ((e >> 1) << 3);
             const int key = n0 + nt * 8 + quad_col + (e & 1);
-            if (key >= seqlen || (kCausal && key > row)) acc_s[mt][nt][e] = -INFINITY;
+            if (key >= seqlen || key > row) acc_s[mt][nt][e] = -INFINITY;
           }
     }
 
     // Online softmax: rescale what was accumulated by 2^(old max - new max)
     // and turn the scores into unnormalized probabilities.
-    if constexpr (Traits::kLazyRescale) {
-      float tile_max[kMTiles][2];
-      bool raise = false;
+    float tile_max[kMTiles][2];
+    bool raise = false;
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float mx = row_max[mt][h];
+      for (int h = 0; h < 2; ++h) {
+        float mx = row_max[mt][h];
 #pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
-            mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * h], acc_s[mt][nt][2 * h + 1]));
-          tile_max[mt][h] = QuadReduceMax(mx);
-          // The first finite score always raises (-inf to finite is +inf);
-          // a row still fully masked compares NaN and does not.
-          raise |= (tile_max[mt][h] - row_max[mt][h]) * scale_log2 > kRescaleSlackLog2;
-        }
-      // Warp-uniform, so the rescale is skipped as one branch; when any row
-      // needs it every row of the warp moves to its exact max.
-      if (__any_sync(0xffffffffu, raise)) {
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float mx = tile_max[mt][h];
-            const float max_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
-            const float correction = FastExp2(row_max[mt][h] * scale_log2 - max_scaled);
-            row_max[mt][h] = mx;
-            row_sum[mt][h] *= correction;
-#pragma unroll
-            for (int dt = 0; dt < kDTiles; ++dt) {
-              acc_o[mt][dt][2 * h] *= correction;
-              acc_o[mt][dt][2 * h + 1] *= correction;
-            }
-          }
+        for (int nt = 0; nt < kNTiles; ++nt)
+          mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * h], acc_s[mt][nt][2 * h + 1]));
+        tile_max[mt][h] = QuadReduceMax(mx);
+        // The first finite score always raises (-inf to finite is +inf);
+        // a row still fully masked compares NaN and does not.
+        raise |= (tile_max[mt][h] - row_max[mt][h]) * scale_log2 > kRescaleSlackLog2;
       }
+    // Warp-uniform, so the rescale is skipped as one branch; when any row
+    // needs it every row of the warp moves to its exact max.
+    if (__any_sync(0xffffffffu, raise)) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float max_scaled = row_max[mt][h] == -INFINITY ? 0.f : row_max[mt][h] * scale_log2;
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-            for (int e = 2 * h; e < 2 * h + 2; ++e) {
-              const float prob = FastExp2(acc_s[mt][nt][e] * scale_log2 - max_scaled);
-              acc_s[mt][nt][e] = prob;
-              row_sum[mt][h] += prob;
-            }
-        }
-    } else {
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float mx = row_max[mt][h];
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
-            mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * h], acc_s[mt][nt][2 * h + 1]));
-          mx = QuadReduceMax(mx);
-          // A row with every key so far masked keeps max -inf; subtracting 0
-          // instead gives 2^-inf = 0 for its probabilities (never NaN).
+          const float mx = tile_max[mt][h];
           const float max_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
           const float correction = FastExp2(row_max[mt][h] * scale_log2 - max_scaled);
           row_max[mt][h] = mx;
@@ -344,16 +297,22 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSm)
             acc_o[mt][dt][2 * h] *= correction;
             acc_o[mt][dt][2 * h + 1] *= correction;
           }
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-            for (int e = 2 * h; e < 2 * h + 2; ++e) {
-              const float prob = FastExp2(acc_s[mt][nt][e] * scale_log2 - max_scaled);
-              acc_s[mt][nt][e] = prob;
-              row_sum[mt][h] += prob;
-            }
         }
     }
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float max_scaled = row_max[mt][h] == -INFINITY ? 0.f : row_max[mt][h] * scale_log2;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; ++e) {
+            const float prob = FastExp2(acc_s[mt][nt][e] * scale_log2 - max_scaled);
+            acc_s[mt][nt][e] = prob;
+            row_sum[mt][h] += prob;
+          }
+      }
 
     // O += P V, with P rounded to T straight from the score accumulators
     // (the C layout of two adjacent n8 tiles is the A layout of one k16 step).

@@ -19,7 +19,7 @@
 //   thread has arrived on its "empty" mbarrier, so the warpgroups may drift
 //   apart by up to a tile.
 // Blocks are enumerated longest-first within sections of heads, exactly as
-// flash_fwd_kernel.cuh's kLptSchedule.
+// flash_fwd_kernel.cuh's longest-first schedule.
 //
 // Shared layout: every 128-row tile (Q, each K and V stage) is two 16 KiB
 // halves of 64 columns; within a half, row r's 16-byte chunk c sits at
@@ -34,8 +34,8 @@
 #include "kernels/attention/flash_fwd_kernel.cuh"
 #include "kernels/common/mma_sm80.cuh"
 #include "kernels/common/reduce.cuh"
-#include "kernels/gemm/gemm_sm90_utils.cuh"
-#include "kernels/gemm/wgmma_sm90.cuh"
+#include "kernels/common/sm90_utils.cuh"
+#include "kernels/common/wgmma_sm90.cuh"
 #include "layerserve/kernels/attention.h"
 
 namespace layerserve::kernels::flash::sm90 {
@@ -130,13 +130,12 @@ __device__ __forceinline__ void IssuePV(float (&acc_o)[64], const uint32_t (&p_f
 // rows further), `col0` its first column. Returns whether this warp raised
 // its maxima; then the output must still be multiplied by `correction`
 // (left to the caller, which may have a P·V in flight on it).
-template <bool kCausal>
 __device__ __forceinline__ bool SoftmaxTile(float (&acc_s)[64], float (&row_max)[2], float (&row_sum)[2],
                                             float (&correction)[2], int key0, int query0, int seqlen, int col0,
                                             float scale_log2) {
-  // Keys past the sequence end and, when causal, after the query: only on
-  // the diagonal tile and the sequence's last tile.
-  if (key0 + kBlockN > seqlen || (kCausal && key0 + kBlockN - 1 > query0)) {
+  // Keys past the sequence end and after the query: only on the diagonal
+  // tile and the sequence's last tile.
+  if (key0 + kBlockN > seqlen || key0 + kBlockN - 1 > query0) {
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j)
 #pragma unroll
@@ -144,7 +143,7 @@ __device__ __forceinline__ bool SoftmaxTile(float (&acc_s)[64], float (&row_max)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int key = key0 + 8 * j + col0 + e;
-          if (key >= seqlen || (kCausal && key > query0 + 8 * h)) acc_s[4 * j + 2 * h + e] = -INFINITY;
+          if (key >= seqlen || key > query0 + 8 * h) acc_s[4 * j + 2 * h + e] = -INFINITY;
         }
   }
   float tile_max[2];
@@ -197,7 +196,6 @@ __device__ __forceinline__ void PackP(uint32_t (&p_frag)[kBlockN / 16][4], const
 // Grid (query tiles x heads, sequences); `heads_per_section` divides num_heads.
 // Other device passes than sm_90a compile an empty body that the launcher
 // never runs (it checks the build and the device first).
-template <bool kCausal>
 __global__ void __launch_bounds__(kThreads, 1)
     FlashFwdSm90Kernel(const FlashAttentionParams p, const int heads_per_section) {
 #if LS_GEMM_DEVICE_SM90A
@@ -206,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using gemm::SmemAddr;
   AllowDependentLaunch();  // o_proj may start streaming its weights
 
-  // Longest-first order within sections of heads (see kLptSchedule).
+  // Longest-first order within sections of heads (see flash_fwd_kernel.cuh).
   const int m_blocks = (p.max_seqlen + kBlockM - 1) / kBlockM;
   const int section_blocks = m_blocks * heads_per_section;
   const int section = blockIdx.x / section_blocks;
@@ -224,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const T* q = static_cast<const T*>(p.q) + (seq_start + m0) * p.q_row_stride + head * kHeadDim;
   const T* k = static_cast<const T*>(p.k) + seq_start * p.k_row_stride + kv_head * kHeadDim;
   const T* v = static_cast<const T*>(p.v) + seq_start * p.v_row_stride + kv_head * kHeadDim;
-  const int n_end = kCausal ? min(seqlen, m0 + kBlockM) : seqlen;
+  const int n_end = min(seqlen, m0 + kBlockM);  // causal: no key after the tile's last query
   const int n_blocks = (n_end + kBlockN - 1) / kBlockN;
 
   extern __shared__ uint8_t smem_raw[];
@@ -312,7 +310,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   NamedBarrierArrive(other_turn, kThreads);
   gemm::WgmmaWait<0>();
   FenceAccumulators(acc_s);
-  SoftmaxTile<kCausal>(acc_s, row_max, row_sum, correction, 0, query0, seqlen, col0, scale_log2);
+  SoftmaxTile(acc_s, row_max, row_sum, correction, 0, query0, seqlen, col0, scale_log2);
   PackP(p_frag, acc_s);
   gemm::MbarArrive(empty(2));
 
@@ -329,7 +327,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     NamedBarrierArrive(other_turn, kThreads);
     gemm::WgmmaWait<1>();  // S is done; P·V may still run
     FenceAccumulators(acc_s);
-    const bool rescale = SoftmaxTile<kCausal>(acc_s, row_max, row_sum, correction, nb * kBlockN, query0, seqlen,
+    const bool rescale = SoftmaxTile(acc_s, row_max, row_sum, correction, nb * kBlockN, query0, seqlen,
                                               col0, scale_log2);
     gemm::WgmmaWait<0>();
     FenceAccumulators(acc_o);

@@ -11,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/attention/flash_attention_versions.h"
 #include "kernels/attention/flash_fwd_sm90.cuh"
-#include "kernels/common/static_switch.h"
 #include "layerserve/kernels/attention.h"
 #include "layerserve/kernels/common.h"
 
@@ -51,15 +50,12 @@ absl::Status RunFlashFwdV8(const FlashAttentionParams& p, int heads_per_section,
   if (int64_t{m_blocks} * p.num_heads > int64_t{INT32_MAX}) {
     return absl::InvalidArgumentError("flash attention: query tiles x heads exceed the grid limit");
   }
-  return LS_BOOL_SWITCH(p.causal, kCausal, [&] {
-    auto kernel = &sm90::FlashFwdSm90Kernel<kCausal>;
-    LS_CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sm90::kSmemBytes));
-    const dim3 grid(m_blocks * p.num_heads, p.num_seqs);
-    kernel<<<grid, sm90::kThreads, sm90::kSmemBytes, stream>>>(p, heads_per_section);
-    LS_CUDA_RETURN_IF_LAUNCH_ERROR(FlashFwdSm90Kernel);
-    return absl::OkStatus();
-  });
+  auto kernel = &sm90::FlashFwdSm90Kernel;
+  LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sm90::kSmemBytes));
+  const dim3 grid(m_blocks * p.num_heads, p.num_seqs);
+  kernel<<<grid, sm90::kThreads, sm90::kSmemBytes, stream>>>(p, heads_per_section);
+  LS_CUDA_RETURN_IF_LAUNCH_ERROR(FlashFwdSm90Kernel);
+  return absl::OkStatus();
 }
 
 }  // namespace layerserve::kernels::flash

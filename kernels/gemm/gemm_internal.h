@@ -47,8 +47,6 @@ inline constexpr int kMaxSplitK = 8;
 int SplitKHeuristic(int64_t n, int64_t k, int num_sms);
 
 // Per-version launchers; params already validated by LaunchGemm.
-absl::Status LaunchGemmV1(const GemmParams& p, const DeviceInfo& dev, cudaStream_t stream);
-absl::Status LaunchGemmV2(const GemmParams& p, const DeviceInfo& dev, cudaStream_t stream);
 absl::Status LaunchGemmV3(const GemmParams& p, int block_n, const DeviceInfo& dev, cudaStream_t stream);
 // Version 3 tile width for block_n = 0: 256 unless 128 fills the SMs' last
 // wave clearly better.

@@ -130,10 +130,6 @@ std::string GemmConfigName(const GemmConfig& config) {
   switch (config.version) {
     case GemmVersion::kCublasLt:
       return "v0-cublaslt";
-    case GemmVersion::kMmaSync:
-      return "v1-mma-sync";
-    case GemmVersion::kTmaWgmma:
-      return "v2-tma-wgmma";
     case GemmVersion::kWarpSpecialized:
       return config.block_n > 0 ? absl::StrCat("v3-warp-specialized-bn", config.block_n) : "v3-warp-specialized";
     case GemmVersion::kSmallMSplitK:
@@ -158,11 +154,11 @@ absl::StatusOr<GemmConfig> ParseGemmConfigSpec(std::string_view spec) {
   const std::string text(spec);
   const auto bad = [&text] {
     return absl::InvalidArgumentError(absl::StrCat(
-        "gemm configuration '", text, "' is not one of v0, v1, v2, v3, v3b128, v3b256, v4, v4s1..v4s8, v5"));
+        "gemm configuration '", text, "' is not one of v0, v3, v3b128, v3b256, v4, v4s1..v4s8, v5"));
   };
   std::string_view rest = spec;
   if (!rest.empty() && rest.front() == 'v') rest.remove_prefix(1);
-  if (rest.empty() || rest.front() < '0' || rest.front() > '5') return bad();
+  if (rest.empty() || (rest.front() != '0' && (rest.front() < '3' || rest.front() > '5'))) return bad();
   GemmConfig config{static_cast<GemmVersion>(rest.front() - '0'), 0, 0};
   rest.remove_prefix(1);
   if (rest.empty()) return config;
@@ -211,17 +207,13 @@ absl::Status CheckOurs(const GemmParams& p, const GemmConfig& config, const gemm
   switch (config.version) {
     case GemmVersion::kCublasLt:
       return absl::InvalidArgumentError("gemm: version 0 runs through CublasLtGemm, not LaunchGemm");
-    case GemmVersion::kMmaSync:
-      if (dev.cc_major < 8) return absl::UnimplementedError("gemm v1 needs compute capability 8.0+");
-      return absl::OkStatus();
-    case GemmVersion::kTmaWgmma:
     case GemmVersion::kWarpSpecialized:
     case GemmVersion::kSmallMSplitK:
     case GemmVersion::kClusterMulticast:
       if (dev.cc_major != 9 || dev.cc_minor != 0) {
-        return absl::UnimplementedError("gemm v2-v5 need a compute capability 9.0 (Hopper) device");
+        return absl::UnimplementedError("gemm v3-v5 need a compute capability 9.0 (Hopper) device");
       }
-      if (!gemm::BuiltWithSm90a()) return absl::UnimplementedError("gemm v2-v5: library built without sm_90a");
+      if (!gemm::BuiltWithSm90a()) return absl::UnimplementedError("gemm v3-v5: library built without sm_90a");
       if (config.version == GemmVersion::kSmallMSplitK && p.m > 64) {
         return absl::InvalidArgumentError("gemm v4 takes m <= 64");
       }
@@ -256,10 +248,6 @@ absl::Status LaunchGemm(const GemmParams& p, const GemmConfig& config, cudaStrea
   if (!dev.ok()) return dev.status();
   LS_GEMM_RETURN_IF_ERROR(CheckOurs(p, config, *dev));
   switch (config.version) {
-    case GemmVersion::kMmaSync:
-      return gemm::LaunchGemmV1(p, *dev, stream);
-    case GemmVersion::kTmaWgmma:
-      return gemm::LaunchGemmV2(p, *dev, stream);
     case GemmVersion::kWarpSpecialized:
       return gemm::LaunchGemmV3(p, config.block_n, *dev, stream);
     case GemmVersion::kSmallMSplitK:

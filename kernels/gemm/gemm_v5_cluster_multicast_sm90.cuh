@@ -34,8 +34,8 @@
 
 #include <cstdint>
 
-#include "kernels/gemm/gemm_sm90_utils.cuh"
-#include "kernels/gemm/wgmma_sm90.cuh"
+#include "kernels/common/sm90_utils.cuh"
+#include "kernels/common/wgmma_sm90.cuh"
 
 namespace layerserve::kernels::gemm::v5 {
 

@@ -149,7 +149,6 @@ absl::Status LayerExecutor::ForwardLayer(const LayerDeviceWeights& w, const Acti
   attention.num_kv_heads = s.num_kv_heads;
   attention.head_dim = s.head_dim;
   attention.softmax_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-  attention.causal = true;
   attention.dtype = s.dtype;
   LS_RETURN_IF_ERROR(kernels::LaunchFlashAttention(attention, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpAttention, stream));

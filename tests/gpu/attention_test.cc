@@ -1,5 +1,5 @@
-// GPU tests of the fused flash-attention forward, every numbered version (and
-// the longest-first versions at several section sizes), against a float64
+// GPU tests of the fused flash-attention forward, every built version (each at
+// several section sizes of its longest-first schedule), against a float64
 // reference (STYLE rule 2). A version that does not take a case (v8: only
 // head_dim 128, bf16, Hopper) must refuse it at launch and is reported as
 // skipped for that case.
@@ -45,7 +45,6 @@ struct AttnCase {
   int heads;
   int kv_heads;
   DType dtype;
-  bool causal;
   // Added to the true longest length: callers may size the grid from an
   // upper bound, and the extra query tiles must exit without writing.
   int max_seqlen_slack = 0;
@@ -53,8 +52,7 @@ struct AttnCase {
 
 std::string CaseName(const AttnCase& c) {
   std::string name = std::string(DTypeName(c.dtype)) + "_d" + std::to_string(c.head_dim) + "_h" +
-                     std::to_string(c.heads) + "kv" + std::to_string(c.kv_heads) + (c.causal ? "" : "_full") +
-                     "_len";
+                     std::to_string(c.heads) + "kv" + std::to_string(c.kv_heads) + "_len";
   for (size_t i = 0; i < c.seqlens.size() && i < 4; ++i) name += "_" + std::to_string(c.seqlens[i]);
   if (c.seqlens.size() > 4) name += "_and" + std::to_string(c.seqlens.size() - 4) + "more";
   return name;
@@ -102,7 +100,7 @@ AttnProblem BuildProblem(const AttnCase& c) {
     std::vector<double> s_exact(len), p_plain(len);
     std::vector<float> s_plain(len);
     for (int i = 0; i < len; ++i) {
-      const int n_keys = c.causal ? i + 1 : len;
+      const int n_keys = i + 1;  // causal
       const double* q = q_at(i);
       double max_exact = -INFINITY;
       float max_plain = -INFINITY;
@@ -200,7 +198,6 @@ TEST_P(FlashAttentionTest, WithinTwiceThePlainImplementationsError) {
   p.num_kv_heads = c.kv_heads;
   p.head_dim = c.head_dim;
   p.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
-  p.causal = c.causal;
   p.dtype = c.dtype;
 
   auto describe = [&](size_t i) {
@@ -213,16 +210,17 @@ TEST_P(FlashAttentionTest, WithinTwiceThePlainImplementationsError) {
   };
 
   // Version 0 here means the production entry point (LaunchFlashAttention).
-  // The longest-first versions also run with every smaller section size than
-  // the device's default (one section for these small problems), so that
-  // several sections, each of one or more heads, are exercised.
+  // Every version also runs with every smaller section size than the
+  // device's default (one section for these small problems), so that several
+  // sections, each of one or more heads, are exercised.
   struct Run {
     int version;
     int heads_per_section;  // 0: the launcher's choice
   };
   std::vector<Run> runs;
-  for (int version = 0; version <= kFlashAttentionVersions; ++version) runs.push_back({version, 0});
-  for (int version = 4; version <= kFlashAttentionVersions; ++version)
+  runs.push_back({0, 0});
+  for (int version : kFlashAttentionVersions) runs.push_back({version, 0});
+  for (int version : kFlashAttentionVersions)
     for (int heads = 1; heads < c.heads; ++heads)
       if (c.heads % heads == 0) runs.push_back({version, heads});
   for (const Run& run : runs) {
@@ -280,25 +278,21 @@ std::vector<AttnCase> Cases() {
   for (DType dtype : {DType::kBF16, DType::kF16})
     for (int d : {64, 128})
       for (int kv : {8, 2, 1})
-        for (int len : {1, 7, 63, 64, 65, 127, 500, 1000}) cases.push_back({{len}, d, 8, kv, dtype, true});
+        for (int len : {1, 7, 63, 64, 65, 127, 500, 1000}) cases.push_back({{len}, d, 8, kv, dtype});
   // Long sequences.
-  cases.push_back({{4096}, 128, 8, 1, DType::kBF16, true});
-  cases.push_back({{4096}, 128, 8, 2, DType::kF16, true});
-  cases.push_back({{4096}, 64, 4, 1, DType::kBF16, true});
-  cases.push_back({{8192}, 128, 4, 1, DType::kBF16, true});
+  cases.push_back({{4096}, 128, 8, 1, DType::kBF16});
+  cases.push_back({{4096}, 128, 8, 2, DType::kF16});
+  cases.push_back({{4096}, 64, 4, 1, DType::kBF16});
+  cases.push_back({{8192}, 128, 4, 1, DType::kBF16});
   // The served model's head layout (32 heads, 8 KV heads): sections of 1..16
   // heads in the longest-first versions.
-  cases.push_back({{1500, 700}, 128, 32, 8, DType::kBF16, true});
+  cases.push_back({{1500, 700}, 128, 32, 8, DType::kBF16});
   // Packed batches of different lengths: no attention may cross a boundary.
-  cases.push_back({{1000, 1, 65, 7, 4096, 63, 127, 500, 64}, 128, 8, 2, DType::kBF16, true});
-  cases.push_back({{3, 700, 64, 129, 1}, 64, 8, 8, DType::kF16, true});
-  cases.push_back({{255, 256, 257}, 128, 8, 1, DType::kF16, true});
-  cases.push_back({{130, 1, 1, 190}, 64, 4, 1, DType::kBF16, true, /*max_seqlen_slack=*/300});
-  cases.push_back({{130, 1, 1, 190}, 128, 4, 1, DType::kBF16, true, /*max_seqlen_slack=*/300});
-  // Non-causal (encoder-style) attention.
-  cases.push_back({{7, 65, 300}, 64, 8, 2, DType::kBF16, false});
-  cases.push_back({{1, 129, 1000}, 128, 4, 4, DType::kF16, false});
-  cases.push_back({{1, 129, 1000}, 128, 4, 2, DType::kBF16, false});
+  cases.push_back({{1000, 1, 65, 7, 4096, 63, 127, 500, 64}, 128, 8, 2, DType::kBF16});
+  cases.push_back({{3, 700, 64, 129, 1}, 64, 8, 8, DType::kF16});
+  cases.push_back({{255, 256, 257}, 128, 8, 1, DType::kF16});
+  cases.push_back({{130, 1, 1, 190}, 64, 4, 1, DType::kBF16, /*max_seqlen_slack=*/300});
+  cases.push_back({{130, 1, 1, 190}, 128, 4, 1, DType::kBF16, /*max_seqlen_slack=*/300});
   return cases;
 }
 

@@ -1,4 +1,4 @@
-// GPU tests of every GEMM version (cuBLASLt v0, our v1-v5, the dispatcher)
+// GPU tests of every GEMM version (cuBLASLt v0, our v3-v5, the dispatcher)
 // against a higher-precision reference: a plain fp32 GEMM on the device over
 // the same bf16 inputs, itself checked against fp64 on the host at sampled
 // elements. Inputs are random, outputs poisoned with NaN before each run, and
@@ -83,8 +83,6 @@ void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 std::vector<Variant> Variants() {
   return {
       {"v0_cublaslt", Runner::kCublasLt, {GemmVersion::kCublasLt, 0}},
-      {"v1_mma_sync", Runner::kLaunch, {GemmVersion::kMmaSync, 0}},
-      {"v2_tma_wgmma", Runner::kLaunch, {GemmVersion::kTmaWgmma, 0}},
       {"v3_bn256", Runner::kLaunch, {GemmVersion::kWarpSpecialized, 0, 256}},
       {"v3_bn128", Runner::kLaunch, {GemmVersion::kWarpSpecialized, 0, 128}},
       {"v4_split_auto", Runner::kLaunch, {GemmVersion::kSmallMSplitK, 0}},

@@ -1,7 +1,8 @@
 // Fused flash-attention forward over variable-length packed sequences.
 //
 // Sequence s occupies rows [cu_seqlens[s], cu_seqlens[s+1]) of q, k, v and out;
-// attention is causal within each sequence and never crosses sequences.
+// attention is causal within each sequence (the only kind a decoder layer
+// runs) and never crosses sequences.
 // Grouped-query attention: query head h reads kv head h / (num_heads /
 // num_kv_heads). Scores are never materialized in global memory: each CTA
 // streams K/V tiles through shared memory with an online softmax.
@@ -33,7 +34,6 @@ struct FlashAttentionParams {
   int num_kv_heads = 0;
   int head_dim = 0;                     // 64 or 128
   float softmax_scale = 0.f;            // usually 1/sqrt(head_dim)
-  bool causal = true;
   DType dtype = DType::kBF16;           // bf16 or fp16
 };
 

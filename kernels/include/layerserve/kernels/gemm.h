@@ -4,7 +4,7 @@
 //
 // Three entry points, all launching on the caller's stream without
 // synchronizing:
-//   - LaunchGemm: one of our numbered kernel versions (1..5), for tests, the
+//   - LaunchGemm: one of our numbered kernel versions (3..5), for tests, the
 //     benchmark and the dispatcher;
 //   - CublasLtGemm: version 0, the cuBLASLt yardstick and fallback;
 //   - GemmDispatcher: what production calls; picks per (M bucket, N, K)
@@ -44,16 +44,16 @@ struct GemmParams {
 };
 
 // Numbered kernel versions; the benchmark and docs/perf-gemm.md use the same
-// numbers.
+// numbers. Only versions serving can choose are built: v1 (mma.sync, for
+// pre-Hopper GPUs, where serving uses cuBLASLt) and v2 (TMA + wgmma without
+// warp specialization, superseded by v3) were removed after commit 92d9569;
+// docs/perf-gemm.md keeps their measurements.
 enum class GemmVersion : int {
   kCublasLt = 0,          // cuBLASLt (CublasLtGemm); not launchable through LaunchGemm
-  kMmaSync = 1,           // persistent, cp.async double buffering + mma.sync (sm_80+ code path)
-  kTmaWgmma = 2,          // persistent, TMA ring + mbarriers + wgmma, 128x128 tiles (sm_90a)
   kWarpSpecialized = 3,   // producer warpgroup + 2 consumer warpgroups, 128x256 or 128x128 tiles (sm_90a)
   kSmallMSplitK = 4,      // M <= 64: weight streaming, split-K reduced in a cluster, tokens as wgmma N (sm_90a)
   kClusterMulticast = 5,  // v3 in 2-CTA clusters along M sharing each W tile by TMA multicast (sm_90a)
 };
-inline constexpr int kNumGemmVersions = 6;
 
 struct GemmConfig {
   GemmVersion version = GemmVersion::kWarpSpecialized;
@@ -67,7 +67,7 @@ struct GemmConfig {
 std::string GemmConfigName(const GemmConfig& config);
 
 // Short spelling of a configuration, as flags, the benchmark and the autotune
-// cache write it: "v0" (cuBLASLt), "v1", "v2", "v3", "v3b128", "v3b256", "v4",
+// cache write it: "v0" (cuBLASLt), "v3", "v3b128", "v3b256", "v4",
 // "v4s1".."v4s8", "v5". ParseGemmConfigSpec is its inverse (INVALID_ARGUMENT for
 // anything else); the leading "v" is optional there.
 std::string GemmConfigSpec(const GemmConfig& config);

@@ -1,8 +1,8 @@
-// Device building blocks shared by the GEMM kernel versions: kernel
-// arguments, the grouped tile order of the persistent kernels, the bf16
-// epilogue, and thin wrappers over the Hopper instructions (mbarrier, TMA
-// bulk tensor copies, wgmma fences and shared-memory matrix descriptors,
-// setmaxnreg). Only nvcc sees this header.
+// Device building blocks of the Hopper (sm_90a) kernels: thin wrappers over
+// the Hopper instructions (mbarrier, TMA bulk tensor copies, wgmma fences and
+// shared-memory matrix descriptors, setmaxnreg), used by the GEMM versions and
+// attention v8, and the GEMMs' kernel arguments, grouped tile order of the
+// persistent kernels and bf16 epilogue. Only nvcc sees this header.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (a plain struct; no libcuda link)

@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "kernels/gemm/gemm_sm90_utils.cuh"
+#include "kernels/common/sm90_utils.cuh"
 
 namespace layerserve::kernels::gemm {
 
