@@ -29,8 +29,8 @@ done
 command -v top > /dev/null || echo "probe.sh: no top here; the thread listing will be empty" >&2
 # Six servers start here. Where the server autotunes its GEMMs at load, one
 # cache keeps later starts short and every setting on the same kernel choices.
-server_flags=$("$bin/layerserve" --helpfull 2>&1)  # exits 1 after printing
-if [[ $server_flags == *--gemm_tune_cache* && " ${server_args[*]} " != *gemm?tune?cache* ]]; then
+server_flags=$("$bin/layerserve" --help 2>&1)
+if [[ $server_flags == *--gemm-tune-cache* && " ${server_args[*]} " != *gemm?tune?cache* ]]; then
   server_args+=("--gemm-tune-cache=$out/gemm_tune_cache.json")
 fi
 mkdir -p "$out"
