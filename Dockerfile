@@ -9,7 +9,8 @@
 #   gRPC 1.51.1 (libgrpc++1.51t64, libgrpc29t64), protobuf 3.21.12
 #   (libprotobuf32t64), Abseil 20220623 (libabsl20220623t64), prometheus-cpp
 #   1.0.2 (libprometheus-cpp-core1.0), OpenBLAS 0.3.26, cpp-httplib (0.14 in
-#   noble, 0.11 in Debian 12), nlohmann-json 3.11. The gRPC health proto is
+#   noble, 0.11 in Debian 12), nlohmann-json 3.11, CLI11 (header-only; 2.4 in
+#   noble, 2.1 in Debian 12). The gRPC health proto is
 #   part of the repository (proto/grpc/health/v1), so no grpc-proto package.
 # The runtime package list is not written by hand: the build stage asks dpkg
 # which packages own the libraries `ldd` reports, so the names follow noble's
@@ -31,6 +32,7 @@ RUN apt-get update \
       g++ cmake ninja-build pkg-config \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
       libabsl-dev prometheus-cpp-dev libopenblas-dev nlohmann-json3-dev libcpp-httplib-dev \
+      libcli11-dev \
  && rm -rf /var/lib/apt/lists/*
 # 90a: the H100's sm_90a, which the persistent GEMM kernels need.
 ARG CUDA_ARCHITECTURES=90a

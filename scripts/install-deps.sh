@@ -15,8 +15,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 DEBS=(
   build-essential cmake ninja-build pkg-config git ca-certificates curl
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev prometheus-cpp-dev libcpp-httplib-dev nlohmann-json3-dev libopenblas-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libabsl-dev prometheus-cpp-dev libcpp-httplib-dev nlohmann-json3-dev libopenblas-dev libcli11-dev
+  libgtest-dev libgmock-dev
   python3 python3-pip
   libb64-0d  # perf_analyzer's one non-bundled system library
 )

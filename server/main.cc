@@ -9,6 +9,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -17,13 +18,13 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include <CLI/CLI.hpp>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -42,43 +43,6 @@
 #include "server/cuda/cuda_backend.h"
 #endif
 
-ABSL_FLAG(std::string, model_dir, "",
-          "Hugging Face checkpoint directory (config.json + safetensors); empty serves the "
-          "built-in demo model");
-ABSL_FLAG(std::string, model_name, "",
-          "name clients address the model by; default: the directory's name, or \"demo\"");
-ABSL_FLAG(std::string, layers, ":",
-          "half-open layer range A:B to serve (\":4\", \"2:\", \":\" = all)");
-ABSL_FLAG(std::string, host, "0.0.0.0", "address the gRPC and metrics servers bind");
-ABSL_FLAG(int, grpc_port, 8001, "gRPC port (0 picks a free one)");
-ABSL_FLAG(int, metrics_port, 8002, "Prometheus /metrics HTTP port (0 picks a free one)");
-ABSL_FLAG(std::string, backend, "auto", "compute backend: auto, cpu or cuda");
-ABSL_FLAG(int64_t, max_batch_tokens, 8192,
-          "most tokens (sum of B*T) in one batch; also the per-request limit");
-ABSL_FLAG(int64_t, max_queue_delay_us, 500,
-          "longest time the oldest queued request waits for a batch to fill");
-ABSL_FLAG(int64_t, max_queue_size, 1024,
-          "most requests waiting; beyond it ModelInfer fails with RESOURCE_EXHAUSTED");
-ABSL_FLAG(int, cpu_threads, 0, "CPU backend threads (0 = all cores)");
-ABSL_FLAG(int, streams, 2, "CUDA backend: CUDA streams, i.e. batches in flight at once");
-ABSL_FLAG(int, cuda_device, 0, "CUDA backend: device ordinal");
-ABSL_FLAG(std::string, gemm, "auto",
-          "CUDA backend GEMMs: auto (per shape, the project's kernels where measured faster), "
-          "cublaslt, or custom (the project's kernels wherever they apply)");
-ABSL_FLAG(bool, gemm_autotune, true,
-          "CUDA backend, --gemm=auto: time our GEMM kernels against cuBLASLt for the model's "
-          "shapes at load (3.5 s for a Llama-3-8B layer on an H100) and use the faster per "
-          "token-count bucket; "
-          "off: built-in defaults");
-ABSL_FLAG(std::string, gemm_tune_cache, "",
-          "CUDA backend, --gemm=auto: JSON file keeping the autotune results between starts "
-          "(read if it matches this device, driver and version; written after tuning)");
-ABSL_FLAG(std::string, gemm_override, "",
-          "CUDA backend, --gemm=auto: pin choices, M:NxK=CONFIG[,...] with CONFIG one of v0 "
-          "(cuBLASLt), v3, v3b128, v3b256, v4, v4s1..v4s8, v5; e.g. 16:6144x4096=v0");
-ABSL_FLAG(int, drain_timeout_s, 30,
-          "on SIGTERM/SIGINT, how long queued and open calls may take to finish");
-
 namespace layerserve {
 namespace {
 
@@ -88,22 +52,179 @@ namespace {
 #endif
 constexpr char kVersion[] = LAYERSERVE_VERSION;
 
-// Abseil flag names are identifiers; the documented spelling uses dashes
-// (--grpc-port). Rewrites the name part of each "--flag[=value]" argument, up
-// to a bare "--", so both spellings work.
-std::vector<std::string> UnderscoreFlagNames(int argc, char** argv) {
-  std::vector<std::string> args(argv, argv + argc);
-  for (size_t i = 1; i < args.size(); ++i) {
-    std::string& arg = args[i];
-    if (arg == "--") break;
-    if (arg.size() < 3 || arg[0] != '-') continue;
-    const size_t name_begin = arg[1] == '-' ? 2 : 1;
-    const size_t name_end = std::min(arg.find('='), arg.size());
-    for (size_t c = name_begin; c < name_end; ++c) {
-      if (arg[c] == '-') arg[c] = '_';
+// Every command-line flag, with its default (README.md's flag table).
+// Filled once by ParseCommandLine, then only read.
+struct ServerFlags {
+  std::string model_dir;
+  std::string model_name;
+  std::string layers = ":";
+  std::string host = "0.0.0.0";
+  int grpc_port = 8001;
+  int metrics_port = 8002;
+  std::string backend = "auto";
+  int64_t max_batch_tokens = 8192;
+  int64_t max_queue_delay_us = 500;
+  int64_t max_queue_size = 1024;
+  int cpu_threads = 0;
+  int drain_timeout_s = 30;
+  // The CUDA backend's flags. A CPU-only build accepts and ignores them, so
+  // one command line serves both builds.
+  int streams = 2;
+  int cuda_device = 0;
+  std::string gemm = "auto";
+  bool gemm_autotune = true;
+  std::string gemm_tune_cache;
+  std::string gemm_override;
+};
+
+// The names of a flag: the documented dashed spelling first, then the same
+// with underscores, which the server accepted while its flags were Abseil's
+// (identifiers) and which scripts still use (--grpc_port). Booleans also keep
+// Abseil's negation, --noNAME.
+std::string FlagNames(std::string dashed, bool boolean = false) {
+  std::string underscored = dashed;
+  std::replace(underscored.begin(), underscored.end(), '-', '_');
+  std::string names = "--" + dashed;
+  if (underscored != dashed) names += ",--" + underscored;
+  if (boolean) {
+    names += ",!--no" + dashed;
+    if (underscored != dashed) names += ",!--no" + underscored;
+  }
+  return names;
+}
+
+// Checks and normalizes an integer flag's value before CLI11 converts it.
+// CLI11 reads an empty value as 0 and "0500" as octal (strtoll base 0);
+// Abseil refused the first and read the second as decimal 500, and so does
+// this: leading zeros of a decimal number are dropped ("0x" hex stays).
+std::string CheckInteger(std::string value) {
+  if (value.empty()) throw CLI::ValidationError("an empty value is not a number");
+  const size_t digits = (value[0] == '-' || value[0] == '+') ? 1 : 0;
+  size_t first = digits;
+  while (first + 1 < value.size() && value[first] == '0' &&
+         std::isdigit(static_cast<unsigned char>(value[first + 1]))) {
+    ++first;
+  }
+  value.erase(digits, first - digits);
+  return value;
+}
+
+// Help lists each flag once, under its dashed name; the footer says that the
+// underscore and --noNAME spellings exist.
+class OneNameFormatter : public CLI::Formatter {
+ public:
+  std::string make_option_name(const CLI::Option* option, bool is_positional) const override {
+    if (is_positional || option->get_lnames().empty()) {
+      return CLI::Formatter::make_option_name(option, is_positional);
+    }
+    std::string name;
+    for (const std::string& short_name : option->get_snames()) name += "-" + short_name + ",";
+    return name + "--" + option->get_lnames().front();
+  }
+};
+
+void AddFlags(CLI::App& app, ServerFlags& flags) {
+  app.formatter(std::make_shared<OneNameFormatter>());
+  app.get_formatter()->column_width(26);
+  // Repeated flags: the last one wins, as with Abseil (tests and scripts put
+  // their own --grpc-port after a default one).
+  app.option_defaults()->always_capture_default()->multi_option_policy(
+      CLI::MultiOptionPolicy::TakeLast);
+  const auto integer = [](CLI::Option* option) { option->transform(CheckInteger); };
+
+  app.add_option(FlagNames("model-dir"), flags.model_dir,
+                 "Hugging Face checkpoint directory (config.json + safetensors); empty serves "
+                 "the built-in demo model");
+  app.add_option(FlagNames("model-name"), flags.model_name,
+                 "name clients address the model by; default: the directory's name, or \"demo\"");
+  app.add_option(FlagNames("layers"), flags.layers,
+                 "half-open layer range A:B to serve (\":4\", \"2:\", \":\" = all)");
+  app.add_option(FlagNames("host"), flags.host, "address the gRPC and metrics servers bind");
+  integer(app.add_option(FlagNames("grpc-port"), flags.grpc_port,
+                         "gRPC port (0 picks a free one)"));
+  integer(app.add_option(FlagNames("metrics-port"), flags.metrics_port,
+                         "Prometheus /metrics HTTP port (0 picks a free one)"));
+  app.add_option(FlagNames("backend"), flags.backend, "compute backend: auto, cpu or cuda");
+  integer(app.add_option(FlagNames("max-batch-tokens"), flags.max_batch_tokens,
+                         "most tokens (sum of B*T) in one batch; also the per-request limit"));
+  integer(app.add_option(FlagNames("max-queue-delay-us"), flags.max_queue_delay_us,
+                         "longest time the oldest queued request waits for a batch to fill"));
+  integer(app.add_option(
+      FlagNames("max-queue-size"), flags.max_queue_size,
+      "most requests waiting; beyond it ModelInfer fails with RESOURCE_EXHAUSTED"));
+  integer(app.add_option(FlagNames("cpu-threads"), flags.cpu_threads,
+                         "CPU backend threads (0 = all cores)"));
+  integer(app.add_option(FlagNames("drain-timeout-s"), flags.drain_timeout_s,
+                         "on SIGTERM/SIGINT, how long queued and open calls may take to finish"));
+
+  const std::string cuda = "CUDA backend";
+  integer(app.add_option(FlagNames("streams"), flags.streams,
+                         "CUDA streams, i.e. batches in flight at once")
+              ->group(cuda));
+  integer(app.add_option(FlagNames("cuda-device"), flags.cuda_device, "device ordinal")
+              ->group(cuda));
+  app.add_option(FlagNames("gemm"), flags.gemm,
+                 "GEMMs: auto (per shape, the project's kernels where measured faster), "
+                 "cublaslt, or custom (the project's kernels wherever they apply)")
+      ->group(cuda);
+  app.add_flag(FlagNames("gemm-autotune", /*boolean=*/true), flags.gemm_autotune,
+               "--gemm=auto: time our GEMM kernels against cuBLASLt for the model's shapes at "
+               "load (3.5 s for a Llama-3-8B layer on an H100) and use the faster per "
+               "token-count bucket (default true); =false: built-in defaults")
+      ->group(cuda);
+  app.add_option(FlagNames("gemm-tune-cache"), flags.gemm_tune_cache,
+                 "--gemm=auto: JSON file keeping the autotune results between starts (read if "
+                 "it matches this device, driver and version; written after tuning)")
+      ->group(cuda);
+  app.add_option(FlagNames("gemm-override"), flags.gemm_override,
+                 "--gemm=auto: pin choices, M:NxK=CONFIG[,...] with CONFIG one of v0 "
+                 "(cuBLASLt), v3, v3b128, v3b256, v4, v4s1..v4s8, v5; e.g. 16:6144x4096=v0")
+      ->group(cuda);
+}
+
+// Parses the command line into `flags`. Returns the exit status when the
+// process should end at once: 0 after --help or --version (printed on
+// stdout), 1 for a command line that does not parse (one line on stderr,
+// the status Abseil's flags exited with).
+std::optional<int> ParseCommandLine(int argc, char** argv, ServerFlags& flags) {
+  CLI::App app(
+      "Serves a span of Llama decoder layers over gRPC (Open Inference Protocol), with "
+      "Prometheus metrics.",
+      "layerserve");
+  app.footer(
+      "Flags take --flag=value or --flag value, and may also be spelled with underscores "
+      "(--grpc_port); booleans take =true or =false, or --noNAME.");
+  app.set_version_flag("--version", absl::StrCat("layerserve ", kVersion),
+                       "print the version and exit");
+  AddFlags(app, flags);
+  // "--model-dir=" sets the empty string, as with Abseil; CLI11 would take
+  // the next argument as the value instead, so it gets the empty value as an
+  // argument of its own. "--gemm-autotune=" would be true to CLI11; Abseil
+  // refused it, and so does this.
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= 1; --i) {  // CLI11 takes the arguments last first
+    const std::string arg = argv[i];
+    const std::string name = arg.substr(0, arg.size() - 1);
+    const CLI::Option* option = app.get_option_no_throw(name);
+    if (!arg.starts_with("--") || arg.find('=') != name.size() || option == nullptr) {
+      args.push_back(arg);
+    } else if (option->get_items_expected_max() > 0) {
+      args.push_back("");
+      args.push_back(name);
+    } else {
+      std::cerr << "layerserve: error: " << arg << " needs a value, true or false" << std::endl;
+      return 1;
     }
   }
-  return args;
+  try {
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    std::cerr << "layerserve: error: " << e.what() << " (layerserve --help lists the flags)"
+              << std::endl;
+    return 1;
+  }
+  return std::nullopt;
 }
 
 void Log(const std::string& line) { std::cerr << "layerserve: " << line << std::endl; }
@@ -113,29 +234,28 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-absl::Status CheckFlags() {
-  if (absl::GetFlag(FLAGS_max_batch_tokens) <= 0) {
+absl::Status CheckFlags(const ServerFlags& flags) {
+  if (flags.max_batch_tokens <= 0) {
     return absl::InvalidArgumentError("--max-batch-tokens must be >= 1");
   }
-  if (absl::GetFlag(FLAGS_max_queue_delay_us) < 0) {
+  if (flags.max_queue_delay_us < 0) {
     return absl::InvalidArgumentError("--max-queue-delay-us must be >= 0");
   }
-  if (absl::GetFlag(FLAGS_max_queue_size) <= 0 ||
-      absl::GetFlag(FLAGS_max_queue_size) > int64_t{UINT32_MAX}) {
+  if (flags.max_queue_size <= 0 || flags.max_queue_size > int64_t{UINT32_MAX}) {
     return absl::InvalidArgumentError("--max-queue-size must be in [1, 4294967295]");
   }
-  for (const int port : {absl::GetFlag(FLAGS_grpc_port), absl::GetFlag(FLAGS_metrics_port)}) {
+  for (const int port : {flags.grpc_port, flags.metrics_port}) {
     if (port < 0 || port > 65535) {
       return absl::InvalidArgumentError(absl::StrCat("port ", port, " is outside [0, 65535]"));
     }
   }
-  if (absl::GetFlag(FLAGS_streams) < 1) {
+  if (flags.streams < 1) {
     return absl::InvalidArgumentError("--streams must be >= 1");
   }
-  if (absl::GetFlag(FLAGS_cpu_threads) < 0) {
+  if (flags.cpu_threads < 0) {
     return absl::InvalidArgumentError("--cpu-threads must be >= 0");
   }
-  if (absl::GetFlag(FLAGS_drain_timeout_s) < 0) {
+  if (flags.drain_timeout_s < 0) {
     return absl::InvalidArgumentError("--drain-timeout-s must be >= 0");
   }
   return absl::OkStatus();
@@ -177,23 +297,23 @@ class KernelTimesToMetrics final : public KernelTimingSink {
 // The CUDA backend the flags ask for, with its device memory exported as a
 // gauge. `kernel_times` must outlive the backend.
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackendFromFlags(
-    const ModelSpan& span, PrometheusMetrics* metrics, KernelTimingSink* kernel_times) {
+    const ServerFlags& flags, const ModelSpan& span, PrometheusMetrics* metrics,
+    KernelTimingSink* kernel_times) {
   CudaBackendOptions options;
-  options.device = absl::GetFlag(FLAGS_cuda_device);
-  options.num_streams = absl::GetFlag(FLAGS_streams);
-  options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  options.device = flags.cuda_device;
+  options.num_streams = flags.streams;
+  options.max_batch_tokens = flags.max_batch_tokens;
   options.timing_sink = kernel_times;
-  absl::StatusOr<cuda::GemmMode> gemm_mode = cuda::ParseGemmMode(absl::GetFlag(FLAGS_gemm));
+  absl::StatusOr<cuda::GemmMode> gemm_mode = cuda::ParseGemmMode(flags.gemm);
   if (!gemm_mode.ok()) return gemm_mode.status();
   options.gemm_mode = *gemm_mode;
-  absl::StatusOr<std::vector<cuda::GemmPin>> pins =
-      cuda::ParseGemmPins(absl::GetFlag(FLAGS_gemm_override));
+  absl::StatusOr<std::vector<cuda::GemmPin>> pins = cuda::ParseGemmPins(flags.gemm_override);
   if (!pins.ok()) return pins.status();
   if (!pins->empty() && *gemm_mode != cuda::GemmMode::kAuto) {
     return absl::InvalidArgumentError("--gemm-override needs --gemm=auto");
   }
-  options.gemm_tuning.autotune = absl::GetFlag(FLAGS_gemm_autotune);
-  options.gemm_tuning.cache_path = absl::GetFlag(FLAGS_gemm_tune_cache);
+  options.gemm_tuning.autotune = flags.gemm_autotune;
+  options.gemm_tuning.cache_path = flags.gemm_tune_cache;
   options.gemm_tuning.build = kVersion;
   options.gemm_tuning.pins = *std::move(pins);
   absl::StatusOr<std::unique_ptr<CudaBackend>> cuda = MakeCudaBackend(span, options);
@@ -214,8 +334,9 @@ std::string DefaultModelName(const std::string& model_dir) {
   return name.empty() ? "model" : name;
 }
 
-absl::StatusOr<ModelSpan> LoadModel(const std::string& model_dir, const std::string& name) {
-  absl::StatusOr<LayerRange> range = ParseLayerRange(absl::GetFlag(FLAGS_layers));
+absl::StatusOr<ModelSpan> LoadModel(const std::string& model_dir, const std::string& layer_range,
+                                    const std::string& name) {
+  absl::StatusOr<LayerRange> range = ParseLayerRange(layer_range);
   if (!range.ok()) return range.status();
   if (!model_dir.empty()) return LoadModelSpan(model_dir, *range, name);
   // The demo cannot fail to build and clamps its range, so check it here.
@@ -259,19 +380,19 @@ sigset_t BlockShutdownSignals() {
   return signals;
 }
 
-int Run() {
+int Run(const ServerFlags& flags) {
   const sigset_t signals = BlockShutdownSignals();
-  if (absl::Status s = CheckFlags(); !s.ok()) return Fail(s);
-  absl::StatusOr<std::string> backend_name = ChooseBackend(absl::GetFlag(FLAGS_backend));
+  if (absl::Status s = CheckFlags(flags); !s.ok()) return Fail(s);
+  absl::StatusOr<std::string> backend_name = ChooseBackend(flags.backend);
   if (!backend_name.ok()) return Fail(backend_name.status());
 
-  const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
-  std::string model_name = absl::GetFlag(FLAGS_model_name);
+  const std::string model_dir = flags.model_dir;
+  std::string model_name = flags.model_name;
   if (model_name.empty()) model_name = DefaultModelName(model_dir);
   Log(absl::StrCat("version ", kVersion, "; loading ",
                    model_dir.empty() ? std::string("the built-in demo model") : model_dir,
-                   " layers ", absl::GetFlag(FLAGS_layers)));
-  absl::StatusOr<ModelSpan> span = LoadModel(model_dir, model_name);
+                   " layers ", flags.layers));
+  absl::StatusOr<ModelSpan> span = LoadModel(model_dir, flags.layers, model_name);
   if (!span.ok()) return Fail(span.status());
   const int64_t first_layer = span->first_layer;
   const int64_t end_layer = first_layer + static_cast<int64_t>(span->layers.size());
@@ -292,11 +413,13 @@ int Run() {
 #endif
   absl::StatusOr<std::unique_ptr<Backend>> backend;
 #ifdef LAYERSERVE_WITH_CUDA
-  if (*backend_name == "cuda") backend = MakeCudaBackendFromFlags(*span, &metrics, &kernel_times);
+  if (*backend_name == "cuda") {
+    backend = MakeCudaBackendFromFlags(flags, *span, &metrics, &kernel_times);
+  }
 #endif
   if (*backend_name == "cpu") {
     CpuBackendOptions options;
-    options.num_threads = absl::GetFlag(FLAGS_cpu_threads);
+    options.num_threads = flags.cpu_threads;
     backend = MakeCpuBackend(*span, options);
   }
   if (!backend.ok()) return Fail(backend.status());
@@ -311,9 +434,9 @@ int Run() {
   served.first_layer = first_layer;
   served.num_layers = end_layer - first_layer;
   served.backend = *backend_name;
-  served.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
-  served.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
-  served.max_queue_size = absl::GetFlag(FLAGS_max_queue_size);
+  served.max_batch_tokens = flags.max_batch_tokens;
+  served.max_queue_delay_us = flags.max_queue_delay_us;
+  served.max_queue_size = flags.max_queue_size;
   const Backend::SequenceLimit sequence_limit = (*backend)->MaxSequence();
   served.max_sequence_tokens = sequence_limit.max_tokens;
   served.sequence_limit_reason = sequence_limit.reason;
@@ -330,14 +453,14 @@ int Run() {
   batcher_options.max_queue_size = served.max_queue_size;
   Batcher batcher(batcher_options, backend->get(), &observers, SteadyClock::Get());
 
-  const std::string host = absl::GetFlag(FLAGS_host);
+  const std::string host = flags.host;
   absl::StatusOr<std::unique_ptr<MetricsHttpServer>> metrics_server =
-      MetricsHttpServer::Start(host, absl::GetFlag(FLAGS_metrics_port), &metrics);
+      MetricsHttpServer::Start(host, flags.metrics_port, &metrics);
   if (!metrics_server.ok()) return Fail(metrics_server.status());
 
   GrpcFrontendOptions grpc_options;
   grpc_options.host = host;
-  grpc_options.port = absl::GetFlag(FLAGS_grpc_port);
+  grpc_options.port = flags.grpc_port;
   grpc_options.server_version = kVersion;
   absl::StatusOr<std::unique_ptr<GrpcFrontend>> frontend =
       GrpcFrontend::Start(grpc_options, served, &batcher, backend->get(), &observers, &stats);
@@ -345,16 +468,16 @@ int Run() {
 
   Log(absl::StrCat("max_batch_tokens=", served.max_batch_tokens, " max_queue_delay_us=",
                    served.max_queue_delay_us, " max_queue_size=", served.max_queue_size,
-                   " cpu_threads=", absl::GetFlag(FLAGS_cpu_threads), " streams=", absl::GetFlag(FLAGS_streams),
+                   " cpu_threads=", flags.cpu_threads, " streams=", flags.streams,
                    " max_message_bytes=", DefaultMaxMessageBytes(served),
-                   " drain_timeout_s=", absl::GetFlag(FLAGS_drain_timeout_s)));
+                   " drain_timeout_s=", flags.drain_timeout_s));
   std::cout << "layerserve ready: model=" << served.name << " layers=" << first_layer << ":"
             << end_layer << " backend=" << served.backend << " grpc_port=" << (*frontend)->port()
             << " metrics_port=" << (*metrics_server)->port() << std::endl;
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  const absl::Duration drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
+  const absl::Duration drain_timeout = absl::Seconds(flags.drain_timeout_s);
   const absl::Time deadline = absl::Now() + drain_timeout;
   Log(absl::StrCat("received ", strsignal(signal_number), "; draining for up to ",
                    absl::FormatDuration(drain_timeout)));
@@ -395,13 +518,9 @@ int Run() {
 }  // namespace layerserve
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "layerserve --model-dir=DIR --layers=A:B [--grpc-port=8001 --metrics-port=8002 ...]\n"
-      "Serves a span of Llama decoder layers over gRPC (Open Inference Protocol).\n"
-      "Flags may be spelled with dashes or underscores (--grpc-port, --grpc_port).");
-  std::vector<std::string> args = layerserve::UnderscoreFlagNames(argc, argv);
-  std::vector<char*> arg_pointers;
-  for (std::string& arg : args) arg_pointers.push_back(arg.data());
-  absl::ParseCommandLine(static_cast<int>(arg_pointers.size()), arg_pointers.data());
-  return layerserve::Run();
+  layerserve::ServerFlags flags;
+  if (const std::optional<int> exit_status = layerserve::ParseCommandLine(argc, argv, flags)) {
+    return *exit_status;
+  }
+  return layerserve::Run(flags);
 }

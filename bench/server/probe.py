@@ -317,12 +317,10 @@ def main():
     if not shutil.which("top"):
         print("probe.py: no top here; the thread listing will be empty", file=sys.stderr)
     server_args = list(args.server_args)
-    # Six servers start here. Where the server autotunes its GEMMs at load, one
-    # cache keeps later starts short and every setting on the same kernel choices.
-    helpfull = subprocess.run([Path(args.bin_dir) / "layerserve", "--helpfull"], capture_output=True,
-                              text=True, check=False)  # exits 1 after printing
-    if ("--gemm_tune_cache" in helpfull.stdout + helpfull.stderr
-            and not re.search(r"gemm.tune.cache", " ".join(server_args))):
+    # Six servers start here. Where the server autotunes its GEMMs at load (a
+    # CUDA build; every build accepts the flag), one cache keeps later starts
+    # short and every setting on the same kernel choices.
+    if not re.search(r"gemm.tune.cache", " ".join(server_args)):
         server_args.append(f"--gemm-tune-cache={Path(args.out_dir) / 'gemm_tune_cache.json'}")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -52,13 +52,92 @@ absl::Status ParseReadyLine(const std::string& line, int* grpc_port, int* metric
 
 }  // namespace
 
+std::string LayerserveBinary() {
+  const char* binary = std::getenv("LAYERSERVE_BINARY");
+  return binary != nullptr ? binary : LAYERSERVE_BINARY;
+}
+
+absl::StatusOr<ProcessResult> RunToExit(const std::vector<std::string>& args,
+                                        absl::Duration timeout) {
+  if (args.empty()) return absl::InvalidArgumentError("no program to run");
+  std::vector<std::string> arg_copies = args;
+  std::vector<char*> argv;
+  for (std::string& arg : arg_copies) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  int out_fds[2], err_fds[2];
+  if (pipe2(out_fds, O_CLOEXEC) != 0 || pipe2(err_fds, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe2: ", strerror(errno)));
+  }
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    dup2(null_fd, STDIN_FILENO);
+    dup2(out_fds[1], STDOUT_FILENO);
+    dup2(err_fds[1], STDERR_FILENO);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(out_fds[1]);
+  close(err_fds[1]);
+
+  // Both pipes are read as they fill, so a child printing a lot never blocks.
+  ProcessResult result;
+  pollfd fds[2] = {{out_fds[0], POLLIN, 0}, {err_fds[0], POLLIN, 0}};
+  std::string* sinks[2] = {&result.out, &result.err};
+  const absl::Time deadline = absl::Now() + timeout;
+  int open_pipes = 2;
+  while (open_pipes > 0) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) break;
+    const int ready = poll(fds, 2, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+    if (ready < 0 && errno != EINTR) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      char buffer[4096];
+      const ssize_t n = read(fds[i].fd, buffer, sizeof(buffer));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_pipes;
+        continue;
+      }
+      sinks[i]->append(buffer, static_cast<size_t>(n));
+    }
+  }
+  for (const pollfd& fd : fds) {
+    if (fd.fd >= 0) close(fd.fd);
+  }
+  while (true) {
+    int status = 0;
+    const pid_t done = waitpid(pid, &status, WNOHANG);
+    if (done == pid) {
+      if (WIFEXITED(status)) {
+        result.exit_code = WEXITSTATUS(status);
+        return result;
+      }
+      return absl::AbortedError(
+          absl::StrCat(args[0], " was killed by signal ", WTERMSIG(status)));
+    }
+    if (done < 0) return absl::InternalError(absl::StrCat("waitpid: ", strerror(errno)));
+    if (absl::Now() >= deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return absl::DeadlineExceededError(absl::StrCat(
+          absl::StrJoin(args, " "), " still running after ", absl::FormatDuration(timeout)));
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     const std::vector<std::string>& extra_args, absl::Duration ready_timeout) {
   // The same suite runs against another build or backend without rebuilding
   // (scripts/gpu-run.sh: LAYERSERVE_BINARY=... LAYERSERVE_SERVER_ARGS=--backend=cuda).
-  const char* binary = std::getenv("LAYERSERVE_BINARY");
-  std::vector<std::string> args = {binary != nullptr ? binary : LAYERSERVE_BINARY,
-                                   "--host=127.0.0.1", "--grpc-port=0", "--metrics-port=0"};
+  std::vector<std::string> args = {LayerserveBinary(), "--host=127.0.0.1", "--grpc-port=0",
+                                   "--metrics-port=0"};
   if (const char* server_args = std::getenv("LAYERSERVE_SERVER_ARGS")) {
     for (absl::string_view arg : absl::StrSplit(server_args, ' ', absl::SkipEmpty())) {
       args.emplace_back(arg);

@@ -1,7 +1,8 @@
 // A real `layerserve` child process for integration tests: started on
 // 127.0.0.1 with --grpc-port 0 --metrics-port 0, its ready line parsed for the
 // ports, its stdout forwarded to the test's stderr afterwards, and killed at
-// destruction if a test did not stop it.
+// destruction if a test did not stop it. RunToExit runs a command that ends
+// by itself (--help, a bad flag) and keeps what it printed.
 //
 // Also a minimal HTTP GET (to scrape /metrics) and a Prometheus text parser:
 // enough for asserting on counters and histograms, without a client library.
@@ -55,6 +56,22 @@ class ServerProcess {
   std::string ready_line_;
   std::thread forwarder_;  // copies the child's remaining stdout to stderr
 };
+
+// The layerserve executable the tests run: $LAYERSERVE_BINARY if set, else
+// the one this build made.
+std::string LayerserveBinary();
+
+struct ProcessResult {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+// Runs `args` (args[0] is the executable's path) with no input until it
+// exits; DEADLINE_EXCEEDED (and SIGKILL) if it is still running after
+// `timeout`, ABORTED if a signal ended it.
+absl::StatusOr<ProcessResult> RunToExit(const std::vector<std::string>& args,
+                                        absl::Duration timeout = absl::Seconds(30));
 
 // GET http://127.0.0.1:<port><path>; the body of a 200 reply.
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path,

@@ -1,0 +1,186 @@
+// ParseLayerctlCommandLine (see layerctl_cli.h): one CLI11 subcommand per
+// layerctl command. The flag names and defaults are those of the hand-written
+// parser this replaced, so scripts (bench/server/*.sh, the Dockerfile's
+// HEALTHCHECK) keep working.
+#include "client/layerctl_cli.h"
+
+#include <CLI/CLI.hpp>
+#include <cctype>
+#include <string>
+#include <vector>
+
+namespace layerserve::client {
+namespace {
+
+// Checks and normalizes a number before CLI11 converts it. CLI11 reads an
+// empty value ("--seed=") as 0 and "010" as octal (strtoll base 0); the
+// parser before it refused the first and read the second as decimal 10, and
+// so does this: leading zeros are dropped ("0x" hex and "0.5" stay).
+CLI::Validator Number() {
+  return CLI::Validator(
+      [](std::string& value) {
+        if (value.empty()) return std::string("an empty value is not a number");
+        const size_t sign = (value[0] == '-' || value[0] == '+') ? 1 : 0;
+        size_t first = sign;
+        while (first + 1 < value.size() && value[first] == '0' &&
+               std::isdigit(static_cast<unsigned char>(value[first + 1]))) {
+          ++first;
+        }
+        value.erase(sign, first - sign);
+        return std::string();
+      },
+      "", "number");
+}
+
+// The flags of every command: repeated flags take the last value, and help
+// shows each default.
+void SetOptionDefaults(CLI::App& app) {
+  app.option_defaults()->always_capture_default()->multi_option_policy(
+      CLI::MultiOptionPolicy::TakeLast);
+  app.get_formatter()->column_width(30);
+}
+
+}  // namespace
+
+ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv) {
+  LayerctlArgs args;
+  CLI::App app("Command-line client of layerserve (Open Inference Protocol over gRPC).",
+               "layerctl");
+  SetOptionDefaults(app);  // before the subcommands, which copy the defaults
+  app.require_subcommand(1);
+  app.footer("Exit status: 0 success, 1 failure, 2 usage error.");
+
+  const auto add_url = [&args](CLI::App* command) {
+    command->add_option("--url", args.url, "server address, host:port");
+  };
+  const auto add_number = [](CLI::App* command, const std::string& name, auto& value,
+                             const std::string& description) {
+    return command->add_option(name, value, description)->transform(Number());
+  };
+
+  CLI::App* health = app.add_subcommand(
+      "health", "Checks grpc.health.v1; prints the status; exit 0 only if SERVING.");
+  double health_timeout_s = 5;
+  add_url(health);
+  add_number(health, "--timeout-s", health_timeout_s, "deadline of the call, seconds");
+
+  CLI::App* metadata = app.add_subcommand(
+      "metadata", "Prints server metadata, and the model's when --model is given.");
+  double metadata_timeout_s = 10;
+  std::string metadata_model;
+  add_url(metadata);
+  CLI::Option* metadata_model_flag =
+      metadata->add_option("--model", metadata_model, "model whose metadata to print too");
+  add_number(metadata, "--timeout-s", metadata_timeout_s, "deadline of the calls, seconds");
+
+  CLI::App* infer = app.add_subcommand(
+      "infer",
+      "Sends a .npy array as tensor \"hidden_states\" [B, T, hidden] and writes the reply as "
+      ".npy. The datatype defaults to the file's: <f4 FP32, <f2 FP16, <u2 BF16 (bf16 bit "
+      "patterns); with --datatype the values are converted. The output is written in the "
+      "reply's datatype with the same conventions.");
+  double infer_timeout_s = 60;
+  std::string infer_model, infer_datatype;
+  add_url(infer);
+  infer->add_option("--model", infer_model, "model to run")->required();
+  infer->add_option("--input", args.input_path, "input .npy file")->required();
+  infer->add_option("--output", args.output_path, "output .npy file")->required();
+  CLI::Option* infer_datatype_flag = infer->add_option(
+      "--datatype", infer_datatype, "BF16, FP16 or FP32 on the wire (default: the file's)");
+  add_number(infer, "--timeout-s", infer_timeout_s, "deadline of the call, seconds");
+
+  CLI::App* bench = app.add_subcommand(
+      "bench",
+      "Random inputs. Closed loop (--concurrency C): C threads, one request each at a time. "
+      "Open loop (--rate R): R requests/s whatever the latency; arrivals beyond "
+      "--max-in-flight outstanding requests are skipped and reported. --connections spreads "
+      "the load over N TCP connections, as N client processes would.");
+  BenchOptions& options = args.bench;
+  std::string arrivals = "poisson";
+  bool no_progress = false;
+  add_url(bench);
+  bench->add_option("--model", options.model, "model to load")->required();
+  add_number(bench, "--tokens", options.tokens, "tokens T per sequence")
+      ->required()
+      ->default_str("");  // required: no default to show
+  add_number(bench, "--batch", options.batch, "sequences B per request");
+  add_number(bench, "--concurrency", options.concurrency, "closed loop: requests in flight");
+  add_number(bench, "--rate", options.rate_per_second, "open loop: requests per second");
+  bench->add_option("--arrivals", arrivals, "open loop: arrival process")
+      ->check(CLI::IsMember({"poisson", "uniform"}));
+  add_number(bench, "--duration-s", options.duration_seconds, "measured time, seconds");
+  add_number(bench, "--warmup-s", options.warmup_seconds,
+             "time before the measurement, seconds (sent, not recorded)");
+  bench->add_option("--datatype", options.datatype, "FP32, FP16 or BF16 on the wire");
+  add_number(bench, "--hidden", options.hidden, "hidden size; 0: from the model's metadata");
+  add_number(bench, "--max-in-flight", options.max_in_flight,
+             "open loop: outstanding requests beyond which arrivals are skipped");
+  add_number(bench, "--timeout-s", options.timeout_seconds, "deadline of each request, seconds");
+  add_number(bench, "--seed", options.seed, "seed of the random inputs and arrivals");
+  bench->add_option("--json", args.json_path, "also write the report to this JSON file");
+  bench->add_flag("--no-progress", no_progress, "no progress line on stderr");
+  add_number(bench, "--connections", args.connections, "TCP connections")
+      ->check(CLI::Range(1, 256));
+
+  CLI::App* help = app.add_subcommand("help", "Prints this text.")->allow_extras();
+
+  ParsedCommandLine parsed;
+  const std::string full_help = app.help("", CLI::AppFormatMode::All);
+  if (argv.size() < 2) {
+    parsed.exit_status = kExitUsage;
+    parsed.err = full_help;
+    return parsed;
+  }
+  const auto is_command = [&app](const std::string& name) {
+    return !app.get_subcommands([&name](CLI::App* command) { return command->check_name(name); })
+                .empty();
+  };
+  if (argv[1].empty() || (argv[1][0] != '-' && !is_command(argv[1]))) {
+    parsed.exit_status = kExitUsage;
+    parsed.err = "layerctl: unknown command '" + argv[1] + "'\n\n" + full_help;
+    return parsed;
+  }
+  // CLI11 takes the arguments last first, without the program's name.
+  std::vector<std::string> reversed(argv.rbegin(), argv.rend() - 1);
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    const std::vector<CLI::App*> commands = app.get_subcommands();
+    const std::string command = commands.empty() ? "" : " " + commands.front()->get_name();
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) {
+      // --help: the whole text at the top, the command's own after one.
+      parsed.out = command.empty() ? full_help : app.help("", CLI::AppFormatMode::Normal);
+      return parsed;
+    }
+    parsed.exit_status = kExitUsage;
+    parsed.err =
+        "layerctl: " + std::string(e.what()) + "\nrun 'layerctl" + command + " --help' for usage\n";
+    return parsed;
+  }
+
+  if (help->parsed()) {
+    parsed.out = full_help;
+    return parsed;
+  }
+  if (health->parsed()) {
+    args.command = Command::kHealth;
+    args.timeout_seconds = health_timeout_s;
+  } else if (metadata->parsed()) {
+    args.command = Command::kMetadata;
+    args.timeout_seconds = metadata_timeout_s;
+    if (metadata_model_flag->count() > 0) args.model = metadata_model;
+  } else if (infer->parsed()) {
+    args.command = Command::kInfer;
+    args.timeout_seconds = infer_timeout_s;
+    args.model = infer_model;
+    if (infer_datatype_flag->count() > 0) args.datatype = infer_datatype;
+  } else {
+    args.command = Command::kBench;
+    options.arrivals = arrivals == "uniform" ? Arrivals::kUniform : Arrivals::kPoisson;
+    options.progress = !no_progress;
+  }
+  parsed.args = std::move(args);
+  return parsed;
+}
+
+}  // namespace layerserve::client

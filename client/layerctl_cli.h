@@ -1,0 +1,60 @@
+// The command line of layerctl (client/layerctl.cc): the subcommands health,
+// metadata, infer and bench, each with its own flags and defaults, parsed by
+// CLI11. Parsing is a function of the arguments alone and prints nothing, so
+// tests check flags, help text and exit statuses without a server.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "client/bench.h"
+
+namespace layerserve::client {
+
+// layerctl's exit statuses.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitUsage = 2;
+
+enum class Command { kHealth, kMetadata, kInfer, kBench };
+
+// What one command is to do: the flags of the chosen subcommand, defaults
+// filled in. Fields of other subcommands keep their defaults.
+struct LayerctlArgs {
+  Command command = Command::kHealth;
+  std::string url = "localhost:8001";
+  // The call's deadline; the default depends on the command (health 5,
+  // metadata 10, infer 60). bench keeps its per-request one in
+  // bench.timeout_seconds.
+  double timeout_seconds = 0;
+
+  // metadata: the model whose metadata to print too, if given. infer: the
+  // model to run (required).
+  std::optional<std::string> model;
+
+  // infer.
+  std::string input_path;
+  std::string output_path;
+  std::optional<std::string> datatype;  // unset: the .npy file's own
+
+  // bench: model, shape, load and report options go to RunBench.
+  BenchOptions bench;
+  int connections = 1;    // TCP connections the load is spread over
+  std::string json_path;  // empty: no JSON report
+};
+
+// The outcome of parsing: a command to run, or text to print and the
+// status to exit with (help: stdout and kExitOk; a usage error: stderr and
+// kExitUsage).
+struct ParsedCommandLine {
+  std::optional<LayerctlArgs> args;
+  int exit_status = kExitOk;
+  std::string out;  // for stdout
+  std::string err;  // for stderr
+};
+
+// Parses `argv` (argv[0] is the program's name, as main() gets it).
+ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv);
+
+}  // namespace layerserve::client

@@ -1,0 +1,170 @@
+// The command lines of the real binaries: `layerserve --help` documents every
+// flag of README.md's flag table with its default, --version names the
+// project's version, an unknown flag or bad value ends the process with one
+// line naming it, and every spelling the project's scripts and deploy files
+// use (dashes or underscores, --flag=value or --flag value, booleans) reaches
+// the flag it names, as the served model's config shows. Also layerctl's exit
+// statuses for help and usage errors, end to end through its main().
+#include <gtest/gtest.h>
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "grpc_service.grpc.pb.h"
+#include "tests/integration/server_process.h"
+
+#if !defined(LAYERSERVE_VERSION) || !defined(LAYERSERVE_SOURCE_DIR) || !defined(LAYERCTL_BINARY)
+#error "LAYERSERVE_VERSION, LAYERSERVE_SOURCE_DIR and LAYERCTL_BINARY must be defined by the build"
+#endif
+
+namespace layerserve::integration {
+namespace {
+
+// The flag names in the first column of README.md's "## Flags" table
+// ("| `--model-dir DIR` | ..." gives "--model-dir").
+std::vector<std::string> ReadmeFlagNames() {
+  std::ifstream readme(std::string(LAYERSERVE_SOURCE_DIR) + "/README.md");
+  std::vector<std::string> names;
+  bool in_flags = false;
+  for (std::string line; std::getline(readme, line);) {
+    if (absl::StartsWith(line, "## ")) in_flags = line == "## Flags";
+    if (!in_flags || !absl::StartsWith(line, "| `--")) continue;
+    const std::string cell = line.substr(3);
+    names.push_back(cell.substr(0, cell.find_first_of(" `")));
+  }
+  return names;
+}
+
+ProcessResult RunLayerserve(const std::vector<std::string>& flags) {
+  std::vector<std::string> args = {LayerserveBinary()};
+  args.insert(args.end(), flags.begin(), flags.end());
+  absl::StatusOr<ProcessResult> result = RunToExit(args);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? *result : ProcessResult{};
+}
+
+TEST(LayerserveCommandLineTest, HelpListsEveryDocumentedFlagWithItsDefault) {
+  const std::vector<std::string> documented = ReadmeFlagNames();
+  ASSERT_GE(documented.size(), 18u) << "README.md's flag table was not found or has changed shape";
+  const ProcessResult help = RunLayerserve({"--help"});
+  EXPECT_EQ(help.exit_code, 0) << help.err;
+  for (const std::string& flag : documented) {
+    EXPECT_TRUE(absl::StrContains(help.out, flag)) << flag << " is missing from:\n" << help.out;
+  }
+  // Defaults are shown: --max-batch-tokens' 8192, --grpc-port's 8001.
+  EXPECT_TRUE(absl::StrContains(help.out, "8192")) << help.out;
+  EXPECT_TRUE(absl::StrContains(help.out, "8001")) << help.out;
+  EXPECT_TRUE(absl::StrContains(help.out, "--version")) << help.out;
+}
+
+TEST(LayerserveCommandLineTest, VersionPrintsTheProjectVersion) {
+  const ProcessResult version = RunLayerserve({"--version"});
+  EXPECT_EQ(version.exit_code, 0) << version.err;
+  EXPECT_EQ(version.out, "layerserve " LAYERSERVE_VERSION "\n");
+}
+
+TEST(LayerserveCommandLineTest, UnknownFlagFailsNamingIt) {
+  for (const std::string& flag : {"--no-such-flag=1", "--helpfull", "stray"}) {
+    const ProcessResult result = RunLayerserve({flag});
+    EXPECT_NE(result.exit_code, 0) << flag;
+    EXPECT_TRUE(absl::StrContains(result.err, flag)) << result.err;
+    EXPECT_EQ(result.out, "") << "no ready line may follow a bad flag";
+  }
+}
+
+// One error line naming the flag, exit status 1, whichever spelling.
+TEST(LayerserveCommandLineTest, BadValuesFailWithOneLine) {
+  const struct {
+    std::vector<std::string> flags;
+    std::string message;
+  } cases[] = {
+      {{"--max-batch-tokens=0"}, "--max-batch-tokens must be >= 1"},
+      {{"--max_batch_tokens", "0"}, "--max-batch-tokens must be >= 1"},
+      {{"--max-queue-delay-us", "-1"}, "--max-queue-delay-us must be >= 0"},
+      {{"--max-queue-size=4294967296"}, "--max-queue-size must be in [1, 4294967295]"},
+      {{"--grpc_port=65536"}, "port 65536 is outside [0, 65535]"},
+      {{"--cpu-threads=-1"}, "--cpu-threads must be >= 0"},
+      {{"--streams=0"}, "--streams must be >= 1"},
+      {{"--drain-timeout-s=-1"}, "--drain-timeout-s must be >= 0"},
+      {{"--backend=tpu"}, "--backend=tpu is not one of auto, cpu, cuda"},
+      {{"--grpc-port=abc"}, "--grpc-port"},
+      {{"--grpc-port="}, "--grpc-port"},
+      {{"--metrics-port"}, "--metrics-port"},
+      {{"--gemm-autotune=maybe"}, "--gemm-autotune"},
+  };
+  for (const auto& c : cases) {
+    const ProcessResult result = RunLayerserve(c.flags);
+    EXPECT_EQ(result.exit_code, 1) << c.flags[0] << ": " << result.err;
+    EXPECT_TRUE(absl::StrContains(result.err, c.message)) << c.flags[0] << ": " << result.err;
+    const std::vector<std::string> lines = absl::StrSplit(result.err, '\n', absl::SkipEmpty());
+    EXPECT_EQ(lines.size(), 1u) << c.flags[0] << ": " << result.err;
+  }
+}
+
+// The served model's config reports what the batching flags were set to.
+TEST(LayerserveCommandLineTest, EverySpellingReachesItsFlag) {
+  // Underscores or dashes, values apart or joined, an empty value (the demo
+  // model), booleans in each form, the CUDA flags (which every build
+  // accepts), and a repeated flag whose last value, decimal despite its
+  // leading zero, wins.
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
+      {"--max_batch_tokens", "64", "--max-queue-delay-us", "1234", "--max_queue_size=77",
+       "--layers", "1:3", "--model-dir=", "--model_name=spelled", "--gemm-autotune=false",
+       "--nogemm_autotune", "--gemm_autotune", "--streams", "1", "--cuda_device=0",
+       "--cpu-threads=1", "--drain_timeout_s=5", "--max-queue-delay-us=0100"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ((*server)->model(), "spelled");
+  EXPECT_TRUE(absl::StrContains((*server)->ready_line(), "layers=1:3")) << (*server)->ready_line();
+
+  auto stub = inference::GRPCInferenceService::NewStub(
+      grpc::CreateChannel((*server)->grpc_target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  inference::ModelConfigRequest request;
+  request.set_name("spelled");
+  inference::ModelConfigResponse response;
+  const grpc::Status status = stub->ModelConfig(&context, request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  const auto& config = response.config();
+  EXPECT_EQ(config.parameters().at("max_batch_tokens").string_value(), "64");
+  EXPECT_EQ(config.dynamic_batching().max_queue_delay_microseconds(), 100u);
+  EXPECT_EQ(config.dynamic_batching().default_queue_policy().max_queue_size(), 77u);
+}
+
+ProcessResult RunLayerctl(const std::vector<std::string>& flags) {
+  std::vector<std::string> args = {LAYERCTL_BINARY};
+  args.insert(args.end(), flags.begin(), flags.end());
+  absl::StatusOr<ProcessResult> result = RunToExit(args);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? *result : ProcessResult{};
+}
+
+TEST(LayerctlBinaryTest, HelpAndUsageErrorsExitAsDocumented) {
+  const ProcessResult help = RunLayerctl({"--help"});
+  EXPECT_EQ(help.exit_code, 0) << help.err;
+  for (const char* text : {"health", "metadata", "infer", "bench", "--max-in-flight", "512"}) {
+    EXPECT_TRUE(absl::StrContains(help.out, text)) << text << " is missing from:\n" << help.out;
+  }
+  const ProcessResult bench_help = RunLayerctl({"bench", "--help"});
+  EXPECT_EQ(bench_help.exit_code, 0) << bench_help.err;
+  EXPECT_TRUE(absl::StrContains(bench_help.out, "--connections")) << bench_help.out;
+
+  EXPECT_EQ(RunLayerctl({}).exit_code, 2);
+  EXPECT_EQ(RunLayerctl({"frobnicate"}).exit_code, 2);
+  const ProcessResult unknown = RunLayerctl({"health", "--no-such-flag"});
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_TRUE(absl::StrContains(unknown.err, "--no-such-flag")) << unknown.err;
+  const ProcessResult missing = RunLayerctl({"bench", "--model", "demo"});
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_TRUE(absl::StrContains(missing.err, "--tokens")) << missing.err;
+}
+
+}  // namespace
+}  // namespace layerserve::integration

@@ -1,0 +1,194 @@
+// Tests of layerctl's command line (client/layerctl_cli.h): each command's
+// flags and defaults, help text with the defaults, and the usage status (2)
+// with a message naming the flag for everything the parser must refuse.
+#include "client/layerctl_cli.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+
+namespace layerserve::client {
+namespace {
+
+ParsedCommandLine Parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "layerctl");
+  return ParseLayerctlCommandLine(args);
+}
+
+// The arguments of a command line that must parse.
+LayerctlArgs MustParse(const std::vector<std::string>& args) {
+  const ParsedCommandLine parsed = Parse(args);
+  EXPECT_TRUE(parsed.args.has_value()) << parsed.err;
+  EXPECT_EQ(parsed.err, "");
+  return parsed.args.value_or(LayerctlArgs{});
+}
+
+// A command line that must fail with the usage status, naming `mention`.
+void ExpectUsageError(const std::vector<std::string>& args, const std::string& mention) {
+  const ParsedCommandLine parsed = Parse(args);
+  std::string line;
+  for (const std::string& arg : args) line += " " + arg;
+  EXPECT_FALSE(parsed.args.has_value()) << line;
+  EXPECT_EQ(parsed.exit_status, kExitUsage) << line;
+  EXPECT_TRUE(absl::StrContains(parsed.err, mention)) << line << ": " << parsed.err;
+  EXPECT_EQ(parsed.out, "") << line;
+}
+
+TEST(LayerctlCommandLineTest, HealthAndMetadataDefaults) {
+  const LayerctlArgs health = MustParse({"health"});
+  EXPECT_EQ(health.command, Command::kHealth);
+  EXPECT_EQ(health.url, "localhost:8001");
+  EXPECT_EQ(health.timeout_seconds, 5);
+
+  const LayerctlArgs metadata = MustParse({"metadata", "--url", "10.0.0.1:9001"});
+  EXPECT_EQ(metadata.command, Command::kMetadata);
+  EXPECT_EQ(metadata.url, "10.0.0.1:9001");
+  EXPECT_EQ(metadata.timeout_seconds, 10);
+  EXPECT_FALSE(metadata.model.has_value());
+
+  const LayerctlArgs with_model = MustParse({"metadata", "--model=demo", "--timeout-s=2.5"});
+  EXPECT_EQ(with_model.model, "demo");
+  EXPECT_EQ(with_model.timeout_seconds, 2.5);
+}
+
+TEST(LayerctlCommandLineTest, InferFlags) {
+  const LayerctlArgs infer =
+      MustParse({"infer", "--model", "demo", "--input", "in.npy", "--output=out.npy"});
+  EXPECT_EQ(infer.command, Command::kInfer);
+  EXPECT_EQ(infer.model, "demo");
+  EXPECT_EQ(infer.input_path, "in.npy");
+  EXPECT_EQ(infer.output_path, "out.npy");
+  EXPECT_FALSE(infer.datatype.has_value()) << "the file's datatype unless one is given";
+  EXPECT_EQ(infer.timeout_seconds, 60);
+
+  const LayerctlArgs converted =
+      MustParse({"infer", "--model=demo", "--input=a", "--output=b", "--datatype", "BF16"});
+  EXPECT_EQ(converted.datatype, "BF16");
+
+  for (const char* missing : {"--model", "--input", "--output"}) {
+    std::vector<std::string> args = {"infer"};
+    for (const char* flag : {"--model", "--input", "--output"}) {
+      if (std::string(flag) != missing) args.insert(args.end(), {flag, "x"});
+    }
+    ExpectUsageError(args, missing);
+  }
+}
+
+TEST(LayerctlCommandLineTest, BenchDefaultsAreBenchOptions) {
+  const LayerctlArgs bench = MustParse({"bench", "--model", "demo", "--tokens", "32"});
+  EXPECT_EQ(bench.command, Command::kBench);
+  EXPECT_EQ(bench.url, "localhost:8001");
+  EXPECT_EQ(bench.connections, 1);
+  EXPECT_EQ(bench.json_path, "");
+  const BenchOptions defaults;
+  const BenchOptions& options = bench.bench;
+  EXPECT_EQ(options.model, "demo");
+  EXPECT_EQ(options.tokens, 32);
+  EXPECT_EQ(options.batch, defaults.batch);
+  EXPECT_EQ(options.hidden, defaults.hidden);
+  EXPECT_EQ(options.datatype, defaults.datatype);
+  EXPECT_EQ(options.concurrency, defaults.concurrency);
+  EXPECT_EQ(options.rate_per_second, defaults.rate_per_second);
+  EXPECT_EQ(options.arrivals, Arrivals::kPoisson);
+  EXPECT_EQ(options.duration_seconds, defaults.duration_seconds);
+  EXPECT_EQ(options.warmup_seconds, defaults.warmup_seconds);
+  EXPECT_EQ(options.max_in_flight, defaults.max_in_flight);
+  EXPECT_EQ(options.timeout_seconds, defaults.timeout_seconds);
+  EXPECT_EQ(options.seed, defaults.seed);
+  EXPECT_TRUE(options.progress);
+}
+
+TEST(LayerctlCommandLineTest, BenchTakesEveryFlag) {
+  // The spellings bench/server/*.sh use: --flag=value, and --flag value.
+  const LayerctlArgs bench = MustParse(
+      {"bench", "--url=127.0.0.1:5000", "--model=m", "--tokens=4", "--batch", "2", "--rate",
+       "250.5", "--arrivals=uniform", "--duration-s=3", "--warmup-s", "0.5", "--datatype=BF16",
+       "--hidden=64", "--max-in-flight=9", "--timeout-s=7", "--seed=42", "--json", "out.json",
+       "--no-progress", "--connections=8", "--concurrency", "3"});
+  const BenchOptions& options = bench.bench;
+  EXPECT_EQ(bench.url, "127.0.0.1:5000");
+  EXPECT_EQ(options.model, "m");
+  EXPECT_EQ(options.tokens, 4);
+  EXPECT_EQ(options.batch, 2);
+  EXPECT_EQ(options.rate_per_second, 250.5);
+  EXPECT_EQ(options.arrivals, Arrivals::kUniform);
+  EXPECT_EQ(options.duration_seconds, 3);
+  EXPECT_EQ(options.warmup_seconds, 0.5);
+  EXPECT_EQ(options.datatype, "BF16");
+  EXPECT_EQ(options.hidden, 64);
+  EXPECT_EQ(options.max_in_flight, 9);
+  EXPECT_EQ(options.timeout_seconds, 7);
+  EXPECT_EQ(options.seed, 42u);
+  EXPECT_EQ(options.concurrency, 3);
+  EXPECT_FALSE(options.progress);
+  EXPECT_EQ(bench.json_path, "out.json");
+  EXPECT_EQ(bench.connections, 8);
+
+  // A repeated flag: the last one wins.
+  EXPECT_EQ(MustParse({"bench", "--model=m", "--tokens=1", "--tokens=5"}).bench.tokens, 5);
+  // Leading zeros: decimal, not octal.
+  EXPECT_EQ(MustParse({"bench", "--model=m", "--tokens=010"}).bench.tokens, 10);
+  EXPECT_EQ(MustParse({"bench", "--model=m", "--tokens=1", "--rate=00.5"}).bench.rate_per_second,
+            0.5);
+}
+
+TEST(LayerctlCommandLineTest, RefusesWithTheUsageStatus) {
+  ExpectUsageError({"bench", "--model=m"}, "--tokens");
+  ExpectUsageError({"bench", "--tokens=1"}, "--model");
+  ExpectUsageError({"bench", "--model=m", "--tokens=many"}, "--tokens");
+  ExpectUsageError({"bench", "--model=m", "--tokens="}, "--tokens");
+  ExpectUsageError({"bench", "--model=m", "--tokens=1", "--arrivals=bursty"}, "--arrivals");
+  ExpectUsageError({"bench", "--model=m", "--tokens=1", "--connections=0"}, "--connections");
+  ExpectUsageError({"bench", "--model=m", "--tokens=1", "--connections=257"}, "--connections");
+  ExpectUsageError({"bench", "--model=m", "--tokens=1", "--rate"}, "--rate");
+  ExpectUsageError({"health", "--timeout-s=soon"}, "--timeout-s");
+  ExpectUsageError({"health", "--no-such-flag"}, "--no-such-flag");
+  ExpectUsageError({"health", "--tokens=3"}, "--tokens");  // bench's flag, not health's
+  ExpectUsageError({"health", "stray"}, "stray");
+  ExpectUsageError({"frobnicate"}, "unknown command 'frobnicate'");
+  ExpectUsageError({"--url=x"}, "subcommand");
+}
+
+TEST(LayerctlCommandLineTest, NoArgumentsPrintsHelpAsAnError) {
+  const ParsedCommandLine parsed = Parse({});
+  EXPECT_FALSE(parsed.args.has_value());
+  EXPECT_EQ(parsed.exit_status, kExitUsage);
+  EXPECT_TRUE(absl::StrContains(parsed.err, "bench")) << parsed.err;
+}
+
+TEST(LayerctlCommandLineTest, HelpListsEveryCommandsFlagsWithDefaults) {
+  for (const char* help_flag : {"--help", "-h", "help"}) {
+    const ParsedCommandLine parsed = Parse({help_flag});
+    EXPECT_FALSE(parsed.args.has_value());
+    EXPECT_EQ(parsed.exit_status, kExitOk);
+    EXPECT_EQ(parsed.err, "");
+    for (const char* text :
+         {"health", "metadata", "infer", "bench", "--url", "localhost:8001", "--input",
+          "--datatype", "--tokens", "--concurrency", "--rate", "--max-in-flight", "512",
+          "--connections", "--no-progress", "--json", "poisson"}) {
+      EXPECT_TRUE(absl::StrContains(parsed.out, text))
+          << help_flag << ": " << text << " is missing from:\n" << parsed.out;
+    }
+  }
+}
+
+TEST(LayerctlCommandLineTest, CommandHelpListsItsOwnFlags) {
+  const ParsedCommandLine bench = Parse({"bench", "--help"});
+  EXPECT_EQ(bench.exit_status, kExitOk);
+  EXPECT_FALSE(bench.args.has_value());
+  for (const char* text : {"--tokens", "--max-in-flight", "512", "--duration-s", "10"}) {
+    EXPECT_TRUE(absl::StrContains(bench.out, text)) << text << " missing:\n" << bench.out;
+  }
+  EXPECT_FALSE(absl::StrContains(bench.out, "--input")) << "infer's flag:\n" << bench.out;
+
+  const ParsedCommandLine health = Parse({"health", "--help"});
+  EXPECT_EQ(health.exit_status, kExitOk);
+  EXPECT_TRUE(absl::StrContains(health.out, "--timeout-s")) << health.out;
+  EXPECT_FALSE(absl::StrContains(health.out, "--tokens")) << health.out;
+}
+
+}  // namespace
+}  // namespace layerserve::client
