@@ -304,12 +304,12 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackendFromFlags(
   options.num_streams = flags.streams;
   options.max_batch_tokens = flags.max_batch_tokens;
   options.timing_sink = kernel_times;
-  absl::StatusOr<cuda::GemmMode> gemm_mode = cuda::ParseGemmMode(flags.gemm);
+  absl::StatusOr<kernels::GemmMode> gemm_mode = kernels::ParseGemmMode(flags.gemm);
   if (!gemm_mode.ok()) return gemm_mode.status();
   options.gemm_mode = *gemm_mode;
   absl::StatusOr<std::vector<cuda::GemmPin>> pins = cuda::ParseGemmPins(flags.gemm_override);
   if (!pins.ok()) return pins.status();
-  if (!pins->empty() && *gemm_mode != cuda::GemmMode::kAuto) {
+  if (!pins->empty() && *gemm_mode != kernels::GemmMode::kAuto) {
     return absl::InvalidArgumentError("--gemm-override needs --gemm=auto");
   }
   options.gemm_tuning.autotune = flags.gemm_autotune;

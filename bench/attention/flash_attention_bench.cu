@@ -214,7 +214,8 @@ bool Validate(const Shape& shape, const std::vector<int32_t>& cu, const AttnSet&
 }
 
 void BenchAttention(int head_dim, const std::vector<Shape>& shapes, const std::vector<int>& versions, int warmup,
-                    int iters, size_t l2_bytes) {
+                    int iters, const DeviceInfo& dev) {
+  const size_t l2_bytes = static_cast<size_t>(dev.l2_bytes);
   std::printf("\nflash attention fwd: causal, bf16, heads %d, kv heads %d, head_dim %d (median of %d)\n", kHeads,
               kKvHeads, head_dim, iters);
   std::printf("%-10s %6s  %-48s %9s %9s\n", "shape", "tokens", "version", "ms", "TFLOP/s");
@@ -252,8 +253,7 @@ void BenchAttention(int head_dim, const std::vector<Shape>& shapes, const std::v
       p.dtype = DType::kBF16;
       return p;
     };
-    const absl::StatusOr<int> default_version = DefaultFlashAttentionVersion(params(0));
-    BENCH_CHECK_OK(default_version.status());
+    const int default_version = DefaultFlashAttentionVersion(params(0), dev);
     struct Run {
       int version;
       int heads_per_section;  // 0: the launcher's choice
@@ -265,7 +265,7 @@ void BenchAttention(int head_dim, const std::vector<Shape>& shapes, const std::v
         if (version == 6 || version == 8) runs.push_back({version, kHeads});
     }
     for (const Run& run : runs) {
-      if (const absl::Status available = FlashAttentionVersionAvailable(params(0), run.version); !available.ok()) {
+      if (const absl::Status available = FlashAttentionVersionAvailable(params(0), run.version, dev); !available.ok()) {
         if (run.heads_per_section == 0) {
           std::printf("%-10s %6lld  %-48s skipped: %s\n", shape.name, static_cast<long long>(tokens),
                       FlashAttentionVersionName(run.version), std::string(available.message()).c_str());
@@ -273,17 +273,17 @@ void BenchAttention(int head_dim, const std::vector<Shape>& shapes, const std::v
         continue;
       }
       BENCH_CHECK_CUDA(cudaMemset(data[0].out->ptr, 0xFF, tokens * kHeads * head_dim * 2));
-      BENCH_CHECK_OK(LaunchFlashAttentionVersion(params(0), run.version, nullptr, run.heads_per_section));
+      BENCH_CHECK_OK(LaunchFlashAttentionVersion(params(0), run.version, dev, nullptr, run.heads_per_section));
       BENCH_CHECK_CUDA(cudaDeviceSynchronize());
       if (!Validate(shape, cu, data[0], tokens, head_dim)) continue;
       const double ms = MedianMs(sets, warmup, iters, [&](int set) {
-        BENCH_CHECK_OK(LaunchFlashAttentionVersion(params(set), run.version, nullptr, run.heads_per_section));
+        BENCH_CHECK_OK(LaunchFlashAttentionVersion(params(set), run.version, dev, nullptr, run.heads_per_section));
       });
       const std::string name = std::string(FlashAttentionVersionName(run.version)) +
                                (run.heads_per_section > 0 ? ", 1 section" : "");
       std::printf("%-10s %6lld  %-48s %9.3f %9.1f%s\n", shape.name, static_cast<long long>(tokens), name.c_str(),
                   ms, flops / (ms * 1e-3) / 1e12,
-                  run.version == *default_version && run.heads_per_section == 0 ? "  (default)" : "");
+                  run.version == default_version && run.heads_per_section == 0 ? "  (default)" : "");
     }
   }
 }
@@ -405,8 +405,10 @@ int Main(int argc, char** argv) {
       // K/V of 64 MiB: the first length whose default splits the heads into sections.
       {"1x16384", {16384}},
   };
-  BenchAttention(128, shapes, versions, warmup, iters, prop.l2CacheSize);
-  BenchAttention(64, {shapes[0], shapes[2], shapes[4], shapes[5]}, versions, warmup, iters, prop.l2CacheSize);
+  const absl::StatusOr<DeviceInfo> dev = QueryDeviceInfo(device);
+  BENCH_CHECK_OK(dev.status());
+  BenchAttention(128, shapes, versions, warmup, iters, *dev);
+  BenchAttention(64, {shapes[0], shapes[2], shapes[4], shapes[5]}, versions, warmup, iters, *dev);
   BenchLayerOps(warmup, iters, prop.l2CacheSize);
   return 0;
 }

@@ -10,12 +10,13 @@
 // cache three times over, so timings include the weight streaming from HBM
 // that serving sees.
 //
-//   gemm_bench [--versions=0,1,2,3,4,auto] [--shapes=6144x4096,...] [--ms=1,8,...]
+//   gemm_bench [--versions=0,3,4,5,auto] [--shapes=6144x4096,...] [--ms=1,8,...]
 //              [--iters=5] [--rounds=5] [--csv=PATH]
 // A version may pin a configuration: 3b128 / 3b256 (v3 tile width), 4s2
 // (v4 with 2 K splits); plain 3 and 4 use the launchers' own choice.
-// "auto" is the server's path: a GemmDispatcher autotuned for the shape (as
-// at model load, up to the largest --ms), timed like the others; its row
+// Every variant runs through one GemmRouter, the code serving runs: a
+// numbered version through RunConfig, "auto" through Run after the router was
+// autotuned for the shape (as at model load, up to the largest --ms); its row
 // also gives its ratio to the fastest other variant at that M, which the
 // issue bounds at 2% slower.
 #include <cuda_bf16.h>
@@ -168,6 +169,7 @@ class Bench {
   explicit Bench(Options opt) : opt_(std::move(opt)) {}
   ~Bench() {
     for (void* p : allocations_) cudaFree(p);
+    if (workspace_.data != nullptr) cudaFree(workspace_.data);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
   bool Run();
@@ -185,17 +187,16 @@ class Bench {
 
   Options opt_;
   cudaStream_t stream_ = nullptr;
-  std::unique_ptr<CublasLtGemm> cublaslt_;
-  std::unique_ptr<GemmDispatcher> dispatcher_;  // tuned for the current shape
+  std::unique_ptr<GemmRouter> router_;  // autotuned for each shape "auto" runs on
+  GemmWorkspace workspace_;
   std::vector<void*> allocations_;
   std::vector<Row> rows_;
   size_t l2_bytes_ = 0;
 };
 
 absl::Status Bench::Launch(const Variant& variant, const GemmParams& p) {
-  if (variant.is_auto) return dispatcher_->Run(p, stream_);
-  if (variant.config.version == GemmVersion::kCublasLt) return cublaslt_->Run(p, stream_);
-  return LaunchGemm(p, variant.config, stream_);
+  if (variant.is_auto) return router_->Run(p, workspace_, stream_);
+  return router_->RunConfig(p, variant.config, workspace_, stream_);
 }
 
 void Bench::Print(const Row& r) const {
@@ -241,13 +242,7 @@ bool Bench::RunShape(int64_t n, int64_t k) {
   BENCH_CHECK_CUDA(cudaEventCreate(&start));
   BENCH_CHECK_CUDA(cudaEventCreate(&stop));
   if (std::any_of(opt_.versions.begin(), opt_.versions.end(), [](const Variant& v) { return v.is_auto; })) {
-    absl::StatusOr<std::unique_ptr<GemmDispatcher>> dispatcher = GemmDispatcher::Create();
-    if (!dispatcher.ok()) {
-      std::fprintf(stderr, "dispatcher: %s\n", std::string(dispatcher.status().message()).c_str());
-      return false;
-    }
-    dispatcher_ = *std::move(dispatcher);
-    const absl::StatusOr<std::vector<GemmTuneResult>> tuned = dispatcher_->Autotune(n, k, stream_, max_m);
+    const absl::StatusOr<std::vector<GemmTuneResult>> tuned = router_->Autotune(n, k, max_m, workspace_, stream_);
     if (!tuned.ok()) {
       std::fprintf(stderr, "autotune: %s\n", std::string(tuned.status().message()).c_str());
       return false;
@@ -258,14 +253,18 @@ bool Bench::RunShape(int64_t n, int64_t k) {
     auto params = [&](int s, void* out) {
       GemmParams p;
       p.a = a[s];
+      p.lda = k;
       p.w = w[s];
-      p.c = out;
+      p.ldw = k;
+      p.d = out;
+      p.ldd = n;
       p.m = m;
       p.n = n;
       p.k = k;
       return p;
     };
-    const absl::Status ref_status = cublaslt_->Run(params(0, expected), stream_);
+    const absl::Status ref_status =
+        router_->RunConfig(params(0, expected), GemmConfig{GemmVersion::kCublasLt}, workspace_, stream_);
     if (!ref_status.ok()) {
       std::fprintf(stderr, "cuBLASLt reference failed: %s\n", std::string(ref_status.message()).c_str());
       return false;
@@ -280,12 +279,13 @@ bool Bench::RunShape(int64_t n, int64_t k) {
     };
     std::vector<Timed> timed;
     for (const Variant& variant : opt_.versions) {
-      const GemmConfig config = variant.is_auto ? dispatcher_->Choose(m, n, k) : variant.config;
+      const GemmConfig config = variant.is_auto ? router_->Route(params(0, c[0])) : variant.config;
       Row row{m, n, k, variant.label, "ok"};
       if (variant.is_auto) row.chosen = GemmConfigSpec(config);
       if (!variant.is_auto && config.version == GemmVersion::kSmallMSplitK && m > 64) continue;  // small-M only
       const absl::Status supported =
-          config.version == GemmVersion::kCublasLt ? absl::OkStatus() : GemmSupported(params(0, c[0]), config);
+          config.version == GemmVersion::kCublasLt ? absl::OkStatus()
+                                                   : GemmSupported(params(0, c[0]), config, router_->device());
       if (!supported.ok()) {
         row.status = "n/a: " + std::string(supported.message());
         timed.push_back({row});
@@ -376,10 +376,10 @@ bool Bench::RunShape(int64_t n, int64_t k) {
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  // Free this shape's buffers (and tuned dispatcher) before the next shape.
+  // Free this shape's buffers before the next shape (the router keeps its
+  // table: entries of other shapes never match this one's).
   for (void* p : allocations_) cudaFree(p);
   allocations_.clear();
-  dispatcher_.reset();
   return true;
 }
 
@@ -391,12 +391,14 @@ bool Bench::Run() {
   l2_bytes_ = prop.l2CacheSize;
   std::printf("device: %s, %d SMs, L2 %zu MB\n", prop.name, prop.multiProcessorCount, l2_bytes_ >> 20);
   BENCH_CHECK_CUDA(cudaStreamCreate(&stream_));
-  absl::StatusOr<std::unique_ptr<CublasLtGemm>> cublaslt = CublasLtGemm::Create();
-  if (!cublaslt.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(cublaslt.status().message()).c_str());
+  absl::StatusOr<std::unique_ptr<GemmRouter>> router = GemmRouter::Create(GemmMode::kAuto);
+  if (!router.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(router.status().message()).c_str());
     return false;
   }
-  cublaslt_ = *std::move(cublaslt);
+  router_ = *std::move(router);
+  BENCH_CHECK_CUDA(cudaMalloc(&workspace_.data, GemmRouter::kDefaultWorkspaceBytes));
+  workspace_.bytes = GemmRouter::kDefaultWorkspaceBytes;
   std::printf("%6s %6s %6s  %-6s %13s  %15s  %11s  %s\n", "M", "N", "K", "ver", "median", "rate", "A+W+C",
               "vs cuBLASLt");
   for (const auto& [n, k] : opt_.shapes) {
@@ -423,7 +425,7 @@ int main(int argc, char** argv) {
   layerserve::kernels::Options opt;
   if (!layerserve::kernels::ParseOptions(argc, argv, &opt)) {
     std::fprintf(stderr,
-                 "usage: gemm_bench [--versions=0,1,2,3,3b128,4,4s2,auto,...] [--shapes=NxK,...] [--ms=1,8,...] [--iters=N] "
+                 "usage: gemm_bench [--versions=0,3,3b128,4,4s2,5,auto,...] [--shapes=NxK,...] [--ms=1,8,...] [--iters=N] "
                  "[--rounds=N] [--csv=PATH]\n");
     return 2;
   }

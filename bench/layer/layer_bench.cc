@@ -36,7 +36,7 @@
 #include "bench/layer/random_fill.h"
 #include "server/cuda/cuda_check.h"
 #include "server/cuda/cuda_resources.h"
-#include "server/cuda/gemm.h"
+#include "server/cuda/gemm_tuning.h"
 #include "server/cuda/kernel_timing.h"
 #include "server/cuda/layer_executor.h"
 #include "server/model/model.h"
@@ -88,7 +88,7 @@ class CollectingSink final : public KernelTimingSink {
   std::map<std::string, std::vector<double>> times_;
 };
 
-absl::Status Run(const std::string& csv_path, int iters, cuda::GemmMode gemm_mode, bool autotune,
+absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_mode, bool autotune,
                  const std::string& compare) {
   LS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
   cudaDeviceProp props{};
@@ -136,18 +136,18 @@ absl::Status Run(const std::string& csv_path, int iters, cuda::GemmMode gemm_mod
                                      inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
   // The server's GEMM routing: auto mode, tuned at "load" for this layer's
   // shapes (the table goes to stderr).
-  cuda::GemmEngineTuning tuning;
-  tuning.shapes = {{shape.qkv_width(), shape.hidden},
-                   {shape.hidden, shape.q_width()},
-                   {2 * shape.intermediate, shape.hidden},
-                   {shape.hidden, shape.intermediate}};
-  tuning.max_m = kMaxTokens;
-  tuning.options.autotune = autotune;
-  LS_ASSIGN_OR_RETURN(auto gemm, cuda::GemmEngine::Create(cuda::GemmEngine::kDefaultWorkspaceBytes,
-                                                          gemm_mode, tuning));
+  const std::vector<std::pair<int64_t, int64_t>> gemm_shapes = {
+      {shape.qkv_width(), shape.hidden},
+      {shape.hidden, shape.q_width()},
+      {2 * shape.intermediate, shape.hidden},
+      {shape.hidden, shape.intermediate}};
+  cuda::GemmTuningOptions tuning;
+  tuning.autotune = autotune;
+  LS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::GemmRouter> gemm,
+                      cuda::MakeGemmRouter(gemm_mode, gemm_shapes, kMaxTokens, tuning, std::cerr));
   LS_ASSIGN_OR_RETURN(DeviceBuffer workspace_buffer,
                       DeviceBuffer::Allocate(gemm->workspace_bytes()));
-  const cuda::GemmWorkspace workspace{workspace_buffer.data(), workspace_buffer.bytes()};
+  const kernels::GemmWorkspace workspace{workspace_buffer.data(), workspace_buffer.bytes()};
   LS_ASSIGN_OR_RETURN(ActivationArena arena, ActivationArena::Create(shape, kMaxTokens));
   const size_t x_bytes = static_cast<size_t>(kMaxTokens * shape.hidden) * 2;
   LS_ASSIGN_OR_RETURN(DeviceBuffer x0, DeviceBuffer::Allocate(x_bytes));
@@ -155,15 +155,14 @@ absl::Status Run(const std::string& csv_path, int iters, cuda::GemmMode gemm_mod
       FillUniformBf16(x0.data(), kMaxTokens * shape.hidden, 99, 0.0f, 1.7f, stream.get()));
   const cuda::LayerExecutor executor(shape, {layer}, static_cast<const float*>(inv_freq_dev.data()),
                                      gemm.get());
-  std::unique_ptr<cuda::GemmEngine> gemm_b;
+  std::unique_ptr<kernels::GemmRouter> gemm_b;
   std::unique_ptr<cuda::LayerExecutor> executor_b;
   if (!compare.empty()) {
-    cuda::GemmEngineTuning untuned = tuning;
-    untuned.options.autotune = false;
-    LS_ASSIGN_OR_RETURN(gemm_b, cuda::GemmEngine::Create(
-                                    cuda::GemmEngine::kDefaultWorkspaceBytes,
-                                    compare == "cublaslt" ? cuda::GemmMode::kCublasLt : cuda::GemmMode::kAuto,
-                                    untuned));
+    cuda::GemmTuningOptions untuned = tuning;
+    untuned.autotune = false;
+    LS_ASSIGN_OR_RETURN(
+        gemm_b, cuda::MakeGemmRouter(compare == "cublaslt" ? kernels::GemmMode::kCublasLt : kernels::GemmMode::kAuto,
+                                     gemm_shapes, kMaxTokens, untuned, std::cerr));
     executor_b = std::make_unique<cuda::LayerExecutor>(
         shape, std::vector<cuda::LayerDeviceWeights>{layer},
         static_cast<const float*>(inv_freq_dev.data()), gemm_b.get());
@@ -288,7 +287,7 @@ absl::Status Run(const std::string& csv_path, int iters, cuda::GemmMode gemm_mod
 int main(int argc, char** argv) {
   std::string csv_path;
   int iters = 50;
-  layerserve::cuda::GemmMode gemm_mode = layerserve::cuda::GemmMode::kAuto;
+  layerserve::kernels::GemmMode gemm_mode = layerserve::kernels::GemmMode::kAuto;
   bool autotune = true;
   std::string compare;
   for (int i = 1; i < argc; ++i) {
@@ -298,7 +297,7 @@ int main(int argc, char** argv) {
     } else if (arg == "--iters" && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--gemm" && i + 1 < argc) {
-      const absl::StatusOr<layerserve::cuda::GemmMode> mode = layerserve::cuda::ParseGemmMode(argv[++i]);
+      const absl::StatusOr<layerserve::kernels::GemmMode> mode = layerserve::kernels::ParseGemmMode(argv[++i]);
       if (!mode.ok()) {
         std::cerr << mode.status().message() << "\n";
         return 2;

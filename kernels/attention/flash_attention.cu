@@ -56,18 +56,11 @@ const char* FlashAttentionVersionName(int version) {
 // device, so every sequence is counted at max_seqlen. (A grid too large for
 // the longest-first enumeration, query tiles x heads > 2^31 - 1, is refused
 // at launch; serving's --max-batch-tokens keeps far below it.)
-absl::StatusOr<int> DefaultFlashAttentionVersion(const FlashAttentionParams& p) {
-  int device = 0, sm_count = 0;
-  LS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  LS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+int DefaultFlashAttentionVersion(const FlashAttentionParams& p, const DeviceInfo& dev) {
   constexpr int kV1BlockM = 128, kV1CtasPerSm = 2, kMinWaves = 3, kShortSeqlen = 1024;
   const int64_t v1_tiles_per_seq = int64_t{(p.max_seqlen + kV1BlockM - 1) / kV1BlockM} * p.num_heads;
-  const absl::Status v8 = flash::FlashFwdV8Available(p);
-  if (v8.ok()) return 8;
-  // UNIMPLEMENTED only says v8 does not take this case; anything else is a
-  // failed device query and is reported.
-  if (!absl::IsUnimplemented(v8)) return v8;
-  const bool short_grid = int64_t{p.num_seqs} * v1_tiles_per_seq < int64_t{kMinWaves} * kV1CtasPerSm * sm_count;
+  if (flash::FlashFwdV8Available(p, dev).ok()) return 8;
+  const bool short_grid = int64_t{p.num_seqs} * v1_tiles_per_seq < int64_t{kMinWaves} * kV1CtasPerSm * dev.num_sms;
   return short_grid && p.max_seqlen <= kShortSeqlen ? 7 : 6;
 }
 
@@ -124,50 +117,43 @@ absl::Status ValidateFlashAttentionParams(const FlashAttentionParams& p) {
   return absl::OkStatus();
 }
 
-absl::Status FlashAttentionVersionAvailable(const FlashAttentionParams& p, int version) {
+absl::Status FlashAttentionVersionAvailable(const FlashAttentionParams& p, int version, const DeviceInfo& dev) {
   switch (version) {
     case 6:
     case 7:
       return absl::OkStatus();
     case 8:
-      return flash::FlashFwdV8Available(p);
+      return flash::FlashFwdV8Available(p, dev);
     default:
       return absl::InvalidArgumentError(absl::StrCat("flash attention: no version ", version, " is built"));
   }
 }
 
-absl::Status LaunchFlashAttentionVersion(const FlashAttentionParams& p, int version, cudaStream_t stream,
-                                         int heads_per_section) {
+absl::Status LaunchFlashAttentionVersion(const FlashAttentionParams& p, int version, const DeviceInfo& dev,
+                                         cudaStream_t stream, int heads_per_section) {
   if (absl::Status s = ValidateFlashAttentionParams(p); !s.ok()) return s;
   if (p.num_seqs == 0 || p.max_seqlen == 0) return absl::OkStatus();
   if (heads_per_section < 0 || (heads_per_section > 0 && p.num_heads % heads_per_section != 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("flash attention: heads_per_section ", heads_per_section, " does not divide num_heads"));
   }
-  if (heads_per_section == 0) {
-    int device = 0, l2_bytes = 0;
-    LS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-    LS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
-    heads_per_section = FlashHeadsPerSection(p, l2_bytes);
-  }
+  if (heads_per_section == 0) heads_per_section = FlashHeadsPerSection(p, dev.l2_bytes);
   switch (version) {
     case 6:
       return flash::RunFlashFwdV6(p, heads_per_section, stream);
     case 7:
       return flash::RunFlashFwdV7(p, heads_per_section, stream);
     case 8:
-      return flash::RunFlashFwdV8(p, heads_per_section, stream);
+      return flash::RunFlashFwdV8(p, dev, heads_per_section, stream);
     default:
       return absl::InvalidArgumentError(absl::StrCat("flash attention: no version ", version, " is built"));
   }
 }
 
-absl::Status LaunchFlashAttention(const FlashAttentionParams& p, cudaStream_t stream) {
+absl::Status LaunchFlashAttention(const FlashAttentionParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   if (absl::Status s = ValidateFlashAttentionParams(p); !s.ok()) return s;
   if (p.num_seqs == 0 || p.max_seqlen == 0) return absl::OkStatus();
-  absl::StatusOr<int> version = DefaultFlashAttentionVersion(p);
-  if (!version.ok()) return version.status();
-  return LaunchFlashAttentionVersion(p, *version, stream);
+  return LaunchFlashAttentionVersion(p, DefaultFlashAttentionVersion(p, dev), dev, stream);
 }
 
 }  // namespace layerserve::kernels

@@ -33,33 +33,34 @@ const char* FlashAttentionVersionName(int version);
 // keep the last one as long as the others); at least one group.
 int FlashHeadsPerSection(const FlashAttentionParams& p, int64_t l2_bytes);
 
-// The version production uses for this problem on the current device, or
-// an error if the device cannot be queried. The rule and the measurements
+// The version production uses for this problem on `dev` (a pure function:
+// tests call it with a hand-made DeviceInfo). The rule and the measurements
 // behind it are in flash_attention.cu and docs/perf-attention.md.
-absl::StatusOr<int> DefaultFlashAttentionVersion(const FlashAttentionParams& p);
+int DefaultFlashAttentionVersion(const FlashAttentionParams& p, const DeviceInfo& dev);
 
 // INVALID_ARGUMENT naming the first problem with `p`, else OK.
 absl::Status ValidateFlashAttentionParams(const FlashAttentionParams& p);
 
-// OK if version `version` runs valid params `p` on the current device and
-// build; UNIMPLEMENTED saying why not (v8: head_dim 128, bf16, sm_90a build,
+// OK if version `version` runs valid params `p` on `dev` with this build;
+// UNIMPLEMENTED saying why not (v8: head_dim 128, bf16, sm_90a build,
 // compute capability 9.0), which is also what launching it would return;
 // INVALID_ARGUMENT for a version that is not built.
-absl::Status FlashAttentionVersionAvailable(const FlashAttentionParams& p, int version);
+absl::Status FlashAttentionVersionAvailable(const FlashAttentionParams& p, int version, const DeviceInfo& dev);
 
 // Validates `p` and launches version `version` (one of kFlashAttentionVersions).
 // `heads_per_section` must divide p.num_heads; 0 takes FlashHeadsPerSection
-// for the current device. Tests and the benchmark set it to exercise and
-// compare other section sizes.
-absl::Status LaunchFlashAttentionVersion(const FlashAttentionParams& p, int version, cudaStream_t stream,
-                                         int heads_per_section = 0);
+// for `dev`'s L2. Tests and the benchmark set it to exercise and compare other
+// section sizes.
+absl::Status LaunchFlashAttentionVersion(const FlashAttentionParams& p, int version, const DeviceInfo& dev,
+                                         cudaStream_t stream, int heads_per_section = 0);
 
 namespace flash {
 // One per flash_fwd_v*.cu; params already validated.
 absl::Status RunFlashFwdV6(const FlashAttentionParams& p, int heads_per_section, cudaStream_t stream);
 absl::Status RunFlashFwdV7(const FlashAttentionParams& p, int heads_per_section, cudaStream_t stream);
-absl::Status RunFlashFwdV8(const FlashAttentionParams& p, int heads_per_section, cudaStream_t stream);
-absl::Status FlashFwdV8Available(const FlashAttentionParams& p);
+absl::Status RunFlashFwdV8(const FlashAttentionParams& p, const DeviceInfo& dev, int heads_per_section,
+                           cudaStream_t stream);
+absl::Status FlashFwdV8Available(const FlashAttentionParams& p, const DeviceInfo& dev);
 }  // namespace flash
 
 }  // namespace layerserve::kernels

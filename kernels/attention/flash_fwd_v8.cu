@@ -16,7 +16,7 @@
 
 namespace layerserve::kernels::flash {
 
-absl::Status FlashFwdV8Available(const FlashAttentionParams& p) {
+absl::Status FlashFwdV8Available(const FlashAttentionParams& p, const DeviceInfo& dev) {
   if (p.head_dim != sm90::kHeadDim) {
     return absl::UnimplementedError(absl::StrCat("flash attention v8 takes head_dim 128 only, got ", p.head_dim));
   }
@@ -24,25 +24,22 @@ absl::Status FlashFwdV8Available(const FlashAttentionParams& p) {
 #if !defined(LAYERSERVE_ATTENTION_HAVE_SM90A)
   return absl::UnimplementedError("flash attention v8: library built without sm_90a");
 #else
-  int device = 0, major = 0, minor = 0, smem_optin = 0;
-  LS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  LS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  LS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major != 9 || minor != 0) {
-    return absl::UnimplementedError(
-        absl::StrCat("flash attention v8 needs a compute capability 9.0 device, got ", major, ".", minor));
+  if (!dev.IsHopper()) {
+    return absl::UnimplementedError(absl::StrCat("flash attention v8 needs a compute capability 9.0 device, got ",
+                                                 dev.cc_major, ".", dev.cc_minor));
   }
-  LS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  if (smem_optin < sm90::kSmemBytes) {
+  if (dev.max_smem_optin < sm90::kSmemBytes) {
     return absl::UnimplementedError(absl::StrCat("flash attention v8 needs ", sm90::kSmemBytes,
-                                                 " bytes of shared memory per block, device has ", smem_optin));
+                                                 " bytes of shared memory per block, device has ",
+                                                 dev.max_smem_optin));
   }
   return absl::OkStatus();
 #endif
 }
 
-absl::Status RunFlashFwdV8(const FlashAttentionParams& p, int heads_per_section, cudaStream_t stream) {
-  if (absl::Status s = FlashFwdV8Available(p); !s.ok()) return s;
+absl::Status RunFlashFwdV8(const FlashAttentionParams& p, const DeviceInfo& dev, int heads_per_section,
+                           cudaStream_t stream) {
+  if (absl::Status s = FlashFwdV8Available(p, dev); !s.ok()) return s;
   if (heads_per_section <= 0 || p.num_heads % heads_per_section != 0) {
     return absl::InvalidArgumentError("flash attention: heads_per_section must divide num_heads");
   }

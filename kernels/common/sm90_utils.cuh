@@ -1,8 +1,7 @@
-// Device building blocks of the Hopper (sm_90a) kernels: thin wrappers over
-// the Hopper instructions (mbarrier, TMA bulk tensor copies, wgmma fences and
-// shared-memory matrix descriptors, setmaxnreg), used by the GEMM versions and
-// attention v8, and the GEMMs' kernel arguments, grouped tile order of the
-// persistent kernels and bf16 epilogue. Only nvcc sees this header.
+// Device building blocks of the Hopper (sm_90a) kernels, used by the GEMM
+// versions and attention v8: thin wrappers over the Hopper instructions
+// (mbarrier, TMA bulk tensor copies, wgmma fences and shared-memory matrix
+// descriptors, setmaxnreg). Only nvcc sees this header.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (a plain struct; no libcuda link)
@@ -10,8 +9,7 @@
 
 #include <cstdint>
 
-#include "kernels/common/pdl.cuh"  // the PDL calls of v4
-#include "layerserve/kernels/gemm.h"
+#include "kernels/common/pdl.cuh"  // the PDL calls of v4 and attention
 
 // Hopper-only instructions are emitted only in the sm_90a device pass; other
 // passes compile the kernels to empty bodies that the host never launches
@@ -23,82 +21,6 @@
 #endif
 
 namespace layerserve::kernels::gemm {
-
-// Everything a kernel needs besides tensor maps. Pointers are 16-byte aligned
-// and n, k multiples of 8 (checked by the launchers).
-struct GemmArgs {
-  const __nv_bfloat16* a;         // [m, k]
-  const __nv_bfloat16* w;         // [n, k]
-  const __nv_bfloat16* residual;  // [m, n] or null
-  __nv_bfloat16* c;               // [m, n]
-  int m, n, k;
-  int tiles_m, tiles_n;
-  int splits;                     // version 4: K splits (= cluster size)
-};
-
-// Host side: kernel arguments from validated params and a tile shape.
-inline GemmArgs MakeGemmArgs(const GemmParams& p, int block_m, int block_n) {
-  GemmArgs args{};
-  args.a = static_cast<const __nv_bfloat16*>(p.a);
-  args.w = static_cast<const __nv_bfloat16*>(p.w);
-  args.residual = static_cast<const __nv_bfloat16*>(p.residual);
-  args.c = static_cast<__nv_bfloat16*>(p.c);
-  args.m = static_cast<int>(p.m);
-  args.n = static_cast<int>(p.n);
-  args.k = static_cast<int>(p.k);
-  args.tiles_m = static_cast<int>((p.m + block_m - 1) / block_m);
-  args.tiles_n = static_cast<int>((p.n + block_n - 1) / block_n);
-  args.splits = 1;
-  return args;
-}
-
-// Persistent kernels walk tiles t = blockIdx.x, + gridDim.x, ... in groups of
-// kGroupM tile rows that sweep all tile columns, so that the CTAs running at
-// one time share a band of A rows and a band of W rows in L2.
-struct TileCoord {
-  int m;
-  int n;
-};
-__device__ __forceinline__ TileCoord GroupedTile(int t, int tiles_m, int tiles_n, int group_m) {
-  const int per_group = group_m * tiles_n;
-  const int first_m = (t / per_group) * group_m;
-  const int rows = min(tiles_m - first_m, group_m);
-  const int r = t % per_group;
-  return TileCoord{first_m + r % rows, r / rows};
-}
-
-// out = bf16(x + residual) for two adjacent columns at `offset`.
-__device__ __forceinline__ void StorePair(const GemmArgs& args, int64_t offset, float x, float y) {
-  if (args.residual != nullptr) {
-    const float2 r = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(args.residual + offset));
-    x += r.x;
-    y += r.y;
-  }
-  *reinterpret_cast<__nv_bfloat162*>(args.c + offset) = __floats2bfloat162_rn(x, y);
-}
-
-// Writes a warpgroup's m64 x kN wgmma accumulator tile whose top-left output
-// element is (row0, col0).
-template <int kN>
-__device__ __forceinline__ void StoreWgmmaAccumulators(const float (&acc)[kN / 2], const GemmArgs& args, int row0,
-                                                       int col0) {
-  const int lane = threadIdx.x % 32;
-  const int warp = (threadIdx.x / 32) % 4;
-  const int row = row0 + warp * 16 + lane / 4;
-  const int col = col0 + 2 * (lane % 4);
-#pragma unroll
-  for (int j = 0; j < kN / 8; ++j) {
-    // n is a multiple of 8, so col + 8j < n implies col + 8j + 1 < n.
-    if (col + 8 * j >= args.n) continue;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (row + 8 * h < args.m) {
-        StorePair(args, static_cast<int64_t>(row + 8 * h) * args.n + col + 8 * j, acc[4 * j + 2 * h],
-                  acc[4 * j + 2 * h + 1]);
-      }
-    }
-  }
-}
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -1,7 +1,9 @@
-// LaunchGemm and the host helpers behind it: parameter checks per version,
-// device queries, TMA descriptors (cuTensorMapEncodeTiled reached through the
-// runtime's driver entry point, so nothing links libcuda; remembered per
-// thread) and the split-K heuristic.
+// LaunchGemm and the pure decisions around it: which calls our versions take
+// (GemmSupported), the route of a call (ChooseGemm), M buckets, mode and
+// configuration spellings; and the host helpers behind the launchers: TMA
+// descriptors (cuTensorMapEncodeTiled reached through the runtime's driver
+// entry point, so nothing links libcuda; remembered per thread) and the
+// split-K heuristic.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
@@ -22,26 +24,6 @@
 
 namespace layerserve::kernels {
 namespace gemm {
-
-absl::StatusOr<DeviceInfo> CurrentDeviceInfo() {
-  int device = 0;
-  LS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  DeviceInfo info;
-  LS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&info.num_sms, cudaDevAttrMultiProcessorCount, device));
-  LS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&info.cc_major, cudaDevAttrComputeCapabilityMajor, device));
-  LS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&info.cc_minor, cudaDevAttrComputeCapabilityMinor, device));
-  LS_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&info.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return info;
-}
-
-bool BuiltWithSm90a() {
-#if defined(LAYERSERVE_GEMM_HAVE_SM90A)
-  return true;
-#else
-  return false;
-#endif
-}
 
 namespace {
 
@@ -181,54 +163,112 @@ absl::StatusOr<GemmConfig> ParseGemmConfigSpec(std::string_view spec) {
   return bad();
 }
 
-namespace {
+bool GemmBuiltWithSm90a() {
+#if defined(LAYERSERVE_GEMM_HAVE_SM90A)
+  return true;
+#else
+  return false;
+#endif
+}
 
-absl::Status CheckCommon(const GemmParams& p) {
-  if (p.dtype != DType::kBF16) return absl::InvalidArgumentError("gemm: only bf16 is supported");
-  if (p.a == nullptr || p.w == nullptr || p.c == nullptr) return absl::InvalidArgumentError("gemm: null operand");
+std::string_view GemmModeName(GemmMode mode) {
+  switch (mode) {
+    case GemmMode::kAuto:
+      return "auto";
+    case GemmMode::kCublasLt:
+      return "cublaslt";
+    case GemmMode::kCustom:
+      return "custom";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<GemmMode> ParseGemmMode(std::string_view name) {
+  for (const GemmMode mode : {GemmMode::kAuto, GemmMode::kCublasLt, GemmMode::kCustom}) {
+    if (name == GemmModeName(mode)) return mode;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("gemm mode '", std::string(name), "' is not one of auto, cublaslt, custom"));
+}
+
+int GemmMBucket(int64_t m) {
+  for (size_t b = 0; b < kGemmBucketUpper.size(); ++b) {
+    if (m <= kGemmBucketUpper[b]) return static_cast<int>(b);
+  }
+  return static_cast<int>(kGemmBucketUpper.size()) - 1;
+}
+
+int64_t GemmMBucketUpperBound(int bucket) {
+  return kGemmBucketUpper[std::clamp<size_t>(bucket, 0, kGemmBucketUpper.size() - 1)];
+}
+
+absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const DeviceInfo& dev) {
+  if (config.version == GemmVersion::kCublasLt) {
+    return absl::InvalidArgumentError("gemm: version 0 is cuBLASLt, not one of our kernels");
+  }
+  if (!dev.IsHopper()) {
+    return absl::UnimplementedError(absl::StrCat("gemm v3-v5 need a compute capability 9.0 (Hopper) device, got ",
+                                                 dev.cc_major, ".", dev.cc_minor));
+  }
+  if (!GemmBuiltWithSm90a()) return absl::UnimplementedError("gemm v3-v5: library built without sm_90a");
+  if (p.dtype != DType::kBF16) return absl::InvalidArgumentError("gemm v3-v5 take bf16 only");
+  if (p.bias != nullptr) return absl::InvalidArgumentError("gemm v3-v5 have no bias epilogue");
+  if (p.a == nullptr || p.w == nullptr || p.d == nullptr) return absl::InvalidArgumentError("gemm: null operand");
   if (p.m < 1 || p.n < 1 || p.k < 1) {
     return absl::InvalidArgumentError(absl::StrCat("gemm: bad shape m=", p.m, " n=", p.n, " k=", p.k));
   }
-  return absl::OkStatus();
-}
-
-absl::Status CheckOurs(const GemmParams& p, const GemmConfig& config, const gemm::DeviceInfo& dev) {
-  LS_GEMM_RETURN_IF_ERROR(CheckCommon(p));
+  if (p.lda != p.k || p.ldw != p.k || p.ldd != p.n) {
+    return absl::InvalidArgumentError("gemm v3-v5 take dense operands (lda = ldw = k, ldd = n)");
+  }
   if (p.n % 8 != 0 || p.k % 8 != 0) {
     return absl::InvalidArgumentError(absl::StrCat("gemm: n and k must be multiples of 8 (n=", p.n, ", k=", p.k, ")"));
   }
   if (p.m > INT32_MAX / 2 || p.n > INT32_MAX / 2 || p.k > INT32_MAX / 2) {
     return absl::InvalidArgumentError("gemm: dimension too large");
   }
-  if (!gemm::Aligned16(p.a) || !gemm::Aligned16(p.w) || !gemm::Aligned16(p.c) ||
-      (p.residual != nullptr && !gemm::Aligned16(p.residual))) {
+  if (!gemm::Aligned16(p.a) || !gemm::Aligned16(p.w) || !gemm::Aligned16(p.d)) {
     return absl::InvalidArgumentError("gemm: operands must be 16-byte aligned");
   }
   switch (config.version) {
-    case GemmVersion::kCublasLt:
-      return absl::InvalidArgumentError("gemm: version 0 runs through CublasLtGemm, not LaunchGemm");
-    case GemmVersion::kWarpSpecialized:
     case GemmVersion::kSmallMSplitK:
-    case GemmVersion::kClusterMulticast:
-      if (dev.cc_major != 9 || dev.cc_minor != 0) {
-        return absl::UnimplementedError("gemm v3-v5 need a compute capability 9.0 (Hopper) device");
-      }
-      if (!gemm::BuiltWithSm90a()) return absl::UnimplementedError("gemm v3-v5: library built without sm_90a");
-      if (config.version == GemmVersion::kSmallMSplitK && p.m > 64) {
-        return absl::InvalidArgumentError("gemm v4 takes m <= 64");
-      }
+      if (p.m > 64) return absl::InvalidArgumentError("gemm v4 takes m <= 64");
       if (config.split_k < 0 || config.split_k > gemm::kMaxSplitK) {
         return absl::InvalidArgumentError("gemm v4: split_k must be in [0, 8]");
       }
+      return absl::OkStatus();
+    case GemmVersion::kWarpSpecialized:
       if (config.block_n != 0 && config.block_n != 128 && config.block_n != 256) {
         return absl::InvalidArgumentError("gemm v3: block_n must be 0, 128 or 256");
       }
       return absl::OkStatus();
+    case GemmVersion::kClusterMulticast:
+      return absl::OkStatus();
+    case GemmVersion::kCublasLt:
+      break;
   }
   return absl::InvalidArgumentError("gemm: unknown version");
 }
 
-int ResolveSplits(const GemmParams& p, const GemmConfig& config, const gemm::DeviceInfo& dev) {
+GemmConfig ChooseGemm(const GemmParams& p, GemmMode mode, const GemmTable& table, const DeviceInfo& dev) {
+  const GemmConfig cublaslt{GemmVersion::kCublasLt};
+  if (mode == GemmMode::kCublasLt) return cublaslt;
+  GemmConfig config;  // split_k = block_n = 0: the kernels size themselves
+  if (mode == GemmMode::kCustom) {
+    config.version = p.m <= 64 ? GemmVersion::kSmallMSplitK : GemmVersion::kWarpSpecialized;
+  } else if (const auto it = table.find({GemmMBucket(p.m), p.n, p.k}); it != table.end()) {
+    config = it->second;
+  } else {
+    config.version = p.m <= 16 ? GemmVersion::kSmallMSplitK : GemmVersion::kCublasLt;
+  }
+  // The per-call conditions (device, dtype, bias, strides, alignment): where
+  // ours do not take the call, cuBLASLt does.
+  if (config.version != GemmVersion::kCublasLt && !GemmSupported(p, config, dev).ok()) return cublaslt;
+  return config;
+}
+
+namespace {
+
+int ResolveSplits(const GemmParams& p, const GemmConfig& config, const DeviceInfo& dev) {
   const int64_t num_kb = (p.k + 63) / 64;
   const int splits = config.split_k > 0 ? config.split_k : gemm::SplitKHeuristic(p.n, p.k, dev.num_sms);
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(splits, num_kb)));
@@ -236,24 +276,24 @@ int ResolveSplits(const GemmParams& p, const GemmConfig& config, const gemm::Dev
 
 }  // namespace
 
-absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config) {
-  if (config.version == GemmVersion::kCublasLt) return CheckCommon(p);
-  absl::StatusOr<gemm::DeviceInfo> dev = gemm::CurrentDeviceInfo();
-  if (!dev.ok()) return dev.status();
-  return CheckOurs(p, config, *dev);
-}
-
-absl::Status LaunchGemm(const GemmParams& p, const GemmConfig& config, cudaStream_t stream) {
-  absl::StatusOr<gemm::DeviceInfo> dev = gemm::CurrentDeviceInfo();
-  if (!dev.ok()) return dev.status();
-  LS_GEMM_RETURN_IF_ERROR(CheckOurs(p, config, *dev));
+absl::Status LaunchGemm(const GemmParams& p, const GemmConfig& config, const DeviceInfo& dev,
+                        cudaStream_t stream) {
+  if (absl::Status supported = GemmSupported(p, config, dev); !supported.ok()) return supported;
+  gemm::DenseGemm dense;
+  dense.a = p.a;
+  dense.w = p.w;
+  dense.c = p.d;
+  dense.residual = p.accumulate ? p.d : nullptr;
+  dense.m = p.m;
+  dense.n = p.n;
+  dense.k = p.k;
   switch (config.version) {
     case GemmVersion::kWarpSpecialized:
-      return gemm::LaunchGemmV3(p, config.block_n, *dev, stream);
+      return gemm::LaunchGemmV3(dense, config.block_n, dev, stream);
     case GemmVersion::kSmallMSplitK:
-      return gemm::LaunchGemmV4(p, ResolveSplits(p, config, *dev), *dev, stream);
+      return gemm::LaunchGemmV4(dense, ResolveSplits(p, config, dev), dev, stream);
     case GemmVersion::kClusterMulticast:
-      return gemm::LaunchGemmV5(p, *dev, stream);
+      return gemm::LaunchGemmV5(dense, dev, stream);
     case GemmVersion::kCublasLt:
       break;
   }

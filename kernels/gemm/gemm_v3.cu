@@ -10,7 +10,7 @@ namespace layerserve::kernels::gemm {
 namespace {
 
 template <int kBlockN>
-absl::Status Launch(const GemmParams& p, const DeviceInfo& dev, cudaStream_t stream) {
+absl::Status Launch(const DenseGemm& p, const DeviceInfo& dev, cudaStream_t stream) {
   using C = v3::Config<kBlockN>;
   const GemmArgs args = MakeGemmArgs(p, v3::kBlockM, kBlockN);
   absl::StatusOr<CUtensorMap> map_a = MakeBf16TensorMap(p.a, p.m, p.k, v3::kBlockM);
@@ -42,7 +42,7 @@ int AutoBlockNV3(int64_t m, int64_t n, int num_sms) {
   return e128 > e256 + 0.05 ? 128 : 256;
 }
 
-absl::Status LaunchGemmV3(const GemmParams& p, int block_n, const DeviceInfo& dev, cudaStream_t stream) {
+absl::Status LaunchGemmV3(const DenseGemm& p, int block_n, const DeviceInfo& dev, cudaStream_t stream) {
   if (block_n == 0) block_n = AutoBlockNV3(p.m, p.n, dev.num_sms);
   switch (block_n) {
     case 128:

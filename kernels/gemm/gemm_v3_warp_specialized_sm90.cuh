@@ -19,6 +19,7 @@
 
 #include "kernels/common/sm90_utils.cuh"
 #include "kernels/common/wgmma_sm90.cuh"
+#include "kernels/gemm/gemm_sm90_epilogue.cuh"
 
 namespace layerserve::kernels::gemm::v3 {
 

@@ -16,7 +16,7 @@ namespace {
 static_assert(v4::kMaxSplits == kMaxSplitK, "kernel and host agree on the largest split");
 
 template <int kMPad>
-absl::Status Launch(const GemmParams& p, int splits, cudaStream_t stream) {
+absl::Status Launch(const DenseGemm& p, int splits, cudaStream_t stream) {
   using L = v4::Layout<kMPad>;
   GemmArgs args = MakeGemmArgs(p, /*block_m=*/kMPad, v4::kBlockN);
   args.splits = splits;
@@ -48,7 +48,7 @@ absl::Status Launch(const GemmParams& p, int splits, cudaStream_t stream) {
 
 }  // namespace
 
-absl::Status LaunchGemmV4(const GemmParams& p, int splits, const DeviceInfo& dev, cudaStream_t stream) {
+absl::Status LaunchGemmV4(const DenseGemm& p, int splits, const DeviceInfo& dev, cudaStream_t stream) {
   if (dev.max_smem_optin < v4::Layout<v4::kMaxM>::kSmemBytes) {
     return absl::ResourceExhaustedError("gemm v4: not enough shared memory");
   }

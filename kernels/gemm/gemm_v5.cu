@@ -30,7 +30,7 @@ absl::StatusOr<int> MaxResidentClusters(const cudaLaunchConfig_t& config) {
 
 }  // namespace
 
-absl::Status LaunchGemmV5(const GemmParams& p, const DeviceInfo& dev, cudaStream_t stream) {
+absl::Status LaunchGemmV5(const DenseGemm& p, const DeviceInfo& dev, cudaStream_t stream) {
   if (dev.max_smem_optin < v5::kSmemBytes) return absl::ResourceExhaustedError("gemm v5: not enough shared memory");
   // tiles_m counts 256-row cluster tiles.
   const GemmArgs args = MakeGemmArgs(p, v5::kClusterBlockM, v5::kBlockN);

@@ -30,7 +30,7 @@
 #include "server/cuda/cuda_check.h"
 #include "server/cuda/cuda_resources.h"
 #include "server/cuda/device_weights.h"
-#include "server/cuda/gemm.h"
+#include "server/cuda/gemm_tuning.h"
 #include "server/cuda/layer_executor.h"
 
 namespace layerserve {
@@ -92,7 +92,7 @@ class CudaBackendImpl final : public CudaBackend {
  public:
   CudaBackendImpl(const CudaBackendOptions& options, const LlamaConfig& config,
                   int64_t window_limit, cuda::DeviceWeights weights,
-                  std::unique_ptr<cuda::GemmEngine> gemm, kernels::DType dtype,
+                  std::unique_ptr<kernels::GemmRouter> gemm, kernels::DType dtype,
                   std::vector<std::unique_ptr<StreamSlot>> slots)
       : options_(options),
         config_(config),
@@ -310,7 +310,7 @@ class CudaBackendImpl final : public CudaBackend {
       return absl::OkStatus();
     };
     LS_RETURN_IF_ERROR(convert(true));
-    const cuda::GemmWorkspace workspace{slot.workspace.data(), slot.workspace.bytes()};
+    const kernels::GemmWorkspace workspace{slot.workspace.data(), slot.workspace.bytes()};
     LS_RETURN_IF_ERROR(executor_.Forward(slot.arena, geometry, workspace, stream,
                                          sampled ? &slot.timer : nullptr));
     LS_RETURN_IF_ERROR(convert(false));
@@ -346,7 +346,7 @@ class CudaBackendImpl final : public CudaBackend {
   const LlamaConfig config_;
   const int64_t window_limit_;  // smallest sliding window of the span; 0: none
   const cuda::DeviceWeights weights_;
-  const std::unique_ptr<cuda::GemmEngine> gemm_;
+  const std::unique_ptr<kernels::GemmRouter> gemm_;
   const cuda::LayerExecutor executor_;
   const std::vector<std::unique_ptr<StreamSlot>> slots_;
   size_t activation_bytes_ = 0;
@@ -415,18 +415,16 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& mo
   const kernels::DType dtype = cuda::ActivationDTypeFor(model);
   LS_ASSIGN_OR_RETURN(cuda::DeviceWeights weights, cuda::DeviceWeights::Upload(model, dtype));
   const cuda::LayerShape shape = cuda::LayerShape::FromConfig(model.config, dtype);
-  cuda::GemmEngineTuning tuning;
+  std::vector<std::pair<int64_t, int64_t>> gemm_shapes;
   if (dtype == kernels::DType::kBF16) {  // our GEMM kernels take bf16 only
-    tuning.shapes = {{shape.qkv_width(), shape.hidden},
-                     {shape.hidden, shape.q_width()},
-                     {2 * shape.intermediate, shape.hidden},
-                     {shape.hidden, shape.intermediate}};
+    gemm_shapes = {{shape.qkv_width(), shape.hidden},
+                   {shape.hidden, shape.q_width()},
+                   {2 * shape.intermediate, shape.hidden},
+                   {shape.hidden, shape.intermediate}};
   }
-  tuning.max_m = options.max_batch_tokens;
-  tuning.options = options.gemm_tuning;
-  LS_ASSIGN_OR_RETURN(std::unique_ptr<cuda::GemmEngine> gemm,
-                      cuda::GemmEngine::Create(cuda::GemmEngine::kDefaultWorkspaceBytes,
-                                               options.gemm_mode, tuning));
+  LS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::GemmRouter> gemm,
+                      cuda::MakeGemmRouter(options.gemm_mode, gemm_shapes, options.max_batch_tokens,
+                                           options.gemm_tuning, std::cerr));
   std::vector<std::unique_ptr<StreamSlot>> slots;
   for (int i = 0; i < options.num_streams; ++i) {
     LS_ASSIGN_OR_RETURN(std::unique_ptr<StreamSlot> slot,

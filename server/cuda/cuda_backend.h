@@ -21,8 +21,9 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "layerserve/kernels/gemm.h"
 #include "server/core/backend.h"
-#include "server/cuda/gemm.h"
+#include "server/cuda/gemm_tuning.h"
 #include "server/cuda/kernel_timing.h"
 #include "server/model/model.h"
 
@@ -38,10 +39,11 @@ struct CudaBackendOptions {
   KernelTimingSink* timing_sink = nullptr;
   // Times one batch in this many (the events cost a little); 0 never.
   int timing_sample_every = 16;
-  // Which GEMM implementation serves each projection shape (gemm.h): auto
+  // Which GEMM implementation serves each projection shape (the kernel
+  // library's GemmRouter): auto
   // takes our Hopper kernels only where they match cuBLASLt; cublaslt and
   // custom force one side, for comparison. Off Hopper everything is cuBLASLt.
-  cuda::GemmMode gemm_mode = cuda::GemmMode::kAuto;
+  kernels::GemmMode gemm_mode = kernels::GemmMode::kAuto;
   // Auto mode: where its per-shape table comes from (cache file, autotune
   // pass at load, pins); see gemm_tuning.h.
   cuda::GemmTuningOptions gemm_tuning;

@@ -1,15 +1,7 @@
-// cuBLASLt status conversion and the sticky-error classification.
+// The sticky-error classification.
 #include "server/cuda/cuda_check.h"
 
-#include "absl/strings/str_cat.h"
-
 namespace layerserve::cuda {
-
-absl::Status CublasError(cublasStatus_t status, const char* what, const char* file, int line) {
-  return absl::InternalError(absl::StrCat(file, ":", line, ": ", what, ": ",
-                                          cublasLtGetStatusName(status), " (",
-                                          cublasLtGetStatusString(status), ")"));
-}
 
 bool IsStickyCudaError(cudaError_t err) {
   switch (err) {

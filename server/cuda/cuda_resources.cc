@@ -17,12 +17,6 @@ absl::StatusOr<CudaEvent> CreateEvent(unsigned int flags) {
   return CudaEvent(event);
 }
 
-absl::StatusOr<CublasLtHandle> CreateCublasLtHandle() {
-  cublasLtHandle_t handle = nullptr;
-  LS_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&handle));
-  return CublasLtHandle(handle);
-}
-
 absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes) {
   DeviceBuffer buffer;
   if (bytes == 0) return buffer;

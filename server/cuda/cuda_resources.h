@@ -1,7 +1,6 @@
 // RAII owners for the CUDA objects the backend holds: device buffers, pinned
-// host buffers, streams, events and the cuBLASLt handle. (The cuBLASLt matmul
-// descriptors, layouts and preferences have their owners in gemm.cc, the only
-// place that uses them.)
+// host buffers, streams and events. (cuBLASLt's objects have their owners in
+// the GEMM router, the only place that uses them.)
 //
 // Each owner is move-only, created by a factory that returns absl::StatusOr
 // (so a failed allocation is a value, not a half-built object), and releases
@@ -10,7 +9,6 @@
 // it at that point. Objects must be destroyed with their device current.
 #pragma once
 
-#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -51,13 +49,11 @@ class UniqueHandle {
 
 using CudaStream = UniqueHandle<cudaStream_t, &cudaStreamDestroy>;
 using CudaEvent = UniqueHandle<cudaEvent_t, &cudaEventDestroy>;
-using CublasLtHandle = UniqueHandle<cublasLtHandle_t, &cublasLtDestroy>;
 
 // A stream that does not synchronize with the legacy default stream.
 absl::StatusOr<CudaStream> CreateStream();
 // `flags`: cudaEventDefault for timing, cudaEventDisableTiming for completion.
 absl::StatusOr<CudaEvent> CreateEvent(unsigned int flags);
-absl::StatusOr<CublasLtHandle> CreateCublasLtHandle();
 
 // Device memory from cudaMalloc (256-byte aligned).
 class DeviceBuffer {

@@ -21,16 +21,29 @@
 #include "absl/strings/str_split.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "server/cuda/cuda_check.h"
 #include "server/cuda/cuda_resources.h"
 
 namespace layerserve::cuda {
 namespace {
 
-using kernels::GemmDispatcher;
 using kernels::GemmTuneResult;
 
 constexpr char kCacheFormat[] = "layerserve-gemm-tune-1";
+
+// A dense bf16 call of shape (m, n, k) for asking the router where such a call
+// goes: Route never dereferences, so an aligned placeholder address stands in
+// for the operands.
+kernels::GemmParams DenseBf16Probe(int64_t m, int64_t n, int64_t k) {
+  kernels::GemmParams p;
+  p.a = p.w = p.d = reinterpret_cast<void*>(uintptr_t{256});
+  p.lda = p.ldw = k;
+  p.ldd = n;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.dtype = kernels::DType::kBF16;
+  return p;
+}
 
 absl::Status PinError(absl::string_view entry, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("--gemm-override entry '", entry, "': ", why,
@@ -101,7 +114,7 @@ absl::Status WriteCache(const std::string& path, const GemmTuneCache& cache) {
 // "m<=8 v4s4 1.06x": the bucket, its choice, and cuBLASLt's time over the
 // choice's (how much faster the choice measured; 1.00x when it is cuBLASLt).
 std::string DescribeResult(const GemmTuneResult& r) {
-  std::string text = absl::StrCat("m<=", GemmDispatcher::MBucketUpperBound(r.bucket), " ",
+  std::string text = absl::StrCat("m<=", kernels::GemmMBucketUpperBound(r.bucket), " ",
                                   kernels::GemmConfigSpec(r.chosen));
   if (r.chosen_us > 0 && r.cublaslt_us > 0) {
     absl::StrAppend(&text, absl::StrFormat(" %.2fx", r.cublaslt_us / r.chosen_us));
@@ -143,7 +156,7 @@ std::string SerializeGemmTuneCache(const GemmTuneCache& cache) {
   for (const GemmTuneResult& r : cache.results) {
     entries.push_back({{"n", r.n},
                        {"k", r.k},
-                       {"m_max", GemmDispatcher::MBucketUpperBound(r.bucket)},
+                       {"m_max", kernels::GemmMBucketUpperBound(r.bucket)},
                        {"m_timed", r.m_timed},
                        {"config", kernels::GemmConfigSpec(r.chosen)},
                        {"us", r.chosen_us},
@@ -187,8 +200,8 @@ absl::StatusOr<GemmTuneCache> ParseGemmTuneCache(std::string_view json) {
     GemmTuneResult r;
     r.n = n->get<int64_t>();
     r.k = k->get<int64_t>();
-    r.bucket = GemmDispatcher::MBucket(m_max->get<int64_t>());
-    if (r.n <= 0 || r.k <= 0 || GemmDispatcher::MBucketUpperBound(r.bucket) != m_max->get<int64_t>()) {
+    r.bucket = kernels::GemmMBucket(m_max->get<int64_t>());
+    if (r.n <= 0 || r.k <= 0 || kernels::GemmMBucketUpperBound(r.bucket) != m_max->get<int64_t>()) {
       return absl::InvalidArgumentError(
           absl::StrCat("gemm tuning cache: entry ", e.dump(), " is not an M bucket of this build"));
     }
@@ -219,17 +232,20 @@ absl::StatusOr<std::string> CurrentDeviceKey(std::string_view build) {
                       "; layerserve ", ToAbsl(build));
 }
 
-absl::Status TuneGemmDispatcher(GemmDispatcher& dispatcher,
-                                const std::vector<std::pair<int64_t, int64_t>>& shapes,
-                                int64_t max_m, const GemmTuningOptions& options, std::ostream& log) {
-  if (!dispatcher.custom_kernels_available()) return absl::OkStatus();
+absl::Status TuneGemmRouter(kernels::GemmRouter& router,
+                            const std::vector<std::pair<int64_t, int64_t>>& shapes, int64_t max_m,
+                            const GemmTuningOptions& options, std::ostream& log) {
+  if (!router.custom_kernels_enabled() || router.mode() != kernels::GemmMode::kAuto) {
+    return absl::OkStatus();
+  }
   LS_ASSIGN_OR_RETURN(const std::string key, CurrentDeviceKey(options.build));
   std::vector<GemmTuneResult> cached;
   if (!options.cache_path.empty()) {
     LS_ASSIGN_OR_RETURN(cached, ReadCache(options.cache_path, key, log));
   }
-  const int last_bucket = GemmDispatcher::MBucket(max_m);
-  CudaStream stream;  // created on the first shape that needs timing
+  const int last_bucket = kernels::GemmMBucket(max_m);
+  CudaStream stream;         // created on the first shape that needs timing
+  DeviceBuffer workspace;    // likewise: cuBLASLt's, for its timed runs
   bool tuned_any = false;
   // Entries for the cache file: everything read (other models' shapes
   // included) with this pass's results replacing those of their shape.
@@ -242,9 +258,11 @@ absl::Status TuneGemmDispatcher(GemmDispatcher& dispatcher,
     if (results.empty() && options.autotune) {
       if (stream.get() == nullptr) {
         LS_ASSIGN_OR_RETURN(stream, CreateStream());
+        LS_ASSIGN_OR_RETURN(workspace, DeviceBuffer::Allocate(router.workspace_bytes()));
       }
       const auto start = std::chrono::steady_clock::now();
-      LS_ASSIGN_OR_RETURN(results, dispatcher.Autotune(n, k, stream.get(), max_m));
+      LS_ASSIGN_OR_RETURN(results, router.Autotune(n, k, max_m, {workspace.data(), workspace.bytes()},
+                                                   stream.get()));
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       source = absl::StrFormat("autotuned in %.1f s", seconds);
@@ -254,16 +272,16 @@ absl::Status TuneGemmDispatcher(GemmDispatcher& dispatcher,
       source = "defaults, autotune off";
     } else {
       for (const GemmTuneResult& r : results) {
-        dispatcher.SetOverride(GemmDispatcher::MBucketUpperBound(r.bucket), n, k, r.chosen);
+        router.SetChoice(kernels::GemmMBucketUpperBound(r.bucket), n, k, r.chosen);
       }
     }
     std::string line = absl::StrCat("layerserve: gemm ", n, "x", k, " (", source, "):");
     for (const GemmTuneResult& r : results) absl::StrAppend(&line, " ", DescribeResult(r));
     if (results.empty()) {
       for (int b = 0; b <= last_bucket; ++b) {
-        const int64_t m = GemmDispatcher::MBucketUpperBound(b);
+        const int64_t m = kernels::GemmMBucketUpperBound(b);
         absl::StrAppend(&line, " m<=", m, " ",
-                        kernels::GemmConfigSpec(dispatcher.Choose(m, n, k)));
+                        kernels::GemmConfigSpec(router.Route(DenseBf16Probe(m, n, k))));
       }
     }
     log << line << std::endl;
@@ -275,7 +293,7 @@ absl::Status TuneGemmDispatcher(GemmDispatcher& dispatcher,
     log << "layerserve: gemm: tuning written to " << options.cache_path << std::endl;
   }
   for (const GemmPin& pin : options.pins) {
-    dispatcher.SetOverride(pin.m, pin.n, pin.k, pin.config);
+    router.SetChoice(pin.m, pin.n, pin.k, pin.config);
     log << "layerserve: gemm: pinned " << FormatGemmPin(pin) << std::endl;
   }
   if (!shapes.empty()) {
@@ -284,6 +302,24 @@ absl::Status TuneGemmDispatcher(GemmDispatcher& dispatcher,
         << std::endl;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<kernels::GemmRouter>> MakeGemmRouter(
+    kernels::GemmMode mode, const std::vector<std::pair<int64_t, int64_t>>& shapes, int64_t max_m,
+    const GemmTuningOptions& options, std::ostream& log) {
+  LS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::GemmRouter> router,
+                      kernels::GemmRouter::Create(mode, kernels::GemmRouter::kDefaultWorkspaceBytes));
+  if (mode != kernels::GemmMode::kCublasLt && !router->custom_kernels_enabled()) {
+    const kernels::DeviceInfo& dev = router->device();
+    log << "layerserve: gemm: mode " << kernels::GemmModeName(mode)
+        << ": our GEMM kernels are unavailable (they need a compute capability 9.0 device and an "
+           "sm_90a build; this is "
+        << dev.cc_major << "." << dev.cc_minor << ", "
+        << (kernels::GemmBuiltWithSm90a() ? "with" : "without") << " sm_90a); every GEMM runs on cuBLASLt"
+        << std::endl;
+  }
+  LS_RETURN_IF_ERROR(TuneGemmRouter(*router, shapes, max_m, options, log));
+  return router;
 }
 
 }  // namespace layerserve::cuda

@@ -1,9 +1,9 @@
 // GEMM tuning at model load: which kernel serves each projection shape.
 //
-// The kernel library's GemmDispatcher keeps a table (M bucket, N, K) ->
+// The kernel library's GemmRouter keeps a table (M bucket, N, K) ->
 // configuration and can fill it by timing every candidate against cuBLASLt
-// (Autotune). This file decides, once at start-up, where that table comes
-// from, in this order:
+// (Autotune). This file creates the backend's router and decides, once at
+// start-up, where that table comes from, in this order:
 //   1. a cache file (--gemm-tune-cache) written by an earlier start on the
 //      same device, driver and layerserve version: no timing at all;
 //   2. an autotune pass for the shapes the cache lacks (--gemm-autotune,
@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -69,12 +70,20 @@ struct GemmTuningOptions {
   std::vector<GemmPin> pins;
 };
 
-// Fills `dispatcher`'s table for the (n, k) `shapes` a model runs at up to
-// `max_m` tokens, as the header comment says, logging to `log`. Returns an
+// Fills the auto-mode `router`'s table for the (n, k) `shapes` a model runs
+// at up to `max_m` tokens, as the header comment says, logging to `log`; does
+// nothing in the other modes or where our kernels are not enabled. Returns an
 // error only for a failed tuning pass or an unwritable cache path; an
 // unreadable or stale cache is logged and replaced.
-absl::Status TuneGemmDispatcher(kernels::GemmDispatcher& dispatcher,
-                                const std::vector<std::pair<int64_t, int64_t>>& shapes,
-                                int64_t max_m, const GemmTuningOptions& options, std::ostream& log);
+absl::Status TuneGemmRouter(kernels::GemmRouter& router,
+                            const std::vector<std::pair<int64_t, int64_t>>& shapes, int64_t max_m,
+                            const GemmTuningOptions& options, std::ostream& log);
+
+// The router for the current device in `mode`, tuned as TuneGemmRouter says
+// (the CUDA backend's and layer_bench's one way to get one). Logs one line
+// when `mode` wants our kernels and they cannot run here.
+absl::StatusOr<std::unique_ptr<kernels::GemmRouter>> MakeGemmRouter(
+    kernels::GemmMode mode, const std::vector<std::pair<int64_t, int64_t>>& shapes, int64_t max_m,
+    const GemmTuningOptions& options, std::ostream& log);
 
 }  // namespace layerserve::cuda

@@ -70,11 +70,11 @@ absl::StatusOr<ActivationArena> ActivationArena::Create(const LayerShape& shape,
 }
 
 LayerExecutor::LayerExecutor(LayerShape shape, std::vector<LayerDeviceWeights> layers,
-                             const float* inv_freq, GemmEngine* gemm)
+                             const float* inv_freq, kernels::GemmRouter* gemm)
     : shape_(shape), layers_(std::move(layers)), inv_freq_(inv_freq), gemm_(gemm) {}
 
 absl::Status LayerExecutor::Forward(const ActivationArena& arena, const BatchGeometry& batch,
-                                    const GemmWorkspace& workspace, cudaStream_t stream,
+                                    const kernels::GemmWorkspace& workspace, cudaStream_t stream,
                                     OpTimer* timer) const {
   if (batch.tokens <= 0 || batch.tokens > arena.max_tokens()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -88,7 +88,7 @@ absl::Status LayerExecutor::Forward(const ActivationArena& arena, const BatchGeo
 }
 
 absl::Status LayerExecutor::ForwardLayer(const LayerDeviceWeights& w, const ActivationArena& arena,
-                                         const BatchGeometry& batch, const GemmWorkspace& workspace,
+                                         const BatchGeometry& batch, const kernels::GemmWorkspace& workspace,
                                          cudaStream_t stream, OpTimer* timer) const {
   const LayerShape& s = shape_;
   const int64_t tokens = batch.tokens;
@@ -104,7 +104,7 @@ absl::Status LayerExecutor::ForwardLayer(const LayerDeviceWeights& w, const Acti
   LS_RETURN_IF_ERROR(kernels::LaunchRmsNorm(norm, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpNorm, stream));
 
-  GemmParams qkv;
+  kernels::GemmParams qkv;
   qkv.a = arena.normed;
   qkv.lda = s.hidden;
   qkv.w = w.w_qkv;
@@ -116,7 +116,7 @@ absl::Status LayerExecutor::ForwardLayer(const LayerDeviceWeights& w, const Acti
   qkv.n = s.qkv_width();
   qkv.k = s.hidden;
   qkv.dtype = s.dtype;
-  LS_RETURN_IF_ERROR(gemm_->Gemm(qkv, workspace, stream));
+  LS_RETURN_IF_ERROR(gemm_->Run(qkv, workspace, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmQkv, stream));
 
   kernels::RopeParams rope;
@@ -150,10 +150,10 @@ absl::Status LayerExecutor::ForwardLayer(const LayerDeviceWeights& w, const Acti
   attention.head_dim = s.head_dim;
   attention.softmax_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   attention.dtype = s.dtype;
-  LS_RETURN_IF_ERROR(kernels::LaunchFlashAttention(attention, stream));
+  LS_RETURN_IF_ERROR(kernels::LaunchFlashAttention(attention, gemm_->device(), stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpAttention, stream));
 
-  GemmParams o;
+  kernels::GemmParams o;
   o.a = arena.attn;
   o.lda = s.q_width();
   o.w = w.w_o;
@@ -165,14 +165,14 @@ absl::Status LayerExecutor::ForwardLayer(const LayerDeviceWeights& w, const Acti
   o.n = s.hidden;
   o.k = s.q_width();
   o.dtype = s.dtype;
-  LS_RETURN_IF_ERROR(gemm_->Gemm(o, workspace, stream));
+  LS_RETURN_IF_ERROR(gemm_->Run(o, workspace, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmO, stream));
 
   norm.weight = w.post_norm;
   LS_RETURN_IF_ERROR(kernels::LaunchRmsNorm(norm, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpNorm, stream));
 
-  GemmParams gate_up;
+  kernels::GemmParams gate_up;
   gate_up.a = arena.normed;
   gate_up.lda = s.hidden;
   gate_up.w = w.w_gate_up;
@@ -183,7 +183,7 @@ absl::Status LayerExecutor::ForwardLayer(const LayerDeviceWeights& w, const Acti
   gate_up.n = 2 * s.intermediate;
   gate_up.k = s.hidden;
   gate_up.dtype = s.dtype;
-  LS_RETURN_IF_ERROR(gemm_->Gemm(gate_up, workspace, stream));
+  LS_RETURN_IF_ERROR(gemm_->Run(gate_up, workspace, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmGateUp, stream));
 
   kernels::SiluMulParams silu;
@@ -195,7 +195,7 @@ absl::Status LayerExecutor::ForwardLayer(const LayerDeviceWeights& w, const Acti
   LS_RETURN_IF_ERROR(kernels::LaunchSiluMul(silu, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpSiluMul, stream));
 
-  GemmParams down;
+  kernels::GemmParams down;
   down.a = arena.mlp;
   down.lda = s.intermediate;
   down.w = w.w_down;
@@ -207,7 +207,7 @@ absl::Status LayerExecutor::ForwardLayer(const LayerDeviceWeights& w, const Acti
   down.n = s.hidden;
   down.k = s.intermediate;
   down.dtype = s.dtype;
-  LS_RETURN_IF_ERROR(gemm_->Gemm(down, workspace, stream));
+  LS_RETURN_IF_ERROR(gemm_->Run(down, workspace, stream));
   return MarkOp(timer, kOpGemmDown, stream);
 }
 

@@ -24,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "layerserve/kernels/common.h"
 #include "server/cuda/cuda_resources.h"
-#include "server/cuda/gemm.h"
+#include "layerserve/kernels/gemm.h"
 #include "server/cuda/kernel_timing.h"
 #include "server/model/model.h"
 
@@ -100,25 +100,25 @@ class LayerExecutor {
   // `layers` and `inv_freq` (head_dim / 2 floats, device) must outlive the
   // executor, as must `gemm`.
   LayerExecutor(LayerShape shape, std::vector<LayerDeviceWeights> layers, const float* inv_freq,
-                GemmEngine* gemm);
+                kernels::GemmRouter* gemm);
 
   // Enqueues every layer over arena.x[0, tokens) on `stream`; nothing
   // synchronizes. With a timer, records an event after each op.
   absl::Status Forward(const ActivationArena& arena, const BatchGeometry& batch,
-                       const GemmWorkspace& workspace, cudaStream_t stream, OpTimer* timer) const;
+                       const kernels::GemmWorkspace& workspace, cudaStream_t stream, OpTimer* timer) const;
 
   const LayerShape& shape() const { return shape_; }
   int num_layers() const { return static_cast<int>(layers_.size()); }
 
  private:
   absl::Status ForwardLayer(const LayerDeviceWeights& w, const ActivationArena& arena,
-                            const BatchGeometry& batch, const GemmWorkspace& workspace,
+                            const BatchGeometry& batch, const kernels::GemmWorkspace& workspace,
                             cudaStream_t stream, OpTimer* timer) const;
 
   const LayerShape shape_;
   const std::vector<LayerDeviceWeights> layers_;
   const float* const inv_freq_;
-  GemmEngine* const gemm_;
+  kernels::GemmRouter* const gemm_;
 };
 
 }  // namespace layerserve::cuda

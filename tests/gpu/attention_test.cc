@@ -198,6 +198,8 @@ TEST_P(FlashAttentionTest, WithinTwiceThePlainImplementationsError) {
   p.num_kv_heads = c.kv_heads;
   p.head_dim = c.head_dim;
   p.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  const absl::StatusOr<DeviceInfo> dev = CurrentDeviceInfo();
+  ASSERT_TRUE(dev.ok()) << dev.status();
   p.dtype = c.dtype;
 
   auto describe = [&](size_t i) {
@@ -230,9 +232,9 @@ TEST_P(FlashAttentionTest, WithinTwiceThePlainImplementationsError) {
     if (version > 0) {
       // A version that does not take this case (v8: head_dim 64, fp16, or no
       // Hopper) must say so at launch; it is skipped, visibly.
-      const absl::Status available = FlashAttentionVersionAvailable(p, version);
+      const absl::Status available = FlashAttentionVersionAvailable(p, version, *dev);
       if (!available.ok()) {
-        EXPECT_EQ(LaunchFlashAttentionVersion(p, version, nullptr, run.heads_per_section).code(), available.code());
+        EXPECT_EQ(LaunchFlashAttentionVersion(p, version, *dev, nullptr, run.heads_per_section).code(), available.code());
         if (run.heads_per_section == 0) {
           std::cout << "[ SKIPPED  ] v" << version << " on " << CaseName(c) << ": " << available.message() << "\n";
           RecordProperty("v" + std::to_string(version), "skipped: " + std::string(available.message()));
@@ -241,8 +243,8 @@ TEST_P(FlashAttentionTest, WithinTwiceThePlainImplementationsError) {
       }
     }
     d_out.Poison();
-    const absl::Status st = version == 0 ? LaunchFlashAttention(p, nullptr)
-                                         : LaunchFlashAttentionVersion(p, version, nullptr, run.heads_per_section);
+    const absl::Status st = version == 0 ? LaunchFlashAttention(p, *dev, nullptr)
+                                         : LaunchFlashAttentionVersion(p, version, *dev, nullptr, run.heads_per_section);
     ASSERT_TRUE(st.ok()) << st;
     LS_ASSERT_CUDA_OK(cudaDeviceSynchronize());
     std::vector<uint8_t> bytes(d_out.bytes());
@@ -325,6 +327,46 @@ TEST(FlashAttentionScheduleTest, HeadsPerSectionFitsThreeQuartersOfL2) {
   EXPECT_EQ(FlashHeadsPerSection(p, h100_l2), 24);
 }
 
+// The default-version rule is a pure function of the problem and the device:
+// checked here on hand-made devices, so it runs in CI without a GPU.
+TEST(FlashAttentionDispatchTest, DefaultVersionFollowsTheMeasuredRule) {
+  DeviceInfo h100;
+  h100.cc_major = 9;
+  h100.cc_minor = 0;
+  h100.num_sms = 132;
+  h100.max_smem_optin = 227 * 1024;
+  h100.l2_bytes = 50 << 20;
+  DeviceInfo a100 = h100;
+  a100.cc_major = 8;
+  a100.num_sms = 108;
+  a100.max_smem_optin = 163 * 1024;
+  FlashAttentionParams p;
+  p.num_heads = 32;
+  p.num_kv_heads = 8;
+  p.head_dim = 128;
+  p.dtype = DType::kBF16;
+  p.num_seqs = 1;
+  p.max_seqlen = 2048;
+  // v8 wherever it runs: head_dim 128, bf16, Hopper, an sm_90a build.
+#if defined(LAYERSERVE_TEST_HAVE_SM90A)
+  EXPECT_EQ(DefaultFlashAttentionVersion(p, h100), 8);
+#endif
+  // Elsewhere v6, except short grids of short sequences (v7): 1 x 2048 is
+  // 512 v1 tiles, over 3 waves of 2 CTAs on 108 SMs; 4 x 512 is 512 tiles too
+  // but its sequences are short.
+  EXPECT_EQ(DefaultFlashAttentionVersion(p, a100), 6);
+  p.num_seqs = 4;
+  p.max_seqlen = 512;
+  EXPECT_EQ(DefaultFlashAttentionVersion(p, a100), 7);
+  p.dtype = DType::kF16;  // v8 takes bf16 only
+  EXPECT_EQ(DefaultFlashAttentionVersion(p, h100), 7);
+  p.num_seqs = 64;  // 64 x 4 tiles x 32 heads: many waves
+  EXPECT_EQ(DefaultFlashAttentionVersion(p, h100), 6);
+  p.dtype = DType::kBF16;
+  p.head_dim = 64;  // v8 takes head_dim 128 only
+  EXPECT_EQ(DefaultFlashAttentionVersion(p, h100), 6);
+}
+
 // An empty batch launches nothing and succeeds.
 TEST(FlashAttentionGridTest, ZeroSequencesIsANoOp) {
   if (!testing::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
@@ -340,7 +382,9 @@ TEST(FlashAttentionGridTest, ZeroSequencesIsANoOp) {
   p.num_heads = p.num_kv_heads = 1;
   p.head_dim = 128;
   p.softmax_scale = 0.088f;
-  EXPECT_TRUE(LaunchFlashAttention(p, nullptr).ok());
+  const absl::StatusOr<DeviceInfo> dev = CurrentDeviceInfo();
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  EXPECT_TRUE(LaunchFlashAttention(p, *dev, nullptr).ok());
   LS_ASSERT_CUDA_OK(cudaDeviceSynchronize());
 }
 

@@ -10,8 +10,9 @@ if(TARGET layerserve_cuda AND TARGET layerserve_cpu)
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/gemm_tuning_test.cc
     LIBS layerserve_cuda layerserve_gpu_test_util
     LABELS gpu)
-  layerserve_add_gtest(cuda_backend_gemm_test
-    SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_backend_gemm_test.cc
+  # The GEMM router in each mode, as the backend uses it (its DeviceBuffer).
+  layerserve_add_gtest(gemm_router_test
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/gemm_router_test.cc
     LIBS layerserve_cuda
     LABELS gpu)
 endif()

@@ -1,8 +1,8 @@
 // GPU test of chained GEMM launches, the pattern that programmatic dependent
 // launch (version 4 starts streaming W before the preceding kernel has
 // finished) could break. Each launch of a chain reads the previous launch's
-// output as A and overwrites a buffer the previous launch read, through both
-// a separate and an in-place (c == residual) residual. The chain starts right
+// output as A and overwrites a buffer the previous launch read, both plainly
+// and accumulating in place (D += A·Wᵀ, the residual form serving uses). The chain starts right
 // after the kernels that fill its buffers, which do not trigger early (the
 // server's RMSNorm, attention and SiLU-mul kernels do; cuda_backend_test
 // covers that order against the CPU backend). It runs back to back on a
@@ -40,9 +40,9 @@ constexpr int kChainLength = 8;
 constexpr int kStreamRepeats = 3;
 constexpr int kGraphReplays = 2;
 
-// Where a launch's output goes: kSeparate: c = x[next], residual = A = x[cur];
-// kInPlace: c = residual = x[next] (x[next] += x[cur]·Wᵀ).
-enum class Residual { kSeparate, kInPlace };
+// What a launch does with its output buffer x[next]: kNone overwrites it
+// (x[next] = x[cur]·Wᵀ), kInPlace accumulates into it (x[next] += x[cur]·Wᵀ).
+enum class Residual { kNone, kInPlace };
 
 struct ChainCase {
   int64_t m;
@@ -54,7 +54,7 @@ struct ChainCase {
 
 std::string CaseName(const ::testing::TestParamInfo<ChainCase>& info) {
   const ChainCase& c = info.param;
-  return absl::StrCat("m", c.m, "_d", c.d, "_s", c.splits, c.residual == Residual::kInPlace ? "_inplace" : "_separate",
+  return absl::StrCat("m", c.m, "_d", c.d, "_s", c.splits, c.residual == Residual::kInPlace ? "_inplace" : "_plain",
                       c.with_cublaslt ? "_cublaslt" : "");
 }
 
@@ -63,7 +63,7 @@ std::vector<ChainCase> Cases() {
   for (int64_t d : {4096, 1024, 136}) {
     for (int64_t m : {1, 8, 17, 64}) {
       for (int splits : {0, 1, 8}) {
-        for (Residual r : {Residual::kSeparate, Residual::kInPlace}) cases.push_back({m, d, splits, r, false});
+        for (Residual r : {Residual::kNone, Residual::kInPlace}) cases.push_back({m, d, splits, r, false});
       }
       cases.push_back({m, d, 0, Residual::kInPlace, true});
     }
@@ -76,11 +76,10 @@ class GemmChainTest : public ::testing::TestWithParam<ChainCase> {
   void SetUp() override {
     if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
-    if (GetParam().with_cublaslt) {
-      absl::StatusOr<std::unique_ptr<CublasLtGemm>> lt = CublasLtGemm::Create();
-      ASSERT_TRUE(lt.ok()) << lt.status();
-      cublaslt_ = std::move(*lt);
-    }
+    absl::StatusOr<std::unique_ptr<GemmRouter>> router = GemmRouter::Create(GemmMode::kAuto);
+    ASSERT_TRUE(router.ok()) << router.status();
+    router_ = std::move(*router);
+    workspace_ = std::make_unique<DeviceBuffer>(GemmRouter::kDefaultWorkspaceBytes);
   }
   void TearDown() override {
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -91,11 +90,11 @@ class GemmChainTest : public ::testing::TestWithParam<ChainCase> {
     GemmParams p;
     p.a = x_[i % 2];
     p.w = w_;
-    p.c = x_[(i + 1) % 2];
-    p.residual = c.residual == Residual::kInPlace ? p.c : p.a;
+    p.d = x_[(i + 1) % 2];
+    p.accumulate = c.residual == Residual::kInPlace;
     p.m = c.m;
-    p.n = c.d;
-    p.k = c.d;
+    p.n = p.ldd = c.d;
+    p.k = p.lda = p.ldw = c.d;
     return p;
   }
 
@@ -113,7 +112,9 @@ class GemmChainTest : public ::testing::TestWithParam<ChainCase> {
     const GemmConfig v4{GemmVersion::kSmallMSplitK, c.splits, 0};
     for (int i = 0; i < kChainLength; ++i) {
       const GemmParams p = Step(i);
-      const absl::Status st = c.with_cublaslt && i % 2 == 0 ? cublaslt_->Run(p, stream_) : LaunchGemm(p, v4, stream_);
+      const GemmConfig config = c.with_cublaslt && i % 2 == 0 ? GemmConfig{GemmVersion::kCublasLt} : v4;
+      const absl::Status st =
+          router_->RunConfig(p, config, GemmWorkspace{workspace_->get(), workspace_->bytes()}, stream_);
       if (!st.ok()) return st;
       if (sync_each && cudaStreamSynchronize(stream_) != cudaSuccess) {
         return absl::InternalError(cudaGetErrorString(cudaGetLastError()));
@@ -159,7 +160,8 @@ class GemmChainTest : public ::testing::TestWithParam<ChainCase> {
   }
 
   cudaStream_t stream_ = nullptr;
-  std::unique_ptr<CublasLtGemm> cublaslt_;
+  std::unique_ptr<GemmRouter> router_;
+  std::unique_ptr<DeviceBuffer> workspace_;
   void* x_[2] = {nullptr, nullptr};
   const void* w_ = nullptr;
 };
@@ -171,7 +173,8 @@ TEST_P(GemmChainTest, OverlappedChainMatchesSerialChain) {
   w_ = w.get();
   x_[0] = x0.get();
   x_[1] = x1.get();
-  const absl::Status supported = GemmSupported(Step(0), GemmConfig{GemmVersion::kSmallMSplitK, c.splits, 0});
+  const absl::Status supported =
+      GemmSupported(Step(0), GemmConfig{GemmVersion::kSmallMSplitK, c.splits, 0}, router_->device());
   if (!supported.ok()) GTEST_SKIP() << supported;
   // |W| <= 1/sqrt(d) keeps the chain's values within a few times their start.
   ASSERT_EQ(FillUniformBf16(w.get(), c.d * c.d, 20, 1.f / std::sqrt(static_cast<float>(c.d)), stream_), cudaSuccess);

@@ -66,7 +66,8 @@ struct Worst {
 };
 
 __global__ void CompareKernel(const __nv_bfloat16* out, const float* ref, const __nv_bfloat16* residual,
-                              int64_t count, float rel_tol, float abs_tol, Worst* per_block) {
+                              int64_t count, float rel_tol, float abs_tol, float product_rel_tol,
+                              Worst* per_block) {
   double worst = 0.0;
   int64_t worst_index = -1;
   int64_t bad = 0;
@@ -74,7 +75,7 @@ __global__ void CompareKernel(const __nv_bfloat16* out, const float* ref, const 
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float expected = ref[i] + (residual != nullptr ? __bfloat162float(residual[i]) : 0.f);
     const float got = __bfloat162float(out[i]);
-    const double allowed = rel_tol * fabsf(expected) + abs_tol;
+    const double allowed = rel_tol * fabsf(expected) + product_rel_tol * fabsf(ref[i]) + abs_tol;
     const double ratio = isfinite(got) ? fabs(static_cast<double>(got) - expected) / allowed : INFINITY;
     if (ratio > 1.0) ++bad;
     if (ratio > worst || worst_index < 0) {
@@ -114,14 +115,14 @@ cudaError_t ReferenceGemmF32(const void* a, const void* w, float* out, int m, in
 }
 
 cudaError_t CompareBf16(const void* out, const float* ref, const void* residual, int64_t count, float rel_tol,
-                        float abs_tol, cudaStream_t stream, CompareResult* result) {
+                        float abs_tol, cudaStream_t stream, CompareResult* result, float product_rel_tol) {
   constexpr int kBlocks = 1024;
   Worst* per_block = nullptr;
   cudaError_t err = cudaMalloc(&per_block, kBlocks * sizeof(Worst));
   if (err != cudaSuccess) return err;
   CompareKernel<<<kBlocks, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(out), ref,
                                              static_cast<const __nv_bfloat16*>(residual), count, rel_tol, abs_tol,
-                                             per_block);
+                                             product_rel_tol, per_block);
   std::vector<Worst> host(kBlocks);
   err = cudaPeekAtLastError();
   if (err == cudaSuccess) {

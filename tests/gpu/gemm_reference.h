@@ -26,9 +26,11 @@ struct CompareResult {
 };
 
 // Compares bf16 `out` [m, n] against ref (+ bf16 residual, when non-null):
-// allowed = rel_tol * |expected| + abs_tol. Synchronizes `stream`.
+// allowed = rel_tol * |expected| + product_rel_tol * |ref| + abs_tol, where
+// product_rel_tol > 0 admits a rounding of the product before the residual is
+// added (cuBLASLt's in-place path). Synchronizes `stream`.
 cudaError_t CompareBf16(const void* out, const float* ref, const void* residual, int64_t count, float rel_tol,
-                        float abs_tol, cudaStream_t stream, CompareResult* result);
+                        float abs_tol, cudaStream_t stream, CompareResult* result, float product_rel_tol = 0.f);
 
 // bf16 -> float on the host.
 float Bf16ToFloat(uint16_t bits);

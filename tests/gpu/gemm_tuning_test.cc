@@ -1,7 +1,8 @@
-// GEMM tuning at model load (server/cuda/gemm_tuning.h): the configuration
-// spellings, --gemm-override parsing and the cache file format run anywhere;
-// the tuning pass itself (autotune, cache written and read back, stale
-// cache, pins over tuned choices) needs the H100 and skips visibly elsewhere.
+// GEMM routing and tuning: the configuration spellings, M buckets, the route
+// rule (ChooseGemm, a pure function checked on hand-made devices),
+// --gemm-override parsing and the cache file format run anywhere, GPU or not;
+// the tuning pass itself (autotune, cache written and read back, stale cache,
+// pins over tuned choices) needs the H100 and skips visibly elsewhere.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -22,7 +23,9 @@ namespace layerserve::cuda {
 namespace {
 
 using kernels::GemmConfig;
-using kernels::GemmDispatcher;
+using kernels::GemmMode;
+using kernels::GemmParams;
+using kernels::GemmRouter;
 using kernels::GemmTuneResult;
 using kernels::GemmVersion;
 
@@ -77,7 +80,7 @@ TEST(GemmPinsTest, BadEntriesNameThemselves) {
 GemmTuneResult Result(int bucket, int64_t n, int64_t k, GemmConfig config, float us, float v0_us) {
   GemmTuneResult r;
   r.bucket = bucket;
-  r.m_timed = GemmDispatcher::MBucketUpperBound(bucket);
+  r.m_timed = kernels::GemmMBucketUpperBound(bucket);
   r.n = n;
   r.k = k;
   r.chosen = config;
@@ -134,22 +137,121 @@ std::string ReadFile(const std::string& path) {
   return text.str();
 }
 
-// One tuning pass as the server runs it at load: a fresh dispatcher, the
-// model's shapes, and what it logged.
+// A dense bf16 call of shape (m, n, k); the route never dereferences, so an
+// aligned placeholder address stands in for the operands.
+GemmParams Dense(int64_t m, int64_t n, int64_t k) {
+  GemmParams p;
+  p.a = p.w = p.d = reinterpret_cast<void*>(uintptr_t{256});
+  p.lda = p.ldw = k;
+  p.ldd = n;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  return p;
+}
+
+kernels::DeviceInfo H100() {
+  kernels::DeviceInfo dev;
+  dev.cc_major = 9;
+  dev.num_sms = 132;
+  dev.max_smem_optin = 227 * 1024;
+  dev.l2_bytes = 50 << 20;
+  return dev;
+}
+
+TEST(GemmBucketsTest, CoverAllM) {
+  EXPECT_EQ(kernels::GemmMBucket(1), 0);
+  EXPECT_EQ(kernels::GemmMBucket(8), 0);
+  EXPECT_EQ(kernels::GemmMBucket(9), 1);
+  EXPECT_EQ(kernels::GemmMBucket(64), 3);
+  EXPECT_EQ(kernels::GemmMBucket(65), 4);
+  const int last = kernels::GemmMBucket(int64_t{1} << 40);
+  for (int64_t m = 1; m <= 20000; m += 7) {
+    const int b = kernels::GemmMBucket(m);
+    EXPECT_TRUE(m <= kernels::GemmMBucketUpperBound(b) || b == last) << m;
+    if (b > 0) EXPECT_GT(m, kernels::GemmMBucketUpperBound(b - 1)) << m;
+  }
+}
+
+// The route rule of every mode, worked through on a hand-made H100 and A100.
+TEST(ChooseGemmTest, FollowsTheModeTheTableAndWhatOurKernelsTake) {
+  const kernels::DeviceInfo h100 = H100();
+  kernels::DeviceInfo a100 = h100;
+  a100.cc_major = 8;
+  const kernels::GemmTable none;
+  const auto spec = [](const GemmConfig& c) { return kernels::GemmConfigSpec(c); };
+  if (!kernels::GemmBuiltWithSm90a()) {
+    // Without sm_90a code every route is cuBLASLt, even on an H100.
+    EXPECT_EQ(spec(kernels::ChooseGemm(Dense(1, 4096, 4096), GemmMode::kCustom, none, h100)), "v0");
+    return;
+  }
+  // Auto, untuned: v4 up to M = 16, then cuBLASLt.
+  EXPECT_EQ(spec(kernels::ChooseGemm(Dense(1, 6144, 4096), GemmMode::kAuto, none, h100)), "v4");
+  EXPECT_EQ(spec(kernels::ChooseGemm(Dense(16, 6144, 4096), GemmMode::kAuto, none, h100)), "v4");
+  EXPECT_EQ(spec(kernels::ChooseGemm(Dense(17, 6144, 4096), GemmMode::kAuto, none, h100)), "v0");
+  // Auto, tuned: the table's entry for the call's bucket (17..32 here).
+  kernels::GemmTable tuned;
+  tuned[{kernels::GemmMBucket(20), 6144, 4096}] = GemmConfig{GemmVersion::kSmallMSplitK, 2, 0};
+  tuned[{kernels::GemmMBucket(3000), 6144, 4096}] = GemmConfig{GemmVersion::kClusterMulticast, 0, 0};
+  EXPECT_EQ(spec(kernels::ChooseGemm(Dense(30, 6144, 4096), GemmMode::kAuto, tuned, h100)), "v4s2");
+  EXPECT_EQ(spec(kernels::ChooseGemm(Dense(3000, 6144, 4096), GemmMode::kAuto, tuned, h100)), "v5");
+  EXPECT_EQ(spec(kernels::ChooseGemm(Dense(3000, 4096, 4096), GemmMode::kAuto, tuned, h100)), "v0");
+  // Custom: v4 up to M = 64, v3 above.
+  EXPECT_EQ(spec(kernels::ChooseGemm(Dense(64, 4096, 4096), GemmMode::kCustom, none, h100)), "v4");
+  EXPECT_EQ(spec(kernels::ChooseGemm(Dense(65, 4096, 4096), GemmMode::kCustom, none, h100)), "v3");
+  EXPECT_EQ(spec(kernels::ChooseGemm(Dense(1, 4096, 4096), GemmMode::kCublasLt, none, h100)), "v0");
+  // What ours do not take goes to cuBLASLt in every mode: another device,
+  // fp16, a bias, strided rows, N or K not a multiple of 8, misaligned
+  // operands, and a pinned v4 at M > 64.
+  EXPECT_EQ(spec(kernels::ChooseGemm(Dense(1, 4096, 4096), GemmMode::kCustom, none, a100)), "v0");
+  GemmParams p = Dense(8, 4096, 4096);
+  p.dtype = kernels::DType::kF16;
+  EXPECT_EQ(spec(kernels::ChooseGemm(p, GemmMode::kCustom, none, h100)), "v0");
+  p = Dense(8, 4096, 4096);
+  p.bias = p.w;
+  EXPECT_EQ(spec(kernels::ChooseGemm(p, GemmMode::kCustom, none, h100)), "v0");
+  p = Dense(8, 4096, 4096);
+  p.lda = 4104;
+  EXPECT_EQ(spec(kernels::ChooseGemm(p, GemmMode::kCustom, none, h100)), "v0");
+  EXPECT_EQ(spec(kernels::ChooseGemm(Dense(8, 100, 4096), GemmMode::kCustom, none, h100)), "v0");
+  p = Dense(8, 4096, 4096);
+  p.a = reinterpret_cast<void*>(uintptr_t{264});
+  EXPECT_EQ(spec(kernels::ChooseGemm(p, GemmMode::kCustom, none, h100)), "v0");
+  kernels::GemmTable bad_pin;
+  bad_pin[{kernels::GemmMBucket(100), 4096, 4096}] = GemmConfig{GemmVersion::kSmallMSplitK, 0, 0};
+  EXPECT_EQ(spec(kernels::ChooseGemm(Dense(100, 4096, 4096), GemmMode::kAuto, bad_pin, h100)), "v0");
+}
+
+TEST(GemmModeTest, NamesRoundTripAndOthersAreRejected) {
+  for (const GemmMode mode : {GemmMode::kAuto, GemmMode::kCublasLt, GemmMode::kCustom}) {
+    const absl::StatusOr<GemmMode> parsed = kernels::ParseGemmMode(kernels::GemmModeName(mode));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, mode);
+  }
+  EXPECT_EQ(kernels::ParseGemmMode("cuBLASLt").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(kernels::ParseGemmMode("").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// One tuning pass as the server runs it at load: a fresh router, the model's
+// shapes, and what it logged.
 struct Pass {
-  std::unique_ptr<GemmDispatcher> dispatcher;
+  std::unique_ptr<GemmRouter> router;
   std::string log;
 };
+
+std::string Choice(const Pass& pass, int64_t m, int64_t n, int64_t k) {
+  return kernels::GemmConfigSpec(pass.router->Route(Dense(m, n, k)));
+}
 
 Pass RunPass(const std::vector<std::pair<int64_t, int64_t>>& shapes, int64_t max_m,
              const GemmTuningOptions& options) {
   Pass pass;
-  absl::StatusOr<std::unique_ptr<GemmDispatcher>> dispatcher = GemmDispatcher::Create();
-  EXPECT_TRUE(dispatcher.ok()) << dispatcher.status();
-  if (!dispatcher.ok()) return pass;
-  pass.dispatcher = *std::move(dispatcher);
+  absl::StatusOr<std::unique_ptr<GemmRouter>> router = GemmRouter::Create(GemmMode::kAuto);
+  EXPECT_TRUE(router.ok()) << router.status();
+  if (!router.ok()) return pass;
+  pass.router = *std::move(router);
   std::ostringstream log;
-  const absl::Status status = TuneGemmDispatcher(*pass.dispatcher, shapes, max_m, options, log);
+  const absl::Status status = TuneGemmRouter(*pass.router, shapes, max_m, options, log);
   EXPECT_TRUE(status.ok()) << status;
   pass.log = log.str();
   std::printf("%s", pass.log.c_str());
@@ -159,9 +261,9 @@ Pass RunPass(const std::vector<std::pair<int64_t, int64_t>>& shapes, int64_t max
 TEST(GemmTuningTest, TunesWritesTheCacheAndReadsItBack) {
   if (!kernels::testing::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
   {
-    absl::StatusOr<std::unique_ptr<GemmDispatcher>> probe = GemmDispatcher::Create();
+    absl::StatusOr<std::unique_ptr<GemmRouter>> probe = GemmRouter::Create(GemmMode::kAuto);
     ASSERT_TRUE(probe.ok()) << probe.status();
-    if (!(*probe)->custom_kernels_available()) {
+    if (!(*probe)->custom_kernels_enabled()) {
       GTEST_SKIP() << "not an sm_90a device/binary: every GEMM is cuBLASLt, nothing to tune";
     }
   }
@@ -170,7 +272,7 @@ TEST(GemmTuningTest, TunesWritesTheCacheAndReadsItBack) {
   std::filesystem::remove(path);
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{1024, 1024}, {2048, 512}};
   const int64_t max_m = 100;  // buckets up to 128
-  const int last_bucket = GemmDispatcher::MBucket(max_m);
+  const int last_bucket = kernels::GemmMBucket(max_m);
   GemmTuningOptions options;
   options.cache_path = path;
   options.build = "test";
@@ -191,9 +293,8 @@ TEST(GemmTuningTest, TunesWritesTheCacheAndReadsItBack) {
   EXPECT_EQ(cached.log.find("autotuned"), std::string::npos) << cached.log;
   for (const auto& [n, k] : shapes) {
     for (int b = 0; b <= last_bucket; ++b) {
-      const int64_t m = GemmDispatcher::MBucketUpperBound(b);
-      EXPECT_EQ(kernels::GemmConfigSpec(cached.dispatcher->Choose(m, n, k)),
-                kernels::GemmConfigSpec(tuned.dispatcher->Choose(m, n, k)))
+      const int64_t m = kernels::GemmMBucketUpperBound(b);
+      EXPECT_EQ(Choice(cached, m, n, k), Choice(tuned, m, n, k))
           << n << "x" << k << " m<=" << m;
     }
   }
@@ -208,7 +309,7 @@ TEST(GemmTuningTest, TunesWritesTheCacheAndReadsItBack) {
   // Pins win over the cache; autotune off without a cache keeps the defaults.
   options.pins = {GemmPin{5, 1024, 1024, GemmConfig{GemmVersion::kWarpSpecialized, 0, 128}}};
   const Pass pinned = RunPass({{1024, 1024}}, max_m, options);
-  EXPECT_EQ(kernels::GemmConfigSpec(pinned.dispatcher->Choose(8, 1024, 1024)), "v3b128");
+  EXPECT_EQ(Choice(pinned, 8, 1024, 1024), "v3b128");
   EXPECT_NE(pinned.log.find("pinned 5:1024x1024=v3b128"), std::string::npos) << pinned.log;
   GemmTuningOptions off;
   off.autotune = false;

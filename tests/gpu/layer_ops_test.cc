@@ -378,10 +378,10 @@ TEST(KernelArgsTest, RejectsShapesNoKernelHandles) {
   attn.head_dim = 96;
   attn.q_row_stride = attn.out_row_stride = 8 * 96;
   attn.k_row_stride = attn.v_row_stride = 2 * 96;
-  EXPECT_EQ(LaunchFlashAttention(attn, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LaunchFlashAttention(attn, DeviceInfo{}, nullptr).code(), absl::StatusCode::kInvalidArgument);
   attn.head_dim = 128;
   attn.num_kv_heads = 3;  // 8 heads do not group into 3
-  EXPECT_EQ(LaunchFlashAttention(attn, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LaunchFlashAttention(attn, DeviceInfo{}, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -37,6 +37,9 @@ struct FlashAttentionParams {
   DType dtype = DType::kBF16;           // bf16 or fp16
 };
 
-absl::Status LaunchFlashAttention(const FlashAttentionParams& p, cudaStream_t stream);
+// Launches the version DefaultFlashAttentionVersion picks for `p` on `dev`
+// (the device the stream belongs to; DeviceInfo is captured once by the
+// caller, so nothing is queried per launch).
+absl::Status LaunchFlashAttention(const FlashAttentionParams& p, const DeviceInfo& dev, cudaStream_t stream);
 
 }  // namespace layerserve::kernels

@@ -1,5 +1,6 @@
-// Shared vocabulary of the kernel library: element types and CUDA error
-// checking that turns failures into absl::Status at the call site.
+// Shared vocabulary of the kernel library: element types, CUDA error
+// checking that turns failures into absl::Status at the call site, and the
+// device facts every dispatch decision reads (DeviceInfo).
 //
 // Plain C++ (compiles without nvcc): server code includes these headers; only
 // the .cu launchers behind them need the CUDA compiler.
@@ -10,6 +11,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 
 namespace layerserve::kernels {
@@ -24,6 +26,28 @@ inline absl::Status CudaError(cudaError_t err, const char* what, const char* fil
   return absl::InternalError(absl::StrCat(file, ":", line, ": ", what, ": ", cudaGetErrorName(err), " (",
                                           cudaGetErrorString(err), ")"));
 }
+
+// What dispatch heuristics need to know about a device, captured once (by
+// whoever creates the object that launches: the GEMM router, the layer
+// executor) instead of queried on every launch. Heuristics are pure functions
+// of a problem's shape and a DeviceInfo, so tests build one by hand (an H100:
+// 132 SMs, CC 9.0, 227 KiB opt-in shared memory, 50 MiB L2) and run without
+// a GPU.
+struct DeviceInfo {
+  int ordinal = 0;
+  int num_sms = 0;
+  int cc_major = 0;
+  int cc_minor = 0;
+  int max_smem_optin = 0;  // bytes of dynamic shared memory a block may opt into
+  int l2_bytes = 0;
+
+  bool IsHopper() const { return cc_major == 9 && cc_minor == 0; }
+};
+
+// The facts of CUDA device `ordinal`.
+absl::StatusOr<DeviceInfo> QueryDeviceInfo(int ordinal);
+// The facts of the calling thread's current device.
+absl::StatusOr<DeviceInfo> CurrentDeviceInfo();
 
 }  // namespace layerserve::kernels
 

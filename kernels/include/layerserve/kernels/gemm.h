@@ -1,22 +1,41 @@
-// Dense projection GEMM of a decoder layer: C[M,N] = A[M,K] · W[N,K]ᵀ (+ R[M,N]),
-// bf16 in, fp32 accumulate, bf16 out, all row-major (W is the nn.Linear weight
-// as stored). M is the number of batched tokens; N, K are model dimensions.
+// The projection GEMM of a decoder layer, and the one path every caller takes
+// to it: D[m, n] = A[m, k] · W[n, k]ᵀ (+ bias[n]) (+ D when accumulating),
+// row-major (W is the nn.Linear weight as stored), bf16 or fp16 in and out,
+// fp32 accumulation. M is the number of batched tokens; N, K are model
+// dimensions.
 //
-// Three entry points, all launching on the caller's stream without
-// synchronizing:
-//   - LaunchGemm: one of our numbered kernel versions (3..5), for tests, the
-//     benchmark and the dispatcher;
-//   - CublasLtGemm: version 0, the cuBLASLt yardstick and fallback;
-//   - GemmDispatcher: what production calls; picks per (M bucket, N, K)
-//     between our versions and cuBLASLt (defaults, a short autotune pass, or
-//     explicit overrides) and falls back to cuBLASLt wherever ours do not apply
-//     (non-Hopper device, binary built without sm_90a, N or K not multiples
-//     of 8, misaligned pointers).
+// Serving, the tests and the benchmarks all go through GemmRouter: Run()
+// chooses per call (ChooseGemm: a pure function of the call, the mode, the
+// tuned table and the DeviceInfo) between cuBLASLt (version 0) and the
+// project's Hopper kernels (versions 3-5), and RunConfig() runs one given
+// version on the same launch code, which is how tests and benchmarks compare
+// versions. LaunchGemm is the kernels' own launcher underneath.
+//
+// Numbered versions follow docs/perf-gemm.md. Only versions serving can
+// choose are built: v1 (mma.sync, pre-Hopper GPUs, where serving uses
+// cuBLASLt) and v2 (TMA + wgmma without warp specialization, superseded by
+// v3) were removed after commit 92d9569.
+//
+// In-place accumulation (D += A·Wᵀ): our kernels round A·Wᵀ + D once. The
+// cuBLASLt path lets C alias D (beta = 1); cuBLASLt 13.0 was seen to round
+// A·Wᵀ to the output type before that add at small M (docs/perf-gemm.md),
+// i.e. what an unfused `x + linear(a)` computes. Copying D aside on every
+// call would cost an extra read and write of D (about a tenth of o_proj's
+// time at M = 8192), so the router accepts the double rounding and the tests
+// allow it on the cuBLASLt path.
+//
+// cuBLASLt is column-major. A row-major [m, k] matrix is the same memory as a
+// column-major [k, m] one, so the router computes Dᵀ[n, m] = W[n, k] · Aᵀ[k,
+// m] with W read as a column-major [k, n] matrix transposed (the "TN" form the
+// tensor-core kernels prefer) and A as column-major [k, m]; the bias epilogue
+// then adds bias[i] to row i of Dᵀ, i.e. to output feature i.
+//
 // Plain C++ header: compiles without nvcc.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -33,23 +52,25 @@
 namespace layerserve::kernels {
 
 struct GemmParams {
-  const void* a = nullptr;         // [m, k], row-major
-  const void* w = nullptr;         // [n, k], row-major
-  const void* residual = nullptr;  // [m, n] or null; may alias c (in-place residual add)
-  void* c = nullptr;               // [m, n]
-  int64_t m = 0;                   // tokens, >= 1
-  int64_t n = 0;                   // multiple of 8 for our kernels
-  int64_t k = 0;                   // multiple of 8 for our kernels
-  DType dtype = DType::kBF16;      // bf16 only for now
+  const void* a = nullptr;  // activations [m, k], row stride lda (elements)
+  int64_t lda = 0;
+  const void* w = nullptr;  // weights [n, k], row stride ldw
+  int64_t ldw = 0;
+  void* d = nullptr;  // output [m, n], row stride ldd
+  int64_t ldd = 0;
+  const void* bias = nullptr;  // [n] or null
+  // D += A · Wᵀ, reading D in place (beta = 1): fuses a residual add.
+  bool accumulate = false;
+  int64_t m = 0;  // rows of A and D (tokens)
+  int64_t n = 0;  // output features
+  int64_t k = 0;  // input features
+  DType dtype = DType::kBF16;
 };
 
 // Numbered kernel versions; the benchmark and docs/perf-gemm.md use the same
-// numbers. Only versions serving can choose are built: v1 (mma.sync, for
-// pre-Hopper GPUs, where serving uses cuBLASLt) and v2 (TMA + wgmma without
-// warp specialization, superseded by v3) were removed after commit 92d9569;
-// docs/perf-gemm.md keeps their measurements.
+// numbers.
 enum class GemmVersion : int {
-  kCublasLt = 0,          // cuBLASLt (CublasLtGemm); not launchable through LaunchGemm
+  kCublasLt = 0,          // cuBLASLt, through the router's plan cache
   kWarpSpecialized = 3,   // producer warpgroup + 2 consumer warpgroups, 128x256 or 128x128 tiles (sm_90a)
   kSmallMSplitK = 4,      // M <= 64: weight streaming, split-K reduced in a cluster, tokens as wgmma N (sm_90a)
   kClusterMulticast = 5,  // v3 in 2-CTA clusters along M sharing each W tile by TMA multicast (sm_90a)
@@ -73,30 +94,55 @@ std::string GemmConfigName(const GemmConfig& config);
 std::string GemmConfigSpec(const GemmConfig& config);
 absl::StatusOr<GemmConfig> ParseGemmConfigSpec(std::string_view spec);
 
-// OK if `config` can run `p` on the current device with this binary, else the
-// reason (UNIMPLEMENTED for a missing arch/feature, INVALID_ARGUMENT for a
-// shape or alignment the version does not take).
-absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config);
-
-// Launches version 1..5 on `stream`.
-absl::Status LaunchGemm(const GemmParams& p, const GemmConfig& config, cudaStream_t stream);
-
-// Version 0: cuBLASLt with one cached plan (layouts + heuristic algorithm) per
-// shape. Owns a handle and a workspace; serves one stream at a time.
-class CublasLtGemm {
- public:
-  static absl::StatusOr<std::unique_ptr<CublasLtGemm>> Create();
-  ~CublasLtGemm();
-  CublasLtGemm(const CublasLtGemm&) = delete;
-  CublasLtGemm& operator=(const CublasLtGemm&) = delete;
-
-  absl::Status Run(const GemmParams& p, cudaStream_t stream);
-
- private:
-  struct Impl;
-  explicit CublasLtGemm(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+// Which implementation the calls our kernels can take run on.
+enum class GemmMode {
+  // Per (M bucket, N, K), the router's table (tuned at load for the model's
+  // shapes, read from a cache, or pinned); untuned shapes get the built-in
+  // defaults (v4 for M <= 16, cuBLASLt above). The serving default.
+  kAuto,
+  // cuBLASLt for every call: the reference path, and the way back should one
+  // of our kernels misbehave on some device.
+  kCublasLt,
+  // Ours wherever they run (v4 for M <= 64, v3 above), even where slower: for
+  // validating and profiling them inside the real server.
+  kCustom,
 };
+
+// "auto", "cublaslt", "custom": the names a --gemm flag takes.
+std::string_view GemmModeName(GemmMode mode);
+// INVALID_ARGUMENT for any other name.
+absl::StatusOr<GemmMode> ParseGemmMode(std::string_view name);
+
+// M buckets of the tuned table: 1-8, 9-16, 17-32, 33-64, then powers of two
+// up to 8192, then everything larger (upper bound 16384).
+inline constexpr std::array<int64_t, 12> kGemmBucketUpper = {8,   16,   32,   64,   128,  256,
+                                                             512, 1024, 2048, 4096, 8192, 16384};
+int GemmMBucket(int64_t m);
+int64_t GemmMBucketUpperBound(int bucket);
+
+// (M bucket, N, K) -> configuration: what autotune measured or a pin says.
+using GemmTable = std::map<std::tuple<int, int64_t, int64_t>, GemmConfig>;
+
+// True if this library was built with sm_90a device code (wgmma, setmaxnreg).
+bool GemmBuiltWithSm90a();
+
+// OK if our version `config` can run `p` on `dev` with this build, else why
+// not: UNIMPLEMENTED for a missing architecture or feature (not a CC 9.0
+// device, no sm_90a code), INVALID_ARGUMENT for what the version does not
+// take (dtype other than bf16, a bias, strided operands, N or K not a multiple
+// of 8, operands not 16-byte aligned, M > 64 for v4, bad options). Pure: reads
+// neither the device nor the operands.
+absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const DeviceInfo& dev);
+
+// The route of one call; pure, as above. cuBLASLt wherever ours do not take
+// the call or `mode` is kCublasLt; kCustom: v4 for M <= 64, else v3; kAuto:
+// `table`'s entry for the call's bucket, else v4 for M <= 16 (where it matched
+// or beat cuBLASLt on every Llama-3-8B shape on the H100), else cuBLASLt.
+GemmConfig ChooseGemm(const GemmParams& p, GemmMode mode, const GemmTable& table, const DeviceInfo& dev);
+
+// Launches our version `config` (3..5) on `stream`, after GemmSupported.
+absl::Status LaunchGemm(const GemmParams& p, const GemmConfig& config, const DeviceInfo& dev,
+                        cudaStream_t stream);
 
 // One M bucket's autotune outcome for (n, k): the configuration chosen and
 // the measured time of it and of cuBLASLt (microseconds per launch, launches
@@ -111,54 +157,78 @@ struct GemmTuneResult {
   float cublaslt_us = 0;
 };
 
-// Chooses and runs a GEMM per (M bucket, N, K). Owns a CublasLtGemm (and its
-// workspace), so it serves one stream at a time (the server keeps one per
-// stream). Not thread-safe.
-class GemmDispatcher {
- public:
-  // For the current device.
-  static absl::StatusOr<std::unique_ptr<GemmDispatcher>> Create();
-  ~GemmDispatcher();
-  GemmDispatcher(const GemmDispatcher&) = delete;
-  GemmDispatcher& operator=(const GemmDispatcher&) = delete;
+// Scratch memory a GEMM may use (cuBLASLt's workspace); one per stream, never
+// shared by two streams at once.
+struct GemmWorkspace {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
 
-  // Runs C = A·Wᵀ (+R) with the configuration Choose() names. Falls back to
-  // cuBLASLt when the chosen version does not support `p`.
-  absl::Status Run(const GemmParams& p, cudaStream_t stream);
+// Chooses and runs every GEMM. Threading: Run and RunConfig may be called
+// from several threads at once, each with its own stream and workspace
+// (cuBLASLt plans are cached per shape under a mutex; a cached plan is
+// immutable). The table is filled before serving (Autotune, SetChoice, both
+// not thread-safe against Run) and read-only after.
+class GemmRouter {
+ public:
+  // 32 MiB is what cuBLASLt's Hopper kernels ask for at most.
+  static constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;
+
+  // For the current device; `workspace_bytes`: the size of the workspace every
+  // call will pass. Where `mode` wants our kernels but they cannot run here
+  // (not a CC 9.0 device, no sm_90a code), every call goes to cuBLASLt and
+  // custom_kernels_enabled() is false: that is not an error.
+  static absl::StatusOr<std::unique_ptr<GemmRouter>> Create(GemmMode mode = GemmMode::kAuto,
+                                                            size_t workspace_bytes = kDefaultWorkspaceBytes);
+  ~GemmRouter();
+  GemmRouter(const GemmRouter&) = delete;
+  GemmRouter& operator=(const GemmRouter&) = delete;
+
+  // Enqueues the product on `stream` on the route Route() names; nothing
+  // synchronizes. INVALID_ARGUMENT for bad shapes, null pointers or a
+  // too-small workspace; INTERNAL when cuBLASLt or a launch fails.
+  absl::Status Run(const GemmParams& p, const GemmWorkspace& workspace, cudaStream_t stream);
+  // Runs `config` (version 0: cuBLASLt) whatever the route says; for tests,
+  // benchmarks and autotune. Our versions must be GemmSupported.
+  absl::Status RunConfig(const GemmParams& p, const GemmConfig& config, const GemmWorkspace& workspace,
+                         cudaStream_t stream);
+  // What Run runs for a valid `p`.
+  GemmConfig Route(const GemmParams& p) const;
 
   // Times every candidate (cuBLASLt, v3 at both tile widths, v4 at 1/2/4/8
-  // splits for M <= 64, v5 for M > 64) for each M bucket on synthetic random
-  // data of shape (bucket's largest M capped at 8192, n, k), launches back to
-  // back in a CUDA graph with W rotating through enough copies to miss in L2,
-  // and caches the fastest. Buckets that hold no M <= max_m are skipped
-  // (they keep their default). Allocates (and frees) min(max_m, 8192) * (k + n) bf16
-  // elements plus those copies of W; call at start-up, not on the serving
-  // path. Synchronizes `stream`. Where our kernels cannot run (see Create),
-  // nothing is timed and the result is empty.
-  absl::StatusOr<std::vector<GemmTuneResult>> Autotune(int64_t n, int64_t k, cudaStream_t stream,
-                                                       int64_t max_m = int64_t{1} << 40);
-
+  // splits for M <= 64, v5 for M > 64) for each M bucket up to max_m on
+  // synthetic random bf16 data of shape (bucket's largest M capped at 8192,
+  // n, k), launches back to back in a CUDA graph with W rotating through
+  // enough copies to miss in L2, and keeps the fastest in the table. Call at
+  // start-up: it allocates, and synchronizes `stream`. Where our kernels are
+  // not enabled, nothing is timed and the result is empty.
+  absl::StatusOr<std::vector<GemmTuneResult>> Autotune(int64_t n, int64_t k, int64_t max_m,
+                                                       const GemmWorkspace& workspace, cudaStream_t stream);
   // Pins the configuration of m's bucket for (n, k), replacing any tuned one.
-  void SetOverride(int64_t m, int64_t n, int64_t k, const GemmConfig& config);
+  void SetChoice(int64_t m, int64_t n, int64_t k, const GemmConfig& config);
+  const GemmTable& table() const { return table_; }
 
-  // Tuned or overridden choice, else a default from the shape.
-  GemmConfig Choose(int64_t m, int64_t n, int64_t k) const;
-
-  // False where every call goes to cuBLASLt (not a compute capability 9.0
-  // device, or this binary has no sm_90a code).
-  bool custom_kernels_available() const { return custom_kernels_available_; }
-
-  // M buckets: 1-8, 9-16, 17-32, 33-64, then powers of two up to 8192, then
-  // everything larger. Returns the bucket's index.
-  static int MBucket(int64_t m);
-  static int64_t MBucketUpperBound(int bucket);  // largest M of the bucket (16384 for the last)
+  GemmMode mode() const { return mode_; }
+  const DeviceInfo& device() const { return device_; }
+  // False where every call goes to cuBLASLt (mode kCublasLt, or our kernels
+  // unavailable on this device or build).
+  bool custom_kernels_enabled() const { return custom_kernels_; }
+  size_t workspace_bytes() const { return workspace_bytes_; }
+  // Distinct shapes cuBLASLt planned so far (for tests and logs).
+  size_t CachedPlans() const;
 
  private:
-  GemmDispatcher(std::unique_ptr<CublasLtGemm> cublaslt, bool custom_kernels_available);
+  struct CublasLt;
+  GemmRouter(GemmMode mode, DeviceInfo device, bool custom_kernels, size_t workspace_bytes,
+             std::unique_ptr<CublasLt> cublaslt);
+  absl::Status RunCublasLt(const GemmParams& p, const GemmWorkspace& workspace, cudaStream_t stream);
 
-  std::unique_ptr<CublasLtGemm> cublaslt_;
-  bool custom_kernels_available_;
-  std::map<std::tuple<int, int64_t, int64_t>, GemmConfig> choices_;  // (bucket, n, k)
+  const GemmMode mode_;
+  const DeviceInfo device_;
+  const bool custom_kernels_;
+  const size_t workspace_bytes_;
+  const std::unique_ptr<CublasLt> cublaslt_;
+  GemmTable table_;
 };
 
 }  // namespace layerserve::kernels

@@ -1,0 +1,421 @@
+// GemmRouter (layerserve/kernels/gemm.h): the route of each call, the
+// cuBLASLt path (version 0), and the autotune pass that fills the table.
+//
+// A cuBLASLt plan (the three matrix layouts, the heuristic's algorithm and,
+// for GEMMs without bias, the matmul descriptor) is built once per shape and
+// reused by every stream. A bias GEMM gets a fresh descriptor per call
+// because the bias pointer is a descriptor attribute.
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "base/status_macros.h"
+#include "kernels/gemm/gemm_internal.h"
+#include "layerserve/kernels/gemm.h"
+
+namespace layerserve::kernels {
+namespace {
+
+absl::Status CublasError(cublasStatus_t status, const char* what, const char* file, int line) {
+  return absl::InternalError(absl::StrCat(file, ":", line, ": ", what, ": ", cublasLtGetStatusName(status), " (",
+                                          cublasLtGetStatusString(status), ")"));
+}
+
+#define LS_CUBLAS_RETURN_IF_ERROR(expr)                                                           \
+  do {                                                                                            \
+    const cublasStatus_t ls_cublas_status_ = (expr);                                              \
+    if (ls_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                             \
+      return ::layerserve::kernels::CublasError(ls_cublas_status_, #expr, __FILE__, __LINE__);    \
+    }                                                                                             \
+  } while (0)
+
+// Owns one cuBLASLt object of handle type T, released with Destroy.
+template <typename T, auto Destroy>
+class Handle {
+ public:
+  Handle() = default;
+  explicit Handle(T raw) : raw_(raw) {}
+  Handle(Handle&& other) noexcept : raw_(std::exchange(other.raw_, T{})) {}
+  Handle& operator=(Handle&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      raw_ = std::exchange(other.raw_, T{});
+    }
+    return *this;
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle() { Reset(); }
+  T get() const { return raw_; }
+
+ private:
+  void Reset() {
+    if (raw_ != T{}) static_cast<void>(Destroy(raw_));
+    raw_ = T{};
+  }
+  T raw_{};
+};
+
+using LtHandle = Handle<cublasLtHandle_t, &cublasLtDestroy>;
+using MatmulDesc = Handle<cublasLtMatmulDesc_t, &cublasLtMatmulDescDestroy>;
+using MatrixLayout = Handle<cublasLtMatrixLayout_t, &cublasLtMatrixLayoutDestroy>;
+using MatmulPreference = Handle<cublasLtMatmulPreference_t, &cublasLtMatmulPreferenceDestroy>;
+
+cudaDataType_t CudaType(DType t) { return t == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF; }
+
+// Column-major rows x cols with leading dimension ld.
+absl::StatusOr<MatrixLayout> MakeLayout(DType t, int64_t rows, int64_t cols, int64_t ld) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&layout, CudaType(t), static_cast<uint64_t>(rows),
+                                                       static_cast<uint64_t>(cols), ld));
+  return MatrixLayout(layout);
+}
+
+absl::StatusOr<MatmulDesc> MakeDesc(DType t, bool has_bias, const void* bias) {
+  cublasLtMatmulDesc_t raw = nullptr;
+  LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&raw, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  MatmulDesc desc(raw);
+  const cublasOperation_t trans_a = CUBLAS_OP_T;  // W, read as column-major [k, n]
+  const cublasOperation_t trans_b = CUBLAS_OP_N;  // activations, column-major [k, m]
+  LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(raw, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
+  LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(raw, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
+  if (has_bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t bias_type = CudaType(t);
+    LS_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(raw, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    LS_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(raw, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    if (bias != nullptr) {
+      LS_CUBLAS_RETURN_IF_ERROR(
+          cublasLtMatmulDescSetAttribute(raw, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+  }
+  return desc;
+}
+
+// The largest power of two (at most 256) dividing every address: cuBLASLt's
+// fastest kernels assume 16-byte or wider aligned operands, and the heuristic
+// must only offer kernels that the actual pointers satisfy.
+int AlignmentOf(std::initializer_list<const void*> pointers) {
+  int alignment = 256;
+  for (const void* p : pointers) {
+    if (p == nullptr) continue;
+    const auto address = reinterpret_cast<uintptr_t>(p);
+    alignment = std::min<int>(alignment, static_cast<int>(std::min<uintptr_t>(256, address & (~address + 1))));
+  }
+  return alignment;
+}
+
+absl::Status Validate(const GemmParams& p) {
+  if (p.m <= 0 || p.n <= 0 || p.k <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("gemm: non-positive shape m=", p.m, " n=", p.n, " k=", p.k));
+  }
+  if (p.a == nullptr || p.w == nullptr || p.d == nullptr) return absl::InvalidArgumentError("gemm: null operand");
+  if (p.lda < p.k || p.ldw < p.k || p.ldd < p.n) {
+    return absl::InvalidArgumentError(absl::StrCat("gemm: leading dimensions lda=", p.lda, " ldw=", p.ldw,
+                                                   " ldd=", p.ldd, " too small for m=", p.m, " n=", p.n,
+                                                   " k=", p.k));
+  }
+  if (p.dtype == DType::kF32) return absl::InvalidArgumentError("gemm: operands must be bf16 or fp16");
+  return absl::OkStatus();
+}
+
+// Owns a device allocation of the autotune pass.
+class ScratchBuffer {
+ public:
+  ScratchBuffer() = default;
+  ScratchBuffer(ScratchBuffer&& other) noexcept : ptr_(std::exchange(other.ptr_, nullptr)) {}
+  ScratchBuffer& operator=(ScratchBuffer&&) = delete;
+  ~ScratchBuffer() {
+    if (ptr_ != nullptr) static_cast<void>(cudaFree(ptr_));
+  }
+  absl::Status Allocate(size_t bytes) {
+    LS_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr_, bytes));
+    return absl::OkStatus();
+  }
+  void* get() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+using Event = Handle<cudaEvent_t, &cudaEventDestroy>;
+using GraphExec = Handle<cudaGraphExec_t, &cudaGraphExecDestroy>;
+
+// One candidate's launches run(0..kLaunches-1) captured into a CUDA graph:
+// back to back, without host launch cost, as a layer's projections run.
+class LaunchGraph {
+ public:
+  static constexpr int kLaunches = 10;
+
+  template <typename Run>
+  absl::Status Capture(Run& run, cudaStream_t stream) {
+    cudaGraph_t graph = nullptr;
+    LS_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+    absl::Status captured = absl::OkStatus();
+    for (int i = 0; i < kLaunches && captured.ok(); ++i) captured = run(i);
+    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+    LS_RETURN_IF_ERROR(captured);
+    LS_CUDA_RETURN_IF_ERROR(end);
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+    static_cast<void>(cudaGraphDestroy(graph));
+    LS_CUDA_RETURN_IF_ERROR(inst);
+    exec_ = GraphExec(exec);
+    LS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec_.get(), stream));  // warm-up replay
+    return absl::OkStatus();
+  }
+
+  // Milliseconds per launch over one replay.
+  absl::StatusOr<float> Time(cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop) const {
+    float ms = 0;
+    LS_CUDA_RETURN_IF_ERROR(cudaEventRecord(start, stream));
+    LS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec_.get(), stream));
+    LS_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop, stream));
+    LS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop));
+    LS_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start, stop));
+    return ms / kLaunches;
+  }
+
+ private:
+  GraphExec exec_;
+};
+
+// Timed replays per candidate, one per round; rounds interleave the
+// candidates so clock and power drift during the pass does not favour one,
+// and the median keeps a one-off stall from deciding the choice.
+constexpr int kTuneRounds = 5;
+// Autotune shapes stop here: the last bucket is timed at this M.
+constexpr int64_t kTuneMaxM = 8192;
+
+}  // namespace
+
+struct GemmRouter::CublasLt {
+  struct Plan {
+    MatrixLayout w_layout, a_layout, d_layout;
+    MatmulDesc desc;  // used as is when the GEMM has no bias
+    cublasLtMatmulAlgo_t algo{};
+    size_t workspace_bytes = 0;
+  };
+  // (m, n, k, lda, ldw, ldd, dtype, bias, accumulate, alignment)
+  using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, bool, int>;
+
+  LtHandle handle;
+  size_t max_workspace_bytes = 0;
+  mutable absl::Mutex mu;
+  std::map<PlanKey, std::unique_ptr<Plan>> plans ABSL_GUARDED_BY(mu);
+
+  absl::StatusOr<const Plan*> GetPlan(const GemmParams& p, int alignment) {
+    const bool has_bias = p.bias != nullptr;
+    const PlanKey key{p.m, p.n, p.k, p.lda, p.ldw, p.ldd, static_cast<int>(p.dtype), has_bias, p.accumulate,
+                      alignment};
+    absl::MutexLock lock(&mu);
+    if (auto it = plans.find(key); it != plans.end()) return it->second.get();
+
+    // Planning runs under the lock: it happens once per shape, and a second
+    // thread asking for the same shape would otherwise plan it twice.
+    auto plan = std::make_unique<Plan>();
+    LS_ASSIGN_OR_RETURN(plan->w_layout, MakeLayout(p.dtype, p.k, p.n, p.ldw));
+    LS_ASSIGN_OR_RETURN(plan->a_layout, MakeLayout(p.dtype, p.k, p.m, p.lda));
+    LS_ASSIGN_OR_RETURN(plan->d_layout, MakeLayout(p.dtype, p.n, p.m, p.ldd));
+    LS_ASSIGN_OR_RETURN(plan->desc, MakeDesc(p.dtype, has_bias, nullptr));
+
+    cublasLtMatmulPreference_t raw_pref = nullptr;
+    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&raw_pref));
+    MatmulPreference pref(raw_pref);
+    const uint64_t max_workspace = max_workspace_bytes;
+    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+        raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof(max_workspace)));
+    const uint32_t align_bytes = static_cast<uint32_t>(alignment);
+    for (const auto attribute : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                 CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+      LS_CUBLAS_RETURN_IF_ERROR(
+          cublasLtMatmulPreferenceSetAttribute(raw_pref, attribute, &align_bytes, sizeof(align_bytes)));
+    }
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(handle.get(), plan->desc.get(), plan->w_layout.get(),
+                                                             plan->a_layout.get(), plan->d_layout.get(),
+                                                             plan->d_layout.get(), raw_pref, 1, &result, &found));
+    if (found == 0) {
+      return absl::InternalError(absl::StrCat("gemm: cuBLASLt has no algorithm for m=", p.m, " n=", p.n, " k=", p.k,
+                                              " bias=", has_bias, " alignment=", alignment));
+    }
+    plan->algo = result.algo;
+    plan->workspace_bytes = result.workspaceSize;
+    const Plan* out = plan.get();
+    plans.emplace(key, std::move(plan));
+    return out;
+  }
+};
+
+absl::StatusOr<std::unique_ptr<GemmRouter>> GemmRouter::Create(GemmMode mode, size_t workspace_bytes) {
+  LS_ASSIGN_OR_RETURN(const DeviceInfo device, CurrentDeviceInfo());
+  auto cublaslt = std::make_unique<CublasLt>();
+  cublasLtHandle_t raw = nullptr;
+  LS_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&raw));
+  cublaslt->handle = LtHandle(raw);
+  cublaslt->max_workspace_bytes = workspace_bytes;
+  const bool custom = mode != GemmMode::kCublasLt && device.IsHopper() && GemmBuiltWithSm90a();
+  return std::unique_ptr<GemmRouter>(new GemmRouter(mode, device, custom, workspace_bytes, std::move(cublaslt)));
+}
+
+GemmRouter::GemmRouter(GemmMode mode, DeviceInfo device, bool custom_kernels, size_t workspace_bytes,
+                       std::unique_ptr<CublasLt> cublaslt)
+    : mode_(mode),
+      device_(device),
+      custom_kernels_(custom_kernels),
+      workspace_bytes_(workspace_bytes),
+      cublaslt_(std::move(cublaslt)) {}
+
+GemmRouter::~GemmRouter() = default;
+
+size_t GemmRouter::CachedPlans() const {
+  absl::MutexLock lock(&cublaslt_->mu);
+  return cublaslt_->plans.size();
+}
+
+GemmConfig GemmRouter::Route(const GemmParams& p) const {
+  return ChooseGemm(p, custom_kernels_ ? mode_ : GemmMode::kCublasLt, table_, device_);
+}
+
+void GemmRouter::SetChoice(int64_t m, int64_t n, int64_t k, const GemmConfig& config) {
+  table_[{GemmMBucket(m), n, k}] = config;
+}
+
+absl::Status GemmRouter::Run(const GemmParams& p, const GemmWorkspace& workspace, cudaStream_t stream) {
+  LS_RETURN_IF_ERROR(Validate(p));
+  const GemmConfig config = Route(p);
+  if (config.version == GemmVersion::kCublasLt) return RunCublasLt(p, workspace, stream);
+  return LaunchGemm(p, config, device_, stream);
+}
+
+absl::Status GemmRouter::RunConfig(const GemmParams& p, const GemmConfig& config, const GemmWorkspace& workspace,
+                                   cudaStream_t stream) {
+  LS_RETURN_IF_ERROR(Validate(p));
+  if (config.version == GemmVersion::kCublasLt) return RunCublasLt(p, workspace, stream);
+  return LaunchGemm(p, config, device_, stream);
+}
+
+absl::Status GemmRouter::RunCublasLt(const GemmParams& p, const GemmWorkspace& workspace, cudaStream_t stream) {
+  const int alignment = AlignmentOf({p.a, p.w, p.d, p.bias});
+  if (alignment < 2) return absl::InvalidArgumentError("gemm: operand not 2-byte aligned");
+  LS_ASSIGN_OR_RETURN(const CublasLt::Plan* plan, cublaslt_->GetPlan(p, alignment));
+  if (workspace.bytes < plan->workspace_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gemm: workspace of ", workspace.bytes, " bytes, the plan needs ", plan->workspace_bytes));
+  }
+  MatmulDesc bias_desc;
+  cublasLtMatmulDesc_t desc = plan->desc.get();
+  if (p.bias != nullptr) {
+    LS_ASSIGN_OR_RETURN(bias_desc, MakeDesc(p.dtype, true, p.bias));
+    desc = bias_desc.get();
+  }
+  const float alpha = 1.0f;
+  const float beta = p.accumulate ? 1.0f : 0.0f;
+  LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(cublaslt_->handle.get(), desc, &alpha, p.w, plan->w_layout.get(), p.a,
+                                           plan->a_layout.get(), &beta, p.d, plan->d_layout.get(), p.d,
+                                           plan->d_layout.get(), &plan->algo, workspace.data, workspace.bytes,
+                                           stream));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int64_t k, int64_t max_m,
+                                                                 const GemmWorkspace& workspace,
+                                                                 cudaStream_t stream) {
+  std::vector<GemmTuneResult> results;
+  if (!custom_kernels_ || n % 8 != 0 || k % 8 != 0 || max_m < 1) return results;
+  const int last_bucket = GemmMBucket(max_m);
+  const int64_t rows = std::min(GemmMBucketUpperBound(last_bucket), kTuneMaxM);
+  // Enough copies of W that timed launches stream it from HBM, as serving does.
+  const size_t w_bytes = static_cast<size_t>(n * k) * 2;
+  const int w_sets = static_cast<int>(
+      std::max<size_t>(2, (2 * static_cast<size_t>(device_.l2_bytes) + w_bytes - 1) / w_bytes));
+  ScratchBuffer a, c;
+  std::vector<ScratchBuffer> w(w_sets);
+  LS_RETURN_IF_ERROR(a.Allocate(static_cast<size_t>(rows * k) * 2));
+  LS_RETURN_IF_ERROR(c.Allocate(static_cast<size_t>(rows * n) * 2));
+  LS_RETURN_IF_ERROR(gemm::FillRandomBf16(a.get(), rows * k, 1, stream));
+  for (int i = 0; i < w_sets; ++i) {
+    LS_RETURN_IF_ERROR(w[i].Allocate(w_bytes));
+    LS_RETURN_IF_ERROR(gemm::FillRandomBf16(w[i].get(), n * k, 2 + i, stream));
+  }
+  cudaEvent_t raw_start = nullptr, raw_stop = nullptr;
+  LS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&raw_start));
+  const Event start(raw_start);
+  LS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&raw_stop));
+  const Event stop(raw_stop);
+
+  for (int bucket = 0; bucket <= last_bucket; ++bucket) {
+    GemmParams p;
+    p.a = a.get();
+    p.lda = k;
+    p.d = c.get();
+    p.ldd = n;
+    p.ldw = k;
+    p.m = std::min(GemmMBucketUpperBound(bucket), rows);
+    p.n = n;
+    p.k = k;
+    p.dtype = DType::kBF16;
+    std::vector<GemmConfig> candidates = {{GemmVersion::kCublasLt, 0, 0},
+                                          {GemmVersion::kWarpSpecialized, 0, 256},
+                                          {GemmVersion::kWarpSpecialized, 0, 128}};
+    if (p.m <= 64) {
+      for (int s : {1, 2, 4, 8}) candidates.push_back({GemmVersion::kSmallMSplitK, s, 0});
+    } else {
+      candidates.push_back({GemmVersion::kClusterMulticast, 0, 0});
+    }
+    std::vector<GemmConfig> configs;
+    std::vector<LaunchGraph> graphs;
+    for (const GemmConfig& config : candidates) {
+      p.w = w[0].get();
+      if (config.version != GemmVersion::kCublasLt && !GemmSupported(p, config, device_).ok()) continue;
+      auto run = [&](int i) {
+        p.w = w[i % w_sets].get();
+        return RunConfig(p, config, workspace, stream);
+      };
+      LS_RETURN_IF_ERROR(run(0));  // plans, module load, L2 state
+      LaunchGraph graph;
+      LS_RETURN_IF_ERROR(graph.Capture(run, stream));
+      configs.push_back(config);
+      graphs.push_back(std::move(graph));
+    }
+    std::vector<std::array<float, kTuneRounds>> times(graphs.size());
+    for (int round = 0; round < kTuneRounds; ++round) {
+      for (size_t i = 0; i < graphs.size(); ++i) {
+        LS_ASSIGN_OR_RETURN(times[i][round], graphs[i].Time(stream, start.get(), stop.get()));
+      }
+    }
+    GemmTuneResult result{bucket, p.m, n, k, configs.front(), -1.f, -1.f};
+    for (size_t i = 0; i < graphs.size(); ++i) {
+      std::sort(times[i].begin(), times[i].end());
+      const float us = 1e3f * times[i][kTuneRounds / 2];
+      if (configs[i].version == GemmVersion::kCublasLt) result.cublaslt_us = us;
+      if (result.chosen_us < 0.f || us < result.chosen_us) {
+        result.chosen_us = us;
+        result.chosen = configs[i];
+      }
+    }
+    table_[{bucket, n, k}] = result.chosen;
+    results.push_back(result);
+  }
+  LS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return results;
+}
+
+}  // namespace layerserve::kernels
