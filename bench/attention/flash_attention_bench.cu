@@ -33,6 +33,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/cuda/cuda_resources.h"
 #include "kernels/attention/flash_attention_versions.h"
 #include "layerserve/kernels/attention.h"
 #include "layerserve/kernels/layer_ops.h"
@@ -71,17 +72,16 @@ __global__ void FillUniform(__nv_bfloat16* x, int64_t n, uint32_t seed) {
   }
 }
 
-struct DeviceBuffer {
-  explicit DeviceBuffer(size_t bytes) { BENCH_CHECK_CUDA(cudaMalloc(&ptr, bytes)); }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* ptr = nullptr;
-};
+// base's device buffer; a failed allocation ends the benchmark.
+std::unique_ptr<cuda::DeviceBuffer> MustAllocate(size_t bytes) {
+  absl::StatusOr<cuda::DeviceBuffer> buffer = cuda::DeviceBuffer::Allocate(bytes);
+  BENCH_CHECK_OK(buffer.status());
+  return std::make_unique<cuda::DeviceBuffer>(*std::move(buffer));
+}
 
-std::unique_ptr<DeviceBuffer> RandomBuffer(int64_t elems, uint32_t seed) {
-  auto buf = std::make_unique<DeviceBuffer>(elems * sizeof(__nv_bfloat16));
-  FillUniform<<<1024, 256>>>(static_cast<__nv_bfloat16*>(buf->ptr), elems, seed);
+std::unique_ptr<cuda::DeviceBuffer> RandomBuffer(int64_t elems, uint32_t seed) {
+  auto buf = MustAllocate(elems * sizeof(__nv_bfloat16));
+  FillUniform<<<1024, 256>>>(static_cast<__nv_bfloat16*>(buf->data()), elems, seed);
   BENCH_CHECK_CUDA(cudaGetLastError());
   return buf;
 }
@@ -132,7 +132,7 @@ constexpr int kHeads = 32, kKvHeads = 8;
 // One input set: q, k, v as three packed buffers, or as column ranges of one
 // fused qkv buffer (then `q` holds it and `k`, `v` are null).
 struct AttnSet {
-  std::unique_ptr<DeviceBuffer> q, k, v, out;
+  std::unique_ptr<cuda::DeviceBuffer> q, k, v, out;
   const void* q_ptr = nullptr;
   const void* k_ptr = nullptr;
   const void* v_ptr = nullptr;
@@ -144,7 +144,7 @@ AttnSet MakeSet(bool fused_qkv, int64_t tokens, int head_dim, uint32_t seed) {
   const int64_t qw = int64_t{kHeads} * head_dim, kw = int64_t{kKvHeads} * head_dim;
   if (fused_qkv) {
     set.q = RandomBuffer(tokens * (qw + 2 * kw), seed);
-    const auto* base = static_cast<const __nv_bfloat16*>(set.q->ptr);
+    const auto* base = static_cast<const __nv_bfloat16*>(set.q->data());
     set.q_ptr = base;
     set.k_ptr = base + qw;
     set.v_ptr = base + qw + kw;
@@ -153,13 +153,13 @@ AttnSet MakeSet(bool fused_qkv, int64_t tokens, int head_dim, uint32_t seed) {
     set.q = RandomBuffer(tokens * qw, seed);
     set.k = RandomBuffer(tokens * kw, seed + 1);
     set.v = RandomBuffer(tokens * kw, seed + 2);
-    set.q_ptr = set.q->ptr;
-    set.k_ptr = set.k->ptr;
-    set.v_ptr = set.v->ptr;
+    set.q_ptr = set.q->data();
+    set.k_ptr = set.k->data();
+    set.v_ptr = set.v->data();
     set.q_stride = qw;
     set.kv_stride = kw;
   }
-  set.out = std::make_unique<DeviceBuffer>(tokens * qw * 2);
+  set.out = MustAllocate(tokens * qw * 2);
   return set;
 }
 
@@ -177,7 +177,7 @@ bool Validate(const Shape& shape, const std::vector<int32_t>& cu, const AttnSet&
   const std::vector<uint16_t> q = DownloadRows(set.q_ptr, tokens, qw, set.q_stride);
   const std::vector<uint16_t> k = DownloadRows(set.k_ptr, tokens, kw, set.kv_stride);
   const std::vector<uint16_t> v = DownloadRows(set.v_ptr, tokens, kw, set.kv_stride);
-  const std::vector<uint16_t> out = DownloadRows(set.out->ptr, tokens, qw, qw);
+  const std::vector<uint16_t> out = DownloadRows(set.out->data(), tokens, qw, qw);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   double worst = 0;
   for (int sample = 0; sample < 48; ++sample) {
@@ -228,8 +228,8 @@ void BenchAttention(int head_dim, const std::vector<Shape>& shapes, const std::v
     }
     const int64_t tokens = cu.back();
     const int max_len = *std::max_element(shape.seqlens.begin(), shape.seqlens.end());
-    DeviceBuffer d_cu(cu.size() * sizeof(int32_t));
-    BENCH_CHECK_CUDA(cudaMemcpy(d_cu.ptr, cu.data(), cu.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    const auto d_cu = MustAllocate(cu.size() * sizeof(int32_t));
+    BENCH_CHECK_CUDA(cudaMemcpy(d_cu->data(), cu.data(), cu.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
     const size_t set_bytes = tokens * (2 * kHeads + 2 * kKvHeads) * head_dim * 2;
     const int sets = SetsFor(set_bytes, l2_bytes);
     std::vector<AttnSet> data;
@@ -239,11 +239,11 @@ void BenchAttention(int head_dim, const std::vector<Shape>& shapes, const std::v
       p.q = data[set].q_ptr;
       p.k = data[set].k_ptr;
       p.v = data[set].v_ptr;
-      p.out = data[set].out->ptr;
+      p.out = data[set].out->data();
       p.q_row_stride = data[set].q_stride;
       p.k_row_stride = p.v_row_stride = data[set].kv_stride;
       p.out_row_stride = int64_t{kHeads} * head_dim;
-      p.cu_seqlens = static_cast<const int32_t*>(d_cu.ptr);
+      p.cu_seqlens = static_cast<const int32_t*>(d_cu->data());
       p.num_seqs = static_cast<int>(shape.seqlens.size());
       p.max_seqlen = max_len;
       p.num_heads = kHeads;
@@ -272,7 +272,7 @@ void BenchAttention(int head_dim, const std::vector<Shape>& shapes, const std::v
         }
         continue;
       }
-      BENCH_CHECK_CUDA(cudaMemset(data[0].out->ptr, 0xFF, tokens * kHeads * head_dim * 2));
+      BENCH_CHECK_CUDA(cudaMemset(data[0].out->data(), 0xFF, tokens * kHeads * head_dim * 2));
       BENCH_CHECK_OK(LaunchFlashAttentionVersion(params(0), run.version, dev, nullptr, run.heads_per_section));
       BENCH_CHECK_CUDA(cudaDeviceSynchronize());
       if (!Validate(shape, cu, data[0], tokens, head_dim)) continue;
@@ -300,21 +300,21 @@ void BenchLayerOps(int warmup, int iters, size_t l2_bytes) {
     const int64_t cols = 4096;
     const double bytes = 4.0 * tokens * cols * 2 + cols * 2;
     const int sets = SetsFor(static_cast<size_t>(bytes), l2_bytes);
-    std::vector<std::unique_ptr<DeviceBuffer>> x, r, h, y;
+    std::vector<std::unique_ptr<cuda::DeviceBuffer>> x, r, h, y;
     for (int i = 0; i < sets; ++i) {
       x.push_back(RandomBuffer(tokens * cols, 200 + i));
       r.push_back(RandomBuffer(tokens * cols, 300 + i));
-      h.push_back(std::make_unique<DeviceBuffer>(tokens * cols * 2));
-      y.push_back(std::make_unique<DeviceBuffer>(tokens * cols * 2));
+      h.push_back(MustAllocate(tokens * cols * 2));
+      y.push_back(MustAllocate(tokens * cols * 2));
     }
     auto w = RandomBuffer(cols, 400);
     const double ms = MedianMs(sets, warmup, iters, [&](int s) {
       RmsNormParams p;
-      p.x = x[s]->ptr;
-      p.residual = r[s]->ptr;
-      p.h_out = h[s]->ptr;
-      p.weight = w->ptr;
-      p.y = y[s]->ptr;
+      p.x = x[s]->data();
+      p.residual = r[s]->data();
+      p.h_out = h[s]->data();
+      p.weight = w->data();
+      p.y = y[s]->data();
       p.rows = tokens;
       p.cols = cols;
       BENCH_CHECK_OK(LaunchRmsNorm(p, nullptr));
@@ -326,20 +326,21 @@ void BenchLayerOps(int warmup, int iters, size_t l2_bytes) {
     const int64_t width = int64_t{heads + 2 * kv_heads} * head_dim;
     const double bytes = 2.0 * tokens * (heads + kv_heads) * head_dim * 2;
     const int sets = SetsFor(static_cast<size_t>(tokens * width * 2), l2_bytes);
-    std::vector<std::unique_ptr<DeviceBuffer>> qkv;
+    std::vector<std::unique_ptr<cuda::DeviceBuffer>> qkv;
     for (int i = 0; i < sets; ++i) qkv.push_back(RandomBuffer(tokens * width, 500 + i));
     std::vector<int32_t> pos(tokens);
     for (int64_t t = 0; t < tokens; ++t) pos[t] = static_cast<int32_t>(t);
     std::vector<float> inv_freq(head_dim / 2);
     for (int i = 0; i < head_dim / 2; ++i) inv_freq[i] = static_cast<float>(std::pow(500000.0, -2.0 * i / head_dim));
-    DeviceBuffer d_pos(tokens * 4), d_freq(head_dim * 2);
-    BENCH_CHECK_CUDA(cudaMemcpy(d_pos.ptr, pos.data(), tokens * 4, cudaMemcpyHostToDevice));
-    BENCH_CHECK_CUDA(cudaMemcpy(d_freq.ptr, inv_freq.data(), head_dim * 2, cudaMemcpyHostToDevice));
+    const auto d_pos = MustAllocate(tokens * 4);
+    const auto d_freq = MustAllocate(head_dim * 2);
+    BENCH_CHECK_CUDA(cudaMemcpy(d_pos->data(), pos.data(), tokens * 4, cudaMemcpyHostToDevice));
+    BENCH_CHECK_CUDA(cudaMemcpy(d_freq->data(), inv_freq.data(), head_dim * 2, cudaMemcpyHostToDevice));
     const double ms = MedianMs(sets, warmup, iters, [&](int s) {
       RopeParams p;
-      p.qkv = qkv[s]->ptr;
-      p.positions = static_cast<const int32_t*>(d_pos.ptr);
-      p.inv_freq = static_cast<const float*>(d_freq.ptr);
+      p.qkv = qkv[s]->data();
+      p.positions = static_cast<const int32_t*>(d_pos->data());
+      p.inv_freq = static_cast<const float*>(d_freq->data());
       p.tokens = tokens;
       p.num_heads = heads;
       p.num_kv_heads = kv_heads;
@@ -352,15 +353,15 @@ void BenchLayerOps(int warmup, int iters, size_t l2_bytes) {
     const int64_t width = 14336;
     const double bytes = 3.0 * tokens * width * 2;
     const int sets = SetsFor(static_cast<size_t>(bytes), l2_bytes);
-    std::vector<std::unique_ptr<DeviceBuffer>> in, out;
+    std::vector<std::unique_ptr<cuda::DeviceBuffer>> in, out;
     for (int i = 0; i < sets; ++i) {
       in.push_back(RandomBuffer(tokens * 2 * width, 600 + i));
-      out.push_back(std::make_unique<DeviceBuffer>(tokens * width * 2));
+      out.push_back(MustAllocate(tokens * width * 2));
     }
     const double ms = MedianMs(sets, warmup, iters, [&](int s) {
       SiluMulParams p;
-      p.gate_up = in[s]->ptr;
-      p.out = out[s]->ptr;
+      p.gate_up = in[s]->data();
+      p.out = out[s]->data();
       p.rows = tokens;
       p.width = width;
       BENCH_CHECK_OK(LaunchSiluMul(p, nullptr));

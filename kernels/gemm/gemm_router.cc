@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/cuda/cuda_resources.h"
 #include "base/status_macros.h"
 #include "kernels/gemm/gemm_internal.h"
 #include "layerserve/kernels/gemm.h"
@@ -43,37 +44,12 @@ absl::Status CublasError(cublasStatus_t status, const char* what, const char* fi
     }                                                                                             \
   } while (0)
 
-// Owns one cuBLASLt object of handle type T, released with Destroy.
-template <typename T, auto Destroy>
-class Handle {
- public:
-  Handle() = default;
-  explicit Handle(T raw) : raw_(raw) {}
-  Handle(Handle&& other) noexcept : raw_(std::exchange(other.raw_, T{})) {}
-  Handle& operator=(Handle&& other) noexcept {
-    if (this != &other) {
-      Reset();
-      raw_ = std::exchange(other.raw_, T{});
-    }
-    return *this;
-  }
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-  ~Handle() { Reset(); }
-  T get() const { return raw_; }
-
- private:
-  void Reset() {
-    if (raw_ != T{}) static_cast<void>(Destroy(raw_));
-    raw_ = T{};
-  }
-  T raw_{};
-};
-
-using LtHandle = Handle<cublasLtHandle_t, &cublasLtDestroy>;
-using MatmulDesc = Handle<cublasLtMatmulDesc_t, &cublasLtMatmulDescDestroy>;
-using MatrixLayout = Handle<cublasLtMatrixLayout_t, &cublasLtMatrixLayoutDestroy>;
-using MatmulPreference = Handle<cublasLtMatmulPreference_t, &cublasLtMatmulPreferenceDestroy>;
+using cuda::UniqueHandle;
+using LtHandle = UniqueHandle<cublasLtHandle_t, &cublasLtDestroy>;
+using MatmulDesc = UniqueHandle<cublasLtMatmulDesc_t, &cublasLtMatmulDescDestroy>;
+using MatrixLayout = UniqueHandle<cublasLtMatrixLayout_t, &cublasLtMatrixLayoutDestroy>;
+using MatmulPreference = UniqueHandle<cublasLtMatmulPreference_t, &cublasLtMatmulPreferenceDestroy>;
+using GraphExec = UniqueHandle<cudaGraphExec_t, &cudaGraphExecDestroy>;
 
 cudaDataType_t CudaType(DType t) { return t == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF; }
 
@@ -134,28 +110,6 @@ absl::Status Validate(const GemmParams& p) {
   if (p.dtype == DType::kF32) return absl::InvalidArgumentError("gemm: operands must be bf16 or fp16");
   return absl::OkStatus();
 }
-
-// Owns a device allocation of the autotune pass.
-class ScratchBuffer {
- public:
-  ScratchBuffer() = default;
-  ScratchBuffer(ScratchBuffer&& other) noexcept : ptr_(std::exchange(other.ptr_, nullptr)) {}
-  ScratchBuffer& operator=(ScratchBuffer&&) = delete;
-  ~ScratchBuffer() {
-    if (ptr_ != nullptr) static_cast<void>(cudaFree(ptr_));
-  }
-  absl::Status Allocate(size_t bytes) {
-    LS_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr_, bytes));
-    return absl::OkStatus();
-  }
-  void* get() const { return ptr_; }
-
- private:
-  void* ptr_ = nullptr;
-};
-
-using Event = Handle<cudaEvent_t, &cudaEventDestroy>;
-using GraphExec = Handle<cudaGraphExec_t, &cudaGraphExecDestroy>;
 
 // One candidate's launches run(0..kLaunches-1) captured into a CUDA graph:
 // back to back, without host launch cost, as a layer's projections run.
@@ -346,26 +300,22 @@ absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int6
   const size_t w_bytes = static_cast<size_t>(n * k) * 2;
   const int w_sets = static_cast<int>(
       std::max<size_t>(2, (2 * static_cast<size_t>(device_.l2_bytes) + w_bytes - 1) / w_bytes));
-  ScratchBuffer a, c;
-  std::vector<ScratchBuffer> w(w_sets);
-  LS_RETURN_IF_ERROR(a.Allocate(static_cast<size_t>(rows * k) * 2));
-  LS_RETURN_IF_ERROR(c.Allocate(static_cast<size_t>(rows * n) * 2));
-  LS_RETURN_IF_ERROR(gemm::FillRandomBf16(a.get(), rows * k, 1, stream));
+  LS_ASSIGN_OR_RETURN(const cuda::DeviceBuffer a, cuda::DeviceBuffer::Allocate(static_cast<size_t>(rows * k) * 2));
+  LS_ASSIGN_OR_RETURN(const cuda::DeviceBuffer c, cuda::DeviceBuffer::Allocate(static_cast<size_t>(rows * n) * 2));
+  LS_RETURN_IF_ERROR(gemm::FillRandomBf16(a.data(), rows * k, 1, stream));
+  std::vector<cuda::DeviceBuffer> w;
   for (int i = 0; i < w_sets; ++i) {
-    LS_RETURN_IF_ERROR(w[i].Allocate(w_bytes));
-    LS_RETURN_IF_ERROR(gemm::FillRandomBf16(w[i].get(), n * k, 2 + i, stream));
+    LS_ASSIGN_OR_RETURN(w.emplace_back(), cuda::DeviceBuffer::Allocate(w_bytes));
+    LS_RETURN_IF_ERROR(gemm::FillRandomBf16(w[i].data(), n * k, 2 + i, stream));
   }
-  cudaEvent_t raw_start = nullptr, raw_stop = nullptr;
-  LS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&raw_start));
-  const Event start(raw_start);
-  LS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&raw_stop));
-  const Event stop(raw_stop);
+  LS_ASSIGN_OR_RETURN(const cuda::CudaEvent start, cuda::CreateEvent(cudaEventDefault));
+  LS_ASSIGN_OR_RETURN(const cuda::CudaEvent stop, cuda::CreateEvent(cudaEventDefault));
 
   for (int bucket = 0; bucket <= last_bucket; ++bucket) {
     GemmParams p;
-    p.a = a.get();
+    p.a = a.data();
     p.lda = k;
-    p.d = c.get();
+    p.d = c.data();
     p.ldd = n;
     p.ldw = k;
     p.m = std::min(GemmMBucketUpperBound(bucket), rows);
@@ -383,10 +333,10 @@ absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int6
     std::vector<GemmConfig> configs;
     std::vector<LaunchGraph> graphs;
     for (const GemmConfig& config : candidates) {
-      p.w = w[0].get();
+      p.w = w[0].data();
       if (config.version != GemmVersion::kCublasLt && !GemmSupported(p, config, device_).ok()) continue;
       auto run = [&](int i) {
-        p.w = w[i % w_sets].get();
+        p.w = w[i % w_sets].data();
         return RunConfig(p, config, workspace, stream);
       };
       LS_RETURN_IF_ERROR(run(0));  // plans, module load, L2 state

@@ -27,8 +27,8 @@
 #include "base/mutex.h"
 #include "base/status_macros.h"
 #include "layerserve/kernels/layer_ops.h"
-#include "server/cuda/cuda_check.h"
-#include "server/cuda/cuda_resources.h"
+#include "base/cuda/cuda_status.h"
+#include "base/cuda/cuda_resources.h"
 #include "server/cuda/device_weights.h"
 #include "server/cuda/gemm_tuning.h"
 #include "server/cuda/layer_executor.h"
@@ -182,7 +182,7 @@ class CudaBackendImpl final : public CudaBackend {
       absl::Status status =
           set_device == cudaSuccess
               ? RunBatch(slot, *job.batch)
-              : kernels::CudaError(set_device, "cudaSetDevice", __FILE__, __LINE__);
+              : CudaError(set_device, "cudaSetDevice", __FILE__, __LINE__);
       job.done(std::move(status));
     }
   }
@@ -326,8 +326,8 @@ class CudaBackendImpl final : public CudaBackend {
   absl::Status BatchFailed(StreamSlot& slot, int64_t tokens, const absl::Status& cause) {
     const cudaError_t sync = cudaStreamSynchronize(slot.stream.get());
     const cudaError_t last = cudaGetLastError();  // clears a non-sticky error
-    const cudaError_t sticky = cuda::IsStickyCudaError(sync)   ? sync
-                               : cuda::IsStickyCudaError(last) ? last
+    const cudaError_t sticky = IsStickyCudaError(sync)   ? sync
+                               : IsStickyCudaError(last) ? last
                                                                : cudaPeekAtLastError();
     if (sticky != cudaSuccess) {
       MutexLock lock(&health_mu_);

@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "layerserve/kernels/common.h"
-#include "server/cuda/cuda_resources.h"
+#include "base/cuda/cuda_resources.h"
 #include "server/cuda/layer_executor.h"
 #include "server/model/model.h"
 

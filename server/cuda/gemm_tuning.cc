@@ -21,7 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "server/cuda/cuda_resources.h"
+#include "base/cuda/cuda_resources.h"
 
 namespace layerserve::cuda {
 namespace {

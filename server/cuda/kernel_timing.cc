@@ -3,7 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "server/cuda/cuda_check.h"
+#include "base/cuda/cuda_status.h"
 
 namespace layerserve::cuda {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/cuda/cuda_resources.h"
+#include "base/cuda/cuda_resources.h"
 
 namespace layerserve {
 

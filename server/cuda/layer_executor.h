@@ -23,7 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "layerserve/kernels/common.h"
-#include "server/cuda/cuda_resources.h"
+#include "base/cuda/cuda_resources.h"
 #include "layerserve/kernels/gemm.h"
 #include "server/cuda/kernel_timing.h"
 #include "server/model/model.h"

@@ -26,7 +26,7 @@
 #include "gtest/gtest.h"
 #include "server/core/backend.h"
 #include "server/cpu/cpu_backend.h"
-#include "server/cuda/cuda_check.h"
+#include "base/cuda/cuda_status.h"
 #include "server/model/model.h"
 #include "tests/support/random_model.h"
 
@@ -399,12 +399,12 @@ TEST(CudaBackendTest, RejectsBadOptionsAndShapes) {
 }
 
 TEST(CudaCheckTest, ClassifiesStickyErrors) {
-  EXPECT_TRUE(cuda::IsStickyCudaError(cudaErrorIllegalAddress));
-  EXPECT_TRUE(cuda::IsStickyCudaError(cudaErrorAssert));
-  EXPECT_TRUE(cuda::IsStickyCudaError(cudaErrorLaunchFailure));
-  EXPECT_FALSE(cuda::IsStickyCudaError(cudaSuccess));
-  EXPECT_FALSE(cuda::IsStickyCudaError(cudaErrorInvalidValue));
-  EXPECT_FALSE(cuda::IsStickyCudaError(cudaErrorMemoryAllocation));
+  EXPECT_TRUE(IsStickyCudaError(cudaErrorIllegalAddress));
+  EXPECT_TRUE(IsStickyCudaError(cudaErrorAssert));
+  EXPECT_TRUE(IsStickyCudaError(cudaErrorLaunchFailure));
+  EXPECT_FALSE(IsStickyCudaError(cudaSuccess));
+  EXPECT_FALSE(IsStickyCudaError(cudaErrorInvalidValue));
+  EXPECT_FALSE(IsStickyCudaError(cudaErrorMemoryAllocation));
 }
 
 }  // namespace

@@ -8,7 +8,7 @@ set_target_properties(layerserve_gemm_reference PROPERTIES CUDA_STANDARD 17 CUDA
 
 layerserve_add_gtest(gemm_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/gemm_test.cc
-  LIBS layerserve_gemm layerserve_gemm_reference
+  LIBS layerserve_gemm layerserve_gemm_reference layerserve_gpu_test_util
   LABELS gpu)
 
 # Chains of v4 launches under programmatic dependent launch, each reading the

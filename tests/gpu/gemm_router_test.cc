@@ -21,7 +21,7 @@
 #include "gtest/gtest.h"
 #include "layerserve/kernels/gemm.h"
 #include "server/cuda/cuda_backend.h"
-#include "server/cuda/cuda_resources.h"
+#include "base/cuda/cuda_resources.h"
 
 namespace layerserve::cuda {
 

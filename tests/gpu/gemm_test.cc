@@ -18,6 +18,7 @@
 
 #include "layerserve/kernels/gemm.h"
 #include "tests/gpu/gemm_reference.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace layerserve::kernels {
 namespace {
@@ -27,30 +28,7 @@ using gemm_testing::CompareBf16;
 using gemm_testing::CompareResult;
 using gemm_testing::FillUniformBf16;
 using gemm_testing::ReferenceGemmF32;
-
-bool HaveDevice() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-class DeviceMemory {
- public:
-  explicit DeviceMemory(size_t bytes) { ok_ = cudaMalloc(&ptr_, bytes) == cudaSuccess; }
-  ~DeviceMemory() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  DeviceMemory(const DeviceMemory&) = delete;
-  DeviceMemory& operator=(const DeviceMemory&) = delete;
-  bool ok() const { return ok_; }
-  template <typename T = void>
-  T* get() const {
-    return static_cast<T*>(ptr_);
-  }
-
- private:
-  void* ptr_ = nullptr;
-  bool ok_ = false;
-};
+using testing::DeviceBuffer;
 
 struct Shape {
   int64_t m, n, k;
@@ -100,7 +78,7 @@ std::vector<Variant> Variants() {
 class GemmVersionTest : public ::testing::TestWithParam<Variant> {
  protected:
   void SetUp() override {
-    if (!HaveDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+    if (!testing::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
     ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
     absl::StatusOr<std::unique_ptr<GemmRouter>> router = GemmRouter::Create(GemmMode::kAuto);
     ASSERT_TRUE(router.ok()) << router.status();
@@ -160,15 +138,15 @@ double HostDot(const void* a, const void* w, int64_t i, int64_t j, int64_t k) {
 void GemmVersionTest::CheckShape(const Shape& s) {
   const std::string& name = GetParam().name;
   SCOPED_TRACE(name + " m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k));
-  DeviceMemory a(s.m * s.k * 2), w(s.n * s.k * 2), r(s.m * s.n * 2), c(s.m * s.n * 2), ref(s.m * s.n * 4);
-  ASSERT_TRUE(a.ok() && w.ok() && r.ok() && c.ok() && ref.ok());
+  DeviceBuffer a(s.m * s.k * 2), w(s.n * s.k * 2), r(s.m * s.n * 2), c(s.m * s.n * 2), ref(s.m * s.n * 4);
+  ASSERT_FALSE(HasFailure());  // a failed allocation is a test failure
   const uint64_t seed = static_cast<uint64_t>(s.m * 1000003 + s.n * 1009 + s.k);
   ASSERT_EQ(FillUniformBf16(a.get(), s.m * s.k, seed, 1.f, stream_), cudaSuccess);
   ASSERT_EQ(FillUniformBf16(w.get(), s.n * s.k, seed + 1, 1.f, stream_), cudaSuccess);
   // Residual on the scale of the product, so that dropping or doubling it shows.
   ASSERT_EQ(FillUniformBf16(r.get(), s.m * s.n, seed + 2, 0.5f * std::sqrt(static_cast<float>(s.k)), stream_),
             cudaSuccess);
-  ASSERT_EQ(ReferenceGemmF32(a.get(), w.get(), ref.get<float>(), s.m, s.n, s.k, stream_), cudaSuccess);
+  ASSERT_EQ(ReferenceGemmF32(a.get(), w.get(), static_cast<float*>(ref.get()), s.m, s.n, s.k, stream_), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
 
   // The fp32 reference against fp64 at sampled elements (corners included).
@@ -180,7 +158,7 @@ void GemmVersionTest::CheckShape(const Shape& s) {
     const int64_t col = i == 0 ? 0 : i == 1 ? s.n - 1 : (i * 104729) % s.n;
     const double exact = HostDot(a.get(), w.get(), row, col, s.k);
     float got = 0.f;
-    ASSERT_EQ(cudaMemcpy(&got, ref.get<float>() + row * s.n + col, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(&got, static_cast<float*>(ref.get()) + row * s.n + col, 4, cudaMemcpyDeviceToHost), cudaSuccess);
     sum_sq += exact * exact;
     errs.push_back(std::fabs(got - exact));
   }
@@ -216,7 +194,7 @@ void GemmVersionTest::CheckShape(const Shape& s) {
     CompareResult res;
     // cuBLASLt may round the product once more before adding D in place.
     const float product_rel_tol = mode == 1 && MayUseCublasLt(p) ? rel_tol : 0.f;
-    ASSERT_EQ(CompareBf16(c.get(), ref.get<float>(), mode == 0 ? nullptr : r.get(), s.m * s.n, rel_tol, abs_tol,
+    ASSERT_EQ(CompareBf16(c.get(), static_cast<float*>(ref.get()), mode == 0 ? nullptr : r.get(), s.m * s.n, rel_tol, abs_tol,
                           stream_, &res, product_rel_tol),
               cudaSuccess);
     const int64_t row = res.worst_index / s.n, col = res.worst_index % s.n;
@@ -244,22 +222,22 @@ INSTANTIATE_TEST_SUITE_P(AllVersions, GemmVersionTest, ::testing::ValuesIn(Varia
 // Autotune picks per bucket among versions that each passed the suite above;
 // the tuned router must still compute the right thing and keep pins.
 TEST(GemmRouterAutotuneTest, AutotunedChoicesAreCorrect) {
-  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  if (!testing::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   absl::StatusOr<std::unique_ptr<GemmRouter>> router = GemmRouter::Create(GemmMode::kAuto);
   ASSERT_TRUE(router.ok()) << router.status();
-  DeviceMemory workspace_memory(GemmRouter::kDefaultWorkspaceBytes);
-  ASSERT_TRUE(workspace_memory.ok());
+  DeviceBuffer workspace_memory(GemmRouter::kDefaultWorkspaceBytes);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   const GemmWorkspace workspace{workspace_memory.get(), GemmRouter::kDefaultWorkspaceBytes};
   const int64_t n = 4096, k = 4096;
   ASSERT_TRUE((*router)->Autotune(n, k, int64_t{1} << 40, workspace, stream).ok());
   for (int64_t m : {1, 64, 300, 4096}) {
-    DeviceMemory a(m * k * 2), w(n * k * 2), c(m * n * 2), ref(m * n * 4);
-    ASSERT_TRUE(a.ok() && w.ok() && c.ok() && ref.ok());
+    DeviceBuffer a(m * k * 2), w(n * k * 2), c(m * n * 2), ref(m * n * 4);
+    ASSERT_FALSE(::testing::Test::HasFailure());
     ASSERT_EQ(FillUniformBf16(a.get(), m * k, 11, 1.f, stream), cudaSuccess);
     ASSERT_EQ(FillUniformBf16(w.get(), n * k, 12, 1.f, stream), cudaSuccess);
-    ASSERT_EQ(ReferenceGemmF32(a.get(), w.get(), ref.get<float>(), m, n, k, stream), cudaSuccess);
+    ASSERT_EQ(ReferenceGemmF32(a.get(), w.get(), static_cast<float*>(ref.get()), m, n, k, stream), cudaSuccess);
     ASSERT_EQ(cudaMemset(c.get(), 0xFF, m * n * 2), cudaSuccess);
     GemmParams p;
     p.a = a.get();
@@ -276,7 +254,7 @@ TEST(GemmRouterAutotuneTest, AutotunedChoicesAreCorrect) {
     ASSERT_TRUE((*router)->Run(p, workspace, stream).ok());
     CompareResult res;
     const float scale = std::sqrt(static_cast<float>(k)) / 3.f;  // uniform [-1, 1) inputs
-    ASSERT_EQ(CompareBf16(c.get(), ref.get<float>(), nullptr, m * n, 1.01f / 256.f, 1e-3f * scale, stream, &res),
+    ASSERT_EQ(CompareBf16(c.get(), static_cast<float*>(ref.get()), nullptr, m * n, 1.01f / 256.f, 1e-3f * scale, stream, &res),
               cudaSuccess);
     EXPECT_EQ(res.bad_count, 0) << "worst " << res.worst_out << " vs " << res.worst_ref;
   }

@@ -26,28 +26,24 @@ void GpuTest::SetUp() {
 }
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
-  const cudaError_t err = cudaMalloc(&ptr_, std::max<size_t>(bytes, 16));
-  EXPECT_EQ(err, cudaSuccess) << "cudaMalloc(" << bytes << "): " << cudaGetErrorString(err);
-  if (err != cudaSuccess) ptr_ = nullptr;
-}
-
-DeviceBuffer::~DeviceBuffer() {
-  if (ptr_ != nullptr) cudaFree(ptr_);
+  absl::StatusOr<cuda::DeviceBuffer> buffer = cuda::DeviceBuffer::Allocate(std::max<size_t>(bytes, 16));
+  EXPECT_TRUE(buffer.ok()) << "allocating " << bytes << " bytes: " << buffer.status();
+  if (buffer.ok()) buffer_ = *std::move(buffer);
 }
 
 void DeviceBuffer::Poison() {
-  const cudaError_t err = cudaMemset(ptr_, 0xFF, bytes_);
+  const cudaError_t err = cudaMemset(get(), 0xFF, bytes_);
   EXPECT_EQ(err, cudaSuccess) << cudaGetErrorString(err);
 }
 
 void DeviceBuffer::Upload(const void* src, size_t bytes, size_t offset) {
-  const cudaError_t err = cudaMemcpy(static_cast<char*>(ptr_) + offset, src, bytes, cudaMemcpyHostToDevice);
+  const cudaError_t err = cudaMemcpy(static_cast<char*>(get()) + offset, src, bytes, cudaMemcpyHostToDevice);
   EXPECT_EQ(err, cudaSuccess) << cudaGetErrorString(err);
 }
 
 void DeviceBuffer::Download(void* dst, size_t bytes, size_t offset) const {
   const cudaError_t err =
-      cudaMemcpy(dst, static_cast<const char*>(ptr_) + offset, bytes, cudaMemcpyDeviceToHost);
+      cudaMemcpy(dst, static_cast<const char*>(get()) + offset, bytes, cudaMemcpyDeviceToHost);
   EXPECT_EQ(err, cudaSuccess) << cudaGetErrorString(err);
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "base/cuda/cuda_resources.h"
 #include "layerserve/kernels/common.h"
 
 namespace layerserve::kernels::testing {
@@ -38,15 +39,13 @@ class GpuTestWithParam : public ::testing::TestWithParam<Param> {
   }
 };
 
-// Owns one cudaMalloc'd allocation. Test-only: failures are gtest failures.
+// base's cuda::DeviceBuffer with the conveniences tests want: allocation in
+// the constructor, and copies, where failures are gtest failures.
 class DeviceBuffer {
  public:
   explicit DeviceBuffer(size_t bytes);
-  ~DeviceBuffer();
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
-  void* get() const { return ptr_; }
+  void* get() const { return buffer_.data(); }
   size_t bytes() const { return bytes_; }
   // Fills every byte with 0xFF: NaN in bf16, fp16 and fp32, so an element the
   // kernel forgets to write cannot pass for a right answer.
@@ -55,7 +54,7 @@ class DeviceBuffer {
   void Download(void* dst, size_t bytes, size_t offset = 0) const;
 
  private:
-  void* ptr_ = nullptr;
+  cuda::DeviceBuffer buffer_;
   size_t bytes_ = 0;
 };
 

@@ -1,6 +1,6 @@
-// Shared vocabulary of the kernel library: element types, CUDA error
-// checking that turns failures into absl::Status at the call site, and the
-// device facts every dispatch decision reads (DeviceInfo).
+// Shared vocabulary of the kernel library: element types and the device facts
+// every dispatch decision reads (DeviceInfo). CUDA errors become absl::Status
+// through base/cuda/cuda_status.h, included here for every launcher.
 //
 // Plain C++ (compiles without nvcc): server code includes these headers; only
 // the .cu launchers behind them need the CUDA compiler.
@@ -12,7 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
+#include "base/cuda/cuda_status.h"
 
 namespace layerserve::kernels {
 
@@ -20,12 +20,6 @@ namespace layerserve::kernels {
 enum class DType { kBF16, kF16, kF32 };
 
 inline int DTypeBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
-
-// A CUDA runtime error as a Status naming the call site.
-inline absl::Status CudaError(cudaError_t err, const char* what, const char* file, int line) {
-  return absl::InternalError(absl::StrCat(file, ":", line, ": ", what, ": ", cudaGetErrorName(err), " (",
-                                          cudaGetErrorString(err), ")"));
-}
 
 // What dispatch heuristics need to know about a device, captured once (by
 // whoever creates the object that launches: the GEMM router, the layer
@@ -50,17 +44,3 @@ absl::StatusOr<DeviceInfo> QueryDeviceInfo(int ordinal);
 absl::StatusOr<DeviceInfo> CurrentDeviceInfo();
 
 }  // namespace layerserve::kernels
-
-// Returns an INTERNAL Status from the enclosing function if the CUDA runtime
-// call fails.
-#define LS_CUDA_RETURN_IF_ERROR(expr)                                                       \
-  do {                                                                                      \
-    const cudaError_t ls_cuda_err_ = (expr);                                                \
-    if (ls_cuda_err_ != cudaSuccess)                                                        \
-      return ::layerserve::kernels::CudaError(ls_cuda_err_, #expr, __FILE__, __LINE__);     \
-  } while (0)
-
-// After a kernel launch: reports launch-configuration errors (the launch itself
-// is asynchronous; execution errors surface at the next synchronizing call).
-#define LS_CUDA_RETURN_IF_LAUNCH_ERROR(kernel_name) \
-  LS_CUDA_RETURN_IF_ERROR(cudaPeekAtLastError())

@@ -1,7 +1,7 @@
-// The sticky-error classification.
-#include "server/cuda/cuda_check.h"
+// The sticky-error classification of cuda_status.h.
+#include "base/cuda/cuda_status.h"
 
-namespace layerserve::cuda {
+namespace layerserve {
 
 bool IsStickyCudaError(cudaError_t err) {
   switch (err) {
@@ -23,4 +23,4 @@ bool IsStickyCudaError(cudaError_t err) {
   }
 }
 
-}  // namespace layerserve::cuda
+}  // namespace layerserve

@@ -1,7 +1,7 @@
 // Factories and destructors of the RAII owners in cuda_resources.h.
-#include "server/cuda/cuda_resources.h"
+#include "base/cuda/cuda_resources.h"
 
-#include "server/cuda/cuda_check.h"
+#include "base/cuda/cuda_status.h"
 
 namespace layerserve::cuda {
 
