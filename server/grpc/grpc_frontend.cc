@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/echo.h"
 #include "grpc/grpc.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/security/server_credentials.h"
@@ -44,8 +45,8 @@ class HealthService final : public grpc::health::v1::Health::CallbackService {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     if (!request->service().empty() &&
         request->service() != inference::GRPCInferenceService::service_full_name()) {
-      reactor->Finish(ToGrpcStatus(
-          absl::NotFoundError(absl::StrCat("unknown service '", request->service(), "'"))));
+      reactor->Finish(ToGrpcStatus(absl::NotFoundError(
+          absl::StrCat("unknown service '", EchoForMessage(request->service()), "'"))));
       return reactor;
     }
     response->set_status(state_->Readiness().ok() ? HealthCheckResponse::SERVING

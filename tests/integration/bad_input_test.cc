@@ -210,6 +210,57 @@ TEST_F(BadInputTest, UnknownModelIsNotFound) {
   ExpectRejected(request, absl::StatusCode::kNotFound, {"no_such_model"});
 }
 
+// Error messages quote the client's input, but never so much of it that the
+// status outgrows the client's metadata limit (8 KiB by default in gRPC):
+// with a 1 MB name or a rank-10 000 shape the client must still get the code
+// the server meant, not RESOURCE_EXHAUSTED, and a short message.
+TEST_F(BadInputTest, HugeEchoedInputsKeepTheirCode) {
+  const std::string huge(1 << 20, 'x');
+  const std::string kMore = "more bytes)";
+  auto expect_short = [](const ModelInferRequest& request, absl::StatusCode code,
+                         const std::vector<std::string>& words) {
+    ExpectRejected(request, code, words);
+    absl::StatusOr<inference::ModelInferResponse> response =
+        client_->InferRaw(request, absl::Now() + absl::Seconds(10));
+    EXPECT_LT(response.status().message().size(), 1024u);
+  };
+  {
+    SCOPED_TRACE("model name");
+    ModelInferRequest request = GoodRequest();
+    request.set_model_name(huge);
+    expect_short(request, absl::StatusCode::kNotFound, {"unknown model", "xxxx", kMore});
+  }
+  {
+    SCOPED_TRACE("model version");
+    ModelInferRequest request = GoodRequest();
+    request.set_model_version(huge);
+    expect_short(request, absl::StatusCode::kNotFound, {"version", "xxxx", kMore});
+  }
+  {
+    SCOPED_TRACE("input name");
+    ModelInferRequest request = GoodRequest();
+    request.mutable_inputs(0)->set_name(huge);
+    expect_short(request, kInvalid, {"unexpected input", kMore});
+  }
+  {
+    SCOPED_TRACE("datatype");
+    ModelInferRequest request = GoodRequest();
+    request.mutable_inputs(0)->set_datatype(huge);
+    expect_short(request, kInvalid, {"datatype", kMore});
+  }
+  {
+    SCOPED_TRACE("requested output");
+    ModelInferRequest request = GoodRequest();
+    request.mutable_outputs(0)->set_name(huge);
+    expect_short(request, kInvalid, {"requested output", kMore});
+  }
+  {
+    SCOPED_TRACE("rank 10000");
+    expect_short(WithShape(std::vector<int64_t>(10000, 7)), kInvalid,
+                 {"rank 10000", "more dimensions"});
+  }
+}
+
 // Runs last in the suite's order (gtest keeps definition order): every bad
 // request above left the server able to serve a good one correctly.
 TEST_F(BadInputTest, ServerStillServesCorrectlyAfterBadRequests) {
