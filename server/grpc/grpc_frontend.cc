@@ -17,6 +17,7 @@
 #include "grpcpp/server_builder.h"
 #include "server/grpc/infer_handler.h"
 #include "server/grpc/inference_service.h"
+#include "server/grpc/protobuf_log.h"
 #include "server/grpc/serving_state.h"
 #include "server/grpc/status_convert.h"
 
@@ -107,6 +108,9 @@ absl::StatusOr<std::unique_ptr<GrpcFrontend>> GrpcFrontend::Start(
         "max send message size of ", resolved.max_send_message_bytes, " bytes is too small"));
   }
   auto impl = std::make_unique<Impl>(model, resolved, batcher, backend, observer, stats);
+  // Requests with invalid UTF-8 in a string field each make protobuf log a
+  // line; a client must not be able to fill the log at its request rate.
+  InstallRateLimitedProtobufLog();
 
   // IPv6 literals need brackets in a gRPC target ("[::]:8001").
   const std::string address = absl::StrContains(resolved.host, ':')

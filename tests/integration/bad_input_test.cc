@@ -4,11 +4,16 @@
 // that nothing in the client can tidy them up first.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
 
 #include "client/client.h"
+#include "tests/integration/raw_grpc.h"
 #include "tests/integration/reference_check.h"
 #include "tests/integration/server_process.h"
 
@@ -280,6 +285,52 @@ TEST_F(BadInputTest, ServerStillServesCorrectlyAfterBadRequests) {
       client_->Infer("demo", *input, absl::Now() + absl::Seconds(30));
   ASSERT_TRUE(output.ok()) << output.status();
   EXPECT_TRUE(MatchesReference(*output, {1, 3, kHidden}, "FP32", reference.Run(x, 1, 3)));
+}
+
+// A string field with invalid UTF-8 fails to parse (proto3: gRPC 1.51 then
+// answers UNIMPLEMENTED), and protobuf logs one error line per such message:
+// a client could fill the server's log at its request rate. Past a few lines
+// the server's log stays quiet.
+TEST(InvalidUtf8Test, LogStaysBounded) {
+  const std::string log_path = ::testing::TempDir() + "layerserve_utf8_" +
+                               std::to_string(::getpid()) + ".stderr";
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start({}, absl::Seconds(30), log_path);
+  ASSERT_TRUE(server.ok()) << server.status();
+
+  // "Xemo" serialized, then the X replaced by a byte that is never UTF-8
+  // (so this process's own serializer has nothing to complain about).
+  client::Tensor tensor{"FP32", {1, 2, kHidden}, std::string(2 * kHidden * 4, '\0')};
+  std::string body = Client::MakeInferRequest("Xemo", tensor).SerializeAsString();
+  const size_t x = body.find("Xemo");
+  ASSERT_NE(x, std::string::npos);
+  body[x] = '\xff';
+  constexpr int kRequests = 200;
+  int rejected = 0, code = -1;
+  for (int i = 0; i < kRequests; ++i) {
+    absl::StatusOr<RawGrpcReply> reply =
+        RawGrpcCall((*server)->grpc_port(), "/inference.GRPCInferenceService/ModelInfer",
+                    {.body = GrpcFrame(body)});
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    if (reply->grpc_status > 0) ++rejected;
+    code = reply->grpc_status;
+  }
+  EXPECT_EQ(rejected, kRequests);
+  server->reset();  // ends the server, so its log is complete
+
+  std::ifstream log(log_path);
+  std::string line;
+  int utf8_lines = 0, lines = 0;
+  while (std::getline(log, line)) {
+    ++lines;
+    if (line.find("UTF-8") != std::string::npos) ++utf8_lines;
+  }
+  std::fprintf(stderr,
+               "[test] %d requests with invalid UTF-8 (code %d): %d log lines (%d about UTF-8)\n",
+               kRequests, code, lines, utf8_lines);
+  EXPECT_GE(utf8_lines, 1) << "the first one is still reported";
+  EXPECT_LE(utf8_lines, 10);
+  std::remove(log_path.c_str());
 }
 
 }  // namespace

@@ -53,7 +53,8 @@ absl::Status ParseReadyLine(const std::string& line, int* grpc_port, int* metric
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
-    const std::vector<std::string>& extra_args, absl::Duration ready_timeout) {
+    const std::vector<std::string>& extra_args, absl::Duration ready_timeout,
+    const std::string& stderr_path) {
   // The same suite runs against another build or backend without rebuilding
   // (scripts/gpu-run.sh: LAYERSERVE_BINARY=... LAYERSERVE_SERVER_ARGS=--backend=cuda).
   const char* binary = std::getenv("LAYERSERVE_BINARY");
@@ -70,6 +71,13 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
 
+  int stderr_fd = -1;
+  if (!stderr_path.empty()) {
+    stderr_fd = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (stderr_fd < 0) {
+      return absl::InternalError(absl::StrCat("open ", stderr_path, ": ", strerror(errno)));
+    }
+  }
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0)
     return absl::InternalError(absl::StrCat("pipe2: ", strerror(errno)));
@@ -80,10 +88,12 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
     dup2(fds[1], STDOUT_FILENO);
+    if (stderr_fd >= 0) dup2(stderr_fd, STDERR_FILENO);
     execv(argv[0], argv.data());
     _exit(127);
   }
   close(fds[1]);
+  if (stderr_fd >= 0) close(stderr_fd);
   std::unique_ptr<ServerProcess> server(new ServerProcess());
   server->pid_ = pid;
   server->stdout_fd_ = fds[0];

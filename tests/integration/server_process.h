@@ -23,9 +23,12 @@ class ServerProcess {
  public:
   // Starts the binary (LAYERSERVE_BINARY, from the build) with `extra_args`
   // after the host and port flags, and waits up to `ready_timeout` for its
-  // ready line. The child gets SIGKILL if the test process dies.
+  // ready line. The child gets SIGKILL if the test process dies. Its stderr
+  // is the test's, or the file `stderr_path` (created or truncated) when set,
+  // for tests that count what the server logs.
   static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(
-      const std::vector<std::string>& extra_args, absl::Duration ready_timeout = absl::Seconds(30));
+      const std::vector<std::string>& extra_args, absl::Duration ready_timeout = absl::Seconds(30),
+      const std::string& stderr_path = "");
 
   // SIGKILLs and reaps the child unless it already exited.
   ~ServerProcess();
