@@ -15,13 +15,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 
 #ifndef LAYERSERVE_BINARY
@@ -188,6 +191,19 @@ absl::StatusOr<int> ServerProcess::WaitForExit(absl::Duration timeout) {
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
+}
+
+absl::StatusOr<int64_t> ProcStatusKb(pid_t pid, const std::string& field) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!absl::StartsWith(line, field + ":")) continue;
+    int64_t kb = 0;
+    const std::string value(absl::StripAsciiWhitespace(
+        absl::StripSuffix(absl::string_view(line).substr(field.size() + 1), "kB")));
+    if (absl::SimpleAtoi(value, &kb)) return kb;
+  }
+  return absl::NotFoundError(absl::StrCat("no ", field, " in /proc/", pid, "/status"));
 }
 
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path, absl::Duration timeout) {

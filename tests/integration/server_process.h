@@ -40,6 +40,7 @@ class ServerProcess {
   int metrics_port() const { return metrics_port_; }
   const std::string& model() const { return model_; }
   const std::string& ready_line() const { return ready_line_; }
+  pid_t pid() const { return pid_; }
 
   void Signal(int signal_number);
   // Waits for the child to exit: its exit code, or an error if it was killed
@@ -58,6 +59,9 @@ class ServerProcess {
   std::string ready_line_;
   std::thread forwarder_;  // copies the child's remaining stdout to stderr
 };
+
+// A /proc/<pid>/status field in kB ("VmRSS", "VmHWM": peak RSS).
+absl::StatusOr<int64_t> ProcStatusKb(pid_t pid, const std::string& field);
 
 // GET http://127.0.0.1:<port><path>; the body of a 200 reply.
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path,
