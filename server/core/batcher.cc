@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -17,7 +18,18 @@ namespace {
 
 double Seconds(SteadyTime::duration d) { return std::chrono::duration<double>(d).count(); }
 
+int64_t InputBytes(const InferRequest& r) { return static_cast<int64_t>(r.input.size()); }
+
 }  // namespace
+
+int64_t DefaultMaxQueueBytes(const BatchPolicy& policy, int64_t hidden) {
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(policy.max_batch_tokens, hidden, &bytes) ||
+      __builtin_mul_overflow(bytes, int64_t{4} * kDefaultQueuedBatches, &bytes)) {
+    return INT64_MAX;
+  }
+  return bytes;
+}
 
 Batcher::Batcher(BatcherOptions options, Backend* backend, ServerObserver* observer,
                  const Clock* clock)
@@ -37,7 +49,20 @@ absl::Status Batcher::Enqueue(std::unique_ptr<InferRequest>& request) {
     return absl::ResourceExhaustedError(absl::StrCat("request queue is full (", queue_.size(),
                                                      " requests waiting, --max-queue-size)"));
   }
+  // Every request of one server has the model's hidden size, so the default
+  // is the same for all of them.
+  const int64_t max_bytes = options_.max_queue_bytes > 0
+                                ? options_.max_queue_bytes
+                                : DefaultMaxQueueBytes(options_.policy, request->hidden);
+  const int64_t bytes = InputBytes(*request);
+  if (!queue_.empty() && bytes > max_bytes - queued_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "request queue is full (", queued_bytes_, " bytes queued in ", queue_.size(),
+        " requests; this request's ", bytes, " bytes would pass the queue's limit of ",
+        max_bytes, " bytes)"));
+  }
   request->enqueue_time = clock_->Now();
+  queued_bytes_ += bytes;
   queue_.push_back(std::move(request));
   observer_->OnQueueDepth(static_cast<int64_t>(queue_.size()));
   cv_.Signal();
@@ -80,6 +105,7 @@ void Batcher::DropDeadLocked(SteadyTime now, std::vector<std::unique_ptr<InferRe
     InferRequest& r = **it;
     const bool expired = r.deadline && *r.deadline <= now;
     if (expired || (r.is_cancelled && r.is_cancelled())) {
+      queued_bytes_ -= InputBytes(r);
       dropped.push_back(std::move(*it));
       it = queue_.erase(it);
     } else {
@@ -112,6 +138,7 @@ void Batcher::Run() {
         if (decision.take > 0) {
           batch = std::make_shared<Batch>();
           for (size_t i = 0; i < decision.take; ++i) {
+            queued_bytes_ -= InputBytes(*queue_.front());
             batch->requests.push_back(std::move(queue_.front()));
             queue_.pop_front();
           }

@@ -29,11 +29,26 @@
 
 namespace layerserve {
 
+// Full batches of FP32 tokens the queue holds by default (max_queue_bytes 0):
+// enough to keep every backend slot busy and the next batches forming, while
+// a burst of large requests cannot hold more than this in memory.
+inline constexpr int kDefaultQueuedBatches = 8;
+
 struct BatcherOptions {
   BatchPolicy policy;
   int64_t max_queue_size = 1024;  // requests waiting; beyond it Enqueue fails
   int reply_threads = 4;          // threads running on_done of finished batches (>= 1)
+  // Bytes of input tensor the waiting requests may hold together; beyond it
+  // Enqueue fails (RESOURCE_EXHAUSTED), except that an empty queue takes any
+  // request. 0: DefaultMaxQueueBytes(policy, hidden of the requests), i.e.
+  // kDefaultQueuedBatches full batches of FP32 tokens (8 x 16 MiB for the
+  // demo model, 8 x 128 MiB for Llama-3-8B at 8192 tokens).
+  int64_t max_queue_bytes = 0;
 };
+
+// kDefaultQueuedBatches x policy.max_batch_tokens x hidden x 4 bytes,
+// saturating at INT64_MAX.
+int64_t DefaultMaxQueueBytes(const BatchPolicy& policy, int64_t hidden);
 
 class Batcher {
  public:
@@ -45,9 +60,10 @@ class Batcher {
   Batcher& operator=(const Batcher&) = delete;
 
   // Queues the request. On success the request's on_done will be called
-  // later. On failure (queue full: RESOURCE_EXHAUSTED; shutting down:
-  // UNAVAILABLE) the status is returned, on_done is NOT called, and the
-  // request is returned to the caller through `request` (left non-null).
+  // later. On failure (queue full, by count or by bytes: RESOURCE_EXHAUSTED;
+  // shutting down: UNAVAILABLE) the status is returned, on_done is NOT
+  // called, and the request is returned to the caller through `request`
+  // (left non-null).
   absl::Status Enqueue(std::unique_ptr<InferRequest>& request);
 
   // Wakes the scheduler so it re-reads the clock (tests with a FakeClock).
@@ -82,6 +98,7 @@ class Batcher {
 
   mutable Mutex mu_;
   std::deque<std::unique_ptr<InferRequest>> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // sum of queue_'s input sizes
   int inflight_batches_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;

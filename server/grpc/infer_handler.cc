@@ -41,8 +41,11 @@ void InferHandler::Submit(grpc::CallbackServerContext* context,
   if (status.ok()) status = state_->Readiness();
   if (!status.ok()) return Complete(reply, status, receipt, 0);
 
+  // raw_deadline(), not deadline(): gRPC's conversion to system_clock
+  // overflows for deadlines past 2262 (see SteadyDeadline).
+  const gpr_timespec raw_deadline = context->raw_deadline();
   const std::optional<SteadyTime> transport_deadline =
-      SteadyDeadline(context->deadline(), std::chrono::system_clock::now(), receipt);
+      SteadyDeadline(raw_deadline, gpr_now(raw_deadline.clock_type), receipt);
   absl::StatusOr<std::unique_ptr<InferRequest>> made =
       MakeInferRequest(*request, limits_, transport_deadline, receipt);
   if (!made.ok()) return Complete(reply, made.status(), receipt, 0);

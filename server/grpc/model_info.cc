@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/echo.h"
 #include "server/core/validation.h"
 
 namespace layerserve {
@@ -23,10 +24,6 @@ void AddActivationShape(const ServedModel& model, google::protobuf::RepeatedFiel
   dims->Add(model.config.hidden_size);
 }
 
-// This absl predates its std::string_view interop, so StrCat needs its own
-// view type.
-absl::string_view AbslView(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-
 void SetDuration(const DurationStat& in, inference::StatisticDuration* out) {
   out->set_count(in.count);
   out->set_ns(in.ns);
@@ -35,13 +32,14 @@ void SetDuration(const DurationStat& in, inference::StatisticDuration* out) {
 }  // namespace
 
 absl::Status CheckModel(const ServedModel& model, std::string_view name, std::string_view version) {
+  // Names come from the client and are echoed in part only (base/echo.h).
   if (name != model.name) {
-    return absl::NotFoundError(absl::StrCat("unknown model '", AbslView(name),
+    return absl::NotFoundError(absl::StrCat("unknown model '", EchoForMessage(name),
                                             "'; this server serves '", model.name, "'"));
   }
   if (!version.empty() && version != model.version) {
-    return absl::NotFoundError(absl::StrCat("model '", AbslView(name), "' has no version '",
-                                            AbslView(version), "'; it serves version '",
+    return absl::NotFoundError(absl::StrCat("model '", EchoForMessage(name), "' has no version '",
+                                            EchoForMessage(version), "'; it serves version '",
                                             model.version, "'"));
   }
   return absl::OkStatus();

@@ -60,14 +60,19 @@ absl::StatusOr<std::optional<SteadyTime>> TimeoutParameterDeadline(
   return now + std::min<std::chrono::microseconds>(timeout, kMaxWait);
 }
 
-std::optional<SteadyTime> SteadyDeadline(std::chrono::system_clock::time_point deadline,
-                                         std::chrono::system_clock::time_point system_now,
+std::optional<SteadyTime> SteadyDeadline(gpr_timespec deadline, gpr_timespec now,
                                          SteadyTime steady_now) {
-  if (deadline == std::chrono::system_clock::time_point::max()) return std::nullopt;
-  if (deadline <= system_now) return steady_now;
-  const auto remaining = std::chrono::duration_cast<SteadyTime::duration>(
-      std::min<std::chrono::system_clock::duration>(deadline - system_now, kMaxWait));
-  return steady_now + remaining;
+  // gpr_inf_future has tv_sec INT64_MAX whatever its clock type.
+  if (deadline.tv_sec == gpr_inf_future(deadline.clock_type).tv_sec) return std::nullopt;
+  if (gpr_time_cmp(deadline, now) <= 0) return steady_now;
+  // gpr_timespec counts whole seconds in 64 bits, so the difference cannot
+  // overflow for any deadline gRPC can hold; only the move to nanoseconds
+  // could, and the clamp comes first.
+  const gpr_timespec remaining = gpr_time_sub(deadline, now);
+  const std::chrono::seconds whole(remaining.tv_sec);
+  if (whole >= kMaxWait) return steady_now + kMaxWait;
+  return steady_now + std::chrono::duration_cast<SteadyTime::duration>(
+                          whole + std::chrono::nanoseconds(remaining.tv_nsec));
 }
 
 std::optional<SteadyTime> EarlierDeadline(std::optional<SteadyTime> a,

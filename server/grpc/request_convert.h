@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "absl/status/statusor.h"
+#include "grpc/support/time.h"
 #include "grpc_service.pb.h"
 #include "server/core/clock.h"
 #include "server/core/request.h"
@@ -38,10 +39,14 @@ absl::StatusOr<std::optional<SteadyTime>> TimeoutParameterDeadline(
 // these and "timeout" are ignored (README: Protocol).
 absl::Status CheckNoSequenceParameters(const inference::ModelInferRequest& request);
 
-// A transport deadline (gRPC's, on the system clock; time_point::max() means
-// none) moved onto the steady clock the batcher uses, given both clocks' now.
-std::optional<SteadyTime> SteadyDeadline(std::chrono::system_clock::time_point deadline,
-                                         std::chrono::system_clock::time_point system_now,
+// A transport deadline (the call's gpr_timespec, ServerContext::raw_deadline;
+// gpr_inf_future means none) moved onto the steady clock the batcher uses,
+// given `now` on the deadline's clock and the steady clock's now. Deadlines
+// more than a century away saturate to a century: a legal grpc-timeout
+// reaches 2562047H (2^63 ns, grpc-java's largest), past the year 2262 where
+// gRPC's own ServerContext::deadline() overflows system_clock's nanoseconds
+// and reports the far future as the past.
+std::optional<SteadyTime> SteadyDeadline(gpr_timespec deadline, gpr_timespec now,
                                          SteadyTime steady_now);
 
 // The earlier of two optional deadlines.

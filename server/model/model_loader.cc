@@ -6,11 +6,15 @@
 // safetensors files, so a server holding 4 of 80 layers reads 4 layers' worth.
 // Every shape is checked against config.json before the copy; each error is one
 // line naming the file and the tensor.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
-#include <fstream>
+#include <cerrno>
+#include <cstring>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -28,13 +32,38 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+// config.json or the shard index. Opened without blocking and refused unless
+// a regular file: reading a FIFO would wait for a writer forever, and a
+// signal would not end start-up.
 absl::StatusOr<std::string> ReadTextFile(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path.string(), ": cannot open"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return absl::InvalidArgumentError(absl::StrCat(path.string(), ": read failed"));
-  return text.str();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) return absl::NotFoundError(absl::StrCat(path.string(), ": cannot open"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.string(), ": cannot open: ", std::strerror(err)));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.string(), ": not a regular file (a directory, FIFO, socket or device)"));
+  }
+  std::string text;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const std::string reason = std::strerror(errno);
+      ::close(fd);
+      return absl::InvalidArgumentError(absl::StrCat(path.string(), ": read failed: ", reason));
+    }
+    if (n == 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return text;
 }
 
 // Non-negative decimal integer, digits only.

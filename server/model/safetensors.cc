@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -41,6 +42,39 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+// The reference safetensors library accepts a file only if its tensors,
+// ordered by offset, tile the data section exactly: each starts where the
+// previous one ends and the last ends at the end of the file. Anything else
+// (bytes after the last tensor, a gap, two tensors sharing bytes) is a file
+// transformers would refuse, most likely truncated or concatenated by a
+// broken tool, so it is refused here too rather than served.
+absl::Status SafetensorsFile::CheckTiling(
+    const std::string& file, const std::map<std::string, Entry, std::less<>>& entries,
+    uint64_t data_size) {
+  std::vector<std::pair<const std::string*, const Entry*>> by_offset;
+  by_offset.reserve(entries.size());
+  for (const auto& [tensor_name, entry] : entries) by_offset.emplace_back(&tensor_name, &entry);
+  std::sort(by_offset.begin(), by_offset.end(), [](const auto& a, const auto& b) {
+    return std::pair(a.second->begin, a.second->end) < std::pair(b.second->begin, b.second->end);
+  });
+  uint64_t covered = 0;
+  for (const auto& [tensor_name, entry] : by_offset) {
+    if (entry->begin != covered) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          file, ": tensor '", *tensor_name, "': data_offsets [", entry->begin, ", ", entry->end,
+          "] start at ", entry->begin, ", not where the previous tensor ends (", covered,
+          "); tensors must tile the data section without gaps or overlaps"));
+    }
+    covered = entry->end;
+  }
+  if (covered != data_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file, ": data section is ", data_size, " bytes but its tensors cover ", covered,
+        "; the file has bytes the header does not describe"));
+  }
+  return absl::OkStatus();
+}
+
 struct SafetensorsFile::Mapping {
   void* addr = nullptr;
   size_t size = 0;
@@ -67,7 +101,10 @@ SafetensorsFile::~SafetensorsFile() = default;
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::filesystem::path& path) {
   const std::string name = path.string();
-  const int fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer
+  // forever (and a signal would not end the wait); it is refused below. The
+  // flag has no effect on reading a regular file through mmap.
+  const int fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     const std::string reason = std::strerror(err);
@@ -79,6 +116,11 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::filesystem::pat
     const std::string reason = std::strerror(errno);
     ::close(fd);
     return absl::InvalidArgumentError(absl::StrCat(name, ": cannot stat: ", reason));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": not a regular file (a directory, FIFO, socket or device)"));
   }
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   if (file_size < 8) {
@@ -169,6 +211,7 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::filesystem::pat
     }
     entries.emplace(tensor_name, std::move(entry));
   }
+  LS_RETURN_IF_ERROR(CheckTiling(name, entries, data_size));
   return SafetensorsFile(path, std::move(mapping), std::move(entries), data_start);
 }
 

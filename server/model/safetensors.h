@@ -2,9 +2,12 @@
 //
 // The file is memory-mapped (POSIX mmap) for the lifetime of the
 // SafetensorsFile, so the model loader copies only the tensors of the layers it
-// serves. Open() validates the whole header up front: header length within the
-// file, JSON that parses, a known dtype and shape for every entry, and data
-// offsets that lie within the data section and agree with shape * dtype size.
+// serves. Open() refuses anything but a regular file (a FIFO would block
+// start-up) and validates the whole header up front: header length within the
+// file, JSON that parses, a known dtype and shape for every entry, data
+// offsets that lie within the data section and agree with shape * dtype size,
+// and tensors that tile the data section exactly, with no byte before, between
+// or after them undescribed (the reference library's rule).
 // A tensor whose dtype the server cannot compute with (anything but BF16, F16,
 // F32) is an error only when it is requested.
 //
@@ -61,6 +64,12 @@ class SafetensorsFile {
     uint64_t begin = 0;  // offsets into the data section
     uint64_t end = 0;
   };
+
+  // OK if the entries tile [0, data_size) exactly, as the reference library
+  // requires; otherwise INVALID_ARGUMENT naming `file` (and the tensor).
+  static absl::Status CheckTiling(const std::string& file,
+                                  const std::map<std::string, Entry, std::less<>>& entries,
+                                  uint64_t data_size);
 
   SafetensorsFile(std::filesystem::path path, std::unique_ptr<Mapping> mapping,
                   std::map<std::string, Entry, std::less<>> entries, uint64_t data_start);

@@ -4,11 +4,16 @@
 // that nothing in the client can tidy them up first.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
 
 #include "client/client.h"
+#include "tests/integration/raw_grpc.h"
 #include "tests/integration/reference_check.h"
 #include "tests/integration/server_process.h"
 
@@ -210,6 +215,57 @@ TEST_F(BadInputTest, UnknownModelIsNotFound) {
   ExpectRejected(request, absl::StatusCode::kNotFound, {"no_such_model"});
 }
 
+// Error messages quote the client's input, but never so much of it that the
+// status outgrows the client's metadata limit (8 KiB by default in gRPC):
+// with a 1 MB name or a rank-10 000 shape the client must still get the code
+// the server meant, not RESOURCE_EXHAUSTED, and a short message.
+TEST_F(BadInputTest, HugeEchoedInputsKeepTheirCode) {
+  const std::string huge(1 << 20, 'x');
+  const std::string kMore = "more bytes)";
+  auto expect_short = [](const ModelInferRequest& request, absl::StatusCode code,
+                         const std::vector<std::string>& words) {
+    ExpectRejected(request, code, words);
+    absl::StatusOr<inference::ModelInferResponse> response =
+        client_->InferRaw(request, absl::Now() + absl::Seconds(10));
+    EXPECT_LT(response.status().message().size(), 1024u);
+  };
+  {
+    SCOPED_TRACE("model name");
+    ModelInferRequest request = GoodRequest();
+    request.set_model_name(huge);
+    expect_short(request, absl::StatusCode::kNotFound, {"unknown model", "xxxx", kMore});
+  }
+  {
+    SCOPED_TRACE("model version");
+    ModelInferRequest request = GoodRequest();
+    request.set_model_version(huge);
+    expect_short(request, absl::StatusCode::kNotFound, {"version", "xxxx", kMore});
+  }
+  {
+    SCOPED_TRACE("input name");
+    ModelInferRequest request = GoodRequest();
+    request.mutable_inputs(0)->set_name(huge);
+    expect_short(request, kInvalid, {"unexpected input", kMore});
+  }
+  {
+    SCOPED_TRACE("datatype");
+    ModelInferRequest request = GoodRequest();
+    request.mutable_inputs(0)->set_datatype(huge);
+    expect_short(request, kInvalid, {"datatype", kMore});
+  }
+  {
+    SCOPED_TRACE("requested output");
+    ModelInferRequest request = GoodRequest();
+    request.mutable_outputs(0)->set_name(huge);
+    expect_short(request, kInvalid, {"requested output", kMore});
+  }
+  {
+    SCOPED_TRACE("rank 10000");
+    expect_short(WithShape(std::vector<int64_t>(10000, 7)), kInvalid,
+                 {"rank 10000", "more dimensions"});
+  }
+}
+
 // Runs last in the suite's order (gtest keeps definition order): every bad
 // request above left the server able to serve a good one correctly.
 TEST_F(BadInputTest, ServerStillServesCorrectlyAfterBadRequests) {
@@ -229,6 +285,52 @@ TEST_F(BadInputTest, ServerStillServesCorrectlyAfterBadRequests) {
       client_->Infer("demo", *input, absl::Now() + absl::Seconds(30));
   ASSERT_TRUE(output.ok()) << output.status();
   EXPECT_TRUE(MatchesReference(*output, {1, 3, kHidden}, "FP32", reference.Run(x, 1, 3)));
+}
+
+// A string field with invalid UTF-8 fails to parse (proto3: gRPC 1.51 then
+// answers UNIMPLEMENTED), and protobuf logs one error line per such message:
+// a client could fill the server's log at its request rate. Past a few lines
+// the server's log stays quiet.
+TEST(InvalidUtf8Test, LogStaysBounded) {
+  const std::string log_path = ::testing::TempDir() + "layerserve_utf8_" +
+                               std::to_string(::getpid()) + ".stderr";
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start({}, absl::Seconds(30), log_path);
+  ASSERT_TRUE(server.ok()) << server.status();
+
+  // "Xemo" serialized, then the X replaced by a byte that is never UTF-8
+  // (so this process's own serializer has nothing to complain about).
+  client::Tensor tensor{"FP32", {1, 2, kHidden}, std::string(2 * kHidden * 4, '\0')};
+  std::string body = Client::MakeInferRequest("Xemo", tensor).SerializeAsString();
+  const size_t x = body.find("Xemo");
+  ASSERT_NE(x, std::string::npos);
+  body[x] = '\xff';
+  constexpr int kRequests = 200;
+  int rejected = 0, code = -1;
+  for (int i = 0; i < kRequests; ++i) {
+    absl::StatusOr<RawGrpcReply> reply =
+        RawGrpcCall((*server)->grpc_port(), "/inference.GRPCInferenceService/ModelInfer",
+                    {.body = GrpcFrame(body)});
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    if (reply->grpc_status > 0) ++rejected;
+    code = reply->grpc_status;
+  }
+  EXPECT_EQ(rejected, kRequests);
+  server->reset();  // ends the server, so its log is complete
+
+  std::ifstream log(log_path);
+  std::string line;
+  int utf8_lines = 0, lines = 0;
+  while (std::getline(log, line)) {
+    ++lines;
+    if (line.find("UTF-8") != std::string::npos) ++utf8_lines;
+  }
+  std::fprintf(stderr,
+               "[test] %d requests with invalid UTF-8 (code %d): %d log lines (%d about UTF-8)\n",
+               kRequests, code, lines, utf8_lines);
+  EXPECT_GE(utf8_lines, 1) << "the first one is still reported";
+  EXPECT_LE(utf8_lines, 10);
+  std::remove(log_path.c_str());
 }
 
 }  // namespace

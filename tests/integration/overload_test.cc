@@ -1,8 +1,9 @@
 // Overload behaviour: with --max-queue-size 1 and a 1 s queue delay, a burst
 // of concurrent requests is partly refused with RESOURCE_EXHAUSTED; a request
 // whose client deadline passes while it waits in the queue fails with
-// DEADLINE_EXCEEDED and is dropped without being computed; and the server
-// keeps serving correct answers afterwards.
+// DEADLINE_EXCEEDED and is dropped without being computed; a deadline
+// centuries away is no deadline at all; and the server keeps serving correct
+// answers afterwards.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -10,6 +11,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "client/client.h"
+#include "tests/integration/raw_grpc.h"
 #include "tests/integration/reference_check.h"
 #include "tests/integration/server_process.h"
 
@@ -137,6 +139,28 @@ TEST_F(OverloadTest, DeadlineExpiresWhileQueued) {
   ASSERT_TRUE(executed_after.ok()) << executed_after.status();
   EXPECT_EQ(*executed_after - *executed_before, 1)
       << "only the good request should have been computed; the expired one must be dropped";
+}
+
+// A legal grpc-timeout far in the future (grpc-java's largest, 2562047H,
+// i.e. 2^63 ns; or anything from 239 years on) must mean "practically no
+// deadline": the request waits its queue delay and runs. Such deadlines lie
+// past 2262, where a nanosecond system_clock overflows. gRPC C++ clients cap
+// the header they send at 27000H, so it is written by hand.
+TEST_F(OverloadTest, FarFutureDeadlineIsNoDeadline) {
+  const Tensor input{"FP32", {1, 2, kHidden}, std::string(2 * kHidden * 4, '\0')};
+  const std::string body = GrpcFrame(Client::MakeInferRequest("demo", input).SerializeAsString());
+  for (const std::string timeout : {"2562047H", "2100000H", "99999999H", "27000H"}) {
+    SCOPED_TRACE(timeout);
+    absl::StatusOr<RawGrpcReply> reply =
+        RawGrpcCall(server_->grpc_port(), "/inference.GRPCInferenceService/ModelInfer",
+                    {.headers = {{"grpc-timeout", timeout}}, .body = body});
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->grpc_status, 0) << reply->grpc_message;
+    inference::ModelInferResponse response;
+    ASSERT_GT(reply->data.size(), 5u);
+    ASSERT_TRUE(response.ParseFromString(reply->data.substr(5)));
+    EXPECT_EQ(response.raw_output_contents(0).size(), input.data.size());
+  }
 }
 
 }  // namespace

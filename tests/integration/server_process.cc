@@ -15,13 +15,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 
 #ifndef LAYERSERVE_BINARY
@@ -133,7 +136,8 @@ absl::StatusOr<ProcessResult> RunToExit(const std::vector<std::string>& args,
 }
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
-    const std::vector<std::string>& extra_args, absl::Duration ready_timeout) {
+    const std::vector<std::string>& extra_args, absl::Duration ready_timeout,
+    const std::string& stderr_path) {
   // The same suite runs against another build or backend without rebuilding
   // (scripts/gpu-run.sh: LAYERSERVE_BINARY=... LAYERSERVE_SERVER_ARGS=--backend=cuda).
   std::vector<std::string> args = {LayerserveBinary(), "--host=127.0.0.1", "--grpc-port=0",
@@ -149,6 +153,13 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
 
+  int stderr_fd = -1;
+  if (!stderr_path.empty()) {
+    stderr_fd = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (stderr_fd < 0) {
+      return absl::InternalError(absl::StrCat("open ", stderr_path, ": ", strerror(errno)));
+    }
+  }
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0)
     return absl::InternalError(absl::StrCat("pipe2: ", strerror(errno)));
@@ -159,10 +170,12 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
     dup2(fds[1], STDOUT_FILENO);
+    if (stderr_fd >= 0) dup2(stderr_fd, STDERR_FILENO);
     execv(argv[0], argv.data());
     _exit(127);
   }
   close(fds[1]);
+  if (stderr_fd >= 0) close(stderr_fd);
   std::unique_ptr<ServerProcess> server(new ServerProcess());
   server->pid_ = pid;
   server->stdout_fd_ = fds[0];
@@ -257,6 +270,19 @@ absl::StatusOr<int> ServerProcess::WaitForExit(absl::Duration timeout) {
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
+}
+
+absl::StatusOr<int64_t> ProcStatusKb(pid_t pid, const std::string& field) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!absl::StartsWith(line, field + ":")) continue;
+    int64_t kb = 0;
+    const std::string value(absl::StripAsciiWhitespace(
+        absl::StripSuffix(absl::string_view(line).substr(field.size() + 1), "kB")));
+    if (absl::SimpleAtoi(value, &kb)) return kb;
+  }
+  return absl::NotFoundError(absl::StrCat("no ", field, " in /proc/", pid, "/status"));
 }
 
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path, absl::Duration timeout) {

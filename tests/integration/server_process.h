@@ -24,9 +24,12 @@ class ServerProcess {
  public:
   // Starts the binary (LAYERSERVE_BINARY, from the build) with `extra_args`
   // after the host and port flags, and waits up to `ready_timeout` for its
-  // ready line. The child gets SIGKILL if the test process dies.
+  // ready line. The child gets SIGKILL if the test process dies. Its stderr
+  // is the test's, or the file `stderr_path` (created or truncated) when set,
+  // for tests that count what the server logs.
   static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(
-      const std::vector<std::string>& extra_args, absl::Duration ready_timeout = absl::Seconds(30));
+      const std::vector<std::string>& extra_args, absl::Duration ready_timeout = absl::Seconds(30),
+      const std::string& stderr_path = "");
 
   // SIGKILLs and reaps the child unless it already exited.
   ~ServerProcess();
@@ -38,6 +41,7 @@ class ServerProcess {
   int metrics_port() const { return metrics_port_; }
   const std::string& model() const { return model_; }
   const std::string& ready_line() const { return ready_line_; }
+  pid_t pid() const { return pid_; }
 
   void Signal(int signal_number);
   // Waits for the child to exit: its exit code, or an error if it was killed
@@ -72,6 +76,9 @@ struct ProcessResult {
 // `timeout`, ABORTED if a signal ended it.
 absl::StatusOr<ProcessResult> RunToExit(const std::vector<std::string>& args,
                                         absl::Duration timeout = absl::Seconds(30));
+
+// A /proc/<pid>/status field in kB ("VmRSS", "VmHWM": peak RSS).
+absl::StatusOr<int64_t> ProcStatusKb(pid_t pid, const std::string& field);
 
 // GET http://127.0.0.1:<port><path>; the body of a 200 reply.
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path,

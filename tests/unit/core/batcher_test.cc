@@ -272,6 +272,89 @@ TEST(BatcherTest, FullQueueRejectsAndReturnsTheRequest) {
   EXPECT_EQ(batcher.queue_depth(), 2);
 }
 
+// The queue is bounded by the bytes its requests hold too, not only by their
+// count: 1 024 legal requests of 16 MB each would be 16 GB.
+TEST(BatcherTest, QueueBytesLimitRejectsAndFreesAsBatchesStart) {
+  FakeClock clock;
+  FakeBackend backend(1);
+  ServerObserver observer;
+  const std::string four(4, 'f'), two(2, 't'), big(64, 'b');
+  Outcome o[6];
+  BatcherOptions options = Options(64, 1000);
+  options.max_queue_bytes = 10;
+  Batcher batcher(options, &backend, &observer, &clock);
+  for (int i = 0; i < 2; ++i) {
+    auto r = MakeRequest(four, 1, &o[i]);
+    ASSERT_TRUE(batcher.Enqueue(r).ok());
+  }
+  auto over = MakeRequest(four, 1, &o[2]);
+  const absl::Status s = batcher.Enqueue(over);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("8 bytes queued"), std::string_view::npos) << s;
+  EXPECT_NE(over, nullptr);  // still the caller's
+  auto fits = MakeRequest(two, 1, &o[3]);  // exactly at the limit
+  ASSERT_TRUE(batcher.Enqueue(fits).ok());
+  EXPECT_EQ(batcher.queue_depth(), 3);
+
+  // The batch starts: its bytes leave the queue's account.
+  clock.Advance(microseconds(1000));
+  batcher.Wake();
+  for (int i : {0, 1, 3}) ASSERT_TRUE(o[i].done.WaitFor(milliseconds(10000)));
+  // A request larger than the whole limit is still taken by an empty queue,
+  // or a small limit would make a legal request impossible to serve.
+  auto alone = MakeRequest(big, 1, &o[4]);
+  ASSERT_TRUE(batcher.Enqueue(alone).ok());
+  auto behind = MakeRequest(two, 1, &o[5]);
+  EXPECT_EQ(batcher.Enqueue(behind).code(), absl::StatusCode::kResourceExhausted);
+  clock.Advance(microseconds(1000));
+  batcher.Wake();
+  ASSERT_TRUE(o[4].done.WaitFor(milliseconds(10000)));
+  EXPECT_TRUE(o[4].status.ok()) << o[4].status;
+}
+
+// Without an explicit limit the queue holds kDefaultQueuedBatches full
+// batches of FP32 tokens at the requests' hidden size.
+TEST(BatcherTest, DefaultQueueBytesLimitIsSomeFullBatches) {
+  EXPECT_EQ(DefaultMaxQueueBytes(BatchPolicy{8192, microseconds(500)}, 4096),
+            int64_t{kDefaultQueuedBatches} * 8192 * 4096 * 4);
+  EXPECT_EQ(DefaultMaxQueueBytes(BatchPolicy{int64_t{1} << 62, microseconds(500)}, 4096),
+            INT64_MAX);  // saturates
+
+  FakeClock clock;  // never advanced: only a full batch leaves the queue
+  FakeBackend backend(1);
+  ServerObserver observer;
+  constexpr int64_t kBatchTokens = 17;
+  constexpr int64_t kTokens = 16;  // two of these never fit one batch
+  const std::string full_batch(kBatchTokens * 4, 'f'), request(kTokens * 4, 'x');
+  Outcome first;
+  std::vector<Outcome> outs(kDefaultQueuedBatches + 1);
+  Batcher batcher(Options(kBatchTokens, 1'000'000), &backend, &observer, &clock);
+  backend.SetOpen(false);
+  // A full batch takes the backend's only slot, so later requests stay queued.
+  auto r0 = MakeRequest(full_batch, kBatchTokens, &first);
+  r0->dtype = DType::kF32;
+  ASSERT_TRUE(batcher.Enqueue(r0).ok());
+  ASSERT_TRUE(backend.AwaitBatches(1));
+  int accepted = 0;
+  absl::Status refused;
+  for (Outcome& o : outs) {
+    auto r = MakeRequest(request, kTokens, &o);
+    r->dtype = DType::kF32;
+    const absl::Status s = batcher.Enqueue(r);
+    if (s.ok()) {
+      ++accepted;
+    } else {
+      refused = s;
+    }
+  }
+  // The default is kDefaultQueuedBatches x 17 tokens x 4 bytes: room for
+  // kDefaultQueuedBatches requests of 16 tokens, not one more.
+  EXPECT_EQ(accepted, kDefaultQueuedBatches);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  backend.SetOpen(true);
+  batcher.Shutdown();  // runs what was queued, so every Outcome is written
+}
+
 TEST(BatcherTest, ExpiredAndCancelledRequestsAreDroppedBeforeCompute) {
   FakeClock clock;
   FakeBackend backend(1);
@@ -328,7 +411,10 @@ TEST(BatcherTest, ManyProducersEveryRequestAnsweredOnceAndCorrectly) {
   FakeBackend backend(2);
   ServerObserver observer;
   constexpr int64_t kMaxTokens = 48;
-  Batcher batcher(Options(kMaxTokens, 200, /*queue=*/1 << 20), &backend, &observer, clock);
+  // Neither the count nor the bytes of waiting requests may refuse one here.
+  BatcherOptions options = Options(kMaxTokens, 200, /*queue=*/1 << 20);
+  options.max_queue_bytes = INT64_MAX;
+  Batcher batcher(options, &backend, &observer, clock);
   constexpr int kThreads = 16, kPerThread = 100;
   std::vector<std::string> payloads(kThreads * kPerThread);
   std::vector<Outcome> outs(kThreads * kPerThread);

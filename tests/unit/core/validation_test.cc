@@ -161,5 +161,53 @@ TEST(ValidationTest, RejectsEveryMalformedRequestNamingTheField) {
   }
 }
 
+// Whatever the client sends, the message stays short: it travels in gRPC
+// metadata, and past the client's limit (8 KiB) the client would read
+// RESOURCE_EXHAUSTED instead of INVALID_ARGUMENT.
+TEST(ValidationTest, MessagesEchoAtMostABoundedPartOfTheInput) {
+  const std::string huge(1 << 20, 'x');
+  std::vector<BadCase> cases;
+  {
+    RequestDescription r = Good();
+    r.inputs[0].name = huge;
+    cases.push_back({"huge input name", r, "more bytes)"});
+  }
+  {
+    RequestDescription r = Good();
+    r.inputs[0].datatype = huge;
+    cases.push_back({"huge datatype", r, "more bytes)"});
+  }
+  {
+    RequestDescription r = Good();
+    r.requested_outputs = {huge};
+    cases.push_back({"huge requested output", r, "more bytes)"});
+  }
+  {
+    RequestDescription r = Good();
+    r.inputs[0].shape.assign(10000, 7);
+    cases.push_back({"rank 10000", r, "rank 10000"});
+  }
+  {
+    RequestDescription r = Good();
+    r.inputs[0].shape.assign(10000, 7);
+    cases.push_back({"rank 10000 lists a few dimensions", r,
+                     "[7, 7, 7, 7, 7, 7, 7, 7, \xE2\x80\xA6(9992 more dimensions)]"});
+  }
+  {
+    RequestDescription r = Good();
+    r.raw_sizes[0] += 1;
+    cases.push_back({"raw bytes mismatch quotes the datatype", r, "of FP32 needs"});
+  }
+  for (const BadCase& c : cases) {
+    const auto v = ValidateRequest(c.request, kLimits);
+    ASSERT_FALSE(v.ok()) << c.label << " was accepted";
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument) << c.label;
+    EXPECT_LT(v.status().message().size(), 512u) << c.label;
+    EXPECT_NE(v.status().message().find(c.must_mention), std::string_view::npos)
+        << c.label << ": message \"" << v.status().message().substr(0, 300)
+        << "\" does not mention \"" << c.must_mention << "\"";
+  }
+}
+
 }  // namespace
 }  // namespace layerserve

@@ -1,7 +1,13 @@
 // LoadModelSpan on tiny checkpoints written by the test (single file, two
 // shards, biases, BF16 storage) and the error for each way a checkpoint can be
 // wrong; ParseLayerRange; HostTensor helpers.
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <map>
 
 #include "gmock/gmock.h"
@@ -366,6 +372,33 @@ TEST(HostTensorTest, NumElementsAndToFloat) {
   bf16.shape = {3};
   bf16.data = {0x80, 0x3f, 0x40, 0xc0, 0x00, 0x00};  // 1.0, -3.0, 0.0
   EXPECT_EQ(bf16.ToFloat(), (std::vector<float>{1.0f, -3.0f, 0.0f}));
+}
+
+// Each file the loader reads may be a FIFO by mistake (or malice); none may
+// block start-up, which no signal could then end. Each load runs on a thread
+// with a time limit, so a regression fails instead of hanging; a writer is
+// opened on each FIFO afterwards to release a blocked reader.
+TEST(LoadModelSpanTest, RefusesFifosWithoutBlocking) {
+  for (const std::string fifo_name :
+       {"config.json", "model.safetensors", "model.safetensors.index.json"}) {
+    SCOPED_TRACE(fifo_name);
+    ScratchDir dir;
+    if (fifo_name != "config.json") WriteFile(dir.path() / "config.json", TinyConfig("llama"));
+    const std::filesystem::path fifo = dir.path() / fifo_name;
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+    auto loading = std::async(std::launch::async,
+                              [&] { return LoadModelSpan(dir.path(), LayerRange{}, "tiny"); });
+    const bool finished = loading.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+    if (!finished) {
+      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+      if (fd >= 0) ::close(fd);
+    }
+    const auto span = loading.get();
+    EXPECT_TRUE(finished) << "loading blocked on the FIFO " << fifo_name;
+    ASSERT_FALSE(span.ok());
+    EXPECT_EQ(span.status().code(), absl::StatusCode::kInvalidArgument) << span.status();
+    EXPECT_THAT(span.status().message(), HasSubstr(fifo_name + ": not a regular file"));
+  }
 }
 
 }  // namespace

@@ -2,7 +2,14 @@
 // is rejected at Open() with a message naming the file (and the tensor).
 #include "server/model/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <future>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -141,6 +148,23 @@ std::vector<MalformedCase> MalformedCases() {
   nlohmann::json bad_offsets = HeaderFor(tensors);
   bad_offsets["a.weight"]["data_offsets"] = {0};
   cases.push_back({"one offset", FileBytes(bad_offsets.dump(), tensors), "data_offsets"});
+
+  // The reference safetensors library (and so transformers) refuses a data
+  // section that the tensors do not tile exactly: bytes after the last
+  // tensor, a gap between two, or two tensors sharing bytes.
+  cases.push_back({"bytes after the last tensor", valid + std::string(5, '\0'),
+                   "data section is 33 bytes but its tensors cover 28"});
+  std::vector<TensorSpec> gap_tensors = tensors;
+  nlohmann::json gap = HeaderFor(gap_tensors);
+  gap["b.bias"]["data_offsets"] = {28, 32};
+  gap_tensors[0].bytes.resize(28, 0);  // 4 unclaimed bytes after a.weight
+  cases.push_back({"gap between tensors", FileBytes(gap.dump(), gap_tensors),
+                   "'b.bias': data_offsets [28, 32] start at 28, not where the previous tensor "
+                   "ends (24)"});
+  nlohmann::json overlap = HeaderFor(tensors);
+  overlap["b.bias"]["data_offsets"] = {20, 24};
+  cases.push_back({"overlapping tensors", FileBytes(overlap.dump(), tensors),
+                   "'b.bias': data_offsets [20, 24] start at 20"});
   return cases;
 }
 
@@ -204,6 +228,32 @@ TEST(SafetensorsTest, EmptyTensorAndEmptyHeaderAreValid) {
   auto file2 = SafetensorsFile::Open(path2);
   ASSERT_TRUE(file2.ok()) << file2.status();
   EXPECT_TRUE(file2->Names().empty());
+}
+
+// A FIFO (or any other non-regular file) where the checkpoint should be
+// would block open() until a writer appears, so start-up hung forever and
+// SIGTERM could not end it: it is refused at once. The open runs on a thread
+// so that a regression fails the test instead of hanging it.
+TEST(SafetensorsTest, RefusesNonRegularFilesWithoutBlocking) {
+  ScratchDir dir;
+  const auto fifo = dir.path() / "model.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  auto opened = std::async(std::launch::async, [&] { return SafetensorsFile::Open(fifo); });
+  if (opened.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    // Unblock the reader so the test can end, then fail.
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd >= 0) ::close(fd);
+    FAIL() << "opening a FIFO blocked";
+  }
+  const absl::StatusOr<SafetensorsFile> file = opened.get();
+  ASSERT_FALSE(file.ok());
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(file.status().message(), HasSubstr("model.safetensors"));
+  EXPECT_THAT(file.status().message(), HasSubstr("not a regular file"));
+
+  const absl::StatusOr<SafetensorsFile> directory = SafetensorsFile::Open(dir.path());
+  ASSERT_FALSE(directory.ok());
+  EXPECT_THAT(directory.status().message(), HasSubstr("not a regular file"));
 }
 
 }  // namespace

@@ -1,0 +1,49 @@
+// Rate limiting of protobuf's own log lines.
+//
+// protobuf writes one ERROR line to stderr for every message whose `string`
+// field holds invalid UTF-8 ("String field ... contains invalid UTF-8 data
+// when parsing"), and the request is then refused by gRPC. A client can send
+// such messages at any rate, so unchecked they fill the server's log. The
+// gRPC frontend installs, once per process, a handler that prints the first
+// kProtobufLogBurst lines of each kProtobufLogWindow and counts the rest,
+// reporting the count with the next line it prints. The wire format is
+// unchanged: the fields stay `string`.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+namespace layerserve {
+
+inline constexpr int kProtobufLogBurst = 5;
+inline constexpr std::chrono::seconds kProtobufLogWindow(60);
+
+// Decides which lines of a stream pass: at most `burst` per `window`,
+// windows starting at the first line after the previous one ended. Not
+// thread-safe; callers lock.
+class LogRateLimiter {
+ public:
+  using Time = std::chrono::steady_clock::time_point;
+
+  LogRateLimiter(int burst, std::chrono::steady_clock::duration window)
+      : burst_(burst), window_(window) {}
+
+  // True if the line logged at `now` should be printed; then `*suppressed` is
+  // the number of lines dropped since the last printed one (to report).
+  bool Allow(Time now, int64_t* suppressed);
+
+ private:
+  const int burst_;
+  const std::chrono::steady_clock::duration window_;
+  Time window_start_{};
+  bool started_ = false;
+  int printed_in_window_ = 0;
+  int64_t suppressed_ = 0;
+};
+
+// Routes protobuf's log through a LogRateLimiter (kProtobufLogBurst per
+// kProtobufLogWindow) to stderr, in protobuf's own format. FATAL lines always
+// pass. Idempotent and thread-safe.
+void InstallRateLimitedProtobufLog();
+
+}  // namespace layerserve
