@@ -65,6 +65,7 @@ struct ServerFlags {
   int64_t max_batch_tokens = 8192;
   int64_t max_queue_delay_us = 500;
   int64_t max_queue_size = 1024;
+  int64_t max_queue_bytes = 0;  // 0: DefaultMaxQueueBytes
   int cpu_threads = 0;
   int drain_timeout_s = 30;
   // The CUDA backend's flags. A CPU-only build accepts and ignores them, so
@@ -152,6 +153,10 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
   integer(app.add_option(
       FlagNames("max-queue-size"), flags.max_queue_size,
       "most requests waiting; beyond it ModelInfer fails with RESOURCE_EXHAUSTED"));
+  integer(app.add_option(
+      FlagNames("max-queue-bytes"), flags.max_queue_bytes,
+      "most input bytes the waiting requests may hold together (an empty queue takes any legal "
+      "request); beyond it RESOURCE_EXHAUSTED. 0: 8 full batches of FP32 tokens"));
   integer(app.add_option(FlagNames("cpu-threads"), flags.cpu_threads,
                          "CPU backend threads (0 = all cores)"));
   integer(app.add_option(FlagNames("drain-timeout-s"), flags.drain_timeout_s,
@@ -243,6 +248,9 @@ absl::Status CheckFlags(const ServerFlags& flags) {
   }
   if (flags.max_queue_size <= 0 || flags.max_queue_size > int64_t{UINT32_MAX}) {
     return absl::InvalidArgumentError("--max-queue-size must be in [1, 4294967295]");
+  }
+  if (flags.max_queue_bytes < 0) {
+    return absl::InvalidArgumentError("--max-queue-bytes must be >= 0 (0: the default)");
   }
   for (const int port : {flags.grpc_port, flags.metrics_port}) {
     if (port < 0 || port > 65535) {
@@ -451,6 +459,10 @@ int Run(const ServerFlags& flags) {
   batcher_options.policy.max_batch_tokens = served.max_batch_tokens;
   batcher_options.policy.max_queue_delay = std::chrono::microseconds(served.max_queue_delay_us);
   batcher_options.max_queue_size = served.max_queue_size;
+  batcher_options.max_queue_bytes =
+      flags.max_queue_bytes > 0
+          ? flags.max_queue_bytes
+          : DefaultMaxQueueBytes(batcher_options.policy, served.config.hidden_size);
   Batcher batcher(batcher_options, backend->get(), &observers, SteadyClock::Get());
 
   const std::string host = flags.host;
@@ -468,6 +480,7 @@ int Run(const ServerFlags& flags) {
 
   Log(absl::StrCat("max_batch_tokens=", served.max_batch_tokens, " max_queue_delay_us=",
                    served.max_queue_delay_us, " max_queue_size=", served.max_queue_size,
+                   " max_queue_bytes=", batcher_options.max_queue_bytes,
                    " cpu_threads=", flags.cpu_threads, " streams=", flags.streams,
                    " max_message_bytes=", DefaultMaxMessageBytes(served),
                    " drain_timeout_s=", flags.drain_timeout_s));

@@ -89,6 +89,7 @@ TEST(LayerserveCommandLineTest, BadValuesFailWithOneLine) {
       {{"--max_batch_tokens", "0"}, "--max-batch-tokens must be >= 1"},
       {{"--max-queue-delay-us", "-1"}, "--max-queue-delay-us must be >= 0"},
       {{"--max-queue-size=4294967296"}, "--max-queue-size must be in [1, 4294967295]"},
+      {{"--max-queue-bytes=-1"}, "--max-queue-bytes must be >= 0"},
       {{"--grpc_port=65536"}, "port 65536 is outside [0, 65535]"},
       {{"--cpu-threads=-1"}, "--cpu-threads must be >= 0"},
       {{"--streams=0"}, "--streams must be >= 1"},

@@ -112,6 +112,45 @@ TEST_F(OverloadTest, FullQueueIsResourceExhausted) {
   ExpectGoodRequestServed();
 }
 
+// --max-queue-bytes reaches the batcher: with room for one request's bytes
+// and a long queue delay, the rest of a burst is refused for bytes, not count.
+TEST(QueueBytesFlagTest, ByteLimitRefusesABurst) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start({"--max-queue-size=1000", "--max-queue-bytes=4096",
+                            "--max-queue-delay-us=" + std::to_string(absl::ToInt64Microseconds(kQueueDelay))});
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect((*server)->grpc_target());
+  ASSERT_TRUE(client.ok()) << client.status();
+  constexpr int kCalls = 8;
+  const std::vector<float> x = RandomBf16ExactValues(2 * kHidden, 5);
+  absl::StatusOr<Tensor> input = client::FloatsToTensor(x, {1, 2, kHidden}, "FP32");  // 4096 bytes
+  ASSERT_TRUE(input.ok());
+  absl::Mutex mu;
+  int pending = kCalls;
+  std::vector<absl::Status> results(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    (*client)->AsyncInfer("demo", *input, absl::Now() + absl::Seconds(20), [&, i](absl::StatusOr<Tensor> result) {
+      absl::MutexLock lock(&mu);
+      results[i] = result.status();
+      --pending;
+    });
+  }
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(+[](int* left) { return *left == 0; }, &pending),
+                                    absl::Seconds(25)));
+  }
+  int ok = 0, for_bytes = 0;
+  for (const absl::Status& status : results) {
+    if (status.ok()) ++ok;
+    if (absl::IsResourceExhausted(status) && std::string(status.message()).find("bytes") != std::string::npos) {
+      ++for_bytes;
+    }
+  }
+  EXPECT_GE(ok, 1);
+  EXPECT_GE(for_bytes, 1) << "a queue of 4096 bytes cannot take a burst of " << kCalls << " x 4096 bytes";
+}
+
 TEST_F(OverloadTest, DeadlineExpiresWhileQueued) {
   absl::StatusOr<double> executed_before = ExecutedRequests();
   ASSERT_TRUE(executed_before.ok()) << executed_before.status();
