@@ -8,9 +8,12 @@ namespace layerserve {
 
 std::string_view DTypeProtocolName(DType t) {
   switch (t) {
-    case DType::kF32: return "FP32";
-    case DType::kF16: return "FP16";
-    case DType::kBF16: return "BF16";
+    case DType::kF32:
+      return "FP32";
+    case DType::kF16:
+      return "FP16";
+    case DType::kBF16:
+      return "BF16";
   }
   return "?";
 }
@@ -51,8 +54,8 @@ uint16_t FloatToFp16(float f) {
   const uint32_t u = std::bit_cast<uint32_t>(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;     // NaN
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;    // rounds to >= 65520: inf
+  if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: inf
   if (abs < 0x38800000u) {
     // Result is subnormal (or zero) in fp16: scale into an integer count of
     // 2^-24 units and let the FPU round to nearest even.

@@ -15,7 +15,9 @@ namespace layerserve {
 // Debian's Abseil is built with ABSL_OPTION_USE_STD_STRING_VIEW=0, so
 // absl::string_view is its own type and absl::StrCat / Status constructors do
 // not take a std::string_view. This is the one bridge between them.
-inline absl::string_view ToAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+inline absl::string_view ToAbsl(std::string_view s) {
+  return absl::string_view(s.data(), s.size());
+}
 
 }  // namespace layerserve
 
@@ -23,10 +25,10 @@ inline absl::string_view ToAbsl(std::string_view s) { return absl::string_view(s
 #define LS_CONCAT_(a, b) LS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` (an absl::Status) is not OK.
-#define LS_RETURN_IF_ERROR(expr)                      \
-  do {                                                \
-    ::absl::Status ls_status_ = (expr);               \
-    if (!ls_status_.ok()) return ls_status_;          \
+#define LS_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::absl::Status ls_status_ = (expr);      \
+    if (!ls_status_.ok()) return ls_status_; \
   } while (0)
 
 // `LS_ASSIGN_OR_RETURN(auto x, MakeX());` declares x from a StatusOr or returns

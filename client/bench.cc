@@ -184,13 +184,13 @@ absl::Status RunOpenLoop(const std::vector<Client*>& clients, const BenchOptions
       }
       ++in_flight->count;
     }
-    clients[i % clients.size()]->AsyncInfer(options.model, inputs[i % inputs.size()],
-                      issued + absl::Seconds(options.timeout_seconds),
-                      [recorder, in_flight, scheduled = next](absl::StatusOr<Tensor> result) {
-                        recorder->Record(scheduled, absl::Now(), result.status());
-                        absl::MutexLock lock(&in_flight->mu);
-                        --in_flight->count;
-                      });
+    clients[i % clients.size()]->AsyncInfer(
+        options.model, inputs[i % inputs.size()], issued + absl::Seconds(options.timeout_seconds),
+        [recorder, in_flight, scheduled = next](absl::StatusOr<Tensor> result) {
+          recorder->Record(scheduled, absl::Now(), result.status());
+          absl::MutexLock lock(&in_flight->mu);
+          --in_flight->count;
+        });
   }
   // Every call carries a deadline, so the drain ends; the margin covers
   // gRPC delivering the DEADLINE_EXCEEDED callbacks.
@@ -272,8 +272,8 @@ absl::StatusOr<BenchReport> RunBench(const std::vector<Client*>& clients, BenchO
     if (options.concurrency > 0) {
       RunClosedLoop(clients, options, inputs, measure_end, *recorder);
     } else {
-      absl::Status status =
-          RunOpenLoop(clients, options, inputs, start, measure_start, measure_end, recorder, report);
+      absl::Status status = RunOpenLoop(clients, options, inputs, start, measure_start, measure_end,
+                                        recorder, report);
       if (!status.ok()) return status;
     }
   }
@@ -284,10 +284,11 @@ absl::StatusOr<BenchReport> RunBench(const std::vector<Client*>& clients, BenchO
 std::string FormatBenchReport(const BenchReport& r) {
   const BenchOptions& o = r.options;
   std::string mode =
-      o.concurrency > 0 ? absl::StrCat("closed loop, concurrency ", o.concurrency, " over ",
-                                       o.connections, o.connections == 1 ? " connection" : " connections")
-                        : absl::StrFormat("open loop, %.1f req/s %s arrivals", o.rate_per_second,
-                                          o.arrivals == Arrivals::kPoisson ? "Poisson" : "uniform");
+      o.concurrency > 0
+          ? absl::StrCat("closed loop, concurrency ", o.concurrency, " over ", o.connections,
+                         o.connections == 1 ? " connection" : " connections")
+          : absl::StrFormat("open loop, %.1f req/s %s arrivals", o.rate_per_second,
+                            o.arrivals == Arrivals::kPoisson ? "Poisson" : "uniform");
   std::string out = absl::StrFormat(
       "model %s, input [%d, %d, %d] %s, %s, %.1f s measured\n"
       "throughput: %.2f req/s, %.1f tokens/s (%d ok, %d failed)\n"

@@ -29,7 +29,7 @@ struct BenchOptions {
   int64_t tokens = 1;  // T per sequence
   int64_t hidden = 0;  // 0: read from ModelMetadata
   std::string datatype = "FP32";
-  int concurrency = 0;         // > 0 selects the closed loop
+  int concurrency = 0;  // > 0 selects the closed loop
   // Client connections the load is spread over (RunBench's `clients`); set
   // by RunBench from the clients it is given.
   int connections = 1;

@@ -17,6 +17,7 @@ DEBS=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libcpp-httplib-dev nlohmann-json3-dev libopenblas-dev libcli11-dev
   libgtest-dev libgmock-dev
+  clang-format  # the format check of scripts/test.sh (.clang-format)
   python3 python3-pip
   libb64-0d  # perf_analyzer's one non-bundled system library
 )

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # THE test command: installs dependencies, builds, runs every ctest test (unit,
 # integration, reference, Python/perf_analyzer compatibility; GPU tests skip
-# visibly without a GPU), checks the deployment files (pytest on tests/deploy),
+# visibly without a GPU), checks the formatting of every C++/CUDA source and
+# the deployment files (pytest on tests/deploy),
 # then builds the core with ThreadSanitizer in
 # build-tsan and runs its tests. Exits non-zero on any failure and always ends
 # with one summary line.
@@ -51,6 +52,16 @@ fi
 
 build_dir="${LAYERSERVE_BUILD_DIR:-$LAYERSERVE_ROOT/build}"
 tsan_dir="${LAYERSERVE_TSAN_BUILD_DIR:-$LAYERSERVE_ROOT/build-tsan}"
+
+# Every tracked C++/CUDA source as .clang-format says (fix with
+# scripts/format.sh). Needs a git checkout to list the sources.
+stage="format"
+if git -C "$LAYERSERVE_ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  bash scripts/format.sh --check
+  done_stages+=("format")
+else
+  echo "[test.sh] not a git checkout: format check skipped" >&2
+fi
 
 stage="build"
 LAYERSERVE_BUILD_DIR="$build_dir" bash scripts/build.sh "$@"

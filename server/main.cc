@@ -141,8 +141,8 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
   app.add_option(FlagNames("layers"), flags.layers,
                  "half-open layer range A:B to serve (\":4\", \"2:\", \":\" = all)");
   app.add_option(FlagNames("host"), flags.host, "address the gRPC and metrics servers bind");
-  integer(app.add_option(FlagNames("grpc-port"), flags.grpc_port,
-                         "gRPC port (0 picks a free one)"));
+  integer(
+      app.add_option(FlagNames("grpc-port"), flags.grpc_port, "gRPC port (0 picks a free one)"));
   integer(app.add_option(FlagNames("metrics-port"), flags.metrics_port,
                          "Prometheus /metrics HTTP port (0 picks a free one)"));
   app.add_option(FlagNames("backend"), flags.backend, "compute backend: auto, cpu or cuda");
@@ -150,9 +150,9 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
                          "most tokens (sum of B*T) in one batch; also the per-request limit"));
   integer(app.add_option(FlagNames("max-queue-delay-us"), flags.max_queue_delay_us,
                          "longest time the oldest queued request waits for a batch to fill"));
-  integer(app.add_option(
-      FlagNames("max-queue-size"), flags.max_queue_size,
-      "most requests waiting; beyond it ModelInfer fails with RESOURCE_EXHAUSTED"));
+  integer(
+      app.add_option(FlagNames("max-queue-size"), flags.max_queue_size,
+                     "most requests waiting; beyond it ModelInfer fails with RESOURCE_EXHAUSTED"));
   integer(app.add_option(
       FlagNames("max-queue-bytes"), flags.max_queue_bytes,
       "most input bytes the waiting requests may hold together (an empty queue takes any legal "
@@ -166,8 +166,8 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
   integer(app.add_option(FlagNames("streams"), flags.streams,
                          "CUDA streams, i.e. batches in flight at once")
               ->group(cuda));
-  integer(app.add_option(FlagNames("cuda-device"), flags.cuda_device, "device ordinal")
-              ->group(cuda));
+  integer(
+      app.add_option(FlagNames("cuda-device"), flags.cuda_device, "device ordinal")->group(cuda));
   app.add_option(FlagNames("gemm"), flags.gemm,
                  "GEMMs: auto (per shape, the project's kernels where measured faster), "
                  "cublaslt, or custom (the project's kernels wherever they apply)")
@@ -304,9 +304,10 @@ class KernelTimesToMetrics final : public KernelTimingSink {
 #ifdef LAYERSERVE_WITH_CUDA
 // The CUDA backend the flags ask for, with its device memory exported as a
 // gauge. `kernel_times` must outlive the backend.
-absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackendFromFlags(
-    const ServerFlags& flags, const ModelSpan& span, PrometheusMetrics* metrics,
-    KernelTimingSink* kernel_times) {
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackendFromFlags(const ServerFlags& flags,
+                                                                  const ModelSpan& span,
+                                                                  PrometheusMetrics* metrics,
+                                                                  KernelTimingSink* kernel_times) {
   CudaBackendOptions options;
   options.device = flags.cuda_device;
   options.num_streams = flags.streams;
@@ -408,8 +409,8 @@ int Run(const ServerFlags& flags) {
                    span->config.hidden_size, ", ", span->config.num_attention_heads, " heads, ",
                    span->config.num_key_value_heads, " kv heads) layers ", first_layer, ":",
                    end_layer, ", ", span->WeightBytes(), " weight bytes"));
-  if (const int64_t window = span->config.SmallestAttentionWindow(
-          first_layer, end_layer - first_layer);
+  if (const int64_t window =
+          span->config.SmallestAttentionWindow(first_layer, end_layer - first_layer);
       window > 0) {
     Log(absl::StrCat("sliding-window attention: window ", span->config.sliding_window,
                      " tokens in some or all of the served layers"));
@@ -432,8 +433,8 @@ int Run(const ServerFlags& flags) {
   }
   if (!backend.ok()) return Fail(backend.status());
   if (const Backend::SequenceLimit limit = (*backend)->MaxSequence(); limit.max_tokens > 0) {
-    Log(absl::StrCat("sequences longer than ", limit.max_tokens, " tokens are refused: ",
-                     limit.reason));
+    Log(absl::StrCat("sequences longer than ", limit.max_tokens,
+                     " tokens are refused: ", limit.reason));
   }
 
   ServedModel served;
@@ -478,12 +479,12 @@ int Run(const ServerFlags& flags) {
       GrpcFrontend::Start(grpc_options, served, &batcher, backend->get(), &observers, &stats);
   if (!frontend.ok()) return Fail(frontend.status());
 
-  Log(absl::StrCat("max_batch_tokens=", served.max_batch_tokens, " max_queue_delay_us=",
-                   served.max_queue_delay_us, " max_queue_size=", served.max_queue_size,
-                   " max_queue_bytes=", batcher_options.max_queue_bytes,
-                   " cpu_threads=", flags.cpu_threads, " streams=", flags.streams,
-                   " max_message_bytes=", DefaultMaxMessageBytes(served),
-                   " drain_timeout_s=", flags.drain_timeout_s));
+  Log(absl::StrCat(
+      "max_batch_tokens=", served.max_batch_tokens,
+      " max_queue_delay_us=", served.max_queue_delay_us, " max_queue_size=", served.max_queue_size,
+      " max_queue_bytes=", batcher_options.max_queue_bytes, " cpu_threads=", flags.cpu_threads,
+      " streams=", flags.streams, " max_message_bytes=", DefaultMaxMessageBytes(served),
+      " drain_timeout_s=", flags.drain_timeout_s));
   std::cout << "layerserve ready: model=" << served.name << " layers=" << first_layer << ":"
             << end_layer << " backend=" << served.backend << " grpc_port=" << (*frontend)->port()
             << " metrics_port=" << (*metrics_server)->port() << std::endl;

@@ -12,8 +12,8 @@ namespace layerserve {
 
 // An INTERNAL status naming the failed call, its site and the CUDA error.
 inline absl::Status CudaError(cudaError_t err, const char* what, const char* file, int line) {
-  return absl::InternalError(absl::StrCat(file, ":", line, ": ", what, ": ", cudaGetErrorName(err), " (",
-                                          cudaGetErrorString(err), ")"));
+  return absl::InternalError(absl::StrCat(file, ":", line, ": ", what, ": ", cudaGetErrorName(err),
+                                          " (", cudaGetErrorString(err), ")"));
 }
 
 // True for errors after which the CUDA context is corrupt and every later call
@@ -25,12 +25,12 @@ bool IsStickyCudaError(cudaError_t err);
 
 // Returns an INTERNAL Status from the enclosing function if the CUDA runtime
 // call fails.
-#define LS_CUDA_RETURN_IF_ERROR(expr)                                              \
-  do {                                                                             \
-    const cudaError_t ls_cuda_err_ = (expr);                                       \
-    if (ls_cuda_err_ != cudaSuccess) {                                             \
-      return ::layerserve::CudaError(ls_cuda_err_, #expr, __FILE__, __LINE__);     \
-    }                                                                              \
+#define LS_CUDA_RETURN_IF_ERROR(expr)                                          \
+  do {                                                                         \
+    const cudaError_t ls_cuda_err_ = (expr);                                   \
+    if (ls_cuda_err_ != cudaSuccess) {                                         \
+      return ::layerserve::CudaError(ls_cuda_err_, #expr, __FILE__, __LINE__); \
+    }                                                                          \
   } while (0)
 
 // After a kernel launch: reports launch-configuration errors (the launch itself

@@ -42,22 +42,22 @@ namespace layerserve::kernels {
 namespace {
 
 // A benchmark is a program, not library code: a CUDA failure ends it.
-#define BENCH_CHECK_CUDA(expr)                                                                  \
-  do {                                                                                          \
-    const cudaError_t err_ = (expr);                                                            \
-    if (err_ != cudaSuccess) {                                                                  \
+#define BENCH_CHECK_CUDA(expr)                                                                      \
+  do {                                                                                              \
+    const cudaError_t err_ = (expr);                                                                \
+    if (err_ != cudaSuccess) {                                                                      \
       std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                             \
-    }                                                                                           \
+      std::exit(1);                                                                                 \
+    }                                                                                               \
   } while (0)
 
-#define BENCH_CHECK_OK(expr)                                                                 \
-  do {                                                                                       \
-    const absl::Status st_ = (expr);                                                         \
-    if (!st_.ok()) {                                                                         \
+#define BENCH_CHECK_OK(expr)                                                                       \
+  do {                                                                                             \
+    const absl::Status st_ = (expr);                                                               \
+    if (!st_.ok()) {                                                                               \
       std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, std::string(st_.message()).c_str()); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
+      std::exit(1);                                                                                \
+    }                                                                                              \
   } while (0)
 
 __global__ void FillUniform(__nv_bfloat16* x, int64_t n, uint32_t seed) {
@@ -171,8 +171,7 @@ std::vector<uint16_t> DownloadRows(const void* src, int64_t rows, int64_t width,
 }
 
 // Checks sampled (token, head) rows of set 0's output against float64.
-bool Validate(const Shape& shape, const std::vector<int32_t>& cu, const AttnSet& set, int64_t tokens,
-              int head_dim) {
+bool Validate(const Shape& shape, const std::vector<int32_t>& cu, const AttnSet& set, int64_t tokens, int head_dim) {
   const int64_t qw = int64_t{kHeads} * head_dim, kw = int64_t{kKvHeads} * head_dim;
   const std::vector<uint16_t> q = DownloadRows(set.q_ptr, tokens, qw, set.q_stride);
   const std::vector<uint16_t> k = DownloadRows(set.k_ptr, tokens, kw, set.kv_stride);
@@ -192,8 +191,8 @@ bool Validate(const Shape& shape, const std::vector<int32_t>& cu, const AttnSet&
     for (int j = 0; j <= row; ++j) {
       double dot = 0;
       for (int e = 0; e < head_dim; ++e)
-        dot += double{Bf16ToFloat(q[t * qw + h * head_dim + e])} *
-               Bf16ToFloat(k[(cu[s] + j) * kw + kvh * head_dim + e]);
+        dot +=
+            double{Bf16ToFloat(q[t * qw + h * head_dim + e])} * Bf16ToFloat(k[(cu[s] + j) * kw + kvh * head_dim + e]);
       score[j] = dot * scale;
       mx = std::max(mx, score[j]);
     }
@@ -279,10 +278,10 @@ void BenchAttention(int head_dim, const std::vector<Shape>& shapes, const std::v
       const double ms = MedianMs(sets, warmup, iters, [&](int set) {
         BENCH_CHECK_OK(LaunchFlashAttentionVersion(params(set), run.version, dev, nullptr, run.heads_per_section));
       });
-      const std::string name = std::string(FlashAttentionVersionName(run.version)) +
-                               (run.heads_per_section > 0 ? ", 1 section" : "");
-      std::printf("%-10s %6lld  %-48s %9.3f %9.1f%s\n", shape.name, static_cast<long long>(tokens), name.c_str(),
-                  ms, flops / (ms * 1e-3) / 1e12,
+      const std::string name =
+          std::string(FlashAttentionVersionName(run.version)) + (run.heads_per_section > 0 ? ", 1 section" : "");
+      std::printf("%-10s %6lld  %-48s %9.3f %9.1f%s\n", shape.name, static_cast<long long>(tokens), name.c_str(), ms,
+                  flops / (ms * 1e-3) / 1e12,
                   run.version == default_version && run.heads_per_section == 0 ? "  (default)" : "");
     }
   }
@@ -399,10 +398,15 @@ int Main(int argc, char** argv) {
   std::printf("device: %s, %d SMs, L2 %d MB, sm_%d%d\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
               prop.major, prop.minor);
   const std::vector<Shape> shapes = {
-      {"1x2048", {2048}},          {"4x512", {512, 512, 512, 512}}, {"1x4096", {4096}},
-      {"4x1024", {1024, 1024, 1024, 1024}}, {"1x8192", {8192}},   {"8x1024", std::vector<int>(8, 1024)},
+      {"1x2048", {2048}},
+      {"4x512", {512, 512, 512, 512}},
+      {"1x4096", {4096}},
+      {"4x1024", {1024, 1024, 1024, 1024}},
+      {"1x8192", {8192}},
+      {"8x1024", std::vector<int>(8, 1024)},
       {"mix8k", {4096, 2048, 1024, 512, 512}},
-      {"1x4096qkv", {4096}, /*fused_qkv=*/true}, {"1x8192qkv", {8192}, /*fused_qkv=*/true},
+      {"1x4096qkv", {4096}, /*fused_qkv=*/true},
+      {"1x8192qkv", {8192}, /*fused_qkv=*/true},
       // K/V of 64 MiB: the first length whose default splits the heads into sections.
       {"1x16384", {16384}},
   };

@@ -37,13 +37,13 @@
 namespace layerserve::kernels {
 namespace {
 
-#define BENCH_CHECK_CUDA(expr)                                                                 \
-  do {                                                                                         \
-    const cudaError_t bench_err_ = (expr);                                                     \
-    if (bench_err_ != cudaSuccess) {                                                           \
+#define BENCH_CHECK_CUDA(expr)                                                                            \
+  do {                                                                                                    \
+    const cudaError_t bench_err_ = (expr);                                                                \
+    if (bench_err_ != cudaSuccess) {                                                                      \
       std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(bench_err_)); \
-      return false;                                                                            \
-    }                                                                                          \
+      return false;                                                                                       \
+    }                                                                                                     \
   } while (0)
 
 __global__ void FillKernel(__nv_bfloat16* dst, int64_t count, uint64_t seed) {
@@ -283,9 +283,9 @@ bool Bench::RunShape(int64_t n, int64_t k) {
       Row row{m, n, k, variant.label, "ok"};
       if (variant.is_auto) row.chosen = GemmConfigSpec(config);
       if (!variant.is_auto && config.version == GemmVersion::kSmallMSplitK && m > 64) continue;  // small-M only
-      const absl::Status supported =
-          config.version == GemmVersion::kCublasLt ? absl::OkStatus()
-                                                   : GemmSupported(params(0, c[0]), config, router_->device());
+      const absl::Status supported = config.version == GemmVersion::kCublasLt
+                                         ? absl::OkStatus()
+                                         : GemmSupported(params(0, c[0]), config, router_->device());
       if (!supported.ok()) {
         row.status = "n/a: " + std::string(supported.message());
         timed.push_back({row});
@@ -424,9 +424,10 @@ bool Bench::Run() {
 int main(int argc, char** argv) {
   layerserve::kernels::Options opt;
   if (!layerserve::kernels::ParseOptions(argc, argv, &opt)) {
-    std::fprintf(stderr,
-                 "usage: gemm_bench [--versions=0,3,3b128,4,4s2,5,auto,...] [--shapes=NxK,...] [--ms=1,8,...] [--iters=N] "
-                 "[--rounds=N] [--csv=PATH]\n");
+    std::fprintf(
+        stderr,
+        "usage: gemm_bench [--versions=0,3,3b128,4,4s2,5,auto,...] [--shapes=NxK,...] [--ms=1,8,...] [--iters=N] "
+        "[--rounds=N] [--csv=PATH]\n");
     return 2;
   }
   layerserve::kernels::Bench bench(std::move(opt));

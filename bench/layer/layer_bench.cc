@@ -32,10 +32,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/cuda/cuda_resources.h"
+#include "base/cuda/cuda_status.h"
 #include "base/status_macros.h"
 #include "bench/layer/random_fill.h"
-#include "base/cuda/cuda_status.h"
-#include "base/cuda/cuda_resources.h"
 #include "server/cuda/gemm_tuning.h"
 #include "server/cuda/kernel_timing.h"
 #include "server/cuda/layer_executor.h"
@@ -79,9 +79,7 @@ LlamaConfig Llama3_8BConfig() {
 // Collects op times of the timed pass.
 class CollectingSink final : public KernelTimingSink {
  public:
-  void OnKernelTime(std::string_view op, double seconds) override {
-    times_[std::string(op)].push_back(seconds);
-  }
+  void OnKernelTime(std::string_view op, double seconds) override { times_[std::string(op)].push_back(seconds); }
   std::map<std::string, std::vector<double>>& times() { return times_; }
 
  private:
@@ -121,8 +119,7 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
   uint64_t seed = 1;
   for (Piece& p : pieces) {
     p.ptr = layout.Take(static_cast<size_t>(p.elements) * 2);
-    LS_RETURN_IF_ERROR(
-        FillUniformBf16(p.ptr, p.elements, seed++, p.center, p.half_width, stream.get()));
+    LS_RETURN_IF_ERROR(FillUniformBf16(p.ptr, p.elements, seed++, p.center, p.half_width, stream.get()));
     weight_elements += p.elements;
   }
   const double weight_bytes = 2.0 * static_cast<double>(weight_elements);
@@ -130,31 +127,26 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
                                        pieces[3].ptr, pieces[4].ptr, pieces[5].ptr};
 
   const std::vector<float> inv_freq = RopeInvFreq(config);
-  LS_ASSIGN_OR_RETURN(DeviceBuffer inv_freq_dev,
-                      DeviceBuffer::Allocate(inv_freq.size() * sizeof(float)));
-  LS_CUDA_RETURN_IF_ERROR(cudaMemcpy(inv_freq_dev.data(), inv_freq.data(),
-                                     inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
+  LS_ASSIGN_OR_RETURN(DeviceBuffer inv_freq_dev, DeviceBuffer::Allocate(inv_freq.size() * sizeof(float)));
+  LS_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(inv_freq_dev.data(), inv_freq.data(), inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
   // The server's GEMM routing: auto mode, tuned at "load" for this layer's
   // shapes (the table goes to stderr).
-  const std::vector<std::pair<int64_t, int64_t>> gemm_shapes = {
-      {shape.qkv_width(), shape.hidden},
-      {shape.hidden, shape.q_width()},
-      {2 * shape.intermediate, shape.hidden},
-      {shape.hidden, shape.intermediate}};
+  const std::vector<std::pair<int64_t, int64_t>> gemm_shapes = {{shape.qkv_width(), shape.hidden},
+                                                                {shape.hidden, shape.q_width()},
+                                                                {2 * shape.intermediate, shape.hidden},
+                                                                {shape.hidden, shape.intermediate}};
   cuda::GemmTuningOptions tuning;
   tuning.autotune = autotune;
   LS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::GemmRouter> gemm,
                       cuda::MakeGemmRouter(gemm_mode, gemm_shapes, kMaxTokens, tuning, std::cerr));
-  LS_ASSIGN_OR_RETURN(DeviceBuffer workspace_buffer,
-                      DeviceBuffer::Allocate(gemm->workspace_bytes()));
+  LS_ASSIGN_OR_RETURN(DeviceBuffer workspace_buffer, DeviceBuffer::Allocate(gemm->workspace_bytes()));
   const kernels::GemmWorkspace workspace{workspace_buffer.data(), workspace_buffer.bytes()};
   LS_ASSIGN_OR_RETURN(ActivationArena arena, ActivationArena::Create(shape, kMaxTokens));
   const size_t x_bytes = static_cast<size_t>(kMaxTokens * shape.hidden) * 2;
   LS_ASSIGN_OR_RETURN(DeviceBuffer x0, DeviceBuffer::Allocate(x_bytes));
-  LS_RETURN_IF_ERROR(
-      FillUniformBf16(x0.data(), kMaxTokens * shape.hidden, 99, 0.0f, 1.7f, stream.get()));
-  const cuda::LayerExecutor executor(shape, {layer}, static_cast<const float*>(inv_freq_dev.data()),
-                                     gemm.get());
+  LS_RETURN_IF_ERROR(FillUniformBf16(x0.data(), kMaxTokens * shape.hidden, 99, 0.0f, 1.7f, stream.get()));
+  const cuda::LayerExecutor executor(shape, {layer}, static_cast<const float*>(inv_freq_dev.data()), gemm.get());
   std::unique_ptr<kernels::GemmRouter> gemm_b;
   std::unique_ptr<cuda::LayerExecutor> executor_b;
   if (!compare.empty()) {
@@ -163,18 +155,17 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
     LS_ASSIGN_OR_RETURN(
         gemm_b, cuda::MakeGemmRouter(compare == "cublaslt" ? kernels::GemmMode::kCublasLt : kernels::GemmMode::kAuto,
                                      gemm_shapes, kMaxTokens, untuned, std::cerr));
-    executor_b = std::make_unique<cuda::LayerExecutor>(
-        shape, std::vector<cuda::LayerDeviceWeights>{layer},
-        static_cast<const float*>(inv_freq_dev.data()), gemm_b.get());
+    executor_b = std::make_unique<cuda::LayerExecutor>(shape, std::vector<cuda::LayerDeviceWeights>{layer},
+                                                       static_cast<const float*>(inv_freq_dev.data()), gemm_b.get());
   }
   LS_ASSIGN_OR_RETURN(cuda::OpTimer timer, cuda::OpTimer::Create(cuda::kOpsPerLayer));
   LS_ASSIGN_OR_RETURN(cuda::CudaEvent start, cuda::CreateEvent(cudaEventDefault));
   LS_ASSIGN_OR_RETURN(cuda::CudaEvent stop, cuda::CreateEvent(cudaEventDefault));
 
-  std::printf("device: %s, %d SMs; layer weights %.1f MB (bf16); %d timed runs per case\n",
-              props.name, props.multiProcessorCount, weight_bytes / 1e6, iters);
-  std::printf("%7s %5s %10s %10s %10s %10s %9s %9s  %s\n", "tokens", "seqs", "median_ms", "min_ms",
-              "floor_ms", "floor/med", "TFLOP/s", "GB/s_w", "per-op medians (us)");
+  std::printf("device: %s, %d SMs; layer weights %.1f MB (bf16); %d timed runs per case\n", props.name,
+              props.multiProcessorCount, weight_bytes / 1e6, iters);
+  std::printf("%7s %5s %10s %10s %10s %10s %9s %9s  %s\n", "tokens", "seqs", "median_ms", "min_ms", "floor_ms",
+              "floor/med", "TFLOP/s", "GB/s_w", "per-op medians (us)");
   std::ofstream csv;
   if (!csv_path.empty()) {
     csv.open(csv_path);
@@ -189,14 +180,12 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
   std::vector<int32_t> meta(2 * kMaxTokens + 1);
   for (const Case& c : cases) {
     const int64_t len = c.tokens / c.seqs;
-    for (int64_t t = 0; t < c.tokens; ++t)
-      meta[static_cast<size_t>(t)] = static_cast<int32_t>(t % len);
+    for (int64_t t = 0; t < c.tokens; ++t) meta[static_cast<size_t>(t)] = static_cast<int32_t>(t % len);
     for (int s = 0; s <= c.seqs; ++s) {
       meta[static_cast<size_t>(c.tokens + s)] = static_cast<int32_t>(s * len);
     }
-    LS_CUDA_RETURN_IF_ERROR(cudaMemcpy(arena.meta, meta.data(),
-                                       (c.tokens + c.seqs + 1) * sizeof(int32_t),
-                                       cudaMemcpyHostToDevice));
+    LS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(arena.meta, meta.data(), (c.tokens + c.seqs + 1) * sizeof(int32_t), cudaMemcpyHostToDevice));
     cuda::BatchGeometry geometry;
     geometry.tokens = c.tokens;
     geometry.num_seqs = c.seqs;
@@ -206,12 +195,11 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
 
     const auto forward = [&](cuda::OpTimer* op_timer, double* ms,
                              const cuda::LayerExecutor* which = nullptr) -> absl::Status {
-      LS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(arena.x, x0.data(),
-                                              static_cast<size_t>(c.tokens * shape.hidden) * 2,
+      LS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(arena.x, x0.data(), static_cast<size_t>(c.tokens * shape.hidden) * 2,
                                               cudaMemcpyDeviceToDevice, stream.get()));
       LS_CUDA_RETURN_IF_ERROR(cudaEventRecord(start.get(), stream.get()));
-      LS_RETURN_IF_ERROR((which != nullptr ? *which : executor)
-                             .Forward(arena, geometry, workspace, stream.get(), op_timer));
+      LS_RETURN_IF_ERROR(
+          (which != nullptr ? *which : executor).Forward(arena, geometry, workspace, stream.get(), op_timer));
       LS_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop.get(), stream.get()));
       LS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop.get()));
       float elapsed = 0;
@@ -224,8 +212,7 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
 
     // Validate before timing: the layer's output must be finite.
     std::vector<uint16_t> out(static_cast<size_t>(c.tokens * shape.hidden));
-    LS_CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(out.data(), arena.x, out.size() * 2, cudaMemcpyDeviceToHost));
+    LS_CUDA_RETURN_IF_ERROR(cudaMemcpy(out.data(), arena.x, out.size() * 2, cudaMemcpyDeviceToHost));
     for (const uint16_t bits : out) {
       if ((bits & 0x7f80) == 0x7f80) {
         return absl::InternalError(absl::StrCat("non-finite output at ", c.tokens, " tokens"));
@@ -252,28 +239,26 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
 
     const double median_ms = Median(times);
     const double min_ms = *std::min_element(times.begin(), times.end());
-    const double gemm_flops =
-        2.0 * static_cast<double>(c.tokens) * static_cast<double>(weight_elements);
+    const double gemm_flops = 2.0 * static_cast<double>(c.tokens) * static_cast<double>(weight_elements);
     const double attn_flops = 2.0 * shape.num_heads * shape.head_dim * static_cast<double>(c.seqs) *
                               static_cast<double>(len) * static_cast<double>(len + 1);
-    const double floor_ms = 1e3 * std::max(weight_bytes / kHbmBytesPerSecond,
-                                           (gemm_flops + attn_flops) / kBf16FlopsPerSecond);
+    const double floor_ms =
+        1e3 * std::max(weight_bytes / kHbmBytesPerSecond, (gemm_flops + attn_flops) / kBf16FlopsPerSecond);
     std::string ops;
-    for (const std::string_view op :
-         {cuda::kOpNorm, cuda::kOpGemmQkv, cuda::kOpRope, cuda::kOpAttention, cuda::kOpGemmO,
-          cuda::kOpGemmGateUp, cuda::kOpSiluMul, cuda::kOpGemmDown}) {
+    for (const std::string_view op : {cuda::kOpNorm, cuda::kOpGemmQkv, cuda::kOpRope, cuda::kOpAttention,
+                                      cuda::kOpGemmO, cuda::kOpGemmGateUp, cuda::kOpSiluMul, cuda::kOpGemmDown}) {
       const auto& v = sink.times()[std::string(op)];
       // "norm" runs twice per layer: report the per-layer total.
       const double per_layer = Median(v) * (op == cuda::kOpNorm ? 2 : 1);
       absl::StrAppend(&ops, std::string(op), "=", static_cast<int64_t>(per_layer * 1e6 + 0.5), " ");
     }
-    std::printf("%7ld %5d %10.4f %10.4f %10.4f %10.2f %9.1f %9.0f  %s\n",
-                static_cast<long>(c.tokens), c.seqs, median_ms, min_ms, floor_ms,
-                floor_ms / median_ms, (gemm_flops + attn_flops) / (median_ms * 1e-3) / 1e12,
-                weight_bytes / (median_ms * 1e-3) / 1e9, ops.c_str());
+    std::printf("%7ld %5d %10.4f %10.4f %10.4f %10.2f %9.1f %9.0f  %s\n", static_cast<long>(c.tokens), c.seqs,
+                median_ms, min_ms, floor_ms, floor_ms / median_ms,
+                (gemm_flops + attn_flops) / (median_ms * 1e-3) / 1e12, weight_bytes / (median_ms * 1e-3) / 1e9,
+                ops.c_str());
     if (!times_b.empty()) {
-      std::printf("%7s %5s %10.4f  (%s, alternating with the row above: %.3fx its time)\n", "", "",
-                  Median(times_b), compare.c_str(), Median(times_b) / median_ms);
+      std::printf("%7s %5s %10.4f  (%s, alternating with the row above: %.3fx its time)\n", "", "", Median(times_b),
+                  compare.c_str(), Median(times_b) / median_ms);
     }
     if (csv.is_open()) csv << c.tokens << "," << c.seqs << "," << median_ms << "\n";
   }
@@ -305,8 +290,8 @@ int main(int argc, char** argv) {
       gemm_mode = *mode;
     } else if (arg == "--no-autotune") {
       autotune = false;
-    } else if (arg == "--compare" && i + 1 < argc && (std::string_view(argv[i + 1]) == "cublaslt" ||
-                                                       std::string_view(argv[i + 1]) == "untuned")) {
+    } else if (arg == "--compare" && i + 1 < argc &&
+               (std::string_view(argv[i + 1]) == "cublaslt" || std::string_view(argv[i + 1]) == "untuned")) {
       compare = argv[++i];
     } else {
       std::cerr << "usage: layer_bench [--csv PATH] [--iters N] [--gemm auto|cublaslt|custom] [--no-autotune] "

@@ -12,7 +12,6 @@
 namespace layerserve::bench {
 
 // dst[i] = center + half_width * u_i with u_i uniform in [-1, 1), as bf16.
-absl::Status FillUniformBf16(void* dst, int64_t n, uint64_t seed, float center, float half_width,
-                             cudaStream_t stream);
+absl::Status FillUniformBf16(void* dst, int64_t n, uint64_t seed, float center, float half_width, cudaStream_t stream);
 
 }  // namespace layerserve::bench

@@ -92,8 +92,8 @@ absl::Status ValidateFlashAttentionParams(const FlashAttentionParams& p) {
   }
   if (p.num_heads <= 0 || p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat("flash attention: num_heads (", p.num_heads,
-                                                   ") must be a positive multiple of num_kv_heads (",
-                                                   p.num_kv_heads, ")"));
+                                                   ") must be a positive multiple of num_kv_heads (", p.num_kv_heads,
+                                                   ")"));
   }
   if (p.num_seqs > 65535 || p.num_heads > 65535) {
     return absl::InvalidArgumentError("flash attention: num_seqs and num_heads must be <= 65535 (grid limits)");

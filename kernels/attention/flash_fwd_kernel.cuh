@@ -48,11 +48,11 @@ struct FlashFwdTraits {
   static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
   static constexpr int kThreads = kNWarps * 32;
   static constexpr int kRowsPerWarp = kBlockM / kNWarps;
-  static constexpr int kMTiles = kRowsPerWarp / 16;  // m16 tiles per warp
-  static constexpr int kNTiles = kBlockN / 8;        // n8 tiles of the score tile
-  static constexpr int kDTiles = kHeadDim / 8;       // n8 tiles of the output
-  static constexpr int kKSteps = kHeadDim / 16;      // k16 steps of Q K^T
-  static constexpr int kPSteps = kBlockN / 16;       // k16 steps of P V
+  static constexpr int kMTiles = kRowsPerWarp / 16;   // m16 tiles per warp
+  static constexpr int kNTiles = kBlockN / 8;         // n8 tiles of the score tile
+  static constexpr int kDTiles = kHeadDim / 8;        // n8 tiles of the output
+  static constexpr int kKSteps = kHeadDim / 16;       // k16 steps of Q K^T
+  static constexpr int kPSteps = kBlockN / 16;        // k16 steps of P V
   static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks per row
   static constexpr int kStages = 2;
   static constexpr int kSmemElems = kBlockM * kHeadDim + 2 * kStages * kBlockN * kHeadDim;
@@ -76,8 +76,7 @@ __device__ __forceinline__ int SwizzledOffset(int row, int chunk) {
 // end of a sequence reads nothing out of bounds and feeds no garbage (NaN
 // bytes included) into the matrix products.
 template <typename Traits, int kRows, typename T>
-__device__ __forceinline__ void LoadTileAsync(T* smem, const T* gmem, int64_t row_stride, int valid_rows,
-                                              int tid) {
+__device__ __forceinline__ void LoadTileAsync(T* smem, const T* gmem, int64_t row_stride, int valid_rows, int tid) {
   constexpr int kIters = kRows * Traits::kChunksPerRow / Traits::kThreads;
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
@@ -92,8 +91,7 @@ __device__ __forceinline__ void LoadTileAsync(T* smem, const T* gmem, int64_t ro
 
 // A fragment of Q for m-tile `mt`, k-step `kk` of this warp, from shared memory.
 template <typename Traits, typename T>
-__device__ __forceinline__ void LoadQFragment(uint32_t (&a)[4], const T* sQ, int warp_row0, int mt, int kk,
-                                              int lane) {
+__device__ __forceinline__ void LoadQFragment(uint32_t (&a)[4], const T* sQ, int warp_row0, int mt, int kk, int lane) {
   const int row = warp_row0 + mt * 16 + (lane & 15);
   const int chunk = kk * 2 + (lane >> 4);
   LdMatrixX4(a, sQ + SwizzledOffset<Traits::kHeadDim>(row, chunk));
@@ -144,8 +142,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSm)
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
-  T* sK = sQ + kBlockM * kHeadDim;                      // [kStages][kBlockN][kHeadDim]
-  T* sV = sK + Traits::kStages * kBlockN * kHeadDim;   // [kStages][kBlockN][kHeadDim]
+  T* sK = sQ + kBlockM * kHeadDim;                    // [kStages][kBlockN][kHeadDim]
+  T* sV = sK + Traits::kStages * kBlockN * kHeadDim;  // [kStages][kBlockN][kHeadDim]
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -187,10 +185,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSm)
       // The next tile goes into the other stage, which every warp finished
       // reading before the barrier that ended the previous iteration.
       const int n_next = (nb + 1) * kBlockN;
-      LoadTileAsync<Traits, kBlockN>(sK + (stage ^ 1) * kBlockN * kHeadDim, k + n_next * p.k_row_stride,
-                                     p.k_row_stride, seqlen - n_next, tid);
-      LoadTileAsync<Traits, kBlockN>(sV + (stage ^ 1) * kBlockN * kHeadDim, v + n_next * p.v_row_stride,
-                                     p.v_row_stride, seqlen - n_next, tid);
+      LoadTileAsync<Traits, kBlockN>(sK + (stage ^ 1) * kBlockN * kHeadDim, k + n_next * p.k_row_stride, p.k_row_stride,
+                                     seqlen - n_next, tid);
+      LoadTileAsync<Traits, kBlockN>(sV + (stage ^ 1) * kBlockN * kHeadDim, v + n_next * p.v_row_stride, p.v_row_stride,
+                                     seqlen - n_next, tid);
       CpAsyncCommit();
       CpAsyncWait<1>();
     } else {
@@ -273,8 +271,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSm)
       for (int h = 0; h < 2; ++h) {
         float mx = row_max[mt][h];
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-          mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * h], acc_s[mt][nt][2 * h + 1]));
+        for (int nt = 0; nt < kNTiles; ++nt) mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * h], acc_s[mt][nt][2 * h + 1]));
         tile_max[mt][h] = QuadReduceMax(mx);
         // The first finite score always raises (-inf to finite is +inf);
         // a row still fully masked compares NaN and does not.
@@ -314,8 +311,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSm)
           }
       }
 
-    // O += P V, with P rounded to T straight from the score accumulators
-    // (the C layout of two adjacent n8 tiles is the A layout of one k16 step).
+      // O += P V, with P rounded to T straight from the score accumulators
+      // (the C layout of two adjacent n8 tiles is the A layout of one k16 step).
 #pragma unroll
     for (int ks = 0; ks < kPSteps; ++ks) {
       uint32_t a[kMTiles][4];

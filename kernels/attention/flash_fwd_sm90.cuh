@@ -45,7 +45,7 @@ inline constexpr int kBlockM = 128;  // 2 warpgroups x 64 query rows
 inline constexpr int kBlockN = 128;
 inline constexpr int kThreads = 256;
 inline constexpr int kStages = 3;
-inline constexpr int kHalfBytes = 128 * 128;     // 128 rows x 128 bytes (64 bf16 columns)
+inline constexpr int kHalfBytes = 128 * 128;       // 128 rows x 128 bytes (64 bf16 columns)
 inline constexpr int kTileBytes = 2 * kHalfBytes;  // 128 rows x 128 columns
 // mbarriers: q_full, then full[kStages] and empty[kStages] (see the kernel).
 inline constexpr int kNumMbarriers = 1 + 2 * kStages;
@@ -58,9 +58,7 @@ inline constexpr int kSmemBytes = (1 + 2 * kStages) * kTileBytes + kNumMbarriers
 // Orders shared memory written through the generic proxy (cp.async, whose
 // completion this thread has observed) before this thread's async-proxy
 // (wgmma) reads of it.
-__device__ __forceinline__ void FenceProxyAsyncShared() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
+__device__ __forceinline__ void FenceProxyAsyncShared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // Arrives on mbarrier `bar` once all of this thread's earlier cp.async copies
 // have landed (without raising the barrier's expected count).
@@ -86,8 +84,8 @@ __device__ __forceinline__ void FenceRegisters(uint32_t (&r)[kCount][4]) {
 // Starts the cp.async copy of a 128 x 128 bf16 tile into the swizzled halves.
 // Rows at or past `valid_rows` are zero-filled, never read: a tile overhanging
 // a sequence's end feeds no other sequence's bytes into the products.
-__device__ __forceinline__ void LoadTile(uint8_t* smem, const __nv_bfloat16* gmem, int64_t row_stride,
-                                         int valid_rows, int tid) {
+__device__ __forceinline__ void LoadTile(uint8_t* smem, const __nv_bfloat16* gmem, int64_t row_stride, int valid_rows,
+                                         int tid) {
   constexpr int kChunksPerRow = kHeadDim / 8;
 #pragma unroll
   for (int i = 0; i < kBlockN * kChunksPerRow / kThreads; ++i) {
@@ -228,8 +226,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = SmemAddr(smem_raw);
   uint8_t* sQ = smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr);
-  uint8_t* sK = sQ + kTileBytes;            // [kStages] tiles
-  uint8_t* sV = sK + kStages * kTileBytes;  // [kStages] tiles
+  uint8_t* sK = sQ + kTileBytes;                                // [kStages] tiles
+  uint8_t* sV = sK + kStages * kTileBytes;                      // [kStages] tiles
   const uint32_t q_full = SmemAddr(sV + kStages * kTileBytes);  // kNumMbarriers of 8 bytes
 
   const int tid = threadIdx.x;
@@ -259,8 +257,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (g >= 2) gemm::MbarWait(empty(g), ((g - 2) / kStages) & 1);
     if (g + 1 < n_blocks) {
       const int n_next = (g + 1) * kBlockN;
-      LoadTile(sK + ((g + 1) % kStages) * kTileBytes, k + n_next * p.k_row_stride, p.k_row_stride,
-               seqlen - n_next, tid);
+      LoadTile(sK + ((g + 1) % kStages) * kTileBytes, k + n_next * p.k_row_stride, p.k_row_stride, seqlen - n_next,
+               tid);
     }
     const int n_this = g * kBlockN;
     LoadTile(sV + (g % kStages) * kTileBytes, v + n_this * p.v_row_stride, p.v_row_stride, seqlen - n_this, tid);
@@ -327,8 +325,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     NamedBarrierArrive(other_turn, kThreads);
     gemm::WgmmaWait<1>();  // S is done; P·V may still run
     FenceAccumulators(acc_s);
-    const bool rescale = SoftmaxTile(acc_s, row_max, row_sum, correction, nb * kBlockN, query0, seqlen,
-                                              col0, scale_log2);
+    const bool rescale =
+        SoftmaxTile(acc_s, row_max, row_sum, correction, nb * kBlockN, query0, seqlen, col0, scale_log2);
     gemm::WgmmaWait<0>();
     FenceAccumulators(acc_o);
     FenceRegisters(p_frag);

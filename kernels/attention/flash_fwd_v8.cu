@@ -30,8 +30,7 @@ absl::Status FlashFwdV8Available(const FlashAttentionParams& p, const DeviceInfo
   }
   if (dev.max_smem_optin < sm90::kSmemBytes) {
     return absl::UnimplementedError(absl::StrCat("flash attention v8 needs ", sm90::kSmemBytes,
-                                                 " bytes of shared memory per block, device has ",
-                                                 dev.max_smem_optin));
+                                                 " bytes of shared memory per block, device has ", dev.max_smem_optin));
   }
   return absl::OkStatus();
 #endif

@@ -19,17 +19,23 @@ __device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
 template <typename T>
 __device__ __forceinline__ T FromFloat(float x);
 template <>
-__device__ __forceinline__ float FromFloat<float>(float x) { return x; }
+__device__ __forceinline__ float FromFloat<float>(float x) {
+  return x;
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 template <>
-__device__ __forceinline__ __half FromFloat<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half FromFloat<__half>(float x) {
+  return __float2half_rn(x);
+}
 
 // x rounded to T and back: models one PyTorch op whose result has dtype T.
 template <typename T>
-__device__ __forceinline__ float RoundTo(float x) { return ToFloat(FromFloat<T>(x)); }
+__device__ __forceinline__ float RoundTo(float x) {
+  return ToFloat(FromFloat<T>(x));
+}
 
 // N elements of T loaded or stored as one aligned vector (16 bytes per
 // instruction when N * sizeof(T) is a multiple of 16).

@@ -68,8 +68,8 @@ absl::StatusOr<CUtensorMap> MakeBf16TensorMap(const void* base, int64_t rows, in
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};  // bytes, of dim 1
   const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult res = (*encode)(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides,
-                                 box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+  const CUresult res = (*encode)(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box,
+                                 element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS) {
     return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(res),
@@ -135,8 +135,8 @@ std::string GemmConfigSpec(const GemmConfig& config) {
 absl::StatusOr<GemmConfig> ParseGemmConfigSpec(std::string_view spec) {
   const std::string text(spec);
   const auto bad = [&text] {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gemm configuration '", text, "' is not one of v0, v3, v3b128, v3b256, v4, v4s1..v4s8, v5"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gemm configuration '", text, "' is not one of v0, v3, v3b128, v3b256, v4, v4s1..v4s8, v5"));
   };
   std::string_view rest = spec;
   if (!rest.empty() && rest.front() == 'v') rest.remove_prefix(1);
@@ -276,8 +276,7 @@ int ResolveSplits(const GemmParams& p, const GemmConfig& config, const DeviceInf
 
 }  // namespace
 
-absl::Status LaunchGemm(const GemmParams& p, const GemmConfig& config, const DeviceInfo& dev,
-                        cudaStream_t stream) {
+absl::Status LaunchGemm(const GemmParams& p, const GemmConfig& config, const DeviceInfo& dev, cudaStream_t stream) {
   if (absl::Status supported = GemmSupported(p, config, dev); !supported.ok()) return supported;
   gemm::DenseGemm dense;
   dense.a = p.a;

@@ -36,12 +36,12 @@ absl::Status CublasError(cublasStatus_t status, const char* what, const char* fi
                                           cublasLtGetStatusString(status), ")"));
 }
 
-#define LS_CUBLAS_RETURN_IF_ERROR(expr)                                                           \
-  do {                                                                                            \
-    const cublasStatus_t ls_cublas_status_ = (expr);                                              \
-    if (ls_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                             \
-      return ::layerserve::kernels::CublasError(ls_cublas_status_, #expr, __FILE__, __LINE__);    \
-    }                                                                                             \
+#define LS_CUBLAS_RETURN_IF_ERROR(expr)                                                        \
+  do {                                                                                         \
+    const cublasStatus_t ls_cublas_status_ = (expr);                                           \
+    if (ls_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                          \
+      return ::layerserve::kernels::CublasError(ls_cublas_status_, #expr, __FILE__, __LINE__); \
+    }                                                                                          \
   } while (0)
 
 using cuda::UniqueHandle;
@@ -56,8 +56,8 @@ cudaDataType_t CudaType(DType t) { return t == DType::kF16 ? CUDA_R_16F : CUDA_R
 // Column-major rows x cols with leading dimension ld.
 absl::StatusOr<MatrixLayout> MakeLayout(DType t, int64_t rows, int64_t cols, int64_t ld) {
   cublasLtMatrixLayout_t layout = nullptr;
-  LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&layout, CudaType(t), static_cast<uint64_t>(rows),
-                                                       static_cast<uint64_t>(cols), ld));
+  LS_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatrixLayoutCreate(&layout, CudaType(t), static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
   return MatrixLayout(layout);
 }
 
@@ -67,8 +67,10 @@ absl::StatusOr<MatmulDesc> MakeDesc(DType t, bool has_bias, const void* bias) {
   MatmulDesc desc(raw);
   const cublasOperation_t trans_a = CUBLAS_OP_T;  // W, read as column-major [k, n]
   const cublasOperation_t trans_b = CUBLAS_OP_N;  // activations, column-major [k, m]
-  LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(raw, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
-  LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(raw, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
+  LS_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(raw, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
+  LS_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(raw, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
   if (has_bias) {
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     const cudaDataType_t bias_type = CudaType(t);
@@ -104,8 +106,7 @@ absl::Status Validate(const GemmParams& p) {
   if (p.a == nullptr || p.w == nullptr || p.d == nullptr) return absl::InvalidArgumentError("gemm: null operand");
   if (p.lda < p.k || p.ldw < p.k || p.ldd < p.n) {
     return absl::InvalidArgumentError(absl::StrCat("gemm: leading dimensions lda=", p.lda, " ldw=", p.ldw,
-                                                   " ldd=", p.ldd, " too small for m=", p.m, " n=", p.n,
-                                                   " k=", p.k));
+                                                   " ldd=", p.ldd, " too small for m=", p.m, " n=", p.n, " k=", p.k));
   }
   if (p.dtype == DType::kF32) return absl::InvalidArgumentError("gemm: operands must be bf16 or fp16");
   return absl::OkStatus();
@@ -176,8 +177,7 @@ struct GemmRouter::CublasLt {
 
   absl::StatusOr<const Plan*> GetPlan(const GemmParams& p, int alignment) {
     const bool has_bias = p.bias != nullptr;
-    const PlanKey key{p.m, p.n, p.k, p.lda, p.ldw, p.ldd, static_cast<int>(p.dtype), has_bias, p.accumulate,
-                      alignment};
+    const PlanKey key{p.m, p.n, p.k, p.lda, p.ldw, p.ldd, static_cast<int>(p.dtype), has_bias, p.accumulate, alignment};
     absl::MutexLock lock(&mu);
     if (auto it = plans.find(key); it != plans.end()) return it->second.get();
 
@@ -193,11 +193,12 @@ struct GemmRouter::CublasLt {
     LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&raw_pref));
     MatmulPreference pref(raw_pref);
     const uint64_t max_workspace = max_workspace_bytes;
-    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
-        raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof(max_workspace)));
+    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                                   &max_workspace, sizeof(max_workspace)));
     const uint32_t align_bytes = static_cast<uint32_t>(alignment);
-    for (const auto attribute : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                 CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    for (const auto attribute :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
       LS_CUBLAS_RETURN_IF_ERROR(
           cublasLtMatmulPreferenceSetAttribute(raw_pref, attribute, &align_bytes, sizeof(align_bytes)));
     }
@@ -284,22 +285,20 @@ absl::Status GemmRouter::RunCublasLt(const GemmParams& p, const GemmWorkspace& w
   const float beta = p.accumulate ? 1.0f : 0.0f;
   LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(cublaslt_->handle.get(), desc, &alpha, p.w, plan->w_layout.get(), p.a,
                                            plan->a_layout.get(), &beta, p.d, plan->d_layout.get(), p.d,
-                                           plan->d_layout.get(), &plan->algo, workspace.data, workspace.bytes,
-                                           stream));
+                                           plan->d_layout.get(), &plan->algo, workspace.data, workspace.bytes, stream));
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int64_t k, int64_t max_m,
-                                                                 const GemmWorkspace& workspace,
-                                                                 cudaStream_t stream) {
+                                                                 const GemmWorkspace& workspace, cudaStream_t stream) {
   std::vector<GemmTuneResult> results;
   if (!custom_kernels_ || n % 8 != 0 || k % 8 != 0 || max_m < 1) return results;
   const int last_bucket = GemmMBucket(max_m);
   const int64_t rows = std::min(GemmMBucketUpperBound(last_bucket), kTuneMaxM);
   // Enough copies of W that timed launches stream it from HBM, as serving does.
   const size_t w_bytes = static_cast<size_t>(n * k) * 2;
-  const int w_sets = static_cast<int>(
-      std::max<size_t>(2, (2 * static_cast<size_t>(device_.l2_bytes) + w_bytes - 1) / w_bytes));
+  const int w_sets =
+      static_cast<int>(std::max<size_t>(2, (2 * static_cast<size_t>(device_.l2_bytes) + w_bytes - 1) / w_bytes));
   LS_ASSIGN_OR_RETURN(const cuda::DeviceBuffer a, cuda::DeviceBuffer::Allocate(static_cast<size_t>(rows * k) * 2));
   LS_ASSIGN_OR_RETURN(const cuda::DeviceBuffer c, cuda::DeviceBuffer::Allocate(static_cast<size_t>(rows * n) * 2));
   LS_RETURN_IF_ERROR(gemm::FillRandomBf16(a.data(), rows * k, 1, stream));

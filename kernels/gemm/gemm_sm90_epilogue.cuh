@@ -22,7 +22,7 @@ struct GemmArgs {
   __nv_bfloat16* c;               // [m, n]
   int m, n, k;
   int tiles_m, tiles_n;
-  int splits;                     // version 4: K splits (= cluster size)
+  int splits;  // version 4: K splits (= cluster size)
 };
 
 // Host side: kernel arguments from validated params and a tile shape.

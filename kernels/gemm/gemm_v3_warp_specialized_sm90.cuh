@@ -61,8 +61,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     PrefetchTensorMap(&map_a);
     PrefetchTensorMap(&map_w);
     for (int s = 0; s < kStages; ++s) {
-      MbarInit(full_bar + 8 * s, 1);                  // the producer's arrive.expect_tx
-      MbarInit(empty_bar + 8 * s, kConsumerWarps);    // one arrive per consumer warp
+      MbarInit(full_bar + 8 * s, 1);                // the producer's arrive.expect_tx
+      MbarInit(empty_bar + 8 * s, kConsumerWarps);  // one arrive per consumer warp
     }
     FenceBarrierInit();
   }

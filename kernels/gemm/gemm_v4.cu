@@ -24,8 +24,8 @@ absl::Status Launch(const DenseGemm& p, int splits, cudaStream_t stream) {
   if (!map_w.ok()) return map_w.status();
   absl::StatusOr<CUtensorMap> map_a = MakeBf16TensorMap(p.a, p.m, p.k, kMPad);
   if (!map_a.ok()) return map_a.status();
-  LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(v4::GemmSmallMKernel<kMPad>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemBytes));
+  LS_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(v4::GemmSmallMKernel<kMPad>, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemBytes));
   cudaLaunchAttribute attrs[2]{};
   attrs[0].id = cudaLaunchAttributeClusterDimension;
   attrs[0].val.clusterDim.x = static_cast<unsigned>(splits);

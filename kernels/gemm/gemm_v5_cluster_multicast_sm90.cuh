@@ -125,9 +125,7 @@ __device__ __forceinline__ void BulkWaitRead() {
 }
 __device__ __forceinline__ void BulkWaitAll() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 // Orders this thread's ordinary shared-memory stores before later reads by the TMA engine.
-__device__ __forceinline__ void FenceProxyAsyncShared() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
+__device__ __forceinline__ void FenceProxyAsyncShared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // Writes a consumer warpgroup's m64 x kBlockN accumulator tile, whose top-left
 // output element is (row0, col0), as kBlockN / kChunkCols TMA stores of 64x64
@@ -207,8 +205,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     PrefetchTensorMap(&map_w);
     PrefetchTensorMap(&map_c);
     for (int s = 0; s < kStages; ++s) {
-      MbarInit(full_bar + 8 * s, 1);                             // this CTA's producer
-      MbarInit(empty_bar + 8 * s, kClusterM * kConsumerWarps);   // every consumer warp of the cluster
+      MbarInit(full_bar + 8 * s, 1);                            // this CTA's producer
+      MbarInit(empty_bar + 8 * s, kClusterM * kConsumerWarps);  // every consumer warp of the cluster
     }
     FenceBarrierInit();
   }

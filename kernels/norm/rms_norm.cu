@@ -47,8 +47,7 @@ absl::Status LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
   if (p.x == nullptr || p.weight == nullptr || p.y == nullptr || (p.residual != nullptr && p.h_out == nullptr)) {
     return absl::InvalidArgumentError("rms_norm: x, weight, y (and h_out with a residual) must be set");
   }
-  if (!Aligned16(p.x) || !Aligned16(p.weight) || !Aligned16(p.y) || !Aligned16(p.residual) ||
-      !Aligned16(p.h_out)) {
+  if (!Aligned16(p.x) || !Aligned16(p.weight) || !Aligned16(p.y) || !Aligned16(p.residual) || !Aligned16(p.h_out)) {
     return absl::InvalidArgumentError("rms_norm: buffers must be 16-byte aligned");
   }
   if (!(p.eps >= 0.f)) return absl::InvalidArgumentError("rms_norm: eps must be >= 0");

@@ -33,8 +33,8 @@ absl::Status Batch::Validate(int64_t hidden_size, int64_t max_tokens) const {
     const size_t bytes = request->num_elements() * DTypeSize(request->dtype);
     if (request->input.size() != bytes) {
       return absl::InvalidArgumentError(absl::StrCat("request '", request->id, "' input is ",
-                                                     request->input.size(),
-                                                     " bytes, shape needs ", bytes));
+                                                     request->input.size(), " bytes, shape needs ",
+                                                     bytes));
     }
     tokens += request->tokens();
     if (tokens > max_tokens) {

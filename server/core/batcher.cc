@@ -56,10 +56,10 @@ absl::Status Batcher::Enqueue(std::unique_ptr<InferRequest>& request) {
                                 : DefaultMaxQueueBytes(options_.policy, request->hidden);
   const int64_t bytes = InputBytes(*request);
   if (!queue_.empty() && bytes > max_bytes - queued_bytes_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "request queue is full (", queued_bytes_, " bytes queued in ", queue_.size(),
-        " requests; this request's ", bytes, " bytes would pass the queue's limit of ",
-        max_bytes, " bytes)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("request queue is full (", queued_bytes_, " bytes queued in ", queue_.size(),
+                     " requests; this request's ", bytes, " bytes would pass the queue's limit of ",
+                     max_bytes, " bytes)"));
   }
   request->enqueue_time = clock_->Now();
   queued_bytes_ += bytes;
@@ -132,9 +132,12 @@ void Batcher::Run() {
       if (!queue_.empty() && inflight_batches_ < max_inflight) {
         tokens.clear();
         for (const auto& r : queue_) tokens.push_back(r->tokens());
-        BatchDecision decision = DecideBatch(options_.policy, tokens, queue_.front()->enqueue_time, now);
+        BatchDecision decision =
+            DecideBatch(options_.policy, tokens, queue_.front()->enqueue_time, now);
         // Draining: run what is queued without waiting for more to arrive.
-        if (decision.take == 0 && stopping_) decision = DecideBatch(options_.policy, tokens, now - options_.policy.max_queue_delay, now);
+        if (decision.take == 0 && stopping_)
+          decision =
+              DecideBatch(options_.policy, tokens, now - options_.policy.max_queue_delay, now);
         if (decision.take > 0) {
           batch = std::make_shared<Batch>();
           for (size_t i = 0; i < decision.take; ++i) {
@@ -194,8 +197,8 @@ void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
                           absl::Status status) {
   const double compute_seconds = Seconds(clock_->Now() - start);
   // Recorded before the replies, so statistics read after a reply include it.
-  observer_->OnBatchExecuted(
-      {static_cast<int64_t>(batch->requests.size()), batch->total_tokens, compute_seconds, status.ok()});
+  observer_->OnBatchExecuted({static_cast<int64_t>(batch->requests.size()), batch->total_tokens,
+                              compute_seconds, status.ok()});
   for (auto& r : batch->requests) r->compute_seconds = compute_seconds;
   {
     MutexLock lock(&reply_mu_);

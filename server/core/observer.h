@@ -18,9 +18,9 @@ namespace layerserve {
 // One finished ModelInfer call, whatever its outcome, as seen at the edge.
 struct RequestRecord {
   std::string_view model;
-  std::string_view code;       // canonical status code name: "OK", "INVALID_ARGUMENT", ...
+  std::string_view code;        // canonical status code name: "OK", "INVALID_ARGUMENT", ...
   double duration_seconds = 0;  // receipt -> reply
-  int64_t tokens = 0;          // B*T, 0 if the request never parsed
+  int64_t tokens = 0;           // B*T, 0 if the request never parsed
 };
 
 // One request that left the queue (to run, or dropped as expired/cancelled).

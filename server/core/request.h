@@ -20,12 +20,12 @@
 namespace layerserve {
 
 struct InferRequest {
-  std::string id;            // echoed back; may be empty
+  std::string id;             // echoed back; may be empty
   DType dtype = DType::kF32;  // of both input and output
-  int64_t batch = 0;         // B: independent sequences
-  int64_t seq_len = 0;       // T: tokens per sequence, positions 0..T-1
+  int64_t batch = 0;          // B: independent sequences
+  int64_t seq_len = 0;        // T: tokens per sequence, positions 0..T-1
   int64_t hidden = 0;
-  std::string_view input;    // B*T*hidden elements of `dtype`, row-major; not owned
+  std::string_view input;  // B*T*hidden elements of `dtype`, row-major; not owned
 
   // Drop the request before compute once this passes (unset: no deadline).
   std::optional<SteadyTime> deadline;
@@ -33,7 +33,7 @@ struct InferRequest {
   std::function<bool()> is_cancelled;
 
   // Filled by the core.
-  std::string output;        // same size and layout as `input`
+  std::string output;  // same size and layout as `input`
   SteadyTime enqueue_time{};
   double queue_seconds = 0;    // enqueue -> batch start
   double compute_seconds = 0;  // batch start -> batch done (shared by the batch)

@@ -16,10 +16,10 @@ void StatsRecorder::OnRequestFinished(const RequestRecord& r) {
   d.count += 1;
   d.ns += ToNs(r.duration_seconds);
   if (r.code == "OK") {
-    stats_.last_inference_ms = static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::milliseconds>(
-            std::chrono::system_clock::now().time_since_epoch())
-            .count());
+    stats_.last_inference_ms =
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::system_clock::now().time_since_epoch())
+                                  .count());
   }
 }
 

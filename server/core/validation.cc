@@ -47,14 +47,15 @@ absl::StatusOr<ValidatedInput> ValidateRequest(const RequestDescription& request
     }
   }
   if (request.inputs.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("expected exactly one input '", ToAbsl(kInputName),
-                                                   "', got ", request.inputs.size(), " inputs"));
+    return absl::InvalidArgumentError(absl::StrCat("expected exactly one input '",
+                                                   ToAbsl(kInputName), "', got ",
+                                                   request.inputs.size(), " inputs"));
   }
   const InputDescription& in = request.inputs[0];
   if (in.name != kInputName) {
     return absl::InvalidArgumentError(absl::StrCat("unexpected input '", EchoForMessage(in.name),
-                                                   "'; the model takes one input '", ToAbsl(kInputName),
-                                                   "'"));
+                                                   "'; the model takes one input '",
+                                                   ToAbsl(kInputName), "'"));
   }
   const std::optional<DType> dtype = ParseProtocolDType(in.datatype);
   if (!dtype) {
@@ -62,15 +63,15 @@ absl::StatusOr<ValidatedInput> ValidateRequest(const RequestDescription& request
                                          "' (expected BF16, FP16 or FP32)"));
   }
   if (in.shape.size() != 3) {
-    return Invalid(in.name, absl::StrCat("shape ", ShapeText(in.shape), " has rank ",
-                                         in.shape.size(),
-                                         "; expected rank 3: [batch, tokens, hidden]"));
+    return Invalid(in.name,
+                   absl::StrCat("shape ", ShapeText(in.shape), " has rank ", in.shape.size(),
+                                "; expected rank 3: [batch, tokens, hidden]"));
   }
   static constexpr std::string_view kDimNames[3] = {"batch", "tokens", "hidden"};
   for (size_t i = 0; i < 3; ++i) {
     if (in.shape[i] <= 0) {
-      return Invalid(in.name, absl::StrCat("shape dimension ", i, " (", ToAbsl(kDimNames[i]), ") is ",
-                                           in.shape[i], "; every dimension must be >= 1"));
+      return Invalid(in.name, absl::StrCat("shape dimension ", i, " (", ToAbsl(kDimNames[i]),
+                                           ") is ", in.shape[i], "; every dimension must be >= 1"));
     }
   }
   const int64_t batch = in.shape[0], seq_len = in.shape[1], hidden = in.shape[2];
@@ -85,8 +86,8 @@ absl::StatusOr<ValidatedInput> ValidateRequest(const RequestDescription& request
   if (__builtin_mul_overflow(batch, seq_len, &tokens) ||
       __builtin_mul_overflow(tokens, hidden, &bytes) ||
       __builtin_mul_overflow(bytes, static_cast<int64_t>(DTypeSize(*dtype)), &bytes)) {
-    return Invalid(in.name, absl::StrCat("shape ", ShapeText(in.shape),
-                                         " overflows a 64-bit element count"));
+    return Invalid(
+        in.name, absl::StrCat("shape ", ShapeText(in.shape), " overflows a 64-bit element count"));
   }
   if (tokens > limits.max_tokens_per_request) {
     return Invalid(in.name, absl::StrCat(tokens, " tokens (batch ", batch, " x ", seq_len,
@@ -94,10 +95,10 @@ absl::StatusOr<ValidatedInput> ValidateRequest(const RequestDescription& request
                                          limits.max_tokens_per_request, " (--max-batch-tokens)"));
   }
   if (limits.max_sequence_tokens > 0 && seq_len > limits.max_sequence_tokens) {
-    return Invalid(in.name, absl::StrCat("shape dimension 1 (tokens) is ", seq_len,
-                                         ", longer than the ", limits.max_sequence_tokens,
-                                         " tokens this server computes exactly: ",
-                                         limits.sequence_limit_reason));
+    return Invalid(
+        in.name, absl::StrCat("shape dimension 1 (tokens) is ", seq_len, ", longer than the ",
+                              limits.max_sequence_tokens, " tokens this server computes exactly: ",
+                              limits.sequence_limit_reason));
   }
   if (in.has_typed_contents) {
     return Invalid(in.name,
@@ -105,8 +106,9 @@ absl::StatusOr<ValidatedInput> ValidateRequest(const RequestDescription& request
                    "raw_input_contents");
   }
   if (request.raw_sizes.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "raw_input_contents has ", request.raw_sizes.size(), " entries; expected 1 (one per input)"));
+    return absl::InvalidArgumentError(absl::StrCat("raw_input_contents has ",
+                                                   request.raw_sizes.size(),
+                                                   " entries; expected 1 (one per input)"));
   }
   if (request.raw_sizes[0] != static_cast<size_t>(bytes)) {
     return Invalid(in.name, absl::StrCat("raw_input_contents[0] holds ", request.raw_sizes[0],

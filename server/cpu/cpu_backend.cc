@@ -11,8 +11,8 @@
 #include "server/cpu/cpu_backend.h"
 
 #include <algorithm>
-#include <limits>
 #include <deque>
+#include <limits>
 #include <new>
 #include <thread>
 #include <utility>

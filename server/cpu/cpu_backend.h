@@ -20,6 +20,6 @@ struct CpuBackendOptions {
 };
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const ModelSpan& model,
-                                                         const CpuBackendOptions& options);
+                                                        const CpuBackendOptions& options);
 
 }  // namespace layerserve

@@ -272,8 +272,8 @@ void CausalAttention(const AttentionArgs& args, std::span<const int32_t> cu_seql
     // out_row += p[a..b] V[a..b] for the keys a..b (inclusive) outside [c0, c1].
     const auto add_keys = [&](int64_t r, int64_t a, int64_t b) {
       if (a > b) return;
-      cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(b - a + 1), static_cast<int>(d),
-                  1.0f, v + a * args.kv_stride, static_cast<int>(args.kv_stride),
+      cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(b - a + 1), static_cast<int>(d), 1.0f,
+                  v + a * args.kv_stride, static_cast<int>(args.kv_stride),
                   scores.data() + r * keys + (a - k0), 1, 1.0f, out_rows + r * args.out_stride, 1);
     };
     for (int64_t r = 0; r < rows; ++r) {

@@ -24,11 +24,11 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "base/cuda/cuda_resources.h"
+#include "base/cuda/cuda_status.h"
 #include "base/mutex.h"
 #include "base/status_macros.h"
 #include "layerserve/kernels/layer_ops.h"
-#include "base/cuda/cuda_status.h"
-#include "base/cuda/cuda_resources.h"
 #include "server/cuda/device_weights.h"
 #include "server/cuda/gemm_tuning.h"
 #include "server/cuda/layer_executor.h"
@@ -179,10 +179,9 @@ class CudaBackendImpl final : public CudaBackend {
         job = std::move(queue_.front());
         queue_.pop_front();
       }
-      absl::Status status =
-          set_device == cudaSuccess
-              ? RunBatch(slot, *job.batch)
-              : CudaError(set_device, "cudaSetDevice", __FILE__, __LINE__);
+      absl::Status status = set_device == cudaSuccess
+                                ? RunBatch(slot, *job.batch)
+                                : CudaError(set_device, "cudaSetDevice", __FILE__, __LINE__);
       job.done(std::move(status));
     }
   }
@@ -192,9 +191,9 @@ class CudaBackendImpl final : public CudaBackend {
     if (window_limit_ > 0) {
       for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s) {
         if (batch.cu_seqlens[s + 1] - batch.cu_seqlens[s] > window_limit_) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "sequence of ", batch.cu_seqlens[s + 1] - batch.cu_seqlens[s],
-              " tokens: ", MaxSequence().reason));
+          return absl::InvalidArgumentError(
+              absl::StrCat("sequence of ", batch.cu_seqlens[s + 1] - batch.cu_seqlens[s],
+                           " tokens: ", MaxSequence().reason));
         }
       }
     }
@@ -328,7 +327,7 @@ class CudaBackendImpl final : public CudaBackend {
     const cudaError_t last = cudaGetLastError();  // clears a non-sticky error
     const cudaError_t sticky = IsStickyCudaError(sync)   ? sync
                                : IsStickyCudaError(last) ? last
-                                                               : cudaPeekAtLastError();
+                                                         : cudaPeekAtLastError();
     if (sticky != cudaSuccess) {
       MutexLock lock(&health_mu_);
       if (health_.ok()) {
@@ -434,9 +433,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& mo
   }
   const int64_t window_limit = model.config.SmallestAttentionWindow(
       model.first_layer, static_cast<int64_t>(model.layers.size()));
-  auto backend = std::make_unique<CudaBackendImpl>(options, model.config, window_limit,
-                                                   std::move(weights),
-                                                   std::move(gemm), dtype, std::move(slots));
+  auto backend =
+      std::make_unique<CudaBackendImpl>(options, model.config, window_limit, std::move(weights),
+                                        std::move(gemm), dtype, std::move(slots));
   const absl::StatusOr<int64_t> used = backend->DeviceMemoryUsedBytes();
   std::cerr << "layerserve: cuda backend: device " << options.device << " (" << props.name
             << ", sm_" << props.major << props.minor << ", " << props.multiProcessorCount

@@ -7,8 +7,8 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
-#include "base/status_macros.h"
 #include "base/cuda/cuda_status.h"
+#include "base/status_macros.h"
 
 namespace layerserve::cuda {
 namespace {

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "layerserve/kernels/common.h"
 #include "base/cuda/cuda_resources.h"
+#include "layerserve/kernels/common.h"
 #include "server/cuda/layer_executor.h"
 #include "server/model/model.h"
 

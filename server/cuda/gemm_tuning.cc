@@ -19,9 +19,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "base/cuda/cuda_resources.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "base/cuda/cuda_resources.h"
 
 namespace layerserve::cuda {
 namespace {
@@ -46,8 +46,9 @@ kernels::GemmParams DenseBf16Probe(int64_t m, int64_t n, int64_t k) {
 }
 
 absl::Status PinError(absl::string_view entry, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat("--gemm-override entry '", entry, "': ", why,
-                                                  " (expected M:NxK=CONFIG, e.g. 16:6144x4096=v4s2)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--gemm-override entry '", entry, "': ", why,
+                   " (expected M:NxK=CONFIG, e.g. 16:6144x4096=v4s2)"));
 }
 
 bool ParsePositive(absl::string_view text, int64_t* out) {
@@ -105,8 +106,8 @@ absl::Status WriteCache(const std::string& path, const GemmTuneCache& cache) {
   std::error_code error;
   std::filesystem::rename(temp, path, error);
   if (error) {
-    return absl::FailedPreconditionError(absl::StrCat("gemm: cannot rename '", temp, "' to '",
-                                                      path, "': ", error.message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("gemm: cannot rename '", temp, "' to '", path, "': ", error.message()));
   }
   return absl::OkStatus();
 }
@@ -194,8 +195,7 @@ absl::StatusOr<GemmTuneCache> ParseGemmTuneCache(std::string_view json) {
     const auto config = e.find("config");
     if (n == nullptr || k == nullptr || m_max == nullptr || config == e.end() ||
         !config->is_string()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("gemm tuning cache: bad entry ", e.dump()));
+      return absl::InvalidArgumentError(absl::StrCat("gemm tuning cache: bad entry ", e.dump()));
     }
     GemmTuneResult r;
     r.n = n->get<int64_t>();
@@ -244,8 +244,8 @@ absl::Status TuneGemmRouter(kernels::GemmRouter& router,
     LS_ASSIGN_OR_RETURN(cached, ReadCache(options.cache_path, key, log));
   }
   const int last_bucket = kernels::GemmMBucket(max_m);
-  CudaStream stream;         // created on the first shape that needs timing
-  DeviceBuffer workspace;    // likewise: cuBLASLt's, for its timed runs
+  CudaStream stream;       // created on the first shape that needs timing
+  DeviceBuffer workspace;  // likewise: cuBLASLt's, for its timed runs
   bool tuned_any = false;
   // Entries for the cache file: everything read (other models' shapes
   // included) with this pass's results replacing those of their shape.
@@ -261,8 +261,9 @@ absl::Status TuneGemmRouter(kernels::GemmRouter& router,
         LS_ASSIGN_OR_RETURN(workspace, DeviceBuffer::Allocate(router.workspace_bytes()));
       }
       const auto start = std::chrono::steady_clock::now();
-      LS_ASSIGN_OR_RETURN(results, router.Autotune(n, k, max_m, {workspace.data(), workspace.bytes()},
-                                                   stream.get()));
+      LS_ASSIGN_OR_RETURN(
+          results,
+          router.Autotune(n, k, max_m, {workspace.data(), workspace.bytes()}, stream.get()));
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       source = absl::StrFormat("autotuned in %.1f s", seconds);
@@ -307,16 +308,17 @@ absl::Status TuneGemmRouter(kernels::GemmRouter& router,
 absl::StatusOr<std::unique_ptr<kernels::GemmRouter>> MakeGemmRouter(
     kernels::GemmMode mode, const std::vector<std::pair<int64_t, int64_t>>& shapes, int64_t max_m,
     const GemmTuningOptions& options, std::ostream& log) {
-  LS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::GemmRouter> router,
-                      kernels::GemmRouter::Create(mode, kernels::GemmRouter::kDefaultWorkspaceBytes));
+  LS_ASSIGN_OR_RETURN(
+      std::unique_ptr<kernels::GemmRouter> router,
+      kernels::GemmRouter::Create(mode, kernels::GemmRouter::kDefaultWorkspaceBytes));
   if (mode != kernels::GemmMode::kCublasLt && !router->custom_kernels_enabled()) {
     const kernels::DeviceInfo& dev = router->device();
     log << "layerserve: gemm: mode " << kernels::GemmModeName(mode)
         << ": our GEMM kernels are unavailable (they need a compute capability 9.0 device and an "
            "sm_90a build; this is "
         << dev.cc_major << "." << dev.cc_minor << ", "
-        << (kernels::GemmBuiltWithSm90a() ? "with" : "without") << " sm_90a); every GEMM runs on cuBLASLt"
-        << std::endl;
+        << (kernels::GemmBuiltWithSm90a() ? "with" : "without")
+        << " sm_90a); every GEMM runs on cuBLASLt" << std::endl;
   }
   LS_RETURN_IF_ERROR(TuneGemmRouter(*router, shapes, max_m, options, log));
   return router;

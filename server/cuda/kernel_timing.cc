@@ -2,8 +2,8 @@
 #include "server/cuda/kernel_timing.h"
 
 #include "absl/strings/str_cat.h"
-#include "base/status_macros.h"
 #include "base/cuda/cuda_status.h"
+#include "base/status_macros.h"
 
 namespace layerserve::cuda {
 

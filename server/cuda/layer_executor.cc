@@ -88,7 +88,8 @@ absl::Status LayerExecutor::Forward(const ActivationArena& arena, const BatchGeo
 }
 
 absl::Status LayerExecutor::ForwardLayer(const LayerDeviceWeights& w, const ActivationArena& arena,
-                                         const BatchGeometry& batch, const kernels::GemmWorkspace& workspace,
+                                         const BatchGeometry& batch,
+                                         const kernels::GemmWorkspace& workspace,
                                          cudaStream_t stream, OpTimer* timer) const {
   const LayerShape& s = shape_;
   const int64_t tokens = batch.tokens;

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "layerserve/kernels/common.h"
 #include "base/cuda/cuda_resources.h"
+#include "layerserve/kernels/common.h"
 #include "layerserve/kernels/gemm.h"
 #include "server/cuda/kernel_timing.h"
 #include "server/model/model.h"
@@ -105,7 +105,8 @@ class LayerExecutor {
   // Enqueues every layer over arena.x[0, tokens) on `stream`; nothing
   // synchronizes. With a timer, records an event after each op.
   absl::Status Forward(const ActivationArena& arena, const BatchGeometry& batch,
-                       const kernels::GemmWorkspace& workspace, cudaStream_t stream, OpTimer* timer) const;
+                       const kernels::GemmWorkspace& workspace, cudaStream_t stream,
+                       OpTimer* timer) const;
 
   const LayerShape& shape() const { return shape_; }
   int num_layers() const { return static_cast<int>(layers_.size()); }

@@ -46,8 +46,8 @@ const char* LevelName(google::protobuf::LogLevel level) {
 // Allocated once and never destroyed: protobuf may log during exit.
 struct LimitedLog {
   absl::Mutex mu;
-  LogRateLimiter limiter ABSL_GUARDED_BY(mu) =
-      LogRateLimiter(kProtobufLogBurst, kProtobufLogWindow);
+  LogRateLimiter limiter ABSL_GUARDED_BY(mu) = LogRateLimiter(kProtobufLogBurst,
+                                                              kProtobufLogWindow);
 };
 
 LimitedLog& Limited() {

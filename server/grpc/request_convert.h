@@ -55,7 +55,8 @@ std::optional<SteadyTime> EarlierDeadline(std::optional<SteadyTime> a, std::opti
 // Validates `request` against the model's limits and builds the core request:
 // id, dtype, shape and an `input` view into raw_input_contents[0]. The
 // deadline is the earlier of `transport_deadline` and the "timeout"
-// parameter; sequence parameters are refused (CheckNoSequenceParameters). on_done and is_cancelled are left for the caller to set.
+// parameter; sequence parameters are refused (CheckNoSequenceParameters). on_done and is_cancelled
+// are left for the caller to set.
 absl::StatusOr<std::unique_ptr<InferRequest>> MakeInferRequest(
     const inference::ModelInferRequest& request, const ModelLimits& limits,
     std::optional<SteadyTime> transport_deadline, SteadyTime now);

@@ -37,8 +37,8 @@ std::vector<double> DurationBucketsSeconds() {
 // Device time of one kernel launch: from a microsecond (an elementwise op at
 // one token) to a tenth of a second (a large GEMM or attention).
 std::vector<double> KernelBucketsSeconds() {
-  return {1e-6,  2.5e-6, 5e-6,   10e-6, 25e-6, 50e-6, 100e-6, 250e-6,
-          500e-6, 1e-3,  2.5e-3, 5e-3,  10e-3, 25e-3, 50e-3,  100e-3};
+  return {1e-6,   2.5e-6, 5e-6,   10e-6, 25e-6, 50e-6, 100e-6, 250e-6,
+          500e-6, 1e-3,   2.5e-3, 5e-3,  10e-3, 25e-3, 50e-3,  100e-3};
 }
 
 // Powers of two from 1 up to and including `max`.

@@ -27,7 +27,7 @@ struct Llama3RopeScaling {
 
 // The subset of a Hugging Face config.json that defines one decoder layer.
 struct LlamaConfig {
-  std::string model_type;           // "llama", "mistral" or "qwen2"
+  std::string model_type;  // "llama", "mistral" or "qwen2"
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
   int64_t num_attention_heads = 0;
@@ -37,8 +37,8 @@ struct LlamaConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   std::optional<Llama3RopeScaling> rope_scaling;
-  bool attention_bias = false;      // q/k/v biases (qwen2 always; llama if set)
-  std::string torch_dtype;          // informational
+  bool attention_bias = false;  // q/k/v biases (qwen2 always; llama if set)
+  std::string torch_dtype;      // informational
 
   // Sliding-window attention, with Hugging Face's semantics: in a windowed
   // layer query i sees key j iff 0 <= i - j < sliding_window. 0: no layer is

@@ -132,8 +132,7 @@ absl::Status ParseRopeScaling(const json& value, std::string_view key, std::stri
 }
 
 // The window size and the windowed layers: see ParseLlamaConfig in model.h.
-absl::Status ParseSlidingWindow(const json& root, const FieldReader& reader,
-                                LlamaConfig& config) {
+absl::Status ParseSlidingWindow(const json& root, const FieldReader& reader, LlamaConfig& config) {
   // Mirrors the transformers configs: MistralConfig defaults sliding_window to
   // 4096 (null disables it); Qwen2Config keeps it only with
   // use_sliding_window, and then windows layers >= max_window_layers; llama
@@ -160,8 +159,8 @@ absl::Status ParseSlidingWindow(const json& root, const FieldReader& reader,
   const int64_t layers = config.num_hidden_layers;
   if (const json* types = reader.Find("layer_types")) {
     if (!types->is_array() || static_cast<int64_t>(types->size()) != layers) {
-      return reader.Error("layer_types",
-                          absl::StrCat("must be a list of num_hidden_layers (", layers, ") strings"));
+      return reader.Error("layer_types", absl::StrCat("must be a list of num_hidden_layers (",
+                                                      layers, ") strings"));
     }
     config.sliding_layers.assign(static_cast<size_t>(layers), false);
     for (int64_t i = 0; i < layers; ++i) {
@@ -169,9 +168,9 @@ absl::Status ParseSlidingWindow(const json& root, const FieldReader& reader,
       if (t == "sliding_attention") {
         config.sliding_layers[static_cast<size_t>(i)] = true;
       } else if (t != "full_attention") {
-        return absl::UnimplementedError(absl::StrCat(
-            reader.Error("layer_types", "").message(), "entry ", i, " is ", t.dump(),
-            "; supported: \"full_attention\", \"sliding_attention\""));
+        return absl::UnimplementedError(
+            absl::StrCat(reader.Error("layer_types", "").message(), "entry ", i, " is ", t.dump(),
+                         "; supported: \"full_attention\", \"sliding_attention\""));
       }
     }
   } else if (window && config.model_type == "qwen2") {

@@ -48,9 +48,9 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 // (bytes after the last tensor, a gap, two tensors sharing bytes) is a file
 // transformers would refuse, most likely truncated or concatenated by a
 // broken tool, so it is refused here too rather than served.
-absl::Status SafetensorsFile::CheckTiling(
-    const std::string& file, const std::map<std::string, Entry, std::less<>>& entries,
-    uint64_t data_size) {
+absl::Status SafetensorsFile::CheckTiling(const std::string& file,
+                                          const std::map<std::string, Entry, std::less<>>& entries,
+                                          uint64_t data_size) {
   std::vector<std::pair<const std::string*, const Entry*>> by_offset;
   by_offset.reserve(entries.size());
   for (const auto& [tensor_name, entry] : entries) by_offset.emplace_back(&tensor_name, &entry);
@@ -68,9 +68,9 @@ absl::Status SafetensorsFile::CheckTiling(
     covered = entry->end;
   }
   if (covered != data_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file, ": data section is ", data_size, " bytes but its tensors cover ", covered,
-        "; the file has bytes the header does not describe"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": data section is ", data_size, " bytes but its tensors cover ",
+                     covered, "; the file has bytes the header does not describe"));
   }
   return absl::OkStatus();
 }

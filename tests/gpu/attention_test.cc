@@ -94,9 +94,7 @@ AttnProblem BuildProblem(const AttnCase& c) {
     const int len = c.seqlens[s];
     auto q_at = [&](int i) { return &pr.qkv[(start + i) * pr.qkv_width + int64_t{h} * d]; };
     auto k_at = [&](int j) { return &pr.qkv[(start + j) * pr.qkv_width + int64_t{c.heads + kvh} * d]; };
-    auto v_at = [&](int j) {
-      return &pr.qkv[(start + j) * pr.qkv_width + int64_t{c.heads + c.kv_heads + kvh} * d];
-    };
+    auto v_at = [&](int j) { return &pr.qkv[(start + j) * pr.qkv_width + int64_t{c.heads + c.kv_heads + kvh} * d]; };
     std::vector<double> s_exact(len), p_plain(len);
     std::vector<float> s_plain(len);
     for (int i = 0; i < len; ++i) {
@@ -205,8 +203,9 @@ TEST_P(FlashAttentionTest, WithinTwiceThePlainImplementationsError) {
   auto describe = [&](size_t i) {
     const int64_t token = static_cast<int64_t>(i) / out_width;
     const int64_t col = static_cast<int64_t>(i) % out_width;
-    const int seq = static_cast<int>(std::upper_bound(pr.cu_seqlens.begin(), pr.cu_seqlens.end(), token) -
-                                     pr.cu_seqlens.begin()) - 1;
+    const int seq =
+        static_cast<int>(std::upper_bound(pr.cu_seqlens.begin(), pr.cu_seqlens.end(), token) - pr.cu_seqlens.begin()) -
+        1;
     return "seq " + std::to_string(seq) + " row " + std::to_string(token - pr.cu_seqlens[seq]) + " head " +
            std::to_string(col / c.head_dim) + " dim " + std::to_string(col % c.head_dim);
   };
@@ -234,7 +233,8 @@ TEST_P(FlashAttentionTest, WithinTwiceThePlainImplementationsError) {
       // Hopper) must say so at launch; it is skipped, visibly.
       const absl::Status available = FlashAttentionVersionAvailable(p, version, *dev);
       if (!available.ok()) {
-        EXPECT_EQ(LaunchFlashAttentionVersion(p, version, *dev, nullptr, run.heads_per_section).code(), available.code());
+        EXPECT_EQ(LaunchFlashAttentionVersion(p, version, *dev, nullptr, run.heads_per_section).code(),
+                  available.code());
         if (run.heads_per_section == 0) {
           std::cout << "[ SKIPPED  ] v" << version << " on " << CaseName(c) << ": " << available.message() << "\n";
           RecordProperty("v" + std::to_string(version), "skipped: " + std::string(available.message()));
@@ -243,21 +243,20 @@ TEST_P(FlashAttentionTest, WithinTwiceThePlainImplementationsError) {
       }
     }
     d_out.Poison();
-    const absl::Status st = version == 0 ? LaunchFlashAttention(p, *dev, nullptr)
-                                         : LaunchFlashAttentionVersion(p, version, *dev, nullptr, run.heads_per_section);
+    const absl::Status st = version == 0
+                                ? LaunchFlashAttention(p, *dev, nullptr)
+                                : LaunchFlashAttentionVersion(p, version, *dev, nullptr, run.heads_per_section);
     ASSERT_TRUE(st.ok()) << st;
     LS_ASSERT_CUDA_OK(cudaDeviceSynchronize());
     std::vector<uint8_t> bytes(d_out.bytes());
     d_out.Download(bytes.data(), bytes.size());
     const std::vector<double> got = Decode(c.dtype, bytes);
     const ErrorStats kernel = Errors(got, pr.exact);
-    const std::string report = "kernel max|err| " + std::to_string(kernel.max_abs) + " mean " +
-                               std::to_string(kernel.mean_abs) + "; plain max|err| " +
-                               std::to_string(plain.max_abs) + " mean " + std::to_string(plain.mean_abs) +
-                               "; worst at " + describe(kernel.worst) + ": got " +
-                               std::to_string(got[kernel.worst]) + ", expected " +
-                               std::to_string(pr.exact[kernel.worst]) + ", plain " +
-                               std::to_string(pr.plain[kernel.worst]);
+    const std::string report =
+        "kernel max|err| " + std::to_string(kernel.max_abs) + " mean " + std::to_string(kernel.mean_abs) +
+        "; plain max|err| " + std::to_string(plain.max_abs) + " mean " + std::to_string(plain.mean_abs) +
+        "; worst at " + describe(kernel.worst) + ": got " + std::to_string(got[kernel.worst]) + ", expected " +
+        std::to_string(pr.exact[kernel.worst]) + ", plain " + std::to_string(pr.plain[kernel.worst]);
     EXPECT_EQ(kernel.non_finite, 0u) << kernel.non_finite << " non-finite outputs (unwritten or NaN); first at "
                                      << describe(kernel.worst);
     // A floor of a quarter ulp at 1.0 keeps exact-looking tiny cases (one

@@ -21,12 +21,12 @@
 #include <string>
 #include <vector>
 
+#include "base/cuda/cuda_status.h"
 #include "base/dtype.h"
 #include "base/mutex.h"
 #include "gtest/gtest.h"
 #include "server/core/backend.h"
 #include "server/cpu/cpu_backend.h"
-#include "base/cuda/cuda_status.h"
 #include "server/model/model.h"
 #include "tests/support/random_model.h"
 
@@ -109,8 +109,7 @@ std::shared_ptr<Batch> MakeBatch(const Inputs& in, int64_t hidden) {
 std::future<absl::Status> Start(Backend& backend, std::shared_ptr<Batch> batch) {
   auto promise = std::make_shared<std::promise<absl::Status>>();
   std::future<absl::Status> result = promise->get_future();
-  backend.Execute(std::move(batch),
-                  [promise](absl::Status s) { promise->set_value(std::move(s)); });
+  backend.Execute(std::move(batch), [promise](absl::Status s) { promise->set_value(std::move(s)); });
   return result;
 }
 
@@ -153,13 +152,12 @@ void ExpectClose(const Batch& actual, const Batch& expected, const std::string& 
     }
     const double norm_err = std::sqrt(diff_sq / (sum_sq + 1e-30));
     const int64_t hidden = e.hidden;
-    const std::string where =
-        what + " request " + std::to_string(i) + " (B=" + std::to_string(e.batch) +
-        " T=" + std::to_string(e.seq_len) + " " + std::string(DTypeProtocolName(e.dtype)) +
-        "): worst element token " + std::to_string(worst_j / hidden) + " feature " +
-        std::to_string(worst_j % hidden) + ": cuda " + std::to_string(av[worst_j]) + " cpu " +
-        std::to_string(ev[worst_j]) + " (score " + std::to_string(worst) + ", output rms " +
-        std::to_string(rms) + "); normwise error " + std::to_string(norm_err);
+    const std::string where = what + " request " + std::to_string(i) + " (B=" + std::to_string(e.batch) +
+                              " T=" + std::to_string(e.seq_len) + " " + std::string(DTypeProtocolName(e.dtype)) +
+                              "): worst element token " + std::to_string(worst_j / hidden) + " feature " +
+                              std::to_string(worst_j % hidden) + ": cuda " + std::to_string(av[worst_j]) + " cpu " +
+                              std::to_string(ev[worst_j]) + " (score " + std::to_string(worst) + ", output rms " +
+                              std::to_string(rms) + "); normwise error " + std::to_string(norm_err);
     EXPECT_LE(worst, kTol) << where;
     EXPECT_LE(norm_err, kNormTol) << where;
     if (::testing::Test::HasFailure()) return;
@@ -237,8 +235,8 @@ TEST(CudaBackendTest, ConcurrentBatchesOverTheStreamPool) {
   std::vector<std::future<absl::Status>> futures;
   for (int i = 0; i < kBatches; ++i) {
     const DType dtype = i % 3 == 0 ? DType::kF32 : i % 3 == 1 ? DType::kBF16 : DType::kF16;
-    inputs.push_back(RandomInputs({{1 + i % 2, 1 + 37 * i, dtype}, {1, 5, DType::kF32}},
-                                  model.config.hidden_size, rng));
+    inputs.push_back(
+        RandomInputs({{1 + i % 2, 1 + 37 * i, dtype}, {1, 5, DType::kF32}}, model.config.hidden_size, rng));
   }
   for (int i = 0; i < kBatches; ++i) {
     batches.push_back(MakeBatch(inputs[i], model.config.hidden_size));
@@ -264,12 +262,10 @@ TEST(CudaBackendTest, FailedBatchFailsAloneAndBackendStaysHealthy) {
   const int64_t hidden = model.config.hidden_size;
 
   const Inputs too_long = RandomInputs({{1, 65, DType::kF32}}, hidden, rng);
-  EXPECT_EQ(RunSync(**cuda, MakeBatch(too_long, hidden)).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RunSync(**cuda, MakeBatch(too_long, hidden)).code(), absl::StatusCode::kInvalidArgument);
 
   const Inputs wrong_hidden = RandomInputs({{1, 4, DType::kF32}}, hidden / 2, rng);
-  EXPECT_EQ(RunSync(**cuda, MakeBatch(wrong_hidden, hidden / 2)).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RunSync(**cuda, MakeBatch(wrong_hidden, hidden / 2)).code(), absl::StatusCode::kInvalidArgument);
 
   const Inputs good = RandomInputs({{2, 32, DType::kBF16}}, hidden, rng);
   auto batch = MakeBatch(good, hidden);
@@ -353,9 +349,9 @@ TEST(CudaBackendTest, ReportsKernelTimesOfSampledBatches) {
     const absl::Status status = RunSync(**cuda, MakeBatch(in, model.config.hidden_size));
     ASSERT_TRUE(status.ok()) << status;
   }
-  const std::map<std::string, int> expected = {
-      {"norm", 2 * 3 * 2}, {"gemm_qkv", 3 * 2},     {"rope", 3 * 2},     {"attention", 3 * 2},
-      {"gemm_o", 3 * 2},   {"gemm_gate_up", 3 * 2}, {"silu_mul", 3 * 2}, {"gemm_down", 3 * 2}};
+  const std::map<std::string, int> expected = {{"norm", 2 * 3 * 2},  {"gemm_qkv", 3 * 2}, {"rope", 3 * 2},
+                                               {"attention", 3 * 2}, {"gemm_o", 3 * 2},   {"gemm_gate_up", 3 * 2},
+                                               {"silu_mul", 3 * 2},  {"gemm_down", 3 * 2}};
   EXPECT_EQ(sink.counts(), expected);
   EXPECT_EQ(sink.bad(), 0) << "durations outside (0, 1) s";
 }
@@ -390,12 +386,10 @@ TEST(CudaBackendTest, RejectsBadOptionsAndShapes) {
   EXPECT_EQ(MakeCudaBackend(model, options).status().code(), absl::StatusCode::kInvalidArgument);
   ModelSpan odd = MakeDemoModel(LayerRange{0, 1});
   odd.config.head_dim = 96;
-  EXPECT_EQ(MakeCudaBackend(odd, CudaBackendOptions{}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeCudaBackend(odd, CudaBackendOptions{}).status().code(), absl::StatusCode::kInvalidArgument);
   ModelSpan empty = MakeDemoModel(LayerRange{0, 1});
   empty.layers.clear();
-  EXPECT_EQ(MakeCudaBackend(empty, CudaBackendOptions{}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeCudaBackend(empty, CudaBackendOptions{}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CudaCheckTest, ClassifiesStickyErrors) {

@@ -65,9 +65,8 @@ struct Worst {
   int64_t bad;
 };
 
-__global__ void CompareKernel(const __nv_bfloat16* out, const float* ref, const __nv_bfloat16* residual,
-                              int64_t count, float rel_tol, float abs_tol, float product_rel_tol,
-                              Worst* per_block) {
+__global__ void CompareKernel(const __nv_bfloat16* out, const float* ref, const __nv_bfloat16* residual, int64_t count,
+                              float rel_tol, float abs_tol, float product_rel_tol, Worst* per_block) {
   double worst = 0.0;
   int64_t worst_index = -1;
   int64_t bad = 0;

@@ -22,7 +22,7 @@ struct CompareResult {
   int64_t worst_index = -1;
   float worst_out = 0.f;
   float worst_ref = 0.f;
-  int64_t bad_count = 0;     // elements with ratio > 1
+  int64_t bad_count = 0;  // elements with ratio > 1
 };
 
 // Compares bf16 `out` [m, n] against ref (+ bf16 residual, when non-null):

@@ -1,12 +1,10 @@
 // The GEMM router (layerserve/kernels/gemm.h), the one path every projection
-// of the CUDA backend takes, against a float64 host product: D = A · Wᵀ (+ bias) (+ D) in row-major bf16 and fp16, in each
-// GemmMode (auto, cublaslt, custom). The backend test checks whole layers;
-// this one isolates the routing between our kernels and cuBLASLt, the
-// row-major <-> column-major mapping, the bias epilogue and the in-place
-// residual (beta = 1), at decode (M = 1), the v4 bucket edges (16/17, 64) and
-// prefill-like M, on dense and on strided or awkward operands that must fall
-// back to cuBLASLt. Each case also checks which path Route() picked, so a
-// mode that silently ran cuBLASLt everywhere would fail on Hopper.
+// of the CUDA backend takes, against a float64 host product: D = A · Wᵀ (+ bias) (+ D) in row-major bf16 and fp16, in
+// each GemmMode (auto, cublaslt, custom). The backend test checks whole layers; this one isolates the routing between
+// our kernels and cuBLASLt, the row-major <-> column-major mapping, the bias epilogue and the in-place residual (beta =
+// 1), at decode (M = 1), the v4 bucket edges (16/17, 64) and prefill-like M, on dense and on strided or awkward
+// operands that must fall back to cuBLASLt. Each case also checks which path Route() picked, so a mode that silently
+// ran cuBLASLt everywhere would fail on Hopper.
 #include <cmath>
 #include <cstdint>
 #include <iostream>
@@ -17,11 +15,11 @@
 #include <tuple>
 #include <vector>
 
+#include "base/cuda/cuda_resources.h"
 #include "base/dtype.h"
 #include "gtest/gtest.h"
 #include "layerserve/kernels/gemm.h"
 #include "server/cuda/cuda_backend.h"
-#include "base/cuda/cuda_resources.h"
 
 namespace layerserve::cuda {
 
@@ -42,15 +40,13 @@ struct Case {
 
 std::vector<uint16_t> Encode(const std::vector<float>& v, kernels::DType t) {
   std::vector<uint16_t> out(v.size());
-  ConvertFromFloat(v.data(), v.size(), t == kernels::DType::kF16 ? DType::kF16 : DType::kBF16,
-                   out.data());
+  ConvertFromFloat(v.data(), v.size(), t == kernels::DType::kF16 ? DType::kF16 : DType::kBF16, out.data());
   return out;
 }
 
 std::vector<float> Decode(const std::vector<uint16_t>& v, kernels::DType t) {
   std::vector<float> out(v.size());
-  ConvertToFloat(t == kernels::DType::kF16 ? DType::kF16 : DType::kBF16, v.data(), v.size(),
-                 out.data());
+  ConvertToFloat(t == kernels::DType::kF16 ? DType::kF16 : DType::kBF16, v.data(), v.size(), out.data());
   return out;
 }
 
@@ -58,9 +54,7 @@ template <typename T>
 DeviceBuffer Upload(const std::vector<T>& host) {
   absl::StatusOr<DeviceBuffer> buffer = DeviceBuffer::Allocate(host.size() * sizeof(T));
   EXPECT_TRUE(buffer.ok()) << buffer.status();
-  EXPECT_EQ(
-      cudaMemcpy(buffer->data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
-      cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(buffer->data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
   return std::move(*buffer);
 }
 
@@ -93,8 +87,8 @@ Operands MakeOperands(const Case& c, uint32_t seed) {
   for (float& v : o.w) v = dist(rng) / std::sqrt(float(c.k));
   for (float& v : o.bias) v = dist(rng);
   for (float& v : o.d) v = dist(rng);
-  const std::vector<uint16_t> a16 = Encode(o.a, c.dtype), w16 = Encode(o.w, c.dtype),
-                              b16 = Encode(o.bias, c.dtype), d16 = Encode(o.d, c.dtype);
+  const std::vector<uint16_t> a16 = Encode(o.a, c.dtype), w16 = Encode(o.w, c.dtype), b16 = Encode(o.bias, c.dtype),
+                              d16 = Encode(o.d, c.dtype);
   o.a = Decode(a16, c.dtype);
   o.w = Decode(w16, c.dtype);
   o.bias = Decode(b16, c.dtype);
@@ -135,8 +129,7 @@ kernels::GemmParams ParamsFor(const Case& c, const Operands& o) {
   if (const cudaError_t err = cudaDeviceSynchronize(); err != cudaSuccess) {
     return ::testing::AssertionFailure() << "device error: " << cudaGetErrorString(err);
   }
-  if (cudaMemcpy(out16.data(), o.d_dev.data(), out16.size() * 2, cudaMemcpyDeviceToHost) !=
-      cudaSuccess) {
+  if (cudaMemcpy(out16.data(), o.d_dev.data(), out16.size() * 2, cudaMemcpyDeviceToHost) != cudaSuccess) {
     return ::testing::AssertionFailure() << "copy-out failed";
   }
   const std::vector<float> out = Decode(out16, c.dtype);
@@ -148,8 +141,7 @@ kernels::GemmParams ParamsFor(const Case& c, const Operands& o) {
     for (int64_t j = 0; j < c.n; ++j) {
       double acc = 0;
       for (int64_t t = 0; t < c.k; ++t) {
-        acc += double(o.a[static_cast<size_t>(i * o.lda + t)]) *
-               o.w[static_cast<size_t>(j * c.k + t)];
+        acc += double(o.a[static_cast<size_t>(i * o.lda + t)]) * o.w[static_cast<size_t>(j * c.k + t)];
       }
       const size_t at = static_cast<size_t>(i * c.n + j);
       product[at] = acc;
@@ -180,27 +172,22 @@ kernels::GemmParams ParamsFor(const Case& c, const Operands& o) {
       const double ratio = err == 0 ? 0 : allowed > 0 ? err / allowed : 1e30;
       if (!(ratio <= worst_ratio)) {
         worst_ratio = std::isfinite(ratio) ? ratio : 1e30;
-        worst = "row " + std::to_string(i) + " col " + std::to_string(j) + ": got " +
-                std::to_string(got) + " want " + std::to_string(expected) + " (allowed " +
-                std::to_string(allowed) + ")";
+        worst = "row " + std::to_string(i) + " col " + std::to_string(j) + ": got " + std::to_string(got) + " want " +
+                std::to_string(expected) + " (allowed " + std::to_string(allowed) + ")";
       }
     }
   }
   if (worst_ratio <= 1.0) return ::testing::AssertionSuccess() << "worst " << worst;
-  return ::testing::AssertionFailure()
-         << "worst element at " << worst_ratio << "x the allowance, " << worst;
+  return ::testing::AssertionFailure() << "worst element at " << worst_ratio << "x the allowance, " << worst;
 }
 
 std::string ShapeName(const Case& c) {
-  return "m" + std::to_string(c.m) + "_n" + std::to_string(c.n) + "_k" + std::to_string(c.k) +
-         (c.bias ? "_bias" : "") + (c.accumulate ? "_inplace" : "") +
-         (c.dtype == kernels::DType::kF16 ? "_f16" : "_bf16") +
+  return "m" + std::to_string(c.m) + "_n" + std::to_string(c.n) + "_k" + std::to_string(c.k) + (c.bias ? "_bias" : "") +
+         (c.accumulate ? "_inplace" : "") + (c.dtype == kernels::DType::kF16 ? "_f16" : "_bf16") +
          (c.row_pad > 0 ? "_pad" + std::to_string(c.row_pad) : "");
 }
 
-std::string CaseName(GemmMode mode, const Case& c) {
-  return std::string(GemmModeName(mode)) + "_" + ShapeName(c);
-}
+std::string CaseName(GemmMode mode, const Case& c) { return std::string(GemmModeName(mode)) + "_" + ShapeName(c); }
 
 // Readable parameters in test logs and ctest names.
 void PrintTo(const Case& c, std::ostream* os) { *os << ShapeName(c); }
@@ -220,8 +207,8 @@ TEST_P(GemmTest, MatchesFloat64ReferenceOnTheRoutedPath) {
   const bool custom_here = CustomKernelsRunHere();
   ASSERT_EQ((*engine)->custom_kernels_enabled(), mode != GemmMode::kCublasLt && custom_here);
   if (mode != GemmMode::kCublasLt && !custom_here) {
-    std::cout << "note: our GEMM kernels cannot run on this device/build; mode "
-              << GemmModeName(mode) << " is checked on its cuBLASLt fallback only\n";
+    std::cout << "note: our GEMM kernels cannot run on this device/build; mode " << GemmModeName(mode)
+              << " is checked on its cuBLASLt fallback only\n";
   }
 
   Operands o = MakeOperands(c, static_cast<uint32_t>(c.m * 131 + c.n * 7 + c.k));
@@ -229,13 +216,11 @@ TEST_P(GemmTest, MatchesFloat64ReferenceOnTheRoutedPath) {
 
   // The route the mode promises. Ours take dense bf16 without bias, N and K
   // multiples of 8 (cudaMalloc'd operands are aligned).
-  const bool dense_bf16 = c.dtype == kernels::DType::kBF16 && !c.bias && c.row_pad == 0 &&
-                          c.n % 8 == 0 && c.k % 8 == 0;
+  const bool dense_bf16 = c.dtype == kernels::DType::kBF16 && !c.bias && c.row_pad == 0 && c.n % 8 == 0 && c.k % 8 == 0;
   kernels::GemmConfig expected{kernels::GemmVersion::kCublasLt};
   if ((*engine)->custom_kernels_enabled() && dense_bf16) {
     if (mode == GemmMode::kCustom) {
-      expected.version = c.m <= 64 ? kernels::GemmVersion::kSmallMSplitK
-                                   : kernels::GemmVersion::kWarpSpecialized;
+      expected.version = c.m <= 64 ? kernels::GemmVersion::kSmallMSplitK : kernels::GemmVersion::kWarpSpecialized;
     } else if (c.m <= 16) {
       // Auto with an untuned table: the built-in default, v4 up to M = 16.
       expected.version = kernels::GemmVersion::kSmallMSplitK;
@@ -246,13 +231,11 @@ TEST_P(GemmTest, MatchesFloat64ReferenceOnTheRoutedPath) {
   const kernels::GemmConfig route = (*engine)->Route(p);
   EXPECT_EQ(kernels::GemmConfigName(route), kernels::GemmConfigName(expected));
 
-  const absl::Status status =
-      (*engine)->Run(p, kernels::GemmWorkspace{workspace->data(), workspace->bytes()}, nullptr);
+  const absl::Status status = (*engine)->Run(p, kernels::GemmWorkspace{workspace->data(), workspace->bytes()}, nullptr);
   ASSERT_TRUE(status.ok()) << status;
   const ::testing::AssertionResult match = MatchesReference(c, o);
   EXPECT_TRUE(match) << "route " << kernels::GemmConfigName(route);
-  std::cout << CaseName(mode, c) << " on " << kernels::GemmConfigName(route) << ": "
-            << match.message() << "\n";
+  std::cout << CaseName(mode, c) << " on " << kernels::GemmConfigName(route) << ": " << match.message() << "\n";
 }
 
 std::vector<Case> Cases() {
@@ -281,13 +264,12 @@ std::vector<Case> Cases() {
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    ModesAndShapes, GemmTest,
-    ::testing::Combine(::testing::Values(GemmMode::kAuto, GemmMode::kCublasLt, GemmMode::kCustom),
-                       ::testing::ValuesIn(Cases())),
-    [](const ::testing::TestParamInfo<GemmTest::ParamType>& info) {
-      return CaseName(std::get<0>(info.param), std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(ModesAndShapes, GemmTest,
+                         ::testing::Combine(::testing::Values(GemmMode::kAuto, GemmMode::kCublasLt, GemmMode::kCustom),
+                                            ::testing::ValuesIn(Cases())),
+                         [](const ::testing::TestParamInfo<GemmTest::ParamType>& info) {
+                           return CaseName(std::get<0>(info.param), std::get<1>(info.param));
+                         });
 
 // Our launchers remember TMA descriptors by (address, shape): a second call
 // on the same buffers with new contents must read the new contents.
@@ -305,18 +287,15 @@ TEST(GemmRouterTest, RepeatedCallsOnTheSameBuffersSeeNewData) {
     ASSERT_TRUE((*engine)->Run(p, ws, nullptr).ok());
     // New A and W at the same addresses.
     Operands fresh = MakeOperands(c, 2);
-    ASSERT_EQ(cudaMemcpy(o.a_dev.data(), fresh.a_dev.data(), fresh.a_dev.bytes(),
-                         cudaMemcpyDeviceToDevice),
+    ASSERT_EQ(cudaMemcpy(o.a_dev.data(), fresh.a_dev.data(), fresh.a_dev.bytes(), cudaMemcpyDeviceToDevice),
               cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(o.w_dev.data(), fresh.w_dev.data(), fresh.w_dev.bytes(),
-                         cudaMemcpyDeviceToDevice),
+    ASSERT_EQ(cudaMemcpy(o.w_dev.data(), fresh.w_dev.data(), fresh.w_dev.bytes(), cudaMemcpyDeviceToDevice),
               cudaSuccess);
     o.a = fresh.a;
     o.w = fresh.w;
     const absl::Status status = (*engine)->Run(p, ws, nullptr);
     ASSERT_TRUE(status.ok()) << status;
-    EXPECT_TRUE(MatchesReference(c, o))
-        << "m=" << m << " on " << kernels::GemmConfigName((*engine)->Route(p));
+    EXPECT_TRUE(MatchesReference(c, o)) << "m=" << m << " on " << kernels::GemmConfigName((*engine)->Route(p));
   }
 }
 

@@ -101,9 +101,7 @@ class GemmVersionTest : public ::testing::TestWithParam<Variant> {
     if (workspace_.data != nullptr) cudaFree(workspace_.data);
   }
 
-  bool Applies(const Shape& s) const {
-    return GetParam().config.version != GemmVersion::kSmallMSplitK || s.m <= 64;
-  }
+  bool Applies(const Shape& s) const { return GetParam().config.version != GemmVersion::kSmallMSplitK || s.m <= 64; }
 
   absl::Status Run(const GemmParams& p) {
     const Variant& v = GetParam();
@@ -158,7 +156,8 @@ void GemmVersionTest::CheckShape(const Shape& s) {
     const int64_t col = i == 0 ? 0 : i == 1 ? s.n - 1 : (i * 104729) % s.n;
     const double exact = HostDot(a.get(), w.get(), row, col, s.k);
     float got = 0.f;
-    ASSERT_EQ(cudaMemcpy(&got, static_cast<float*>(ref.get()) + row * s.n + col, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(&got, static_cast<float*>(ref.get()) + row * s.n + col, 4, cudaMemcpyDeviceToHost),
+              cudaSuccess);
     sum_sq += exact * exact;
     errs.push_back(std::fabs(got - exact));
   }
@@ -190,19 +189,21 @@ void GemmVersionTest::CheckShape(const Shape& s) {
     }
     const absl::Status st = Run(p);
     ASSERT_TRUE(st.ok()) << st;
-    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess) << "kernel failed: " << cudaGetErrorString(cudaGetLastError());
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess)
+        << "kernel failed: " << cudaGetErrorString(cudaGetLastError());
     CompareResult res;
     // cuBLASLt may round the product once more before adding D in place.
     const float product_rel_tol = mode == 1 && MayUseCublasLt(p) ? rel_tol : 0.f;
-    ASSERT_EQ(CompareBf16(c.get(), static_cast<float*>(ref.get()), mode == 0 ? nullptr : r.get(), s.m * s.n, rel_tol, abs_tol,
-                          stream_, &res, product_rel_tol),
+    ASSERT_EQ(CompareBf16(c.get(), static_cast<float*>(ref.get()), mode == 0 ? nullptr : r.get(), s.m * s.n, rel_tol,
+                          abs_tol, stream_, &res, product_rel_tol),
               cudaSuccess);
     const int64_t row = res.worst_index / s.n, col = res.worst_index % s.n;
-    std::printf("[%s] m=%lld n=%lld k=%lld residual=%d: worst err/allowed=%.3g at (%lld, %lld) out=%.6g ref=%.6g "
-                "bad=%lld (ref-vs-fp64 %.2g of scale %.3g)\n",
-                name.c_str(), static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k),
-                mode, res.worst_ratio, static_cast<long long>(row), static_cast<long long>(col), res.worst_out,
-                res.worst_ref, static_cast<long long>(res.bad_count), worst_ref_err / scale, scale);
+    std::printf(
+        "[%s] m=%lld n=%lld k=%lld residual=%d: worst err/allowed=%.3g at (%lld, %lld) out=%.6g ref=%.6g "
+        "bad=%lld (ref-vs-fp64 %.2g of scale %.3g)\n",
+        name.c_str(), static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k), mode,
+        res.worst_ratio, static_cast<long long>(row), static_cast<long long>(col), res.worst_out, res.worst_ref,
+        static_cast<long long>(res.bad_count), worst_ref_err / scale, scale);
     EXPECT_EQ(res.bad_count, 0) << "worst element (" << row << ", " << col << "): out " << res.worst_out << " vs ref "
                                 << res.worst_ref << ", err/allowed " << res.worst_ratio;
   }
@@ -254,7 +255,8 @@ TEST(GemmRouterAutotuneTest, AutotunedChoicesAreCorrect) {
     ASSERT_TRUE((*router)->Run(p, workspace, stream).ok());
     CompareResult res;
     const float scale = std::sqrt(static_cast<float>(k)) / 3.f;  // uniform [-1, 1) inputs
-    ASSERT_EQ(CompareBf16(c.get(), static_cast<float*>(ref.get()), nullptr, m * n, 1.01f / 256.f, 1e-3f * scale, stream, &res),
+    ASSERT_EQ(CompareBf16(c.get(), static_cast<float*>(ref.get()), nullptr, m * n, 1.01f / 256.f, 1e-3f * scale, stream,
+                          &res),
               cudaSuccess);
     EXPECT_EQ(res.bad_count, 0) << "worst " << res.worst_out << " vs " << res.worst_ref;
   }

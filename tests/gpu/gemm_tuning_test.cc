@@ -30,8 +30,7 @@ using kernels::GemmTuneResult;
 using kernels::GemmVersion;
 
 TEST(GemmConfigSpecTest, EverySpellingRoundTrips) {
-  for (const char* spec : {"v0", "v3", "v3b128", "v3b256", "v4", "v4s1", "v4s2", "v4s4",
-                           "v4s8", "v5"}) {
+  for (const char* spec : {"v0", "v3", "v3b128", "v3b256", "v4", "v4s1", "v4s2", "v4s4", "v4s8", "v5"}) {
     const absl::StatusOr<GemmConfig> config = kernels::ParseGemmConfigSpec(spec);
     ASSERT_TRUE(config.ok()) << spec << ": " << config.status();
     EXPECT_EQ(kernels::GemmConfigSpec(*config), spec);
@@ -43,10 +42,9 @@ TEST(GemmConfigSpecTest, EverySpellingRoundTrips) {
 }
 
 TEST(GemmConfigSpecTest, OthersAreRejected) {
-  for (const char* spec : {"", "v", "v1", "v2", "v6", "x3", "v3b64", "v3b", "v3s2", "v4s0", "v4s9", "v4b128",
-                           "v4s2x", "v0s1", "v3b1280000000", "v5b256", "v5s2"}) {
-    EXPECT_EQ(kernels::ParseGemmConfigSpec(spec).status().code(),
-              absl::StatusCode::kInvalidArgument)
+  for (const char* spec : {"", "v", "v1", "v2", "v6", "x3", "v3b64", "v3b", "v3s2", "v4s0", "v4s9", "v4b128", "v4s2x",
+                           "v0s1", "v3b1280000000", "v5b256", "v5s2"}) {
+    EXPECT_EQ(kernels::ParseGemmConfigSpec(spec).status().code(), absl::StatusCode::kInvalidArgument)
         << "'" << spec << "'";
   }
 }
@@ -68,12 +66,11 @@ TEST(GemmPinsTest, ParsesAListAndFormatsItBack) {
 }
 
 TEST(GemmPinsTest, BadEntriesNameThemselves) {
-  for (const char* text : {"16:6144x4096", "16=v0", "0:64x64=v0", "16:64x0=v0", "a:64x64=v0",
-                           "16:64x64x2=v0", "16:64x64=v9", "16:64x64=v0,", "16:64x64=v0=v3"}) {
+  for (const char* text : {"16:6144x4096", "16=v0", "0:64x64=v0", "16:64x0=v0", "a:64x64=v0", "16:64x64x2=v0",
+                           "16:64x64=v9", "16:64x64=v0,", "16:64x64=v0=v3"}) {
     const absl::StatusOr<std::vector<GemmPin>> pins = ParseGemmPins(text);
     EXPECT_EQ(pins.status().code(), absl::StatusCode::kInvalidArgument) << text;
-    EXPECT_NE(std::string(pins.status().message()).find("--gemm-override"), std::string::npos)
-        << pins.status();
+    EXPECT_NE(std::string(pins.status().message()).find("--gemm-override"), std::string::npos) << pins.status();
   }
 }
 
@@ -119,12 +116,10 @@ TEST(GemmTuneCacheTest, RejectsWhatItDidNotWrite) {
   };
   ASSERT_TRUE(ParseGemmTuneCache(doc(good_entry)).ok());
   for (const std::string& text :
-       {std::string("not json"), std::string("[]"),
-        std::string(R"({"format":"other","device_key":"d","entries":[]})"),
+       {std::string("not json"), std::string("[]"), std::string(R"({"format":"other","device_key":"d","entries":[]})"),
         std::string(R"({"format":"layerserve-gemm-tune-1","entries":[]})"),
         doc(R"({"n":64,"k":64,"m_max":100,"config":"v0"})"),  // 100 bounds no bucket
-        doc(R"({"n":64,"k":64,"m_max":8,"config":"v7"})"),
-        doc(R"({"n":0,"k":64,"m_max":8,"config":"v0"})"),
+        doc(R"({"n":64,"k":64,"m_max":8,"config":"v7"})"), doc(R"({"n":0,"k":64,"m_max":8,"config":"v0"})"),
         doc(R"({"n":64,"m_max":8,"config":"v0"})")}) {
     EXPECT_EQ(ParseGemmTuneCache(text).status().code(), absl::StatusCode::kInvalidArgument) << text;
   }
@@ -243,8 +238,7 @@ std::string Choice(const Pass& pass, int64_t m, int64_t n, int64_t k) {
   return kernels::GemmConfigSpec(pass.router->Route(Dense(m, n, k)));
 }
 
-Pass RunPass(const std::vector<std::pair<int64_t, int64_t>>& shapes, int64_t max_m,
-             const GemmTuningOptions& options) {
+Pass RunPass(const std::vector<std::pair<int64_t, int64_t>>& shapes, int64_t max_m, const GemmTuningOptions& options) {
   Pass pass;
   absl::StatusOr<std::unique_ptr<GemmRouter>> router = GemmRouter::Create(GemmMode::kAuto);
   EXPECT_TRUE(router.ok()) << router.status();
@@ -267,8 +261,7 @@ TEST(GemmTuningTest, TunesWritesTheCacheAndReadsItBack) {
       GTEST_SKIP() << "not an sm_90a device/binary: every GEMM is cuBLASLt, nothing to tune";
     }
   }
-  const std::string path =
-      (std::filesystem::path(::testing::TempDir()) / "layerserve_gemm_tune_test.json").string();
+  const std::string path = (std::filesystem::path(::testing::TempDir()) / "layerserve_gemm_tune_test.json").string();
   std::filesystem::remove(path);
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{1024, 1024}, {2048, 512}};
   const int64_t max_m = 100;  // buckets up to 128
@@ -294,8 +287,7 @@ TEST(GemmTuningTest, TunesWritesTheCacheAndReadsItBack) {
   for (const auto& [n, k] : shapes) {
     for (int b = 0; b <= last_bucket; ++b) {
       const int64_t m = kernels::GemmMBucketUpperBound(b);
-      EXPECT_EQ(Choice(cached, m, n, k), Choice(tuned, m, n, k))
-          << n << "x" << k << " m<=" << m;
+      EXPECT_EQ(Choice(cached, m, n, k), Choice(tuned, m, n, k)) << n << "x" << k << " m<=" << m;
     }
   }
 

@@ -42,8 +42,7 @@ void DeviceBuffer::Upload(const void* src, size_t bytes, size_t offset) {
 }
 
 void DeviceBuffer::Download(void* dst, size_t bytes, size_t offset) const {
-  const cudaError_t err =
-      cudaMemcpy(dst, static_cast<const char*>(get()) + offset, bytes, cudaMemcpyDeviceToHost);
+  const cudaError_t err = cudaMemcpy(dst, static_cast<const char*>(get()) + offset, bytes, cudaMemcpyDeviceToHost);
   EXPECT_EQ(err, cudaSuccess) << cudaGetErrorString(err);
 }
 
@@ -137,9 +136,8 @@ const char* DTypeName(DType dtype) {
   return "?";
 }
 
-::testing::AssertionResult AllClose(const std::vector<double>& got, const std::vector<double>& want,
-                                    double atol, double rtol,
-                                    const std::function<std::string(size_t)>& describe) {
+::testing::AssertionResult AllClose(const std::vector<double>& got, const std::vector<double>& want, double atol,
+                                    double rtol, const std::function<std::string(size_t)>& describe) {
   if (got.size() != want.size()) {
     return ::testing::AssertionFailure() << "size " << got.size() << " != expected " << want.size();
   }

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "base/cuda/cuda_resources.h"
+#include "gtest/gtest.h"
 #include "layerserve/kernels/common.h"
 
 namespace layerserve::kernels::testing {
@@ -76,9 +76,8 @@ const char* DTypeName(DType dtype);
 // Passes when every |got - want| <= atol + rtol * |want| and every got is
 // finite; otherwise names the count and the worst element (index, got,
 // expected), with `describe(index)` adding context such as "token 3 head 2".
-::testing::AssertionResult AllClose(const std::vector<double>& got, const std::vector<double>& want,
-                                    double atol, double rtol,
-                                    const std::function<std::string(size_t)>& describe = nullptr);
+::testing::AssertionResult AllClose(const std::vector<double>& got, const std::vector<double>& want, double atol,
+                                    double rtol, const std::function<std::string(size_t)>& describe = nullptr);
 
 // Runs fn(i) for i in [0, n) on all hardware threads.
 void ParallelFor(size_t n, const std::function<void(size_t)>& fn);

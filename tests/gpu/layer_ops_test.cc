@@ -111,8 +111,8 @@ std::vector<RmsNormCase> RmsNormCases() {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, RmsNormTest, ::testing::ValuesIn(RmsNormCases()),
                          [](const ::testing::TestParamInfo<RmsNormCase>& info) {
-                           return std::string(DTypeName(info.param.dtype)) + "_cols" +
-                                  std::to_string(info.param.cols) + (info.param.residual ? "_residual" : "");
+                           return std::string(DTypeName(info.param.dtype)) + "_cols" + std::to_string(info.param.cols) +
+                                  (info.param.residual ? "_residual" : "");
                          });
 
 // h_out may alias x: the fused add writes the residual stream in place.
@@ -278,8 +278,7 @@ INSTANTIATE_TEST_SUITE_P(Kernels, SiluMulTest,
                                            SiluMulCase{DType::kBF16, 7, 14336}, SiluMulCase{DType::kF16, 19, 8},
                                            SiluMulCase{DType::kF16, 19, 1000}, SiluMulCase{DType::kF16, 7, 14336}),
                          [](const ::testing::TestParamInfo<SiluMulCase>& info) {
-                           return std::string(DTypeName(info.param.dtype)) + "_w" +
-                                  std::to_string(info.param.width);
+                           return std::string(DTypeName(info.param.dtype)) + "_w" + std::to_string(info.param.width);
                          });
 
 // ---------------------------------------------------------------- Cast

@@ -292,8 +292,8 @@ TEST_F(BadInputTest, ServerStillServesCorrectlyAfterBadRequests) {
 // a client could fill the server's log at its request rate. Past a few lines
 // the server's log stays quiet.
 TEST(InvalidUtf8Test, LogStaysBounded) {
-  const std::string log_path = ::testing::TempDir() + "layerserve_utf8_" +
-                               std::to_string(::getpid()) + ".stderr";
+  const std::string log_path =
+      ::testing::TempDir() + "layerserve_utf8_" + std::to_string(::getpid()) + ".stderr";
   absl::StatusOr<std::unique_ptr<ServerProcess>> server =
       ServerProcess::Start({}, absl::Seconds(30), log_path);
   ASSERT_TRUE(server.ok()) << server.status();

@@ -24,8 +24,7 @@ constexpr size_t kInflatedBytes = size_t{512} << 20;
 // gzip of `bytes` zero bytes, streamed so the input never exists in memory.
 std::string GzipOfZeros(size_t bytes) {
   z_stream z{};
-  EXPECT_EQ(deflateInit2(&z, Z_BEST_COMPRESSION, Z_DEFLATED, 16 + 15, 9, Z_DEFAULT_STRATEGY),
-            Z_OK);
+  EXPECT_EQ(deflateInit2(&z, Z_BEST_COMPRESSION, Z_DEFLATED, 16 + 15, 9, Z_DEFAULT_STRATEGY), Z_OK);
   const std::string zeros(1 << 20, '\0');
   std::string out;
   char buffer[1 << 16];

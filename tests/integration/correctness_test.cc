@@ -60,8 +60,8 @@ TEST_F(CorrectnessTest, ReadyLineNamesTheDemoModelAndAllLayers) {
   // The backend asked for (scripts/gpu-run.sh passes --backend=cuda), else
   // the CPU backend: `auto` must not pick CUDA on a machine without a GPU.
   const char* server_args = std::getenv("LAYERSERVE_SERVER_ARGS");
-  const bool cuda = server_args != nullptr && std::string(server_args).find("--backend=cuda") !=
-                                                  std::string::npos;
+  const bool cuda = server_args != nullptr &&
+                    std::string(server_args).find("--backend=cuda") != std::string::npos;
   EXPECT_NE(server_->ready_line().find(cuda ? "backend=cuda" : "backend=cpu"), std::string::npos)
       << server_->ready_line();
 }

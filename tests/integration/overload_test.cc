@@ -115,9 +115,9 @@ TEST_F(OverloadTest, FullQueueIsResourceExhausted) {
 // --max-queue-bytes reaches the batcher: with room for one request's bytes
 // and a long queue delay, the rest of a burst is refused for bytes, not count.
 TEST(QueueBytesFlagTest, ByteLimitRefusesABurst) {
-  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-      ServerProcess::Start({"--max-queue-size=1000", "--max-queue-bytes=4096",
-                            "--max-queue-delay-us=" + std::to_string(absl::ToInt64Microseconds(kQueueDelay))});
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
+      {"--max-queue-size=1000", "--max-queue-bytes=4096",
+       "--max-queue-delay-us=" + std::to_string(absl::ToInt64Microseconds(kQueueDelay))});
   ASSERT_TRUE(server.ok()) << server.status();
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect((*server)->grpc_target());
   ASSERT_TRUE(client.ok()) << client.status();
@@ -129,26 +129,30 @@ TEST(QueueBytesFlagTest, ByteLimitRefusesABurst) {
   int pending = kCalls;
   std::vector<absl::Status> results(kCalls);
   for (int i = 0; i < kCalls; ++i) {
-    (*client)->AsyncInfer("demo", *input, absl::Now() + absl::Seconds(20), [&, i](absl::StatusOr<Tensor> result) {
-      absl::MutexLock lock(&mu);
-      results[i] = result.status();
-      --pending;
-    });
+    (*client)->AsyncInfer("demo", *input, absl::Now() + absl::Seconds(20),
+                          [&, i](absl::StatusOr<Tensor> result) {
+                            absl::MutexLock lock(&mu);
+                            results[i] = result.status();
+                            --pending;
+                          });
   }
   {
     absl::MutexLock lock(&mu);
-    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(+[](int* left) { return *left == 0; }, &pending),
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(
+                                        +[](int* left) { return *left == 0; }, &pending),
                                     absl::Seconds(25)));
   }
   int ok = 0, for_bytes = 0;
   for (const absl::Status& status : results) {
     if (status.ok()) ++ok;
-    if (absl::IsResourceExhausted(status) && std::string(status.message()).find("bytes") != std::string::npos) {
+    if (absl::IsResourceExhausted(status) &&
+        std::string(status.message()).find("bytes") != std::string::npos) {
       ++for_bytes;
     }
   }
   EXPECT_GE(ok, 1);
-  EXPECT_GE(for_bytes, 1) << "a queue of 4096 bytes cannot take a burst of " << kCalls << " x 4096 bytes";
+  EXPECT_GE(for_bytes, 1) << "a queue of 4096 bytes cannot take a burst of " << kCalls
+                          << " x 4096 bytes";
 }
 
 TEST_F(OverloadTest, DeadlineExpiresWhileQueued) {

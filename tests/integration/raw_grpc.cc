@@ -239,7 +239,8 @@ absl::StatusOr<RawGrpcReply> RawGrpcCall(int port, const std::string& path,
     if (room > 0 && !conn.Readable(absl::ZeroDuration())) {
       const bool last = reply.body_bytes_sent + room == body.size();
       const uint8_t flags = last && options.end_stream ? kEndStream : 0;
-      if (!conn.Write(Frame(kData, flags, kStream, body.substr(reply.body_bytes_sent, room))).ok()) {
+      if (!conn.Write(Frame(kData, flags, kStream, body.substr(reply.body_bytes_sent, room)))
+               .ok()) {
         break;
       }
       reply.body_bytes_sent += room;
@@ -260,8 +261,8 @@ absl::StatusOr<RawGrpcReply> RawGrpcCall(int port, const std::string& path,
   }
   FindLiteral(trailers, "grpc-message", &reply.grpc_message);
   if (!done && conn.timed_out()) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "no complete reply within the timeout; ", reply.body_bytes_sent, " body bytes sent"));
+    return absl::DeadlineExceededError(absl::StrCat("no complete reply within the timeout; ",
+                                                    reply.body_bytes_sent, " body bytes sent"));
   }
   return reply;
 }

@@ -26,7 +26,7 @@ struct RawGrpcReply {
   // grpc-status from the trailers, -1 if none was found (for example when
   // the stream was reset or the connection closed first).
   int grpc_status = -1;
-  std::string grpc_message;  // percent-encoded, as sent
+  std::string grpc_message;   // percent-encoded, as sent
   bool stream_reset = false;  // RST_STREAM or GOAWAY received
   // Body bytes the server let us send before it answered or the flow-control
   // window closed.

@@ -121,8 +121,7 @@ absl::StatusOr<ProcessResult> RunToExit(const std::vector<std::string>& args,
         result.exit_code = WEXITSTATUS(status);
         return result;
       }
-      return absl::AbortedError(
-          absl::StrCat(args[0], " was killed by signal ", WTERMSIG(status)));
+      return absl::AbortedError(absl::StrCat(args[0], " was killed by signal ", WTERMSIG(status)));
     }
     if (done < 0) return absl::InternalError(absl::StrCat("waitpid: ", strerror(errno)));
     if (absl::Now() >= deadline) {

@@ -161,9 +161,8 @@ std::vector<double> DecoderLayer(const std::vector<double>& x,
   const std::vector<double> inv_freq = RopeInvFreq(config);
   Rope(q, config.heads, config.head_dim, cu_seqlens, inv_freq);
   Rope(k, config.kv_heads, config.head_dim, cu_seqlens, inv_freq);
-  const std::vector<double> a =
-      Attention(q, k, v, cu_seqlens, config.heads, config.kv_heads, config.head_dim,
-                config.sliding_window);
+  const std::vector<double> a = Attention(q, k, v, cu_seqlens, config.heads, config.kv_heads,
+                                          config.head_dim, config.sliding_window);
   const std::vector<double> o = Linear(a, tokens, q_width, layer.wo, hidden, {});
 
   std::vector<double> h(x.size());

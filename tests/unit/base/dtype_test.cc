@@ -36,9 +36,9 @@ TEST(DTypeTest, Fp16KnownValues) {
   EXPECT_EQ(FloatToFp16(1.0f), 0x3c00);
   EXPECT_EQ(FloatToFp16(-2.0f), 0xc000);
   EXPECT_EQ(FloatToFp16(65504.0f), 0x7bff);
-  EXPECT_EQ(FloatToFp16(65520.0f), 0x7c00);         // rounds to inf
-  EXPECT_EQ(FloatToFp16(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
-  EXPECT_EQ(FloatToFp16(std::ldexp(1.0f, -26)), 0x0000);  // rounds to zero
+  EXPECT_EQ(FloatToFp16(65520.0f), 0x7c00);                      // rounds to inf
+  EXPECT_EQ(FloatToFp16(std::ldexp(1.0f, -24)), 0x0001);         // smallest subnormal
+  EXPECT_EQ(FloatToFp16(std::ldexp(1.0f, -26)), 0x0000);         // rounds to zero
   EXPECT_EQ(FloatToFp16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie to even
   EXPECT_FLOAT_EQ(Fp16ToFloat(0x3555), 0.333251953125f);
   EXPECT_FLOAT_EQ(Fp16ToFloat(0x0001), std::ldexp(1.0f, -24));

@@ -103,11 +103,29 @@ TEST(LayerctlCommandLineTest, BenchDefaultsAreBenchOptions) {
 
 TEST(LayerctlCommandLineTest, BenchTakesEveryFlag) {
   // The spellings bench/server/*.sh use: --flag=value, and --flag value.
-  const LayerctlArgs bench = MustParse(
-      {"bench", "--url=127.0.0.1:5000", "--model=m", "--tokens=4", "--batch", "2", "--rate",
-       "250.5", "--arrivals=uniform", "--duration-s=3", "--warmup-s", "0.5", "--datatype=BF16",
-       "--hidden=64", "--max-in-flight=9", "--timeout-s=7", "--seed=42", "--json", "out.json",
-       "--no-progress", "--connections=8", "--concurrency", "3"});
+  const LayerctlArgs bench = MustParse({"bench",
+                                        "--url=127.0.0.1:5000",
+                                        "--model=m",
+                                        "--tokens=4",
+                                        "--batch",
+                                        "2",
+                                        "--rate",
+                                        "250.5",
+                                        "--arrivals=uniform",
+                                        "--duration-s=3",
+                                        "--warmup-s",
+                                        "0.5",
+                                        "--datatype=BF16",
+                                        "--hidden=64",
+                                        "--max-in-flight=9",
+                                        "--timeout-s=7",
+                                        "--seed=42",
+                                        "--json",
+                                        "out.json",
+                                        "--no-progress",
+                                        "--connections=8",
+                                        "--concurrency",
+                                        "3"});
   const BenchOptions& options = bench.bench;
   EXPECT_EQ(bench.url, "127.0.0.1:5000");
   EXPECT_EQ(options.model, "m");
@@ -170,7 +188,8 @@ TEST(LayerctlCommandLineTest, HelpListsEveryCommandsFlagsWithDefaults) {
           "--datatype", "--tokens", "--concurrency", "--rate", "--max-in-flight", "512",
           "--connections", "--no-progress", "--json", "poisson"}) {
       EXPECT_TRUE(absl::StrContains(parsed.out, text))
-          << help_flag << ": " << text << " is missing from:\n" << parsed.out;
+          << help_flag << ": " << text << " is missing from:\n"
+          << parsed.out;
     }
   }
 }

@@ -135,7 +135,8 @@ struct Outcome {
   std::string output;
 };
 
-std::unique_ptr<InferRequest> MakeRequest(const std::string& payload, int64_t tokens, Outcome* out) {
+std::unique_ptr<InferRequest> MakeRequest(const std::string& payload, int64_t tokens,
+                                          Outcome* out) {
   auto r = std::make_unique<InferRequest>();
   r->dtype = DType::kBF16;
   r->batch = 1;
@@ -291,7 +292,7 @@ TEST(BatcherTest, QueueBytesLimitRejectsAndFreesAsBatchesStart) {
   const absl::Status s = batcher.Enqueue(over);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_NE(s.message().find("8 bytes queued"), std::string_view::npos) << s;
-  EXPECT_NE(over, nullptr);  // still the caller's
+  EXPECT_NE(over, nullptr);                // still the caller's
   auto fits = MakeRequest(two, 1, &o[3]);  // exactly at the limit
   ASSERT_TRUE(batcher.Enqueue(fits).ok());
   EXPECT_EQ(batcher.queue_depth(), 3);

@@ -11,7 +11,8 @@ namespace {
 
 const ModelLimits kLimits{.hidden_size = 512, .max_tokens_per_request = 1024};
 
-RequestDescription Good(std::string_view datatype = "FP32", std::vector<int64_t> shape = {2, 3, 512}) {
+RequestDescription Good(std::string_view datatype = "FP32",
+                        std::vector<int64_t> shape = {2, 3, 512}) {
   RequestDescription r;
   InputDescription in;
   in.name = "hidden_states";

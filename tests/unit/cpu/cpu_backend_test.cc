@@ -106,7 +106,6 @@ std::vector<double> ReferenceForward(const ReferenceModel& m, std::vector<double
   return x;
 }
 
-
 // qwen2-style: q/k/v biases, 4 query heads per KV head.
 LlamaConfig Qwen2StyleConfig() {
   LlamaConfig c;

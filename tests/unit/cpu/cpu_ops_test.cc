@@ -158,19 +158,18 @@ TEST(CpuOpsTest, CausalGqaAttention) {
       {4, 1, 64, {0, 300}},             // crosses the 128-row query blocks
       {2, 2, 128, {0, 129, 130, 259}},  // block edges at 128 / 129
       // Sliding windows (query i sees keys i-window+1..i):
-      {4, 2, 64, {0, 1, 8, 27}, 1},       // each query sees only itself
-      {4, 2, 64, {0, 9, 40}, 5},          // shorter than the sequences
-      {4, 1, 64, {0, 300}, 100},          // shorter than a 128-row query block
-      {2, 1, 128, {0, 300, 555}, 200},    // longer than a block, shorter than the sequences
+      {4, 2, 64, {0, 1, 8, 27}, 1},         // each query sees only itself
+      {4, 2, 64, {0, 9, 40}, 5},            // shorter than the sequences
+      {4, 1, 64, {0, 300}, 100},            // shorter than a 128-row query block
+      {2, 1, 128, {0, 300, 555}, 200},      // longer than a block, shorter than the sequences
       {2, 2, 64, {0, 129, 130, 259}, 129},  // equal to a sequence: full causal
-      {2, 2, 64, {0, 50}, 4096},          // longer than every sequence
+      {2, 2, 64, {0, 50}, 4096},            // longer than every sequence
   };
   for (const AttentionCase& c : cases) {
     for (ThreadPool* p : {&pool, static_cast<ThreadPool*>(nullptr)}) {
-      SCOPED_TRACE(::testing::Message()
-                   << "heads " << c.heads << " kv " << c.kv_heads << " d " << c.head_dim
-                   << " tokens " << c.cu_seqlens.back() << " window " << c.window
-                   << (p ? " pool" : " inline"));
+      SCOPED_TRACE(::testing::Message() << "heads " << c.heads << " kv " << c.kv_heads << " d "
+                                        << c.head_dim << " tokens " << c.cu_seqlens.back()
+                                        << " window " << c.window << (p ? " pool" : " inline"));
       const int64_t tokens = c.cu_seqlens.back();
       const int64_t qw = c.heads * c.head_dim;
       const int64_t kvw = c.kv_heads * c.head_dim;
@@ -226,8 +225,8 @@ TEST(CpuOpsTest, AttentionKeepsNonFiniteTokensToThoseThatSeeThem) {
   for (const int64_t window : {int64_t{0}, int64_t{7}, int64_t{150}}) {
     for (const int64_t bad : {int64_t{0}, int64_t{60}, int64_t{200}}) {
       for (const float poison : {NAN, INFINITY}) {
-        SCOPED_TRACE(::testing::Message() << "window " << window << " bad token " << bad
-                                          << " value " << poison);
+        SCOPED_TRACE(::testing::Message()
+                     << "window " << window << " bad token " << bad << " value " << poison);
         const std::vector<float> q = RandomFloats(rng, tokens * qw, -2, 2);
         std::vector<float> k = RandomFloats(rng, tokens * kvw, -2, 2);
         std::vector<float> v = RandomFloats(rng, tokens * kvw);
@@ -236,8 +235,8 @@ TEST(CpuOpsTest, AttentionKeepsNonFiniteTokensToThoseThatSeeThem) {
           v[bad * kvw + c] = poison;
         }
         std::vector<float> out(tokens * qw, NAN);
-        AttentionArgs args{q.data(), qw, k.data(), v.data(), kvw, out.data(), qw,
-                           heads,    kv_heads, d, window};
+        AttentionArgs args{q.data(), qw,    k.data(), v.data(), kvw,   out.data(),
+                           qw,       heads, kv_heads, d,        window};
         CausalAttention(args, cu, &pool);
         for (int64_t t = 0; t < tokens; ++t) {
           const bool sees_bad = t >= bad && (window == 0 || t - bad < window);

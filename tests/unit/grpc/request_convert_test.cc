@@ -25,9 +25,9 @@ gpr_timespec Realtime(int64_t sec, int32_t nsec = 0) {
 TEST(SteadyDeadlineTest, NoDeadlineAndPastDeadlines) {
   const gpr_timespec now = Realtime(1'700'000'000);
   EXPECT_EQ(SteadyDeadline(gpr_inf_future(GPR_CLOCK_REALTIME), now, kSteadyNow), std::nullopt);
-  EXPECT_EQ(SteadyDeadline(gpr_inf_future(GPR_CLOCK_MONOTONIC), gpr_now(GPR_CLOCK_MONOTONIC),
-                           kSteadyNow),
-            std::nullopt);
+  EXPECT_EQ(
+      SteadyDeadline(gpr_inf_future(GPR_CLOCK_MONOTONIC), gpr_now(GPR_CLOCK_MONOTONIC), kSteadyNow),
+      std::nullopt);
   EXPECT_EQ(SteadyDeadline(Realtime(1'699'999'999), now, kSteadyNow), kSteadyNow);
   EXPECT_EQ(SteadyDeadline(now, now, kSteadyNow), kSteadyNow);
 }

@@ -40,7 +40,8 @@ TEST(MetricsWithCublasLtTest, SmallStackThreadsFailWithCublasLtLoaded) {
   ASSERT_EQ(pthread_attr_init(&attr), 0);
   ASSERT_EQ(pthread_attr_setstacksize(&attr, kCivetwebStackBytes), 0);
   pthread_t thread;
-  const int rc = pthread_create(&thread, &attr, [](void*) -> void* { return nullptr; }, nullptr);
+  const int rc = pthread_create(
+      &thread, &attr, [](void*) -> void* { return nullptr; }, nullptr);
   if (rc == 0) pthread_join(thread, nullptr);
   pthread_attr_destroy(&attr);
   EXPECT_NE(rc, 0) << "a 100 KB-stack thread started although cuBLASLt is loaded";
@@ -49,7 +50,8 @@ TEST(MetricsWithCublasLtTest, SmallStackThreadsFailWithCublasLtLoaded) {
 TEST(MetricsWithCublasLtTest, ScrapeSucceedsWithCublasLtLoaded) {
   const size_t version = cublasLtGetVersion();
   ASSERT_GT(version, 0u);
-  ASSERT_TRUE(LibraryIsMapped("libcublasLt.so")) << "cuBLASLt is not loaded; the test proves nothing";
+  ASSERT_TRUE(LibraryIsMapped("libcublasLt.so"))
+      << "cuBLASLt is not loaded; the test proves nothing";
 
   PrometheusMetrics metrics("demo");
   metrics.OnRequestFinished({.model = "demo", .code = "OK", .duration_seconds = 0.002});

@@ -56,9 +56,9 @@ TEST(PrometheusMetricsTest, EveryFamilyIsExposedWithItsType) {
 TEST(PrometheusMetricsTest, BucketBoundsSpanTheDocumentedRanges) {
   PrometheusMetrics metrics(kModel);
   const Exposition e = Parse(metrics);
-  for (const char* family : {"layerserve_request_duration_seconds",
-                             "layerserve_queue_duration_seconds",
-                             "layerserve_compute_duration_seconds"}) {
+  for (const char* family :
+       {"layerserve_request_duration_seconds", "layerserve_queue_duration_seconds",
+        "layerserve_compute_duration_seconds"}) {
     const std::vector<double> bounds = e.BucketBounds(family, {{"model", kModel}});
     ASSERT_GE(bounds.size(), 10u) << family;
     EXPECT_DOUBLE_EQ(bounds.front(), 50e-6) << family;
@@ -78,8 +78,10 @@ TEST(PrometheusMetricsTest, BucketBoundsSpanTheDocumentedRanges) {
 
 TEST(PrometheusMetricsTest, RequestsAreCountedByCodeAndTimed) {
   PrometheusMetrics metrics(kModel);
-  metrics.OnRequestFinished({.model = kModel, .code = "OK", .duration_seconds = 0.003, .tokens = 8});
-  metrics.OnRequestFinished({.model = kModel, .code = "OK", .duration_seconds = 0.004, .tokens = 8});
+  metrics.OnRequestFinished(
+      {.model = kModel, .code = "OK", .duration_seconds = 0.003, .tokens = 8});
+  metrics.OnRequestFinished(
+      {.model = kModel, .code = "OK", .duration_seconds = 0.004, .tokens = 8});
   metrics.OnRequestFinished(
       {.model = kModel, .code = "INVALID_ARGUMENT", .duration_seconds = 20e-6, .tokens = 0});
   // A name the server does not serve must not become a label value.
@@ -93,7 +95,8 @@ TEST(PrometheusMetricsTest, RequestsAreCountedByCodeAndTimed) {
   EXPECT_EQ(e.Find("layerserve_requests_total", {{"model", "other"}, {"code", "NOT_FOUND"}}), 1.0);
   for (const auto& s : e.samples) {
     auto it = s.labels.find("model");
-    if (it != s.labels.end()) EXPECT_NE(it->second, "made-up-name") << "label leaked into " << s.name;
+    if (it != s.labels.end())
+      EXPECT_NE(it->second, "made-up-name") << "label leaked into " << s.name;
   }
 
   const Labels model = {{"model", kModel}};
@@ -104,9 +107,9 @@ TEST(PrometheusMetricsTest, RequestsAreCountedByCodeAndTimed) {
   EXPECT_EQ(e.BucketCount(family, model, 2.5e-3), 1.0);  // 3 ms and 4 ms are above
   EXPECT_EQ(e.BucketCount(family, model, 5e-3), 3.0);
   EXPECT_EQ(e.BucketCount(family, model, 10.0), 3.0);
-  EXPECT_EQ(e.Find("layerserve_request_duration_seconds_bucket",
-                   {{"model", kModel}, {"le", "+Inf"}}),
-            3.0);
+  EXPECT_EQ(
+      e.Find("layerserve_request_duration_seconds_bucket", {{"model", kModel}, {"le", "+Inf"}}),
+      3.0);
 }
 
 TEST(PrometheusMetricsTest, BatchesAndQueueFillTheirHistograms) {
@@ -162,8 +165,9 @@ TEST(PrometheusMetricsTest, KernelTimesAndGpuMemoryFromTheCudaBackend) {
   const Labels attention = {{"model", kModel}, {"op", "attention"}};
   EXPECT_EQ(e.Find("layerserve_kernel_duration_seconds_count", attention), 2.0);
   EXPECT_EQ(e.BucketCount("layerserve_kernel_duration_seconds", attention, 50e-6), 1.0);
-  EXPECT_EQ(e.Find("layerserve_kernel_duration_seconds_count", {{"model", kModel}, {"op", "gemm_qkv"}}),
-            1.0);
+  EXPECT_EQ(
+      e.Find("layerserve_kernel_duration_seconds_count", {{"model", kModel}, {"op", "gemm_qkv"}}),
+      1.0);
   EXPECT_EQ(e.Find("layerserve_gpu_memory_used_bytes", {{"model", kModel}}),
             static_cast<double>(int64_t{3} << 30));
 }

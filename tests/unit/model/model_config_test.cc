@@ -91,7 +91,8 @@ TEST(ModelConfigTest, SlidingWindowFollowsTransformers) {
   const auto parse = [](const std::string& extra) {
     return ParseLlamaConfig(
         "{\"hidden_size\": 64, \"intermediate_size\": 128, \"num_attention_heads\": 4, "
-        "\"num_hidden_layers\": 4, " + extra + "}",
+        "\"num_hidden_layers\": 4, " +
+            extra + "}",
         "c.json");
   };
   // Mistral: absent means MistralConfig's default of 4096; null disables it.

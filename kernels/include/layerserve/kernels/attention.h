@@ -22,19 +22,19 @@ struct FlashAttentionParams {
   const void* q = nullptr;  // [tokens, num_heads * head_dim] (row stride q_row_stride)
   const void* k = nullptr;  // [tokens, num_kv_heads * head_dim]
   const void* v = nullptr;
-  void* out = nullptr;      // [tokens, num_heads * head_dim]
+  void* out = nullptr;  // [tokens, num_heads * head_dim]
   int64_t q_row_stride = 0;
   int64_t k_row_stride = 0;
   int64_t v_row_stride = 0;
   int64_t out_row_stride = 0;
   const int32_t* cu_seqlens = nullptr;  // [num_seqs + 1], device
   int num_seqs = 0;
-  int max_seqlen = 0;                   // longest sequence (sizes the grid)
+  int max_seqlen = 0;  // longest sequence (sizes the grid)
   int num_heads = 0;
   int num_kv_heads = 0;
-  int head_dim = 0;                     // 64 or 128
-  float softmax_scale = 0.f;            // usually 1/sqrt(head_dim)
-  DType dtype = DType::kBF16;           // bf16 or fp16
+  int head_dim = 0;            // 64 or 128
+  float softmax_scale = 0.f;   // usually 1/sqrt(head_dim)
+  DType dtype = DType::kBF16;  // bf16 or fp16
 };
 
 // Launches the version DefaultFlashAttentionVersion picks for `p` on `dev`

@@ -141,8 +141,7 @@ absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const 
 GemmConfig ChooseGemm(const GemmParams& p, GemmMode mode, const GemmTable& table, const DeviceInfo& dev);
 
 // Launches our version `config` (3..5) on `stream`, after GemmSupported.
-absl::Status LaunchGemm(const GemmParams& p, const GemmConfig& config, const DeviceInfo& dev,
-                        cudaStream_t stream);
+absl::Status LaunchGemm(const GemmParams& p, const GemmConfig& config, const DeviceInfo& dev, cudaStream_t stream);
 
 // One M bucket's autotune outcome for (n, k): the configuration chosen and
 // the measured time of it and of cuBLASLt (microseconds per launch, launches

@@ -27,7 +27,7 @@ struct RmsNormParams {
   int64_t rows = 0;
   int64_t cols = 0;
   float eps = 1e-6f;
-  DType dtype = DType::kBF16;      // of x, residual, h_out, weight, y
+  DType dtype = DType::kBF16;  // of x, residual, h_out, weight, y
 };
 absl::Status LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream);
 
