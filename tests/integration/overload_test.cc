@@ -24,6 +24,28 @@ using client::Tensor;
 constexpr int64_t kHidden = 512;
 constexpr absl::Duration kQueueDelay = absl::Seconds(1);
 
+// Sends `calls` copies of `input` at once and returns each call's status once
+// all have completed (a failure if some never complete within 25 s).
+std::vector<absl::Status> Burst(Client& client, const Tensor& input, int calls) {
+  absl::Mutex mu;
+  int pending = calls;
+  std::vector<absl::Status> results(calls);
+  for (int i = 0; i < calls; ++i) {
+    client.AsyncInfer("demo", input, absl::Now() + absl::Seconds(20),
+                      [&, i](absl::StatusOr<Tensor> result) {
+                        absl::MutexLock lock(&mu);
+                        results[i] = result.status();
+                        --pending;
+                      });
+  }
+  absl::MutexLock lock(&mu);
+  EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(
+                                      +[](int* left) { return *left == 0; }, &pending),
+                                  absl::Seconds(25)))
+      << pending << " calls never completed";
+  return results;
+}
+
 class OverloadTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -76,24 +98,8 @@ TEST_F(OverloadTest, FullQueueIsResourceExhausted) {
   const std::vector<float> x = RandomBf16ExactValues(kHidden, 3);
   absl::StatusOr<Tensor> input = client::FloatsToTensor(x, {1, 1, kHidden}, "FP32");
   ASSERT_TRUE(input.ok());
-  absl::Mutex mu;
-  int pending = kCalls;
-  std::vector<absl::Status> results(kCalls);
-  for (int i = 0; i < kCalls; ++i) {
-    client_->AsyncInfer("demo", *input, absl::Now() + absl::Seconds(20),
-                        [&, i](absl::StatusOr<Tensor> result) {
-                          absl::MutexLock lock(&mu);
-                          results[i] = result.status();
-                          --pending;
-                        });
-  }
-  {
-    absl::MutexLock lock(&mu);
-    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(
-                                        +[](int* left) { return *left == 0; }, &pending),
-                                    absl::Seconds(25)))
-        << pending << " calls never completed";
-  }
+  const std::vector<absl::Status> results = Burst(*client_, *input, kCalls);
+  ASSERT_FALSE(HasFailure());
   int ok = 0, exhausted = 0;
   for (const absl::Status& status : results) {
     if (status.ok()) {
@@ -125,23 +131,8 @@ TEST(QueueBytesFlagTest, ByteLimitRefusesABurst) {
   const std::vector<float> x = RandomBf16ExactValues(2 * kHidden, 5);
   absl::StatusOr<Tensor> input = client::FloatsToTensor(x, {1, 2, kHidden}, "FP32");  // 4096 bytes
   ASSERT_TRUE(input.ok());
-  absl::Mutex mu;
-  int pending = kCalls;
-  std::vector<absl::Status> results(kCalls);
-  for (int i = 0; i < kCalls; ++i) {
-    (*client)->AsyncInfer("demo", *input, absl::Now() + absl::Seconds(20),
-                          [&, i](absl::StatusOr<Tensor> result) {
-                            absl::MutexLock lock(&mu);
-                            results[i] = result.status();
-                            --pending;
-                          });
-  }
-  {
-    absl::MutexLock lock(&mu);
-    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(
-                                        +[](int* left) { return *left == 0; }, &pending),
-                                    absl::Seconds(25)));
-  }
+  const std::vector<absl::Status> results = Burst(**client, *input, kCalls);
+  ASSERT_FALSE(HasFailure());
   int ok = 0, for_bytes = 0;
   for (const absl::Status& status : results) {
     if (status.ok()) ++ok;
