@@ -11,7 +11,9 @@
      `layerctl bench` run, and each dashboard query, and the p99 latency,
      come back from its HTTP API;
   7. deploy/README.md's split-model recipe: two servers with --layers 0:2
-     and 2:4 chained with `layerctl infer` give the full model's output.
+     and 2:4 chained with `layerctl infer` give the full model's output;
+  8. the README's quick start: scripts/serve.sh builds every binary the
+     README then runs.
 
 scripts/test.sh runs this file as its "deploy-check" stage, after ctest; alone,
 from the repository root:
@@ -504,3 +506,20 @@ def test_split_model_recipe(full_server, server_bin, ctl_bin, tmp_path):
     worst = np.unravel_index(np.argmax(err), err.shape)
     assert err[worst] <= 1e-5 * max(1.0, float(np.abs(ref).max())), (
         f"chained 0:2 -> 2:4 differs from 0:4: worst at {worst}: {y[worst]} vs {ref[worst]}")
+
+
+# --- 8. quick start ------------------------------------------------------------------------
+
+def test_serve_script_builds_every_binary_the_quick_start_runs():
+    """README: `scripts/serve.sh`, then `build/client/layerctl health` from
+    another shell: every build/<dir>/<binary> the README runs must be a
+    target that serve.sh builds."""
+    readme = (ROOT / "README.md").read_text()
+    quick_start = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    used = set(re.findall(r"^build/\w+/([\w-]+)", quick_start, re.M))
+    assert {"layerserve", "layerctl"} <= used, f"quick start no longer runs them: {used}"
+    serve = (ROOT / "scripts/serve.sh").read_text()
+    built = re.search(r'LAYERSERVE_BUILD_TARGETS="?([\w -]+?)"? bash', serve)
+    assert built, "serve.sh no longer names its build targets"
+    missing = used - set(built.group(1).split())
+    assert not missing, f"scripts/serve.sh does not build {sorted(missing)}"
