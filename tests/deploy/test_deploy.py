@@ -345,6 +345,39 @@ def test_every_metric_named_is_exported(served_metrics):
     assert not unknown, "metrics no server exports"
 
 
+def test_unknown_model_is_not_counted_as_the_served_model(server_bin, tmp_path):
+    """Calls naming a model (or version) this server does not serve count
+    under model="other" in metrics and not at all in ModelStatistics; the
+    client's name never becomes a label."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+    from layerserve_process import parse_samples, sample, total
+
+    with LayerserveProcess(server_bin, SERVER_FLAGS, tmp_path / "layerserve.log") as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        x = grpcclient.InferInput("hidden_states", [1, 2, 512], "FP32")
+        x.set_data_from_numpy(np.zeros((1, 2, 512), np.float32))
+        calls = [("no_such_model", ""), ("demo", "7")]
+        for name, version in calls:
+            with pytest.raises(InferenceServerException, match="StatusCode.NOT_FOUND"):
+                client.infer(name, [x], model_version=version, client_timeout=30)
+        client.infer("demo", [x], client_timeout=30)
+        samples = parse_samples(server.scrape()[2])
+        stats = client.get_inference_statistics("demo", as_json=True)["model_stats"][0]
+        client.close()
+
+    assert sample(samples, "layerserve_requests_total", model="demo", code="NOT_FOUND") == 0
+    assert sample(samples, "layerserve_requests_total", model="demo", code="OK") == 1
+    assert sample(samples, "layerserve_requests_total", model="other",
+                  code="NOT_FOUND") == len(calls)
+    assert total(samples, "layerserve_request_duration_seconds_count") == 1
+    models = {dict(labels).get("model") for (_, labels) in samples if dict(labels).get("model")}
+    assert models <= {"demo", "other"}, f"a client's model name became a label: {models}"
+    fail = stats["inference_stats"].get("fail", {})
+    assert int(fail.get("count", 0)) == 0, f"unknown-model calls counted as demo's failures: {stats}"
+    assert int(stats["inference_stats"]["success"]["count"]) == 1
+
+
 # --- 6. a live Prometheus ---------------------------------------------------------------
 
 def dashboard_queries():
