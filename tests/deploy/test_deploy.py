@@ -345,6 +345,33 @@ def test_every_metric_named_is_exported(served_metrics):
     assert not unknown, "metrics no server exports"
 
 
+def test_process_and_request_families_of_a_live_server(full_server, served_metrics):
+    """The process_* families (read from /proc at scrape time), tokens per
+    request and rejections by reason, as prometheus_client parses them."""
+    families = {f.name: f for f in text_string_to_metric_families(served_metrics)}
+    value = {f.name: f.samples[0].value for f in families.values()
+             if f.name.startswith("process_") and len(f.samples) == 1}
+    assert families["process_cpu_seconds"].type == "counter"
+    assert value["process_cpu_seconds"] > 0
+    assert abs(value["process_start_time_seconds"] - time.time()) < 3600
+    assert value["process_resident_memory_bytes"] > 1 << 20
+    assert value["process_virtual_memory_bytes"] >= value["process_resident_memory_bytes"]
+    assert len(os.listdir(f"/proc/{full_server.pid}/fd")) == pytest.approx(
+        value["process_open_fds"], abs=4)
+    assert 0 < value["process_open_fds"] < value["process_max_fds"]
+    assert value["process_threads"] == pytest.approx(
+        len(os.listdir(f"/proc/{full_server.pid}/task")), abs=4)
+    tokens = families["layerserve_request_tokens"]
+    assert tokens.type == "histogram"
+    count = next(s.value for s in tokens.samples if s.name.endswith("_count"))
+    total = next(s.value for s in tokens.samples if s.name.endswith("_sum"))
+    assert count > 0 and total == 4 * count  # the bench sends [1, 4, hidden]
+    reasons = {s.labels["reason"] for s in families["layerserve_rejections"].samples
+               if s.name.endswith("_total")}
+    assert {"queue_full", "invalid", "unknown_model", "unavailable", "deadline",
+            "cancelled"} <= reasons
+
+
 def test_unknown_model_is_not_counted_as_the_served_model(server_bin, tmp_path):
     """Calls naming a model (or version) this server does not serve count
     under model="other" in metrics and not at all in ModelStatistics; the
