@@ -3,7 +3,9 @@
      linter is packaged for Debian 12);
   2. deploy/docker-compose.yml: `docker-compose config -q` for every profile;
   3. Prometheus: `promtool check config`, `check rules`, `test rules`;
-  4. the Grafana dashboard: parses, uses the provisioned datasource uid;
+  4. the Grafana dashboard: parses; every query reads the ${datasource}
+     variable (default: the provisioned uid) and filters by $model and
+     $instance; a summary row, a latency heatmap, units that fit the queries;
   5. every metric named in a dashboard, rule or HPA/adapter file is exported
      by a real layerserve (live scrape on loopback; the CUDA-only families are
      checked against the metrics header instead);
@@ -53,6 +55,12 @@ DATASOURCE_UID = "layerserve-prom"
 # Families only the CUDA backend exports: the CPU server here cannot show
 # them, so their names are checked against the metrics header instead.
 CUDA_ONLY = {"layerserve_kernel_duration_seconds", "layerserve_gpu_memory_used_bytes"}
+# Families a server exports once main.cc passes them to the metrics object
+# (PrometheusMetrics::SetLimits, SetBuildInfo): checked against the header
+# until then; test_limits_and_build_info_are_exported tracks the wiring.
+SET_AT_START = {"layerserve_max_queue_size", "layerserve_max_queue_bytes",
+                "layerserve_max_batch_tokens", "layerserve_max_queue_delay_seconds",
+                "layerserve_build_info"}
 SERVER_FLAGS = ["--backend=cpu", "--cpu-threads=2"]
 COMMAND_TIMEOUT_S = 120
 WAIT_S = 30  # for Prometheus to get ready, and then to scrape the server
@@ -241,11 +249,79 @@ def test_datasource_is_provisioned_with_the_dashboards_uid():
     assert f"uid: {DATASOURCE_UID}" in datasource
 
 
-def test_dashboard_panels_use_the_provisioned_datasource():
-    bad = [p["title"] for p in DASHBOARD["panels"] if p["type"] != "row"
-           and (p["datasource"]["uid"] != DATASOURCE_UID
-                or any(t["datasource"]["uid"] != DATASOURCE_UID for t in p["targets"]))]
-    assert not bad, f"panels not on the {DATASOURCE_UID} datasource"
+def dashboard_variable(name):
+    return next((v for v in DASHBOARD["templating"]["list"] if v["name"] == name), None)
+
+
+def test_dashboard_panels_use_the_datasource_variable():
+    """Every panel and query reads the ${datasource} variable, so the
+    dashboard imports into any Grafana; it defaults to the provisioned uid."""
+    variable = dashboard_variable("datasource")
+    assert variable and variable["type"] == "datasource" and variable["query"] == "prometheus"
+    assert variable["current"]["value"] == DATASOURCE_UID
+    uses = [p.get("datasource") for p in DASHBOARD["panels"] if p["type"] != "row"]
+    uses += [t["datasource"] for p in DASHBOARD["panels"] for t in p.get("targets", [])]
+    uses += [v["datasource"] for v in DASHBOARD["templating"]["list"] if "datasource" in v]
+    bad = [u for u in uses if u != {"type": "prometheus", "uid": "${datasource}"}]
+    assert not bad, "datasources other than the ${datasource} variable"
+
+
+def test_dashboard_filters_every_series_by_model_and_instance():
+    assert dashboard_variable("instance")["definition"].startswith("label_values(")
+    bad = []
+    for p in DASHBOARD["panels"]:
+        for t in p.get("targets", []):
+            for selector in re.findall(r"layerserve_\w+(\{[^}]*\})?", t["expr"]):
+                if 'model=~"$model"' not in selector or 'instance=~"$instance"' not in selector:
+                    bad.append(f"{p['title']}: {t['expr']}")
+    assert not bad, "queries not filtered by $model and $instance"
+
+
+def test_dashboard_opens_with_a_summary_row_of_stats():
+    panels = sorted(DASHBOARD["panels"], key=lambda p: (p["gridPos"]["y"], p["gridPos"]["x"]))
+    assert panels[0]["type"] == "row" and panels[0]["title"] == "Summary"
+    top = [p for p in panels[1:] if p["gridPos"]["y"] < panels[0]["gridPos"]["y"] + 5]
+    assert len(top) >= 4 and all(p["type"] == "stat" for p in top), [p["title"] for p in top]
+
+
+def test_dashboard_has_a_latency_heatmap():
+    heatmaps = [p for p in DASHBOARD["panels"] if p["type"] == "heatmap"]
+    assert heatmaps, "no heatmap panel"
+    (target,) = heatmaps[0]["targets"]
+    assert "layerserve_request_duration_seconds_bucket" in target["expr"]
+    assert target["format"] == "heatmap" and "by (le)" in target["expr"]
+    assert heatmaps[0]["options"]["yAxis"]["unit"] == "s"
+    assert heatmaps[0]["options"]["calculate"] is False  # the server's buckets, not re-binned
+
+
+def expected_unit(expr):
+    """The unit a panel showing `expr` must have, from what it computes."""
+    if "histogram_quantile" in expr:
+        return "s" if "_seconds_bucket" in expr else "short"
+    if re.search(r"_seconds_sum\b.*\)\s*$", expr) and " / " not in expr:
+        return "percentunit"  # seconds per second: a busy fraction
+    if " / " in expr and "layerserve_requests_total" in expr:
+        return "percentunit"  # a share of the calls
+    if "rate(layerserve_requests_total" in expr or "rate(layerserve_rejections_total" in expr:
+        return "reqps"
+    if "rate(layerserve_batch_tokens_sum" in expr and " / " not in expr:
+        return "suffix: tokens/s"
+    if "_bytes" in expr:
+        return "bytes"
+    return None
+
+
+def test_dashboard_units_match_the_queries():
+    bad = []
+    for p in DASHBOARD["panels"]:
+        if p["type"] in ("row", "heatmap"):
+            continue
+        unit = p["fieldConfig"]["defaults"]["unit"]
+        for t in p["targets"]:
+            want = expected_unit(t["expr"])
+            if want and want != unit:
+                bad.append(f"{p['title']}: {unit!r}, expected {want!r} for {t['expr']}")
+    assert not bad, "panels with a wrong unit"
 
 
 def test_dashboard_panel_ids_are_unique():
@@ -263,7 +339,8 @@ def promql_expressions():
         for t in p.get("targets", []):
             exprs.append(("dashboard: " + p["title"], t["expr"]))
     for v in DASHBOARD["templating"]["list"]:
-        exprs.append(("dashboard variable " + v["name"], v["definition"]))
+        if "definition" in v:
+            exprs.append(("dashboard variable " + v["name"], v["definition"]))
     for f in sorted(glob.glob(str(DEPLOY / "prometheus/rules/*.yml"))):
         for g in yaml.safe_load(open(f))["groups"]:
             for r in g["rules"]:
@@ -340,9 +417,17 @@ def test_every_metric_named_is_exported(served_metrics):
         # A metric name, not part of a recorded name (level:metric:operations).
         for name in re.findall(r"(?<![\w:])(layerserve_[a-z0-9_]+)", expr):
             family = re.sub(r"_(bucket|sum|count)$", "", name)
-            if name not in exported and not (family in CUDA_ONLY and family in declared):
+            if name not in exported and not (family in CUDA_ONLY | SET_AT_START
+                                             and family in declared):
                 unknown.append(f"{where}: {name}")
     assert not unknown, "metrics no server exports"
+
+
+@pytest.mark.xfail(strict=True, reason="server/main.cc does not yet call "
+                   "PrometheusMetrics::SetLimits and SetBuildInfo; when it does, drop "
+                   "this mark and SET_AT_START")
+def test_limits_and_build_info_are_exported(served_metrics):
+    assert SET_AT_START <= queryable_names(served_metrics)
 
 
 def test_process_and_request_families_of_a_live_server(full_server, served_metrics):
@@ -413,7 +498,8 @@ def dashboard_queries():
     params = []
     for p in DASHBOARD["panels"]:
         for t in p.get("targets", []):
-            q = t["expr"].replace("$__rate_interval", "30s").replace("$model", ".*")
+            q = (t["expr"].replace("$__rate_interval", "30s").replace("$model", ".*")
+                 .replace("$instance", ".*"))
             needs_data = not any(c in q for c in CUDA_ONLY)
             params.append(pytest.param(q, needs_data, id=f"{p['title']} {t.get('refId', '')}"))
     return params
