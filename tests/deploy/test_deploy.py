@@ -1,7 +1,8 @@
 """The deployment and observability files, checked without Docker or a GPU:
   1. Dockerfile and .dockerignore: instruction-level checks (no Dockerfile
      linter is packaged for Debian 12);
-  2. deploy/docker-compose.yml: `docker-compose config -q` for every profile;
+  2. deploy/docker-compose.yml: `docker-compose config -q` for every profile,
+     a demo profile without a checkpoint, fully qualified pinned images;
   3. Prometheus: `promtool check config`, `check rules`, `test rules`;
   4. the Grafana dashboard: parses; every query reads the ${datasource}
      variable (default: the provisioned uid) and filters by $model and
@@ -15,7 +16,10 @@
   7. deploy/README.md's split-model recipe: two servers with --layers 0:2
      and 2:4 chained with `layerctl infer` give the full model's output;
   8. the README's quick start: scripts/serve.sh builds every binary the
-     README then runs.
+     README then runs; its BF16 tritonclient example runs against a server;
+  9. Kubernetes: the claim the Deployment mounts exists, a disruption
+     budget covers it, its image is pinned to the project version, and every
+     flag the Deployment and compose pass is one the server accepts.
 
 scripts/test.sh runs this file as its "deploy-check" stage, after ctest; alone,
 from the repository root:
@@ -205,14 +209,44 @@ def compose(*args):
     return run(tool("docker-compose"), "-f", DEPLOY / "docker-compose.yml", *args)
 
 
-@pytest.mark.parametrize("profile", ["", "gpu", "cpu"], ids=["no-profile", "gpu", "cpu"])
+@pytest.mark.parametrize("profile", ["", "demo", "gpu", "cpu"],
+                         ids=["no-profile", "demo", "gpu", "cpu"])
 def test_compose_config_is_valid(profile):
     compose(*(["--profile", profile] if profile else []), "config", "-q")
 
 
 def test_compose_services():
     services = sorted(compose("config", "--services").split())
-    assert services == ["grafana", "layerserve-cpu", "layerserve-gpu", "prometheus"]
+    assert services == ["grafana", "layerserve-cpu", "layerserve-demo", "layerserve-gpu",
+                        "prometheus"]
+
+
+def compose_config(*profiles):
+    args = [a for p in profiles for a in ("--profile", p)]
+    return yaml.safe_load(compose(*args, "config"))
+
+
+def test_compose_demo_profile_needs_no_checkpoint():
+    demo = compose_config("demo")["services"]["layerserve-demo"]
+    assert not any(a.startswith("--model-dir") for a in demo["command"]), demo["command"]
+    assert not demo.get("volumes"), "the demo profile mounts a checkpoint"
+    assert "--backend=cpu" in demo["command"] and "deploy" not in demo
+
+
+def image_is_fully_qualified(image):
+    """registry/path:tag, the registry a host name (a dot or a port) or
+    localhost, and a tag other than latest."""
+    first, _, rest = image.partition("/")
+    registry = rest and ("." in first or ":" in first or first == "localhost")
+    tag = rest.rpartition(":")[2] if ":" in rest else ""
+    return bool(registry and tag and tag != "latest")
+
+
+def test_compose_images_are_fully_qualified_and_pinned():
+    config = compose_config("demo", "gpu", "cpu")
+    bad = {n: s.get("image") for n, s in config["services"].items()
+           if not image_is_fully_qualified(s.get("image", ""))}
+    assert not bad, "images without a registry or with a floating tag"
 
 
 def test_compose_gpu_profile_reserves_the_device():
@@ -669,3 +703,73 @@ def test_serve_script_builds_every_binary_the_quick_start_runs():
     assert built, "serve.sh no longer names its build targets"
     missing = used - set(built.group(1).split())
     assert not missing, f"scripts/serve.sh does not build {sorted(missing)}"
+
+
+# --- 9. Kubernetes manifests --------------------------------------------------------------
+
+def k8s_objects():
+    objects = []
+    for f in sorted(glob.glob(str(DEPLOY / "k8s/*.yaml"))):
+        if f.endswith("prometheus-adapter-values.yaml"):
+            continue  # helm values, not a manifest
+        objects += [o for o in yaml.safe_load_all(open(f)) if o]
+    return objects
+
+
+def k8s_deployment():
+    (deployment,) = [o for o in k8s_objects() if o["kind"] == "Deployment"]
+    return deployment
+
+
+def test_k8s_every_claim_the_deployment_mounts_exists():
+    claims = {o["metadata"]["name"]: o for o in k8s_objects()
+              if o["kind"] == "PersistentVolumeClaim"}
+    wanted = [v["persistentVolumeClaim"]["claimName"]
+              for v in k8s_deployment()["spec"]["template"]["spec"]["volumes"]
+              if "persistentVolumeClaim" in v]
+    assert wanted and all(c in claims for c in wanted), f"missing claims: {wanted} vs {list(claims)}"
+    for c in wanted:  # every replica mounts it, read-only
+        assert "ReadOnlyMany" in claims[c]["spec"]["accessModes"]
+
+
+def test_k8s_disruption_budget_covers_the_deployment():
+    pod_labels = k8s_deployment()["spec"]["template"]["metadata"]["labels"]
+    budgets = [o for o in k8s_objects() if o["kind"] == "PodDisruptionBudget"]
+    assert budgets, "no PodDisruptionBudget"
+    selector = budgets[0]["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod_labels.items()
+    assert "maxUnavailable" in budgets[0]["spec"] or "minAvailable" in budgets[0]["spec"]
+
+
+def test_k8s_image_is_pinned_to_the_project_version():
+    (container,) = k8s_deployment()["spec"]["template"]["spec"]["containers"]
+    version = re.search(r"project\(layerserve VERSION (\S+)",
+                        (ROOT / "CMakeLists.txt").read_text()).group(1)
+    assert image_is_fully_qualified(container["image"]), container["image"]
+    assert container["image"].endswith(":" + version), (container["image"], version)
+
+
+def test_deploy_files_pass_only_flags_the_server_has(server_bin):
+    """A flag the server does not know stops it at start (exit 1): every
+    --flag in the Deployment's args and the compose commands must be one
+    `layerserve --help` lists."""
+    known = set(re.findall(r"--[a-z0-9][a-z0-9-]*", run(server_bin, "--help")))
+    (container,) = k8s_deployment()["spec"]["template"]["spec"]["containers"]
+    used = {("k8s", a.split("=")[0]) for a in container["args"]}
+    for name, service in compose_config("demo", "gpu", "cpu")["services"].items():
+        if name.startswith("layerserve"):
+            used |= {(name, a.split("=")[0]) for a in service["command"]}
+    unknown = sorted(u for u in used if u[1] not in known)
+    assert not unknown, "flags the server does not accept"
+
+
+def test_readme_bf16_tritonclient_example_runs(full_server):
+    """The README's BF16 example (tritonclient + ml_dtypes) against a live server."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"BF16 through `tritonclient`.*?```python\n(.*?)```", readme, re.S)
+    assert block, "README lost its BF16 tritonclient example"
+    code = "\n".join(line.removeprefix("  ") for line in block.group(1).splitlines())
+    code = code.replace("localhost:8001", full_server.grpc_url)
+    out = run(sys.executable, "-c", code)
+    shape, std = re.match(r"\((\d+), (\d+), (\d+)\) (\S+)", out).groups()[:3], float(out.split()[-1])
+    assert shape == ("1", "8", "512") and 0.1 < std < 100, out
