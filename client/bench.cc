@@ -15,8 +15,10 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 
@@ -119,6 +121,46 @@ class ProgressLine {
   std::thread thread_;
 };
 
+// The first fatal status any request got; once set, every loop stops issuing
+// requests and a closed-loop worker's back-off wait ends early.
+class FatalStop {
+ public:
+  void Set(const absl::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!status_.ok()) return;
+      status_ = status;
+    }
+    stopped_.Notify();
+  }
+  bool stopped() const { return stopped_.HasBeenNotified(); }
+  // Waits until `deadline` or a stop, whichever comes first; true on a stop.
+  bool WaitUntil(absl::Time deadline) const {
+    return stopped_.WaitForNotificationWithDeadline(deadline);
+  }
+  absl::Status status() const {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  absl::Notification stopped_;
+};
+
+// The status RunBench returns for a fatal request status: same code and
+// payloads (a call's status stays one), the message says the run stopped.
+absl::Status StoppedBy(const absl::Status& fatal) {
+  absl::Status out(
+      fatal.code(),
+      absl::StrCat("bench stopped: a request failed with ", absl::StatusCodeToString(fatal.code()),
+                   ", which every further request would get too: ", fatal.message()));
+  fatal.ForEachPayload(
+      [&out](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return out;
+}
+
 std::vector<Tensor> MakeInputs(const BenchOptions& options, size_t count) {
   std::mt19937_64 rng(options.seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -134,18 +176,30 @@ std::vector<Tensor> MakeInputs(const BenchOptions& options, size_t count) {
 }
 
 void RunClosedLoop(const std::vector<Client*>& clients, const BenchOptions& options,
-                   const std::vector<Tensor>& inputs, absl::Time measure_end, Recorder& recorder) {
+                   const std::vector<Tensor>& inputs, absl::Time measure_end, Recorder& recorder,
+                   FatalStop& fatal) {
   std::vector<std::thread> workers;
   for (int w = 0; w < options.concurrency; ++w) {
     workers.emplace_back([&, w] {
       Client& client = *clients[static_cast<size_t>(w) % clients.size()];
+      int consecutive_failures = 0;
       for (size_t i = static_cast<size_t>(w);; ++i) {
         const absl::Time issued = absl::Now();
-        if (issued >= measure_end) break;
+        if (issued >= measure_end || fatal.stopped()) break;
         absl::StatusOr<Tensor> result =
             client.Infer(options.model, inputs[i % inputs.size()],
                          issued + absl::Seconds(options.timeout_seconds));
         recorder.Record(issued, absl::Now(), result.status());
+        if (result.ok()) {
+          consecutive_failures = 0;
+          continue;
+        }
+        if (IsFatalBenchStatus(result.status().code())) {
+          fatal.Set(result.status());
+          break;
+        }
+        ++consecutive_failures;
+        fatal.WaitUntil(std::min(absl::Now() + BenchBackoff(consecutive_failures), measure_end));
       }
     });
   }
@@ -160,7 +214,8 @@ struct InFlight {
 absl::Status RunOpenLoop(const std::vector<Client*>& clients, const BenchOptions& options,
                          const std::vector<Tensor>& inputs, absl::Time start,
                          absl::Time measure_start, absl::Time measure_end,
-                         const std::shared_ptr<Recorder>& recorder, BenchReport& report) {
+                         const std::shared_ptr<Recorder>& recorder,
+                         const std::shared_ptr<FatalStop>& fatal, BenchReport& report) {
   auto in_flight = std::make_shared<InFlight>();
   std::mt19937_64 rng(options.seed ^ 0x9e3779b97f4a7c15ull);
   std::exponential_distribution<double> gap(options.rate_per_second);
@@ -168,8 +223,7 @@ absl::Status RunOpenLoop(const std::vector<Client*>& clients, const BenchOptions
   for (size_t i = 0;; ++i) {
     next += absl::Seconds(options.arrivals == Arrivals::kPoisson ? gap(rng)
                                                                  : 1.0 / options.rate_per_second);
-    if (next >= measure_end) break;
-    absl::SleepFor(next - absl::Now());
+    if (next >= measure_end || fatal->WaitUntil(next)) break;
     const absl::Time issued = absl::Now();
     const bool measured = next >= measure_start;
     if (measured) {
@@ -186,8 +240,9 @@ absl::Status RunOpenLoop(const std::vector<Client*>& clients, const BenchOptions
     }
     clients[i % clients.size()]->AsyncInfer(
         options.model, inputs[i % inputs.size()], issued + absl::Seconds(options.timeout_seconds),
-        [recorder, in_flight, scheduled = next](absl::StatusOr<Tensor> result) {
+        [recorder, in_flight, fatal, scheduled = next](absl::StatusOr<Tensor> result) {
           recorder->Record(scheduled, absl::Now(), result.status());
+          if (IsFatalBenchStatus(result.status().code())) fatal->Set(result.status());
           absl::MutexLock lock(&in_flight->mu);
           --in_flight->count;
         });
@@ -207,6 +262,27 @@ absl::Status RunOpenLoop(const std::vector<Client*>& clients, const BenchOptions
 }
 
 }  // namespace
+
+bool IsFatalBenchStatus(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kUnimplemented:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated:
+      return true;
+    default:
+      return false;
+  }
+}
+
+absl::Duration BenchBackoff(int consecutive_failures) {
+  constexpr int kMaxDoublings = 10;  // 1 ms * 2^10 = 1.024 s, capped at 1 s
+  const int doublings = std::clamp(consecutive_failures - 1, 0, kMaxDoublings);
+  return std::min(absl::Milliseconds(1) * (int64_t{1} << doublings), absl::Seconds(1));
+}
 
 double Percentile(std::vector<double> samples, double p) {
   if (samples.empty()) return 0;
@@ -267,16 +343,18 @@ absl::StatusOr<BenchReport> RunBench(const std::vector<Client*>& clients, BenchO
   const absl::Time measure_start = start + absl::Seconds(options.warmup_seconds);
   const absl::Time measure_end = measure_start + absl::Seconds(options.duration_seconds);
   auto recorder = std::make_shared<Recorder>(measure_start, measure_end);
+  auto fatal = std::make_shared<FatalStop>();
   {
     ProgressLine progress(recorder.get(), start, measure_start, options.progress);
     if (options.concurrency > 0) {
-      RunClosedLoop(clients, options, inputs, measure_end, *recorder);
+      RunClosedLoop(clients, options, inputs, measure_end, *recorder, *fatal);
     } else {
       absl::Status status = RunOpenLoop(clients, options, inputs, start, measure_start, measure_end,
-                                        recorder, report);
+                                        recorder, fatal, report);
       if (!status.ok()) return status;
     }
   }
+  if (fatal->stopped()) return StoppedBy(fatal->status());
   recorder->Fill(report);
   return report;
 }

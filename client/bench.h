@@ -9,6 +9,12 @@
 // last recorded completion, so slow tails are not flattered. Open-loop
 // latencies run from each request's scheduled arrival time, so any lateness
 // of the scheduler counts against them (no coordinated omission).
+//
+// Failures: a closed-loop worker whose request fails waits before its next
+// one (BenchBackoff), so a server that refuses every call is not hammered at
+// the speed of the refusals. A status that every further request would get
+// too (IsFatalBenchStatus: the model, the shape or the datatype is wrong)
+// stops the whole run, which then returns that status.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +22,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "client/client.h"
 
 namespace layerserve::client {
@@ -66,14 +74,30 @@ struct BenchReport {
 // Runs the benchmark against the server behind `clients` (at least one; give
 // several with dedicated connections to spread the load over connections:
 // closed-loop worker w uses clients[w % n], open-loop arrival i clients[i % n]).
-// INVALID_ARGUMENT for inconsistent options; errors of individual requests
-// are counted, not returned.
+// INVALID_ARGUMENT for inconsistent options (not a call's status: see
+// IsCallStatus); a fatal status of a request (IsFatalBenchStatus) is
+// returned with its code, its message prefixed and its payloads kept; other
+// errors of individual requests are counted, not returned.
 absl::StatusOr<BenchReport> RunBench(const std::vector<Client*>& clients, BenchOptions options);
 absl::StatusOr<BenchReport> RunBench(Client& client, BenchOptions options);
 
 // Human-readable summary (several lines) and the JSON form of the report.
 std::string FormatBenchReport(const BenchReport& report);
 std::string BenchReportJson(const BenchReport& report);
+
+// Whether a request's failure would repeat for every request of the run, so
+// the bench stops rather than retrying: the request or the model is wrong
+// (INVALID_ARGUMENT, NOT_FOUND, UNIMPLEMENTED, FAILED_PRECONDITION,
+// OUT_OF_RANGE) or the caller may not call (PERMISSION_DENIED,
+// UNAUTHENTICATED). Load and transport errors (UNAVAILABLE,
+// RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, ...) are not fatal.
+bool IsFatalBenchStatus(absl::StatusCode code);
+
+// How long a closed-loop worker waits after its n-th consecutive failure
+// (n >= 1): 1 ms, doubling, at most 1 s. Against a server that refuses every
+// call a worker thus sends about one request a second instead of one per
+// refusal (hundreds of thousands a second on loopback).
+absl::Duration BenchBackoff(int consecutive_failures);
 
 // Nearest-rank percentile (p in [0, 100]) of unsorted samples; 0 if empty.
 double Percentile(std::vector<double> samples, double p);

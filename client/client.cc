@@ -6,6 +6,7 @@
 #include <climits>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -18,11 +19,20 @@ void SetDeadline(grpc::ClientContext& context, absl::Time deadline) {
   if (deadline != absl::InfiniteFuture()) context.set_deadline(absl::ToChronoTime(deadline));
 }
 
+// The payload that marks a status as a call's outcome; its value is unused.
+constexpr char kCallStatusPayload[] = "layerserve.client/call";
+
 }  // namespace
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  absl::Status out(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  out.SetPayload(kCallStatusPayload, absl::Cord());
+  return out;
+}
+
+bool IsCallStatus(const absl::Status& status) {
+  return status.GetPayload(kCallStatusPayload).has_value();
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,

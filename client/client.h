@@ -29,8 +29,15 @@ namespace layerserve::client {
 // Name of the single input and output tensor of a layerserve model.
 inline constexpr char kHiddenStates[] = "hidden_states";
 
-// grpc::Status -> absl::Status (the numeric codes are the same).
+// grpc::Status -> absl::Status (the numeric codes are the same), marked as
+// the outcome of a call (see IsCallStatus).
 absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// True for a status that came back from a call (the server's answer, or
+// gRPC's own: unreachable, deadline), false for one this library or its
+// caller made. layerctl uses it to tell a server's INVALID_ARGUMENT, whose
+// message may name a server flag, from a usage error on its own command line.
+bool IsCallStatus(const absl::Status& status);
 
 class Client {
  public:

@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
@@ -26,16 +25,14 @@
 namespace layerserve::client {
 namespace {
 
-// Prints the error. Errors about the command line (INVALID_ARGUMENT naming a
-// --flag: every flag and option check phrases its message that way) exit
-// with the usage status and a pointer to the help text.
+// Prints the error. Errors about the command line (ExitStatusFor) exit with
+// the usage status and a pointer to the help text.
 int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "layerctl: %s\n", std::string(status.ToString()).c_str());
-  if (absl::IsInvalidArgument(status) && absl::StrContains(status.message(), "--")) {
-    std::fputs("run 'layerctl --help' for usage\n", stderr);
-    return kExitUsage;
-  }
-  return kExitFailure;
+  std::fprintf(stderr, "layerctl: %s\n",
+               std::string(status.ToString(absl::StatusToStringMode::kWithNoExtraData)).c_str());
+  const int exit_status = ExitStatusFor(status);
+  if (exit_status == kExitUsage) std::fputs("run 'layerctl --help' for usage\n", stderr);
+  return exit_status;
 }
 
 absl::Time Deadline(const LayerctlArgs& args) {

@@ -9,6 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "client/client.h"
+
 namespace layerserve::client {
 namespace {
 
@@ -181,6 +184,13 @@ ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv)
   }
   parsed.args = std::move(args);
   return parsed;
+}
+
+int ExitStatusFor(const absl::Status& status) {
+  if (status.ok()) return kExitOk;
+  const bool usage = absl::IsInvalidArgument(status) && !IsCallStatus(status) &&
+                     absl::StrContains(status.message(), "--");
+  return usage ? kExitUsage : kExitFailure;
 }
 
 }  // namespace layerserve::client

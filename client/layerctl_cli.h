@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "client/bench.h"
 
 namespace layerserve::client {
@@ -56,5 +57,12 @@ struct ParsedCommandLine {
 
 // Parses `argv` (argv[0] is the program's name, as main() gets it).
 ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv);
+
+// The exit status for a command's failure: kExitUsage for an error about
+// layerctl's own command line (INVALID_ARGUMENT naming a --flag: every option
+// check phrases its message that way), kExitFailure for anything else,
+// including a server's INVALID_ARGUMENT that names one of the server's flags
+// (IsCallStatus). kExitOk for OK.
+int ExitStatusFor(const absl::Status& status);
 
 }  // namespace layerserve::client

@@ -17,6 +17,8 @@ namespace layerserve {
 
 // One finished ModelInfer call, whatever its outcome, as seen at the edge.
 struct RequestRecord {
+  // The served model's name; empty when the call named a model or version
+  // this server does not serve (the client's string is never passed on).
   std::string_view model;
   std::string_view code;        // canonical status code name: "OK", "INVALID_ARGUMENT", ...
   double duration_seconds = 0;  // receipt -> reply

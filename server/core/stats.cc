@@ -11,6 +11,9 @@ uint64_t ToNs(double seconds) { return static_cast<uint64_t>(seconds * 1e9 + 0.5
 }  // namespace
 
 void StatsRecorder::OnRequestFinished(const RequestRecord& r) {
+  // Calls for a model this server does not serve are not this model's
+  // failures: ModelStatistics reports the served model only.
+  if (r.model.empty()) return;
   MutexLock lock(&mu_);
   DurationStat& d = r.code == "OK" ? stats_.success : stats_.fail;
   d.count += 1;

@@ -36,9 +36,19 @@ void InferHandler::Submit(grpc::CallbackServerContext* context,
                           const inference::ModelInferRequest* request,
                           inference::ModelInferResponse* response, Reply reply) {
   const SteadyTime receipt = SteadyClock::Get()->Now();
+  // A call for a model (or version) this server does not serve is reported
+  // under no model: it is not the served model's traffic, and the name comes
+  // from the client, so it must not become a label or a statistics entry.
+  // It is never accepted, so it is not in flight either.
+  if (absl::Status unknown = CheckModel(model_, request->model_name(), request->model_version());
+      !unknown.ok()) {
+    const std::string code = StatusCodeName(unknown);
+    observer_->OnRequestFinished(
+        {.model = {}, .code = code, .duration_seconds = SecondsSince(receipt), .tokens = 0});
+    return reply(unknown);
+  }
   AddInflight(1);
-  absl::Status status = CheckModel(model_, request->model_name(), request->model_version());
-  if (status.ok()) status = state_->Readiness();
+  absl::Status status = state_->Readiness();
   if (!status.ok()) return Complete(reply, status, receipt, 0);
 
   // raw_deadline(), not deadline(): gRPC's conversion to system_clock

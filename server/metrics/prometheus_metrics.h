@@ -16,9 +16,27 @@
 
 namespace layerserve {
 
+// What the server was built and started as, for layerserve_build_info.
+struct BuildInfo {
+  std::string version;  // the server's version string
+  std::string backend;  // "cpu" or "cuda"
+  std::string device;   // e.g. "NVIDIA H100 80GB HBM3", or "cpu"
+};
+
+// The configured limits, exported so that alerts and dashboards compare with
+// them instead of hard-coding numbers (the flags of the same names).
+struct ServingLimits {
+  int64_t max_queue_size = 0;    // requests the queue holds
+  int64_t max_queue_bytes = 0;   // tensor bytes the queue holds
+  int64_t max_batch_tokens = 0;  // tokens per batch (and per request)
+  double max_queue_delay_seconds = 0;
+};
+
 // Metric families (all names carry the layerserve_ prefix, times in seconds):
 //   layerserve_requests_total{model,code}               counter
+//   layerserve_rejections_total{model,reason}           counter (see RejectionReason)
 //   layerserve_request_duration_seconds{model}          histogram
+//   layerserve_request_tokens{model}                    histogram (B*T of each valid request)
 //   layerserve_queue_duration_seconds{model}            histogram
 //   layerserve_compute_duration_seconds{model}          histogram (per batch)
 //   layerserve_batch_size{model}                        histogram (requests per execution)
@@ -27,12 +45,29 @@ namespace layerserve {
 //   layerserve_inflight_requests{model}                 gauge
 //   layerserve_kernel_duration_seconds{model,op}        histogram (CUDA backend, sampled)
 //   layerserve_gpu_memory_used_bytes{model}             gauge (CUDA backend)
-// Duration buckets span 50 us to 10 s. Calls that name a model this process
-// does not serve count under model="other" (client text never becomes a label).
+//   layerserve_build_info{version,backend,device}       gauge, 1 (after SetBuildInfo)
+//   layerserve_max_queue_size{model}                    gauge (after SetLimits)
+//   layerserve_max_queue_bytes{model}                   gauge (after SetLimits)
+//   layerserve_max_batch_tokens{model}                  gauge (after SetLimits)
+//   layerserve_max_queue_delay_seconds{model}           gauge (after SetLimits)
+// and the standard process families, read from /proc at each scrape:
+//   process_cpu_seconds_total, process_resident_memory_bytes,
+//   process_virtual_memory_bytes, process_open_fds, process_max_fds,
+//   process_start_time_seconds, process_threads
+// Duration buckets span 50 us to 10 s in ten steps a decade (the R10
+// series, each bound 1.25-1.28x the one before), so that histogram_quantile's
+// interpolation inside one bucket errs by at most ~25% rather than the 2.5x
+// of a 1-2.5-5 series. Calls that name a model this process does not serve
+// count under model="other" (client text never becomes a label).
 class PrometheusMetrics final : public ServerObserver {
  public:
   explicit PrometheusMetrics(std::string model_name);
   ~PrometheusMetrics() override;
+
+  // Sets layerserve_build_info's one series (a later call replaces it).
+  void SetBuildInfo(const BuildInfo& info);
+  // Sets the layerserve_max_* gauges.
+  void SetLimits(const ServingLimits& limits);
 
   void OnRequestFinished(const RequestRecord& r) override;
   void OnDequeued(const DequeueRecord& r) override;
@@ -53,6 +88,15 @@ class PrometheusMetrics final : public ServerObserver {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The reason label of layerserve_rejections_total for a request's canonical
+// code, or "" when the code is no rejection (OK, or an error while serving:
+// INTERNAL, UNKNOWN, ...). A fixed set: queue_full (RESOURCE_EXHAUSTED: the
+// queue is full, or the reply would be too large), invalid (INVALID_ARGUMENT),
+// unknown_model (NOT_FOUND), unavailable (UNAVAILABLE: not ready or
+// draining), deadline (DEADLINE_EXCEEDED: expired before it ran), cancelled
+// (CANCELLED by the client).
+std::string_view RejectionReason(std::string_view code);
 
 // Serves GET /metrics (and GET /healthz) on its own thread.
 class MetricsHttpServer {

@@ -1,8 +1,20 @@
-// Tests of the bench's statistics (client/bench.h): nearest-rank percentiles
-// and the option checks that run before any request is sent.
+// Tests of the bench (client/bench.h): nearest-rank percentiles, the option
+// checks that run before any request is sent, and how a run treats failing
+// requests (back-off, stop on a fatal status) against an in-process fake
+// server and a port nothing listens on.
 #include "client/bench.h"
 
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/layerctl_cli.h"
+#include "grpc_service.grpc.pb.h"
 
 namespace layerserve::client {
 namespace {
@@ -47,6 +59,138 @@ TEST(BenchOptionsTest, InconsistentOptionsFailBeforeConnecting) {
        {both, neither, no_model, bad_datatype, zero_tokens, zero_duration}) {
     EXPECT_EQ(RunBench(**client, options).status().code(), absl::StatusCode::kInvalidArgument);
   }
+}
+
+TEST(BenchBackoffTest, DoublesFromOneMillisecondToOneSecond) {
+  EXPECT_EQ(BenchBackoff(0), absl::Milliseconds(1));
+  EXPECT_EQ(BenchBackoff(1), absl::Milliseconds(1));
+  EXPECT_EQ(BenchBackoff(2), absl::Milliseconds(2));
+  EXPECT_EQ(BenchBackoff(5), absl::Milliseconds(16));
+  EXPECT_EQ(BenchBackoff(10), absl::Milliseconds(512));
+  EXPECT_EQ(BenchBackoff(11), absl::Seconds(1));
+  EXPECT_EQ(BenchBackoff(1000000), absl::Seconds(1));
+}
+
+TEST(BenchBackoffTest, RequestAndModelErrorsAreFatalLoadErrorsAreNot) {
+  for (absl::StatusCode code :
+       {absl::StatusCode::kInvalidArgument, absl::StatusCode::kNotFound,
+        absl::StatusCode::kUnimplemented, absl::StatusCode::kFailedPrecondition,
+        absl::StatusCode::kPermissionDenied, absl::StatusCode::kUnauthenticated}) {
+    EXPECT_TRUE(IsFatalBenchStatus(code)) << absl::StatusCodeToString(code);
+  }
+  for (absl::StatusCode code :
+       {absl::StatusCode::kUnavailable, absl::StatusCode::kResourceExhausted,
+        absl::StatusCode::kDeadlineExceeded, absl::StatusCode::kInternal,
+        absl::StatusCode::kAborted, absl::StatusCode::kCancelled}) {
+    EXPECT_FALSE(IsFatalBenchStatus(code)) << absl::StatusCodeToString(code);
+  }
+}
+
+BenchOptions ClosedLoop(int concurrency, double duration_seconds) {
+  BenchOptions options;
+  options.model = "demo";
+  options.hidden = 8;
+  options.tokens = 2;
+  options.concurrency = concurrency;
+  options.duration_seconds = duration_seconds;
+  options.timeout_seconds = 5;
+  options.progress = false;
+  return options;
+}
+
+// Nothing listens on the port, so every call fails at once with UNAVAILABLE
+// (before back-off: hundreds of thousands of calls in a few seconds).
+TEST(BenchFailureTest, BacksOffFromAServerThatRefuses) {
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect("127.0.0.1:1");
+  ASSERT_TRUE(client.ok());
+  constexpr int kConcurrency = 4;
+  absl::StatusOr<BenchReport> report = RunBench(**client, ClosedLoop(kConcurrency, 2.0));
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->requests_ok, 0);
+  EXPECT_EQ(report->errors_by_code["UNAVAILABLE"], report->requests_failed);
+  // 1+2+...+512 ms then 1 s waits: ~12 calls per worker in 2 s; gRPC's own
+  // reconnect back-off only makes it fewer.
+  EXPECT_GT(report->requests_failed, 0);
+  EXPECT_LE(report->requests_failed, kConcurrency * 16) << FormatBenchReport(*report);
+}
+
+// A ModelInfer service that answers every call with one status and counts
+// the calls.
+class FixedStatusService final : public inference::GRPCInferenceService::Service {
+ public:
+  explicit FixedStatusService(grpc::Status status) : status_(std::move(status)) {}
+  grpc::Status ModelInfer(grpc::ServerContext*, const inference::ModelInferRequest*,
+                          inference::ModelInferResponse*) override {
+    calls_.fetch_add(1);
+    return status_;
+  }
+  int calls() const { return calls_.load(); }
+
+ private:
+  const grpc::Status status_;
+  std::atomic<int> calls_{0};
+};
+
+class FakeServer {
+ public:
+  explicit FakeServer(grpc::Status status) : service_(std::move(status)) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+  }
+  ~FakeServer() { server_->Shutdown(); }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  int calls() const { return service_.calls(); }
+
+ private:
+  FixedStatusService service_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+TEST(BenchFailureTest, StopsOnAFatalStatusInTheClosedLoop) {
+  FakeServer server(grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown model 'demo'"));
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server.address());
+  ASSERT_TRUE(client.ok());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<BenchReport> report = RunBench(**client, ClosedLoop(4, 30.0));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "the run did not stop";
+  ASSERT_EQ(report.status().code(), absl::StatusCode::kNotFound) << report.status();
+  EXPECT_TRUE(absl::StrContains(report.status().message(), "unknown model 'demo'"));
+  EXPECT_TRUE(IsCallStatus(report.status()));
+  EXPECT_LE(server.calls(), 4);  // one per worker at most
+}
+
+TEST(BenchFailureTest, StopsOnAFatalStatusInTheOpenLoop) {
+  FakeServer server(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no ModelInfer here"));
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server.address());
+  ASSERT_TRUE(client.ok());
+  BenchOptions options = ClosedLoop(0, 30.0);
+  options.rate_per_second = 200;
+  const absl::Time start = absl::Now();
+  absl::StatusOr<BenchReport> report = RunBench(**client, options);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "the run did not stop";
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kUnimplemented) << report.status();
+}
+
+// A server's INVALID_ARGUMENT may name one of the server's flags; it is not
+// a mistake on layerctl's command line, so layerctl exits 1, not 2.
+TEST(BenchFailureTest, ServerErrorNamingAFlagIsNotAUsageError) {
+  FakeServer server(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "the request has 9000 tokens, more than --max-batch-tokens 8192"));
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server.address());
+  ASSERT_TRUE(client.ok());
+  absl::StatusOr<BenchReport> report = RunBench(**client, ClosedLoop(2, 30.0));
+  ASSERT_EQ(report.status().code(), absl::StatusCode::kInvalidArgument) << report.status();
+  EXPECT_EQ(ExitStatusFor(report.status()), kExitFailure) << report.status();
+
+  // The bench's own option checks are usage errors.
+  BenchOptions no_model = ClosedLoop(1, 1.0);
+  no_model.model.clear();
+  const absl::Status usage = RunBench(**client, no_model).status();
+  EXPECT_EQ(ExitStatusFor(usage), kExitUsage) << usage;
+  EXPECT_EQ(ExitStatusFor(absl::OkStatus()), kExitOk);
 }
 
 }  // namespace

@@ -3,8 +3,10 @@
 #include "server/metrics/prometheus_metrics.h"
 
 #include <httplib.h>
+#include <sys/resource.h>
 
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <thread>
@@ -41,6 +43,15 @@ TEST(PrometheusMetricsTest, EveryFamilyIsExposedWithItsType) {
       {"layerserve_batch_tokens", "histogram"},
       {"layerserve_queue_depth", "gauge"},
       {"layerserve_inflight_requests", "gauge"},
+      {"layerserve_rejections_total", "counter"},
+      {"layerserve_request_tokens", "histogram"},
+      {"process_cpu_seconds_total", "counter"},
+      {"process_resident_memory_bytes", "gauge"},
+      {"process_virtual_memory_bytes", "gauge"},
+      {"process_open_fds", "gauge"},
+      {"process_max_fds", "gauge"},
+      {"process_start_time_seconds", "gauge"},
+      {"process_threads", "gauge"},
   };
   for (const auto& [name, type] : expected) {
     auto it = e.types.find(name);
@@ -65,8 +76,8 @@ TEST(PrometheusMetricsTest, BucketBoundsSpanTheDocumentedRanges) {
     EXPECT_DOUBLE_EQ(bounds.back(), 10.0) << family;
     for (size_t i = 1; i < bounds.size(); ++i) {
       EXPECT_LT(bounds[i - 1], bounds[i]) << family << " bucket " << i;
-      // No gap wider than a decade, so every latency lands in a useful bucket.
-      EXPECT_LE(bounds[i] / bounds[i - 1], 10.0) << family << " bucket " << i;
+      // Ten steps a decade, so interpolation inside a bucket stays close.
+      EXPECT_LE(bounds[i] / bounds[i - 1], 1.3) << family << " bucket " << i;
     }
   }
   std::vector<double> sizes, tokens;
@@ -110,6 +121,122 @@ TEST(PrometheusMetricsTest, RequestsAreCountedByCodeAndTimed) {
   EXPECT_EQ(
       e.Find("layerserve_request_duration_seconds_bucket", {{"model", kModel}, {"le", "+Inf"}}),
       3.0);
+}
+
+// histogram_quantile as Prometheus computes it: find the bucket where the
+// rank falls and interpolate linearly inside it.
+double HistogramQuantile(const Exposition& e, const char* family, const Labels& labels, double q) {
+  const std::vector<double> bounds = e.BucketBounds(family, labels);
+  Labels inf = labels;
+  inf["le"] = "+Inf";
+  const double total = *e.Find(std::string(family) + "_bucket", inf);
+  const double rank = q * total;
+  double lower = 0, below = 0;
+  for (double bound : bounds) {
+    const double count = *e.BucketCount(family, labels, bound);
+    if (count >= rank) return lower + (bound - lower) * (rank - below) / (count - below);
+    lower = bound;
+    below = count;
+  }
+  return bounds.back();
+}
+
+// Latencies spread over 10-12 ms: a 1-2.5-5 series put them all in the
+// (10 ms, 25 ms] bucket and reported a p99 of 24.9 ms, the bucket's edge.
+TEST(PrometheusMetricsTest, P99DoesNotSnapToABucketEdge) {
+  PrometheusMetrics metrics(kModel);
+  std::vector<double> latencies;
+  for (int i = 0; i < 1000; ++i) latencies.push_back(10e-3 + 2e-3 * i / 999.0);
+  for (double l : latencies) {
+    metrics.OnRequestFinished({.model = kModel, .code = "OK", .duration_seconds = l, .tokens = 1});
+  }
+  const double exact = latencies[989];  // nearest rank
+  const double p99 = HistogramQuantile(Parse(metrics), "layerserve_request_duration_seconds",
+                                       {{"model", kModel}}, 0.99);
+  EXPECT_NEAR(p99, exact, 0.1 * exact) << "p99 " << p99 * 1e3 << " ms, exact " << exact * 1e3;
+}
+
+TEST(PrometheusMetricsTest, RejectionsAreCountedByReason) {
+  PrometheusMetrics metrics(kModel);
+  const Labels demo = {{"model", kModel}};
+  const auto rejected = [](const Exposition& e, const std::string& model, const char* reason) {
+    return e.Find("layerserve_rejections_total", {{"model", model}, {"reason", reason}});
+  };
+  // Every reason has a series from the start, so rate() has a zero.
+  Exposition e = Parse(metrics);
+  for (const char* reason :
+       {"queue_full", "invalid", "unknown_model", "unavailable", "deadline", "cancelled"}) {
+    EXPECT_EQ(rejected(e, kModel, reason), 0.0) << reason;
+  }
+  for (const char* code : {"RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT",
+                           "UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "OK", "INTERNAL"}) {
+    metrics.OnRequestFinished({.model = kModel, .code = code, .duration_seconds = 1e-3});
+  }
+  metrics.OnRequestFinished({.model = {}, .code = "NOT_FOUND", .duration_seconds = 1e-5});
+  e = Parse(metrics);
+  EXPECT_EQ(rejected(e, kModel, "queue_full"), 2.0);
+  EXPECT_EQ(rejected(e, kModel, "invalid"), 1.0);
+  EXPECT_EQ(rejected(e, kModel, "unavailable"), 1.0);
+  EXPECT_EQ(rejected(e, kModel, "deadline"), 1.0);
+  EXPECT_EQ(rejected(e, kModel, "cancelled"), 1.0);
+  EXPECT_EQ(rejected(e, kModel, "unknown_model"), 0.0);
+  EXPECT_EQ(rejected(e, "other", "unknown_model"), 1.0);
+  double total = 0;
+  for (const auto& sample : e.samples) {
+    if (sample.name == "layerserve_rejections_total") total += sample.value;
+  }
+  EXPECT_EQ(total, 7.0) << "OK and INTERNAL are no rejections";
+  EXPECT_EQ(RejectionReason("INTERNAL"), "");
+  EXPECT_EQ(RejectionReason("OK"), "");
+}
+
+TEST(PrometheusMetricsTest, TokensPerRequest) {
+  PrometheusMetrics metrics(kModel);
+  for (int64_t tokens : {1, 8, 8, 300, 100000}) {
+    metrics.OnRequestFinished(
+        {.model = kModel, .code = "OK", .duration_seconds = 1e-3, .tokens = tokens});
+  }
+  // Never parsed (0 tokens), or not this model's: not observed.
+  metrics.OnRequestFinished({.model = kModel, .code = "INVALID_ARGUMENT", .tokens = 0});
+  metrics.OnRequestFinished({.model = {}, .code = "NOT_FOUND", .tokens = 0});
+  const Exposition e = Parse(metrics);
+  const Labels model = {{"model", kModel}};
+  EXPECT_EQ(e.Find("layerserve_request_tokens_count", model), 5.0);
+  EXPECT_EQ(e.Find("layerserve_request_tokens_sum", model), 100317.0);
+  EXPECT_EQ(e.BucketCount("layerserve_request_tokens", model, 1), 1.0);
+  EXPECT_EQ(e.BucketCount("layerserve_request_tokens", model, 8), 3.0);
+  EXPECT_EQ(e.BucketCount("layerserve_request_tokens", model, 512), 4.0);
+  EXPECT_EQ(e.BucketCount("layerserve_request_tokens", model, 65536), 4.0);
+}
+
+TEST(PrometheusMetricsTest, BuildInfoAndLimits) {
+  PrometheusMetrics metrics(kModel);
+  Exposition e = Parse(metrics);
+  // No series before they are set: a limit of 0 would fire every ratio alert.
+  for (const auto& sample : e.samples) {
+    EXPECT_NE(sample.name.rfind("layerserve_max_", 0), 0u) << sample.name;
+    EXPECT_NE(sample.name, "layerserve_build_info");
+  }
+  metrics.SetBuildInfo({.version = "0.1.0", .backend = "cpu", .device = "cpu"});
+  metrics.SetBuildInfo({.version = "0.2.0", .backend = "cuda", .device = "NVIDIA H100 \"SXM\""});
+  metrics.SetLimits({.max_queue_size = 1024,
+                     .max_queue_bytes = int64_t{1} << 30,
+                     .max_batch_tokens = 8192,
+                     .max_queue_delay_seconds = 500e-6});
+  e = Parse(metrics);
+  int build_series = 0;
+  for (const auto& sample : e.samples) build_series += sample.name == "layerserve_build_info";
+  EXPECT_EQ(build_series, 1) << "a second SetBuildInfo must replace the series";
+  EXPECT_EQ(e.Find("layerserve_build_info",
+                   {{"version", "0.2.0"}, {"backend", "cuda"}, {"device", "NVIDIA H100 \"SXM\""}}),
+            1.0);
+  const Labels model = {{"model", kModel}};
+  EXPECT_EQ(e.Find("layerserve_max_queue_size", model), 1024.0);
+  EXPECT_EQ(e.Find("layerserve_max_queue_bytes", model), static_cast<double>(int64_t{1} << 30));
+  EXPECT_EQ(e.Find("layerserve_max_batch_tokens", model), 8192.0);
+  EXPECT_DOUBLE_EQ(*e.Find("layerserve_max_queue_delay_seconds", model), 500e-6);
+  EXPECT_EQ(e.types["layerserve_build_info"], "gauge");
+  EXPECT_EQ(e.types["layerserve_max_batch_tokens"], "gauge");
 }
 
 TEST(PrometheusMetricsTest, BatchesAndQueueFillTheirHistograms) {
@@ -234,6 +361,52 @@ TEST(MetricsHttpServerTest, ServesMetricsAndHealthOverHttp) {
   httplib::Client after("127.0.0.1", port);
   after.set_connection_timeout(2);
   EXPECT_FALSE(after.Get("/metrics")) << "still serving after Stop()";
+}
+
+// The process_* families, read from /proc at scrape time, in a live scrape.
+TEST(MetricsHttpServerTest, ProcessFamiliesDescribeThisProcess) {
+  PrometheusMetrics metrics(kModel);
+  auto server = MetricsHttpServer::Start("127.0.0.1", 0, &metrics);
+  ASSERT_TRUE(server.ok()) << server.status();
+  httplib::Client client("127.0.0.1", (*server)->port());
+  client.set_read_timeout(5);
+  client.set_keep_alive(true);  // one connection: the same sockets open at each scrape
+  const auto scrape = [&client] {
+    auto res = client.Get("/metrics");
+    EXPECT_TRUE(res);
+    Exposition e = ParseExposition(res ? res->body : "");
+    EXPECT_TRUE(e.errors.empty()) << e.errors.front();
+    return e;
+  };
+  // Burn some CPU so the counter is visibly above zero.
+  volatile double sink = 0;
+  const auto busy_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+  while (std::chrono::steady_clock::now() < busy_until) sink = sink + 1;
+
+  const Exposition before = scrape();
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  EXPECT_GT(before.Find("process_cpu_seconds_total", {}).value_or(0), 0.02);
+  const double start = before.Find("process_start_time_seconds", {}).value_or(0);
+  EXPECT_LE(start, now + 1);
+  EXPECT_GT(start, now - 3600) << "the test process started over an hour ago?";
+  EXPECT_GT(before.Find("process_resident_memory_bytes", {}).value_or(0), 1 << 20);
+  EXPECT_GE(before.Find("process_virtual_memory_bytes", {}).value_or(0),
+            before.Find("process_resident_memory_bytes", {}).value_or(0));
+  EXPECT_GE(before.Find("process_threads", {}).value_or(0), 2.0);  // this one and the server's
+  rlimit limit{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &limit), 0);
+  EXPECT_EQ(before.Find("process_max_fds", {}), static_cast<double>(limit.rlim_cur));
+
+  // Ten more open files show up in the next scrape.
+  std::vector<FILE*> files;
+  for (int i = 0; i < 10; ++i) files.push_back(std::fopen("/proc/self/stat", "r"));
+  const Exposition after = scrape();
+  for (FILE* f : files) std::fclose(f);
+  EXPECT_EQ(after.Find("process_open_fds", {}).value_or(0) -
+                before.Find("process_open_fds", {}).value_or(0),
+            10.0);
+  (*server)->Stop();
 }
 
 TEST(MetricsHttpServerTest, StopDoesNotWaitForIdleKeepAliveConnections) {
