@@ -55,6 +55,14 @@ Client::Client(std::shared_ptr<grpc::Channel> channel)
       inference_(inference::GRPCInferenceService::NewStub(channel_)),
       health_(grpc::health::v1::Health::NewStub(channel_)) {}
 
+Client::~Client() {
+  // The channel and stubs must outlive every call's gRPC state; a completion
+  // counts itself out only once that state is gone.
+  absl::MutexLock lock(&inflight_->mu);
+  inflight_->mu.Await(absl::Condition(
+      +[](int* calls) { return *calls == 0; }, &inflight_->calls));
+}
+
 absl::StatusOr<bool> Client::Live(absl::Time deadline) {
   grpc::ClientContext context;
   SetDeadline(context, deadline);
@@ -188,16 +196,32 @@ void Client::AsyncInfer(std::string_view model, const Tensor& input, absl::Time 
   SetDeadline(call->context, deadline);
   call->request = MakeInferRequest(model, input);
   call->done = std::move(done);
+  {
+    absl::MutexLock lock(&inflight_->mu);
+    ++inflight_->calls;
+  }
   Call* raw = call.release();
   inference_->async()->ModelInfer(&raw->context, &raw->request, &raw->response,
-                                  [raw](grpc::Status status) {
-                                    std::unique_ptr<Call> owned(raw);
-                                    absl::Status result = FromGrpcStatus(status);
-                                    if (!result.ok()) {
-                                      owned->done(result);
-                                    } else {
-                                      owned->done(OutputFromResponse(owned->response));
+                                  [raw, inflight = inflight_](grpc::Status status) {
+                                    // Release the call's gRPC state (its ClientContext) and count
+                                    // the call out before telling the caller: `done` may destroy
+                                    // this Client, and with it the channel, from this thread or
+                                    // another.
+                                    InferCallback done;
+                                    absl::StatusOr<Tensor> result;
+                                    {
+                                      std::unique_ptr<Call> owned(raw);
+                                      const absl::Status grpc_status = FromGrpcStatus(status);
+                                      result = grpc_status.ok()
+                                                   ? OutputFromResponse(owned->response)
+                                                   : absl::StatusOr<Tensor>(grpc_status);
+                                      done = std::move(owned->done);
                                     }
+                                    {
+                                      absl::MutexLock lock(&inflight->mu);
+                                      --inflight->calls;
+                                    }
+                                    done(std::move(result));
                                   });
 }
 

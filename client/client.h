@@ -17,8 +17,10 @@
 #include <string>
 #include <string_view>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/tensor.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -67,7 +69,11 @@ class Client {
   absl::StatusOr<Tensor> Infer(std::string_view model, const Tensor& input, absl::Time deadline);
 
   // As Infer, but returns at once; `done` is called exactly once, on a gRPC
-  // thread, with the result. The Client must outlive the call.
+  // thread, with the result, after the call's gRPC state is released. The
+  // Client may be destroyed on another thread as soon as the last `done` has
+  // been called (its destructor waits for every completion to finish), but
+  // not from inside `done`: gRPC would shut the channel's callback queue down
+  // from within one of its own callbacks.
   using InferCallback = std::function<void(absl::StatusOr<Tensor>)>;
   void AsyncInfer(std::string_view model, const Tensor& input, absl::Time deadline,
                   InferCallback done);
@@ -82,9 +88,19 @@ class Client {
   // The output tensor Infer returns from a reply.
   static absl::StatusOr<Tensor> OutputFromResponse(const inference::ModelInferResponse& response);
 
+  ~Client();
+
  private:
+  // Async calls not yet finished, shared with their completions so that the
+  // count outlives the Client when the last completion destroys it.
+  struct Inflight {
+    absl::Mutex mu;
+    int calls ABSL_GUARDED_BY(mu) = 0;
+  };
+
   explicit Client(std::shared_ptr<grpc::Channel> channel);
 
+  const std::shared_ptr<Inflight> inflight_ = std::make_shared<Inflight>();
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<inference::GRPCInferenceService::Stub> inference_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;

@@ -12,6 +12,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "client/client.h"
+#include "tests/integration/async_results.h"
 #include "tests/integration/reference_check.h"
 #include "tests/integration/server_process.h"
 
@@ -111,24 +112,14 @@ TEST_F(ConcurrencyTest, SixtyFourThreadsAllCorrectAndBatched) {
 
 TEST_F(ConcurrencyTest, OneHundredTwentyEightAsyncCallsAllCorrect) {
   constexpr int kCalls = 128;
-  absl::Mutex mu;
-  int pending = kCalls;
-  std::vector<absl::StatusOr<Tensor>> results(kCalls, absl::UnknownError("no reply"));
+  const std::shared_ptr<AsyncResults> collector = AsyncResults::Create(kCalls);
   for (int i = 0; i < kCalls; ++i) {
     client_->AsyncInfer("demo", (*cases_)[i % kDistinctInputs].input,
-                        absl::Now() + absl::Seconds(45), [&, i](absl::StatusOr<Tensor> result) {
-                          absl::MutexLock lock(&mu);
-                          results[i] = std::move(result);
-                          --pending;
-                        });
+                        absl::Now() + absl::Seconds(45), collector->Callback(i));
   }
-  {
-    absl::MutexLock lock(&mu);
-    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(
-                                        +[](int* left) { return *left == 0; }, &pending),
-                                    absl::Seconds(50)))
-        << pending << " async calls never completed";
-  }
+  const auto waited = collector->Wait(absl::Seconds(50));
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  const std::vector<absl::StatusOr<Tensor>>& results = *waited;
   for (int i = 0; i < kCalls; ++i) {
     SCOPED_TRACE(testing::Message() << "call " << i);
     ASSERT_TRUE(results[i].ok()) << results[i].status();

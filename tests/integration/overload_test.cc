@@ -11,6 +11,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "client/client.h"
+#include "tests/integration/async_results.h"
 #include "tests/integration/raw_grpc.h"
 #include "tests/integration/reference_check.h"
 #include "tests/integration/server_process.h"
@@ -27,23 +28,17 @@ constexpr absl::Duration kQueueDelay = absl::Seconds(1);
 // Sends `calls` copies of `input` at once and returns each call's status once
 // all have completed (a failure if some never complete within 25 s).
 std::vector<absl::Status> Burst(Client& client, const Tensor& input, int calls) {
-  absl::Mutex mu;
-  int pending = calls;
-  std::vector<absl::Status> results(calls);
+  const std::shared_ptr<AsyncResults> results = AsyncResults::Create(calls);
   for (int i = 0; i < calls; ++i) {
-    client.AsyncInfer("demo", input, absl::Now() + absl::Seconds(20),
-                      [&, i](absl::StatusOr<Tensor> result) {
-                        absl::MutexLock lock(&mu);
-                        results[i] = result.status();
-                        --pending;
-                      });
+    client.AsyncInfer("demo", input, absl::Now() + absl::Seconds(20), results->Callback(i));
   }
-  absl::MutexLock lock(&mu);
-  EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(
-                                      +[](int* left) { return *left == 0; }, &pending),
-                                  absl::Seconds(25)))
-      << pending << " calls never completed";
-  return results;
+  const auto done = results->Wait(absl::Seconds(25));
+  EXPECT_TRUE(done.ok()) << done.status();
+  std::vector<absl::Status> statuses;
+  if (done.ok()) {
+    for (const auto& result : *done) statuses.push_back(result.status());
+  }
+  return statuses;
 }
 
 class OverloadTest : public ::testing::Test {

@@ -13,6 +13,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "client/client.h"
 #include "client/layerctl_cli.h"
 #include "grpc_service.grpc.pb.h"
 
@@ -160,6 +162,44 @@ TEST(BenchFailureTest, StopsOnAFatalStatusInTheClosedLoop) {
   EXPECT_TRUE(absl::StrContains(report.status().message(), "unknown model 'demo'"));
   EXPECT_TRUE(IsCallStatus(report.status()));
   EXPECT_LE(server.calls(), 4);  // one per worker at most
+}
+
+// A Client may be destroyed as soon as its last AsyncInfer callback has been
+// called: the destructor waits for completions still finishing, and each
+// completion releases its gRPC state before calling back.
+TEST(ClientLifetimeTest, DestroyedRightAfterTheLastCallback) {
+  FakeServer server(grpc::Status(grpc::StatusCode::UNAVAILABLE, "busy"));
+  const Tensor input{"FP32", {1, 1, 4}, std::string(16, '\0')};
+  // Shared with the callbacks, so a callback still unlocking it when the
+  // waiter wakes keeps it alive.
+  struct Countdown {
+    absl::Mutex mu;
+    int left ABSL_GUARDED_BY(mu) = 0;
+  };
+  for (int round = 0; round < 30; ++round) {
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server.address());
+    ASSERT_TRUE(client.ok());
+    constexpr int kCalls = 16;
+    auto countdown = std::make_shared<Countdown>();
+    {
+      absl::MutexLock lock(&countdown->mu);
+      countdown->left = kCalls;
+    }
+    for (int i = 0; i < kCalls; ++i) {
+      (*client)->AsyncInfer("demo", input, absl::Now() + absl::Seconds(10),
+                            [countdown](absl::StatusOr<Tensor> result) {
+                              EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable);
+                              absl::MutexLock lock(&countdown->mu);
+                              --countdown->left;
+                            });
+    }
+    absl::MutexLock lock(&countdown->mu);
+    ASSERT_TRUE(
+        countdown->mu.AwaitWithTimeout(absl::Condition(
+                                           +[](int* n) { return *n == 0; }, &countdown->left),
+                                       absl::Seconds(20)));
+    client->reset();  // right after the last callback, while it may still be finishing
+  }
 }
 
 TEST(BenchFailureTest, StopsOnAFatalStatusInTheOpenLoop) {
