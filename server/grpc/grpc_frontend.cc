@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <climits>
+#include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -15,6 +17,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "grpcpp/support/server_interceptor.h"
 #include "server/grpc/infer_handler.h"
 #include "server/grpc/inference_service.h"
 #include "server/grpc/protobuf_log.h"
@@ -59,6 +62,31 @@ class HealthService final : public grpc::health::v1::Health::CallbackService {
  private:
   const ServingState* const state_;
 };
+
+// Notes the arrival of every call, of every method, in the serving state,
+// for the drain's quiet period (see serving_state.h). It adds no interceptor
+// to the call: noting is all it does.
+class CallArrivalNoter final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit CallArrivalNoter(ServingState* state) : state_(state) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* /*info*/) override {
+    state_->CallArrived();
+    return nullptr;
+  }
+
+ private:
+  ServingState* const state_;
+};
+
+// How long the drain keeps refusing (UNAVAILABLE, NOT_SERVING) before it
+// stops gRPC: until no call has arrived for kQuietPeriod, so that refused
+// clients have gone and gRPC holds no call it would cancel, but no longer
+// than kMaxRefusalPeriod, for clients that keep sending on the same
+// connection whatever they are told (only the GOAWAY of the stop moves
+// those; a call that crosses it is still cancelled).
+constexpr absl::Duration kQuietPeriod = absl::Milliseconds(200);
+constexpr absl::Duration kMaxRefusalPeriod = absl::Seconds(2);
 
 }  // namespace
 
@@ -132,6 +160,9 @@ absl::StatusOr<std::unique_ptr<GrpcFrontend>> GrpcFrontend::Start(
   builder.SetMaxSendMessageSize(resolved.max_send_message_bytes);
   builder.RegisterService(&impl->service);
   builder.RegisterService(&impl->health);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> noters;
+  noters.push_back(std::make_unique<CallArrivalNoter>(&impl->state));
+  builder.experimental().SetInterceptorCreators(std::move(noters));
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || impl->port == 0) {
     return absl::UnavailableError(
@@ -157,6 +188,9 @@ void GrpcFrontend::Shutdown(absl::Time deadline) {
   // the deadline) the server keeps answering, so health checks and readiness
   // probes read NOT_SERVING / ready=false rather than "connection refused".
   impl_->state.AwaitNoStreams(deadline);
+  // Then refuse until clients stop sending (see kQuietPeriod): stopping gRPC
+  // with calls in its queues would cancel them.
+  impl_->state.AwaitQuiet(kQuietPeriod, std::min(deadline, absl::Now() + kMaxRefusalPeriod));
   impl_->server->Shutdown(absl::ToChronoTime(deadline));
   impl_->server->Wait();
 }

@@ -7,8 +7,10 @@
 // while accepted ones finish; the caller then shuts the Batcher down (which
 // answers everything queued) and calls Shutdown(deadline), which keeps
 // answering (ready=false, NOT_SERVING, new inferences UNAVAILABLE) while
-// ModelStreamInfer calls are open, up to the deadline, then stops the server,
-// cancelling whatever is still open.
+// ModelStreamInfer calls are open, up to the deadline, and then until clients
+// stop sending (no call for 200 ms, at most 2 s), so that stopping gRPC finds
+// no received call to cancel; then it stops the server, which answers the
+// calls the service holds and cancels what is still open at the deadline.
 #pragma once
 
 #include <cstdint>
@@ -64,8 +66,9 @@ class GrpcFrontend {
   void BeginDrain();
 
   // Begins draining if not yet, waits until open streams close or `deadline`
-  // passes, then stops the server (cancelling what is still open) and returns
-  // once every call has finished. Blocks; call it from main, not from a gRPC
+  // passes, then until no call has arrived for 200 ms (at most 2 s more),
+  // then stops the server (cancelling what is still open at `deadline`) and
+  // returns once every call has finished. Blocks; call it from main, not from a gRPC
   // reaction. Idempotent.
   void Shutdown(absl::Time deadline);
 
