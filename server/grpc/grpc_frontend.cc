@@ -2,8 +2,15 @@
 // grpc_frontend.h).
 #include "server/grpc/grpc_frontend.h"
 
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -89,6 +96,83 @@ constexpr absl::Duration kQuietPeriod = absl::Milliseconds(200);
 constexpr absl::Duration kMaxRefusalPeriod = absl::Seconds(2);
 
 }  // namespace
+
+bool IsWildcardHost(const std::string& host) {
+  return host == "0.0.0.0" || host == "::" || host == "[::]";
+}
+
+absl::StatusOr<PortReservation> PortReservation::Reserve(const std::string& host, int port) {
+  std::string name = host;
+  if (name.size() > 2 && name.front() == '[' && name.back() == ']') {
+    name = name.substr(1, name.size() - 2);
+  }
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (const int err = getaddrinfo(name.c_str(), "0", &hints, &found); err != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--host=", host, " does not resolve: ", gai_strerror(err)));
+  }
+  PortReservation reservation;
+  reservation.port_ = port;
+  absl::Status status;
+  for (const addrinfo* a = found; a != nullptr && status.ok(); a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;  // an address family this machine lacks
+    reservation.fds_.push_back(fd);
+    sockaddr_storage address = {};
+    std::memcpy(&address, a->ai_addr, a->ai_addrlen);
+    // Every address gets the same port: the first one's, when 0 asked the
+    // kernel to choose.
+    const uint16_t port_be = htons(static_cast<uint16_t>(reservation.port_));
+    if (a->ai_family == AF_INET6) {
+      reinterpret_cast<sockaddr_in6*>(&address)->sin6_port = port_be;
+    } else {
+      reinterpret_cast<sockaddr_in*>(&address)->sin_port = port_be;
+    }
+    if (bind(fd, reinterpret_cast<const sockaddr*>(&address), a->ai_addrlen) != 0) {
+      const int err = errno;
+      status = absl::UnavailableError(absl::StrCat(
+          "cannot bind the gRPC port ", reservation.port_, " on ", host, ": ", std::strerror(err),
+          err == EADDRINUSE ? " (another process holds it; --grpc-port picks another)" : ""));
+      continue;
+    }
+    if (reservation.port_ == 0) {
+      sockaddr_storage bound = {};
+      socklen_t length = sizeof(bound);
+      if (getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) == 0) {
+        reservation.port_ =
+            ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                              : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+      }
+    }
+  }
+  freeaddrinfo(found);
+  if (status.ok() && reservation.fds_.empty()) {
+    status = absl::UnavailableError(absl::StrCat("cannot open a socket for ", host));
+  }
+  if (!status.ok()) return status;
+  return reservation;
+}
+
+PortReservation::PortReservation(PortReservation&& other) noexcept
+    : fds_(std::exchange(other.fds_, {})), port_(other.port_) {}
+
+PortReservation& PortReservation::operator=(PortReservation&& other) noexcept {
+  if (this != &other) {
+    Release();
+    fds_ = std::exchange(other.fds_, {});
+    port_ = other.port_;
+  }
+  return *this;
+}
+
+void PortReservation::Release() {
+  for (const int fd : fds_) close(fd);
+  fds_.clear();
+}
 
 int DefaultMaxMessageBytes(const ServedModel& model) {
   constexpr int64_t kHeadroomBytes = int64_t{1} << 20;

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -42,6 +43,34 @@ struct GrpcFrontendOptions {
 // gRPC's own default of 4 MiB would reject a 2048-token BF16 request at hidden
 // 1024; clients that keep that default must stay under it on their side too.
 int DefaultMaxMessageBytes(const ServedModel& model);
+
+// The gRPC port, held while the model loads, so that a port in use (or a
+// host that is not a local address) is found in milliseconds, before a load
+// that may take minutes. gRPC 1.51 cannot adopt a bound socket and can add no
+// service after it starts, so this is a plain socket bound to every address
+// of the host and not listening: a client is refused, as by no server, and
+// health probes fail until the ready server binds. Without SO_REUSEADDR it
+// keeps other servers off the port; Release() it just before
+// GrpcFrontend::Start binds the same port. Move-only; closes on destruction.
+class PortReservation {
+ public:
+  // `port` 0 reserves a free port, the same on every address of `host`.
+  static absl::StatusOr<PortReservation> Reserve(const std::string& host, int port);
+  PortReservation(PortReservation&& other) noexcept;
+  PortReservation& operator=(PortReservation&& other) noexcept;
+  ~PortReservation() { Release(); }
+
+  int port() const { return port_; }
+  void Release();
+
+ private:
+  PortReservation() = default;
+  std::vector<int> fds_;
+  int port_ = 0;
+};
+
+// True for a host that binds every interface ("0.0.0.0", "::", "[::]").
+bool IsWildcardHost(const std::string& host);
 
 class GrpcFrontend {
  public:
