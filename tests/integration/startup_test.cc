@@ -72,17 +72,22 @@ class TempDir {
 void WriteSlowCheckpoint(const fs::path& dir) {
   fs::create_directories(dir);
   constexpr int64_t kHidden = 2048, kIntermediate = 8192, kLayers = 4;
-  nlohmann::json config = {{"model_type", "llama"},         {"hidden_size", kHidden},
-                           {"intermediate_size", kIntermediate}, {"num_attention_heads", 16},
-                           {"num_key_value_heads", 16},     {"num_hidden_layers", kLayers},
-                           {"rms_norm_eps", 1e-5},          {"torch_dtype", "bfloat16"}};
+  nlohmann::json config = {{"model_type", "llama"},
+                           {"hidden_size", kHidden},
+                           {"intermediate_size", kIntermediate},
+                           {"num_attention_heads", 16},
+                           {"num_key_value_heads", 16},
+                           {"num_hidden_layers", kLayers},
+                           {"rms_norm_eps", 1e-5},
+                           {"torch_dtype", "bfloat16"}};
   std::ofstream(dir / "config.json") << config.dump();
   nlohmann::json header = nlohmann::json::object();
   int64_t offset = 0;
   const auto add = [&](const std::string& name, std::vector<int64_t> shape) {
     int64_t bytes = 2;
     for (const int64_t d : shape) bytes *= d;
-    header[name] = {{"dtype", "BF16"}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
+    header[name] = {
+        {"dtype", "BF16"}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   };
   for (int64_t layer = 0; layer < kLayers; ++layer) {
@@ -162,7 +167,8 @@ class Child {
         return absl::AbortedError(absl::StrCat("killed by signal ", WTERMSIG(status)));
       }
       if (absl::Now() >= give_up) {
-        return absl::DeadlineExceededError(absl::StrCat("still running after ", absl::FormatDuration(timeout)));
+        return absl::DeadlineExceededError(
+            absl::StrCat("still running after ", absl::FormatDuration(timeout)));
       }
       absl::SleepFor(absl::Milliseconds(5));
     }
@@ -178,10 +184,12 @@ const std::vector<std::string> kLocalFlags = {"--host=127.0.0.1", "--grpc-port=0
                                               "--metrics-port=0"};
 
 // SIGTERM from a few milliseconds after exec on, before the server is ready:
-// exit status 0 and a line, never death by the signal (before the fix, any
-// signal before main() blocked it, about the first 50 ms). Earlier than about
-// 10 ms the dynamic loader is still relocating the shared libraries and no
-// code of the program has run yet, so nothing can catch it there.
+// exit status 0 and a line, never death by the signal. Earlier than 10 to
+// 20 ms (on a busy 2-core machine) the dynamic loader is still relocating the
+// shared libraries and no code of the program has run, so nothing can catch
+// it there; the fix moved the blocking from main() to just after that, which
+// gained only a few milliseconds here, so this guards the behaviour rather
+// than reproducing the old failure.
 TEST(StartupTest, SignalDuringStartUpExitsZero) {
   TempDir dir("early");
   for (const int delay_ms : {30, 40, 50, 75, 100, 150}) {
@@ -253,7 +261,9 @@ TEST(StartupTest, PortInUseFailsBeforeLoading) {
   ASSERT_GE(holder, 0);
   for (const std::string which : {"grpc", "metrics"}) {
     SCOPED_TRACE(which);
-    std::vector<std::string> args = {LayerserveBinary(), "--host=127.0.0.1", "--grpc-port=0",
+    std::vector<std::string> args = {LayerserveBinary(),
+                                     "--host=127.0.0.1",
+                                     "--grpc-port=0",
                                      "--metrics-port=0",
                                      absl::StrCat("--model-dir=", (dir.path() / "model").string()),
                                      absl::StrCat("--", which, "-port=", port)};
@@ -281,8 +291,7 @@ TEST(StartupTest, AllInterfacesBindIsLogged) {
     absl::StatusOr<std::unique_ptr<ServerProcess>> server =
         ServerProcess::Start({"--host=" + host}, absl::Seconds(30), err.string());
     ASSERT_TRUE(server.ok()) << server.status();
-    const bool logged =
-        absl::StrContains(ReadAll(err), "binding all interfaces (--host=0.0.0.0)");
+    const bool logged = absl::StrContains(ReadAll(err), "binding all interfaces (--host=0.0.0.0)");
     EXPECT_EQ(logged, host == "0.0.0.0") << ReadAll(err);
     (*server)->Signal(SIGTERM);
     absl::StatusOr<int> exit_code = (*server)->WaitForExit(absl::Seconds(20));
