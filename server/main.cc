@@ -1,10 +1,11 @@
 // layerserve: serves a span of Llama decoder layers over gRPC (Open Inference
 // Protocol) with Prometheus metrics.
 //
-// main() parses flags, loads the model, wires backend -> batcher -> gRPC
-// frontend with the statistics and metrics observers, prints one "ready" line
-// on stdout (tests and scripts parse its ports), and waits for SIGTERM/SIGINT
-// to drain gracefully. It is the only place in the program that exits.
+// main() parses flags, binds its ports, loads the model (on a thread, so that
+// a signal ends a slow load), wires backend -> batcher -> gRPC frontend with
+// the statistics and metrics observers, prints one "ready" line on stdout
+// (tests and scripts parse its ports), and waits for SIGTERM/SIGINT to drain
+// gracefully. It is the only place in the program that exits.
 #include <pthread.h>
 #include <signal.h>
 
@@ -362,18 +363,34 @@ absl::StatusOr<ModelSpan> LoadModel(const std::string& model_dir, const std::str
 
 pthread_t main_thread;
 
+// The shutdown signals, blocked before anything else of the program runs:
+// the executable's .preinit_array runs before the initializers of the shared
+// libraries (OpenBLAS starts its thread pool in its own), and every thread
+// inherits the mask, so a SIGTERM in the first milliseconds stays pending
+// until main takes it instead of killing the process by default. Only the
+// dynamic loader's own relocation (about a millisecond) comes earlier.
+void BlockShutdownSignalsFirst(int, char**, char**) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigprocmask(SIG_BLOCK, &signals, nullptr);
+}
+[[gnu::used, gnu::section(".preinit_array")]] void (*const kBlockShutdownSignalsFirst)(
+    int, char**, char**) = &BlockShutdownSignalsFirst;
+
 // Runs on a thread that did not block the shutdown signals. Re-sends the
 // signal to the main thread, where it stays pending until sigwait takes it.
 // (pthread_kill is a single tgkill system call: safe in a handler.)
 void ForwardToMainThread(int signal_number) { pthread_kill(main_thread, signal_number); }
 
-// Blocks SIGTERM and SIGINT in this thread and, because threads inherit the
-// mask, in every thread started after it (gRPC, batcher, metrics), so that
-// only main's sigwait sees them. Threads that libraries started before main
-// (OpenBLAS starts its pool when it is loaded) still have them unblocked: the
-// kernel may deliver a process-directed signal to one of those, and the
-// default action would kill the process without draining, so a handler
-// forwards it to the main thread instead.
+// Blocks SIGTERM and SIGINT in this thread (again: see
+// BlockShutdownSignalsFirst) and, because threads inherit the mask, in every
+// thread started after it (gRPC, batcher, metrics, the loader), so that only
+// main's sigwait sees them. Should a thread have them unblocked anyway (one a
+// library started with a mask of its own), the kernel may deliver a
+// process-directed signal to it, and the default action would kill the
+// process without draining, so a handler forwards it to the main thread.
 sigset_t BlockShutdownSignals() {
   sigset_t signals;
   sigemptyset(&signals);
@@ -389,8 +406,31 @@ sigset_t BlockShutdownSignals() {
   return signals;
 }
 
-int Run(const ServerFlags& flags) {
-  const sigset_t signals = BlockShutdownSignals();
+// Waits until `done` is notified or one of `signals` arrives: the signal's
+// number, or 0 once `done`. Polls every 50 ms (sigtimedwait cannot also wait
+// on a notification); only start-up and the drain wait like this.
+int WaitForSignalUnless(const sigset_t& signals, const absl::Notification& done) {
+  const timespec poll = {.tv_sec = 0, .tv_nsec = 50'000'000};
+  while (!done.HasBeenNotified()) {
+    const int signal_number = sigtimedwait(&signals, nullptr, &poll);
+    if (signal_number > 0) return signal_number;
+  }
+  return 0;
+}
+
+// A shutdown signal before the server is ready ends the process at once
+// with status 0, as a drain would: nothing was being served, and a load (or
+// a device set-up) that hangs must not keep the process alive. _Exit, since
+// the loading thread may still be running and use what destructors would
+// free.
+[[noreturn]] void ExitBeforeReady(int signal_number) {
+  Log(absl::StrCat("received ", strsignal(signal_number),
+                   " before the server was ready; exiting without serving"));
+  std::fflush(nullptr);
+  std::_Exit(0);
+}
+
+int Run(const ServerFlags& flags, const sigset_t& signals) {
   if (absl::Status s = CheckFlags(flags); !s.ok()) return Fail(s);
   absl::StatusOr<std::string> backend_name = ChooseBackend(flags.backend);
   if (!backend_name.ok()) return Fail(backend_name.status());
@@ -398,10 +438,37 @@ int Run(const ServerFlags& flags) {
   const std::string model_dir = flags.model_dir;
   std::string model_name = flags.model_name;
   if (model_name.empty()) model_name = DefaultModelName(model_dir);
+
+  // The ports first: one in use is found before a load of minutes. The
+  // metrics server can serve at once (its gauges read zero until requests
+  // come); the gRPC port is only held until the model is loaded (see
+  // PortReservation).
+  const std::string host = flags.host;
+  if (IsWildcardHost(host)) {
+    Log(absl::StrCat("binding all interfaces (--host=", host,
+                     "): the gRPC and metrics ports are reachable from other machines; "
+                     "--host=127.0.0.1 keeps them to this one"));
+  }
+  absl::StatusOr<PortReservation> grpc_port = PortReservation::Reserve(host, flags.grpc_port);
+  if (!grpc_port.ok()) return Fail(grpc_port.status());
+  PrometheusMetrics metrics(model_name);
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> metrics_server =
+      MetricsHttpServer::Start(host, flags.metrics_port, &metrics);
+  if (!metrics_server.ok()) return Fail(metrics_server.status());
+
   Log(absl::StrCat("version ", kVersion, "; loading ",
                    model_dir.empty() ? std::string("the built-in demo model") : model_dir,
                    " layers ", flags.layers));
-  absl::StatusOr<ModelSpan> span = LoadModel(model_dir, flags.layers, model_name);
+  absl::StatusOr<ModelSpan> span;
+  absl::Notification span_loaded;
+  std::thread span_loader([&] {
+    span = LoadModel(model_dir, flags.layers, model_name);
+    span_loaded.Notify();
+  });
+  if (const int signal_number = WaitForSignalUnless(signals, span_loaded)) {
+    ExitBeforeReady(signal_number);
+  }
+  span_loader.join();
   if (!span.ok()) return Fail(span.status());
   const int64_t first_layer = span->first_layer;
   const int64_t end_layer = first_layer + static_cast<int64_t>(span->layers.size());
@@ -416,21 +483,32 @@ int Run(const ServerFlags& flags) {
                      " tokens in some or all of the served layers"));
   }
 
-  PrometheusMetrics metrics(span->name);
 #ifdef LAYERSERVE_WITH_CUDA
   KernelTimesToMetrics kernel_times(&metrics);  // declared first: outlives the backend
 #endif
-  absl::StatusOr<std::unique_ptr<Backend>> backend;
+  // The backend copies (and for CUDA, uploads and tunes) the weights: seconds
+  // for a large span, so it too runs on a thread that a signal does not wait
+  // for.
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      absl::InvalidArgumentError(absl::StrCat("no backend ", *backend_name));
+  absl::Notification backend_made;
+  std::thread backend_maker([&] {
 #ifdef LAYERSERVE_WITH_CUDA
-  if (*backend_name == "cuda") {
-    backend = MakeCudaBackendFromFlags(flags, *span, &metrics, &kernel_times);
-  }
+    if (*backend_name == "cuda") {
+      backend = MakeCudaBackendFromFlags(flags, *span, &metrics, &kernel_times);
+    }
 #endif
-  if (*backend_name == "cpu") {
-    CpuBackendOptions options;
-    options.num_threads = flags.cpu_threads;
-    backend = MakeCpuBackend(*span, options);
+    if (*backend_name == "cpu") {
+      CpuBackendOptions options;
+      options.num_threads = flags.cpu_threads;
+      backend = MakeCpuBackend(*span, options);
+    }
+    backend_made.Notify();
+  });
+  if (const int signal_number = WaitForSignalUnless(signals, backend_made)) {
+    ExitBeforeReady(signal_number);
   }
+  backend_maker.join();
   if (!backend.ok()) return Fail(backend.status());
   if (const Backend::SequenceLimit limit = (*backend)->MaxSequence(); limit.max_tokens > 0) {
     Log(absl::StrCat("sequences longer than ", limit.max_tokens,
@@ -466,14 +544,10 @@ int Run(const ServerFlags& flags) {
           : DefaultMaxQueueBytes(batcher_options.policy, served.config.hidden_size);
   Batcher batcher(batcher_options, backend->get(), &observers, SteadyClock::Get());
 
-  const std::string host = flags.host;
-  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> metrics_server =
-      MetricsHttpServer::Start(host, flags.metrics_port, &metrics);
-  if (!metrics_server.ok()) return Fail(metrics_server.status());
-
   GrpcFrontendOptions grpc_options;
   grpc_options.host = host;
-  grpc_options.port = flags.grpc_port;
+  grpc_options.port = grpc_port->port();
+  grpc_port->Release();  // gRPC binds it next
   grpc_options.server_version = kVersion;
   absl::StatusOr<std::unique_ptr<GrpcFrontend>> frontend =
       GrpcFrontend::Start(grpc_options, served, &batcher, backend->get(), &observers, &stats);
@@ -532,9 +606,12 @@ int Run(const ServerFlags& flags) {
 }  // namespace layerserve
 
 int main(int argc, char** argv) {
+  // Before anything that could take time: a signal during flag parsing stays
+  // pending until Run takes it.
+  const sigset_t signals = layerserve::BlockShutdownSignals();
   layerserve::ServerFlags flags;
   if (const std::optional<int> exit_status = layerserve::ParseCommandLine(argc, argv, flags)) {
     return *exit_status;
   }
-  return layerserve::Run(flags);
+  return layerserve::Run(flags, signals);
 }

@@ -2,10 +2,19 @@
 // grpc_frontend.h).
 #include "server/grpc/grpc_frontend.h"
 
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -15,6 +24,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "grpcpp/support/server_interceptor.h"
 #include "server/grpc/infer_handler.h"
 #include "server/grpc/inference_service.h"
 #include "server/grpc/protobuf_log.h"
@@ -60,7 +70,109 @@ class HealthService final : public grpc::health::v1::Health::CallbackService {
   const ServingState* const state_;
 };
 
+// Notes the arrival of every call, of every method, in the serving state,
+// for the drain's quiet period (see serving_state.h). It adds no interceptor
+// to the call: noting is all it does.
+class CallArrivalNoter final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit CallArrivalNoter(ServingState* state) : state_(state) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* /*info*/) override {
+    state_->CallArrived();
+    return nullptr;
+  }
+
+ private:
+  ServingState* const state_;
+};
+
+// How long the drain keeps refusing (UNAVAILABLE, NOT_SERVING) before it
+// stops gRPC: until no call has arrived for kQuietPeriod, so that refused
+// clients have gone and gRPC holds no call it would cancel, but no longer
+// than kMaxRefusalPeriod, for clients that keep sending on the same
+// connection whatever they are told (only the GOAWAY of the stop moves
+// those; a call that crosses it is still cancelled).
+constexpr absl::Duration kQuietPeriod = absl::Milliseconds(200);
+constexpr absl::Duration kMaxRefusalPeriod = absl::Seconds(2);
+
 }  // namespace
+
+bool IsWildcardHost(const std::string& host) {
+  return host == "0.0.0.0" || host == "::" || host == "[::]";
+}
+
+absl::StatusOr<PortReservation> PortReservation::Reserve(const std::string& host, int port) {
+  std::string name = host;
+  if (name.size() > 2 && name.front() == '[' && name.back() == ']') {
+    name = name.substr(1, name.size() - 2);
+  }
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (const int err = getaddrinfo(name.c_str(), "0", &hints, &found); err != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--host=", host, " does not resolve: ", gai_strerror(err)));
+  }
+  PortReservation reservation;
+  reservation.port_ = port;
+  absl::Status status;
+  for (const addrinfo* a = found; a != nullptr && status.ok(); a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;  // an address family this machine lacks
+    reservation.fds_.push_back(fd);
+    sockaddr_storage address = {};
+    std::memcpy(&address, a->ai_addr, a->ai_addrlen);
+    // Every address gets the same port: the first one's, when 0 asked the
+    // kernel to choose.
+    const uint16_t port_be = htons(static_cast<uint16_t>(reservation.port_));
+    if (a->ai_family == AF_INET6) {
+      reinterpret_cast<sockaddr_in6*>(&address)->sin6_port = port_be;
+    } else {
+      reinterpret_cast<sockaddr_in*>(&address)->sin_port = port_be;
+    }
+    if (bind(fd, reinterpret_cast<const sockaddr*>(&address), a->ai_addrlen) != 0) {
+      const int err = errno;
+      status = absl::UnavailableError(absl::StrCat(
+          "cannot bind the gRPC port ", reservation.port_, " on ", host, ": ", std::strerror(err),
+          err == EADDRINUSE ? " (another process holds it; --grpc-port picks another)" : ""));
+      continue;
+    }
+    if (reservation.port_ == 0) {
+      sockaddr_storage bound = {};
+      socklen_t length = sizeof(bound);
+      if (getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) == 0) {
+        reservation.port_ =
+            ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                              : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+      }
+    }
+  }
+  freeaddrinfo(found);
+  if (status.ok() && reservation.fds_.empty()) {
+    status = absl::UnavailableError(absl::StrCat("cannot open a socket for ", host));
+  }
+  if (!status.ok()) return status;
+  return reservation;
+}
+
+PortReservation::PortReservation(PortReservation&& other) noexcept
+    : fds_(std::exchange(other.fds_, {})), port_(other.port_) {}
+
+PortReservation& PortReservation::operator=(PortReservation&& other) noexcept {
+  if (this != &other) {
+    Release();
+    fds_ = std::exchange(other.fds_, {});
+    port_ = other.port_;
+  }
+  return *this;
+}
+
+void PortReservation::Release() {
+  for (const int fd : fds_) close(fd);
+  fds_.clear();
+}
 
 int DefaultMaxMessageBytes(const ServedModel& model) {
   constexpr int64_t kHeadroomBytes = int64_t{1} << 20;
@@ -132,6 +244,9 @@ absl::StatusOr<std::unique_ptr<GrpcFrontend>> GrpcFrontend::Start(
   builder.SetMaxSendMessageSize(resolved.max_send_message_bytes);
   builder.RegisterService(&impl->service);
   builder.RegisterService(&impl->health);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> noters;
+  noters.push_back(std::make_unique<CallArrivalNoter>(&impl->state));
+  builder.experimental().SetInterceptorCreators(std::move(noters));
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || impl->port == 0) {
     return absl::UnavailableError(
@@ -157,6 +272,9 @@ void GrpcFrontend::Shutdown(absl::Time deadline) {
   // the deadline) the server keeps answering, so health checks and readiness
   // probes read NOT_SERVING / ready=false rather than "connection refused".
   impl_->state.AwaitNoStreams(deadline);
+  // Then refuse until clients stop sending (see kQuietPeriod): stopping gRPC
+  // with calls in its queues would cancel them.
+  impl_->state.AwaitQuiet(kQuietPeriod, std::min(deadline, absl::Now() + kMaxRefusalPeriod));
   impl_->server->Shutdown(absl::ToChronoTime(deadline));
   impl_->server->Wait();
 }

@@ -7,13 +7,16 @@
 // while accepted ones finish; the caller then shuts the Batcher down (which
 // answers everything queued) and calls Shutdown(deadline), which keeps
 // answering (ready=false, NOT_SERVING, new inferences UNAVAILABLE) while
-// ModelStreamInfer calls are open, up to the deadline, then stops the server,
-// cancelling whatever is still open.
+// ModelStreamInfer calls are open, up to the deadline, and then until clients
+// stop sending (no call for 200 ms, at most 2 s), so that stopping gRPC finds
+// no received call to cancel; then it stops the server, which answers the
+// calls the service holds and cancels what is still open at the deadline.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -41,6 +44,34 @@ struct GrpcFrontendOptions {
 // 1024; clients that keep that default must stay under it on their side too.
 int DefaultMaxMessageBytes(const ServedModel& model);
 
+// The gRPC port, held while the model loads, so that a port in use (or a
+// host that is not a local address) is found in milliseconds, before a load
+// that may take minutes. gRPC 1.51 cannot adopt a bound socket and can add no
+// service after it starts, so this is a plain socket bound to every address
+// of the host and not listening: a client is refused, as by no server, and
+// health probes fail until the ready server binds. Without SO_REUSEADDR it
+// keeps other servers off the port; Release() it just before
+// GrpcFrontend::Start binds the same port. Move-only; closes on destruction.
+class PortReservation {
+ public:
+  // `port` 0 reserves a free port, the same on every address of `host`.
+  static absl::StatusOr<PortReservation> Reserve(const std::string& host, int port);
+  PortReservation(PortReservation&& other) noexcept;
+  PortReservation& operator=(PortReservation&& other) noexcept;
+  ~PortReservation() { Release(); }
+
+  int port() const { return port_; }
+  void Release();
+
+ private:
+  PortReservation() = default;
+  std::vector<int> fds_;
+  int port_ = 0;
+};
+
+// True for a host that binds every interface ("0.0.0.0", "::", "[::]").
+bool IsWildcardHost(const std::string& host);
+
 class GrpcFrontend {
  public:
   // Starts serving on options.host:options.port. All pointers must outlive
@@ -64,8 +95,9 @@ class GrpcFrontend {
   void BeginDrain();
 
   // Begins draining if not yet, waits until open streams close or `deadline`
-  // passes, then stops the server (cancelling what is still open) and returns
-  // once every call has finished. Blocks; call it from main, not from a gRPC
+  // passes, then until no call has arrived for 200 ms (at most 2 s more),
+  // then stops the server (cancelling what is still open at `deadline`) and
+  // returns once every call has finished. Blocks; call it from main, not from a gRPC
   // reaction. Idempotent.
   void Shutdown(absl::Time deadline);
 

@@ -5,9 +5,15 @@
 //
 // It also counts open ModelStreamInfer calls, so that a drain can keep the
 // server answering (ready=false, NOT_SERVING, UNAVAILABLE) while clients
-// finish their streams, instead of refusing connections at once.
+// finish their streams, instead of refusing connections at once; and it keeps
+// the time the last call arrived, so that the drain can wait until clients,
+// refused, have stopped sending: gRPC's Server::Shutdown cancels (CANCELLED,
+// which a client cannot tell from "maybe computed") every call it has
+// received but not yet handed to the service, and every call that arrives
+// before its GOAWAY reaches the client.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -15,6 +21,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "server/core/backend.h"
 
@@ -40,6 +47,25 @@ class ServingState {
     return absl::OkStatus();
   }
 
+  // Called as each call (any method) reaches the service. Lock-free: it runs
+  // on every call.
+  void CallArrived() {
+    last_call_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
+  }
+  // Blocks until no call has arrived for `quiet`, or until `deadline`; true
+  // if the server went quiet. For the shutdown path only, never a gRPC
+  // reaction.
+  bool AwaitQuiet(absl::Duration quiet, absl::Time deadline) const {
+    while (true) {
+      const absl::Time quiet_at =
+          absl::FromUnixNanos(last_call_ns_.load(std::memory_order_relaxed)) + quiet;
+      const absl::Time now = absl::Now();
+      if (now >= quiet_at) return true;
+      if (now >= deadline) return false;
+      absl::SleepFor(std::min(quiet_at, deadline) - now);
+    }
+  }
+
   void StreamOpened() {
     absl::MutexLock lock(&streams_mu_);
     ++open_streams_;
@@ -60,6 +86,7 @@ class ServingState {
  private:
   const Backend* const backend_;
   std::atomic<bool> draining_{false};
+  std::atomic<int64_t> last_call_ns_{0};  // absl::GetCurrentTimeNanos()
   absl::Mutex streams_mu_;
   int64_t open_streams_ ABSL_GUARDED_BY(streams_mu_) = 0;
 };
