@@ -69,6 +69,7 @@ struct ServerFlags {
   int64_t max_queue_bytes = 0;  // 0: DefaultMaxQueueBytes
   int cpu_threads = 0;
   int drain_timeout_s = 30;
+  int64_t grpc_max_connection_age_s = 0;  // 0: connections live as long as clients keep them
   // The CUDA backend's flags. A CPU-only build accepts and ignores them, so
   // one command line serves both builds.
   int streams = 2;
@@ -160,6 +161,10 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
       "request); beyond it RESOURCE_EXHAUSTED. 0: 8 full batches of FP32 tokens"));
   integer(app.add_option(FlagNames("cpu-threads"), flags.cpu_threads,
                          "CPU backend threads (0 = all cores)"));
+  integer(app.add_option(
+      FlagNames("grpc-max-connection-age-s"), flags.grpc_max_connection_age_s,
+      "close each gRPC connection (GOAWAY, then --drain-timeout-s for calls in flight) after this "
+      "many seconds, so clients reconnect and spread over new replicas; 0: never"));
   integer(app.add_option(FlagNames("drain-timeout-s"), flags.drain_timeout_s,
                          "on SIGTERM/SIGINT, how long queued and open calls may take to finish"));
 
@@ -263,6 +268,9 @@ absl::Status CheckFlags(const ServerFlags& flags) {
   }
   if (flags.cpu_threads < 0) {
     return absl::InvalidArgumentError("--cpu-threads must be >= 0");
+  }
+  if (flags.grpc_max_connection_age_s < 0 || flags.grpc_max_connection_age_s > INT32_MAX / 1000) {
+    return absl::InvalidArgumentError("--grpc-max-connection-age-s must be in [0, 2147483]");
   }
   if (flags.drain_timeout_s < 0) {
     return absl::InvalidArgumentError("--drain-timeout-s must be >= 0");
@@ -543,12 +551,21 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
           ? flags.max_queue_bytes
           : DefaultMaxQueueBytes(batcher_options.policy, served.config.hidden_size);
   Batcher batcher(batcher_options, backend->get(), &observers, SteadyClock::Get());
+  metrics.SetBuildInfo(
+      {.version = kVersion, .backend = *backend_name, .device = (*backend)->Device()});
+  metrics.SetLimits(
+      {.max_queue_size = served.max_queue_size,
+       .max_queue_bytes = batcher_options.max_queue_bytes,
+       .max_batch_tokens = served.max_batch_tokens,
+       .max_queue_delay_seconds = static_cast<double>(served.max_queue_delay_us) * 1e-6});
 
   GrpcFrontendOptions grpc_options;
   grpc_options.host = host;
   grpc_options.port = grpc_port->port();
   grpc_port->Release();  // gRPC binds it next
   grpc_options.server_version = kVersion;
+  grpc_options.max_connection_age_s = flags.grpc_max_connection_age_s;
+  grpc_options.max_connection_age_grace_s = flags.drain_timeout_s;
   absl::StatusOr<std::unique_ptr<GrpcFrontend>> frontend =
       GrpcFrontend::Start(grpc_options, served, &batcher, backend->get(), &observers, &stats);
   if (!frontend.ok()) return Fail(frontend.status());

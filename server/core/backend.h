@@ -42,6 +42,10 @@ class Backend {
 
   virtual std::string_view Name() const = 0;
 
+  // What computes, for the build-info metric: the GPU's name for the CUDA
+  // backend, the backend's name otherwise.
+  virtual std::string Device() const { return std::string(Name()); }
+
   // How many batches may be in flight at once (CPU: 1; CUDA: one per stream).
   // The batcher forms a batch only when a slot is free, so requests keep
   // accumulating (and batching) while the backend is busy.

@@ -91,12 +91,13 @@ absl::StatusOr<std::unique_ptr<StreamSlot>> MakeSlot(const cuda::LayerShape& sha
 class CudaBackendImpl final : public CudaBackend {
  public:
   CudaBackendImpl(const CudaBackendOptions& options, const LlamaConfig& config,
-                  int64_t window_limit, cuda::DeviceWeights weights,
+                  int64_t window_limit, std::string device_name, cuda::DeviceWeights weights,
                   std::unique_ptr<kernels::GemmRouter> gemm, kernels::DType dtype,
                   std::vector<std::unique_ptr<StreamSlot>> slots)
       : options_(options),
         config_(config),
         window_limit_(window_limit),
+        device_name_(std::move(device_name)),
         weights_(std::move(weights)),
         gemm_(std::move(gemm)),
         executor_(cuda::LayerShape::FromConfig(config, dtype), weights_.layers(),
@@ -122,6 +123,7 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   std::string_view Name() const override { return "cuda"; }
+  std::string Device() const override { return device_name_; }
   int MaxInflightBatches() const override { return static_cast<int>(slots_.size()); }
 
   // The attention kernels have no sliding window yet. Up to the smallest
@@ -344,6 +346,7 @@ class CudaBackendImpl final : public CudaBackend {
   const CudaBackendOptions options_;
   const LlamaConfig config_;
   const int64_t window_limit_;  // smallest sliding window of the span; 0: none
+  const std::string device_name_;
   const cuda::DeviceWeights weights_;
   const std::unique_ptr<kernels::GemmRouter> gemm_;
   const cuda::LayerExecutor executor_;
@@ -433,9 +436,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& mo
   }
   const int64_t window_limit = model.config.SmallestAttentionWindow(
       model.first_layer, static_cast<int64_t>(model.layers.size()));
-  auto backend =
-      std::make_unique<CudaBackendImpl>(options, model.config, window_limit, std::move(weights),
-                                        std::move(gemm), dtype, std::move(slots));
+  auto backend = std::make_unique<CudaBackendImpl>(options, model.config, window_limit, props.name,
+                                                   std::move(weights), std::move(gemm), dtype,
+                                                   std::move(slots));
   const absl::StatusOr<int64_t> used = backend->DeviceMemoryUsedBytes();
   std::cerr << "layerserve: cuda backend: device " << options.device << " (" << props.name
             << ", sm_" << props.major << props.minor << ", " << props.multiProcessorCount

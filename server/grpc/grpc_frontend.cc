@@ -240,6 +240,14 @@ absl::StatusOr<std::unique_ptr<GrpcFrontend>> GrpcFrontend::Start(
   // of hidden states hardly compress anyway.
   builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_DEFLATE, false);
   builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_GZIP, false);
+  if (options.max_connection_age_s > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                               static_cast<int>(options.max_connection_age_s * 1000));
+    builder.AddChannelArgument(
+        GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+        static_cast<int>(std::min<int64_t>(options.max_connection_age_grace_s, INT32_MAX / 1000) *
+                         1000));
+  }
   builder.SetMaxReceiveMessageSize(resolved.max_receive_message_bytes);
   builder.SetMaxSendMessageSize(resolved.max_send_message_bytes);
   builder.RegisterService(&impl->service);

@@ -35,6 +35,11 @@ struct GrpcFrontendOptions {
   // Largest message accepted / sent, in bytes; 0: DefaultMaxMessageBytes().
   int max_receive_message_bytes = 0;
   int max_send_message_bytes = 0;
+  // > 0: each connection is closed (GOAWAY) after this many seconds, calls in
+  // flight getting max_connection_age_grace_s more, so that long-lived
+  // clients reconnect and spread over replicas added since.
+  int64_t max_connection_age_s = 0;
+  int64_t max_connection_age_grace_s = 30;
 };
 
 // Room for the largest legal request (and its reply, which has the same

@@ -59,9 +59,9 @@ DATASOURCE_UID = "layerserve-prom"
 # Families only the CUDA backend exports: the CPU server here cannot show
 # them, so their names are checked against the metrics header instead.
 CUDA_ONLY = {"layerserve_kernel_duration_seconds", "layerserve_gpu_memory_used_bytes"}
-# Families a server exports once main.cc passes them to the metrics object
-# (PrometheusMetrics::SetLimits, SetBuildInfo): checked against the header
-# until then; test_limits_and_build_info_are_exported tracks the wiring.
+# Families a server sets at start (PrometheusMetrics::SetLimits and
+# SetBuildInfo, called by server/main.cc); test_limits_and_build_info_are_exported
+# checks a live server exports them.
 SET_AT_START = {"layerserve_max_queue_size", "layerserve_max_queue_bytes",
                 "layerserve_max_batch_tokens", "layerserve_max_queue_delay_seconds",
                 "layerserve_build_info"}
@@ -451,15 +451,12 @@ def test_every_metric_named_is_exported(served_metrics):
         # A metric name, not part of a recorded name (level:metric:operations).
         for name in re.findall(r"(?<![\w:])(layerserve_[a-z0-9_]+)", expr):
             family = re.sub(r"_(bucket|sum|count)$", "", name)
-            if name not in exported and not (family in CUDA_ONLY | SET_AT_START
+            if name not in exported and not (family in CUDA_ONLY
                                              and family in declared):
                 unknown.append(f"{where}: {name}")
     assert not unknown, "metrics no server exports"
 
 
-@pytest.mark.xfail(strict=True, reason="server/main.cc does not yet call "
-                   "PrometheusMetrics::SetLimits and SetBuildInfo; when it does, drop "
-                   "this mark and SET_AT_START")
 def test_limits_and_build_info_are_exported(served_metrics):
     assert SET_AT_START <= queryable_names(served_metrics)
 
