@@ -1,0 +1,212 @@
+// layerserve's command line (see server_flags.h): CLI11 with both spellings
+// of every flag, and the range checks.
+#include "server_flags.h"
+
+#include <cstdint>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_cat.h"
+
+namespace layerserve {
+namespace {
+
+// The names of a flag: the documented dashed spelling first, then the same
+// with underscores, which the server accepted while its flags were Abseil's
+// (identifiers) and which scripts still use (--grpc_port). Booleans also keep
+// Abseil's negation, --noNAME.
+std::string FlagNames(std::string dashed, bool boolean = false) {
+  std::string underscored = dashed;
+  std::replace(underscored.begin(), underscored.end(), '-', '_');
+  std::string names = "--" + dashed;
+  if (underscored != dashed) names += ",--" + underscored;
+  if (boolean) {
+    names += ",!--no" + dashed;
+    if (underscored != dashed) names += ",!--no" + underscored;
+  }
+  return names;
+}
+
+// Checks and normalizes an integer flag's value before CLI11 converts it.
+// CLI11 reads an empty value as 0 and "0500" as octal (strtoll base 0);
+// Abseil refused the first and read the second as decimal 500, and so does
+// this: leading zeros of a decimal number are dropped ("0x" hex stays).
+std::string CheckInteger(std::string value) {
+  if (value.empty()) throw CLI::ValidationError("an empty value is not a number");
+  const size_t digits = (value[0] == '-' || value[0] == '+') ? 1 : 0;
+  size_t first = digits;
+  while (first + 1 < value.size() && value[first] == '0' &&
+         std::isdigit(static_cast<unsigned char>(value[first + 1]))) {
+    ++first;
+  }
+  value.erase(digits, first - digits);
+  return value;
+}
+
+// Help lists each flag once, under its dashed name; the footer says that the
+// underscore and --noNAME spellings exist.
+class OneNameFormatter : public CLI::Formatter {
+ public:
+  std::string make_option_name(const CLI::Option* option, bool is_positional) const override {
+    if (is_positional || option->get_lnames().empty()) {
+      return CLI::Formatter::make_option_name(option, is_positional);
+    }
+    std::string name;
+    for (const std::string& short_name : option->get_snames()) name += "-" + short_name + ",";
+    return name + "--" + option->get_lnames().front();
+  }
+};
+
+void AddFlags(CLI::App& app, ServerFlags& flags) {
+  app.formatter(std::make_shared<OneNameFormatter>());
+  app.get_formatter()->column_width(26);
+  // Repeated flags: the last one wins, as with Abseil (tests and scripts put
+  // their own --grpc-port after a default one).
+  app.option_defaults()->always_capture_default()->multi_option_policy(
+      CLI::MultiOptionPolicy::TakeLast);
+  const auto integer = [](CLI::Option* option) { option->transform(CheckInteger); };
+
+  app.add_option(FlagNames("model-dir"), flags.model_dir,
+                 "Hugging Face checkpoint directory (config.json + safetensors); empty serves "
+                 "the built-in demo model");
+  app.add_option(FlagNames("model-name"), flags.model_name,
+                 "name clients address the model by; default: the directory's name, or \"demo\"");
+  app.add_option(FlagNames("layers"), flags.layers,
+                 "half-open layer range A:B to serve (\":4\", \"2:\", \":\" = all)");
+  app.add_option(FlagNames("host"), flags.host, "address the gRPC and metrics servers bind");
+  integer(
+      app.add_option(FlagNames("grpc-port"), flags.grpc_port, "gRPC port (0 picks a free one)"));
+  integer(app.add_option(FlagNames("metrics-port"), flags.metrics_port,
+                         "Prometheus /metrics HTTP port (0 picks a free one)"));
+  app.add_option(FlagNames("backend"), flags.backend, "compute backend: auto, cpu or cuda");
+  integer(app.add_option(FlagNames("max-batch-tokens"), flags.max_batch_tokens,
+                         "most tokens (sum of B*T) in one batch; also the per-request limit"));
+  integer(app.add_option(FlagNames("max-queue-delay-us"), flags.max_queue_delay_us,
+                         "longest time the oldest queued request waits for a batch to fill"));
+  integer(
+      app.add_option(FlagNames("max-queue-size"), flags.max_queue_size,
+                     "most requests waiting; beyond it ModelInfer fails with RESOURCE_EXHAUSTED"));
+  integer(app.add_option(
+      FlagNames("max-queue-bytes"), flags.max_queue_bytes,
+      "most input bytes the waiting requests may hold together (an empty queue takes any legal "
+      "request); beyond it RESOURCE_EXHAUSTED. 0: 8 full batches of FP32 tokens"));
+  integer(app.add_option(FlagNames("cpu-threads"), flags.cpu_threads,
+                         "CPU backend threads (0 = all cores)"));
+  integer(app.add_option(
+      FlagNames("grpc-max-connection-age-s"), flags.grpc_max_connection_age_s,
+      "close each gRPC connection (GOAWAY, then --drain-timeout-s for calls in flight) after this "
+      "many seconds, so clients reconnect and spread over new replicas; 0: never"));
+  integer(app.add_option(FlagNames("drain-timeout-s"), flags.drain_timeout_s,
+                         "on SIGTERM/SIGINT, how long queued and open calls may take to finish"));
+
+  const std::string cuda = "CUDA backend";
+  integer(app.add_option(FlagNames("streams"), flags.streams,
+                         "CUDA streams, i.e. batches in flight at once")
+              ->group(cuda));
+  integer(
+      app.add_option(FlagNames("cuda-device"), flags.cuda_device, "device ordinal")->group(cuda));
+  app.add_option(FlagNames("gemm"), flags.gemm,
+                 "GEMMs: auto (per shape, the project's kernels where measured faster), "
+                 "cublaslt, or custom (the project's kernels wherever they apply)")
+      ->group(cuda);
+  app.add_flag(FlagNames("gemm-autotune", /*boolean=*/true), flags.gemm_autotune,
+               "--gemm=auto: time our GEMM kernels against cuBLASLt for the model's shapes at "
+               "load (3.5 s for a Llama-3-8B layer on an H100) and use the faster per "
+               "token-count bucket (default true); =false: built-in defaults")
+      ->group(cuda);
+  app.add_option(FlagNames("gemm-tune-cache"), flags.gemm_tune_cache,
+                 "--gemm=auto: JSON file keeping the autotune results between starts (read if "
+                 "it matches this device, driver and version; written after tuning)")
+      ->group(cuda);
+  app.add_option(FlagNames("gemm-override"), flags.gemm_override,
+                 "--gemm=auto: pin choices, M:NxK=CONFIG[,...] with CONFIG one of v0 "
+                 "(cuBLASLt), v3, v3b128, v3b256, v4, v4s1..v4s8, v5; e.g. 16:6144x4096=v0")
+      ->group(cuda);
+}
+
+// Parses the command line into `flags`. Returns the exit status when the
+// process should end at once: 0 after --help or --version (printed on
+// stdout), 1 for a command line that does not parse (one line on stderr,
+// the status Abseil's flags exited with).
+
+}  // namespace
+
+std::optional<int> ParseCommandLine(int argc, char** argv, std::string_view version,
+                                    ServerFlags& flags) {
+  CLI::App app(
+      "Serves a span of Llama decoder layers over gRPC (Open Inference Protocol), with "
+      "Prometheus metrics.",
+      "layerserve");
+  app.footer(
+      "Flags take --flag=value or --flag value, and may also be spelled with underscores "
+      "(--grpc_port); booleans take =true or =false, or --noNAME.");
+  app.set_version_flag("--version", absl::StrCat("layerserve ", std::string(version)),
+                       "print the version and exit");
+  AddFlags(app, flags);
+  // "--model-dir=" sets the empty string, as with Abseil; CLI11 would take
+  // the next argument as the value instead, so it gets the empty value as an
+  // argument of its own. "--gemm-autotune=" would be true to CLI11; Abseil
+  // refused it, and so does this.
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= 1; --i) {  // CLI11 takes the arguments last first
+    const std::string arg = argv[i];
+    const std::string name = arg.substr(0, arg.size() - 1);
+    const CLI::Option* option = app.get_option_no_throw(name);
+    if (!arg.starts_with("--") || arg.find('=') != name.size() || option == nullptr) {
+      args.push_back(arg);
+    } else if (option->get_items_expected_max() > 0) {
+      args.push_back("");
+      args.push_back(name);
+    } else {
+      std::cerr << "layerserve: error: " << arg << " needs a value, true or false" << std::endl;
+      return 1;
+    }
+  }
+  try {
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    std::cerr << "layerserve: error: " << e.what() << " (layerserve --help lists the flags)"
+              << std::endl;
+    return 1;
+  }
+  return std::nullopt;
+}
+
+absl::Status CheckFlags(const ServerFlags& flags) {
+  if (flags.max_batch_tokens <= 0) {
+    return absl::InvalidArgumentError("--max-batch-tokens must be >= 1");
+  }
+  if (flags.max_queue_delay_us < 0) {
+    return absl::InvalidArgumentError("--max-queue-delay-us must be >= 0");
+  }
+  if (flags.max_queue_size <= 0 || flags.max_queue_size > int64_t{UINT32_MAX}) {
+    return absl::InvalidArgumentError("--max-queue-size must be in [1, 4294967295]");
+  }
+  if (flags.max_queue_bytes < 0) {
+    return absl::InvalidArgumentError("--max-queue-bytes must be >= 0 (0: the default)");
+  }
+  for (const int port : {flags.grpc_port, flags.metrics_port}) {
+    if (port < 0 || port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat("port ", port, " is outside [0, 65535]"));
+    }
+  }
+  if (flags.streams < 1) {
+    return absl::InvalidArgumentError("--streams must be >= 1");
+  }
+  if (flags.cpu_threads < 0) {
+    return absl::InvalidArgumentError("--cpu-threads must be >= 0");
+  }
+  if (flags.grpc_max_connection_age_s < 0 || flags.grpc_max_connection_age_s > INT32_MAX / 1000) {
+    return absl::InvalidArgumentError("--grpc-max-connection-age-s must be in [0, 2147483]");
+  }
+  if (flags.drain_timeout_s < 0) {
+    return absl::InvalidArgumentError("--drain-timeout-s must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace layerserve
