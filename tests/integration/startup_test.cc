@@ -156,6 +156,24 @@ class Child {
     }
   }
   void Signal(int signal_number) { kill(pid_, signal_number); }
+  // Waits until the process blocks SIGTERM (its "SigBlk:" mask in
+  // /proc/<pid>/status), i.e. until the program's own code runs: before that
+  // only the dynamic loader runs, which nothing can make catch a signal, and
+  // how long it takes depends on the machine's load.
+  bool WaitUntilSigtermBlocked(absl::Duration timeout) {
+    const absl::Time give_up = absl::Now() + timeout;
+    while (absl::Now() < give_up) {
+      std::ifstream status("/proc/" + std::to_string(pid_) + "/status");
+      std::string line;
+      while (std::getline(status, line)) {
+        if (line.rfind("SigBlk:", 0) != 0) continue;
+        const uint64_t mask = std::stoull(line.substr(7), nullptr, 16);
+        if (mask & (uint64_t{1} << (SIGTERM - 1))) return true;
+      }
+      absl::SleepFor(absl::Microseconds(200));
+    }
+    return false;
+  }
   // The exit code; an error if a signal ended it or it still runs at `timeout`.
   absl::StatusOr<int> WaitForExit(absl::Duration timeout) {
     const absl::Time give_up = absl::Now() + timeout;
@@ -183,20 +201,22 @@ class Child {
 const std::vector<std::string> kLocalFlags = {"--host=127.0.0.1", "--grpc-port=0",
                                               "--metrics-port=0"};
 
-// SIGTERM from a few milliseconds after exec on, before the server is ready:
-// exit status 0 and a line, never death by the signal. Earlier than 10 to
-// 20 ms (on a busy 2-core machine) the dynamic loader is still relocating the
-// shared libraries and no code of the program has run, so nothing can catch
-// it there; the fix moved the blocking from main() to just after that, which
-// gained only a few milliseconds here, so this guards the behaviour rather
-// than reproducing the old failure.
+// SIGTERM at any moment of start-up once the program's own code runs (the
+// first thing it does is block the signal), before the server is ready: exit
+// status 0 and a line, never death by the signal. Before that only the
+// dynamic loader relocates the shared libraries (10-20 ms, more on a busy
+// machine), and nothing can catch a signal there, so the delays count from
+// the moment the signal is blocked. The old code blocked it only in main(),
+// after the libraries' initializers; this guards the behaviour rather than
+// reproducing the old failure, whose window was a few milliseconds.
 TEST(StartupTest, SignalDuringStartUpExitsZero) {
   TempDir dir("early");
-  for (const int delay_ms : {30, 40, 50, 75, 100, 150}) {
-    SCOPED_TRACE(testing::Message() << "SIGTERM " << delay_ms << " ms after exec");
+  for (const int delay_ms : {0, 1, 5, 20, 50, 100}) {
+    SCOPED_TRACE(testing::Message() << "SIGTERM " << delay_ms << " ms after the signal is blocked");
     const fs::path err = dir.path() / "stderr";
     absl::StatusOr<std::unique_ptr<Child>> child = Child::Start(kLocalFlags, err);
     ASSERT_TRUE(child.ok()) << child.status();
+    ASSERT_TRUE((*child)->WaitUntilSigtermBlocked(absl::Seconds(20)));
     absl::SleepFor(absl::Milliseconds(delay_ms));
     (*child)->Signal(SIGTERM);
     absl::StatusOr<int> exit_code = (*child)->WaitForExit(absl::Seconds(20));
