@@ -34,6 +34,12 @@ class AsyncResults : public std::enable_shared_from_this<AsyncResults> {
     };
   }
 
+  // Calls not yet completed.
+  int Pending() {
+    absl::MutexLock lock(&mu_);
+    return pending_;
+  }
+
   // Waits until every call has completed, at most `timeout`; then the results
   // in call order (calls that never completed hold "no reply").
   absl::StatusOr<std::vector<absl::StatusOr<client::Tensor>>> Wait(absl::Duration timeout) {

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client.h"
+#include "tests/integration/async_results.h"
 #include "tests/integration/reference_check.h"
 #include "tests/integration/server_process.h"
 
@@ -57,24 +58,15 @@ TEST(ShutdownTest, SigtermDrainsQueuedRequestsAndExitsZero) {
   ASSERT_TRUE(input.ok());
   const std::vector<double> expected = DemoReference(0, 4).Run(x, 1, kSeqLen);
 
-  absl::Mutex mu;
-  int pending = kCalls;
-  std::vector<absl::StatusOr<Tensor>> results(kCalls, absl::UnknownError("no reply"));
+  const std::shared_ptr<AsyncResults> collector = AsyncResults::Create(kCalls);
   for (int i = 0; i < kCalls; ++i) {
-    (*client)->AsyncInfer("demo", *input, absl::Now() + absl::Seconds(30),
-                          [&, i](absl::StatusOr<Tensor> result) {
-                            absl::MutexLock lock(&mu);
-                            results[i] = std::move(result);
-                            --pending;
-                          });
+    (*client)->AsyncInfer("demo", *input, absl::Now() + absl::Seconds(30), collector->Callback(i));
   }
   absl::StatusOr<double> queued = WaitForQueueDepth(**server, kCalls, absl::Seconds(2));
   ASSERT_TRUE(queued.ok()) << queued.status();
   ASSERT_EQ(*queued, kCalls) << "the requests were not all queued before SIGTERM";
-  {
-    absl::MutexLock lock(&mu);
-    ASSERT_EQ(pending, kCalls) << "requests finished before SIGTERM; the test proves nothing";
-  }
+  ASSERT_EQ(collector->Pending(), kCalls)
+      << "requests finished before SIGTERM; the test proves nothing";
 
   (*server)->Signal(SIGTERM);
   // New work during the drain is refused (or the server has already gone):
@@ -83,13 +75,9 @@ TEST(ShutdownTest, SigtermDrainsQueuedRequestsAndExitsZero) {
   absl::StatusOr<Tensor> late = (*client)->Infer("demo", *input, absl::Now() + absl::Seconds(10));
   EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable) << late.status();
 
-  {
-    absl::MutexLock lock(&mu);
-    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(
-                                        +[](int* left) { return *left == 0; }, &pending),
-                                    absl::Seconds(25)))
-        << pending << " queued calls never completed";
-  }
+  const auto waited = collector->Wait(absl::Seconds(25));
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  const std::vector<absl::StatusOr<Tensor>>& results = *waited;
   for (int i = 0; i < kCalls; ++i) {
     SCOPED_TRACE(testing::Message() << "call " << i);
     ASSERT_TRUE(results[i].ok()) << results[i].status();
@@ -153,8 +141,10 @@ TEST(ShutdownTest, SigtermUnderLoadAnswersOrRefusesEveryCall) {
     absl::StatusOr<std::unique_ptr<ServerProcess>> server =
         ServerProcess::Start({"--drain-timeout-s=10"});
     ASSERT_TRUE(server.ok()) << server.status();
-    std::vector<std::unique_ptr<Client>> clients;
+    // Loops first, so they are destroyed last: each Client's destructor waits
+    // for its completions, which call back into its loop.
     std::vector<std::unique_ptr<ClientLoop>> loops;
+    std::vector<std::unique_ptr<Client>> clients;
     for (int i = 0; i < kClients; ++i) {
       absl::StatusOr<std::unique_ptr<Client>> client =
           Client::Connect((*server)->grpc_target(), /*dedicated_connection=*/true);
