@@ -268,7 +268,7 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   if (const int64_t window =
           span->config.SmallestAttentionWindow(first_layer, end_layer - first_layer);
       window > 0) {
-    Log(absl::StrCat("sliding-window attention: window ", span->config.sliding_window,
+    Log(absl::StrCat("sliding-window attention: window ", window,
                      " tokens in some or all of the served layers"));
   }
 
@@ -299,9 +299,10 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   }
   backend_maker.join();
   if (!backend.ok()) return Fail(backend.status());
-  if (const Backend::SequenceLimit limit = (*backend)->MaxSequence(); limit.max_tokens > 0) {
-    Log(absl::StrCat("sequences longer than ", limit.max_tokens,
-                     " tokens are refused: ", limit.reason));
+  const SequenceLimit sequence_limit = (*backend)->MaxSequence();
+  if (sequence_limit.max_tokens > 0) {
+    Log(absl::StrCat("sequences longer than ", sequence_limit.max_tokens,
+                     " tokens are refused: ", sequence_limit.reason));
   }
 
   ServedModel served;
@@ -313,7 +314,6 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   served.max_batch_tokens = flags.max_batch_tokens;
   served.max_queue_delay_us = flags.max_queue_delay_us;
   served.max_queue_size = flags.max_queue_size;
-  const Backend::SequenceLimit sequence_limit = (*backend)->MaxSequence();
   served.max_sequence_tokens = sequence_limit.max_tokens;
   served.sequence_limit_reason = sequence_limit.reason;
   span.value().layers.clear();  // the backend holds its own copy of the weights

@@ -18,7 +18,8 @@ void Batch::Pack() {
   total_tokens = offset;
 }
 
-absl::Status Batch::Validate(int64_t hidden_size, int64_t max_tokens) const {
+absl::Status Batch::Validate(int64_t hidden_size, int64_t max_tokens,
+                             const SequenceLimit& sequence_limit) const {
   std::vector<int32_t> expected = {0};
   int64_t tokens = 0;
   for (const auto& request : requests) {
@@ -29,6 +30,11 @@ absl::Status Batch::Validate(int64_t hidden_size, int64_t max_tokens) const {
     if (request->hidden != hidden_size) {
       return absl::InvalidArgumentError(absl::StrCat("request '", request->id, "' has hidden ",
                                                      request->hidden, ", model has ", hidden_size));
+    }
+    if (sequence_limit.max_tokens > 0 && request->seq_len > sequence_limit.max_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request '", request->id, "' has sequences of ", request->seq_len, " tokens, more than ",
+          sequence_limit.max_tokens, ": ", sequence_limit.reason));
     }
     const size_t bytes = request->num_elements() * DTypeSize(request->dtype);
     if (request->input.size() != bytes) {

@@ -20,6 +20,16 @@
 
 namespace layerserve {
 
+// The longest sequence (T, the tokens of one of a request's B sequences) a
+// backend computes exactly for its model, and why; max_tokens 0 means no limit
+// beyond the batch budget. Today: the CUDA backend's attention has no sliding
+// window, so for a windowed model it serves sequences up to the window, where
+// windowed and full-causal attention agree.
+struct SequenceLimit {
+  int64_t max_tokens = 0;
+  std::string reason;
+};
+
 struct Batch {
   std::vector<std::unique_ptr<InferRequest>> requests;
   std::vector<int32_t> cu_seqlens;  // num_sequences + 1 offsets, cu_seqlens[0] == 0
@@ -30,10 +40,13 @@ struct Batch {
 
   // What every backend checks before it computes: each request's hidden size
   // and input byte count match its shape, no shape is negative, the packing
-  // matches the requests, and the batch fits `max_tokens`. The frontend's
-  // validation already guarantees all of it; this keeps a backend safe when
-  // called directly (tests, benchmarks) or by a buggy caller.
-  absl::Status Validate(int64_t hidden_size, int64_t max_tokens) const;
+  // matches the requests, the batch fits `max_tokens` and no sequence is
+  // longer than `sequence_limit` allows (INVALID_ARGUMENT quoting its reason).
+  // The frontend's validation already guarantees all of it; this keeps a
+  // backend safe when called directly (tests, benchmarks) or by a buggy
+  // caller.
+  absl::Status Validate(int64_t hidden_size, int64_t max_tokens,
+                        const SequenceLimit& sequence_limit = {}) const;
 };
 
 class Backend {
@@ -57,18 +70,10 @@ class Backend {
   // failed. Must not block the caller on compute.
   virtual void Execute(std::shared_ptr<Batch> batch, std::function<void(absl::Status)> done) = 0;
 
-  // The longest sequence (T, the tokens of one of a request's B sequences)
-  // this backend computes exactly for its model, and why; max_tokens 0 means
-  // no limit beyond the batch budget. The edge refuses longer sequences with
-  // INVALID_ARGUMENT quoting `reason`, so a backend that lacks some of the
-  // model's math past a length never answers with other math. Today: the CUDA
-  // backend's attention has no sliding window, so for a windowed model it
-  // serves sequences up to the window, where windowed and full-causal
-  // attention agree.
-  struct SequenceLimit {
-    int64_t max_tokens = 0;
-    std::string reason;
-  };
+  // The longest sequence this backend computes exactly for its model (see
+  // SequenceLimit). The edge refuses longer sequences with INVALID_ARGUMENT
+  // quoting the reason, so a backend that lacks some of the model's math past
+  // a length never answers with other math.
   virtual SequenceLimit MaxSequence() const { return {}; }
 
   // OK while the backend can serve. A backend that hits an unrecoverable

@@ -88,6 +88,16 @@ absl::StatusOr<std::unique_ptr<StreamSlot>> MakeSlot(const cuda::LayerShape& sha
   return slot;
 }
 
+// The sequences served for a span whose smallest sliding window is `window`
+// (0: none): all, or those up to the window, as the attention kernels have
+// no window yet.
+SequenceLimit WindowLimit(int64_t window) {
+  if (window == 0) return {};
+  return {window, absl::StrCat("the model attends through a sliding window of ", window,
+                               " tokens, which the cuda backend does not implement yet (the cpu "
+                               "backend does: --backend=cpu)")};
+}
+
 class CudaBackendImpl final : public CudaBackend {
  public:
   CudaBackendImpl(const CudaBackendOptions& options, const LlamaConfig& config,
@@ -96,7 +106,7 @@ class CudaBackendImpl final : public CudaBackend {
                   std::vector<std::unique_ptr<StreamSlot>> slots)
       : options_(options),
         config_(config),
-        window_limit_(window_limit),
+        sequence_limit_(WindowLimit(window_limit)),
         device_name_(std::move(device_name)),
         weights_(std::move(weights)),
         gemm_(std::move(gemm)),
@@ -130,13 +140,7 @@ class CudaBackendImpl final : public CudaBackend {
   // window of the span, windowed and full-causal attention are the same
   // thing; past it they differ, so longer sequences are refused rather than
   // answered with full-causal attention.
-  SequenceLimit MaxSequence() const override {
-    if (window_limit_ == 0) return {};
-    return {window_limit_,
-            absl::StrCat("the model attends through a sliding window of ", window_limit_,
-                         " tokens, which the cuda backend does not implement yet (the cpu "
-                         "backend does: --backend=cpu)")};
-  }
+  SequenceLimit MaxSequence() const override { return sequence_limit_; }
 
   void Execute(std::shared_ptr<Batch> batch, std::function<void(absl::Status)> done) override {
     {
@@ -189,16 +193,8 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   absl::Status RunBatch(StreamSlot& slot, Batch& batch) {
-    LS_RETURN_IF_ERROR(batch.Validate(config_.hidden_size, options_.max_batch_tokens));
-    if (window_limit_ > 0) {
-      for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s) {
-        if (batch.cu_seqlens[s + 1] - batch.cu_seqlens[s] > window_limit_) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("sequence of ", batch.cu_seqlens[s + 1] - batch.cu_seqlens[s],
-                           " tokens: ", MaxSequence().reason));
-        }
-      }
-    }
+    LS_RETURN_IF_ERROR(
+        batch.Validate(config_.hidden_size, options_.max_batch_tokens, sequence_limit_));
     if (absl::Status health = Health(); !health.ok()) {
       return absl::UnavailableError(absl::StrCat("cuda backend is unhealthy: ", health.message()));
     }
@@ -345,7 +341,7 @@ class CudaBackendImpl final : public CudaBackend {
 
   const CudaBackendOptions options_;
   const LlamaConfig config_;
-  const int64_t window_limit_;  // smallest sliding window of the span; 0: none
+  const SequenceLimit sequence_limit_;  // the span's smallest sliding window, if any
   const std::string device_name_;
   const cuda::DeviceWeights weights_;
   const std::unique_ptr<kernels::GemmRouter> gemm_;

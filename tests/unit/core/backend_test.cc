@@ -58,5 +58,21 @@ TEST(BatchTest, ValidateRejectsWhatNoBackendMayCompute) {
   EXPECT_EQ(stale.Validate(2, 100).code(), absl::StatusCode::kInternal);
 }
 
+// A backend's sequence limit (SequenceLimit) applies to each sequence, with
+// its reason in the message; without one, any length fits the batch budget.
+TEST(BatchTest, ValidateAppliesTheSequenceLimit) {
+  const std::string bytes(2 * 4 * 2 * 2, 'x');  // B = 2 sequences of T = 4
+  Batch batch;
+  batch.requests.push_back(Request(2, 4, bytes));
+  batch.Pack();
+  EXPECT_TRUE(batch.Validate(2, 100).ok());
+  EXPECT_TRUE(batch.Validate(2, 100, SequenceLimit{4, "a window of 4"}).ok());
+  const absl::Status refused = batch.Validate(2, 100, SequenceLimit{3, "a window of 3"});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("sequences of 4 tokens, more than 3: a window of 3"),
+            std::string_view::npos)
+      << refused;
+}
+
 }  // namespace
 }  // namespace layerserve
