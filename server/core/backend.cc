@@ -2,24 +2,68 @@
 #include "server/core/backend.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace layerserve {
 
 void Batch::Pack() {
   cu_seqlens.clear();
   cu_seqlens.push_back(0);
+  kv.clear();
+  has_sessions = false;
   int64_t offset = 0;
   for (const auto& request : requests) {
+    const bool session = request->session.has_value();
+    has_sessions = has_sessions || session;
     for (int64_t b = 0; b < request->batch; ++b) {
       offset += request->seq_len;
       cu_seqlens.push_back(static_cast<int32_t>(offset));
+      SequenceKv& seq = kv.emplace_back();
+      if (session && static_cast<size_t>(b) < request->step.block_tables.size()) {
+        seq.position = request->step.position;
+        seq.block_table = &request->step.block_tables[static_cast<size_t>(b)];
+      }
     }
   }
   total_tokens = offset;
 }
 
+namespace {
+
+// A session step's block tables against the pool (see Batch::Validate).
+absl::Status ValidateStep(const InferRequest& request, const KvCacheShape& kv_cache) {
+  if (kv_cache.num_blocks <= 0 || kv_cache.block_tokens <= 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "request '", request.id, "' is a session step, but the backend keeps no KV cache"));
+  }
+  const SessionStep& step = request.step;
+  if (step.position < 0 || step.tokens != request.seq_len ||
+      step.block_tokens != kv_cache.block_tokens ||
+      step.block_tables.size() != static_cast<size_t>(request.batch)) {
+    return absl::InternalError(
+        absl::StrCat("request '", request.id, "': its session step does not match its shape"));
+  }
+  const int64_t blocks = BlocksForTokens(step.position + request.seq_len, kv_cache.block_tokens);
+  for (const std::vector<KvBlockId>& table : step.block_tables) {
+    if (static_cast<int64_t>(table.size()) != blocks) {
+      return absl::InternalError(absl::StrCat("request '", request.id, "': a block table has ",
+                                              table.size(), " blocks for ", blocks, " needed"));
+    }
+    for (const KvBlockId id : table) {
+      if (id < 0 || id >= kv_cache.num_blocks) {
+        return absl::InternalError(absl::StrCat("request '", request.id, "': KV block ", id,
+                                                " is outside the pool of ", kv_cache.num_blocks));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status Batch::Validate(int64_t hidden_size, int64_t max_tokens,
-                             const SequenceLimit& sequence_limit) const {
+                             const SequenceLimit& sequence_limit,
+                             const KvCacheShape& kv_cache) const {
   std::vector<int32_t> expected = {0};
   int64_t tokens = 0;
   for (const auto& request : requests) {
@@ -31,9 +75,12 @@ absl::Status Batch::Validate(int64_t hidden_size, int64_t max_tokens,
       return absl::InvalidArgumentError(absl::StrCat("request '", request->id, "' has hidden ",
                                                      request->hidden, ", model has ", hidden_size));
     }
-    if (sequence_limit.max_tokens > 0 && request->seq_len > sequence_limit.max_tokens) {
+    if (request->session) LS_RETURN_IF_ERROR(ValidateStep(*request, kv_cache));
+    // A session's sequences reach past their new tokens: position + T.
+    const int64_t reach = request->seq_len + (request->session ? request->step.position : 0);
+    if (sequence_limit.max_tokens > 0 && reach > sequence_limit.max_tokens) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "request '", request->id, "' has sequences of ", request->seq_len, " tokens, more than ",
+          "request '", request->id, "' has sequences of ", reach, " tokens, more than ",
           sequence_limit.max_tokens, ": ", sequence_limit.reason));
     }
     const size_t bytes = request->num_elements() * DTypeSize(request->dtype);

@@ -16,9 +16,28 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "server/core/kv_blocks.h"
 #include "server/core/request.h"
 
 namespace layerserve {
+
+// A backend's paged KV cache as the core hands it out: `num_blocks` blocks of
+// `block_tokens` tokens each (kv_blocks.h). num_blocks 0: no cache.
+struct KvCacheShape {
+  int32_t num_blocks = 0;
+  int64_t block_tokens = 0;
+};
+
+// Where one packed sequence's new tokens sit, for RoPE, attention and the KV
+// cache. A stateless sequence starts at position 0 and has no block table. A
+// session's sequence starts at its session's length (after any rollback);
+// its block table lists the KV cache blocks of positions 0..position+len-1
+// (BlocksForTokens(position + len, block_tokens) ids), and attention reads
+// positions 0..position-1 from the cache, then the new tokens.
+struct SequenceKv {
+  int64_t position = 0;
+  const std::vector<KvBlockId>* block_table = nullptr;  // owned by the request's step
+};
 
 // The longest sequence (T, the tokens of one of a request's B sequences) a
 // backend computes exactly for its model, and why; max_tokens 0 means no limit
@@ -34,19 +53,26 @@ struct Batch {
   std::vector<std::unique_ptr<InferRequest>> requests;
   std::vector<int32_t> cu_seqlens;  // num_sequences + 1 offsets, cu_seqlens[0] == 0
   int64_t total_tokens = 0;
+  // One entry per sequence, in cu_seqlens order.
+  std::vector<SequenceKv> kv;
+  bool has_sessions = false;  // any request is a session step
 
-  // Fills cu_seqlens and total_tokens from `requests`.
+  // Fills cu_seqlens, total_tokens, kv and has_sessions from `requests`.
   void Pack();
 
   // What every backend checks before it computes: each request's hidden size
   // and input byte count match its shape, no shape is negative, the packing
-  // matches the requests, the batch fits `max_tokens` and no sequence is
-  // longer than `sequence_limit` allows (INVALID_ARGUMENT quoting its reason).
-  // The frontend's validation already guarantees all of it; this keeps a
-  // backend safe when called directly (tests, benchmarks) or by a buggy
+  // matches the requests, the batch fits `max_tokens`, no sequence reaches
+  // past `sequence_limit` (INVALID_ARGUMENT quoting its reason), and every
+  // session step's block tables fit `kv_cache` (one table per sequence, each
+  // covering position + T tokens with ids inside the pool; a session request
+  // to a backend without a cache is FAILED_PRECONDITION). The frontend's
+  // validation and the session table already guarantee all of it; this keeps
+  // a backend safe when called directly (tests, benchmarks) or by a buggy
   // caller.
   absl::Status Validate(int64_t hidden_size, int64_t max_tokens,
-                        const SequenceLimit& sequence_limit = {}) const;
+                        const SequenceLimit& sequence_limit = {},
+                        const KvCacheShape& kv_cache = {}) const;
 };
 
 class Backend {
@@ -70,11 +96,43 @@ class Backend {
   // failed. Must not block the caller on compute.
   virtual void Execute(std::shared_ptr<Batch> batch, std::function<void(absl::Status)> done) = 0;
 
+  // A backend's paged KV cache as the core hands it out: `num_blocks` blocks of
+  // `block_tokens` tokens each (kv_blocks.h). num_blocks 0: no cache.
+  struct KvCacheShape {
+    int32_t num_blocks = 0;
+    int64_t block_tokens = 0;
+  };
+
+  // Where one packed sequence's new tokens sit, for RoPE, attention and the KV
+  // cache. A stateless sequence starts at position 0 and has no block table. A
+  // session's sequence starts at its session's length (after any rollback);
+  // its block table lists the KV cache blocks of positions 0..position+len-1
+  // (BlocksForTokens(position + len, block_tokens) ids), and attention reads
+  // positions 0..position-1 from the cache, then the new tokens.
+  struct SequenceKv {
+    int64_t position = 0;
+    const std::vector<KvBlockId>* block_table = nullptr;  // owned by the request's step
+  };
+
   // The longest sequence this backend computes exactly for its model (see
   // SequenceLimit). The edge refuses longer sequences with INVALID_ARGUMENT
   // quoting the reason, so a backend that lacks some of the model's math past
   // a length never answers with other math.
   virtual SequenceLimit MaxSequence() const { return {}; }
+
+  // The paged KV cache that sessions keep their keys and values in (README:
+  // Sessions). A backend that has one reports what a block of `block_tokens`
+  // tokens costs (K and V of every layer of its span, in bytes) and how much
+  // memory a pool could take (what --kv-cache-memory's fraction is of), and
+  // allocates its pool once, before serving. The core then hands out block
+  // ids 0..num_blocks-1 through its session table and passes each step's
+  // block tables in the Batch (SequenceKv). KvBlockBytes 0: no cache, and
+  // the edge refuses session requests.
+  virtual int64_t KvBlockBytes(int64_t /*block_tokens*/) const { return 0; }
+  virtual int64_t KvMemoryAvailable() const { return 0; }
+  virtual absl::Status AllocateKvCache(const KvCacheShape& /*shape*/) {
+    return absl::UnimplementedError(std::string(Name()) + " backend keeps no KV cache");
+  }
 
   // OK while the backend can serve. A backend that hits an unrecoverable
   // device error reports it here; readiness and health turn NOT_SERVING.

@@ -26,6 +26,7 @@
 #include "server/core/clock.h"
 #include "server/core/observer.h"
 #include "server/core/request.h"
+#include "server/core/sessions.h"
 
 namespace layerserve {
 
@@ -44,6 +45,10 @@ struct BatcherOptions {
   // kDefaultQueuedBatches full batches of FP32 tokens (8 x 16 MiB for the
   // demo model, 8 x 128 MiB for Llama-3-8B at 8192 tokens).
   int64_t max_queue_bytes = 0;
+  // The session table that session requests (InferRequest::session) step
+  // through; not owned, must outlive the Batcher. Null: the backend keeps no
+  // KV cache, and Enqueue refuses session requests (FAILED_PRECONDITION).
+  SessionTable* sessions = nullptr;
 };
 
 // kDefaultQueuedBatches x policy.max_batch_tokens x hidden x 4 bytes,

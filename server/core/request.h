@@ -16,8 +16,19 @@
 #include "absl/status/status.h"
 #include "base/dtype.h"
 #include "server/core/clock.h"
+#include "server/core/sessions.h"
 
 namespace layerserve {
+
+// A request's session parameters (Triton's sequence batcher spelling, README:
+// Sessions), as the edge parsed them.
+struct SessionParams {
+  SessionId id;
+  bool start = false;  // sequence_start: open the session, or reset it
+  bool end = false;    // sequence_end: free it after this request
+  // sequence_position: where the request's first token sits (unset: append).
+  std::optional<int64_t> position;
+};
 
 struct InferRequest {
   std::string id;             // echoed back; may be empty
@@ -31,6 +42,15 @@ struct InferRequest {
   std::optional<SteadyTime> deadline;
   // Polled before compute; true drops the request with CANCELLED. May be empty.
   std::function<bool()> is_cancelled;
+
+  // Set: the request is one step of a session. Its T tokens continue the
+  // session's B sequences (token t sits at position step.position + t), and
+  // their keys and values stay in the backend's KV cache for later steps.
+  // Unset: stateless, positions 0..T-1, nothing kept.
+  std::optional<SessionParams> session;
+  // Filled by the batcher when a session request joins a batch (the session
+  // table's BeginStep); untouched for stateless requests.
+  SessionStep step;
 
   // Filled by the core.
   std::string output;  // same size and layout as `input`

@@ -140,6 +140,7 @@ absl::StatusOr<SessionStep> SessionTable::BeginStep(const SessionStepRequest& re
   }
   const int64_t available = blocks_.free_blocks() + given_back;
   if (new_per_sequence > 0 && request.batch > available / new_per_sequence) {
+    ++rejected_no_blocks_;
     std::string needed = request.batch <= std::numeric_limits<int64_t>::max() / new_per_sequence
                              ? absl::StrCat(request.batch * new_per_sequence)
                              : "too many";
@@ -279,7 +280,14 @@ SessionTableStats SessionTable::Stats() const {
   stats.freed_end = freed_end_;
   stats.freed_idle = freed_idle_;
   stats.freed_reset = freed_reset_;
+  stats.rejected_no_blocks = rejected_no_blocks_;
   return stats;
+}
+
+bool SessionTable::InFlight(const SessionId& id) const {
+  MutexLock lock(&mu_);
+  const auto it = sessions_.find(id);
+  return it != sessions_.end() && it->second.in_flight;
 }
 
 std::optional<SessionInfo> SessionTable::Find(const SessionId& id) const {

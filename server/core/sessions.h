@@ -153,9 +153,10 @@ struct SessionTableStats {
   int64_t sessions_in_flight = 0;
   int64_t blocks_used = 0;
   int64_t blocks_capacity = 0;
-  int64_t freed_end = 0;    // sessions freed by a successful step with sequence_end
-  int64_t freed_idle = 0;   // sessions freed by the idle timeout
-  int64_t freed_reset = 0;  // sessions replaced by a sequence_start naming them
+  int64_t freed_end = 0;           // sessions freed by a successful step with sequence_end
+  int64_t freed_idle = 0;          // sessions freed by the idle timeout
+  int64_t freed_reset = 0;         // sessions replaced by a sequence_start naming them
+  int64_t rejected_no_blocks = 0;  // steps refused for want of free KV cache blocks
 };
 
 class SessionTable {
@@ -202,6 +203,9 @@ class SessionTable {
   int64_t ExpireIdle(SteadyTime now);
 
   SessionTableStats Stats() const;
+
+  // Whether `id` names an open session with a step in flight. O(1).
+  bool InFlight(const SessionId& id) const;
 
   // The session as it stands; nullopt when none is open under `id`.
   std::optional<SessionInfo> Find(const SessionId& id) const;
@@ -250,6 +254,7 @@ class SessionTable {
   int64_t freed_end_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t freed_idle_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t freed_reset_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t rejected_no_blocks_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace layerserve

@@ -21,6 +21,13 @@ struct ServedModel {
   // Backend::MaxSequence(): the longest sequence served (0: no limit) and why.
   int64_t max_sequence_tokens = 0;
   std::string sequence_limit_reason;
+  // Sessions (README: Sessions): served when the backend keeps a KV cache.
+  bool sessions = false;
+  int64_t kv_block_tokens = 0;  // tokens per KV cache block
+  int64_t kv_blocks = 0;        // blocks in the pool
+  int64_t max_sessions = 0;
+  int64_t max_session_tokens = 0;       // 0: no limit beyond the pool
+  int64_t session_idle_timeout_us = 0;  // 0: sessions never expire
 };
 
 }  // namespace layerserve
