@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace layerserve {
@@ -45,6 +46,21 @@ Batcher::~Batcher() { Shutdown(); }
 absl::Status Batcher::Enqueue(std::unique_ptr<InferRequest>& request) {
   MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the server is shutting down");
+  if (request->session) {
+    const SessionParams& session = *request->session;
+    if (options_.sessions == nullptr) {
+      return absl::FailedPreconditionError(
+          "this server keeps no sessions (its backend has no KV cache); send requests without "
+          "sequence parameters");
+    }
+    // A reset while the session still has work would race with that work.
+    if (session.start &&
+        (queued_sessions_.contains(session.id) || options_.sessions->InFlight(session.id))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "sequence_start for session ", session.id.ToString(),
+          ", which has a request queued or in flight; send it after that request's reply"));
+    }
+  }
   if (static_cast<int64_t>(queue_.size()) >= options_.max_queue_size) {
     return absl::ResourceExhaustedError(absl::StrCat("request queue is full (", queue_.size(),
                                                      " requests waiting, --max-queue-size)"));
@@ -62,6 +78,7 @@ absl::Status Batcher::Enqueue(std::unique_ptr<InferRequest>& request) {
                      max_bytes, " bytes)"));
   }
   request->enqueue_time = clock_->Now();
+  if (request->session) ++queued_sessions_[request->session->id];
   queued_bytes_ += bytes;
   queue_.push_back(std::move(request));
   observer_->OnQueueDepth(static_cast<int64_t>(queue_.size()));
@@ -99,14 +116,23 @@ int64_t Batcher::queue_depth() const {
   return static_cast<int64_t>(queue_.size());
 }
 
-void Batcher::DropDeadLocked(SteadyTime now, std::vector<std::unique_ptr<InferRequest>>& dropped) {
+void Batcher::UnqueueLocked(const InferRequest& r) {
+  queued_bytes_ -= InputBytes(r);
+  if (!r.session) return;
+  const auto it = queued_sessions_.find(r.session->id);
+  if (it != queued_sessions_.end() && --it->second == 0) queued_sessions_.erase(it);
+}
+
+void Batcher::DropDeadLocked(SteadyTime now, std::vector<Refused>& refused) {
   const size_t before = queue_.size();
   for (auto it = queue_.begin(); it != queue_.end();) {
     InferRequest& r = **it;
     const bool expired = r.deadline && *r.deadline <= now;
     if (expired || (r.is_cancelled && r.is_cancelled())) {
-      queued_bytes_ -= InputBytes(r);
-      dropped.push_back(std::move(*it));
+      UnqueueLocked(r);
+      refused.push_back(
+          {std::move(*it), expired ? absl::DeadlineExceededError("deadline exceeded while queued")
+                                   : absl::CancelledError("request cancelled while queued")});
       it = queue_.erase(it);
     } else {
       ++it;
@@ -115,43 +141,106 @@ void Batcher::DropDeadLocked(SteadyTime now, std::vector<std::unique_ptr<InferRe
   if (queue_.size() != before) observer_->OnQueueDepth(static_cast<int64_t>(queue_.size()));
 }
 
+std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<SteadyTime>* wake_at,
+                                                std::vector<Refused>& refused) {
+  // The requests that may run now, in arrival order: all but those of a
+  // session whose step is in flight or that has an earlier request queued.
+  std::vector<size_t> eligible;
+  std::vector<int64_t> tokens;
+  absl::flat_hash_set<SessionId> seen;
+  for (size_t i = 0; i < queue_.size(); ++i) {
+    const InferRequest& r = *queue_[i];
+    if (r.session) {
+      if (!seen.insert(r.session->id).second) continue;
+      if (options_.sessions->InFlight(r.session->id)) continue;
+    }
+    eligible.push_back(i);
+    tokens.push_back(r.tokens());
+  }
+  if (eligible.empty()) return nullptr;  // a batch in flight will wake us
+  const SteadyTime oldest = queue_[eligible.front()]->enqueue_time;
+  BatchDecision decision = DecideBatch(options_.policy, tokens, oldest, now);
+  // Draining: run what is queued without waiting for more to arrive.
+  if (decision.take == 0 && stopping_) {
+    decision = DecideBatch(options_.policy, tokens, now - options_.policy.max_queue_delay, now);
+  }
+  if (decision.take == 0) {
+    *wake_at = decision.wake_at;
+    return nullptr;
+  }
+  auto batch = std::make_shared<Batch>();
+  for (size_t k = 0; k < decision.take; ++k) {
+    std::unique_ptr<InferRequest>& slot = queue_[eligible[k]];
+    UnqueueLocked(*slot);
+    if (slot->session) {
+      const SessionParams& session = *slot->session;
+      absl::StatusOr<SessionStep> step =
+          options_.sessions->BeginStep({.id = session.id,
+                                        .start = session.start,
+                                        .batch = slot->batch,
+                                        .tokens = slot->seq_len,
+                                        .position = session.position},
+                                       now);
+      if (!step.ok()) {
+        refused.push_back({std::move(slot), step.status()});
+        continue;
+      }
+      slot->step = *std::move(step);
+    }
+    batch->requests.push_back(std::move(slot));
+  }
+  std::erase_if(queue_, [](const std::unique_ptr<InferRequest>& r) { return r == nullptr; });
+  observer_->OnQueueDepth(static_cast<int64_t>(queue_.size()));
+  if (batch->requests.empty()) return nullptr;  // every step was refused
+  return batch;
+}
+
+bool Batcher::SweepIdleLocked(SteadyTime now, std::optional<SteadyTime>* wake_at) {
+  if (options_.sessions == nullptr) return false;
+  const auto timeout = options_.sessions->options().idle_timeout;
+  if (timeout <= std::chrono::nanoseconds(0)) return false;
+  bool freed = false;
+  if (now >= next_sweep_) {
+    freed = options_.sessions->ExpireIdle(now) > 0;
+    // A session is freed at most a sweep interval after its timeout passes.
+    const auto interval = std::clamp<SteadyTime::duration>(
+        std::chrono::duration_cast<SteadyTime::duration>(timeout / 8),
+        std::chrono::milliseconds(10), std::chrono::seconds(1));
+    next_sweep_ = now + interval;
+  }
+  if (!*wake_at || next_sweep_ < **wake_at) *wake_at = next_sweep_;
+  return freed;
+}
+
 void Batcher::Run() {
   const int max_inflight = std::max(1, backend_->MaxInflightBatches());
-  std::vector<int64_t> tokens;
   for (;;) {
-    std::vector<std::unique_ptr<InferRequest>> dropped;
+    std::vector<Refused> refused;
     std::shared_ptr<Batch> batch;
     SteadyTime now;
+    bool sessions_changed = false;
     {
       MutexLock lock(&mu_);
       now = clock_->Now();
-      DropDeadLocked(now, dropped);
-      if (stopping_ && queue_.empty() && inflight_batches_ == 0 && dropped.empty()) return;
+      DropDeadLocked(now, refused);
+      if (stopping_ && queue_.empty() && inflight_batches_ == 0 && refused.empty()) return;
 
       std::optional<SteadyTime> wake_at;
+      sessions_changed = SweepIdleLocked(now, &wake_at);
       if (!queue_.empty() && inflight_batches_ < max_inflight) {
-        tokens.clear();
-        for (const auto& r : queue_) tokens.push_back(r->tokens());
-        BatchDecision decision =
-            DecideBatch(options_.policy, tokens, queue_.front()->enqueue_time, now);
-        // Draining: run what is queued without waiting for more to arrive.
-        if (decision.take == 0 && stopping_)
-          decision =
-              DecideBatch(options_.policy, tokens, now - options_.policy.max_queue_delay, now);
-        if (decision.take > 0) {
-          batch = std::make_shared<Batch>();
-          for (size_t i = 0; i < decision.take; ++i) {
-            queued_bytes_ -= InputBytes(*queue_.front());
-            batch->requests.push_back(std::move(queue_.front()));
-            queue_.pop_front();
-          }
+        std::optional<SteadyTime> batch_wake;
+        batch = FormBatchLocked(now, &batch_wake, refused);
+        if (batch) {
           ++inflight_batches_;
-          observer_->OnQueueDepth(static_cast<int64_t>(queue_.size()));
-        } else {
-          wake_at = decision.wake_at;
+          sessions_changed =
+              sessions_changed || std::any_of(batch->requests.begin(), batch->requests.end(),
+                                              [](const auto& r) { return r->session.has_value(); });
+        } else if (batch_wake && (!wake_at || *batch_wake < *wake_at)) {
+          wake_at = batch_wake;
         }
+        sessions_changed = sessions_changed || !refused.empty();
       }
-      if (!batch && dropped.empty()) {
+      if (!batch && refused.empty() && !sessions_changed) {
         // Also wake for the earliest request deadline, so expired requests
         // are answered even while the backend is busy.
         for (const auto& r : queue_) {
@@ -170,13 +259,15 @@ void Batcher::Run() {
       }
     }
 
-    // Outside the lock: answer dropped requests, start the batch.
-    for (auto& r : dropped) {
-      const bool expired = r->deadline && *r->deadline <= now;
-      r->queue_seconds = Seconds(now - r->enqueue_time);
-      observer_->OnDequeued({r->queue_seconds});
-      r->on_done(expired ? absl::DeadlineExceededError("deadline exceeded while queued")
-                         : absl::CancelledError("request cancelled while queued"));
+    // Outside the lock: report the sessions, answer refused requests, start
+    // the batch.
+    if (sessions_changed && options_.sessions != nullptr) {
+      observer_->OnSessions(options_.sessions->Stats());
+    }
+    for (Refused& r : refused) {
+      r.request->queue_seconds = Seconds(now - r.request->enqueue_time);
+      observer_->OnDequeued({r.request->queue_seconds});
+      r.request->on_done(std::move(r.status));
     }
     if (batch) {
       for (auto& r : batch->requests) {
@@ -200,9 +291,25 @@ void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
   observer_->OnBatchExecuted({static_cast<int64_t>(batch->requests.size()), batch->total_tokens,
                               compute_seconds, status.ok()});
   for (auto& r : batch->requests) r->compute_seconds = compute_seconds;
+  // Sessions step forward (or back) before any reply, so that a client's
+  // next request sees this one's effect.
+  std::vector<absl::Status> statuses(batch->requests.size(), status);
+  if (batch->has_sessions && options_.sessions != nullptr) {
+    const SteadyTime now = clock_->Now();
+    for (size_t i = 0; i < batch->requests.size(); ++i) {
+      const InferRequest& r = *batch->requests[i];
+      if (!r.session) continue;
+      absl::Status finished =
+          options_.sessions->FinishStep(r.session->id, status.ok(), r.session->end, now);
+      if (!finished.ok()) statuses[i] = std::move(finished);  // a bug: never hide it
+    }
+    observer_->OnSessions(options_.sessions->Stats());
+  }
   {
     MutexLock lock(&reply_mu_);
-    for (size_t i = 0; i < batch->requests.size(); ++i) replies_.push_back({batch, i, status});
+    for (size_t i = 0; i < batch->requests.size(); ++i) {
+      replies_.push_back({batch, i, std::move(statuses[i])});
+    }
     reply_cv_.SignalAll();
   }
   // The slot is free as soon as the results are on the host; the next batch

@@ -10,15 +10,28 @@
 // in line would keep its backend stream idle for most of a millisecond).
 // Requests whose deadline passed or that were cancelled while queued are
 // answered (DEADLINE_EXCEEDED / CANCELLED) without running.
+//
+// Sessions (continuous batching): a session's requests run one at a time, in
+// arrival order, never two in one batch; the others' requests, stateless or
+// of other sessions, batch with them at token level. The scheduler skips a
+// queued request while an earlier one of its session is queued or in
+// flight, and steps each session it takes through the session table as the
+// batch forms (BeginStep: the session's state is checked and its KV blocks
+// reserved only then, so a request dropped or refused before that leaves its
+// session as it was). When the batch is done, FinishStep commits or undoes
+// each step before any reply goes out, so a client's next request always
+// sees its previous one's effect. Idle sessions are swept by the same thread.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "base/mutex.h"
 #include "server/core/backend.h"
@@ -66,9 +79,10 @@ class Batcher {
 
   // Queues the request. On success the request's on_done will be called
   // later. On failure (queue full, by count or by bytes: RESOURCE_EXHAUSTED;
-  // shutting down: UNAVAILABLE) the status is returned, on_done is NOT
-  // called, and the request is returned to the caller through `request`
-  // (left non-null).
+  // shutting down: UNAVAILABLE; a session request without a session table,
+  // or a sequence_start naming a session with a request queued or in flight:
+  // FAILED_PRECONDITION) the status is returned, on_done is NOT called, and
+  // the request is returned to the caller through `request` (left non-null).
   absl::Status Enqueue(std::unique_ptr<InferRequest>& request);
 
   // Wakes the scheduler so it re-reads the clock (tests with a FakeClock).
@@ -82,10 +96,27 @@ class Batcher {
 
  private:
   void Run();
-  // Removes expired or cancelled requests from the queue; answers them after
-  // the lock is released (moved into `dropped`).
-  void DropDeadLocked(SteadyTime now, std::vector<std::unique_ptr<InferRequest>>& dropped)
+  // A request answered without running, and why.
+  struct Refused {
+    std::unique_ptr<InferRequest> request;
+    absl::Status status;
+  };
+  // Removes expired or cancelled requests from the queue; they are answered
+  // after the lock is released (moved into `refused`).
+  void DropDeadLocked(SteadyTime now, std::vector<Refused>& refused)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forms the next batch from the queue if the policy says run now; else
+  // returns null and sets *wake_at to when it may. Session requests whose
+  // BeginStep fails go to `refused`. Returns null with nothing refused when
+  // no queued request may run yet.
+  std::shared_ptr<Batch> FormBatchLocked(SteadyTime now, std::optional<SteadyTime>* wake_at,
+                                         std::vector<Refused>& refused)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees idle sessions when a sweep is due; returns whether any was freed
+  // and lowers *wake_at to the next sweep.
+  bool SweepIdleLocked(SteadyTime now, std::optional<SteadyTime>* wake_at)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnqueueLocked(const InferRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start, absl::Status status);
   void RunReplies();
 
@@ -104,6 +135,9 @@ class Batcher {
   mutable Mutex mu_;
   std::deque<std::unique_ptr<InferRequest>> queue_ ABSL_GUARDED_BY(mu_);
   int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // sum of queue_'s input sizes
+  // Queued requests per session (sessions with none are absent).
+  absl::flat_hash_map<SessionId, int64_t> queued_sessions_ ABSL_GUARDED_BY(mu_);
+  SteadyTime next_sweep_ ABSL_GUARDED_BY(mu_){};
   int inflight_batches_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;

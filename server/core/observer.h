@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "server/core/sessions.h"
+
 namespace layerserve {
 
 // One finished ModelInfer call, whatever its outcome, as seen at the edge.
@@ -47,6 +49,9 @@ class ServerObserver {
   virtual void OnQueueDepth(int64_t /*requests*/) {}
   // Requests accepted by the edge and not yet answered.
   virtual void OnInflight(int64_t /*requests*/) {}
+  // The session table as it stands, after every change the batcher makes to
+  // it (steps begun and finished, idle sessions freed).
+  virtual void OnSessions(const SessionTableStats& /*stats*/) {}
 };
 
 // Forwards every callback to each of a fixed list of observers.
@@ -67,6 +72,9 @@ class ObserverList final : public ServerObserver {
   }
   void OnInflight(int64_t n) override {
     for (auto* o : observers_) o->OnInflight(n);
+  }
+  void OnSessions(const SessionTableStats& s) override {
+    for (auto* o : observers_) o->OnSessions(s);
   }
 
  private:

@@ -74,5 +74,66 @@ TEST(BatchTest, ValidateAppliesTheSequenceLimit) {
       << refused;
 }
 
+// A session step of `request`: B tables of consecutive block ids from `first`.
+void SetStep(InferRequest& request, int64_t position, int64_t block_tokens, KvBlockId first) {
+  request.session = SessionParams{.id = SessionId(int64_t{1})};
+  request.step.position = position;
+  request.step.tokens = request.seq_len;
+  request.step.block_tokens = block_tokens;
+  request.step.block_tables.clear();
+  const int64_t blocks = BlocksForTokens(position + request.seq_len, block_tokens);
+  for (int64_t b = 0; b < request.batch; ++b) {
+    auto& table = request.step.block_tables.emplace_back();
+    for (int64_t i = 0; i < blocks; ++i) table.push_back(first++);
+  }
+}
+
+TEST(BatchTest, PackGivesSessionSequencesTheirPositionsAndTables) {
+  const std::string stateless(1 * 2 * 2 * 2, 'x'), session(2 * 3 * 2 * 2, 'y');
+  Batch batch;
+  batch.requests.push_back(Request(1, 2, stateless));
+  batch.requests.push_back(Request(2, 3, session));
+  SetStep(*batch.requests[1], /*position=*/5, /*block_tokens=*/4, /*first=*/10);
+  batch.Pack();
+  EXPECT_TRUE(batch.has_sessions);
+  ASSERT_EQ(batch.kv.size(), 3u);
+  EXPECT_EQ(batch.kv[0].position, 0);
+  EXPECT_EQ(batch.kv[0].block_table, nullptr);
+  EXPECT_EQ(batch.kv[1].position, 5);
+  EXPECT_EQ(*batch.kv[1].block_table, (std::vector<KvBlockId>{10, 11}));
+  EXPECT_EQ(*batch.kv[2].block_table, (std::vector<KvBlockId>{12, 13}));
+  EXPECT_TRUE(batch.Validate(2, 100, {}, KvCacheShape{.num_blocks = 14, .block_tokens = 4}).ok());
+}
+
+TEST(BatchTest, ValidateChecksSessionStepsAgainstThePool) {
+  const std::string bytes(1 * 3 * 2 * 2, 'y');
+  const KvCacheShape pool{.num_blocks = 8, .block_tokens = 4};
+  auto check = [&](auto mutate, const KvCacheShape& shape) {
+    Batch batch;
+    batch.requests.push_back(Request(1, 3, bytes));
+    SetStep(*batch.requests[0], 2, 4, 0);
+    mutate(*batch.requests[0]);
+    batch.Pack();
+    return batch.Validate(2, 100, {}, shape).code();
+  };
+  EXPECT_EQ(check([](InferRequest&) {}, pool), absl::StatusCode::kOk);
+  EXPECT_EQ(check([](InferRequest&) {}, KvCacheShape{}), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(check([](InferRequest& r) { r.step.block_tables[0].pop_back(); }, pool),
+            absl::StatusCode::kInternal);
+  EXPECT_EQ(check([](InferRequest& r) { r.step.block_tables[0][0] = 8; }, pool),
+            absl::StatusCode::kInternal);
+  EXPECT_EQ(check([](InferRequest& r) { r.step.block_tables.clear(); }, pool),
+            absl::StatusCode::kInternal);
+  EXPECT_EQ(check([](InferRequest& r) { r.step.block_tokens = 16; }, pool),
+            absl::StatusCode::kInternal);
+  // A session's sequence reaches position + T: 2 + 3 > 4 is past a limit of 4.
+  Batch batch;
+  batch.requests.push_back(Request(1, 3, bytes));
+  SetStep(*batch.requests[0], 2, 4, 0);
+  batch.Pack();
+  EXPECT_EQ(batch.Validate(2, 100, SequenceLimit{4, "window"}, pool).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace layerserve
