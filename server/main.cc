@@ -27,11 +27,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/status_macros.h"
 #include "server/core/batcher.h"
 #include "server/core/observer.h"
+#include "server/core/sessions.h"
 #include "server/core/stats.h"
 #include "server/cpu/cpu_backend.h"
 #include "server/grpc/grpc_frontend.h"
@@ -219,6 +222,55 @@ int WaitForSignalUnless(const sigset_t& signals, const absl::Notification& done)
   std::_Exit(0);
 }
 
+// The KV cache and session table that sessions need, sized by the flags, or
+// null when sessions are off (the backend keeps no KV cache, or
+// --kv-cache-memory=0). Logs what it chose.
+absl::StatusOr<std::unique_ptr<SessionTable>> MakeSessions(const ServerFlags& flags,
+                                                           Backend& backend,
+                                                           const std::string& backend_name) {
+  const int64_t block_bytes = backend.KvBlockBytes(flags.kv_block_tokens);
+  if (block_bytes <= 0) {
+    Log(absl::StrCat("sessions: off (the ", backend_name,
+                     " backend keeps no KV cache yet); requests with a sequence_id are refused"));
+    return nullptr;
+  }
+  // auto: a quarter of the host's available memory for the CPU backend.
+  constexpr double kCpuAutoFraction = 0.25;
+  const int64_t available = backend.KvMemoryAvailable();
+  LS_ASSIGN_OR_RETURN(const int64_t bytes,
+                      KvCacheBytes(flags.kv_cache_memory, available, kCpuAutoFraction));
+  if (bytes == 0 && flags.kv_cache_memory == "0") {
+    Log("sessions: off (--kv-cache-memory=0)");
+    return nullptr;
+  }
+  const int64_t blocks = std::min<int64_t>(bytes / block_bytes, INT32_MAX);
+  if (blocks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-cache-memory=", flags.kv_cache_memory, " gives ", bytes,
+                     " bytes, less than one KV cache block of ", flags.kv_block_tokens, " tokens (",
+                     block_bytes, " bytes for this span)"));
+  }
+  const KvCacheShape shape{.num_blocks = static_cast<int32_t>(blocks),
+                           .block_tokens = flags.kv_block_tokens};
+  LS_RETURN_IF_ERROR(backend.AllocateKvCache(shape));
+  SessionTableOptions options;
+  options.num_blocks = shape.num_blocks;
+  options.block_tokens = shape.block_tokens;
+  options.max_sessions = flags.max_sessions;
+  options.max_session_tokens = flags.max_session_tokens;
+  options.idle_timeout = std::chrono::seconds(flags.session_idle_timeout_s);
+  LS_ASSIGN_OR_RETURN(std::unique_ptr<SessionTable> table, SessionTable::Create(options));
+  const double mib = static_cast<double>(blocks * block_bytes) / (1 << 20);
+  Log(absl::StrCat("sessions: KV cache of ", blocks, " blocks x ", flags.kv_block_tokens,
+                   " tokens = ", blocks * flags.kv_block_tokens, " tokens in ",
+                   absl::StrFormat("%.1f", mib), " MiB (", block_bytes / flags.kv_block_tokens,
+                   " bytes per token; --kv-cache-memory=", flags.kv_cache_memory, " of ", available,
+                   " bytes available); max_sessions=", flags.max_sessions,
+                   " max_session_tokens=", flags.max_session_tokens,
+                   " session_idle_timeout_s=", flags.session_idle_timeout_s));
+  return table;
+}
+
 int Run(const ServerFlags& flags, const sigset_t& signals) {
   if (absl::Status s = CheckFlags(flags); !s.ok()) return Fail(s);
   absl::StatusOr<std::string> backend_name = ChooseBackend(flags.backend);
@@ -305,6 +357,10 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
                      " tokens are refused: ", sequence_limit.reason));
   }
 
+  absl::StatusOr<std::unique_ptr<SessionTable>> sessions =
+      MakeSessions(flags, **backend, *backend_name);
+  if (!sessions.ok()) return Fail(sessions.status());
+
   ServedModel served;
   served.name = span->name;
   served.config = span->config;
@@ -316,6 +372,15 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   served.max_queue_size = flags.max_queue_size;
   served.max_sequence_tokens = sequence_limit.max_tokens;
   served.sequence_limit_reason = sequence_limit.reason;
+  if (*sessions != nullptr) {
+    const SessionTableOptions& options = (*sessions)->options();
+    served.sessions = true;
+    served.kv_block_tokens = options.block_tokens;
+    served.kv_blocks = options.num_blocks;
+    served.max_sessions = options.max_sessions;
+    served.max_session_tokens = options.max_session_tokens;
+    served.session_idle_timeout_us = flags.session_idle_timeout_s * 1'000'000;
+  }
   span.value().layers.clear();  // the backend holds its own copy of the weights
 
   StatsRecorder stats;
@@ -331,6 +396,7 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
       flags.max_queue_bytes > 0
           ? flags.max_queue_bytes
           : DefaultMaxQueueBytes(batcher_options.policy, served.config.hidden_size);
+  batcher_options.sessions = sessions->get();
   Batcher batcher(batcher_options, backend->get(), &observers, SteadyClock::Get());
   metrics.SetBuildInfo(
       {.version = kVersion, .backend = *backend_name, .device = (*backend)->Device()});

@@ -2,6 +2,8 @@
 // of every flag, and the range checks.
 #include "server_flags.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <iostream>
 #include <string>
@@ -9,6 +11,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace layerserve {
@@ -101,6 +105,27 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
       "many seconds, so clients reconnect and spread over new replicas; 0: never"));
   integer(app.add_option(FlagNames("drain-timeout-s"), flags.drain_timeout_s,
                          "on SIGTERM/SIGINT, how long queued and open calls may take to finish"));
+
+  const std::string sessions = "Sessions (server-side KV cache)";
+  app.add_option(FlagNames("kv-cache-memory"), flags.kv_cache_memory,
+                 "memory of the KV cache pool: bytes (\"4GiB\", \"512M\"), a fraction of what the "
+                 "backend has free (\"0.5\"), auto (CPU: 0.25 of available memory), or 0 (no "
+                 "sessions)")
+      ->group(sessions);
+  integer(app.add_option(FlagNames("kv-block-tokens"), flags.kv_block_tokens,
+                         "tokens per KV cache block (the paging granularity)")
+              ->group(sessions));
+  integer(app.add_option(FlagNames("max-sessions"), flags.max_sessions,
+                         "most sessions open at once; one more is RESOURCE_EXHAUSTED")
+              ->group(sessions));
+  integer(app.add_option(FlagNames("max-session-tokens"), flags.max_session_tokens,
+                         "most tokens one session may hold (B x length); 0: no limit beyond the "
+                         "pool")
+              ->group(sessions));
+  integer(app.add_option(FlagNames("session-idle-timeout-s"), flags.session_idle_timeout_s,
+                         "free a session unused for this long (a later request gets NOT_FOUND "
+                         "\"expired\"); 0: never")
+              ->group(sessions));
 
   const std::string cuda = "CUDA backend";
   integer(app.add_option(FlagNames("streams"), flags.streams,
@@ -206,7 +231,65 @@ absl::Status CheckFlags(const ServerFlags& flags) {
   if (flags.drain_timeout_s < 0) {
     return absl::InvalidArgumentError("--drain-timeout-s must be >= 0");
   }
-  return absl::OkStatus();
+  if (flags.kv_block_tokens < 1 || flags.kv_block_tokens > 65536) {
+    return absl::InvalidArgumentError("--kv-block-tokens must be in [1, 65536]");
+  }
+  if (flags.max_sessions < 1) {
+    return absl::InvalidArgumentError("--max-sessions must be >= 1");
+  }
+  if (flags.max_session_tokens < 0) {
+    return absl::InvalidArgumentError("--max-session-tokens must be >= 0 (0: no limit)");
+  }
+  if (flags.session_idle_timeout_s < 0 || flags.session_idle_timeout_s > int64_t{1} << 32) {
+    return absl::InvalidArgumentError(
+        "--session-idle-timeout-s must be in [0, 4294967296] (0: never)");
+  }
+  return KvCacheBytes(flags.kv_cache_memory, 0, 0).status();
+}
+
+absl::StatusOr<int64_t> KvCacheBytes(std::string_view flag, int64_t available,
+                                     double auto_fraction) {
+  const std::string value(flag);
+  const auto bad = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-cache-memory=", value,
+        " is not 0, auto, a byte count (4GiB, 512M, 1073741824) or a fraction in (0, 1] (0.5)"));
+  };
+  const auto share = [&](double fraction) {
+    return static_cast<int64_t>(static_cast<double>(std::max<int64_t>(available, 0)) * fraction);
+  };
+  if (value == "auto") return share(auto_fraction);
+  if (value.find('.') != std::string::npos) {
+    double fraction = 0;
+    if (!absl::SimpleAtod(value, &fraction) || !(fraction > 0 && fraction <= 1)) return bad();
+    return share(fraction);
+  }
+  size_t digits = 0;
+  while (digits < value.size() && std::isdigit(static_cast<unsigned char>(value[digits]))) {
+    ++digits;
+  }
+  uint64_t number = 0;
+  if (digits == 0 || !absl::SimpleAtoi(value.substr(0, digits), &number)) return bad();
+  std::string unit = absl::AsciiStrToUpper(value.substr(digits));
+  if (unit.ends_with("IB")) {
+    unit.resize(unit.size() - 2);
+  } else if (unit.size() > 1 && unit.ends_with("B")) {
+    unit.resize(unit.size() - 1);
+  }
+  int shift = 0;
+  if (unit == "K") {
+    shift = 10;
+  } else if (unit == "M") {
+    shift = 20;
+  } else if (unit == "G") {
+    shift = 30;
+  } else if (unit == "T") {
+    shift = 40;
+  } else if (!unit.empty() && unit != "B") {
+    return bad();
+  }
+  if (number > (uint64_t{INT64_MAX} >> shift)) return bad();
+  return static_cast<int64_t>(number << shift);
 }
 
 }  // namespace layerserve

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace layerserve {
 
@@ -29,6 +30,12 @@ struct ServerFlags {
   int cpu_threads = 0;
   int drain_timeout_s = 30;
   int64_t grpc_max_connection_age_s = 0;  // 0: connections live as long as clients keep them
+  // Sessions (README: Sessions).
+  std::string kv_cache_memory = "auto";  // see KvCacheBytes
+  int64_t kv_block_tokens = 16;
+  int64_t max_sessions = 1024;
+  int64_t max_session_tokens = 0;  // 0: no limit beyond the pool
+  int64_t session_idle_timeout_s = 300;
   // The CUDA backend's flags. A CPU-only build accepts and ignores them, so
   // one command line serves both builds.
   int streams = 2;
@@ -47,5 +54,16 @@ std::optional<int> ParseCommandLine(int argc, char** argv, std::string_view vers
 
 // INVALID_ARGUMENT naming the first flag whose value is out of range.
 absl::Status CheckFlags(const ServerFlags& flags);
+
+// What the KV cache pool may take, in bytes, for --kv-cache-memory=`value`:
+//   "0"                       no KV cache: sessions are off
+//   an integer with an optional unit, K, M, G or T (powers of 1024, also
+//   spelled KiB/KB, ...): that many bytes ("4GiB", "512M", "1073741824")
+//   a decimal fraction in (0, 1], such as "0.5": that share of `available`,
+//   what the backend reports it could give the pool (Backend::KvMemoryAvailable)
+//   "auto"                    `auto_fraction` of `available`
+// INVALID_ARGUMENT for anything else, quoting the value.
+absl::StatusOr<int64_t> KvCacheBytes(std::string_view value, int64_t available,
+                                     double auto_fraction);
 
 }  // namespace layerserve

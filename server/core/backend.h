@@ -96,24 +96,6 @@ class Backend {
   // failed. Must not block the caller on compute.
   virtual void Execute(std::shared_ptr<Batch> batch, std::function<void(absl::Status)> done) = 0;
 
-  // A backend's paged KV cache as the core hands it out: `num_blocks` blocks of
-  // `block_tokens` tokens each (kv_blocks.h). num_blocks 0: no cache.
-  struct KvCacheShape {
-    int32_t num_blocks = 0;
-    int64_t block_tokens = 0;
-  };
-
-  // Where one packed sequence's new tokens sit, for RoPE, attention and the KV
-  // cache. A stateless sequence starts at position 0 and has no block table. A
-  // session's sequence starts at its session's length (after any rollback);
-  // its block table lists the KV cache blocks of positions 0..position+len-1
-  // (BlocksForTokens(position + len, block_tokens) ids), and attention reads
-  // positions 0..position-1 from the cache, then the new tokens.
-  struct SequenceKv {
-    int64_t position = 0;
-    const std::vector<KvBlockId>* block_table = nullptr;  // owned by the request's step
-  };
-
   // The longest sequence this backend computes exactly for its model (see
   // SequenceLimit). The edge refuses longer sequences with INVALID_ARGUMENT
   // quoting the reason, so a backend that lacks some of the model's math past
