@@ -164,7 +164,7 @@ class CpuBackend final : public Backend {
     cpu::Linear(normed_.data(), tokens, hidden, layer.w_qkv.data(), qkv_width,
                 layer.b_qkv.empty() ? nullptr : layer.b_qkv.data(), qkv_.data(), &pool_);
     // q and k heads are adjacent in each qkv row, so one pass rotates both.
-    cpu::ApplyRope(qkv_.data(), qkv_width, heads + kv_heads, d, cu_seqlens, inv_freq_, &pool_);
+    cpu::ApplyRope(qkv_.data(), qkv_width, heads + kv_heads, d, cu_seqlens, {}, inv_freq_, &pool_);
     cpu::AttentionArgs args;
     args.q = qkv_.data();
     args.q_stride = qkv_width;
@@ -177,7 +177,7 @@ class CpuBackend final : public Backend {
     args.num_kv_heads = kv_heads;
     args.head_dim = d;
     args.window = layer.window;
-    cpu::CausalAttention(args, cu_seqlens, &pool_);
+    cpu::CausalAttention(args, cu_seqlens, {}, &pool_);
     cpu::LinearAccumulate(attn_.data(), tokens, heads * d, layer.w_o.data(), hidden, x_.data(),
                           &pool_);
 
