@@ -8,6 +8,16 @@
 //   n = RMSNorm(x); qkv = n Wqkv^T (+ b); RoPE on q and k;
 //   a = causal attention (through the layer's sliding window, if it has one);
 //   x += a Wo^T; n = RMSNorm(x); gu = n Wgu^T; x += (silu(g) * u) Wd^T.
+//
+// Sessions (server/core/sessions.h): a session step's tokens continue their
+// sequences at `position`, so RoPE rotates them at position..position+T-1.
+// After RoPE, each layer stores the step's new K and V rows in the KV cache
+// (kv_cache.h) through the sequence's block table, then gathers the keys and
+// values every sequence attends over into contiguous scratch: a session
+// sequence's cached rows (as far back as the layer's window reaches) and its
+// new rows, a stateless sequence's own rows. Attention then runs with more
+// keys than queries, the queries aligned to the last keys. A batch without
+// sessions skips all of it and attends straight over the qkv activation.
 #include "server/cpu/cpu_backend.h"
 
 #include <algorithm>
@@ -23,6 +33,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/status_macros.h"
 #include "server/cpu/cpu_ops.h"
+#include "server/cpu/kv_cache.h"
 
 namespace layerserve {
 namespace {
@@ -65,6 +76,37 @@ absl::StatusOr<CpuLayer> ConvertLayer(const LayerWeights& w, const LlamaConfig& 
   return out;
 }
 
+// Batch::Validate checks cu_seqlens against the requests, not `kv` and
+// `has_sessions`, which Pack fills alongside; a batch whose kv entries do not
+// point at its requests' steps would send K/V through the wrong block tables.
+// Runs after Validate, which checked that every step has one table per sequence.
+absl::Status CheckKvPacking(const Batch& batch) {
+  size_t s = 0;
+  bool any_session = false;
+  for (const auto& request : batch.requests) {
+    any_session = any_session || request->session.has_value();
+    for (int64_t b = 0; b < request->batch; ++b, ++s) {
+      SequenceKv want;
+      if (request->session) {
+        want = {request->step.position, &request->step.block_tables[static_cast<size_t>(b)]};
+      }
+      if (s >= batch.kv.size() || batch.kv[s].position != want.position ||
+          batch.kv[s].block_table != want.block_table) {
+        return absl::InternalError("batch kv entries do not match its requests");
+      }
+    }
+  }
+  if (s != batch.kv.size() || batch.has_sessions != any_session) {
+    return absl::InternalError("batch kv entries do not match its requests");
+  }
+  return absl::OkStatus();
+}
+
+// Rows per gather task: a chunk of one sequence's cached or new K/V rows.
+// Long contexts split into enough tasks for every thread; a task still
+// copies a few hundred rows, well above the hand-off cost.
+constexpr int64_t kGatherRows = 256;
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend(const LlamaConfig& config, std::vector<CpuLayer> layers, int num_threads)
@@ -90,17 +132,58 @@ class CpuBackend final : public Backend {
     queue_.push_back(Job{std::move(batch), std::move(done)});
   }
 
+  // The cache holds float32 K and V rows of kv_heads * head_dim per layer.
+  int64_t KvBlockBytes(int64_t block_tokens) const override {
+    return cpu::KvCache::BlockBytes(static_cast<int64_t>(layers_.size()), KvWidth(), block_tokens);
+  }
+
+  int64_t KvMemoryAvailable() const override { return cpu::AvailableMemoryBytes(); }
+
+  // Allocates (and zeroes) outside the lock, so a concurrent Execute never
+  // waits on it; the pool is installed once and never replaced, so the
+  // worker may use it without the lock once it has read the pointer.
+  absl::Status AllocateKvCache(const KvCacheShape& shape) override {
+    const auto already = [] {
+      return absl::FailedPreconditionError("cpu backend: the KV cache is already allocated");
+    };
+    {
+      absl::MutexLock lock(&mu_);
+      if (kv_cache_ != nullptr) return already();
+    }
+    // Backend declares a KvCacheShape of its own beside the namespace's (the
+    // one Batch::Validate takes); the fields are the same.
+    LS_ASSIGN_OR_RETURN(
+        std::unique_ptr<cpu::KvCache> cache,
+        cpu::KvCache::Create(static_cast<int64_t>(layers_.size()), KvWidth(),
+                             layerserve::KvCacheShape{shape.num_blocks, shape.block_tokens}));
+    absl::MutexLock lock(&mu_);
+    if (kv_cache_ != nullptr) return already();
+    kv_cache_ = std::move(cache);
+    return absl::OkStatus();
+  }
+
  private:
   struct Job {
     std::shared_ptr<Batch> batch;
     std::function<void(absl::Status)> done;
   };
 
+  // Positions [begin, end) of sequence `seq`, gathered to key row `key_row`.
+  struct GatherTask {
+    size_t seq;
+    int64_t begin;
+    int64_t end;
+    int64_t key_row;
+  };
+
+  int64_t KvWidth() const { return config_.num_key_value_heads * config_.head_dim; }
+
   // Runs queued jobs in order; on shutdown, finishes what was queued so every
   // `done` is called exactly once.
   void WorkerLoop() {
     while (true) {
       Job job;
+      cpu::KvCache* kv_cache;  // null until AllocateKvCache
       {
         absl::MutexLock lock(&mu_);
         const auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -110,10 +193,11 @@ class CpuBackend final : public Backend {
         if (queue_.empty()) return;  // stop_ and drained
         job = std::move(queue_.front());
         queue_.pop_front();
+        kv_cache = kv_cache_.get();
       }
       absl::Status status;
       try {
-        status = Run(*job.batch);
+        status = Run(*job.batch, kv_cache);
       } catch (const std::bad_alloc&) {
         status = absl::ResourceExhaustedError(absl::StrCat(
             "cpu backend: out of memory for a batch of ", job.batch->total_tokens, " tokens"));
@@ -122,9 +206,12 @@ class CpuBackend final : public Backend {
     }
   }
 
-  absl::Status Run(Batch& batch) {
+  absl::Status Run(Batch& batch, cpu::KvCache* kv_cache) {
     // The CPU backend has no arena: any batch size is computable.
-    LS_RETURN_IF_ERROR(batch.Validate(config_.hidden_size, std::numeric_limits<int64_t>::max()));
+    LS_RETURN_IF_ERROR(
+        batch.Validate(config_.hidden_size, std::numeric_limits<int64_t>::max(), {},
+                       kv_cache != nullptr ? kv_cache->shape() : layerserve::KvCacheShape{}));
+    LS_RETURN_IF_ERROR(CheckKvPacking(batch));
     const int64_t tokens = batch.total_tokens;
     const int64_t hidden = config_.hidden_size;
     x_.resize(static_cast<size_t>(tokens * hidden));
@@ -134,7 +221,14 @@ class CpuBackend final : public Backend {
                      x_.data() + offset);
       offset += request->num_elements();
     }
-    for (const CpuLayer& layer : layers_) ForwardLayer(layer, tokens, batch.cu_seqlens);
+    // Where each sequence starts, for RoPE; empty (all 0) without sessions.
+    start_positions_.clear();
+    if (batch.has_sessions) {
+      for (const auto& seq : batch.kv) start_positions_.push_back(seq.position);
+    }
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      ForwardLayer(static_cast<int64_t>(l), batch, kv_cache);
+    }
     offset = 0;
     for (const auto& request : batch.requests) {
       request->output.resize(request->input.size());
@@ -145,8 +239,11 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  void ForwardLayer(const CpuLayer& layer, int64_t tokens, std::span<const int32_t> cu_seqlens) {
+  void ForwardLayer(int64_t layer_index, const Batch& batch, cpu::KvCache* kv_cache) {
+    const CpuLayer& layer = layers_[static_cast<size_t>(layer_index)];
     const LlamaConfig& c = config_;
+    const int64_t tokens = batch.total_tokens;
+    const std::span<const int32_t> cu_seqlens = batch.cu_seqlens;
     const int64_t hidden = c.hidden_size;
     const int64_t heads = c.num_attention_heads;
     const int64_t kv_heads = c.num_key_value_heads;
@@ -164,20 +261,29 @@ class CpuBackend final : public Backend {
     cpu::Linear(normed_.data(), tokens, hidden, layer.w_qkv.data(), qkv_width,
                 layer.b_qkv.empty() ? nullptr : layer.b_qkv.data(), qkv_.data(), &pool_);
     // q and k heads are adjacent in each qkv row, so one pass rotates both.
-    cpu::ApplyRope(qkv_.data(), qkv_width, heads + kv_heads, d, cu_seqlens, inv_freq_, &pool_);
+    cpu::ApplyRope(qkv_.data(), qkv_width, heads + kv_heads, d, cu_seqlens, start_positions_,
+                   inv_freq_, &pool_);
     cpu::AttentionArgs args;
     args.q = qkv_.data();
     args.q_stride = qkv_width;
-    args.k = qkv_.data() + heads * d;
-    args.v = qkv_.data() + (heads + kv_heads) * d;
-    args.kv_stride = qkv_width;
     args.out = attn_.data();
     args.out_stride = heads * d;
     args.num_heads = heads;
     args.num_kv_heads = kv_heads;
     args.head_dim = d;
     args.window = layer.window;
-    cpu::CausalAttention(args, cu_seqlens, &pool_);
+    if (batch.has_sessions) {
+      GatherKv(layer_index, batch, kv_cache);
+      args.k = keys_.data();
+      args.v = values_.data();
+      args.kv_stride = KvWidth();
+      cpu::CausalAttention(args, cu_seqlens, cu_keys_, &pool_);
+    } else {
+      args.k = qkv_.data() + heads * d;
+      args.v = qkv_.data() + (heads + kv_heads) * d;
+      args.kv_stride = qkv_width;
+      cpu::CausalAttention(args, cu_seqlens, {}, &pool_);
+    }
     cpu::LinearAccumulate(attn_.data(), tokens, heads * d, layer.w_o.data(), hidden, x_.data(),
                           &pool_);
 
@@ -189,6 +295,61 @@ class CpuBackend final : public Backend {
                           &pool_);
   }
 
+  // Stores the session sequences' new K and V rows (already rotated) in the
+  // cache, and gathers into keys_ / values_, packed by cu_keys_, the rows each
+  // sequence attends over in this layer: positions [first, position + T),
+  // where first = position - window + 1 (0 without a window, or when the
+  // window reaches back past the start) is the oldest key the first new token
+  // sees. Rows below `position` come from the cache, the rest from qkv_.
+  // Worked example, block_tokens 4, window 0: a step of T = 2 at position 5
+  // writes positions 5, 6 (block table entry 1, rows 1 and 2) and gathers 7
+  // rows, 0..4 from the cache and 5, 6 from qkv_. A stateless sequence has
+  // position 0 and gathers its T rows from qkv_. The tasks run in parallel:
+  // they read and write disjoint rows, since the session table never gives
+  // two sequences the same block and a step writes only past what it reads.
+  void GatherKv(int64_t layer, const Batch& batch, cpu::KvCache* kv_cache) {
+    const int64_t window = layers_[static_cast<size_t>(layer)].window;
+    const int64_t heads = config_.num_attention_heads;
+    const int64_t qkv_width = (heads + 2 * config_.num_key_value_heads) * config_.head_dim;
+    const int64_t kv_width = KvWidth();
+    cu_keys_.assign(1, 0);
+    gather_tasks_.clear();
+    for (size_t s = 0; s < batch.kv.size(); ++s) {
+      const int64_t position = batch.kv[s].position;
+      const int64_t end = position + batch.cu_seqlens[s + 1] - batch.cu_seqlens[s];
+      const int64_t first = window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
+      // Chunks of at most kGatherRows, none straddling `position`.
+      for (int64_t p = first; p < end;) {
+        const int64_t stop = std::min({end, p + kGatherRows, p < position ? position : end});
+        gather_tasks_.push_back({s, p, stop, cu_keys_.back() + (p - first)});
+        p = stop;
+      }
+      cu_keys_.push_back(static_cast<int32_t>(cu_keys_.back() + (end - first)));
+    }
+    keys_.resize(static_cast<size_t>(cu_keys_.back() * kv_width));
+    values_.resize(keys_.size());
+    pool_.ParallelFor(static_cast<int64_t>(gather_tasks_.size()), [&](int64_t i) {
+      const GatherTask& task = gather_tasks_[static_cast<size_t>(i)];
+      const auto& seq = batch.kv[task.seq];
+      float* k_out = keys_.data() + task.key_row * kv_width;
+      float* v_out = values_.data() + task.key_row * kv_width;
+      if (task.begin < seq.position) {
+        kv_cache->Read(layer, *seq.block_table, task.begin, task.end, k_out, v_out);
+        return;
+      }
+      const int64_t row = batch.cu_seqlens[task.seq] + (task.begin - seq.position);
+      const float* k = qkv_.data() + row * qkv_width + heads * config_.head_dim;
+      const float* v = k + kv_width;
+      for (int64_t r = 0; r < task.end - task.begin; ++r) {
+        std::copy_n(k + r * qkv_width, kv_width, k_out + r * kv_width);
+        std::copy_n(v + r * qkv_width, kv_width, v_out + r * kv_width);
+      }
+      if (seq.block_table != nullptr) {
+        kv_cache->Write(layer, *seq.block_table, task.begin, task.end, k, v, qkv_width);
+      }
+    });
+  }
+
   const LlamaConfig config_;
   const std::vector<CpuLayer> layers_;
   const std::vector<float> inv_freq_;
@@ -197,10 +358,19 @@ class CpuBackend final : public Backend {
   // Scratch activations, touched only by the worker thread; kept between
   // batches so steady-state serving does not allocate.
   std::vector<float> x_, normed_, qkv_, attn_, gate_up_, act_;
+  // Session batches only: per-sequence start positions, and the keys and
+  // values attention reads (GatherKv).
+  std::vector<int64_t> start_positions_;
+  std::vector<int32_t> cu_keys_;
+  std::vector<GatherTask> gather_tasks_;
+  std::vector<float> keys_, values_;
 
   absl::Mutex mu_;
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Set once by AllocateKvCache, never replaced; its rows are read and
+  // written by the worker thread (and its pool) only.
+  std::unique_ptr<cpu::KvCache> kv_cache_ ABSL_GUARDED_BY(mu_);
   std::thread worker_;  // last: starts once everything above is constructed
 };
 

@@ -5,6 +5,12 @@
 // the backend's own worker thread (one batch in flight), so the batcher keeps
 // queueing while it computes. Projections are single BLAS GEMMs over all
 // packed tokens; attention runs per sequence and head.
+//
+// Sessions keep their keys and values in a float32 paged KV cache
+// (kv_cache.h) in host memory, allocated once by AllocateKvCache and sized by
+// the caller from KvBlockBytes and KvMemoryAvailable (the OS's available
+// memory). Each session step writes its new rows there and attends over the
+// rows earlier steps wrote.
 #pragma once
 
 #include <memory>

@@ -160,8 +160,8 @@ void LinearAccumulate(const float* x, int64_t rows, int64_t in_features, const f
 }
 
 void ApplyRope(float* x, int64_t stride, int64_t num_heads, int64_t head_dim,
-               std::span<const int32_t> cu_seqlens, std::span<const float> inv_freq,
-               ThreadPool* pool) {
+               std::span<const int32_t> cu_seqlens, std::span<const int64_t> start_positions,
+               std::span<const float> inv_freq, ThreadPool* pool) {
   if (cu_seqlens.size() < 2) return;
   const int64_t half = head_dim / 2;
   const int64_t num_sequences = static_cast<int64_t>(cu_seqlens.size()) - 1;
@@ -174,7 +174,8 @@ void ApplyRope(float* x, int64_t stride, int64_t num_heads, int64_t head_dim,
         std::upper_bound(cu_seqlens.begin(), cu_seqlens.end(), begin) - cu_seqlens.begin() - 1;
     for (int64_t t = begin; t < end; ++t) {
       while (s + 1 < num_sequences && t >= cu_seqlens[s + 1]) ++s;
-      const float pos = static_cast<float>(t - cu_seqlens[s]);
+      const int64_t start = start_positions.empty() ? 0 : start_positions[s];
+      const float pos = static_cast<float>(start + t - cu_seqlens[s]);
       for (int64_t i = 0; i < half; ++i) {
         // float32 angle as in HF, then cos/sin of exactly that angle.
         const double angle = static_cast<double>(pos * inv_freq[i]);
@@ -195,17 +196,24 @@ void ApplyRope(float* x, int64_t stride, int64_t num_heads, int64_t head_dim,
   });
 }
 
-void CausalAttention(const AttentionArgs& args, std::span<const int32_t> cu_seqlens,
-                     ThreadPool* pool) {
+void CausalAttention(const AttentionArgs& args, std::span<const int32_t> cu_seqlens_q,
+                     std::span<const int32_t> cu_seqlens_k, ThreadPool* pool) {
+  if (cu_seqlens_k.empty()) cu_seqlens_k = cu_seqlens_q;
+  // Rows are indexed globally: query rows in q and out, key rows in k and v.
+  // Query row i sees key rows [first_key(i), i + shift], where shift maps the
+  // sequence's last query row onto its last key row (bottom-right alignment).
   struct QueryBlock {
-    int64_t seq_start;  // first key row of the sequence
-    int64_t begin;      // query rows [begin, end)
+    int64_t seq_key_begin;  // first key row of the sequence
+    int64_t shift;          // key row of query row i's own position: i + shift
+    int64_t begin;          // query rows [begin, end)
     int64_t end;
   };
   std::vector<QueryBlock> blocks;
-  for (size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
-    for (int64_t b = cu_seqlens[s]; b < cu_seqlens[s + 1]; b += kQueryBlock) {
-      blocks.push_back({cu_seqlens[s], b, std::min<int64_t>(b + kQueryBlock, cu_seqlens[s + 1])});
+  for (size_t s = 0; s + 1 < cu_seqlens_q.size(); ++s) {
+    const int64_t shift = int64_t{cu_seqlens_k[s + 1]} - cu_seqlens_q[s + 1];
+    for (int64_t b = cu_seqlens_q[s]; b < cu_seqlens_q[s + 1]; b += kQueryBlock) {
+      blocks.push_back(
+          {cu_seqlens_k[s], shift, b, std::min<int64_t>(b + kQueryBlock, cu_seqlens_q[s + 1])});
     }
   }
   const int64_t d = args.head_dim;
@@ -217,15 +225,17 @@ void CausalAttention(const AttentionArgs& args, std::span<const int32_t> cu_seql
     const int64_t h = index % args.num_heads;
     const int64_t kv_h = h / group;
     const int64_t rows = blk.end - blk.begin;
-    // Query row i sees keys [first_key(i), i].
+    // Query row i sees key rows [first_key(i), last_key(i)].
+    const auto last_key = [&](int64_t i) { return i + blk.shift; };
     const auto first_key = [&](int64_t i) {
-      return args.window > 0 ? std::max(blk.seq_start, i - args.window + 1) : blk.seq_start;
+      return args.window > 0 ? std::max(blk.seq_key_begin, last_key(i) - args.window + 1)
+                             : blk.seq_key_begin;
     };
-    // Scores cover keys [k0, blk.end): every key some row of the block sees.
+    // Scores cover key rows [k0, k0 + keys): every key some row of the block sees.
     const int64_t k0 = first_key(blk.begin);
-    const int64_t keys = blk.end - k0;
+    const int64_t keys = last_key(blk.end - 1) + 1 - k0;
     // Per-thread scratch that keeps its high-water mark: at most
-    // kQueryBlock x (kQueryBlock + window, or the longest sequence) floats.
+    // kQueryBlock x (kQueryBlock + window, or the most keys of a sequence) floats.
     thread_local std::vector<float> scores;
     scores.resize(static_cast<size_t>(rows * keys));
 
@@ -242,7 +252,7 @@ void CausalAttention(const AttentionArgs& args, std::span<const int32_t> cu_seql
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = blk.begin + r;
       float* p = scores.data() + r * keys + (first_key(i) - k0);
-      const int64_t visible = i - first_key(i) + 1;
+      const int64_t visible = last_key(i) - first_key(i) + 1;
       // Subtracting the row maximum keeps every exp() in (0, 1].
       const float max_score = *std::max_element(p, p + visible);
       double sum = 0;
@@ -258,7 +268,7 @@ void CausalAttention(const AttentionArgs& args, std::span<const int32_t> cu_seql
     // through one GEMM; each row adds its own remaining keys, at most
     // kQueryBlock - 1 on the diagonal plus, with a window, its left edge.
     const int64_t c0 = first_key(blk.end - 1);
-    const int64_t c1 = blk.begin;
+    const int64_t c1 = last_key(blk.begin);
     float* out_rows = out + blk.begin * args.out_stride;
     if (c0 <= c1) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows),
@@ -280,9 +290,9 @@ void CausalAttention(const AttentionArgs& args, std::span<const int32_t> cu_seql
       const int64_t i = blk.begin + r;
       if (c0 <= c1) {
         add_keys(r, first_key(i), c0 - 1);
-        add_keys(r, c1 + 1, i);
+        add_keys(r, c1 + 1, last_key(i));
       } else {
-        add_keys(r, first_key(i), i);
+        add_keys(r, first_key(i), last_key(i));
       }
     }
   };

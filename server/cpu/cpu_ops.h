@@ -2,12 +2,12 @@
 // small thread pool they share.
 //
 // All matrices are row-major float32. Operators that work on the packed batch
-// take `cu_seqlens` (num_sequences + 1 offsets into the token rows; each
-// sequence's positions start at 0). Operators that read a slice of a wider
-// activation, such as q inside the fused qkv projection, take a row stride in
-// elements. GEMMs go through CBLAS (OpenBLAS), one call per thread on a slice
-// of the work. Each operator is tested against the float64 reference in
-// tests/reference.
+// take `cu_seqlens` (num_sequences + 1 offsets into the token rows); a
+// sequence's positions start at 0 unless the operator is told where it starts
+// (a session step continues a sequence whose earlier keys are cached). Operators that read a slice
+// of a wider activation, such as q inside the fused qkv projection, take a row stride in elements.
+// GEMMs go through CBLAS (OpenBLAS), one call per thread on a slice of the work. Each operator is
+// tested against the float64 reference in tests/reference.
 #pragma once
 
 #include <atomic>
@@ -74,20 +74,30 @@ void LinearAccumulate(const float* x, int64_t rows, int64_t in_features, const f
 
 // Rotate-half RoPE in place on the first `num_heads` heads of each row of x
 // (row stride `stride`); the fused qkv layout [q heads | k heads | v] needs one
-// call with num_heads = heads + kv_heads. Angles are float32(pos * inv_freq),
-// as Hugging Face computes them.
+// call with num_heads = heads + kv_heads. Row i of sequence s sits at position
+// start_positions[s] + i (a session step continues its sequences where the
+// previous step stopped); empty start_positions: every sequence starts at 0.
+// Angles are float32(pos * inv_freq), as Hugging Face computes them.
 void ApplyRope(float* x, int64_t stride, int64_t num_heads, int64_t head_dim,
-               std::span<const int32_t> cu_seqlens, std::span<const float> inv_freq,
-               ThreadPool* pool);
+               std::span<const int32_t> cu_seqlens, std::span<const int64_t> start_positions,
+               std::span<const float> inv_freq, ThreadPool* pool);
 
 // Causal grouped-query attention over packed sequences, softmax scale
 // 1/sqrt(head_dim): query head h reads KV head h / (num_heads / num_kv_heads).
 // q rows have stride q_stride, k and v rows kv_stride, out rows out_stride;
 // head h occupies columns [h * head_dim, (h + 1) * head_dim) of its row.
-// With window > 0, query i sees key j of its sequence iff 0 <= i - j < window
-// (sliding-window attention); window 0 is plain causal attention. A query's
-// output reads only the value rows it sees, so a NaN or Inf in one token
-// cannot reach an earlier token or one outside the window.
+//
+// Sequence s has queries [cu_seqlens_q[s], cu_seqlens_q[s+1]) and keys
+// [cu_seqlens_k[s], cu_seqlens_k[s+1]), lq <= lk of them (empty cu_seqlens_k:
+// the keys are the queries' own rows). The queries are the last lq of the
+// sequence's lk positions (bottom-right aligned, as flash-attn's varlen
+// kernels with cu_seqlens_q / cu_seqlens_k): query i sits at position
+// p = lk - lq + i and sees key j iff j <= p, and with window > 0 only iff
+// 0 <= p - j < window (sliding-window attention). Example: a session step of
+// lq = 2 new tokens after 5 cached ones has lk = 7 keys; its queries sit at
+// positions 5 and 6 and see keys 0..5 and 0..6. A query's output reads only
+// the value rows it sees, so a NaN or Inf in one token cannot reach an
+// earlier token or one outside the window.
 struct AttentionArgs {
   const float* q = nullptr;
   int64_t q_stride = 0;
@@ -101,8 +111,8 @@ struct AttentionArgs {
   int64_t head_dim = 0;
   int64_t window = 0;
 };
-void CausalAttention(const AttentionArgs& args, std::span<const int32_t> cu_seqlens,
-                     ThreadPool* pool);
+void CausalAttention(const AttentionArgs& args, std::span<const int32_t> cu_seqlens_q,
+                     std::span<const int32_t> cu_seqlens_k, ThreadPool* pool);
 
 // out[r, j] = silu(gate_up[r, j]) * gate_up[r, intermediate + j]: gate_up holds
 // the fused [gate | up] projection, rows of 2 * intermediate.

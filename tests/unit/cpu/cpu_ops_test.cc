@@ -1,7 +1,9 @@
 // Each CPU operator against the float64 reference (tests/reference) on random
 // inputs with fixed seeds: sequence lengths 1, odd and longer than the
 // attention query block, several packed sequences, GQA ratios 1/2/4, head_dim
-// 64 and 128, with and without the thread pool.
+// 64 and 128, with and without the thread pool. A session step (sequences
+// that start past position 0, queries fewer than keys) is checked as the tail
+// of the whole sequence the reference computes from position 0.
 #include "server/cpu/cpu_ops.h"
 
 #include <atomic>
@@ -124,7 +126,7 @@ TEST(CpuOpsTest, RopeOnPackedSequences) {
       }
       reference::Rope(want_rotated, heads, head_dim, cu, ToDouble(inv_freq));
       const std::vector<float> original = x;
-      ApplyRope(x.data(), stride, heads, head_dim, cu, inv_freq, &pool);
+      ApplyRope(x.data(), stride, heads, head_dim, cu, {}, inv_freq, &pool);
 
       std::vector<float> got_rotated(want_rotated.size());
       for (int64_t t = 0; t < tokens; ++t) {
@@ -138,6 +140,36 @@ TEST(CpuOpsTest, RopeOnPackedSequences) {
       EXPECT_TRUE(AllClose(got_rotated, want_rotated, 4e-6));
     }
   }
+}
+
+// Sequences that start at positions 5, 0 and 29 rotate as the tails of whole
+// sequences the reference rotates from position 0. (Positions stay below 40,
+// as above: the float32 angle's rounding grows with the position.)
+TEST(CpuOpsTest, RopeFromStartPositions) {
+  ThreadPool pool(3);
+  Rng rng(7);
+  const int64_t heads = 2, head_dim = 64, width = heads * head_dim;
+  const std::vector<int32_t> cu = {0, 3, 4, 11};
+  const std::vector<int64_t> starts = {5, 0, 29};
+  reference::Config rc;
+  rc.head_dim = head_dim;
+  rc.rope_theta = 10000.0;
+  std::vector<float> inv_freq;
+  for (double f : reference::RopeInvFreq(rc)) inv_freq.push_back(static_cast<float>(f));
+
+  std::vector<float> x = RandomFloats(rng, cu.back() * width);
+  std::vector<double> want(x.size());
+  for (size_t s = 0; s + 1 < cu.size(); ++s) {
+    // The whole sequence: starts[s] rows the step does not hold, then its own.
+    const int64_t len = cu[s + 1] - cu[s];
+    std::vector<double> whole = ToDouble(RandomFloats(rng, starts[s] * width));
+    whole.insert(whole.end(), x.begin() + cu[s] * width, x.begin() + cu[s + 1] * width);
+    reference::Rope(whole, heads, head_dim, {0, static_cast<int32_t>(starts[s] + len)},
+                    ToDouble(inv_freq));
+    std::copy(whole.end() - len * width, whole.end(), want.begin() + cu[s] * width);
+  }
+  ApplyRope(x.data(), width, heads, head_dim, cu, starts, inv_freq, &pool);
+  EXPECT_TRUE(AllClose(x, want, 4e-6));
 }
 
 struct AttentionCase {
@@ -190,10 +222,67 @@ TEST(CpuOpsTest, CausalGqaAttention) {
       args.num_kv_heads = c.kv_heads;
       args.head_dim = c.head_dim;
       args.window = c.window;
-      CausalAttention(args, c.cu_seqlens, p);
+      CausalAttention(args, c.cu_seqlens, {}, p);
       const std::vector<double> want =
           reference::Attention(ToDouble(q), ToDouble(k), ToDouble(v), c.cu_seqlens, c.heads,
                                c.kv_heads, c.head_dim, c.window);
+      EXPECT_TRUE(AllClose(out, want, 1e-5));
+    }
+  }
+}
+
+// Queries that are the last lq of a sequence's lk positions (a session step
+// over cached keys) must equal the last lq rows the reference computes over
+// the whole sequence.
+struct CachedAttentionCase {
+  int64_t heads;
+  int64_t kv_heads;
+  int64_t head_dim;
+  std::vector<std::pair<int32_t, int32_t>> lengths;  // (lq, lk) per sequence
+  int64_t window = 0;
+};
+
+TEST(CpuOpsTest, AttentionOverCachedKeys) {
+  ThreadPool pool(3);
+  Rng rng(8);
+  const std::vector<CachedAttentionCase> cases = {
+      {4, 2, 64, {{1, 1}, {1, 9}, {3, 20}}},      // decode steps and a short chunk
+      {8, 2, 128, {{1, 300}}},                    // one query, keys past a query block
+      {4, 1, 64, {{200, 330}, {0, 4}, {5, 5}}},   // a chunk over two query blocks; no queries
+      {4, 2, 64, {{1, 9}, {3, 20}, {7, 40}}, 4},  // windows shorter than the cache
+      {2, 1, 128, {{150, 400}}, 200},             // a window inside a query block's keys
+      {2, 2, 64, {{2, 10}}, 1},                   // each query sees only itself
+  };
+  for (const CachedAttentionCase& c : cases) {
+    const int64_t qw = c.heads * c.head_dim;
+    const int64_t kvw = c.kv_heads * c.head_dim;
+    std::vector<int32_t> cu_q = {0}, cu_k = {0};
+    for (const auto& [lq, lk] : c.lengths) {
+      cu_q.push_back(cu_q.back() + lq);
+      cu_k.push_back(cu_k.back() + lk);
+    }
+    // Queries for every position; the step holds only the last lq of each.
+    const std::vector<float> q_whole = RandomFloats(rng, cu_k.back() * qw, -2, 2);
+    const std::vector<float> k = RandomFloats(rng, cu_k.back() * kvw, -2, 2);
+    const std::vector<float> v = RandomFloats(rng, cu_k.back() * kvw);
+    const std::vector<double> whole =
+        reference::Attention(ToDouble(q_whole), ToDouble(k), ToDouble(v), cu_k, c.heads, c.kv_heads,
+                             c.head_dim, c.window);
+    std::vector<float> q;
+    std::vector<double> want;
+    for (size_t s = 0; s + 1 < cu_k.size(); ++s) {
+      const int64_t tail = (cu_k[s + 1] - (cu_q[s + 1] - cu_q[s])) * qw;
+      q.insert(q.end(), q_whole.begin() + tail, q_whole.begin() + cu_k[s + 1] * qw);
+      want.insert(want.end(), whole.begin() + tail, whole.begin() + cu_k[s + 1] * qw);
+    }
+    for (ThreadPool* p : {&pool, static_cast<ThreadPool*>(nullptr)}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "heads " << c.heads << " kv " << c.kv_heads << " d " << c.head_dim << " keys "
+                   << cu_k.back() << " window " << c.window << (p ? " pool" : " inline"));
+      std::vector<float> out(q.size(), NAN);
+      AttentionArgs args{q.data(), qw,      k.data(),   v.data(),   kvw,     out.data(),
+                         qw,       c.heads, c.kv_heads, c.head_dim, c.window};
+      CausalAttention(args, cu_q, cu_k, p);
       EXPECT_TRUE(AllClose(out, want, 1e-5));
     }
   }
@@ -207,7 +296,7 @@ TEST(CpuOpsTest, AttentionSoftmaxSurvivesLargeScores) {
   for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 7);
   std::vector<float> out(5 * d, NAN);
   AttentionArgs args{q.data(), d, k.data(), v.data(), d, out.data(), d, 1, 1, d};
-  CausalAttention(args, cu, nullptr);
+  CausalAttention(args, cu, {}, nullptr);
   const std::vector<double> want =
       reference::Attention(ToDouble(q), ToDouble(k), ToDouble(v), cu, 1, 1, d);
   EXPECT_TRUE(AllClose(out, want, 1e-5));
@@ -221,28 +310,35 @@ TEST(CpuOpsTest, AttentionKeepsNonFiniteTokensToThoseThatSeeThem) {
   Rng rng(6);
   const int64_t heads = 4, kv_heads = 2, d = 64, tokens = 300;
   const int64_t qw = heads * d, kvw = kv_heads * d;
-  const std::vector<int32_t> cu = {0, tokens};
-  for (const int64_t window : {int64_t{0}, int64_t{7}, int64_t{150}}) {
-    for (const int64_t bad : {int64_t{0}, int64_t{60}, int64_t{200}}) {
-      for (const float poison : {NAN, INFINITY}) {
-        SCOPED_TRACE(::testing::Message()
-                     << "window " << window << " bad token " << bad << " value " << poison);
-        const std::vector<float> q = RandomFloats(rng, tokens * qw, -2, 2);
-        std::vector<float> k = RandomFloats(rng, tokens * kvw, -2, 2);
-        std::vector<float> v = RandomFloats(rng, tokens * kvw);
-        for (int64_t c = 0; c < kvw; ++c) {
-          k[bad * kvw + c] = poison;
-          v[bad * kvw + c] = poison;
-        }
-        std::vector<float> out(tokens * qw, NAN);
-        AttentionArgs args{q.data(), qw,    k.data(), v.data(), kvw,   out.data(),
-                           qw,       heads, kv_heads, d,        window};
-        CausalAttention(args, cu, &pool);
-        for (int64_t t = 0; t < tokens; ++t) {
-          const bool sees_bad = t >= bad && (window == 0 || t - bad < window);
-          if (sees_bad) continue;
-          for (int64_t c = 0; c < qw; ++c) {
-            ASSERT_TRUE(std::isfinite(out[t * qw + c])) << "token " << t << " column " << c;
+  // cached > 0: the queries are the last tokens - cached positions, as in a
+  // session step.
+  for (const int64_t cached : {int64_t{0}, int64_t{100}}) {
+    const std::vector<int32_t> cu_q = {0, static_cast<int32_t>(tokens - cached)};
+    const std::vector<int32_t> cu_k = {0, static_cast<int32_t>(tokens)};
+    for (const int64_t window : {int64_t{0}, int64_t{7}, int64_t{150}}) {
+      for (const int64_t bad : {int64_t{0}, int64_t{60}, int64_t{200}}) {
+        for (const float poison : {NAN, INFINITY}) {
+          SCOPED_TRACE(::testing::Message() << "cached " << cached << " window " << window
+                                            << " bad token " << bad << " value " << poison);
+          const std::vector<float> q = RandomFloats(rng, cu_q.back() * qw, -2, 2);
+          std::vector<float> k = RandomFloats(rng, tokens * kvw, -2, 2);
+          std::vector<float> v = RandomFloats(rng, tokens * kvw);
+          for (int64_t c = 0; c < kvw; ++c) {
+            k[bad * kvw + c] = poison;
+            v[bad * kvw + c] = poison;
+          }
+          std::vector<float> out(q.size(), NAN);
+          AttentionArgs args{q.data(), qw,    k.data(), v.data(), kvw,   out.data(),
+                             qw,       heads, kv_heads, d,        window};
+          CausalAttention(args, cu_q, cu_k, &pool);
+          for (int64_t t = 0; t < cu_q.back(); ++t) {
+            const int64_t position = cached + t;
+            const bool sees_bad = position >= bad && (window == 0 || position - bad < window);
+            if (sees_bad) continue;
+            for (int64_t c = 0; c < qw; ++c) {
+              ASSERT_TRUE(std::isfinite(out[t * qw + c]))
+                  << "position " << position << " column " << c;
+            }
           }
         }
       }
