@@ -101,6 +101,26 @@ absl::Status Batch::Validate(int64_t hidden_size, int64_t max_tokens,
   if (cu_seqlens != expected || total_tokens != expected.back()) {
     return absl::InternalError("batch cu_seqlens/total_tokens do not match its requests");
   }
+  // kv must be what Pack() made of these requests: a backend writes each
+  // sequence's new K/V through its entry's block table.
+  size_t s = 0;
+  bool any_session = false;
+  for (const auto& request : requests) {
+    any_session = any_session || request->session.has_value();
+    for (int64_t b = 0; b < request->batch; ++b, ++s) {
+      SequenceKv want;
+      if (request->session) {
+        want = {request->step.position, &request->step.block_tables[static_cast<size_t>(b)]};
+      }
+      if (s >= kv.size() || kv[s].position != want.position ||
+          kv[s].block_table != want.block_table) {
+        return absl::InternalError("batch kv entries do not match its requests");
+      }
+    }
+  }
+  if (s != kv.size() || has_sessions != any_session) {
+    return absl::InternalError("batch kv entries do not match its requests");
+  }
   return absl::OkStatus();
 }
 

@@ -76,32 +76,6 @@ absl::StatusOr<CpuLayer> ConvertLayer(const LayerWeights& w, const LlamaConfig& 
   return out;
 }
 
-// Batch::Validate checks cu_seqlens against the requests, not `kv` and
-// `has_sessions`, which Pack fills alongside; a batch whose kv entries do not
-// point at its requests' steps would send K/V through the wrong block tables.
-// Runs after Validate, which checked that every step has one table per sequence.
-absl::Status CheckKvPacking(const Batch& batch) {
-  size_t s = 0;
-  bool any_session = false;
-  for (const auto& request : batch.requests) {
-    any_session = any_session || request->session.has_value();
-    for (int64_t b = 0; b < request->batch; ++b, ++s) {
-      SequenceKv want;
-      if (request->session) {
-        want = {request->step.position, &request->step.block_tables[static_cast<size_t>(b)]};
-      }
-      if (s >= batch.kv.size() || batch.kv[s].position != want.position ||
-          batch.kv[s].block_table != want.block_table) {
-        return absl::InternalError("batch kv entries do not match its requests");
-      }
-    }
-  }
-  if (s != batch.kv.size() || batch.has_sessions != any_session) {
-    return absl::InternalError("batch kv entries do not match its requests");
-  }
-  return absl::OkStatus();
-}
-
 // Rows per gather task: a chunk of one sequence's cached or new K/V rows.
 // Long contexts split into enough tasks for every thread; a task still
 // copies a few hundred rows, well above the hand-off cost.
@@ -211,7 +185,6 @@ class CpuBackend final : public Backend {
     LS_RETURN_IF_ERROR(
         batch.Validate(config_.hidden_size, std::numeric_limits<int64_t>::max(), {},
                        kv_cache != nullptr ? kv_cache->shape() : layerserve::KvCacheShape{}));
-    LS_RETURN_IF_ERROR(CheckKvPacking(batch));
     const int64_t tokens = batch.total_tokens;
     const int64_t hidden = config_.hidden_size;
     x_.resize(static_cast<size_t>(tokens * hidden));

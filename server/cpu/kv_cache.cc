@@ -50,20 +50,22 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(int64_t num_layers, int
         " bytes (", shape.num_blocks, " blocks of ", shape.block_tokens, " tokens)"));
   };
   if (bytes == std::numeric_limits<int64_t>::max()) return exhausted();
-  std::vector<float> storage;
+  std::unique_ptr<float[]> storage;
   try {
-    // Value-initialised: zeroing touches every page now, so memory the OS
-    // cannot back shows up at start-up rather than in the middle of a step.
-    storage.resize(static_cast<size_t>(bytes) / sizeof(float));
+    // Left uninitialised: the pages are the OS's until a step first writes
+    // them (a step writes every row before any step reads it), so a large
+    // pool costs nothing at start-up and a host's memory is only taken as
+    // sessions fill it. The price: on a host that overcommits memory, a pool
+    // larger than the memory that is really free fails when it fills, not
+    // here; --kv-cache-memory's default stays a fraction of what is free.
+    storage = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(bytes) / sizeof(float));
   } catch (const std::bad_alloc&) {
-    return exhausted();
-  } catch (const std::length_error&) {
     return exhausted();
   }
   return std::unique_ptr<KvCache>(new KvCache(kv_width, shape, std::move(storage)));
 }
 
-KvCache::KvCache(int64_t kv_width, const KvCacheShape& shape, std::vector<float> storage)
+KvCache::KvCache(int64_t kv_width, const KvCacheShape& shape, std::unique_ptr<float[]> storage)
     : kv_width_(kv_width), shape_(shape), storage_(std::move(storage)) {}
 
 size_t KvCache::RowOffset(int64_t layer, bool value, std::span<const KvBlockId> table,
@@ -78,8 +80,8 @@ void KvCache::Write(int64_t layer, std::span<const KvBlockId> table, int64_t beg
                     const float* k, const float* v, int64_t stride) {
   for (int64_t p = begin; p < end; ++p) {
     const int64_t src = (p - begin) * stride;
-    std::copy_n(k + src, kv_width_, storage_.data() + RowOffset(layer, false, table, p));
-    std::copy_n(v + src, kv_width_, storage_.data() + RowOffset(layer, true, table, p));
+    std::copy_n(k + src, kv_width_, storage_.get() + RowOffset(layer, false, table, p));
+    std::copy_n(v + src, kv_width_, storage_.get() + RowOffset(layer, true, table, p));
   }
 }
 
@@ -89,8 +91,8 @@ void KvCache::Read(int64_t layer, std::span<const KvBlockId> table, int64_t begi
   for (int64_t p = begin; p < end;) {
     const int64_t rows = std::min(end, (p / shape_.block_tokens + 1) * shape_.block_tokens) - p;
     const int64_t dst = (p - begin) * kv_width_;
-    std::copy_n(storage_.data() + RowOffset(layer, false, table, p), rows * kv_width_, k_out + dst);
-    std::copy_n(storage_.data() + RowOffset(layer, true, table, p), rows * kv_width_, v_out + dst);
+    std::copy_n(storage_.get() + RowOffset(layer, false, table, p), rows * kv_width_, k_out + dst);
+    std::copy_n(storage_.get() + RowOffset(layer, true, table, p), rows * kv_width_, v_out + dst);
     p += rows;
   }
 }

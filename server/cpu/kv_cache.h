@@ -32,7 +32,7 @@ class KvCache {
   static int64_t BlockBytes(int64_t num_layers, int64_t kv_width, int64_t block_tokens);
 
   // A pool of shape.num_blocks blocks (0: none, and nothing allocated). Its
-  // memory is zeroed here, so the pages are the backend's before it serves.
+  // memory is not touched here (see kv_cache.cc).
   // INVALID_ARGUMENT for a negative block count or, with blocks, block_tokens
   // < 1; RESOURCE_EXHAUSTED naming the bytes when they cannot be allocated.
   static absl::StatusOr<std::unique_ptr<KvCache>> Create(int64_t num_layers, int64_t kv_width,
@@ -52,7 +52,7 @@ class KvCache {
             float* k_out, float* v_out) const;
 
  private:
-  KvCache(int64_t kv_width, const KvCacheShape& shape, std::vector<float> storage);
+  KvCache(int64_t kv_width, const KvCacheShape& shape, std::unique_ptr<float[]> storage);
 
   // The row of position `position` of a sequence in layer `layer`'s K (or,
   // with value = true, V) pool.
@@ -62,7 +62,7 @@ class KvCache {
   const int64_t kv_width_;
   const KvCacheShape shape_;
   // [num_layers][K, V][num_blocks][block_tokens][kv_width]
-  std::vector<float> storage_;
+  std::unique_ptr<float[]> storage_;
 };
 
 // The memory the OS reports available to a new allocation, in bytes
