@@ -92,7 +92,8 @@ int Infer(const LayerctlArgs& args) {
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(args.url);
   if (!client.ok()) return Fail(client.status());
   const absl::Time start = absl::Now();
-  absl::StatusOr<Tensor> output = (*client)->Infer(*args.model, *input, deadline);
+  absl::StatusOr<Tensor> output =
+      (*client)->Infer(*args.model, *input, deadline, args.infer_options);
   if (!output.ok()) return Fail(output.status());
   const double latency_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   absl::StatusOr<NpyArray> out_array = TensorToNpy(*output);

@@ -5,11 +5,15 @@
 #include "client/layerctl_cli.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cctype>
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "client/client.h"
 
 namespace layerserve::client {
@@ -44,6 +48,16 @@ void SetOptionDefaults(CLI::App& app) {
 }
 
 }  // namespace
+
+SequenceId ParseSequenceIdFlag(const std::string& value) {
+  const size_t digits = (!value.empty() && value[0] == '-') ? 1 : 0;
+  const bool integer = value.size() > digits &&
+                       std::all_of(value.begin() + static_cast<std::ptrdiff_t>(digits), value.end(),
+                                   [](char c) { return c >= '0' && c <= '9'; });
+  int64_t parsed = 0;
+  if (integer && absl::SimpleAtoi(value, &parsed)) return parsed;
+  return value;
+}
 
 ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv) {
   LayerctlArgs args;
@@ -91,6 +105,24 @@ ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv)
   CLI::Option* infer_datatype_flag = infer->add_option(
       "--datatype", infer_datatype, "BF16, FP16 or FP32 on the wire (default: the file's)");
   add_number(infer, "--timeout-s", infer_timeout_s, "deadline of the call, seconds");
+  std::string sequence_id;
+  int64_t sequence_position = 0;
+  CLI::Option* sequence_id_flag = infer->add_option(
+      "--sequence-id", sequence_id,
+      "session (server-side KV cache) the request is a step of: an integer, or else a string");
+  infer->add_flag("--sequence-start", args.infer_options.sequence_start,
+                  "open the session (or reset it) with this request");
+  infer->add_flag("--sequence-end", args.infer_options.sequence_end,
+                  "free the session after this request");
+  CLI::Option* sequence_position_flag =
+      add_number(infer, "--sequence-position", sequence_position,
+                 "position of the first token (below the session's length: roll back)")
+          ->check(CLI::NonNegativeNumber)
+          ->default_str("");  // unset: append
+  for (CLI::Option* flag : {infer->get_option("--sequence-start"),
+                            infer->get_option("--sequence-end"), sequence_position_flag}) {
+    flag->needs(sequence_id_flag);
+  }
 
   CLI::App* bench = app.add_subcommand(
       "bench",
@@ -177,6 +209,12 @@ ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv)
     args.timeout_seconds = infer_timeout_s;
     args.model = infer_model;
     if (infer_datatype_flag->count() > 0) args.datatype = infer_datatype;
+    if (sequence_id_flag->count() > 0) {
+      args.infer_options.sequence_id = ParseSequenceIdFlag(sequence_id);
+    }
+    if (sequence_position_flag->count() > 0) {
+      args.infer_options.sequence_position = sequence_position;
+    }
   } else {
     args.command = Command::kBench;
     options.arrivals = arrivals == "uniform" ? Arrivals::kUniform : Arrivals::kPoisson;

@@ -77,6 +77,53 @@ TEST(LayerctlCommandLineTest, InferFlags) {
   }
 }
 
+TEST(LayerctlCommandLineTest, InferSequenceFlags) {
+  const LayerctlArgs stateless = MustParse({"infer", "--model=demo", "--input=a", "--output=b"});
+  EXPECT_TRUE(IsNoSequence(stateless.infer_options.sequence_id));
+  EXPECT_FALSE(stateless.infer_options.sequence_start);
+  EXPECT_FALSE(stateless.infer_options.sequence_end);
+  EXPECT_FALSE(stateless.infer_options.sequence_position.has_value());
+
+  const LayerctlArgs start = MustParse({"infer", "--model=demo", "--input=a", "--output=b",
+                                        "--sequence-id", "42", "--sequence-start"});
+  EXPECT_EQ(start.infer_options.sequence_id, SequenceId(int64_t{42}));
+  EXPECT_TRUE(start.infer_options.sequence_start);
+  EXPECT_FALSE(start.infer_options.sequence_end);
+
+  const LayerctlArgs step =
+      MustParse({"infer", "--model=demo", "--input=a", "--output=b", "--sequence-id=chat-7",
+                 "--sequence-end", "--sequence-position=012"});
+  EXPECT_EQ(step.infer_options.sequence_id, SequenceId(std::string("chat-7")));
+  EXPECT_FALSE(step.infer_options.sequence_start);
+  EXPECT_TRUE(step.infer_options.sequence_end);
+  EXPECT_EQ(step.infer_options.sequence_position, 12);
+
+  const std::vector<std::string> base = {"infer", "--model=demo", "--input=a", "--output=b"};
+  const auto with = [&base](std::initializer_list<std::string> more) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), more);
+    return args;
+  };
+  ExpectUsageError(with({"--sequence-id=1", "--sequence-position=-1"}), "--sequence-position");
+  ExpectUsageError(with({"--sequence-id=1", "--sequence-position=x"}), "--sequence-position");
+  // Flags that only make sense for a session need its id.
+  ExpectUsageError(with({"--sequence-start"}), "--sequence-id");
+  ExpectUsageError(with({"--sequence-end"}), "--sequence-id");
+  ExpectUsageError(with({"--sequence-position=3"}), "--sequence-id");
+}
+
+TEST(LayerctlCommandLineTest, SequenceIdIsAnIntegerWhenItIsOne) {
+  EXPECT_EQ(ParseSequenceIdFlag("42"), SequenceId(int64_t{42}));
+  EXPECT_EQ(ParseSequenceIdFlag("-7"), SequenceId(int64_t{-7}));
+  EXPECT_EQ(ParseSequenceIdFlag("007"), SequenceId(int64_t{7}));
+  EXPECT_EQ(ParseSequenceIdFlag("0"), SequenceId(int64_t{0}));
+  EXPECT_EQ(ParseSequenceIdFlag("9223372036854775807"), SequenceId(int64_t{9223372036854775807}));
+  // Not an int64: a string id.
+  for (const char* text : {"chat-7", "9223372036854775808", "-", "", "+5", " 5", "5 ", "1e3"}) {
+    EXPECT_EQ(ParseSequenceIdFlag(text), SequenceId(std::string(text))) << text;
+  }
+}
+
 TEST(LayerctlCommandLineTest, BenchDefaultsAreBenchOptions) {
   const LayerctlArgs bench = MustParse({"bench", "--model", "demo", "--tokens", "32"});
   EXPECT_EQ(bench.command, Command::kBench);
