@@ -246,6 +246,9 @@ absl::StatusOr<BenchReport> RunBench(const std::vector<Client*>& clients, BenchO
   Client& client = *clients.front();
   options.connections = static_cast<int>(clients.size());
   if (options.model.empty()) return absl::InvalidArgumentError("--model is required");
+  if (options.sessions > 0) {
+    return absl::InvalidArgumentError("--sessions runs the session bench (RunSessionBench)");
+  }
   if (options.batch < 1 || options.tokens < 1) {
     return absl::InvalidArgumentError("--batch and --tokens must be at least 1");
   }

@@ -42,7 +42,8 @@ struct LayerctlArgs {
   // --sequence-position: the session the request is a step of.
   InferOptions infer_options;
 
-  // bench: model, shape, load and report options go to RunBench.
+  // bench: model, shape, load and report options go to RunBench, or to
+  // RunSessionBench when bench.sessions > 0.
   BenchOptions bench;
   int connections = 1;    // TCP connections the load is spread over
   std::string json_path;  // empty: no JSON report

@@ -200,6 +200,50 @@ TEST(LayerctlCommandLineTest, BenchTakesEveryFlag) {
             0.5);
 }
 
+TEST(LayerctlCommandLineTest, BenchSessions) {
+  const LayerctlArgs bench =
+      MustParse({"bench", "--model=m", "--sessions=16", "--prefill", "128", "--steps=64"});
+  EXPECT_EQ(bench.command, Command::kBench);
+  EXPECT_EQ(bench.bench.sessions, 16);
+  EXPECT_EQ(bench.bench.prefill_tokens, 128);
+  EXPECT_EQ(bench.bench.steps, 64);
+  EXPECT_EQ(bench.bench.step_tokens, 1) << "one token per step by default";
+  EXPECT_EQ(bench.bench.concurrency, 0);
+  EXPECT_EQ(bench.bench.rate_per_second, 0);
+  EXPECT_TRUE(bench.bench.session_id_prefix.empty()) << "random per run";
+
+  const LayerctlArgs wide =
+      MustParse({"bench", "--model=m", "--sessions=2", "--prefill=8", "--steps=0",
+                 "--step-tokens=4", "--batch=3", "--connections=2", "--json=s.json"});
+  EXPECT_EQ(wide.bench.steps, 0);
+  EXPECT_EQ(wide.bench.step_tokens, 4);
+  EXPECT_EQ(wide.bench.batch, 3);
+  EXPECT_EQ(wide.connections, 2);
+  EXPECT_EQ(wide.json_path, "s.json");
+
+  const std::vector<std::string> base = {"bench", "--model=m", "--sessions=2", "--prefill=8",
+                                         "--steps=4"};
+  const auto with = [&base](std::initializer_list<std::string> more) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), more);
+    return args;
+  };
+  // The session load has its own shape; the request load's flags do not mix.
+  for (const char* flag : {"--tokens=4", "--concurrency=2", "--rate=10", "--duration-s=3",
+                           "--warmup-s=1", "--max-in-flight=9", "--arrivals=uniform"}) {
+    const std::string name = std::string(flag).substr(0, std::string(flag).find('='));
+    ExpectUsageError(with({flag}), name);
+  }
+  ExpectUsageError({"bench", "--model=m", "--sessions=2", "--steps=4"}, "--prefill");
+  ExpectUsageError({"bench", "--model=m", "--sessions=2", "--prefill=4"}, "--steps");
+  ExpectUsageError({"bench", "--model=m", "--tokens=1", "--prefill=4"}, "--sessions");
+  ExpectUsageError({"bench", "--model=m", "--tokens=1", "--step-tokens=4"}, "--sessions");
+  ExpectUsageError(with({"--sessions=0"}), "--sessions");
+  ExpectUsageError(with({"--prefill=0"}), "--prefill");
+  ExpectUsageError(with({"--steps=-1"}), "--steps");
+  ExpectUsageError(with({"--step-tokens=0"}), "--step-tokens");
+}
+
 TEST(LayerctlCommandLineTest, RefusesWithTheUsageStatus) {
   ExpectUsageError({"bench", "--model=m"}, "--tokens");
   ExpectUsageError({"bench", "--tokens=1"}, "--model");
@@ -230,10 +274,29 @@ TEST(LayerctlCommandLineTest, HelpListsEveryCommandsFlagsWithDefaults) {
     EXPECT_FALSE(parsed.args.has_value());
     EXPECT_EQ(parsed.exit_status, kExitOk);
     EXPECT_EQ(parsed.err, "");
-    for (const char* text :
-         {"health", "metadata", "infer", "bench", "--url", "localhost:8001", "--input",
-          "--datatype", "--tokens", "--concurrency", "--rate", "--max-in-flight", "512",
-          "--connections", "--no-progress", "--json", "poisson"}) {
+    for (const char* text : {"health",
+                             "metadata",
+                             "infer",
+                             "bench",
+                             "--url",
+                             "localhost:8001",
+                             "--input",
+                             "--datatype",
+                             "--tokens",
+                             "--concurrency",
+                             "--rate",
+                             "--max-in-flight",
+                             "512",
+                             "--connections",
+                             "--no-progress",
+                             "--json",
+                             "poisson",
+                             "--sessions",
+                             "--prefill",
+                             "--steps",
+                             "--step-tokens",
+                             "--sequence-id",
+                             "--sequence-position"}) {
       EXPECT_TRUE(absl::StrContains(parsed.out, text))
           << help_flag << ": " << text << " is missing from:\n"
           << parsed.out;
