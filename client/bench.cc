@@ -15,12 +15,11 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "client/bench_common.h"
 
 namespace layerserve::client {
 namespace {
@@ -120,60 +119,6 @@ class ProgressLine {
   absl::Notification stop_;
   std::thread thread_;
 };
-
-// The first fatal status any request got; once set, every loop stops issuing
-// requests and a closed-loop worker's back-off wait ends early.
-class FatalStop {
- public:
-  void Set(const absl::Status& status) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (!status_.ok()) return;
-      status_ = status;
-    }
-    stopped_.Notify();
-  }
-  bool stopped() const { return stopped_.HasBeenNotified(); }
-  // Waits until `deadline` or a stop, whichever comes first; true on a stop.
-  bool WaitUntil(absl::Time deadline) const {
-    return stopped_.WaitForNotificationWithDeadline(deadline);
-  }
-  absl::Status status() const {
-    absl::MutexLock lock(&mu_);
-    return status_;
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-  absl::Notification stopped_;
-};
-
-// The status RunBench returns for a fatal request status: same code and
-// payloads (a call's status stays one), the message says the run stopped.
-absl::Status StoppedBy(const absl::Status& fatal) {
-  absl::Status out(
-      fatal.code(),
-      absl::StrCat("bench stopped: a request failed with ", absl::StatusCodeToString(fatal.code()),
-                   ", which every further request would get too: ", fatal.message()));
-  fatal.ForEachPayload(
-      [&out](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
-  return out;
-}
-
-std::vector<Tensor> MakeInputs(const BenchOptions& options, size_t count) {
-  std::mt19937_64 rng(options.seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<Tensor> inputs;
-  const std::vector<int64_t> shape = {options.batch, options.tokens, options.hidden};
-  std::vector<float> values(static_cast<size_t>(options.batch * options.tokens * options.hidden));
-  for (size_t i = 0; i < count; ++i) {
-    for (float& v : values) v = normal(rng);
-    // Options were validated, so the datatype and shape are acceptable.
-    inputs.push_back(*FloatsToTensor(values, shape, options.datatype));
-  }
-  return inputs;
-}
 
 void RunClosedLoop(const std::vector<Client*>& clients, const BenchOptions& options,
                    const std::vector<Tensor>& inputs, absl::Time measure_end, Recorder& recorder,
@@ -301,6 +246,9 @@ absl::StatusOr<BenchReport> RunBench(const std::vector<Client*>& clients, BenchO
   Client& client = *clients.front();
   options.connections = static_cast<int>(clients.size());
   if (options.model.empty()) return absl::InvalidArgumentError("--model is required");
+  if (options.sessions > 0) {
+    return absl::InvalidArgumentError("--sessions runs the session bench (RunSessionBench)");
+  }
   if (options.batch < 1 || options.tokens < 1) {
     return absl::InvalidArgumentError("--batch and --tokens must be at least 1");
   }
@@ -316,27 +264,17 @@ absl::StatusOr<BenchReport> RunBench(const std::vector<Client*>& clients, BenchO
         "--duration-s and the timeout must be positive, --warmup-s non-negative, "
         "--max-in-flight at least 1");
   }
-  if (options.datatype != "FP32" && options.datatype != "FP16" && options.datatype != "BF16") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--datatype must be FP32, FP16 or BF16, not ", options.datatype));
+  if (absl::Status datatype = CheckBenchDatatype(options.datatype); !datatype.ok()) {
+    return datatype;
   }
   if (options.hidden <= 0) {
-    absl::StatusOr<inference::ModelMetadataResponse> metadata =
-        client.ModelMetadata(options.model, absl::Now() + absl::Seconds(10));
-    if (!metadata.ok()) return metadata.status();
-    for (const auto& input : metadata->inputs()) {
-      if (input.name() == kHiddenStates && input.shape_size() > 0) {
-        options.hidden = input.shape(input.shape_size() - 1);
-      }
-    }
-    if (options.hidden <= 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("model ", options.model,
-                       " does not state its hidden size in its metadata; pass --hidden"));
-    }
+    absl::StatusOr<int64_t> hidden = HiddenFromMetadata(client, options.model);
+    if (!hidden.ok()) return hidden.status();
+    options.hidden = *hidden;
   }
 
-  const std::vector<Tensor> inputs = MakeInputs(options, 4);
+  const std::vector<Tensor> inputs = RandomInputs({options.batch, options.tokens, options.hidden},
+                                                  options.datatype, options.seed, 4);
   BenchReport report;
   report.options = options;
   const absl::Time start = absl::Now();

@@ -49,6 +49,19 @@ struct BenchOptions {
   double timeout_seconds = 30;  // per-request deadline
   uint64_t seed = 1;
   bool progress = true;  // the \r-updated line on stderr, once a second
+
+  // Sessions (RunSessionBench, session_bench.h; sessions > 0 selects it, and
+  // then tokens, concurrency, rate, arrivals, duration, warm-up and
+  // max_in_flight do not apply): `sessions` sessions at once, each a prefill
+  // of [B, prefill_tokens] with sequence_start, then `steps` steps of [B,
+  // step_tokens], the last with sequence_end.
+  int64_t sessions = 0;
+  int64_t prefill_tokens = 0;
+  int64_t steps = 0;
+  int64_t step_tokens = 1;
+  // Session ids are "<prefix>-<i>"; empty: NewSessionIdPrefix(), random, so
+  // that concurrent bench processes never share a session.
+  std::string session_id_prefix;
 };
 
 struct BenchReport {
@@ -71,11 +84,12 @@ struct BenchReport {
   double max_schedule_lag_ms = 0;
 };
 
-// Runs the benchmark against the server behind `clients` (at least one; give
+// Runs the request benchmark against the server behind `clients` (at least one; give
 // several with dedicated connections to spread the load over connections:
 // closed-loop worker w uses clients[w % n], open-loop arrival i clients[i % n]).
 // INVALID_ARGUMENT for inconsistent options (not a call's status: see
-// IsCallStatus); a fatal status of a request (IsFatalBenchStatus) is
+// IsCallStatus; options.sessions > 0 is one: that is RunSessionBench's); a
+// fatal status of a request (IsFatalBenchStatus) is
 // returned with its code, its message prefixed and its payloads kept; other
 // errors of individual requests are counted, not returned.
 absl::StatusOr<BenchReport> RunBench(const std::vector<Client*>& clients, BenchOptions options);

@@ -24,6 +24,11 @@ constexpr char kCallStatusPayload[] = "layerserve.client/call";
 
 }  // namespace
 
+bool IsNoSequence(const SequenceId& id) {
+  if (const int64_t* integer = std::get_if<int64_t>(&id)) return *integer == 0;
+  return std::get<std::string>(id).empty();
+}
+
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   absl::Status out(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
@@ -127,9 +132,26 @@ absl::StatusOr<inference::ModelMetadataResponse> Client::ModelMetadata(std::stri
   return response;
 }
 
-inference::ModelInferRequest Client::MakeInferRequest(std::string_view model, const Tensor& input) {
+inference::ModelInferRequest Client::MakeInferRequest(std::string_view model, const Tensor& input,
+                                                      const InferOptions& options) {
   inference::ModelInferRequest request;
   request.set_model_name(std::string(model));
+  auto& parameters = *request.mutable_parameters();
+  if (!IsNoSequence(options.sequence_id)) {
+    if (const int64_t* integer = std::get_if<int64_t>(&options.sequence_id)) {
+      parameters["sequence_id"].set_int64_param(*integer);
+    } else {
+      parameters["sequence_id"].set_string_param(std::get<std::string>(options.sequence_id));
+    }
+    parameters["sequence_start"].set_bool_param(options.sequence_start);
+    parameters["sequence_end"].set_bool_param(options.sequence_end);
+  } else {
+    if (options.sequence_start) parameters["sequence_start"].set_bool_param(true);
+    if (options.sequence_end) parameters["sequence_end"].set_bool_param(true);
+  }
+  if (options.sequence_position) {
+    parameters["sequence_position"].set_int64_param(*options.sequence_position);
+  }
   inference::ModelInferRequest::InferInputTensor* tensor = request.add_inputs();
   tensor->set_name(std::string(kHiddenStates));
   tensor->set_datatype(input.datatype);
@@ -175,15 +197,20 @@ absl::StatusOr<inference::ModelInferResponse> Client::InferRaw(
 }
 
 absl::StatusOr<Tensor> Client::Infer(std::string_view model, const Tensor& input,
-                                     absl::Time deadline) {
+                                     absl::Time deadline, const InferOptions& options) {
   absl::StatusOr<inference::ModelInferResponse> response =
-      InferRaw(MakeInferRequest(model, input), deadline);
+      InferRaw(MakeInferRequest(model, input, options), deadline);
   if (!response.ok()) return response.status();
   return OutputFromResponse(*response);
 }
 
 void Client::AsyncInfer(std::string_view model, const Tensor& input, absl::Time deadline,
                         InferCallback done) {
+  AsyncInfer(model, input, deadline, InferOptions{}, std::move(done));
+}
+
+void Client::AsyncInfer(std::string_view model, const Tensor& input, absl::Time deadline,
+                        const InferOptions& options, InferCallback done) {
   // Everything the call refers to must live until gRPC invokes the reaction,
   // so it is owned by one heap object that the reaction deletes.
   struct Call {
@@ -194,7 +221,7 @@ void Client::AsyncInfer(std::string_view model, const Tensor& input, absl::Time 
   };
   auto call = std::make_unique<Call>();
   SetDeadline(call->context, deadline);
-  call->request = MakeInferRequest(model, input);
+  call->request = MakeInferRequest(model, input, options);
   call->done = std::move(done);
   {
     absl::MutexLock lock(&inflight_->mu);

@@ -12,10 +12,13 @@
 // gRPC's 4 MiB default.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -30,6 +33,31 @@ namespace layerserve::client {
 
 // Name of the single input and output tensor of a layerserve model.
 inline constexpr char kHiddenStates[] = "hidden_states";
+
+// A session's name: Triton's sequence_id, an integer or a string (two kinds
+// that never name the same session: 7 is not "7"). 0 and "" mean none.
+using SequenceId = std::variant<int64_t, std::string>;
+
+// True for 0 and "": no sequence.
+bool IsNoSequence(const SequenceId& id);
+
+// Per-request options of Infer and AsyncInfer: the session (server-side KV
+// cache) a request is a step of, in Triton's sequence batcher spelling.
+// With a sequence_id, the request carries the request parameters
+// sequence_id (int64_param or string_param), sequence_start and
+// sequence_end (bool_param), as tritonclient sends them, and
+// sequence_position (int64_param, layerserve's extension) when set. Without
+// one (the default), only flags that are true and a set position are sent,
+// so the server can refuse them (it does, INVALID_ARGUMENT) rather than the
+// client dropping them silently as tritonclient does.
+struct InferOptions {
+  SequenceId sequence_id = int64_t{0};
+  bool sequence_start = false;  // open the session (or reset it)
+  bool sequence_end = false;    // free it after this request
+  // Where the request's first token sits; smaller than the session's length
+  // rolls the session back to it first. Unset: append.
+  std::optional<int64_t> sequence_position;
+};
 
 // grpc::Status -> absl::Status (the numeric codes are the same), marked as
 // the outcome of a call (see IsCallStatus).
@@ -66,7 +94,8 @@ class Client {
   // Runs `input` (sent as the tensor "hidden_states" in raw_input_contents)
   // through `model` and returns the output "hidden_states". A reply without
   // that output, or whose raw bytes do not match its shape, is INTERNAL.
-  absl::StatusOr<Tensor> Infer(std::string_view model, const Tensor& input, absl::Time deadline);
+  absl::StatusOr<Tensor> Infer(std::string_view model, const Tensor& input, absl::Time deadline,
+                               const InferOptions& options = {});
 
   // As Infer, but returns at once; `done` is called exactly once, on a gRPC
   // thread, with the result, after the call's gRPC state is released. The
@@ -77,6 +106,8 @@ class Client {
   using InferCallback = std::function<void(absl::StatusOr<Tensor>)>;
   void AsyncInfer(std::string_view model, const Tensor& input, absl::Time deadline,
                   InferCallback done);
+  void AsyncInfer(std::string_view model, const Tensor& input, absl::Time deadline,
+                  const InferOptions& options, InferCallback done);
 
   // Sends a hand-built request unchanged: for tests of the server's
   // validation and for callers that need fields Infer does not set.
@@ -84,7 +115,8 @@ class Client {
       const inference::ModelInferRequest& request, absl::Time deadline);
 
   // The request Infer sends.
-  static inference::ModelInferRequest MakeInferRequest(std::string_view model, const Tensor& input);
+  static inference::ModelInferRequest MakeInferRequest(std::string_view model, const Tensor& input,
+                                                       const InferOptions& options = {});
   // The output tensor Infer returns from a reply.
   static absl::StatusOr<Tensor> OutputFromResponse(const inference::ModelInferResponse& response);
 

@@ -3,10 +3,13 @@
 //   layerctl health    exit status 0 iff the server reports SERVING (Docker HEALTHCHECK)
 //   layerctl metadata  server and model metadata
 //   layerctl infer     run a .npy file through the model, write the result as .npy
-//   layerctl bench     closed- or open-loop load with a latency/throughput report
+//   layerctl bench     closed- or open-loop load with a latency/throughput report, or
+//                      sessions (prefill, then decode steps through the KV cache)
 //
 // The command line (layerctl_cli.h) gives each subcommand its own flags;
 // `layerctl --help` lists them all. Exit status: 0 success, 1 failure, 2 usage.
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -21,6 +24,7 @@
 #include "client/client.h"
 #include "client/layerctl_cli.h"
 #include "client/npy.h"
+#include "client/session_bench.h"
 
 namespace layerserve::client {
 namespace {
@@ -92,7 +96,8 @@ int Infer(const LayerctlArgs& args) {
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(args.url);
   if (!client.ok()) return Fail(client.status());
   const absl::Time start = absl::Now();
-  absl::StatusOr<Tensor> output = (*client)->Infer(*args.model, *input, deadline);
+  absl::StatusOr<Tensor> output =
+      (*client)->Infer(*args.model, *input, deadline, args.infer_options);
   if (!output.ok()) return Fail(output.status());
   const double latency_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   absl::StatusOr<NpyArray> out_array = TensorToNpy(*output);
@@ -115,19 +120,35 @@ int Bench(const LayerctlArgs& args) {
     client_pointers.push_back(client->get());
     clients.push_back(*std::move(client));
   }
-  absl::StatusOr<BenchReport> report = RunBench(client_pointers, args.bench);
-  if (!report.ok()) return Fail(report.status());
-  std::fputs(FormatBenchReport(*report).c_str(), stdout);
+  std::string text, json;
+  bool succeeded = false;
+  if (args.bench.sessions > 0) {
+    BenchOptions options = args.bench;
+    // The progress line rewrites itself with \r: only for a terminal.
+    options.progress = options.progress && isatty(STDERR_FILENO) == 1;
+    absl::StatusOr<SessionBenchReport> report = RunSessionBench(client_pointers, options);
+    if (!report.ok()) return Fail(report.status());
+    text = FormatSessionBenchReport(*report);
+    json = SessionBenchReportJson(*report);
+    succeeded = report->sessions_completed > 0;
+  } else {
+    absl::StatusOr<BenchReport> report = RunBench(client_pointers, args.bench);
+    if (!report.ok()) return Fail(report.status());
+    text = FormatBenchReport(*report);
+    json = BenchReportJson(*report);
+    succeeded = report->requests_ok > 0;
+  }
+  std::fputs(text.c_str(), stdout);
   if (!args.json_path.empty()) {
     std::ofstream out(args.json_path, std::ios::trunc);
-    out << BenchReportJson(*report);
+    out << json;
     out.close();
     if (!out) {
       return Fail(absl::PermissionDeniedError(absl::StrCat("cannot write ", args.json_path)));
     }
   }
   // A run where nothing succeeded is a failure for scripts.
-  return report->requests_ok > 0 ? kExitOk : kExitFailure;
+  return succeeded ? kExitOk : kExitFailure;
 }
 
 }  // namespace

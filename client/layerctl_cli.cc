@@ -5,11 +5,15 @@
 #include "client/layerctl_cli.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cctype>
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "client/client.h"
 
 namespace layerserve::client {
@@ -44,6 +48,16 @@ void SetOptionDefaults(CLI::App& app) {
 }
 
 }  // namespace
+
+SequenceId ParseSequenceIdFlag(const std::string& value) {
+  const size_t digits = (!value.empty() && value[0] == '-') ? 1 : 0;
+  const bool integer = value.size() > digits &&
+                       std::all_of(value.begin() + static_cast<std::ptrdiff_t>(digits), value.end(),
+                                   [](char c) { return c >= '0' && c <= '9'; });
+  int64_t parsed = 0;
+  if (integer && absl::SimpleAtoi(value, &parsed)) return parsed;
+  return value;
+}
 
 ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv) {
   LayerctlArgs args;
@@ -91,39 +105,91 @@ ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv)
   CLI::Option* infer_datatype_flag = infer->add_option(
       "--datatype", infer_datatype, "BF16, FP16 or FP32 on the wire (default: the file's)");
   add_number(infer, "--timeout-s", infer_timeout_s, "deadline of the call, seconds");
+  std::string sequence_id;
+  int64_t sequence_position = 0;
+  CLI::Option* sequence_id_flag = infer->add_option(
+      "--sequence-id", sequence_id,
+      "session (server-side KV cache) the request is a step of: an integer, or else a string");
+  infer->add_flag("--sequence-start", args.infer_options.sequence_start,
+                  "open the session (or reset it) with this request");
+  infer->add_flag("--sequence-end", args.infer_options.sequence_end,
+                  "free the session after this request");
+  CLI::Option* sequence_position_flag =
+      add_number(infer, "--sequence-position", sequence_position,
+                 "position of the first token (below the session's length: roll back)")
+          ->check(CLI::NonNegativeNumber)
+          ->default_str("");  // unset: append
+  for (CLI::Option* flag : {infer->get_option("--sequence-start"),
+                            infer->get_option("--sequence-end"), sequence_position_flag}) {
+    flag->needs(sequence_id_flag);
+  }
 
   CLI::App* bench = app.add_subcommand(
       "bench",
       "Random inputs. Closed loop (--concurrency C): C threads, one request each at a time. "
       "Open loop (--rate R): R requests/s whatever the latency; arrivals beyond "
-      "--max-in-flight outstanding requests are skipped and reported. --connections spreads "
+      "--max-in-flight outstanding requests are skipped and reported. Sessions (--sessions N "
+      "--prefill P --steps S): N sessions at once, each a prefill of P tokens with "
+      "sequence_start, then S steps of --step-tokens tokens, the last with sequence_end; "
+      "reports prefill and step latencies and decode tokens/s. --connections spreads "
       "the load over N TCP connections, as N client processes would.");
   BenchOptions& options = args.bench;
   std::string arrivals = "poisson";
   bool no_progress = false;
   add_url(bench);
   bench->add_option("--model", options.model, "model to load")->required();
-  add_number(bench, "--tokens", options.tokens, "tokens T per sequence")
-      ->required()
-      ->default_str("");  // required: no default to show
+  CLI::Option* tokens_flag =
+      add_number(bench, "--tokens", options.tokens, "tokens T per sequence (required)")
+          ->default_str("");  // required unless --sessions: no default to show
   add_number(bench, "--batch", options.batch, "sequences B per request");
-  add_number(bench, "--concurrency", options.concurrency, "closed loop: requests in flight");
-  add_number(bench, "--rate", options.rate_per_second, "open loop: requests per second");
-  bench->add_option("--arrivals", arrivals, "open loop: arrival process")
-      ->check(CLI::IsMember({"poisson", "uniform"}));
-  add_number(bench, "--duration-s", options.duration_seconds, "measured time, seconds");
-  add_number(bench, "--warmup-s", options.warmup_seconds,
-             "time before the measurement, seconds (sent, not recorded)");
+  CLI::Option* concurrency_flag =
+      add_number(bench, "--concurrency", options.concurrency, "closed loop: requests in flight");
+  CLI::Option* rate_flag =
+      add_number(bench, "--rate", options.rate_per_second, "open loop: requests per second");
+  CLI::Option* arrivals_flag =
+      bench->add_option("--arrivals", arrivals, "open loop: arrival process")
+          ->check(CLI::IsMember({"poisson", "uniform"}));
+  CLI::Option* duration_flag =
+      add_number(bench, "--duration-s", options.duration_seconds, "measured time, seconds");
+  CLI::Option* warmup_flag =
+      add_number(bench, "--warmup-s", options.warmup_seconds,
+                 "time before the measurement, seconds (sent, not recorded)");
   bench->add_option("--datatype", options.datatype, "FP32, FP16 or BF16 on the wire");
   add_number(bench, "--hidden", options.hidden, "hidden size; 0: from the model's metadata");
-  add_number(bench, "--max-in-flight", options.max_in_flight,
-             "open loop: outstanding requests beyond which arrivals are skipped");
+  CLI::Option* max_in_flight_flag =
+      add_number(bench, "--max-in-flight", options.max_in_flight,
+                 "open loop: outstanding requests beyond which arrivals are skipped");
   add_number(bench, "--timeout-s", options.timeout_seconds, "deadline of each request, seconds");
   add_number(bench, "--seed", options.seed, "seed of the random inputs and arrivals");
   bench->add_option("--json", args.json_path, "also write the report to this JSON file");
   bench->add_flag("--no-progress", no_progress, "no progress line on stderr");
   add_number(bench, "--connections", args.connections, "TCP connections")
       ->check(CLI::Range(1, 256));
+  CLI::Option* sessions_flag =
+      add_number(bench, "--sessions", options.sessions, "sessions: how many run at once")
+          ->check(CLI::Range(int64_t{1}, int64_t{1} << 16))
+          ->default_str("");
+  CLI::Option* prefill_flag =
+      add_number(bench, "--prefill", options.prefill_tokens, "sessions: prefill tokens P")
+          ->check(CLI::PositiveNumber)
+          ->default_str("");
+  CLI::Option* steps_flag =
+      add_number(bench, "--steps", options.steps, "sessions: decode steps S after the prefill")
+          ->check(CLI::NonNegativeNumber)
+          ->default_str("");
+  CLI::Option* step_tokens_flag =
+      add_number(bench, "--step-tokens", options.step_tokens, "sessions: tokens K per step")
+          ->check(CLI::PositiveNumber);
+  // The session load is shaped by its own flags; the request load's do not
+  // apply to it.
+  sessions_flag->needs(prefill_flag)->needs(steps_flag);
+  for (CLI::Option* flag : {prefill_flag, steps_flag, step_tokens_flag}) {
+    flag->needs(sessions_flag);
+  }
+  for (CLI::Option* flag : {tokens_flag, concurrency_flag, rate_flag, arrivals_flag, duration_flag,
+                            warmup_flag, max_in_flight_flag}) {
+    sessions_flag->excludes(flag);
+  }
 
   CLI::App* help = app.add_subcommand("help", "Prints this text.")->allow_extras();
 
@@ -177,7 +243,20 @@ ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv)
     args.timeout_seconds = infer_timeout_s;
     args.model = infer_model;
     if (infer_datatype_flag->count() > 0) args.datatype = infer_datatype;
+    if (sequence_id_flag->count() > 0) {
+      args.infer_options.sequence_id = ParseSequenceIdFlag(sequence_id);
+    }
+    if (sequence_position_flag->count() > 0) {
+      args.infer_options.sequence_position = sequence_position;
+    }
   } else {
+    if (tokens_flag->count() == 0 && sessions_flag->count() == 0) {
+      parsed.exit_status = kExitUsage;
+      parsed.err =
+          "layerctl: --tokens is required (or --sessions N --prefill P --steps S for the "
+          "session load)\nrun 'layerctl bench --help' for usage\n";
+      return parsed;
+    }
     args.command = Command::kBench;
     options.arrivals = arrivals == "uniform" ? Arrivals::kUniform : Arrivals::kPoisson;
     options.progress = !no_progress;

@@ -38,8 +38,12 @@ struct LayerctlArgs {
   std::string input_path;
   std::string output_path;
   std::optional<std::string> datatype;  // unset: the .npy file's own
+  // --sequence-id (ParseSequenceIdFlag), --sequence-start, --sequence-end,
+  // --sequence-position: the session the request is a step of.
+  InferOptions infer_options;
 
-  // bench: model, shape, load and report options go to RunBench.
+  // bench: model, shape, load and report options go to RunBench, or to
+  // RunSessionBench when bench.sessions > 0.
   BenchOptions bench;
   int connections = 1;    // TCP connections the load is spread over
   std::string json_path;  // empty: no JSON report
@@ -54,6 +58,13 @@ struct ParsedCommandLine {
   std::string out;  // for stdout
   std::string err;  // for stderr
 };
+
+// The value of --sequence-id: an integer id when it is one (an optional '-'
+// and decimal digits that fit int64; leading zeros are dropped, as for every
+// number layerctl reads), a string id otherwise. So "42" continues a session
+// tritonclient started with sequence_id=42, and "chat-7" one started with
+// sequence_id="chat-7"; a string id made of digits cannot be given.
+SequenceId ParseSequenceIdFlag(const std::string& value);
 
 // Parses `argv` (argv[0] is the program's name, as main() gets it).
 ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv);

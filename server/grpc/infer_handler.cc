@@ -23,10 +23,7 @@ double SecondsSince(SteadyTime start) {
 InferHandler::InferHandler(const ServedModel& model, Batcher* batcher, ServerObserver* observer,
                            const ServingState* state, size_t max_reply_bytes)
     : model_(model),
-      limits_{.hidden_size = model.config.hidden_size,
-              .max_tokens_per_request = model.max_batch_tokens,
-              .max_sequence_tokens = model.max_sequence_tokens,
-              .sequence_limit_reason = model.sequence_limit_reason},
+      limits_(LimitsOf(model)),
       batcher_(batcher),
       observer_(observer),
       state_(state),
@@ -57,7 +54,7 @@ void InferHandler::Submit(grpc::CallbackServerContext* context,
   const std::optional<SteadyTime> transport_deadline =
       SteadyDeadline(raw_deadline, gpr_now(raw_deadline.clock_type), receipt);
   absl::StatusOr<std::unique_ptr<InferRequest>> made =
-      MakeInferRequest(*request, limits_, transport_deadline, receipt);
+      MakeInferRequest(*request, model_, limits_, transport_deadline, receipt);
   if (!made.ok()) return Complete(reply, made.status(), receipt, 0);
 
   std::unique_ptr<InferRequest> infer = *std::move(made);

@@ -30,6 +30,17 @@ grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
 // finishes once the client has half-closed (or gone) and every submitted
 // request has been answered: the requests' tensors live in this reactor, so
 // it must outlive them.
+//
+// Ordering guarantee: the requests of one stream reach the batcher in the
+// order the client sent them. Each is submitted (validated and enqueued, or
+// refused) before the next read is started, so request k+1 cannot overtake
+// request k, whichever gRPC threads run the reactions. A client may thus
+// pipeline a session's steps on one stream and have them enqueued in order
+// (whether a step may be enqueued while an earlier one of its session is
+// still in flight is the batcher's and the session table's business).
+// Replies carry no such guarantee: they are written as requests complete,
+// and the client matches them by request id. Separate calls (unary
+// ModelInfer, or two streams) are not ordered with respect to each other.
 class StreamInferReactor final
     : public grpc::ServerBidiReactor<ModelInferRequest, ModelStreamInferResponse> {
  public:
@@ -58,10 +69,15 @@ class StreamInferReactor final
       absl::MutexLock lock(&mu_);
       ++unanswered_;  // keeps the reactor alive until Answer
     }
-    reading_ = std::make_unique<ModelInferRequest>();
-    StartRead(reading_.get());
+    // Submit before the next read starts: OnReadDone of that read may run on
+    // another thread as soon as it is started, and must find this request
+    // already in the batcher's queue (the ordering guarantee above). Submit
+    // never blocks; the reactor cannot finish in between, since reads are
+    // not done.
     infer_->Submit(context_, call->request.get(), call->response.mutable_infer_response(),
                    [this, call](const absl::Status& status) { Answer(call, status); });
+    reading_ = std::make_unique<ModelInferRequest>();
+    StartRead(reading_.get());
   }
 
   void OnWriteDone(bool ok) override {

@@ -1,6 +1,9 @@
 // Metadata, configuration and statistics messages (see model_info.h).
 #include "server/grpc/model_info.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +25,27 @@ void AddActivationShape(const ServedModel& model, google::protobuf::RepeatedFiel
   dims->Add(-1);
   dims->Add(-1);
   dims->Add(model.config.hidden_size);
+}
+
+// Sessions, as Triton's sequence batcher describes itself. The oldest
+// strategy is the nearest to what the batcher does: every open session may
+// have a step queued (max_candidate_sequences = --max-sessions), and a batch
+// forms from the oldest queued requests after at most the batcher's delay.
+// It has no preferred batch sizes (batches are formed by tokens).
+void FillSequenceBatching(const ServedModel& model, inference::ModelSequenceBatching* batching) {
+  // Triton reads 0 as "the default, 1 s"; sessions that never expire are
+  // told as the largest value instead, which is what "never" means to a
+  // client comparing its pauses with it.
+  batching->set_max_sequence_idle_microseconds(
+      model.session_idle_timeout_us > 0 ? static_cast<uint64_t>(model.session_idle_timeout_us)
+                                        : std::numeric_limits<uint64_t>::max());
+  auto* oldest = batching->mutable_oldest();
+  oldest->set_max_candidate_sequences(static_cast<int32_t>(
+      std::clamp<int64_t>(model.max_sessions, 0, std::numeric_limits<int32_t>::max())));
+  oldest->set_max_queue_delay_microseconds(static_cast<uint64_t>(model.max_queue_delay_us));
+  // Steps of one session run in order (the session table admits one at a
+  // time); across sessions replies come as batches finish.
+  oldest->set_preserve_ordering(false);
 }
 
 void SetDuration(const DurationStat& in, inference::StatisticDuration* out) {
@@ -86,15 +110,19 @@ void FillModelConfig(const ServedModel& model, inference::ModelConfig* config) {
   output->set_data_type(inference::TYPE_BF16);
   AddActivationShape(model, output->mutable_dims());
 
-  // Present: the dynamic scheduler. The token-level batcher has no preferred
-  // batch sizes; its delay and queue bound are the server's flags, and the
-  // "timeout" request parameter is honoured.
-  auto* batching = config->mutable_dynamic_batching();
-  batching->set_max_queue_delay_microseconds(static_cast<uint64_t>(model.max_queue_delay_us));
-  auto* queue = batching->mutable_default_queue_policy();
-  queue->set_timeout_action(inference::ModelQueuePolicy::REJECT);
-  queue->set_allow_timeout_override(true);
-  queue->set_max_queue_size(static_cast<uint32_t>(model.max_queue_size));
+  if (model.sessions) {
+    FillSequenceBatching(model, config->mutable_sequence_batching());
+  } else {
+    // Present: the dynamic scheduler. The token-level batcher has no
+    // preferred batch sizes; its delay and queue bound are the server's
+    // flags, and the "timeout" request parameter is honoured.
+    auto* batching = config->mutable_dynamic_batching();
+    batching->set_max_queue_delay_microseconds(static_cast<uint64_t>(model.max_queue_delay_us));
+    auto* queue = batching->mutable_default_queue_policy();
+    queue->set_timeout_action(inference::ModelQueuePolicy::REJECT);
+    queue->set_allow_timeout_override(true);
+    queue->set_max_queue_size(static_cast<uint32_t>(model.max_queue_size));
+  }
 
   // One response per request, also on ModelStreamInfer.
   config->mutable_model_transaction_policy()->set_decoupled(false);
@@ -106,6 +134,17 @@ void FillModelConfig(const ServedModel& model, inference::ModelConfig* config) {
   parameters["hidden_size"].set_string_value(absl::StrCat(model.config.hidden_size));
   parameters["max_batch_tokens"].set_string_value(absl::StrCat(model.max_batch_tokens));
   parameters["compute_backend"].set_string_value(model.backend);
+  if (model.sessions) {
+    parameters["kv_block_tokens"].set_string_value(absl::StrCat(model.kv_block_tokens));
+    parameters["kv_blocks"].set_string_value(absl::StrCat(model.kv_blocks));
+    parameters["max_sessions"].set_string_value(absl::StrCat(model.max_sessions));
+    // 0: no bound beyond the KV cache's blocks.
+    parameters["max_session_tokens"].set_string_value(absl::StrCat(model.max_session_tokens));
+    // 0: sessions never expire (max_sequence_idle_microseconds cannot say
+    // it: Triton reads its 0 as a 1 s default).
+    parameters["session_idle_timeout_us"].set_string_value(
+        absl::StrCat(model.session_idle_timeout_us));
+  }
 }
 
 void FillModelStatistics(const ServedModel& model, const ModelStatsSnapshot& stats,

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "base/status_macros.h"
 
 namespace layerserve {
@@ -82,37 +84,151 @@ std::optional<SteadyTime> EarlierDeadline(std::optional<SteadyTime> a,
   return std::min(*a, *b);
 }
 
-absl::Status CheckNoSequenceParameters(const inference::ModelInferRequest& request) {
-  // Triton's sequence batcher spelling (tritonclient's sequence_id=,
-  // sequence_start=, sequence_end=): it sends them only for a sequence, so any
-  // of them set means the client expects state this server does not keep.
-  for (const char* name : {"sequence_id", "sequence_start", "sequence_end"}) {
-    const auto it = request.parameters().find(name);
-    if (it == request.parameters().end()) continue;
-    const inference::InferParameter& p = it->second;
-    const bool unset =
-        (p.parameter_choice_case() == inference::InferParameter::kInt64Param &&
-         p.int64_param() == 0) ||
-        (p.parameter_choice_case() == inference::InferParameter::kStringParam &&
-         p.string_param().empty()) ||
-        (p.parameter_choice_case() == inference::InferParameter::kBoolParam && !p.bool_param());
-    if (unset) continue;
-    return absl::InvalidArgumentError(absl::StrCat(
-        "request parameter '", name,
-        "' is set, but this server keeps no sequence state yet: every request is computed on "
-        "its own, with positions 0..T-1; send the whole sequence without sequence parameters"));
+namespace {
+
+using ParameterMap = google::protobuf::Map<std::string, inference::InferParameter>;
+
+// The name of a parameter's type as the protocol spells it, for messages.
+absl::string_view ParameterTypeName(const inference::InferParameter& p) {
+  switch (p.parameter_choice_case()) {
+    case inference::InferParameter::kBoolParam:
+      return "bool_param";
+    case inference::InferParameter::kInt64Param:
+      return "int64_param";
+    case inference::InferParameter::kStringParam:
+      return "string_param";
+    case inference::InferParameter::kDoubleParam:
+      return "double_param";
+    case inference::InferParameter::kUint64Param:
+      return "uint64_param";
+    case inference::InferParameter::PARAMETER_CHOICE_NOT_SET:
+      break;
   }
-  return absl::OkStatus();
+  return "no value";
+}
+
+absl::Status WrongType(absl::string_view name, const inference::InferParameter& p,
+                       absl::string_view expected) {
+  return absl::InvalidArgumentError(absl::StrCat("request parameter '", name, "' must be ",
+                                                 expected, "; got ", ParameterTypeName(p)));
+}
+
+// A bool parameter: false when absent.
+absl::StatusOr<bool> BoolParameter(const ParameterMap& parameters, absl::string_view name) {
+  const auto it = parameters.find(std::string(name));
+  if (it == parameters.end()) return false;
+  if (it->second.parameter_choice_case() != inference::InferParameter::kBoolParam) {
+    return WrongType(name, it->second, "a bool_param");
+  }
+  return it->second.bool_param();
+}
+
+// sequence_id, or nullopt for none (absent, 0 or "").
+absl::StatusOr<std::optional<SessionId>> SequenceIdParameter(const ParameterMap& parameters) {
+  const auto it = parameters.find("sequence_id");
+  if (it == parameters.end()) return std::nullopt;
+  const inference::InferParameter& p = it->second;
+  switch (p.parameter_choice_case()) {
+    case inference::InferParameter::kInt64Param:
+      if (p.int64_param() == 0) return std::nullopt;
+      return SessionId(p.int64_param());
+    case inference::InferParameter::kUint64Param:
+      if (p.uint64_param() == 0) return std::nullopt;
+      // Two's complement, as Triton's int64 -> uint64 correlation id.
+      return SessionId(static_cast<int64_t>(p.uint64_param()));
+    case inference::InferParameter::kStringParam:
+      if (p.string_param().empty()) return std::nullopt;
+      if (p.string_param().size() > kMaxSequenceIdBytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("request parameter 'sequence_id' is a string of ", p.string_param().size(),
+                         " bytes; string sequence ids may have at most ", kMaxSequenceIdBytes));
+      }
+      return SessionId(p.string_param());
+    default:
+      return WrongType("sequence_id", p, "an int64_param, uint64_param or string_param");
+  }
+}
+
+// sequence_position, or nullopt when absent.
+absl::StatusOr<std::optional<int64_t>> SequencePositionParameter(const ParameterMap& parameters) {
+  const auto it = parameters.find("sequence_position");
+  if (it == parameters.end()) return std::nullopt;
+  const inference::InferParameter& p = it->second;
+  if (p.parameter_choice_case() == inference::InferParameter::kUint64Param) {
+    if (p.uint64_param() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return absl::InvalidArgumentError(absl::StrCat("request parameter 'sequence_position' is ",
+                                                     p.uint64_param(), "; it must be <= 2^63-1"));
+    }
+    return static_cast<int64_t>(p.uint64_param());
+  }
+  if (p.parameter_choice_case() != inference::InferParameter::kInt64Param) {
+    return WrongType("sequence_position", p, "an int64_param (or uint64_param)");
+  }
+  if (p.int64_param() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("request parameter 'sequence_position' is ",
+                                                   p.int64_param(), "; it must be >= 0"));
+  }
+  return p.int64_param();
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<SessionParams>> ParseSessionParameters(
+    const inference::ModelInferRequest& request) {
+  const ParameterMap& parameters = request.parameters();
+  // Every parameter is checked, so a wrong type is reported whether or not
+  // the request names a sequence.
+  LS_ASSIGN_OR_RETURN(std::optional<SessionId> id, SequenceIdParameter(parameters));
+  LS_ASSIGN_OR_RETURN(const bool start, BoolParameter(parameters, "sequence_start"));
+  LS_ASSIGN_OR_RETURN(const bool end, BoolParameter(parameters, "sequence_end"));
+  LS_ASSIGN_OR_RETURN(const std::optional<int64_t> position, SequencePositionParameter(parameters));
+  if (!id) {
+    // tritonclient sends none of them without an id; a client that sends a
+    // true flag or a position alone expects state, and computing the request
+    // as if it stood alone would be a silently wrong answer.
+    const char* stray = start      ? "sequence_start"
+                        : end      ? "sequence_end"
+                        : position ? "sequence_position"
+                                   : nullptr;
+    if (stray == nullptr) return std::nullopt;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request parameter '", stray,
+        "' is set without a sequence_id (absent, 0 or \"\" mean no sequence); name the session "
+        "with sequence_id, or drop the sequence parameters for a stateless request"));
+  }
+  SessionParams session;
+  session.id = *std::move(id);
+  session.start = start;
+  session.end = end;
+  session.position = position;
+  return session;
+}
+
+absl::Status CheckSessionsServed(const ServedModel& model, const SessionId& id) {
+  if (model.sessions) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "request names sequence_id ", id.ToString(), ", but model '", model.name, "' runs on the ",
+      model.backend,
+      " backend, which keeps no KV cache, so this server serves no sessions; requests without "
+      "sequence parameters work (each is computed on its own, positions 0..T-1)"));
+}
+
+ModelLimits LimitsOf(const ServedModel& model) {
+  return {.hidden_size = model.config.hidden_size,
+          .max_tokens_per_request = model.max_batch_tokens,
+          .max_sequence_tokens = model.max_sequence_tokens,
+          .sequence_limit_reason = model.sequence_limit_reason};
 }
 
 absl::StatusOr<std::unique_ptr<InferRequest>> MakeInferRequest(
-    const inference::ModelInferRequest& request, const ModelLimits& limits,
-    std::optional<SteadyTime> transport_deadline, SteadyTime now) {
+    const inference::ModelInferRequest& request, const ServedModel& model,
+    const ModelLimits& limits, std::optional<SteadyTime> transport_deadline, SteadyTime now) {
   LS_ASSIGN_OR_RETURN(const ValidatedInput input,
                       ValidateRequest(DescribeRequest(request), limits));
-  LS_RETURN_IF_ERROR(CheckNoSequenceParameters(request));
+  LS_ASSIGN_OR_RETURN(std::optional<SessionParams> session, ParseSessionParameters(request));
   LS_ASSIGN_OR_RETURN(const std::optional<SteadyTime> timeout_deadline,
                       TimeoutParameterDeadline(request, now));
+  if (session) LS_RETURN_IF_ERROR(CheckSessionsServed(model, session->id));
   auto infer = std::make_unique<InferRequest>();
   infer->id = request.id();
   infer->dtype = input.dtype;
@@ -121,6 +237,7 @@ absl::StatusOr<std::unique_ptr<InferRequest>> MakeInferRequest(
   infer->hidden = input.hidden;
   infer->input = request.raw_input_contents(0);
   infer->deadline = EarlierDeadline(transport_deadline, timeout_deadline);
+  infer->session = std::move(session);
   return infer;
 }
 

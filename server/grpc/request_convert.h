@@ -9,6 +9,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -32,12 +33,39 @@ RequestDescription DescribeRequest(const inference::ModelInferRequest& request);
 absl::StatusOr<std::optional<SteadyTime>> TimeoutParameterDeadline(
     const inference::ModelInferRequest& request, SteadyTime now);
 
-// INVALID_ARGUMENT when the request carries Triton's sequence parameters
-// (a non-zero or non-empty sequence_id, or sequence_start/sequence_end true):
-// the server keeps no per-sequence state yet, and computing such a request as
-// if it stood alone would be a silently wrong answer. Other parameters than
-// these and "timeout" are ignored (README: Protocol).
-absl::Status CheckNoSequenceParameters(const inference::ModelInferRequest& request);
+// Longest string sequence_id accepted, in bytes: the session table keeps the
+// id as its key (and remembers expired ones), so a client must not be able to
+// make it store arbitrarily large keys.
+inline constexpr size_t kMaxSequenceIdBytes = 256;
+
+// The session parameters of `request` (Triton's sequence batcher spelling,
+// README: Sessions), or nullopt for a stateless request:
+//   sequence_id        int64_param or string_param (what tritonclient sends for
+//                      an int and a str id), or uint64_param (Triton's
+//                      correlation ids are uint64: it is reinterpreted as
+//                      int64, so uint64 2^64-1 and int64 -1 name the same
+//                      session, as they do in Triton). 0 and "" mean "no
+//                      sequence", as in Triton. A string id and an integer
+//                      id never name the same session ("7" is not 7).
+//   sequence_start     bool_param: open the session (or reset it).
+//   sequence_end       bool_param: free it after this request.
+//   sequence_position  layerserve's extension, int64_param (or uint64_param)
+//                      >= 0: where the request's first token sits; smaller
+//                      than the session's length rolls it back.
+// INVALID_ARGUMENT, naming the parameter, for a parameter of another type, a
+// string id longer than kMaxSequenceIdBytes, a negative or out-of-range
+// position, and a true sequence_start / sequence_end or any sequence_position
+// without a sequence_id (false flags without an id are accepted: they ask for
+// nothing). Other parameters are not looked at.
+absl::StatusOr<std::optional<SessionParams>> ParseSessionParameters(
+    const inference::ModelInferRequest& request);
+
+// OK when `model` serves sessions. FAILED_PRECONDITION otherwise, naming the
+// model's backend and saying that stateless requests (no sequence_id) work:
+// the request is well formed, but this server was not started with what it
+// needs (a backend with a KV cache), which is what FAILED_PRECONDITION means;
+// UNIMPLEMENTED would tell the client that no server of this kind ever could.
+absl::Status CheckSessionsServed(const ServedModel& model, const SessionId& id);
 
 // A transport deadline (the call's gpr_timespec, ServerContext::raw_deadline;
 // gpr_inf_future means none) moved onto the steady clock the batcher uses,
@@ -52,14 +80,21 @@ std::optional<SteadyTime> SteadyDeadline(gpr_timespec deadline, gpr_timespec now
 // The earlier of two optional deadlines.
 std::optional<SteadyTime> EarlierDeadline(std::optional<SteadyTime> a, std::optional<SteadyTime> b);
 
-// Validates `request` against the model's limits and builds the core request:
-// id, dtype, shape and an `input` view into raw_input_contents[0]. The
-// deadline is the earlier of `transport_deadline` and the "timeout"
-// parameter; sequence parameters are refused (CheckNoSequenceParameters). on_done and is_cancelled
-// are left for the caller to set.
+// The limits ValidateRequest checks a request of `model` against.
+ModelLimits LimitsOf(const ServedModel& model);
+
+// Validates `request` against `limits` (LimitsOf(model), passed in so the
+// caller builds it once) and builds the core request: id, dtype, shape, an
+// `input` view into raw_input_contents[0], and `session` from the sequence
+// parameters (ParseSessionParameters; a session request for a model without
+// sessions is FAILED_PRECONDITION, CheckSessionsServed). The deadline is the
+// earlier of `transport_deadline` and the "timeout" parameter. on_done and
+// is_cancelled are left for the caller to set. Errors come in this order:
+// the tensor, the sequence parameters, the timeout (all INVALID_ARGUMENT),
+// then sessions not served (FAILED_PRECONDITION).
 absl::StatusOr<std::unique_ptr<InferRequest>> MakeInferRequest(
-    const inference::ModelInferRequest& request, const ModelLimits& limits,
-    std::optional<SteadyTime> transport_deadline, SteadyTime now);
+    const inference::ModelInferRequest& request, const ServedModel& model,
+    const ModelLimits& limits, std::optional<SteadyTime> transport_deadline, SteadyTime now);
 
 // Fills `response` for a request the core completed successfully: model name
 // and version, the echoed id, one output `hidden_states` with the input's

@@ -77,6 +77,53 @@ TEST(LayerctlCommandLineTest, InferFlags) {
   }
 }
 
+TEST(LayerctlCommandLineTest, InferSequenceFlags) {
+  const LayerctlArgs stateless = MustParse({"infer", "--model=demo", "--input=a", "--output=b"});
+  EXPECT_TRUE(IsNoSequence(stateless.infer_options.sequence_id));
+  EXPECT_FALSE(stateless.infer_options.sequence_start);
+  EXPECT_FALSE(stateless.infer_options.sequence_end);
+  EXPECT_FALSE(stateless.infer_options.sequence_position.has_value());
+
+  const LayerctlArgs start = MustParse({"infer", "--model=demo", "--input=a", "--output=b",
+                                        "--sequence-id", "42", "--sequence-start"});
+  EXPECT_EQ(start.infer_options.sequence_id, SequenceId(int64_t{42}));
+  EXPECT_TRUE(start.infer_options.sequence_start);
+  EXPECT_FALSE(start.infer_options.sequence_end);
+
+  const LayerctlArgs step =
+      MustParse({"infer", "--model=demo", "--input=a", "--output=b", "--sequence-id=chat-7",
+                 "--sequence-end", "--sequence-position=012"});
+  EXPECT_EQ(step.infer_options.sequence_id, SequenceId(std::string("chat-7")));
+  EXPECT_FALSE(step.infer_options.sequence_start);
+  EXPECT_TRUE(step.infer_options.sequence_end);
+  EXPECT_EQ(step.infer_options.sequence_position, 12);
+
+  const std::vector<std::string> base = {"infer", "--model=demo", "--input=a", "--output=b"};
+  const auto with = [&base](std::initializer_list<std::string> more) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), more);
+    return args;
+  };
+  ExpectUsageError(with({"--sequence-id=1", "--sequence-position=-1"}), "--sequence-position");
+  ExpectUsageError(with({"--sequence-id=1", "--sequence-position=x"}), "--sequence-position");
+  // Flags that only make sense for a session need its id.
+  ExpectUsageError(with({"--sequence-start"}), "--sequence-id");
+  ExpectUsageError(with({"--sequence-end"}), "--sequence-id");
+  ExpectUsageError(with({"--sequence-position=3"}), "--sequence-id");
+}
+
+TEST(LayerctlCommandLineTest, SequenceIdIsAnIntegerWhenItIsOne) {
+  EXPECT_EQ(ParseSequenceIdFlag("42"), SequenceId(int64_t{42}));
+  EXPECT_EQ(ParseSequenceIdFlag("-7"), SequenceId(int64_t{-7}));
+  EXPECT_EQ(ParseSequenceIdFlag("007"), SequenceId(int64_t{7}));
+  EXPECT_EQ(ParseSequenceIdFlag("0"), SequenceId(int64_t{0}));
+  EXPECT_EQ(ParseSequenceIdFlag("9223372036854775807"), SequenceId(int64_t{9223372036854775807}));
+  // Not an int64: a string id.
+  for (const char* text : {"chat-7", "9223372036854775808", "-", "", "+5", " 5", "5 ", "1e3"}) {
+    EXPECT_EQ(ParseSequenceIdFlag(text), SequenceId(std::string(text))) << text;
+  }
+}
+
 TEST(LayerctlCommandLineTest, BenchDefaultsAreBenchOptions) {
   const LayerctlArgs bench = MustParse({"bench", "--model", "demo", "--tokens", "32"});
   EXPECT_EQ(bench.command, Command::kBench);
@@ -153,6 +200,50 @@ TEST(LayerctlCommandLineTest, BenchTakesEveryFlag) {
             0.5);
 }
 
+TEST(LayerctlCommandLineTest, BenchSessions) {
+  const LayerctlArgs bench =
+      MustParse({"bench", "--model=m", "--sessions=16", "--prefill", "128", "--steps=64"});
+  EXPECT_EQ(bench.command, Command::kBench);
+  EXPECT_EQ(bench.bench.sessions, 16);
+  EXPECT_EQ(bench.bench.prefill_tokens, 128);
+  EXPECT_EQ(bench.bench.steps, 64);
+  EXPECT_EQ(bench.bench.step_tokens, 1) << "one token per step by default";
+  EXPECT_EQ(bench.bench.concurrency, 0);
+  EXPECT_EQ(bench.bench.rate_per_second, 0);
+  EXPECT_TRUE(bench.bench.session_id_prefix.empty()) << "random per run";
+
+  const LayerctlArgs wide =
+      MustParse({"bench", "--model=m", "--sessions=2", "--prefill=8", "--steps=0",
+                 "--step-tokens=4", "--batch=3", "--connections=2", "--json=s.json"});
+  EXPECT_EQ(wide.bench.steps, 0);
+  EXPECT_EQ(wide.bench.step_tokens, 4);
+  EXPECT_EQ(wide.bench.batch, 3);
+  EXPECT_EQ(wide.connections, 2);
+  EXPECT_EQ(wide.json_path, "s.json");
+
+  const std::vector<std::string> base = {"bench", "--model=m", "--sessions=2", "--prefill=8",
+                                         "--steps=4"};
+  const auto with = [&base](std::initializer_list<std::string> more) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), more);
+    return args;
+  };
+  // The session load has its own shape; the request load's flags do not mix.
+  for (const char* flag : {"--tokens=4", "--concurrency=2", "--rate=10", "--duration-s=3",
+                           "--warmup-s=1", "--max-in-flight=9", "--arrivals=uniform"}) {
+    const std::string name = std::string(flag).substr(0, std::string(flag).find('='));
+    ExpectUsageError(with({flag}), name);
+  }
+  ExpectUsageError({"bench", "--model=m", "--sessions=2", "--steps=4"}, "--prefill");
+  ExpectUsageError({"bench", "--model=m", "--sessions=2", "--prefill=4"}, "--steps");
+  ExpectUsageError({"bench", "--model=m", "--tokens=1", "--prefill=4"}, "--sessions");
+  ExpectUsageError({"bench", "--model=m", "--tokens=1", "--step-tokens=4"}, "--sessions");
+  ExpectUsageError(with({"--sessions=0"}), "--sessions");
+  ExpectUsageError(with({"--prefill=0"}), "--prefill");
+  ExpectUsageError(with({"--steps=-1"}), "--steps");
+  ExpectUsageError(with({"--step-tokens=0"}), "--step-tokens");
+}
+
 TEST(LayerctlCommandLineTest, RefusesWithTheUsageStatus) {
   ExpectUsageError({"bench", "--model=m"}, "--tokens");
   ExpectUsageError({"bench", "--tokens=1"}, "--model");
@@ -183,10 +274,29 @@ TEST(LayerctlCommandLineTest, HelpListsEveryCommandsFlagsWithDefaults) {
     EXPECT_FALSE(parsed.args.has_value());
     EXPECT_EQ(parsed.exit_status, kExitOk);
     EXPECT_EQ(parsed.err, "");
-    for (const char* text :
-         {"health", "metadata", "infer", "bench", "--url", "localhost:8001", "--input",
-          "--datatype", "--tokens", "--concurrency", "--rate", "--max-in-flight", "512",
-          "--connections", "--no-progress", "--json", "poisson"}) {
+    for (const char* text : {"health",
+                             "metadata",
+                             "infer",
+                             "bench",
+                             "--url",
+                             "localhost:8001",
+                             "--input",
+                             "--datatype",
+                             "--tokens",
+                             "--concurrency",
+                             "--rate",
+                             "--max-in-flight",
+                             "512",
+                             "--connections",
+                             "--no-progress",
+                             "--json",
+                             "poisson",
+                             "--sessions",
+                             "--prefill",
+                             "--steps",
+                             "--step-tokens",
+                             "--sequence-id",
+                             "--sequence-position"}) {
       EXPECT_TRUE(absl::StrContains(parsed.out, text))
           << help_flag << ": " << text << " is missing from:\n"
           << parsed.out;

@@ -1,0 +1,61 @@
+// Shared pieces of the load generators (see bench_common.h).
+#include "client/bench_common.h"
+
+#include <random>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace layerserve::client {
+
+absl::Status StoppedBy(const absl::Status& fatal) {
+  absl::Status out(
+      fatal.code(),
+      absl::StrCat("bench stopped: a request failed with ", absl::StatusCodeToString(fatal.code()),
+                   ", which every further request would get too: ", fatal.message()));
+  fatal.ForEachPayload(
+      [&out](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return out;
+}
+
+absl::Status CheckBenchDatatype(const std::string& datatype) {
+  if (datatype == "FP32" || datatype == "FP16" || datatype == "BF16") return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--datatype must be FP32, FP16 or BF16, not ", datatype));
+}
+
+absl::StatusOr<int64_t> HiddenFromMetadata(Client& client, const std::string& model) {
+  absl::StatusOr<inference::ModelMetadataResponse> metadata =
+      client.ModelMetadata(model, absl::Now() + absl::Seconds(10));
+  if (!metadata.ok()) return metadata.status();
+  int64_t hidden = 0;
+  for (const auto& input : metadata->inputs()) {
+    if (input.name() == kHiddenStates && input.shape_size() > 0) {
+      hidden = input.shape(input.shape_size() - 1);
+    }
+  }
+  if (hidden <= 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model ", model, " does not state its hidden size in its metadata; pass --hidden"));
+  }
+  return hidden;
+}
+
+std::vector<Tensor> RandomInputs(const std::vector<int64_t>& shape, const std::string& datatype,
+                                 uint64_t seed, size_t count) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  int64_t elements = 1;
+  for (int64_t dim : shape) elements *= dim;
+  std::vector<float> values(static_cast<size_t>(elements));
+  std::vector<Tensor> inputs;
+  for (size_t i = 0; i < count; ++i) {
+    for (float& v : values) v = normal(rng);
+    // Callers check the datatype and shape first, so the conversion succeeds.
+    inputs.push_back(*FloatsToTensor(values, shape, datatype));
+  }
+  return inputs;
+}
+
+}  // namespace layerserve::client

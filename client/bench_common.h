@@ -1,0 +1,69 @@
+// Pieces shared by the two load generators of `layerctl bench`: the request
+// bench (bench.h: independent requests, closed or open loop) and the session
+// bench (session_bench.h: sessions of a prefill and decode steps). Internal
+// to the client library.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "client/tensor.h"
+
+namespace layerserve::client {
+
+// The first fatal status any request got (IsFatalBenchStatus); once set,
+// every loop stops issuing requests and waits that watch it end early.
+// Thread-safe.
+class FatalStop {
+ public:
+  void Set(const absl::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!status_.ok()) return;
+      status_ = status;
+    }
+    stopped_.Notify();
+  }
+  bool stopped() const { return stopped_.HasBeenNotified(); }
+  // Waits until `deadline` or a stop, whichever comes first; true on a stop.
+  bool WaitUntil(absl::Time deadline) const {
+    return stopped_.WaitForNotificationWithDeadline(deadline);
+  }
+  absl::Status status() const {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  absl::Notification stopped_;
+};
+
+// The status a bench returns for a fatal request status: same code and
+// payloads (a call's status stays one, see IsCallStatus), the message says
+// the run stopped.
+absl::Status StoppedBy(const absl::Status& fatal);
+
+// INVALID_ARGUMENT naming --datatype unless it is FP32, FP16 or BF16.
+absl::Status CheckBenchDatatype(const std::string& datatype);
+
+// The model's hidden size, the last dimension of its "hidden_states" input
+// in ModelMetadata (FAILED_PRECONDITION asking for --hidden if it states
+// none); the call's own status on failure.
+absl::StatusOr<int64_t> HiddenFromMetadata(Client& client, const std::string& model);
+
+// `count` tensors of `shape` and `datatype` (FP32, FP16 or BF16) filled with
+// standard normal values drawn from `seed`.
+std::vector<Tensor> RandomInputs(const std::vector<int64_t>& shape, const std::string& datatype,
+                                 uint64_t seed, size_t count);
+
+}  // namespace layerserve::client

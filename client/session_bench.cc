@@ -1,0 +1,356 @@
+// Session load generator (see session_bench.h): one std::thread per session
+// over the blocking Infer, a barrier between the prefill and decode phases,
+// and one locked sink for the samples.
+#include "client/session_bench.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "client/bench_common.h"
+
+namespace layerserve::client {
+namespace {
+
+// What the session threads share: the phase barrier, the samples and the
+// counters the progress line reads.
+class SessionRun {
+ public:
+  SessionRun(int64_t sessions, absl::Time start) : prefill_pending_(sessions), start_(start) {}
+
+  // Called once per session after its prefill (answered or not); blocks
+  // until every session has called it. The last call starts the decode
+  // phase.
+  void FinishPrefillPhase() {
+    absl::MutexLock lock(&mu_);
+    if (--prefill_pending_ == 0) decode_start_ = absl::Now();
+    mu_.Await(absl::Condition(
+        +[](int64_t* pending) { return *pending == 0; }, &prefill_pending_));
+  }
+
+  void RecordPrefill(absl::Time issued, absl::Time done, const absl::Status& status) {
+    if (status.ok()) prefills_done_.fetch_add(1, std::memory_order_relaxed);
+    absl::MutexLock lock(&mu_);
+    if (!status.ok()) return RecordErrorLocked(status);
+    prefill_ms_.push_back(absl::ToDoubleMilliseconds(done - issued));
+  }
+
+  void RecordStep(absl::Time issued, absl::Time done, const absl::Status& status) {
+    if (status.ok()) steps_done_.fetch_add(1, std::memory_order_relaxed);
+    absl::MutexLock lock(&mu_);
+    if (!status.ok()) return RecordErrorLocked(status);
+    step_ms_.push_back(absl::ToDoubleMilliseconds(done - issued));
+    last_step_done_ = std::max(last_step_done_, done);
+  }
+
+  void RecordSession(bool completed) {
+    absl::MutexLock lock(&mu_);
+    if (completed) {
+      ++completed_;
+    } else {
+      ++failed_;
+    }
+  }
+
+  int64_t prefills_done() const { return prefills_done_.load(std::memory_order_relaxed); }
+  int64_t steps_done() const { return steps_done_.load(std::memory_order_relaxed); }
+  int64_t errors() const { return errors_.load(std::memory_order_relaxed); }
+
+  void Fill(SessionBenchReport& report) const {
+    absl::MutexLock lock(&mu_);
+    report.sessions_completed = completed_;
+    report.sessions_failed = failed_;
+    report.prefills_ok = static_cast<int64_t>(prefill_ms_.size());
+    report.steps_ok = static_cast<int64_t>(step_ms_.size());
+    report.errors_by_code = errors_by_code_;
+    report.prefill_seconds = absl::ToDoubleSeconds(decode_start_ - start_);
+    report.decode_seconds =
+        step_ms_.empty() ? 0 : absl::ToDoubleSeconds(last_step_done_ - decode_start_);
+    FinishSessionBenchReport(prefill_ms_, step_ms_, report);
+  }
+
+ private:
+  void RecordErrorLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    errors_.fetch_add(1, std::memory_order_relaxed);
+    ++errors_by_code_[absl::StatusCodeToString(status.code())];
+  }
+
+  mutable absl::Mutex mu_;
+  int64_t prefill_pending_ ABSL_GUARDED_BY(mu_);
+  const absl::Time start_;
+  absl::Time decode_start_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_step_done_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::vector<double> prefill_ms_ ABSL_GUARDED_BY(mu_);
+  std::vector<double> step_ms_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> errors_by_code_ ABSL_GUARDED_BY(mu_);
+  int64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int64_t> prefills_done_{0};
+  std::atomic<int64_t> steps_done_{0};
+  std::atomic<int64_t> errors_{0};
+};
+
+// Prints "elapsed, prefills, steps, decode tokens/s, errors" to stderr once a
+// second, rewriting the same line, until destroyed.
+class SessionProgressLine {
+ public:
+  SessionProgressLine(const SessionRun* run, const BenchOptions& options, absl::Time start,
+                      bool enabled)
+      : run_(run), options_(options), start_(start) {
+    if (enabled) thread_ = std::thread([this] { Run(); });
+  }
+  ~SessionProgressLine() {
+    stop_.Notify();
+    if (thread_.joinable()) {
+      thread_.join();
+      std::fputc('\n', stderr);
+    }
+  }
+
+ private:
+  void Run() {
+    const int64_t total_steps = options_.sessions * options_.steps;
+    int64_t previous_steps = 0;
+    while (!stop_.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+      const int64_t steps = run_->steps_done();
+      const double tokens_per_second =
+          static_cast<double>((steps - previous_steps) * options_.batch * options_.step_tokens);
+      std::fprintf(stderr,
+                   "\r[%6.1fs] prefill %lld/%lld | steps %lld/%lld | %.1f decode tok/s | errors "
+                   "%lld   ",
+                   absl::ToDoubleSeconds(absl::Now() - start_),
+                   static_cast<long long>(run_->prefills_done()),
+                   static_cast<long long>(options_.sessions), static_cast<long long>(steps),
+                   static_cast<long long>(total_steps), tokens_per_second,
+                   static_cast<long long>(run_->errors()));
+      std::fflush(stderr);
+      previous_steps = steps;
+    }
+  }
+
+  const SessionRun* run_;
+  const BenchOptions& options_;
+  const absl::Time start_;
+  absl::Notification stop_;
+  std::thread thread_;
+};
+
+// One session's life: prefill, barrier, steps. Returns once it is done,
+// abandoned or the run is stopped.
+void RunSession(Client& client, const BenchOptions& options, int64_t index,
+                const std::vector<SessionRequestPlan>& plan,
+                const std::vector<Tensor>& prefill_inputs, const std::vector<Tensor>& step_inputs,
+                SessionRun& run, FatalStop& fatal) {
+  InferOptions infer_options;
+  infer_options.sequence_id = SessionBenchId(options.session_id_prefix, index);
+  const auto send = [&](size_t i, const Tensor& input) {
+    infer_options.sequence_start = plan[i].start;
+    infer_options.sequence_end = plan[i].end;
+    const absl::Time issued = absl::Now();
+    absl::Status status = client
+                              .Infer(options.model, input,
+                                     issued + absl::Seconds(options.timeout_seconds), infer_options)
+                              .status();
+    if (IsFatalBenchStatus(status.code())) fatal.Set(status);
+    return std::make_pair(issued, status);
+  };
+  const size_t pick = static_cast<size_t>(index);
+
+  bool alive = !fatal.stopped();
+  if (alive) {
+    const auto [issued, status] = send(0, prefill_inputs[pick % prefill_inputs.size()]);
+    run.RecordPrefill(issued, absl::Now(), status);
+    alive = status.ok();
+  }
+  run.FinishPrefillPhase();
+  for (size_t i = 1; i < plan.size() && alive; ++i) {
+    if (fatal.stopped()) {
+      alive = false;
+      break;
+    }
+    const auto [issued, status] = send(i, step_inputs[(pick + i) % step_inputs.size()]);
+    run.RecordStep(issued, absl::Now(), status);
+    alive = status.ok();
+  }
+  run.RecordSession(alive);
+}
+
+}  // namespace
+
+std::vector<SessionRequestPlan> PlanSessionRequests(const BenchOptions& options) {
+  std::vector<SessionRequestPlan> plan;
+  plan.reserve(static_cast<size_t>(std::max<int64_t>(options.steps, 0)) + 1);
+  plan.push_back({.tokens = options.prefill_tokens, .start = true, .end = options.steps <= 0});
+  for (int64_t step = 0; step < options.steps; ++step) {
+    plan.push_back(
+        {.tokens = options.step_tokens, .start = false, .end = step == options.steps - 1});
+  }
+  return plan;
+}
+
+std::string NewSessionIdPrefix() {
+  std::random_device device;
+  const uint64_t bits = (static_cast<uint64_t>(device()) << 32) ^ device();
+  return absl::StrFormat("lsbench-%016x", bits);
+}
+
+std::string SessionBenchId(std::string_view prefix, int64_t index) {
+  return absl::StrCat(absl::string_view(prefix.data(), prefix.size()), "-", index);
+}
+
+LatencySummary SummarizeLatencies(const std::vector<double>& samples_ms) {
+  LatencySummary summary;
+  if (samples_ms.empty()) return summary;
+  summary.count = static_cast<int64_t>(samples_ms.size());
+  double sum = 0;
+  for (double v : samples_ms) sum += v;
+  summary.mean_ms = sum / static_cast<double>(samples_ms.size());
+  summary.max_ms = *std::max_element(samples_ms.begin(), samples_ms.end());
+  summary.p50_ms = Percentile(samples_ms, 50);
+  summary.p90_ms = Percentile(samples_ms, 90);
+  summary.p99_ms = Percentile(samples_ms, 99);
+  return summary;
+}
+
+void FinishSessionBenchReport(const std::vector<double>& prefill_ms,
+                              const std::vector<double>& step_ms, SessionBenchReport& report) {
+  const BenchOptions& o = report.options;
+  report.prefill_latency = SummarizeLatencies(prefill_ms);
+  report.step_latency = SummarizeLatencies(step_ms);
+  report.prefill_tokens_per_second =
+      report.prefill_seconds > 0
+          ? static_cast<double>(report.prefills_ok * o.batch * o.prefill_tokens) /
+                report.prefill_seconds
+          : 0;
+  report.decode_tokens_per_second =
+      report.decode_seconds > 0
+          ? static_cast<double>(report.steps_ok * o.batch * o.step_tokens) / report.decode_seconds
+          : 0;
+}
+
+absl::StatusOr<SessionBenchReport> RunSessionBench(const std::vector<Client*>& clients,
+                                                   BenchOptions options) {
+  if (clients.empty()) return absl::InvalidArgumentError("no client to run the benchmark with");
+  options.connections = static_cast<int>(clients.size());
+  if (options.model.empty()) return absl::InvalidArgumentError("--model is required");
+  if (options.sessions < 1 || options.prefill_tokens < 1 || options.steps < 0 ||
+      options.step_tokens < 1 || options.batch < 1) {
+    return absl::InvalidArgumentError(
+        "--sessions, --prefill, --step-tokens and --batch must be at least 1, --steps at least 0");
+  }
+  if (options.concurrency != 0 || options.rate_per_second != 0) {
+    return absl::InvalidArgumentError(
+        "--sessions sets the load itself: give neither --concurrency nor --rate");
+  }
+  if (!(options.timeout_seconds > 0)) {
+    return absl::InvalidArgumentError("--timeout-s must be positive");
+  }
+  if (absl::Status datatype = CheckBenchDatatype(options.datatype); !datatype.ok()) {
+    return datatype;
+  }
+  if (options.session_id_prefix.empty()) options.session_id_prefix = NewSessionIdPrefix();
+  if (options.session_id_prefix.size() > kMaxSessionIdPrefixBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the session id prefix has ",
+                                                   options.session_id_prefix.size(),
+                                                   " bytes; at most ", kMaxSessionIdPrefixBytes));
+  }
+  if (options.hidden <= 0) {
+    absl::StatusOr<int64_t> hidden = HiddenFromMetadata(*clients.front(), options.model);
+    if (!hidden.ok()) return hidden.status();
+    options.hidden = *hidden;
+  }
+
+  const std::vector<SessionRequestPlan> plan = PlanSessionRequests(options);
+  const std::vector<Tensor> prefill_inputs = RandomInputs(
+      {options.batch, options.prefill_tokens, options.hidden}, options.datatype, options.seed, 2);
+  const std::vector<Tensor> step_inputs = RandomInputs(
+      {options.batch, options.step_tokens, options.hidden}, options.datatype, options.seed + 1, 4);
+  SessionBenchReport report;
+  report.options = options;
+  const absl::Time start = absl::Now();
+  SessionRun run(options.sessions, start);
+  FatalStop fatal;
+  {
+    SessionProgressLine progress(&run, options, start, options.progress);
+    std::vector<std::thread> sessions;
+    sessions.reserve(static_cast<size_t>(options.sessions));
+    for (int64_t i = 0; i < options.sessions; ++i) {
+      sessions.emplace_back([&, i] {
+        RunSession(*clients[static_cast<size_t>(i) % clients.size()], options, i, plan,
+                   prefill_inputs, step_inputs, run, fatal);
+      });
+    }
+    for (std::thread& session : sessions) session.join();
+  }
+  if (fatal.stopped()) return StoppedBy(fatal.status());
+  run.Fill(report);
+  return report;
+}
+
+std::string FormatSessionBenchReport(const SessionBenchReport& r) {
+  const BenchOptions& o = r.options;
+  const auto latency = [](const LatencySummary& l) {
+    return absl::StrFormat("p50 %.2f  p90 %.2f  p99 %.2f  mean %.2f  max %.2f", l.p50_ms, l.p90_ms,
+                           l.p99_ms, l.mean_ms, l.max_ms);
+  };
+  std::string out = absl::StrFormat(
+      "model %s, %d sessions (ids %s-*) over %d %s: prefill [%d, %d, %d], then %d steps of "
+      "[%d, %d, %d] %s\n"
+      "prefill: %.3f s, %.1f tokens/s (%d ok); latency ms: %s\n"
+      "decode:  %.3f s, %.1f tokens/s (%d steps ok); step latency ms: %s\n"
+      "sessions: %d completed, %d failed\n",
+      o.model, o.sessions, o.session_id_prefix, o.connections,
+      o.connections == 1 ? "connection" : "connections", o.batch, o.prefill_tokens, o.hidden,
+      o.steps, o.batch, o.step_tokens, o.hidden, o.datatype, r.prefill_seconds,
+      r.prefill_tokens_per_second, r.prefills_ok, latency(r.prefill_latency), r.decode_seconds,
+      r.decode_tokens_per_second, r.steps_ok, latency(r.step_latency), r.sessions_completed,
+      r.sessions_failed);
+  for (const auto& [code, count] : r.errors_by_code) {
+    absl::StrAppend(&out, "errors ", code, ": ", count, "\n");
+  }
+  return out;
+}
+
+std::string SessionBenchReportJson(const SessionBenchReport& r) {
+  const BenchOptions& o = r.options;
+  const auto latency = [](const LatencySummary& l) {
+    return nlohmann::json{{"count", l.count}, {"p50", l.p50_ms},   {"p90", l.p90_ms},
+                          {"p99", l.p99_ms},  {"mean", l.mean_ms}, {"max", l.max_ms}};
+  };
+  nlohmann::json j;
+  j["model"] = o.model;
+  j["mode"] = "sessions";
+  j["batch"] = o.batch;
+  j["hidden"] = o.hidden;
+  j["datatype"] = o.datatype;
+  j["connections"] = o.connections;
+  j["sessions"] = o.sessions;
+  j["prefill_tokens"] = o.prefill_tokens;
+  j["steps"] = o.steps;
+  j["step_tokens"] = o.step_tokens;
+  j["session_id_prefix"] = o.session_id_prefix;
+  j["sessions_completed"] = r.sessions_completed;
+  j["sessions_failed"] = r.sessions_failed;
+  j["prefills_ok"] = r.prefills_ok;
+  j["steps_ok"] = r.steps_ok;
+  j["prefill_s"] = r.prefill_seconds;
+  j["decode_s"] = r.decode_seconds;
+  j["prefill_tokens_per_second"] = r.prefill_tokens_per_second;
+  j["decode_tokens_per_second"] = r.decode_tokens_per_second;
+  j["prefill_latency_ms"] = latency(r.prefill_latency);
+  j["step_latency_ms"] = latency(r.step_latency);
+  j["errors_by_code"] = r.errors_by_code;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace layerserve::client

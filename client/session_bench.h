@@ -1,0 +1,113 @@
+// Session load behind `layerctl bench --sessions N --prefill P --steps S
+// [--step-tokens K]`: what decoding through the server's KV cache costs.
+//
+// N sessions run at once, one thread each over the blocking unary Infer
+// (session i on clients[i % n]). Each sends a prefill of [B, P, hidden] with
+// sequence_start, then S steps of [B, K, hidden], the last with sequence_end
+// (with S = 0 the prefill carries it). The run has two phases: every session
+// prefills; once the last prefill is answered (a barrier), every session
+// decodes. So the decode phase measures decoding alone, with all N sessions
+// holding their KV cache:
+//   prefill tokens/s = prefills answered x B x P / prefill wall time
+//                      (from the start to the last prefill's answer)
+//   decode tokens/s  = steps answered x B x K / decode wall time
+//                      (from the barrier to the last step's answer);
+//                      N x S x K x B / wall time when nothing failed.
+// Latencies are per request: one prefill latency per session, one step
+// latency per decode step.
+//
+// Ids: string sequence ids "<prefix>-<i>", the prefix random per run
+// (NewSessionIdPrefix), so that bench processes running at once against one
+// server never step each other's sessions.
+//
+// Failures: a fatal status (IsFatalBenchStatus: the model has no sessions,
+// FAILED_PRECONDITION; a session not found, NOT_FOUND, e.g. freed by the
+// idle timeout; a malformed request) stops the run, which returns it. Any
+// other failure of a session's request abandons that session: it is counted
+// as failed, its remaining steps are not sent, and the server frees it at its
+// idle timeout. A step is not retried: after a client-side deadline the
+// server may still be computing it, and a retry would be refused as a second
+// step in flight.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/bench.h"
+#include "client/client.h"
+
+namespace layerserve::client {
+
+// One request of a session, in order.
+struct SessionRequestPlan {
+  int64_t tokens = 0;  // T of the [B, T, hidden] tensor
+  bool start = false;
+  bool end = false;
+  friend bool operator==(const SessionRequestPlan&, const SessionRequestPlan&) = default;
+};
+
+// The requests of every session: the prefill, then options.steps steps.
+std::vector<SessionRequestPlan> PlanSessionRequests(const BenchOptions& options);
+
+// "lsbench-" and 16 hex digits from std::random_device (64 random bits):
+// two runs draw the same prefix with probability 2^-64.
+std::string NewSessionIdPrefix();
+
+// The id of session `index` of a run: "<prefix>-<index>".
+std::string SessionBenchId(std::string_view prefix, int64_t index);
+
+// Longest prefix RunSessionBench accepts, so that every id stays within the
+// server's 256-byte limit on string sequence ids (20 digits and a '-' left).
+inline constexpr size_t kMaxSessionIdPrefixBytes = 256 - 21;
+
+struct LatencySummary {
+  int64_t count = 0;
+  double mean_ms = 0;
+  double p50_ms = 0;
+  double p90_ms = 0;
+  double p99_ms = 0;
+  double max_ms = 0;
+};
+
+// Count, mean, nearest-rank percentiles (Percentile) and maximum; all zero
+// for no samples.
+LatencySummary SummarizeLatencies(const std::vector<double>& samples_ms);
+
+struct SessionBenchReport {
+  BenchOptions options;            // as run (hidden and session_id_prefix resolved)
+  int64_t sessions_completed = 0;  // every request answered
+  int64_t sessions_failed = 0;     // abandoned after a failed request
+  int64_t prefills_ok = 0;
+  int64_t steps_ok = 0;
+  double prefill_seconds = 0;  // start -> last prefill answered
+  double decode_seconds = 0;   // barrier -> last step answered
+  double prefill_tokens_per_second = 0;
+  double decode_tokens_per_second = 0;
+  LatencySummary prefill_latency;
+  LatencySummary step_latency;
+  std::map<std::string, int64_t> errors_by_code;  // "RESOURCE_EXHAUSTED" -> count
+};
+
+// Fills the rates and latency summaries of `report` from its counts and
+// phase times and the latency samples (the pure part of RunSessionBench).
+void FinishSessionBenchReport(const std::vector<double>& prefill_ms,
+                              const std::vector<double>& step_ms, SessionBenchReport& report);
+
+// Runs the session benchmark against the server behind `clients` (at least
+// one). INVALID_ARGUMENT naming the flag for inconsistent options (sessions,
+// prefill_tokens, step_tokens and batch >= 1, steps >= 0, no concurrency or
+// rate, a known datatype, a prefix of at most kMaxSessionIdPrefixBytes);
+// a fatal request status as RunBench returns it; other request failures are
+// counted in the report.
+absl::StatusOr<SessionBenchReport> RunSessionBench(const std::vector<Client*>& clients,
+                                                   BenchOptions options);
+
+// Human-readable summary (several lines) and the JSON form of the report.
+std::string FormatSessionBenchReport(const SessionBenchReport& report);
+std::string SessionBenchReportJson(const SessionBenchReport& report);
+
+}  // namespace layerserve::client

@@ -1,0 +1,321 @@
+// Tests of the session bench (client/session_bench.h): the plan of each
+// session's requests, session ids, the statistics, the option checks, and
+// whole runs against an in-process fake server that records the sequence
+// parameters of every request.
+#include "client/session_bench.h"
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <memory>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "grpc_service.grpc.pb.h"
+
+namespace layerserve::client {
+namespace {
+
+BenchOptions SessionOptions(int64_t sessions, int64_t prefill, int64_t steps,
+                            int64_t step_tokens = 1) {
+  BenchOptions options;
+  options.model = "demo";
+  options.hidden = 4;
+  options.sessions = sessions;
+  options.prefill_tokens = prefill;
+  options.steps = steps;
+  options.step_tokens = step_tokens;
+  options.timeout_seconds = 10;
+  options.progress = false;
+  return options;
+}
+
+TEST(SessionPlanTest, PrefillWithStartThenStepsTheLastWithEnd) {
+  const std::vector<SessionRequestPlan> plan = PlanSessionRequests(SessionOptions(1, 5, 3, 2));
+  const std::vector<SessionRequestPlan> expected = {
+      {.tokens = 5, .start = true, .end = false},
+      {.tokens = 2, .start = false, .end = false},
+      {.tokens = 2, .start = false, .end = false},
+      {.tokens = 2, .start = false, .end = true},
+  };
+  EXPECT_EQ(plan, expected);
+  // No steps: the prefill opens and closes the session.
+  const std::vector<SessionRequestPlan> alone = {{.tokens = 7, .start = true, .end = true}};
+  EXPECT_EQ(PlanSessionRequests(SessionOptions(1, 7, 0)), alone);
+}
+
+TEST(SessionIdTest, RandomPrefixAndDistinctIds) {
+  const std::string a = NewSessionIdPrefix();
+  const std::string b = NewSessionIdPrefix();
+  EXPECT_TRUE(std::regex_match(a, std::regex("lsbench-[0-9a-f]{16}"))) << a;
+  EXPECT_NE(a, b) << "two runs drew the same prefix";
+  EXPECT_EQ(SessionBenchId("lsbench-00ff", 3), "lsbench-00ff-3");
+  std::set<std::string> ids;
+  for (int64_t i = 0; i < 1000; ++i) ids.insert(SessionBenchId(a, i));
+  EXPECT_EQ(ids.size(), 1000u);
+  // The longest prefix accepted and the largest index stay within the
+  // server's 256-byte limit on string ids.
+  EXPECT_LE(SessionBenchId(std::string(kMaxSessionIdPrefixBytes, 'p'),
+                           std::numeric_limits<int64_t>::min())
+                .size(),
+            256u);
+}
+
+TEST(SessionStatsTest, LatencySummaries) {
+  std::vector<double> samples;
+  for (int i = 100; i >= 1; --i) samples.push_back(i);
+  const LatencySummary summary = SummarizeLatencies(samples);
+  EXPECT_EQ(summary.count, 100);
+  EXPECT_EQ(summary.p50_ms, 50);
+  EXPECT_EQ(summary.p90_ms, 90);
+  EXPECT_EQ(summary.p99_ms, 99);
+  EXPECT_EQ(summary.max_ms, 100);
+  EXPECT_DOUBLE_EQ(summary.mean_ms, 50.5);
+  const LatencySummary empty = SummarizeLatencies({});
+  EXPECT_EQ(empty.count, 0);
+  EXPECT_EQ(empty.p99_ms, 0);
+  EXPECT_EQ(empty.mean_ms, 0);
+}
+
+TEST(SessionStatsTest, TokensPerSecondPerPhase) {
+  // 8 sessions of B = 2: prefill 100 tokens, then 50 steps of 3 tokens.
+  SessionBenchReport report;
+  report.options = SessionOptions(8, 100, 50, 3);
+  report.options.batch = 2;
+  report.prefills_ok = 8;
+  report.steps_ok = 8 * 50;
+  report.prefill_seconds = 0.5;
+  report.decode_seconds = 4.0;
+  FinishSessionBenchReport({10, 20}, {1, 2, 3}, report);
+  EXPECT_DOUBLE_EQ(report.prefill_tokens_per_second, 8 * 2 * 100 / 0.5);
+  // N x S x K x B / decode wall time.
+  EXPECT_DOUBLE_EQ(report.decode_tokens_per_second, 8 * 50 * 3 * 2 / 4.0);
+  EXPECT_EQ(report.prefill_latency.count, 2);
+  EXPECT_EQ(report.step_latency.count, 3);
+  EXPECT_EQ(report.step_latency.p50_ms, 2);
+
+  SessionBenchReport idle;
+  idle.options = SessionOptions(1, 1, 0);
+  FinishSessionBenchReport({}, {}, idle);
+  EXPECT_EQ(idle.decode_tokens_per_second, 0) << "no decode phase, no division by zero";
+}
+
+TEST(SessionBenchOptionsTest, InconsistentOptionsFailBeforeConnecting) {
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect("127.0.0.1:1");
+  ASSERT_TRUE(client.ok());
+  std::vector<BenchOptions> bad(9, SessionOptions(2, 4, 3));
+  bad[0].sessions = 0;
+  bad[1].prefill_tokens = 0;
+  bad[2].steps = -1;
+  bad[3].step_tokens = 0;
+  bad[4].batch = 0;
+  bad[5].concurrency = 2;
+  bad[6].rate_per_second = 5;
+  bad[7].datatype = "INT8";
+  bad[8].session_id_prefix = std::string(kMaxSessionIdPrefixBytes + 1, 'p');
+  for (size_t i = 0; i < bad.size(); ++i) {
+    const absl::Status status = RunSessionBench({client->get()}, bad[i]).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << i << ": " << status;
+    EXPECT_FALSE(IsCallStatus(status)) << i;
+  }
+  // And the request bench refuses a session load.
+  BenchOptions sessions = SessionOptions(2, 4, 3);
+  sessions.concurrency = 1;
+  EXPECT_EQ(RunBench(**client, sessions).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Echoes hidden_states back (or answers every call with a fixed error) and
+// records each request's sequence parameters and shape, per sequence id.
+class SessionService final : public inference::GRPCInferenceService::Service {
+ public:
+  struct Seen {
+    std::vector<int64_t> shape;
+    bool start = false;
+    bool end = false;
+    bool position_sent = false;
+    // When a step arrived, or a prefill was answered, on one counter.
+    int64_t order = 0;
+  };
+
+  explicit SessionService(grpc::Status status = grpc::Status::OK) : status_(std::move(status)) {}
+
+  grpc::Status ModelInfer(grpc::ServerContext*, const inference::ModelInferRequest* request,
+                          inference::ModelInferResponse* response) override {
+    Seen seen;
+    seen.shape.assign(request->inputs(0).shape().begin(), request->inputs(0).shape().end());
+    std::string id = "<none>";
+    for (const auto& [name, value] : request->parameters()) {
+      if (name == "sequence_id") id = value.string_param();
+      if (name == "sequence_start") seen.start = value.bool_param();
+      if (name == "sequence_end") seen.end = value.bool_param();
+      if (name == "sequence_position") seen.position_sent = true;
+    }
+    // Session 0's prefill is slow, so steps sent before every prefill is
+    // answered would show up in the order.
+    if (seen.start && absl::EndsWith(id, "-0")) absl::SleepFor(absl::Milliseconds(50));
+    {
+      absl::MutexLock lock(&mu_);
+      seen.order = next_order_++;
+      requests_[id].push_back(seen);
+    }
+    if (!status_.ok()) return status_;
+    auto* output = response->add_outputs();
+    output->set_name(kHiddenStates);
+    output->set_datatype(request->inputs(0).datatype());
+    *output->mutable_shape() = request->inputs(0).shape();
+    response->add_raw_output_contents(request->raw_input_contents(0));
+    return grpc::Status::OK;
+  }
+
+  std::map<std::string, std::vector<Seen>> requests() const {
+    absl::MutexLock lock(&mu_);
+    return requests_;
+  }
+
+ private:
+  const grpc::Status status_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::vector<Seen>> requests_ ABSL_GUARDED_BY(mu_);
+  int64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+class SessionServer {
+ public:
+  explicit SessionServer(grpc::Status status = grpc::Status::OK) : service_(std::move(status)) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+  }
+  ~SessionServer() { server_->Shutdown(); }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  const SessionService& service() const { return service_; }
+
+ private:
+  SessionService service_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+TEST(SessionBenchRunTest, EverySessionStartsStepsAndEndsInOrder) {
+  SessionServer server;
+  std::vector<std::unique_ptr<Client>> owned;
+  std::vector<Client*> clients;
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server.address());
+    ASSERT_TRUE(client.ok());
+    clients.push_back(client->get());
+    owned.push_back(*std::move(client));
+  }
+  constexpr int64_t kSessions = 5, kPrefill = 6, kSteps = 4, kStepTokens = 2;
+  BenchOptions options = SessionOptions(kSessions, kPrefill, kSteps, kStepTokens);
+  options.batch = 2;
+  absl::StatusOr<SessionBenchReport> report = RunSessionBench(clients, options);
+  ASSERT_TRUE(report.ok()) << report.status();
+
+  EXPECT_EQ(report->sessions_completed, kSessions);
+  EXPECT_EQ(report->sessions_failed, 0);
+  EXPECT_EQ(report->prefills_ok, kSessions);
+  EXPECT_EQ(report->steps_ok, kSessions * kSteps);
+  EXPECT_EQ(report->prefill_latency.count, kSessions);
+  EXPECT_EQ(report->step_latency.count, kSessions * kSteps);
+  EXPECT_TRUE(report->errors_by_code.empty());
+  EXPECT_GT(report->decode_seconds, 0);
+  EXPECT_DOUBLE_EQ(report->decode_tokens_per_second,
+                   kSessions * kSteps * kStepTokens * 2 / report->decode_seconds);
+  EXPECT_EQ(report->options.connections, 2);
+  const std::string& prefix = report->options.session_id_prefix;
+  EXPECT_TRUE(absl::StartsWith(prefix, "lsbench-")) << prefix;
+
+  const auto requests = server.service().requests();
+  ASSERT_EQ(requests.size(), static_cast<size_t>(kSessions));
+  // The decode phase begins once every prefill is answered.
+  int64_t last_prefill = -1, first_step = std::numeric_limits<int64_t>::max();
+  for (const auto& [id, seen] : requests) {
+    for (const SessionService::Seen& r : seen) {
+      if (r.start) last_prefill = std::max(last_prefill, r.order);
+      if (!r.start) first_step = std::min(first_step, r.order);
+    }
+  }
+  EXPECT_LT(last_prefill, first_step);
+  for (int64_t i = 0; i < kSessions; ++i) {
+    const std::string id = SessionBenchId(prefix, i);
+    SCOPED_TRACE(id);
+    ASSERT_EQ(requests.count(id), 1u);
+    const std::vector<SessionService::Seen>& seen = requests.at(id);
+    ASSERT_EQ(seen.size(), static_cast<size_t>(1 + kSteps));
+    for (size_t r = 0; r < seen.size(); ++r) {
+      const std::vector<int64_t> shape = {2, r == 0 ? kPrefill : kStepTokens, 4};
+      EXPECT_EQ(seen[r].shape, shape) << r;
+      EXPECT_EQ(seen[r].start, r == 0) << r;
+      EXPECT_EQ(seen[r].end, r == seen.size() - 1) << r;
+      EXPECT_FALSE(seen[r].position_sent) << r;
+    }
+  }
+  // The report's text and JSON name the phases.
+  const std::string text = FormatSessionBenchReport(*report);
+  EXPECT_TRUE(absl::StrContains(text, "decode:")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "5 completed, 0 failed")) << text;
+  const std::string json = SessionBenchReportJson(*report);
+  for (const char* key : {"\"decode_tokens_per_second\"", "\"step_latency_ms\"", "\"p99\"",
+                          "\"session_id_prefix\"", "\"mode\": \"sessions\""}) {
+    EXPECT_TRUE(absl::StrContains(json, key)) << key << " missing from " << json;
+  }
+}
+
+TEST(SessionBenchRunTest, ConcurrentRunsUseDifferentIds) {
+  SessionServer server;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server.address());
+  ASSERT_TRUE(client.ok());
+  absl::StatusOr<SessionBenchReport> first, second;
+  std::thread other([&] { first = RunSessionBench({client->get()}, SessionOptions(3, 2, 2)); });
+  second = RunSessionBench({client->get()}, SessionOptions(3, 2, 2));
+  other.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE(first->options.session_id_prefix, second->options.session_id_prefix);
+  // 6 sessions, 3 requests each, none sharing an id.
+  const auto requests = server.service().requests();
+  EXPECT_EQ(requests.size(), 6u);
+  for (const auto& [id, seen] : requests) EXPECT_EQ(seen.size(), 3u) << id;
+}
+
+TEST(SessionBenchRunTest, ALoadErrorAbandonsTheSessionAndIsCounted) {
+  SessionServer server(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "no free KV blocks"));
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server.address());
+  ASSERT_TRUE(client.ok());
+  absl::StatusOr<SessionBenchReport> report =
+      RunSessionBench({client->get()}, SessionOptions(4, 8, 10));
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->sessions_completed, 0);
+  EXPECT_EQ(report->sessions_failed, 4);
+  EXPECT_EQ(report->steps_ok, 0);
+  EXPECT_EQ(report->errors_by_code["RESOURCE_EXHAUSTED"], 4);
+  // Only the prefills were sent: an abandoned session sends no steps.
+  for (const auto& [id, seen] : server.service().requests()) EXPECT_EQ(seen.size(), 1u) << id;
+}
+
+TEST(SessionBenchRunTest, StopsOnAFatalStatus) {
+  SessionServer server(
+      grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the cpu backend keeps no KV cache"));
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server.address());
+  ASSERT_TRUE(client.ok());
+  const absl::Status status = RunSessionBench({client->get()}, SessionOptions(3, 8, 100)).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "no KV cache")) << status;
+  EXPECT_TRUE(IsCallStatus(status));
+}
+
+}  // namespace
+}  // namespace layerserve::client
