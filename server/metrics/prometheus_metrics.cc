@@ -85,8 +85,12 @@ constexpr time_t kKeepAliveSeconds = 1;
 
 constexpr auto kStopPollInterval = std::chrono::milliseconds(1);
 
-constexpr std::string_view kRejectionReasons[] = {"queue_full",  "invalid",  "unknown_model",
-                                                  "unavailable", "deadline", "cancelled"};
+// The reasons a call for the served model can be rejected for (see
+// RejectionReason); unknown_model is only ever counted under model="other".
+constexpr std::string_view kRejectionReasons[] = {
+    "resource_exhausted", "invalid",  "unknown_session", "session_state",
+    "unavailable",        "deadline", "cancelled"};
+constexpr char kUnknownModelReason[] = "unknown_model";
 
 // --- process_* families, read from /proc at scrape time ------------------------
 // prometheus-cpp has no process collector; these follow the names, types and
@@ -187,10 +191,13 @@ void AppendProcessFamilies(std::vector<prometheus::MetricFamily>& out) {
 
 }  // namespace
 
-std::string_view RejectionReason(std::string_view code) {
-  if (code == "RESOURCE_EXHAUSTED") return "queue_full";
+std::string_view RejectionReason(std::string_view code, bool served_model) {
+  if (code == "RESOURCE_EXHAUSTED") return "resource_exhausted";
   if (code == "INVALID_ARGUMENT") return "invalid";
-  if (code == "NOT_FOUND") return "unknown_model";
+  // The edge answers NOT_FOUND for a model it does not serve before the call
+  // reaches the core; past that, only the session table says NOT_FOUND.
+  if (code == "NOT_FOUND") return served_model ? "unknown_session" : kUnknownModelReason;
+  if (code == "FAILED_PRECONDITION") return "session_state";
   if (code == "UNAVAILABLE") return "unavailable";
   if (code == "DEADLINE_EXCEEDED") return "deadline";
   if (code == "CANCELLED") return "cancelled";
@@ -283,6 +290,7 @@ struct PrometheusMetrics::Impl {
     for (std::string_view reason : kRejectionReasons) {
       rejections.Add({{"model", model_name}, {"reason", std::string(reason)}});
     }
+    rejections.Add({{"model", kOtherModelLabel}, {"reason", kUnknownModelReason}});
   }
 
   prometheus::Labels ModelLabel() const { return {{"model", model_name}}; }
@@ -334,7 +342,7 @@ void PrometheusMetrics::OnRequestFinished(const RequestRecord& r) {
       .Add({{"model", served ? impl_->model_name : std::string(kOtherModelLabel)},
             {"code", std::string(r.code)}})
       .Increment();
-  if (const std::string_view reason = RejectionReason(r.code); !reason.empty()) {
+  if (const std::string_view reason = RejectionReason(r.code, served); !reason.empty()) {
     impl_->rejections
         .Add({{"model", served ? impl_->model_name : std::string(kOtherModelLabel)},
               {"reason", std::string(reason)}})

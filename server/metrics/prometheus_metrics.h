@@ -91,12 +91,28 @@ class PrometheusMetrics final : public ServerObserver {
 
 // The reason label of layerserve_rejections_total for a request's canonical
 // code, or "" when the code is no rejection (OK, or an error while serving:
-// INTERNAL, UNKNOWN, ...). A fixed set: queue_full (RESOURCE_EXHAUSTED: the
-// queue is full, or the reply would be too large), invalid (INVALID_ARGUMENT),
-// unknown_model (NOT_FOUND), unavailable (UNAVAILABLE: not ready or
-// draining), deadline (DEADLINE_EXCEEDED: expired before it ran), cancelled
-// (CANCELLED by the client).
-std::string_view RejectionReason(std::string_view code);
+// INTERNAL, UNKNOWN, ...). `served_model`: the call named the model this
+// server serves (RequestRecord::model not empty). A fixed set:
+//   resource_exhausted  RESOURCE_EXHAUSTED: the queue is full (by count or
+//                       bytes), the reply would be too large, or a session
+//                       step found too few free KV cache blocks, has more sequences
+//                       than the pool has blocks, would pass the session's
+//                       token limit, or would start a session past
+//                       max_sessions
+//   invalid             INVALID_ARGUMENT
+//   unknown_model       NOT_FOUND for a model or version this server does not
+//                       serve (only under model="other")
+//   unknown_session     NOT_FOUND for the served model: no such session, or it
+//                       was freed for idleness
+//   session_state       FAILED_PRECONDITION: a session request out of turn
+//                       (a sequence_start while the session has a request
+//                       queued or running, a sequence_position past the
+//                       session's length), or one sent to a server that keeps
+//                       no sessions
+//   unavailable         UNAVAILABLE: not ready, or draining
+//   deadline            DEADLINE_EXCEEDED: expired before it ran
+//   cancelled           CANCELLED by the client
+std::string_view RejectionReason(std::string_view code, bool served_model);
 
 // Serves GET /metrics (and GET /healthz) on its own thread.
 class MetricsHttpServer {

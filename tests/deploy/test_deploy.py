@@ -484,8 +484,8 @@ def test_process_and_request_families_of_a_live_server(full_server, served_metri
     assert count > 0 and total == 4 * count  # the bench sends [1, 4, hidden]
     reasons = {s.labels["reason"] for s in families["layerserve_rejections"].samples
                if s.name.endswith("_total")}
-    assert {"queue_full", "invalid", "unknown_model", "unavailable", "deadline",
-            "cancelled"} <= reasons
+    assert {"resource_exhausted", "invalid", "unknown_model", "unknown_session", "session_state",
+            "unavailable", "deadline", "cancelled"} <= reasons
 
 
 def test_unknown_model_is_not_counted_as_the_served_model(server_bin, tmp_path):

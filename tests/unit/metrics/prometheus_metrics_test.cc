@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -158,36 +159,50 @@ TEST(PrometheusMetricsTest, P99DoesNotSnapToABucketEdge) {
 
 TEST(PrometheusMetricsTest, RejectionsAreCountedByReason) {
   PrometheusMetrics metrics(kModel);
-  const Labels demo = {{"model", kModel}};
   const auto rejected = [](const Exposition& e, const std::string& model, const char* reason) {
     return e.Find("layerserve_rejections_total", {{"model", model}, {"reason", reason}});
   };
-  // Every reason has a series from the start, so rate() has a zero.
+  // Every reason has a series from the start, so rate() has a zero; an
+  // unknown model is only ever counted under model="other".
   Exposition e = Parse(metrics);
-  for (const char* reason :
-       {"queue_full", "invalid", "unknown_model", "unavailable", "deadline", "cancelled"}) {
+  for (const char* reason : {"resource_exhausted", "invalid", "unknown_session", "session_state",
+                             "unavailable", "deadline", "cancelled"}) {
     EXPECT_EQ(rejected(e, kModel, reason), 0.0) << reason;
   }
-  for (const char* code : {"RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT",
-                           "UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "OK", "INTERNAL"}) {
+  EXPECT_EQ(rejected(e, "other", "unknown_model"), 0.0);
+  EXPECT_EQ(rejected(e, kModel, "unknown_model"), std::nullopt);
+  for (const char* code :
+       {"RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT", "UNAVAILABLE",
+        "DEADLINE_EXCEEDED", "CANCELLED", "NOT_FOUND", "FAILED_PRECONDITION", "FAILED_PRECONDITION",
+        "FAILED_PRECONDITION", "OK", "INTERNAL"}) {
     metrics.OnRequestFinished({.model = kModel, .code = code, .duration_seconds = 1e-3});
   }
   metrics.OnRequestFinished({.model = {}, .code = "NOT_FOUND", .duration_seconds = 1e-5});
   e = Parse(metrics);
-  EXPECT_EQ(rejected(e, kModel, "queue_full"), 2.0);
+  EXPECT_EQ(rejected(e, kModel, "resource_exhausted"), 2.0);
   EXPECT_EQ(rejected(e, kModel, "invalid"), 1.0);
   EXPECT_EQ(rejected(e, kModel, "unavailable"), 1.0);
   EXPECT_EQ(rejected(e, kModel, "deadline"), 1.0);
   EXPECT_EQ(rejected(e, kModel, "cancelled"), 1.0);
-  EXPECT_EQ(rejected(e, kModel, "unknown_model"), 0.0);
+  // NOT_FOUND for the served model can only be the session table's.
+  EXPECT_EQ(rejected(e, kModel, "unknown_session"), 1.0);
+  EXPECT_EQ(rejected(e, kModel, "session_state"), 3.0);
+  EXPECT_EQ(rejected(e, kModel, "unknown_model"), std::nullopt);
   EXPECT_EQ(rejected(e, "other", "unknown_model"), 1.0);
+  EXPECT_EQ(rejected(e, "other", "unknown_session"), std::nullopt);
   double total = 0;
   for (const auto& sample : e.samples) {
     if (sample.name == "layerserve_rejections_total") total += sample.value;
   }
-  EXPECT_EQ(total, 7.0) << "OK and INTERNAL are no rejections";
-  EXPECT_EQ(RejectionReason("INTERNAL"), "");
-  EXPECT_EQ(RejectionReason("OK"), "");
+  EXPECT_EQ(total, 11.0) << "OK and INTERNAL are no rejections";
+  for (bool served : {true, false}) {
+    EXPECT_EQ(RejectionReason("INTERNAL", served), "");
+    EXPECT_EQ(RejectionReason("OK", served), "");
+    EXPECT_EQ(RejectionReason("UNKNOWN", served), "");
+    EXPECT_EQ(RejectionReason("FAILED_PRECONDITION", served), "session_state");
+  }
+  EXPECT_EQ(RejectionReason("NOT_FOUND", true), "unknown_session");
+  EXPECT_EQ(RejectionReason("NOT_FOUND", false), "unknown_model");
 }
 
 TEST(PrometheusMetricsTest, TokensPerRequest) {
