@@ -204,6 +204,75 @@ std::string_view RejectionReason(std::string_view code, bool served_model) {
   return "";
 }
 
+namespace {
+
+// The series of the session and KV cache families for the served model.
+struct SessionSeries {
+  SessionSeries(prometheus::Registry& registry, const prometheus::Labels& model);
+
+  prometheus::Family<prometheus::Counter>& freed;
+  prometheus::Family<prometheus::Counter>& steps_rejected;
+  prometheus::Gauge& open;
+  prometheus::Gauge& in_flight;
+  prometheus::Gauge& blocks_used;
+  prometheus::Gauge& blocks;
+  prometheus::Gauge& block_tokens;
+  prometheus::Gauge& bytes;
+  prometheus::Gauge& max_sessions;
+  prometheus::Counter& freed_end;
+  prometheus::Counter& freed_idle;
+  prometheus::Counter& freed_reset;
+  prometheus::Counter& rejected_kv_memory;
+};
+
+prometheus::Gauge& AddGauge(prometheus::Registry& registry, const char* name, const char* help,
+                            const prometheus::Labels& labels) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add(labels);
+}
+
+prometheus::Labels WithReason(prometheus::Labels labels, const char* reason) {
+  labels.emplace("reason", reason);
+  return labels;
+}
+
+SessionSeries::SessionSeries(prometheus::Registry& registry, const prometheus::Labels& model)
+    : freed(prometheus::BuildCounter()
+                .Name("layerserve_sessions_freed_total")
+                .Help("Sessions freed, by reason: end (a step with sequence_end), idle_timeout, "
+                      "reset (replaced by a sequence_start).")
+                .Register(registry)),
+      steps_rejected(prometheus::BuildCounter()
+                         .Name("layerserve_session_steps_rejected_total")
+                         .Help("Session steps refused, by reason: kv_memory (too few free KV "
+                               "cache blocks).")
+                         .Register(registry)),
+      open(AddGauge(registry, "layerserve_sessions_open", "Sessions open.", model)),
+      in_flight(AddGauge(registry, "layerserve_sessions_in_flight",
+                         "Open sessions with a step running.", model)),
+      blocks_used(AddGauge(registry, "layerserve_kv_cache_blocks_used",
+                           "KV cache blocks held by open sessions.", model)),
+      blocks(
+          AddGauge(registry, "layerserve_kv_cache_blocks", "Blocks in the KV cache pool.", model)),
+      block_tokens(AddGauge(registry, "layerserve_kv_cache_block_tokens",
+                            "Tokens per KV cache block.", model)),
+      bytes(AddGauge(registry, "layerserve_kv_cache_bytes", "Bytes of the KV cache pool.", model)),
+      max_sessions(
+          AddGauge(registry, "layerserve_max_sessions", "Sessions open at once, at most.", model)),
+      freed_end(freed.Add(WithReason(model, "end"))),
+      freed_idle(freed.Add(WithReason(model, "idle_timeout"))),
+      freed_reset(freed.Add(WithReason(model, "reset"))),
+      rejected_kv_memory(steps_rejected.Add(WithReason(model, "kv_memory"))) {}
+
+// The counter's increase from `seen` to `now` (cumulative counts), never
+// negative: an older report may arrive after a newer one.
+void Advance(prometheus::Counter& counter, int64_t now, int64_t& seen) {
+  if (now <= seen) return;
+  counter.Increment(static_cast<double>(now - seen));
+  seen = now;
+}
+
+}  // namespace
+
 struct PrometheusMetrics::Impl {
   explicit Impl(std::string name)
       : model_name(std::move(name)),
@@ -327,6 +396,14 @@ struct PrometheusMetrics::Impl {
 
   absl::Mutex build_info_mu;
   prometheus::Gauge* build_info_series ABSL_GUARDED_BY(build_info_mu) = nullptr;
+
+  // The session families, registered by the first SetKvCache so that a
+  // server without a KV cache exports none of them.
+  absl::Mutex sessions_mu;
+  std::unique_ptr<SessionSeries> sessions ABSL_GUARDED_BY(sessions_mu);
+  // The largest cumulative counts reported so far: each report advances the
+  // counters by what it adds to these.
+  SessionTableStats sessions_seen ABSL_GUARDED_BY(sessions_mu);
 };
 
 PrometheusMetrics::PrometheusMetrics(std::string model_name)
@@ -367,6 +444,42 @@ void PrometheusMetrics::SetLimits(const ServingLimits& limits) {
   impl_->max_queue_bytes.Add(model).Set(static_cast<double>(limits.max_queue_bytes));
   impl_->max_batch_tokens.Add(model).Set(static_cast<double>(limits.max_batch_tokens));
   impl_->max_queue_delay.Add(model).Set(limits.max_queue_delay_seconds);
+}
+
+void PrometheusMetrics::SetKvCache(const KvCacheInfo& info) {
+  absl::MutexLock lock(&impl_->sessions_mu);
+  if (impl_->sessions == nullptr) {
+    impl_->sessions = std::make_unique<SessionSeries>(*impl_->registry, impl_->ModelLabel());
+  }
+  SessionSeries& s = *impl_->sessions;
+  s.blocks.Set(static_cast<double>(info.blocks));
+  s.block_tokens.Set(static_cast<double>(info.block_tokens));
+  s.bytes.Set(static_cast<double>(info.bytes));
+  s.max_sessions.Set(static_cast<double>(info.max_sessions));
+}
+
+void PrometheusMetrics::OnSessions(const SessionTableStats& stats) {
+  absl::MutexLock lock(&impl_->sessions_mu);
+  if (impl_->sessions == nullptr) return;
+  SessionSeries& s = *impl_->sessions;
+  SessionTableStats& seen = impl_->sessions_seen;
+  // Reports are snapshots of one table taken under its lock, and the counts
+  // only grow, so a report with any count below one already seen was taken
+  // before a report already applied: its gauges would go back in time. (One
+  // with equal counts may still be older; the next report corrects it.)
+  const bool older = stats.freed_end < seen.freed_end || stats.freed_idle < seen.freed_idle ||
+                     stats.freed_reset < seen.freed_reset ||
+                     stats.rejected_no_blocks < seen.rejected_no_blocks;
+  if (!older) {
+    s.open.Set(static_cast<double>(stats.sessions_open));
+    s.in_flight.Set(static_cast<double>(stats.sessions_in_flight));
+    s.blocks_used.Set(static_cast<double>(stats.blocks_used));
+    s.blocks.Set(static_cast<double>(stats.blocks_capacity));
+  }
+  Advance(s.freed_end, stats.freed_end, seen.freed_end);
+  Advance(s.freed_idle, stats.freed_idle, seen.freed_idle);
+  Advance(s.freed_reset, stats.freed_reset, seen.freed_reset);
+  Advance(s.rejected_kv_memory, stats.rejected_no_blocks, seen.rejected_no_blocks);
 }
 
 void PrometheusMetrics::OnDequeued(const DequeueRecord& r) {
