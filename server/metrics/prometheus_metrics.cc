@@ -25,7 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -85,8 +85,12 @@ constexpr time_t kKeepAliveSeconds = 1;
 
 constexpr auto kStopPollInterval = std::chrono::milliseconds(1);
 
-constexpr std::string_view kRejectionReasons[] = {"queue_full",  "invalid",  "unknown_model",
-                                                  "unavailable", "deadline", "cancelled"};
+// The reasons a call for the served model can be rejected for (see
+// RejectionReason); unknown_model is only ever counted under model="other".
+constexpr std::string_view kRejectionReasons[] = {
+    "resource_exhausted", "invalid",  "unknown_session", "session_state",
+    "unavailable",        "deadline", "cancelled"};
+constexpr char kUnknownModelReason[] = "unknown_model";
 
 // --- process_* families, read from /proc at scrape time ------------------------
 // prometheus-cpp has no process collector; these follow the names, types and
@@ -187,15 +191,87 @@ void AppendProcessFamilies(std::vector<prometheus::MetricFamily>& out) {
 
 }  // namespace
 
-std::string_view RejectionReason(std::string_view code) {
-  if (code == "RESOURCE_EXHAUSTED") return "queue_full";
+std::string_view RejectionReason(std::string_view code, bool served_model) {
+  if (code == "RESOURCE_EXHAUSTED") return "resource_exhausted";
   if (code == "INVALID_ARGUMENT") return "invalid";
-  if (code == "NOT_FOUND") return "unknown_model";
+  // The edge answers NOT_FOUND for a model it does not serve before the call
+  // reaches the core; past that, only the session table says NOT_FOUND.
+  if (code == "NOT_FOUND") return served_model ? "unknown_session" : kUnknownModelReason;
+  if (code == "FAILED_PRECONDITION") return "session_state";
   if (code == "UNAVAILABLE") return "unavailable";
   if (code == "DEADLINE_EXCEEDED") return "deadline";
   if (code == "CANCELLED") return "cancelled";
   return "";
 }
+
+namespace {
+
+// The series of the session and KV cache families for the served model.
+struct SessionSeries {
+  SessionSeries(prometheus::Registry& registry, const prometheus::Labels& model);
+
+  prometheus::Family<prometheus::Counter>& freed;
+  prometheus::Family<prometheus::Counter>& steps_rejected;
+  prometheus::Gauge& open;
+  prometheus::Gauge& in_flight;
+  prometheus::Gauge& blocks_used;
+  prometheus::Gauge& blocks;
+  prometheus::Gauge& block_tokens;
+  prometheus::Gauge& bytes;
+  prometheus::Gauge& max_sessions;
+  prometheus::Counter& freed_end;
+  prometheus::Counter& freed_idle;
+  prometheus::Counter& freed_reset;
+  prometheus::Counter& rejected_kv_memory;
+};
+
+prometheus::Gauge& AddGauge(prometheus::Registry& registry, const char* name, const char* help,
+                            const prometheus::Labels& labels) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add(labels);
+}
+
+prometheus::Labels WithReason(prometheus::Labels labels, const char* reason) {
+  labels.emplace("reason", reason);
+  return labels;
+}
+
+SessionSeries::SessionSeries(prometheus::Registry& registry, const prometheus::Labels& model)
+    : freed(prometheus::BuildCounter()
+                .Name("layerserve_sessions_freed_total")
+                .Help("Sessions freed, by reason: end (a step with sequence_end), idle_timeout, "
+                      "reset (replaced by a sequence_start).")
+                .Register(registry)),
+      steps_rejected(prometheus::BuildCounter()
+                         .Name("layerserve_session_steps_rejected_total")
+                         .Help("Session steps refused, by reason: kv_memory (too few free KV "
+                               "cache blocks).")
+                         .Register(registry)),
+      open(AddGauge(registry, "layerserve_sessions_open", "Sessions open.", model)),
+      in_flight(AddGauge(registry, "layerserve_sessions_in_flight",
+                         "Open sessions with a step running.", model)),
+      blocks_used(AddGauge(registry, "layerserve_kv_cache_blocks_used",
+                           "KV cache blocks held by open sessions.", model)),
+      blocks(
+          AddGauge(registry, "layerserve_kv_cache_blocks", "Blocks in the KV cache pool.", model)),
+      block_tokens(AddGauge(registry, "layerserve_kv_cache_block_tokens",
+                            "Tokens per KV cache block.", model)),
+      bytes(AddGauge(registry, "layerserve_kv_cache_bytes", "Bytes of the KV cache pool.", model)),
+      max_sessions(
+          AddGauge(registry, "layerserve_max_sessions", "Sessions open at once, at most.", model)),
+      freed_end(freed.Add(WithReason(model, "end"))),
+      freed_idle(freed.Add(WithReason(model, "idle_timeout"))),
+      freed_reset(freed.Add(WithReason(model, "reset"))),
+      rejected_kv_memory(steps_rejected.Add(WithReason(model, "kv_memory"))) {}
+
+// The counter's increase from `seen` to `now` (cumulative counts), never
+// negative: an older report may arrive after a newer one.
+void Advance(prometheus::Counter& counter, int64_t now, int64_t& seen) {
+  if (now <= seen) return;
+  counter.Increment(static_cast<double>(now - seen));
+  seen = now;
+}
+
+}  // namespace
 
 struct PrometheusMetrics::Impl {
   explicit Impl(std::string name)
@@ -283,6 +359,7 @@ struct PrometheusMetrics::Impl {
     for (std::string_view reason : kRejectionReasons) {
       rejections.Add({{"model", model_name}, {"reason", std::string(reason)}});
     }
+    rejections.Add({{"model", kOtherModelLabel}, {"reason", kUnknownModelReason}});
   }
 
   prometheus::Labels ModelLabel() const { return {{"model", model_name}}; }
@@ -317,8 +394,18 @@ struct PrometheusMetrics::Impl {
   prometheus::Gauge& queue_depth_model;
   prometheus::Gauge& inflight_model;
 
-  absl::Mutex build_info_mu;
+  // base's Mutex rather than absl::Mutex: ThreadSanitizer sees its locking
+  // (base/mutex.h says why).
+  Mutex build_info_mu;
   prometheus::Gauge* build_info_series ABSL_GUARDED_BY(build_info_mu) = nullptr;
+
+  // The session families, registered by the first SetKvCache so that a
+  // server without a KV cache exports none of them.
+  Mutex sessions_mu;
+  std::unique_ptr<SessionSeries> sessions ABSL_GUARDED_BY(sessions_mu);
+  // The largest cumulative counts reported so far: each report advances the
+  // counters by what it adds to these.
+  SessionTableStats sessions_seen ABSL_GUARDED_BY(sessions_mu);
 };
 
 PrometheusMetrics::PrometheusMetrics(std::string model_name)
@@ -334,7 +421,7 @@ void PrometheusMetrics::OnRequestFinished(const RequestRecord& r) {
       .Add({{"model", served ? impl_->model_name : std::string(kOtherModelLabel)},
             {"code", std::string(r.code)}})
       .Increment();
-  if (const std::string_view reason = RejectionReason(r.code); !reason.empty()) {
+  if (const std::string_view reason = RejectionReason(r.code, served); !reason.empty()) {
     impl_->rejections
         .Add({{"model", served ? impl_->model_name : std::string(kOtherModelLabel)},
               {"reason", std::string(reason)}})
@@ -346,7 +433,7 @@ void PrometheusMetrics::OnRequestFinished(const RequestRecord& r) {
 }
 
 void PrometheusMetrics::SetBuildInfo(const BuildInfo& info) {
-  absl::MutexLock lock(&impl_->build_info_mu);
+  MutexLock lock(&impl_->build_info_mu);
   if (impl_->build_info_series != nullptr) impl_->build_info.Remove(impl_->build_info_series);
   impl_->build_info_series = &impl_->build_info.Add(
       {{"version", info.version}, {"backend", info.backend}, {"device", info.device}});
@@ -359,6 +446,42 @@ void PrometheusMetrics::SetLimits(const ServingLimits& limits) {
   impl_->max_queue_bytes.Add(model).Set(static_cast<double>(limits.max_queue_bytes));
   impl_->max_batch_tokens.Add(model).Set(static_cast<double>(limits.max_batch_tokens));
   impl_->max_queue_delay.Add(model).Set(limits.max_queue_delay_seconds);
+}
+
+void PrometheusMetrics::SetKvCache(const KvCacheInfo& info) {
+  MutexLock lock(&impl_->sessions_mu);
+  if (impl_->sessions == nullptr) {
+    impl_->sessions = std::make_unique<SessionSeries>(*impl_->registry, impl_->ModelLabel());
+  }
+  SessionSeries& s = *impl_->sessions;
+  s.blocks.Set(static_cast<double>(info.blocks));
+  s.block_tokens.Set(static_cast<double>(info.block_tokens));
+  s.bytes.Set(static_cast<double>(info.bytes));
+  s.max_sessions.Set(static_cast<double>(info.max_sessions));
+}
+
+void PrometheusMetrics::OnSessions(const SessionTableStats& stats) {
+  MutexLock lock(&impl_->sessions_mu);
+  if (impl_->sessions == nullptr) return;
+  SessionSeries& s = *impl_->sessions;
+  SessionTableStats& seen = impl_->sessions_seen;
+  // Reports are snapshots of one table taken under its lock, and the counts
+  // only grow, so a report with any count below one already seen was taken
+  // before a report already applied: its gauges would go back in time. (One
+  // with equal counts may still be older; the next report corrects it.)
+  const bool older = stats.freed_end < seen.freed_end || stats.freed_idle < seen.freed_idle ||
+                     stats.freed_reset < seen.freed_reset ||
+                     stats.rejected_no_blocks < seen.rejected_no_blocks;
+  if (!older) {
+    s.open.Set(static_cast<double>(stats.sessions_open));
+    s.in_flight.Set(static_cast<double>(stats.sessions_in_flight));
+    s.blocks_used.Set(static_cast<double>(stats.blocks_used));
+    s.blocks.Set(static_cast<double>(stats.blocks_capacity));
+  }
+  Advance(s.freed_end, stats.freed_end, seen.freed_end);
+  Advance(s.freed_idle, stats.freed_idle, seen.freed_idle);
+  Advance(s.freed_reset, stats.freed_reset, seen.freed_reset);
+  Advance(s.rejected_kv_memory, stats.rejected_no_blocks, seen.rejected_no_blocks);
 }
 
 void PrometheusMetrics::OnDequeued(const DequeueRecord& r) {

@@ -32,6 +32,16 @@ struct ServingLimits {
   double max_queue_delay_seconds = 0;
 };
 
+// The paged KV cache that sessions keep their keys and values in, as the
+// server configured it at start (exported, as ServingLimits are, so that
+// dashboards and alerts compare with it instead of hard-coding numbers).
+struct KvCacheInfo {
+  int64_t block_tokens = 0;  // tokens per block
+  int64_t blocks = 0;        // blocks in the pool
+  int64_t bytes = 0;         // bytes of the pool (every block, all layers)
+  int64_t max_sessions = 0;  // sessions open at once
+};
+
 // Metric families (all names carry the layerserve_ prefix, times in seconds):
 //   layerserve_requests_total{model,code}               counter
 //   layerserve_rejections_total{model,reason}           counter (see RejectionReason)
@@ -50,6 +60,22 @@ struct ServingLimits {
 //   layerserve_max_queue_bytes{model}                   gauge (after SetLimits)
 //   layerserve_max_batch_tokens{model}                  gauge (after SetLimits)
 //   layerserve_max_queue_delay_seconds{model}           gauge (after SetLimits)
+// Sessions and their KV cache, all exported only after SetKvCache (which a
+// server calls when its backend keeps a KV cache; one that does not exports
+// none of these, so that no ratio alert or panel reads 0 / 0 or compares with
+// a limit of 0):
+//   layerserve_sessions_open{model}                     gauge
+//   layerserve_sessions_in_flight{model}                gauge (open with a step running)
+//   layerserve_kv_cache_blocks_used{model}              gauge (held by open sessions)
+//   layerserve_kv_cache_blocks{model}                   gauge (the pool's blocks)
+//   layerserve_kv_cache_block_tokens{model}             gauge
+//   layerserve_kv_cache_bytes{model}                    gauge (the pool's bytes)
+//   layerserve_max_sessions{model}                      gauge
+//   layerserve_sessions_freed_total{model,reason}       counter: end (a step with
+//       sequence_end), idle_timeout, reset (replaced by a sequence_start)
+//   layerserve_session_steps_rejected_total{model,reason}  counter: kv_memory
+//       (too few free KV cache blocks for the step; RESOURCE_EXHAUSTED, so
+//       also in rejections_total{reason="resource_exhausted"})
 // and the standard process families, read from /proc at each scrape:
 //   process_cpu_seconds_total, process_resident_memory_bytes,
 //   process_virtual_memory_bytes, process_open_fds, process_max_fds,
@@ -68,12 +94,22 @@ class PrometheusMetrics final : public ServerObserver {
   void SetBuildInfo(const BuildInfo& info);
   // Sets the layerserve_max_* gauges.
   void SetLimits(const ServingLimits& limits);
+  // Creates the session and KV cache families (see above) and sets the
+  // configuration gauges; a later call sets them again. Call it once at start,
+  // before serving, when the backend keeps a KV cache. Thread-safe.
+  void SetKvCache(const KvCacheInfo& info);
 
   void OnRequestFinished(const RequestRecord& r) override;
   void OnDequeued(const DequeueRecord& r) override;
   void OnBatchExecuted(const BatchRecord& r) override;
   void OnQueueDepth(int64_t requests) override;
   void OnInflight(int64_t requests) override;
+  // Sets the session gauges and advances the session counters by what the
+  // cumulative counts in `stats` grew since the largest seen (reports may
+  // arrive from several threads, out of order: an older report never moves a
+  // counter back nor, when its counts show it older, a gauge). Ignored before
+  // SetKvCache; the counts are cumulative, so nothing is lost.
+  void OnSessions(const SessionTableStats& stats) override;
 
   // Device time of one kernel launch of a sampled batch; `op` is a backend's
   // fixed op name ("gemm_qkv", "attention", ...). Thread-safe.
@@ -91,12 +127,29 @@ class PrometheusMetrics final : public ServerObserver {
 
 // The reason label of layerserve_rejections_total for a request's canonical
 // code, or "" when the code is no rejection (OK, or an error while serving:
-// INTERNAL, UNKNOWN, ...). A fixed set: queue_full (RESOURCE_EXHAUSTED: the
-// queue is full, or the reply would be too large), invalid (INVALID_ARGUMENT),
-// unknown_model (NOT_FOUND), unavailable (UNAVAILABLE: not ready or
-// draining), deadline (DEADLINE_EXCEEDED: expired before it ran), cancelled
-// (CANCELLED by the client).
-std::string_view RejectionReason(std::string_view code);
+// INTERNAL, UNKNOWN, ...). `served_model`: the call named the model this
+// server serves (RequestRecord::model not empty). A fixed set:
+//   resource_exhausted  RESOURCE_EXHAUSTED: the queue is full (by count or
+//                       bytes), the reply would be too large, or a session
+//                       step found too few free KV cache blocks (also in
+//                       session_steps_rejected_total), has more sequences
+//                       than the pool has blocks, would pass the session's
+//                       token limit, or would start a session past
+//                       max_sessions
+//   invalid             INVALID_ARGUMENT
+//   unknown_model       NOT_FOUND for a model or version this server does not
+//                       serve (only under model="other")
+//   unknown_session     NOT_FOUND for the served model: no such session, or it
+//                       was freed for idleness
+//   session_state       FAILED_PRECONDITION: a session request out of turn
+//                       (a sequence_start while the session has a request
+//                       queued or running, a sequence_position past the
+//                       session's length), or one sent to a server that keeps
+//                       no sessions
+//   unavailable         UNAVAILABLE: not ready, or draining
+//   deadline            DEADLINE_EXCEEDED: expired before it ran
+//   cancelled           CANCELLED by the client
+std::string_view RejectionReason(std::string_view code, bool served_model);
 
 // Serves GET /metrics (and GET /healthz) on its own thread.
 class MetricsHttpServer {

@@ -8,8 +8,9 @@
      variable (default: the provisioned uid) and filters by $model and
      $instance; a summary row, a latency heatmap, units that fit the queries;
   5. every metric named in a dashboard, rule or HPA/adapter file is exported
-     by a real layerserve (live scrape on loopback; the CUDA-only families are
-     checked against the metrics header instead);
+     by a real layerserve (live scrape on loopback; the CUDA-only families, and
+     the KV cache ones when the server keeps no KV cache, are checked against
+     the metrics header instead);
   6. a real Prometheus scrapes that server every second during a
      `layerctl bench` run, and each dashboard query, and the p99 latency,
      come back from its HTTP API;
@@ -59,6 +60,16 @@ DATASOURCE_UID = "layerserve-prom"
 # Families only the CUDA backend exports: the CPU server here cannot show
 # them, so their names are checked against the metrics header instead.
 CUDA_ONLY = {"layerserve_kernel_duration_seconds", "layerserve_gpu_memory_used_bytes"}
+# Families a server exports only when its backend keeps a KV cache (after
+# PrometheusMetrics::SetKvCache, called by server/main.cc). Where the live
+# server's scrape lacks them, their names are checked against the metrics
+# header instead and the dashboard's queries of them may come back empty; where
+# it has them, they are checked live like every other family.
+KV_CACHE_ONLY = {"layerserve_sessions_open", "layerserve_sessions_in_flight",
+                 "layerserve_kv_cache_blocks_used", "layerserve_kv_cache_blocks",
+                 "layerserve_kv_cache_block_tokens", "layerserve_kv_cache_bytes",
+                 "layerserve_max_sessions", "layerserve_sessions_freed_total",
+                 "layerserve_session_steps_rejected_total"}
 # Families a server sets at start (PrometheusMetrics::SetLimits and
 # SetBuildInfo, called by server/main.cc); test_limits_and_build_info_are_exported
 # checks a live server exports them.
@@ -444,6 +455,18 @@ def test_cuda_only_families_are_declared_in_the_header():
     assert CUDA_ONLY <= declared_in_header(), "CUDA-only families missing from prometheus_metrics.h"
 
 
+def test_kv_cache_families_are_declared_in_the_header():
+    missing = KV_CACHE_ONLY - declared_in_header()
+    assert not missing, "KV cache families missing from prometheus_metrics.h"
+
+
+def test_kv_cache_families_come_all_together_or_not_at_all(served_metrics):
+    """SetKvCache creates every session and KV cache family at once; a server
+    without a KV cache exports none of them (no 0 / 0 ratio, no limit of 0)."""
+    present = KV_CACHE_ONLY & queryable_names(served_metrics)
+    assert present in (set(), KV_CACHE_ONLY), f"only some KV cache families: {sorted(present)}"
+
+
 def test_every_metric_named_is_exported(served_metrics):
     exported, declared = queryable_names(served_metrics), declared_in_header()
     unknown = []
@@ -451,7 +474,7 @@ def test_every_metric_named_is_exported(served_metrics):
         # A metric name, not part of a recorded name (level:metric:operations).
         for name in re.findall(r"(?<![\w:])(layerserve_[a-z0-9_]+)", expr):
             family = re.sub(r"_(bucket|sum|count)$", "", name)
-            if name not in exported and not (family in CUDA_ONLY
+            if name not in exported and not (family in CUDA_ONLY | KV_CACHE_ONLY
                                              and family in declared):
                 unknown.append(f"{where}: {name}")
     assert not unknown, "metrics no server exports"
@@ -484,8 +507,8 @@ def test_process_and_request_families_of_a_live_server(full_server, served_metri
     assert count > 0 and total == 4 * count  # the bench sends [1, 4, hidden]
     reasons = {s.labels["reason"] for s in families["layerserve_rejections"].samples
                if s.name.endswith("_total")}
-    assert {"queue_full", "invalid", "unknown_model", "unavailable", "deadline",
-            "cancelled"} <= reasons
+    assert {"resource_exhausted", "invalid", "unknown_model", "unknown_session", "session_state",
+            "unavailable", "deadline", "cancelled"} <= reasons
 
 
 def test_unknown_model_is_not_counted_as_the_served_model(server_bin, tmp_path):
@@ -523,16 +546,24 @@ def test_unknown_model_is_not_counted_as_the_served_model(server_bin, tmp_path):
 
 # --- 6. a live Prometheus ---------------------------------------------------------------
 
+def metric_names(expr):
+    """The metric names an expression reads (not recorded names)."""
+    return set(re.findall(r"(?<![\w:])(layerserve_[a-z0-9_]+)", expr))
+
+
 def dashboard_queries():
     """pytest params: each dashboard query with Grafana's variables filled in,
-    and whether it must return a series on the CPU backend."""
+    whether it must return a series on the CPU backend, and the KV cache
+    families it reads (it need return none when the server keeps no KV cache)."""
     params = []
     for p in DASHBOARD["panels"]:
         for t in p.get("targets", []):
             q = (t["expr"].replace("$__rate_interval", "30s").replace("$model", ".*")
                  .replace("$instance", ".*"))
             needs_data = not any(c in q for c in CUDA_ONLY)
-            params.append(pytest.param(q, needs_data, id=f"{p['title']} {t.get('refId', '')}"))
+            kv_families = metric_names(q) & KV_CACHE_ONLY
+            params.append(pytest.param(q, needs_data, kv_families,
+                                       id=f"{p['title']} {t.get('refId', '')}"))
     return params
 
 
@@ -646,8 +677,10 @@ def test_prometheus_scrape_target_is_up(prometheus):
     assert up and up[0]["value"][1] == "1", f"scrape target not up: {up}"
 
 
-@pytest.mark.parametrize("query,needs_data", dashboard_queries())
-def test_prometheus_answers_dashboard_query(prometheus, query, needs_data):
+@pytest.mark.parametrize("query,needs_data,kv_families", dashboard_queries())
+def test_prometheus_answers_dashboard_query(prometheus, served_metrics, query, needs_data,
+                                            kv_families):
+    needs_data = needs_data and kv_families <= queryable_names(served_metrics)
     result = prometheus.query(query)
     assert result or not needs_data, f"no data after the bench: {query}"
 

@@ -5,9 +5,11 @@
 #include <httplib.h>
 #include <sys/resource.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -158,36 +160,50 @@ TEST(PrometheusMetricsTest, P99DoesNotSnapToABucketEdge) {
 
 TEST(PrometheusMetricsTest, RejectionsAreCountedByReason) {
   PrometheusMetrics metrics(kModel);
-  const Labels demo = {{"model", kModel}};
   const auto rejected = [](const Exposition& e, const std::string& model, const char* reason) {
     return e.Find("layerserve_rejections_total", {{"model", model}, {"reason", reason}});
   };
-  // Every reason has a series from the start, so rate() has a zero.
+  // Every reason has a series from the start, so rate() has a zero; an
+  // unknown model is only ever counted under model="other".
   Exposition e = Parse(metrics);
-  for (const char* reason :
-       {"queue_full", "invalid", "unknown_model", "unavailable", "deadline", "cancelled"}) {
+  for (const char* reason : {"resource_exhausted", "invalid", "unknown_session", "session_state",
+                             "unavailable", "deadline", "cancelled"}) {
     EXPECT_EQ(rejected(e, kModel, reason), 0.0) << reason;
   }
-  for (const char* code : {"RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT",
-                           "UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "OK", "INTERNAL"}) {
+  EXPECT_EQ(rejected(e, "other", "unknown_model"), 0.0);
+  EXPECT_EQ(rejected(e, kModel, "unknown_model"), std::nullopt);
+  for (const char* code :
+       {"RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT", "UNAVAILABLE",
+        "DEADLINE_EXCEEDED", "CANCELLED", "NOT_FOUND", "FAILED_PRECONDITION", "FAILED_PRECONDITION",
+        "FAILED_PRECONDITION", "OK", "INTERNAL"}) {
     metrics.OnRequestFinished({.model = kModel, .code = code, .duration_seconds = 1e-3});
   }
   metrics.OnRequestFinished({.model = {}, .code = "NOT_FOUND", .duration_seconds = 1e-5});
   e = Parse(metrics);
-  EXPECT_EQ(rejected(e, kModel, "queue_full"), 2.0);
+  EXPECT_EQ(rejected(e, kModel, "resource_exhausted"), 2.0);
   EXPECT_EQ(rejected(e, kModel, "invalid"), 1.0);
   EXPECT_EQ(rejected(e, kModel, "unavailable"), 1.0);
   EXPECT_EQ(rejected(e, kModel, "deadline"), 1.0);
   EXPECT_EQ(rejected(e, kModel, "cancelled"), 1.0);
-  EXPECT_EQ(rejected(e, kModel, "unknown_model"), 0.0);
+  // NOT_FOUND for the served model can only be the session table's.
+  EXPECT_EQ(rejected(e, kModel, "unknown_session"), 1.0);
+  EXPECT_EQ(rejected(e, kModel, "session_state"), 3.0);
+  EXPECT_EQ(rejected(e, kModel, "unknown_model"), std::nullopt);
   EXPECT_EQ(rejected(e, "other", "unknown_model"), 1.0);
+  EXPECT_EQ(rejected(e, "other", "unknown_session"), std::nullopt);
   double total = 0;
   for (const auto& sample : e.samples) {
     if (sample.name == "layerserve_rejections_total") total += sample.value;
   }
-  EXPECT_EQ(total, 7.0) << "OK and INTERNAL are no rejections";
-  EXPECT_EQ(RejectionReason("INTERNAL"), "");
-  EXPECT_EQ(RejectionReason("OK"), "");
+  EXPECT_EQ(total, 11.0) << "OK and INTERNAL are no rejections";
+  for (bool served : {true, false}) {
+    EXPECT_EQ(RejectionReason("INTERNAL", served), "");
+    EXPECT_EQ(RejectionReason("OK", served), "");
+    EXPECT_EQ(RejectionReason("UNKNOWN", served), "");
+    EXPECT_EQ(RejectionReason("FAILED_PRECONDITION", served), "session_state");
+  }
+  EXPECT_EQ(RejectionReason("NOT_FOUND", true), "unknown_session");
+  EXPECT_EQ(RejectionReason("NOT_FOUND", false), "unknown_model");
 }
 
 TEST(PrometheusMetricsTest, TokensPerRequest) {
@@ -321,6 +337,183 @@ TEST(PrometheusMetricsTest, ConcurrentCallbacksLoseNothing) {
   EXPECT_EQ(e.Find("layerserve_requests_total", {{"model", kModel}, {"code", "UNAVAILABLE"}}),
             kThreads / 2 * kPerThread);
   EXPECT_EQ(e.Find("layerserve_batch_tokens_count", {{"model", kModel}}), kThreads * kPerThread);
+}
+
+// --- sessions and the KV cache -----------------------------------------------------
+
+bool IsSessionFamily(const std::string& name) {
+  for (const char* prefix :
+       {"layerserve_session", "layerserve_kv_cache", "layerserve_max_sessions"}) {
+    if (name.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
+// The families of a server whose backend keeps no KV cache: none, not zeros
+// (a max_sessions of 0 would fire any "sessions near the limit" alert).
+TEST(PrometheusMetricsTest, NoSessionFamiliesWithoutAKvCache) {
+  PrometheusMetrics metrics(kModel);
+  metrics.OnSessions({.sessions_open = 3, .blocks_used = 5, .blocks_capacity = 8, .freed_end = 2});
+  const Exposition e = Parse(metrics);
+  for (const auto& [name, type] : e.types) EXPECT_FALSE(IsSessionFamily(name)) << name;
+  for (const auto& sample : e.samples) EXPECT_FALSE(IsSessionFamily(sample.name)) << sample.name;
+}
+
+TEST(PrometheusMetricsTest, SessionFamiliesAfterSetKvCache) {
+  PrometheusMetrics metrics(kModel);
+  metrics.SetKvCache(
+      {.block_tokens = 16, .blocks = 4096, .bytes = int64_t{3} << 30, .max_sessions = 512});
+  Exposition e = Parse(metrics);
+  const std::map<std::string, std::string> expected = {
+      {"layerserve_sessions_open", "gauge"},
+      {"layerserve_sessions_in_flight", "gauge"},
+      {"layerserve_kv_cache_blocks_used", "gauge"},
+      {"layerserve_kv_cache_blocks", "gauge"},
+      {"layerserve_kv_cache_block_tokens", "gauge"},
+      {"layerserve_kv_cache_bytes", "gauge"},
+      {"layerserve_max_sessions", "gauge"},
+      {"layerserve_sessions_freed_total", "counter"},
+      {"layerserve_session_steps_rejected_total", "counter"},
+  };
+  for (const auto& [name, type] : expected) {
+    auto it = e.types.find(name);
+    ASSERT_NE(it, e.types.end()) << "missing family " << name;
+    EXPECT_EQ(it->second, type) << name;
+  }
+  for (const auto& [name, type] : e.types) {
+    EXPECT_TRUE(!IsSessionFamily(name) || expected.contains(name)) << "undocumented " << name;
+  }
+  const Labels model = {{"model", kModel}};
+  EXPECT_EQ(e.Find("layerserve_kv_cache_block_tokens", model), 16.0);
+  EXPECT_EQ(e.Find("layerserve_kv_cache_blocks", model), 4096.0);
+  EXPECT_EQ(e.Find("layerserve_kv_cache_bytes", model), static_cast<double>(int64_t{3} << 30));
+  EXPECT_EQ(e.Find("layerserve_max_sessions", model), 512.0);
+  EXPECT_EQ(e.Find("layerserve_sessions_open", model), 0.0);
+  EXPECT_EQ(e.Find("layerserve_sessions_in_flight", model), 0.0);
+  EXPECT_EQ(e.Find("layerserve_kv_cache_blocks_used", model), 0.0);
+  // Every reason has a series from the start, so rate() has a zero.
+  for (const char* reason : {"end", "idle_timeout", "reset"}) {
+    EXPECT_EQ(e.Find("layerserve_sessions_freed_total", {{"model", kModel}, {"reason", reason}}),
+              0.0)
+        << reason;
+  }
+  EXPECT_EQ(e.Find("layerserve_session_steps_rejected_total",
+                   {{"model", kModel}, {"reason", "kv_memory"}}),
+            0.0);
+
+  // A second call sets the configuration again, with no second series.
+  metrics.SetKvCache({.block_tokens = 32, .blocks = 100, .bytes = 1000, .max_sessions = 8});
+  e = Parse(metrics);
+  EXPECT_EQ(e.Find("layerserve_kv_cache_block_tokens", model), 32.0);
+  EXPECT_EQ(e.Find("layerserve_max_sessions", model), 8.0);
+  int series = 0;
+  for (const auto& sample : e.samples) series += sample.name == "layerserve_kv_cache_bytes";
+  EXPECT_EQ(series, 1);
+}
+
+TEST(PrometheusMetricsTest, SessionGaugesAndCountersFollowTheTable) {
+  PrometheusMetrics metrics(kModel);
+  // Reported before SetKvCache: dropped, but the counts are cumulative, so
+  // the first report after it counts them.
+  metrics.OnSessions({.freed_end = 1});
+  metrics.SetKvCache({.block_tokens = 16, .blocks = 64, .bytes = 1 << 20, .max_sessions = 8});
+  const Labels model = {{"model", kModel}};
+  const auto freed = [](const Exposition& e, const char* reason) {
+    return e.Find("layerserve_sessions_freed_total", {{"model", kModel}, {"reason", reason}});
+  };
+  const auto rejected = [](const Exposition& e) {
+    return e.Find("layerserve_session_steps_rejected_total",
+                  {{"model", kModel}, {"reason", "kv_memory"}});
+  };
+
+  metrics.OnSessions({.sessions_open = 3,
+                      .sessions_in_flight = 2,
+                      .blocks_used = 40,
+                      .blocks_capacity = 64,
+                      .freed_end = 2,
+                      .freed_idle = 1,
+                      .freed_reset = 0,
+                      .rejected_no_blocks = 5});
+  Exposition e = Parse(metrics);
+  EXPECT_EQ(e.Find("layerserve_sessions_open", model), 3.0);
+  EXPECT_EQ(e.Find("layerserve_sessions_in_flight", model), 2.0);
+  EXPECT_EQ(e.Find("layerserve_kv_cache_blocks_used", model), 40.0);
+  EXPECT_EQ(e.Find("layerserve_kv_cache_blocks", model), 64.0);
+  EXPECT_EQ(freed(e, "end"), 2.0);
+  EXPECT_EQ(freed(e, "idle_timeout"), 1.0);
+  EXPECT_EQ(freed(e, "reset"), 0.0);
+  EXPECT_EQ(rejected(e), 5.0);
+
+  // The counters grow by the counts' growth, not by the counts.
+  metrics.OnSessions({.sessions_open = 1,
+                      .blocks_used = 10,
+                      .blocks_capacity = 64,
+                      .freed_end = 4,
+                      .freed_idle = 1,
+                      .freed_reset = 3,
+                      .rejected_no_blocks = 5});
+  e = Parse(metrics);
+  EXPECT_EQ(e.Find("layerserve_sessions_open", model), 1.0);
+  EXPECT_EQ(e.Find("layerserve_sessions_in_flight", model), 0.0);
+  EXPECT_EQ(e.Find("layerserve_kv_cache_blocks_used", model), 10.0);
+  EXPECT_EQ(freed(e, "end"), 4.0);
+  EXPECT_EQ(freed(e, "idle_timeout"), 1.0);
+  EXPECT_EQ(freed(e, "reset"), 3.0);
+  EXPECT_EQ(rejected(e), 5.0);
+
+  // A report taken before the last one and delivered after it (two threads
+  // racing): its counts are behind, so neither counters nor gauges go back.
+  metrics.OnSessions({.sessions_open = 3,
+                      .sessions_in_flight = 3,
+                      .blocks_used = 50,
+                      .blocks_capacity = 64,
+                      .freed_end = 3,
+                      .freed_idle = 1,
+                      .freed_reset = 3,
+                      .rejected_no_blocks = 5});
+  e = Parse(metrics);
+  EXPECT_EQ(e.Find("layerserve_sessions_open", model), 1.0);
+  EXPECT_EQ(e.Find("layerserve_kv_cache_blocks_used", model), 10.0);
+  EXPECT_EQ(freed(e, "end"), 4.0);
+  EXPECT_EQ(freed(e, "reset"), 3.0);
+}
+
+TEST(PrometheusMetricsTest, ConcurrentSessionReportsCountEachFreeOnce) {
+  PrometheusMetrics metrics(kModel);
+  metrics.SetKvCache({.block_tokens = 16, .blocks = 64, .bytes = 1 << 20, .max_sessions = 8});
+  // Each report carries the table's counts as they stood when it was taken;
+  // threads deliver them in any order.
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 5000;
+  std::atomic<int64_t> table_freed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&metrics, &table_freed] {
+      for (int i = 0; i < kPerThread; ++i) {
+        const int64_t freed = table_freed.fetch_add(1) + 1;
+        metrics.OnSessions({.sessions_open = freed % 8,
+                            .blocks_capacity = 64,
+                            .freed_end = freed,
+                            .freed_idle = freed / 2,
+                            .rejected_no_blocks = freed / 3});
+        if (i % 100 == 0) metrics.Serialize();  // scrapes race with updates
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  constexpr int64_t kTotal = kThreads * kPerThread;
+  const Exposition e = Parse(metrics);
+  EXPECT_EQ(e.Find("layerserve_sessions_freed_total", {{"model", kModel}, {"reason", "end"}}),
+            static_cast<double>(kTotal));
+  EXPECT_EQ(
+      e.Find("layerserve_sessions_freed_total", {{"model", kModel}, {"reason", "idle_timeout"}}),
+      static_cast<double>(kTotal / 2));
+  EXPECT_EQ(e.Find("layerserve_session_steps_rejected_total",
+                   {{"model", kModel}, {"reason", "kv_memory"}}),
+            static_cast<double>(kTotal / 3));
+  // The newest report (the one with the largest counts) set the gauges.
+  EXPECT_EQ(e.Find("layerserve_sessions_open", {{"model", kModel}}),
+            static_cast<double>(kTotal % 8));
 }
 
 TEST(MetricsHttpServerTest, ServesMetricsAndHealthOverHttp) {
