@@ -400,6 +400,13 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   Batcher batcher(batcher_options, backend->get(), &observers, SteadyClock::Get());
   metrics.SetBuildInfo(
       {.version = kVersion, .backend = *backend_name, .device = (*backend)->Device()});
+  if (*sessions != nullptr) {
+    metrics.SetKvCache(
+        {.block_tokens = served.kv_block_tokens,
+         .blocks = served.kv_blocks,
+         .bytes = served.kv_blocks * (*backend)->KvBlockBytes(served.kv_block_tokens),
+         .max_sessions = served.max_sessions});
+  }
   metrics.SetLimits(
       {.max_queue_size = served.max_queue_size,
        .max_queue_bytes = batcher_options.max_queue_bytes,

@@ -84,22 +84,28 @@ constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
 
 // Sequence parameters ask for state the server does not keep; tritonclient
 // sends them only for a sequence (sequence_id != 0), and those are refused.
-TEST_F(BadInputTest, SequenceParametersRefused) {
+TEST_F(BadInputTest, MalformedSequenceParametersRefused) {
+  // Refused whether or not the server keeps sessions: these are malformed.
   {
     ModelInferRequest request = GoodRequest();
-    (*request.mutable_parameters())["sequence_id"].set_int64_param(42);
-    (*request.mutable_parameters())["sequence_start"].set_bool_param(true);
-    ExpectRejected(request, kInvalid, {"sequence_id", "sequence state"});
-  }
-  {
-    ModelInferRequest request = GoodRequest();
-    (*request.mutable_parameters())["sequence_id"].set_string_param("chat-7");
+    (*request.mutable_parameters())["sequence_id"].set_bool_param(true);
     ExpectRejected(request, kInvalid, {"sequence_id"});
   }
   {
     ModelInferRequest request = GoodRequest();
     (*request.mutable_parameters())["sequence_end"].set_bool_param(true);
     ExpectRejected(request, kInvalid, {"sequence_end"});
+  }
+  {
+    ModelInferRequest request = GoodRequest();
+    (*request.mutable_parameters())["sequence_id"].set_string_param(std::string(300, 'x'));
+    ExpectRejected(request, kInvalid, {"sequence_id", "256"});
+  }
+  {
+    ModelInferRequest request = GoodRequest();
+    (*request.mutable_parameters())["sequence_id"].set_int64_param(5);
+    (*request.mutable_parameters())["sequence_position"].set_int64_param(-1);
+    ExpectRejected(request, kInvalid, {"sequence_position"});
   }
   // Unset spellings and unknown parameters are ignored.
   ModelInferRequest request = GoodRequest();
