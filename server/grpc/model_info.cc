@@ -144,6 +144,9 @@ void FillModelConfig(const ServedModel& model, inference::ModelConfig* config) {
     // it: Triton reads its 0 as a 1 s default).
     parameters["session_idle_timeout_us"].set_string_value(
         absl::StrCat(model.session_idle_timeout_us));
+    // What dynamic_batching's queue policy says when there are no sessions
+    // (the oneof leaves it no room here); the delay is in oldest.
+    parameters["max_queue_size"].set_string_value(absl::StrCat(model.max_queue_size));
   }
 }
 

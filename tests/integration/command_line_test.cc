@@ -135,8 +135,15 @@ TEST(LayerserveCommandLineTest, EverySpellingReachesItsFlag) {
   ASSERT_TRUE(status.ok()) << status.error_message();
   const auto& config = response.config();
   EXPECT_EQ(config.parameters().at("max_batch_tokens").string_value(), "64");
-  EXPECT_EQ(config.dynamic_batching().max_queue_delay_microseconds(), 100u);
-  EXPECT_EQ(config.dynamic_batching().default_queue_policy().max_queue_size(), 77u);
+  // Sessions served (a backend with a KV cache): the sequence batcher's
+  // fields; otherwise the dynamic batcher's.
+  if (config.has_sequence_batching()) {
+    EXPECT_EQ(config.sequence_batching().oldest().max_queue_delay_microseconds(), 100u);
+    EXPECT_EQ(config.parameters().at("max_queue_size").string_value(), "77");
+  } else {
+    EXPECT_EQ(config.dynamic_batching().max_queue_delay_microseconds(), 100u);
+    EXPECT_EQ(config.dynamic_batching().default_queue_policy().max_queue_size(), 77u);
+  }
 }
 
 ProcessResult RunLayerctl(const std::vector<std::string>& flags) {
