@@ -46,6 +46,7 @@ for stage in "${stages[@]}"; do
       # backend; tolerances are those of its compute type (BF16).
       for t in "$bundle"/bin/integration_*_test; do
         run_test "$(basename "$t")" LAYERSERVE_BINARY="$bundle/bin/layerserve" \
+          LAYERCTL_BINARY="$bundle/bin/layerctl" LAYERSERVE_SOURCE_DIR="$root" \
           LAYERSERVE_SERVER_ARGS="--backend=cuda --gemm-tune-cache=$out/gemm-tune-demo.json" LAYERSERVE_COMPUTE_DTYPE=BF16
       done
       ;;

@@ -10,6 +10,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -27,10 +28,19 @@
 namespace layerserve::integration {
 namespace {
 
+// The build's paths, which the environment may override where the tests run
+// from a bundle on another machine (scripts/gpu-run.sh).
+std::string PathFromEnv(const char* name, const char* built) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? value : built;
+}
+std::string SourceDir() { return PathFromEnv("LAYERSERVE_SOURCE_DIR", LAYERSERVE_SOURCE_DIR); }
+std::string LayerctlBinary() { return PathFromEnv("LAYERCTL_BINARY", LAYERCTL_BINARY); }
+
 // The flag names in the first column of README.md's "## Flags" table
 // ("| `--model-dir DIR` | ..." gives "--model-dir").
 std::vector<std::string> ReadmeFlagNames() {
-  std::ifstream readme(std::string(LAYERSERVE_SOURCE_DIR) + "/README.md");
+  std::ifstream readme(SourceDir() + "/README.md");
   std::vector<std::string> names;
   bool in_flags = false;
   for (std::string line; std::getline(readme, line);) {
@@ -147,7 +157,7 @@ TEST(LayerserveCommandLineTest, EverySpellingReachesItsFlag) {
 }
 
 ProcessResult RunLayerctl(const std::vector<std::string>& flags) {
-  std::vector<std::string> args = {LAYERCTL_BINARY};
+  std::vector<std::string> args = {LayerctlBinary()};
   args.insert(args.end(), flags.begin(), flags.end());
   absl::StatusOr<ProcessResult> result = RunToExit(args);
   EXPECT_TRUE(result.ok()) << result.status();
