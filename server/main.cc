@@ -397,6 +397,7 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
           ? flags.max_queue_bytes
           : DefaultMaxQueueBytes(batcher_options.policy, served.config.hidden_size);
   batcher_options.sessions = sessions->get();
+  batcher_options.prefill_chunk_tokens = flags.prefill_chunk_tokens;
   Batcher batcher(batcher_options, backend->get(), &observers, SteadyClock::Get());
   metrics.SetBuildInfo(
       {.version = kVersion, .backend = *backend_name, .device = (*backend)->Device()});

@@ -122,6 +122,11 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
                          "most tokens one session may hold (B x length); 0: no limit beyond the "
                          "pool")
               ->group(sessions));
+  integer(app.add_option(FlagNames("prefill-chunk-tokens"), flags.prefill_chunk_tokens,
+                         "most tokens (B x T) of one session request computed in one batch; a "
+                         "longer one runs in pieces, so it never fills a batch that other "
+                         "sessions' decode steps wait for; 0: --max-batch-tokens")
+              ->group(sessions));
   integer(app.add_option(FlagNames("session-idle-timeout-s"), flags.session_idle_timeout_s,
                          "free a session unused for this long (a later request gets NOT_FOUND "
                          "\"expired\"); 0: never")
@@ -236,6 +241,10 @@ absl::Status CheckFlags(const ServerFlags& flags) {
   }
   if (flags.max_sessions < 1) {
     return absl::InvalidArgumentError("--max-sessions must be >= 1");
+  }
+  if (flags.prefill_chunk_tokens < 0) {
+    return absl::InvalidArgumentError(
+        "--prefill-chunk-tokens must be >= 0 (0: --max-batch-tokens)");
   }
   if (flags.max_session_tokens < 0) {
     return absl::InvalidArgumentError("--max-session-tokens must be >= 0 (0: no limit)");

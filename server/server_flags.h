@@ -36,6 +36,7 @@ struct ServerFlags {
   int64_t max_sessions = 1024;
   int64_t max_session_tokens = 0;  // 0: no limit beyond the pool
   int64_t session_idle_timeout_s = 300;
+  int64_t prefill_chunk_tokens = 2048;
   // The CUDA backend's flags. A CPU-only build accepts and ignores them, so
   // one command line serves both builds.
   int streams = 2;

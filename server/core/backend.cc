@@ -16,7 +16,7 @@ void Batch::Pack() {
     const bool session = request->session.has_value();
     has_sessions = has_sessions || session;
     for (int64_t b = 0; b < request->batch; ++b) {
-      offset += request->seq_len;
+      offset += request->piece_tokens();
       cu_seqlens.push_back(static_cast<int32_t>(offset));
       SequenceKv& seq = kv.emplace_back();
       if (session && static_cast<size_t>(b) < request->step.block_tables.size()) {
@@ -37,13 +37,14 @@ absl::Status ValidateStep(const InferRequest& request, const KvCacheShape& kv_ca
         "request '", request.id, "' is a session step, but the backend keeps no KV cache"));
   }
   const SessionStep& step = request.step;
-  if (step.position < 0 || step.tokens != request.seq_len ||
+  if (step.position < 0 || step.tokens != request.piece_tokens() ||
       step.block_tokens != kv_cache.block_tokens ||
       step.block_tables.size() != static_cast<size_t>(request.batch)) {
     return absl::InternalError(
         absl::StrCat("request '", request.id, "': its session step does not match its shape"));
   }
-  const int64_t blocks = BlocksForTokens(step.position + request.seq_len, kv_cache.block_tokens);
+  const int64_t blocks =
+      BlocksForTokens(step.position + request.piece_tokens(), kv_cache.block_tokens);
   for (const std::vector<KvBlockId>& table : step.block_tables) {
     if (static_cast<int64_t>(table.size()) != blocks) {
       return absl::InternalError(absl::StrCat("request '", request.id, "': a block table has ",
@@ -71,13 +72,22 @@ absl::Status Batch::Validate(int64_t hidden_size, int64_t max_tokens,
       return absl::InvalidArgumentError(
           absl::StrCat("request '", request->id, "' has a negative shape"));
     }
+    // Only a session's request may be computed in pieces: a stateless one
+    // would lose the context of its earlier pieces.
+    if (request->chunk_begin < 0 || request->chunk_tokens < 0 ||
+        request->chunk_begin + request->piece_tokens() > request->seq_len ||
+        (!request->session && request->piece_tokens() != request->seq_len)) {
+      return absl::InternalError(absl::StrCat("request '", request->id, "': piece [",
+                                              request->chunk_begin, ", +", request->chunk_tokens,
+                                              ") of its ", request->seq_len, " tokens"));
+    }
     if (request->hidden != hidden_size) {
       return absl::InvalidArgumentError(absl::StrCat("request '", request->id, "' has hidden ",
                                                      request->hidden, ", model has ", hidden_size));
     }
     if (request->session) LS_RETURN_IF_ERROR(ValidateStep(*request, kv_cache));
     // A session's sequences reach past their new tokens: position + T.
-    const int64_t reach = request->seq_len + (request->session ? request->step.position : 0);
+    const int64_t reach = request->piece_tokens() + (request->session ? request->step.position : 0);
     if (sequence_limit.max_tokens > 0 && reach > sequence_limit.max_tokens) {
       return absl::InvalidArgumentError(absl::StrCat(
           "request '", request->id, "' has sequences of ", reach, " tokens, more than ",
@@ -89,13 +99,13 @@ absl::Status Batch::Validate(int64_t hidden_size, int64_t max_tokens,
                                                      request->input.size(), " bytes, shape needs ",
                                                      bytes));
     }
-    tokens += request->tokens();
+    tokens += request->batch_tokens();
     if (tokens > max_tokens) {
       return absl::InvalidArgumentError(
           absl::StrCat("batch exceeds the backend's max_batch_tokens (", max_tokens, ")"));
     }
     for (int64_t b = 0; b < request->batch; ++b) {
-      expected.push_back(static_cast<int32_t>(expected.back() + request->seq_len));
+      expected.push_back(static_cast<int32_t>(expected.back() + request->piece_tokens()));
     }
   }
   if (cu_seqlens != expected || total_tokens != expected.back()) {

@@ -116,6 +116,16 @@ int64_t Batcher::queue_depth() const {
   return static_cast<int64_t>(queue_.size());
 }
 
+int64_t Batcher::NextPiece(const InferRequest& r) const {
+  const int64_t remaining = r.seq_len - r.chunk_begin;
+  if (!r.session || r.batch <= 0) return remaining;
+  const int64_t limit =
+      options_.prefill_chunk_tokens > 0
+          ? std::min(options_.prefill_chunk_tokens, options_.policy.max_batch_tokens)
+          : options_.policy.max_batch_tokens;
+  return std::min(remaining, std::max<int64_t>(1, limit / r.batch));
+}
+
 void Batcher::UnqueueLocked(const InferRequest& r) {
   queued_bytes_ -= InputBytes(r);
   if (!r.session) return;
@@ -128,7 +138,10 @@ void Batcher::DropDeadLocked(SteadyTime now, std::vector<Refused>& refused) {
   for (auto it = queue_.begin(); it != queue_.end();) {
     InferRequest& r = **it;
     const bool expired = r.deadline && *r.deadline <= now;
-    if (expired || (r.is_cancelled && r.is_cancelled())) {
+    // A chunked request whose first piece ran is finished, not dropped: its
+    // session already holds that piece.
+    const bool started = r.chunk_begin > 0;
+    if (!started && (expired || (r.is_cancelled && r.is_cancelled()))) {
       UnqueueLocked(r);
       refused.push_back(
           {std::move(*it), expired ? absl::DeadlineExceededError("deadline exceeded while queued")
@@ -147,6 +160,7 @@ std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<St
   // session whose step is in flight or that has an earlier request queued.
   std::vector<size_t> eligible;
   std::vector<int64_t> tokens;
+  std::vector<int64_t> pieces;
   absl::flat_hash_set<SessionId> seen;
   for (size_t i = 0; i < queue_.size(); ++i) {
     const InferRequest& r = *queue_[i];
@@ -155,7 +169,8 @@ std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<St
       if (options_.sessions->InFlight(r.session->id)) continue;
     }
     eligible.push_back(i);
-    tokens.push_back(r.tokens());
+    pieces.push_back(NextPiece(r));
+    tokens.push_back(r.batch * pieces.back());
   }
   if (eligible.empty()) return nullptr;  // a batch in flight will wake us
   const SteadyTime oldest = queue_[eligible.front()]->enqueue_time;
@@ -173,19 +188,30 @@ std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<St
     std::unique_ptr<InferRequest>& slot = queue_[eligible[k]];
     UnqueueLocked(*slot);
     if (slot->session) {
+      // The first piece carries the client's start and position; later
+      // pieces append where the previous one ended.
       const SessionParams& session = *slot->session;
-      absl::StatusOr<SessionStep> step =
-          options_.sessions->BeginStep({.id = session.id,
-                                        .start = session.start,
-                                        .batch = slot->batch,
-                                        .tokens = slot->seq_len,
-                                        .position = session.position},
-                                       now);
+      const bool first = slot->chunk_begin == 0;
+      absl::StatusOr<SessionStep> step = options_.sessions->BeginStep(
+          {.id = session.id,
+           .start = first && session.start,
+           .batch = slot->batch,
+           .tokens = pieces[k],
+           .position =
+               first ? session.position
+                     : std::optional<int64_t>(slot->chunk_start_position + slot->chunk_begin)},
+          now);
       if (!step.ok()) {
+        if (!first) {
+          // Undo the pieces already committed; the request fails whole.
+          options_.sessions->Truncate(session.id, slot->chunk_start_position).IgnoreError();
+        }
         refused.push_back({std::move(slot), step.status()});
         continue;
       }
       slot->step = *std::move(step);
+      slot->chunk_tokens = pieces[k];
+      if (first) slot->chunk_start_position = slot->step.position;
     }
     batch->requests.push_back(std::move(slot));
   }
@@ -271,8 +297,9 @@ void Batcher::Run() {
     }
     if (batch) {
       for (auto& r : batch->requests) {
-        r->queue_seconds = Seconds(now - r->enqueue_time);
         r->batch_requests = static_cast<int64_t>(batch->requests.size());
+        if (r->chunk_begin > 0) continue;  // a later piece: dequeued already
+        r->queue_seconds = Seconds(now - r->enqueue_time);
         observer_->OnDequeued({r->queue_seconds});
       }
       batch->Pack();
@@ -290,24 +317,37 @@ void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
   // Recorded before the replies, so statistics read after a reply include it.
   observer_->OnBatchExecuted({static_cast<int64_t>(batch->requests.size()), batch->total_tokens,
                               compute_seconds, status.ok()});
-  for (auto& r : batch->requests) r->compute_seconds = compute_seconds;
+  for (auto& r : batch->requests) r->compute_seconds += compute_seconds;
   // Sessions step forward (or back) before any reply, so that a client's
   // next request sees this one's effect.
   std::vector<absl::Status> statuses(batch->requests.size(), status);
+  std::vector<std::unique_ptr<InferRequest>> next_pieces;  // in batch order
   if (batch->has_sessions && options_.sessions != nullptr) {
     const SteadyTime now = clock_->Now();
     for (size_t i = 0; i < batch->requests.size(); ++i) {
-      const InferRequest& r = *batch->requests[i];
+      InferRequest& r = *batch->requests[i];
       if (!r.session) continue;
-      absl::Status finished =
-          options_.sessions->FinishStep(r.session->id, status.ok(), r.session->end, now);
-      if (!finished.ok()) statuses[i] = std::move(finished);  // a bug: never hide it
+      const bool last_piece = r.chunk_begin + r.piece_tokens() >= r.seq_len;
+      absl::Status finished = options_.sessions->FinishStep(r.session->id, status.ok(),
+                                                            r.session->end && last_piece, now);
+      if (!finished.ok()) {
+        statuses[i] = std::move(finished);  // a bug: never hide it
+      } else if (status.ok() && !last_piece) {
+        r.chunk_begin += r.piece_tokens();
+        r.chunk_tokens = 0;
+        next_pieces.push_back(std::move(batch->requests[i]));
+        continue;
+      }
+      if (!status.ok() && r.chunk_begin > 0) {
+        options_.sessions->Truncate(r.session->id, r.chunk_start_position).IgnoreError();
+      }
     }
     observer_->OnSessions(options_.sessions->Stats());
   }
   {
     MutexLock lock(&reply_mu_);
     for (size_t i = 0; i < batch->requests.size(); ++i) {
+      if (batch->requests[i] == nullptr) continue;  // its next piece is queued
       replies_.push_back({batch, i, std::move(statuses[i])});
     }
     reply_cv_.SignalAll();
@@ -315,6 +355,13 @@ void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
   // The slot is free as soon as the results are on the host; the next batch
   // need not wait for this one's replies.
   MutexLock lock(&mu_);
+  // Next pieces go back to the front, in order: they are the oldest work.
+  for (auto it = next_pieces.rbegin(); it != next_pieces.rend(); ++it) {
+    queued_bytes_ += InputBytes(**it);
+    ++queued_sessions_[(*it)->session->id];
+    queue_.push_front(std::move(*it));
+  }
+  if (!next_pieces.empty()) observer_->OnQueueDepth(static_cast<int64_t>(queue_.size()));
   --inflight_batches_;
   cv_.Signal();
 }

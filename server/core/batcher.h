@@ -21,6 +21,10 @@
 // session as it was). When the batch is done, FinishStep commits or undoes
 // each step before any reply goes out, so a client's next request always
 // sees its previous one's effect. Idle sessions are swept by the same thread.
+// A session request longer than prefill_chunk_tokens is computed in pieces
+// (InferRequest::chunk_begin): after each piece it goes back to the front of
+// the queue, and it is answered once its last piece is done; a piece that
+// fails rolls the session back to where the request began.
 #pragma once
 
 #include <cstdint>
@@ -62,6 +66,11 @@ struct BatcherOptions {
   // through; not owned, must outlive the Batcher. Null: the backend keeps no
   // KV cache, and Enqueue refuses session requests (FAILED_PRECONDITION).
   SessionTable* sessions = nullptr;
+  // Chunked prefill: the most tokens (B x T) of one session request computed
+  // in one batch; a longer request runs in pieces, one batch after another,
+  // each a step of its session, so it never fills a batch that other
+  // sessions' decode steps are waiting for. 0: policy.max_batch_tokens.
+  int64_t prefill_chunk_tokens = 0;
 };
 
 // kDefaultQueuedBatches x policy.max_batch_tokens x hidden x 4 bytes,
@@ -117,6 +126,9 @@ class Batcher {
   bool SweepIdleLocked(SteadyTime now, std::optional<SteadyTime>* wake_at)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnqueueLocked(const InferRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tokens per sequence of the request's next piece (all that remain for a
+  // stateless request or one within the chunk limit).
+  int64_t NextPiece(const InferRequest& r) const;
   void OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start, absl::Status status);
   void RunReplies();
 

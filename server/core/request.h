@@ -51,6 +51,17 @@ struct InferRequest {
   // Filled by the batcher when a session request joins a batch (the session
   // table's BeginStep); untouched for stateless requests.
   SessionStep step;
+  // Chunked prefill: the batcher computes a session request's T tokens in
+  // pieces of at most --prefill-chunk-tokens (B x tokens), each a step of the
+  // session in a batch of its own, so that a long prefill shares batches with
+  // other sessions' decode steps instead of filling them. The batch that
+  // holds the request computes tokens [chunk_begin, chunk_begin + chunk_tokens)
+  // of each of its B sequences. chunk_tokens 0: all T (stateless requests).
+  int64_t chunk_begin = 0;
+  int64_t chunk_tokens = 0;
+  // The session's length before the request's first piece (set with it), to
+  // roll back to if a later piece fails.
+  int64_t chunk_start_position = 0;
 
   // Filled by the core.
   std::string output;  // same size and layout as `input`
@@ -64,6 +75,16 @@ struct InferRequest {
 
   int64_t tokens() const { return batch * seq_len; }
   size_t num_elements() const { return static_cast<size_t>(batch * seq_len * hidden); }
+
+  // Tokens per sequence, and in all, that the batch holding the request
+  // computes (the whole request unless it is chunked).
+  int64_t piece_tokens() const { return chunk_tokens > 0 ? chunk_tokens : seq_len; }
+  int64_t batch_tokens() const { return batch * piece_tokens(); }
+  // Element offset in `input` (and `output`) of sequence b's piece; each
+  // piece is piece_tokens() x hidden contiguous elements.
+  size_t piece_offset(int64_t b) const {
+    return static_cast<size_t>((b * seq_len + chunk_begin) * hidden);
+  }
 };
 
 }  // namespace layerserve

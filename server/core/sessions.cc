@@ -211,6 +211,29 @@ absl::Status SessionTable::FinishStep(const SessionId& id, bool ok, bool end, St
   return absl::OkStatus();
 }
 
+absl::Status SessionTable::Truncate(const SessionId& id, int64_t length) {
+  MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return NotFoundLocked(id);
+  Session& s = it->second;
+  if (s.in_flight) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", id.ToString(), " has a step in flight; it cannot be truncated"));
+  }
+  if (length < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session ", id.ToString(), ": length ", length, " is negative"));
+  }
+  if (length >= s.length) return absl::OkStatus();
+  const size_t keep = static_cast<size_t>(BlocksForTokens(length, options_.block_tokens));
+  for (auto& table : s.block_tables) {
+    blocks_.Free(absl::MakeConstSpan(table).subspan(keep)).IgnoreError();
+    table.resize(keep);
+  }
+  s.length = length;
+  return absl::OkStatus();
+}
+
 int64_t SessionTable::ExpireIdle(SteadyTime now) {
   MutexLock lock(&mu_);
   return ExpireIdleLocked(now);

@@ -196,6 +196,13 @@ class SessionTable {
   // FAILED_PRECONDITION when `id` has no step in flight (a caller's bug).
   absl::Status FinishStep(const SessionId& id, bool ok, bool end, SteadyTime now);
 
+  // Shortens session `id` to `length` tokens per sequence, freeing the blocks
+  // past it; a no-op when it is not longer. For undoing the committed pieces
+  // of a chunked request whose later piece failed. NOT_FOUND: no such
+  // session; FAILED_PRECONDITION: a step is in flight; INVALID_ARGUMENT:
+  // length < 0.
+  absl::Status Truncate(const SessionId& id, int64_t length);
+
   // Frees every session not in flight whose last use is idle_timeout or more
   // before `now`, remembers their ids as expired (least recently used first,
   // so the oldest are the first forgotten), and returns how many were

@@ -188,11 +188,16 @@ class CpuBackend final : public Backend {
     const int64_t tokens = batch.total_tokens;
     const int64_t hidden = config_.hidden_size;
     x_.resize(static_cast<size_t>(tokens * hidden));
+    // Each sequence's piece (all of it unless the request is chunked) is one
+    // run of rows of the request's tensor.
     size_t offset = 0;
     for (const auto& request : batch.requests) {
-      ConvertToFloat(request->dtype, request->input.data(), request->num_elements(),
-                     x_.data() + offset);
-      offset += request->num_elements();
+      const size_t piece = static_cast<size_t>(request->piece_tokens() * hidden);
+      const size_t element = DTypeSize(request->dtype);
+      for (int64_t b = 0; b < request->batch; ++b, offset += piece) {
+        ConvertToFloat(request->dtype, request->input.data() + request->piece_offset(b) * element,
+                       piece, x_.data() + offset);
+      }
     }
     // Where each sequence starts, for RoPE; empty (all 0) without sessions.
     start_positions_.clear();
@@ -204,10 +209,13 @@ class CpuBackend final : public Backend {
     }
     offset = 0;
     for (const auto& request : batch.requests) {
-      request->output.resize(request->input.size());
-      ConvertFromFloat(x_.data() + offset, request->num_elements(), request->dtype,
-                       request->output.data());
-      offset += request->num_elements();
+      const size_t piece = static_cast<size_t>(request->piece_tokens() * hidden);
+      const size_t element = DTypeSize(request->dtype);
+      request->output.resize(request->input.size());  // once: later pieces keep earlier rows
+      for (int64_t b = 0; b < request->batch; ++b, offset += piece) {
+        ConvertFromFloat(x_.data() + offset, piece, request->dtype,
+                         request->output.data() + request->piece_offset(b) * element);
+      }
     }
     return absl::OkStatus();
   }

@@ -34,10 +34,14 @@ std::unique_ptr<SessionTable> MakeTable(std::chrono::nanoseconds idle = seconds(
   return *std::move(table);
 }
 
-// A request of `tokens` tokens (one byte each) of session `id`, named `name`.
+// A request of session `session` named `name` whose tokens are the bytes of
+// `payload` (hidden size 1). It owns a copy of the payload, which its input
+// views, for as long as it lives.
 std::unique_ptr<InferRequest> SessionRequest(const std::string& name, const std::string& payload,
                                              SessionParams session, Outcome* out) {
-  auto r = MakeRequest(payload, static_cast<int64_t>(payload.size()), out);
+  auto owned = std::make_shared<const std::string>(payload);
+  auto r = MakeRequest(*owned, static_cast<int64_t>(owned->size()), out);
+  r->on_done = [done = std::move(r->on_done), owned](absl::Status s) { done(std::move(s)); };
   r->id = name;
   r->session = std::move(session);
   return r;
@@ -88,7 +92,8 @@ TEST(BatcherSessionsTest, OneSessionsRequestsRunInOrderNeverTogether) {
   requests.push_back(SessionRequest("a0", "xxxxx", Start(1), &outs[0]));
   requests.push_back(SessionRequest("b0", "yy", Start(2), &outs[1]));
   requests.push_back(SessionRequest("a1", "x", Append(1), &outs[2]));
-  requests.push_back(MakeRequest("zzz", 3, &outs[3]));
+  const std::string zzz = "zzz";
+  requests.push_back(MakeRequest(zzz, 3, &outs[3]));
   requests.push_back(SessionRequest("a2", "xx", Append(1), &outs[4]));
   requests[3]->id = "stateless";
   for (auto& r : requests) ASSERT_TRUE(batcher.Enqueue(r).ok());
@@ -142,7 +147,8 @@ TEST(BatcherSessionsTest, RefusedStepFailsAloneAndLeavesOthersIntact) {
   auto r2 = SessionRequest("wrong-batch", "xx", Append(7), &wrong_batch);
   r2->batch = 2;  // the session holds one sequence
   r2->seq_len = 1;
-  auto r3 = MakeRequest("abc", 3, &good);
+  const std::string abc = "abc";
+  auto r3 = MakeRequest(abc, 3, &good);
   ASSERT_TRUE(batcher.Enqueue(r1).ok());
   ASSERT_TRUE(batcher.Enqueue(r2).ok());
   ASSERT_TRUE(batcher.Enqueue(r3).ok());
@@ -262,7 +268,8 @@ TEST(BatcherSessionsTest, CancelledWhileQueuedLeavesTheSessionUnchanged) {
   ASSERT_TRUE(first.done.WaitFor(kWait));
   backend.SetOpen(false);
   Outcome blocker;
-  auto rb = MakeRequest("b", 1, &blocker);  // keeps the one slot busy
+  const std::string b = "b";
+  auto rb = MakeRequest(b, 1, &blocker);  // keeps the one slot busy
   ASSERT_TRUE(batcher.Enqueue(rb).ok());
   ASSERT_TRUE(backend.AwaitBatches(2));
   auto r1 = SessionRequest("cancelled", "xxx", Append(4), &cancelled);
@@ -336,6 +343,75 @@ TEST(BatcherSessionsTest, ManySessionsUnderConcurrencyStayIndependent) {
   EXPECT_EQ(table->Stats().sessions_open, 0);
   EXPECT_EQ(table->Stats().freed_end, kSessions);
   EXPECT_EQ(table->Stats().blocks_used, 0);
+  EXPECT_TRUE(table->CheckConsistency().ok());
+}
+
+TEST(BatcherSessionsTest, LongRequestRunsInPiecesBesideOtherSessionsSteps) {
+  auto table = MakeTable();
+  FakeClock clock;
+  FakeBackend backend(1);
+  ServerObserver observer;
+  BatcherOptions options = SessionOptions(table.get());
+  options.prefill_chunk_tokens = 4;
+  options.policy.max_queue_delay = std::chrono::microseconds(1000);
+  Batcher batcher(options, &backend, &observer, &clock);
+  Outcome opener;
+  auto r0 = SessionRequest("b-open", "y", Start(2), &opener);
+  ASSERT_TRUE(batcher.Enqueue(r0).ok());
+  clock.Advance(std::chrono::microseconds(1000));
+  batcher.Wake();
+  ASSERT_TRUE(opener.done.WaitFor(kWait));
+
+  // A 10-token prefill of session 1 and a 1-token step of session 2: the
+  // prefill runs as pieces of 4, 4 and 2, the step rides with the first.
+  Outcome prefill, step;
+  SessionParams start = Start(1);
+  start.end = true;  // freed after its last piece, not its first
+  auto r1 = SessionRequest("a-prefill", "abcdefghij", start, &prefill);
+  auto r2 = SessionRequest("b-step", "y", Append(2), &step);
+  ASSERT_TRUE(batcher.Enqueue(r1).ok());
+  ASSERT_TRUE(batcher.Enqueue(r2).ok());
+  clock.Advance(std::chrono::microseconds(1000));
+  batcher.Wake();
+  ASSERT_TRUE(prefill.done.WaitFor(kWait));
+  ASSERT_TRUE(step.done.WaitFor(kWait));
+  EXPECT_TRUE(prefill.status.ok()) << prefill.status;
+  EXPECT_EQ(prefill.output, "bcdefghijk");
+  std::vector<Steps> batches = backend.batch_steps();
+  ASSERT_EQ(batches.size(), 4u);
+  EXPECT_EQ(batches[1], (Steps{{"a-prefill", 0}, {"b-step", 1}}));
+  EXPECT_EQ(batches[2], (Steps{{"a-prefill", 4}}));
+  EXPECT_EQ(batches[3], (Steps{{"a-prefill", 8}}));
+  EXPECT_EQ(backend.batch_tokens()[1], 5);
+  EXPECT_EQ(backend.batch_tokens()[3], 2);
+  EXPECT_FALSE(table->Find(SessionId(1)).has_value());  // ended with its last piece
+  EXPECT_EQ(table->Stats().freed_end, 1);
+  EXPECT_TRUE(table->CheckConsistency().ok());
+}
+
+TEST(BatcherSessionsTest, FailedPieceRollsTheSessionBackToWhereTheRequestBegan) {
+  auto table = MakeTable();
+  FakeBackend backend(1);
+  ServerObserver observer;
+  BatcherOptions options = SessionOptions(table.get());
+  options.prefill_chunk_tokens = 3;
+  Batcher batcher(options, &backend, &observer, SteadyClock::Get());
+  Outcome first, long_request;
+  auto r0 = SessionRequest("first", "xx", Start(6), &first);
+  ASSERT_TRUE(batcher.Enqueue(r0).ok());
+  ASSERT_TRUE(first.done.WaitFor(kWait));
+  ASSERT_TRUE(first.status.ok());
+  // Batch 0 was the first request; batch 1 is the long request's first
+  // piece; its second piece (batch 2) fails.
+  backend.SetFailureFrom(2, absl::InternalError("device fault"));
+  auto r1 = SessionRequest("long", "abcdefgh", Append(6), &long_request);
+  ASSERT_TRUE(batcher.Enqueue(r1).ok());
+  ASSERT_TRUE(long_request.done.WaitFor(kWait));
+  EXPECT_EQ(long_request.status.code(), absl::StatusCode::kInternal);
+  const auto info = table->Find(SessionId(6));
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->length, 2);  // as before the request
+  EXPECT_EQ(table->Stats().blocks_used, 1);
   EXPECT_TRUE(table->CheckConsistency().ok());
 }
 

@@ -70,6 +70,12 @@ class FakeBackend final : public Backend {
     MutexLock lock(&mu_);
     failure_ = std::move(status);
   }
+  // Makes the batches from the `index`th run on (0-based) fail with `status`.
+  void SetFailureFrom(size_t index, absl::Status status) {
+    MutexLock lock(&mu_);
+    fail_from_ = index;
+    failure_ = std::move(status);
+  }
   // Blocks until `n` batches have been submitted (or 10 s pass).
   bool AwaitBatches(size_t n) {
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -96,7 +102,7 @@ class FakeBackend final : public Backend {
         if (pending_.empty()) return;
         item = std::move(pending_.front());
         pending_.pop_front();
-        failure = failure_;
+        if (ran_++ >= fail_from_) failure = failure_;
       }
       if (!failure.ok()) {
         item.done(failure);
@@ -120,6 +126,8 @@ class FakeBackend final : public Backend {
   std::vector<int64_t> batch_tokens_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<std::pair<std::string, int64_t>>> batch_steps_ ABSL_GUARDED_BY(mu_);
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  size_t fail_from_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t ran_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread worker_;
 };
 
