@@ -219,6 +219,24 @@ TEST(SessionTableTest, RollbackTruncatesAndFreesBlocksNoLongerNeeded) {
   EXPECT_TRUE(t->CheckConsistency().ok());
 }
 
+TEST(SessionTableTest, TruncateFreesTheBlocksPastTheLength) {
+  auto t = MakeTable(Options(16, 4));
+  const SessionId id(3);
+  Step(*t, Req(id, true, 2, 10), kT0);  // 3 blocks per sequence
+  ASSERT_TRUE(t->Truncate(id, 4).ok());
+  EXPECT_EQ(t->Find(id)->length, 4);
+  EXPECT_EQ(t->Find(id)->block_tables, (Tables{{0}, {3}}));
+  EXPECT_EQ(t->Stats().blocks_used, 2);
+  EXPECT_TRUE(t->Truncate(id, 9).ok());  // not longer: nothing changes
+  EXPECT_EQ(t->Find(id)->length, 4);
+  EXPECT_EQ(t->Truncate(id, -1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(t->Truncate(SessionId(99), 0).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(t->BeginStep(Req(id, false, 2, 1), kT0).ok());
+  EXPECT_EQ(t->Truncate(id, 0).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(t->FinishStep(id, true, false, kT0).ok());
+  EXPECT_TRUE(t->CheckConsistency().ok());
+}
+
 TEST(SessionTableTest, RollbackWithinTheLastBlockKeepsEveryBlock) {
   auto t = MakeTable(Options(16, 4));
   const SessionId id(1);
