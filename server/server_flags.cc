@@ -96,7 +96,7 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
   integer(app.add_option(
       FlagNames("max-queue-bytes"), flags.max_queue_bytes,
       "most input bytes the waiting requests may hold together (an empty queue takes any legal "
-      "request); beyond it RESOURCE_EXHAUSTED. 0: 8 full batches of FP32 tokens"));
+      "request); beyond it RESOURCE_EXHAUSTED. 0: 8 full batches of FP32 tokens, at least 64 MiB"));
   integer(app.add_option(FlagNames("cpu-threads"), flags.cpu_threads,
                          "CPU backend threads (0 = all cores)"));
   integer(app.add_option(

@@ -29,7 +29,7 @@ int64_t DefaultMaxQueueBytes(const BatchPolicy& policy, int64_t hidden) {
       __builtin_mul_overflow(bytes, int64_t{4} * kDefaultQueuedBatches, &bytes)) {
     return INT64_MAX;
   }
-  return bytes;
+  return std::max(bytes, kMinDefaultQueueBytes);
 }
 
 Batcher::Batcher(BatcherOptions options, Backend* backend, ServerObserver* observer,

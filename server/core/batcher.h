@@ -51,6 +51,11 @@ namespace layerserve {
 // enough to keep every backend slot busy and the next batches forming, while
 // a burst of large requests cannot hold more than this in memory.
 inline constexpr int kDefaultQueuedBatches = 8;
+// The default's floor: with small batches (--max-batch-tokens of one
+// request, i.e. batching off) 8 batches would be 8 requests, and a queue that
+// small refuses ordinary load. 64 MiB holds 4096 one-token FP32 requests of
+// Llama-3-8B's hidden size.
+inline constexpr int64_t kMinDefaultQueueBytes = int64_t{64} << 20;
 
 struct BatcherOptions {
   BatchPolicy policy;
@@ -60,7 +65,7 @@ struct BatcherOptions {
   // Enqueue fails (RESOURCE_EXHAUSTED), except that an empty queue takes any
   // request. 0: DefaultMaxQueueBytes(policy, hidden of the requests), i.e.
   // kDefaultQueuedBatches full batches of FP32 tokens (8 x 16 MiB for the
-  // demo model, 8 x 128 MiB for Llama-3-8B at 8192 tokens).
+  // demo model, 8 x 128 MiB for Llama-3-8B at 8192 tokens), at least 64 MiB.
   int64_t max_queue_bytes = 0;
   // The session table that session requests (InferRequest::session) step
   // through; not owned, must outlive the Batcher. Null: the backend keeps no
@@ -73,8 +78,8 @@ struct BatcherOptions {
   int64_t prefill_chunk_tokens = 0;
 };
 
-// kDefaultQueuedBatches x policy.max_batch_tokens x hidden x 4 bytes,
-// saturating at INT64_MAX.
+// kDefaultQueuedBatches x policy.max_batch_tokens x hidden x 4 bytes, at
+// least kMinDefaultQueueBytes, saturating at INT64_MAX.
 int64_t DefaultMaxQueueBytes(const BatchPolicy& policy, int64_t hidden);
 
 class Batcher {

@@ -177,12 +177,15 @@ TEST(BatcherTest, QueueBytesLimitRejectsAndFreesAsBatchesStart) {
 }
 
 // Without an explicit limit the queue holds kDefaultQueuedBatches full
-// batches of FP32 tokens at the requests' hidden size.
-TEST(BatcherTest, DefaultQueueBytesLimitIsSomeFullBatches) {
+// batches of FP32 tokens at the requests' hidden size, and never less than
+// kMinDefaultQueueBytes; a limit is kept to the byte.
+TEST(BatcherTest, QueueBytesLimitAndItsDefault) {
   EXPECT_EQ(DefaultMaxQueueBytes(BatchPolicy{8192, microseconds(500)}, 4096),
             int64_t{kDefaultQueuedBatches} * 8192 * 4096 * 4);
   EXPECT_EQ(DefaultMaxQueueBytes(BatchPolicy{int64_t{1} << 62, microseconds(500)}, 4096),
             INT64_MAX);  // saturates
+  // Batching off (a batch of one 1-token request): the floor, not 8 requests.
+  EXPECT_EQ(DefaultMaxQueueBytes(BatchPolicy{1, microseconds(500)}, 4096), kMinDefaultQueueBytes);
 
   FakeClock clock;  // never advanced: only a full batch leaves the queue
   FakeBackend backend(1);
@@ -192,7 +195,9 @@ TEST(BatcherTest, DefaultQueueBytesLimitIsSomeFullBatches) {
   const std::string full_batch(kBatchTokens * 4, 'f'), request(kTokens * 4, 'x');
   Outcome first;
   std::vector<Outcome> outs(kDefaultQueuedBatches + 1);
-  Batcher batcher(Options(kBatchTokens, 1'000'000), &backend, &observer, &clock);
+  BatcherOptions options = Options(kBatchTokens, 1'000'000);
+  options.max_queue_bytes = kDefaultQueuedBatches * kBatchTokens * 4;
+  Batcher batcher(options, &backend, &observer, &clock);
   backend.SetOpen(false);
   // A full batch takes the backend's only slot, so later requests stay queued.
   auto r0 = MakeRequest(full_batch, kBatchTokens, &first);
@@ -211,7 +216,7 @@ TEST(BatcherTest, DefaultQueueBytesLimitIsSomeFullBatches) {
       refused = s;
     }
   }
-  // The default is kDefaultQueuedBatches x 17 tokens x 4 bytes: room for
+  // kDefaultQueuedBatches x 17 tokens x 4 bytes: room for
   // kDefaultQueuedBatches requests of 16 tokens, not one more.
   EXPECT_EQ(accepted, kDefaultQueuedBatches);
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
