@@ -151,8 +151,7 @@ def test_model_config_announces_sequence_batching(client, server):
 
 
 # (prefill, then step sizes): single tokens across the first block boundary
-# (16), several tokens at once across the second (32), one step of 0
-# new tokens is not sent (T >= 1 on the wire).
+# (16), several tokens at once across the second (32).
 SCHEDULE = (13, [1, 1, 1, 1, 6, 1, 9, 1, 2])
 
 
