@@ -303,8 +303,21 @@ def test_position_past_the_length_is_refused(client, server, names):
     s.check("after a refused position")
 
 
+def wait_for_delta(server, before, name, want, **labels):
+    """The growth of a metric since `before` (samples), once it reaches `want`
+    or 10 s have passed: the edge counts a call as it replies, so the client
+    can see the reply a moment before the metrics do."""
+    deadline = time.monotonic() + 10
+    while True:
+        got = sample(server.samples(), name, **labels) - sample(before, name, **labels)
+        if got >= want or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
 def test_errors_name_the_session_and_leave_others_intact(client, server, names):
     rng = np.random.default_rng(44)
+    metrics_before = server.samples()
     witness = Session(client, server.model, names, fresh_id("string"), batch=2)
     witness.send(activations((2, 6, DEMO_HIDDEN), rng), start=True)
 
@@ -351,6 +364,48 @@ def test_errors_name_the_session_and_leave_others_intact(client, server, names):
     b2.check("after its refused requests")
     witness.send(activations((2, 1, DEMO_HIDDEN), rng), end=True)
     witness.check("at its end")
+
+    # The four NOT_FOUNDs above are counted as such, and as requests for
+    # unknown sessions.
+    model = server.model
+    assert wait_for_delta(server, metrics_before, "layerserve_requests_total", 4, model=model,
+                          code="NOT_FOUND") == 4
+    assert wait_for_delta(server, metrics_before, "layerserve_rejections_total", 4, model=model,
+                          reason="unknown_session") == 4
+    assert wait_for_delta(server, metrics_before, "layerserve_requests_total", 2, model=model,
+                          code="INVALID_ARGUMENT") == 2
+
+
+def test_kv_cache_and_session_limits(start_server):
+    """A pool of 4 blocks (512 KiB at 8 KiB a token, 16 tokens a block) and
+    at most 2 sessions: what does not fit is RESOURCE_EXHAUSTED saying why,
+    the sessions that fit are unaffected, and ending one makes room."""
+    server = start_server("--kv-cache-memory=512KiB", "--max-sessions=2")
+    rng = np.random.default_rng(48)
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        names = io_names(client, server.model)
+        a = Session(client, server.model, names, fresh_id(), batch=1)
+        a.send(activations((1, 40, DEMO_HIDDEN), rng), start=True)  # 3 of the 4 blocks
+        b = Session(client, server.model, names, fresh_id("string"), batch=2)
+        message = expect_error("RESOURCE_EXHAUSTED", b.send, activations((2, 1, DEMO_HIDDEN), rng),
+                               start=True)
+        assert "KV cache" in message and b.id in message, message
+        assert sample(server.samples(), "layerserve_sessions_open", model=server.model) == 1
+        c = Session(client, server.model, names, fresh_id(), batch=1)
+        c.send(activations((1, 16, DEMO_HIDDEN), rng), start=True)   # the 4th block
+        message = expect_error("RESOURCE_EXHAUSTED", c.send, activations((1, 1, DEMO_HIDDEN), rng))
+        assert "KV cache" in message, message
+        # A third session is one more than --max-sessions.
+        message = expect_error("RESOURCE_EXHAUSTED", infer, client, server.model, *names,
+                               activations((1, 1, DEMO_HIDDEN), rng), "FP32",
+                               sequence_id=fresh_id(), sequence_start=True)
+        assert names_number(message, 2), message
+        a.send(activations((1, 8, DEMO_HIDDEN), rng), end=True)     # 48 tokens: still 3 blocks
+        a.check("beside refused sessions")
+        c.send(activations((1, 1, DEMO_HIDDEN), rng))               # a's blocks are free again
+        c.check("after a session that ended gave its blocks back")
+        b.send(activations((2, 1, DEMO_HIDDEN), rng), start=True, end=True)
+        b.check("once there was room")
 
 
 def test_start_while_a_step_is_queued_or_in_flight_is_refused(server, names):
@@ -422,9 +477,31 @@ def test_metrics_follow_a_session(client, server, names):
 
 def test_interleaved_sessions_from_threads_stay_independent(server, names):
     """4 threads, each driving 2 sessions (int and string ids, B of 1 or 2)
-    with random step sizes, all at once: every session matches its own oracle."""
+    with random step sizes, all at once, while a fifth sends requests the
+    server refuses: every session matches its own oracle."""
     threads, steps = 4, 5
-    barrier = threading.Barrier(threads)
+    barrier = threading.Barrier(threads + 1)
+    done = threading.Event()
+
+    def misbehave():
+        rng = np.random.default_rng(99)
+        refused = 0
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            own = Session(client, server.model, names, fresh_id(), batch=2)
+            own.send(activations((2, 3, DEMO_HIDDEN), rng), start=True)
+            barrier.wait(timeout=RPC_TIMEOUT_S)
+            while not done.is_set() or refused < 4:
+                for code, kwargs in (
+                        ("NOT_FOUND", dict(sequence_id=fresh_id())),
+                        ("INVALID_ARGUMENT", dict(sequence_id=own.id)),  # B = 1, not 2
+                        ("FAILED_PRECONDITION", dict(sequence_id=own.id,
+                                                     parameters={"sequence_position": 99}))):
+                    x = activations((1 if code == "INVALID_ARGUMENT" else 2, 1, DEMO_HIDDEN), rng)
+                    expect_error(code, infer, client, server.model, *names, x, "FP32", **kwargs)
+                    refused += 1
+            own.send(activations((2, 1, DEMO_HIDDEN), rng), end=True)
+            own.check("after its refused requests")
+        return refused
 
     def drive(worker):
         rng = np.random.default_rng(100 + worker)
@@ -441,9 +518,14 @@ def test_interleaved_sessions_from_threads_stay_independent(server, names):
                 s.check(f"(thread {worker})")
             return [s.id for s in sessions]
 
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        done = list(pool.map(drive, range(threads)))
-    assert len({sid for ids in done for sid in ids}) == 2 * threads
+    with ThreadPoolExecutor(max_workers=threads + 1) as pool:
+        refused = pool.submit(misbehave)
+        try:
+            ids = list(pool.map(drive, range(threads)))
+        finally:
+            done.set()
+        assert refused.result(timeout=RPC_TIMEOUT_S) >= 4
+    assert len({sid for worker in ids for sid in worker}) == 2 * threads
 
 
 def test_idle_session_expires(start_server):
