@@ -567,3 +567,59 @@ def test_idle_session_expires(start_server):
         again = Session(client, server.model, names, idle.id, batch=1)
         again.send(activations((1, 3, DEMO_HIDDEN), rng), start=True, end=True)
         again.check("restarted after expiry")
+
+
+def test_retry_after_a_client_timeout_with_sequence_position(client, server, names):
+    """A client that gave up on a step cannot tell whether the server applied
+    it; resending it with sequence_position = the length it knows gives the
+    answer as if the first attempt never happened, whichever it was."""
+    rng = np.random.default_rng(49)
+    s = Session(client, server.model, names, fresh_id(), batch=2)
+    s.send(activations((2, 10, DEMO_HIDDEN), rng), start=True)
+    step = activations((2, 200, DEMO_HIDDEN), rng)
+    for timeout_s in (0.001, 0.05):
+        with pytest.raises(InferenceServerException) as error:
+            client.infer(server.model, [make_input(names[0], step, "FP32")],
+                         sequence_id=s.id, client_timeout=timeout_s)
+        assert "DEADLINE_EXCEEDED" in str(error.value.status()), error.value
+        s.send(step, position=10)
+        s.check(f"after a retry of a step abandoned at {timeout_s} s")
+    s.send(activations((2, 1, DEMO_HIDDEN), rng), end=True)
+    s.check("after the retries")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "server expires a session whose next request waits in the queue past the idle timeout; "
+    "Triton counts a sequence idle only while none of its requests is queued"))
+def test_a_queued_step_keeps_its_session_alive(start_server):
+    """The step arrives 0.2 s after the session's last use (timeout 1 s) and
+    waits in the queue behind a long stateless batch: the session was not
+    idle, so the step must run, not find its session expired."""
+    server = start_server("--session-idle-timeout-s=1", "--kv-cache-memory=16MiB")
+    rng = np.random.default_rng(50)
+    big = activations((8, 512, DEMO_HIDDEN), rng)  # 4096 tokens: seconds on two cores
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        names = io_names(client, server.model)
+        s = Session(client, server.model, names, fresh_id(), batch=1)
+        s.send(activations((1, 4, DEMO_HIDDEN), rng), start=True)
+        last_used = time.monotonic()
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            def long_batch():
+                with grpcclient.InferenceServerClient(server.grpc_url) as c:
+                    return stateless(c, server.model, names, big, "FP32")
+            running = pool.submit(long_batch)
+            time.sleep(0.2)
+            try:
+                s.send(activations((1, 1, DEMO_HIDDEN), rng))
+                outcome = None
+            except InferenceServerException as e:
+                outcome = e
+            waited = time.monotonic() - last_used
+            running.result(timeout=RPC_TIMEOUT_S)
+    if waited < 1.5:
+        pytest.skip(f"inconclusive: the step came back {waited:.2f} s after the session's last "
+                    "use, before its idle timeout could pass")
+    assert outcome is None, (
+        f"a step sent 0.2 s after the session's last use, answered {waited:.1f} s after it: "
+        f"{outcome.status()}: {outcome.message()}")
+    s.check("after waiting in the queue")
