@@ -147,7 +147,8 @@ class ModelEnds:
     def embed(self, ids):
         """[len(ids)] token ids -> [1, len(ids), hidden] float32."""
         ids = np.asarray(ids, dtype=np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.checkpoint.raw(self.embed_name).shape[0]):
+        rows = self.checkpoint.raw(self.embed_name).shape[0]
+        if ids.size and (ids.min() < 0 or ids.max() >= rows):
             raise SystemExit(f"token ids {ids.tolist()} outside the embedding's vocabulary")
         return self.checkpoint.float32(self.embed_name, rows=ids)[None]
 
@@ -166,7 +167,8 @@ def bf16_client_dtype():
     (r26.06 and later), None where it takes float32 arrays for them."""
     try:
         import ml_dtypes
-        return ml_dtypes.bfloat16 if np_to_triton_dtype(np.dtype(ml_dtypes.bfloat16)) == "BF16" else None
+        bf16 = np.dtype(ml_dtypes.bfloat16)
+        return ml_dtypes.bfloat16 if np_to_triton_dtype(bf16) == "BF16" else None
     except Exception:
         return None
 
@@ -182,7 +184,8 @@ class Stage:
         except Exception as e:
             raise SystemExit(f"{url}: cannot read model {model!r}'s configuration: {e}")
         params = {k: v.string_value for k, v in config.parameters.items()}
-        self.layers = tuple(int(x) for x in params["layers"].split(":")) if "layers" in params else None
+        self.layers = (tuple(int(x) for x in params["layers"].split(":"))
+                       if "layers" in params else None)
         self.hidden = int(params["hidden_size"]) if "hidden_size" in params else None
         self.sessions = config.HasField("sequence_batching")
         self.input_name = config.input[0].name
@@ -195,7 +198,8 @@ class Stage:
         if self.datatype == "BF16":
             bits = f32_to_bf16_bits(hidden)
             bf16 = bf16_client_dtype()
-            tensor.set_data_from_numpy(bits.view(bf16) if bf16 is not None else bf16_bits_to_f32(bits))
+            tensor.set_data_from_numpy(
+                bits.view(bf16) if bf16 is not None else bf16_bits_to_f32(bits))
         else:
             tensor.set_data_from_numpy(np.ascontiguousarray(hidden, dtype=np.float32))
         result = self.client.infer(self.model, [tensor],
@@ -316,7 +320,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", required=True,
-                   help="the checkpoint the servers serve (config.json, safetensors, tokenizer.json)")
+                   help="the checkpoint the servers serve "
+                        "(config.json, safetensors, tokenizer.json)")
     p.add_argument("--servers", required=True,
                    help="host:port of each server, comma-separated, in layer order")
     p.add_argument("--model", default="",
@@ -341,7 +346,8 @@ def main(argv=None):
     model_dir = Path(args.model_dir)
     config = json.loads((model_dir / "config.json").read_text())
     urls = [u.strip() for u in args.servers.split(",") if u.strip()]
-    models = [m.strip() for m in args.model.split(",")] if args.model else [model_dir.resolve().name]
+    models = ([m.strip() for m in args.model.split(",")] if args.model
+              else [model_dir.resolve().name])
     if len(models) == 1:
         models *= len(urls)
     if len(models) != len(urls):
@@ -350,14 +356,16 @@ def main(argv=None):
     tokenizer, no_tokenizer = load_tokenizer(model_dir)
     if args.prompt is not None:
         if tokenizer is None:
-            raise SystemExit(f"--prompt needs a tokenizer: {no_tokenizer}; give --prompt-ids instead")
+            raise SystemExit(f"--prompt needs a tokenizer: {no_tokenizer}; "
+                             "give --prompt-ids instead")
         prompt_ids = tokenizer.encode(args.prompt).ids
     else:
         prompt_ids = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
     if not prompt_ids:
         raise SystemExit("the prompt has no tokens")
     eos = config.get("eos_token_id")
-    eos_ids = () if args.ignore_eos or eos is None else tuple(eos if isinstance(eos, list) else [eos])
+    eos_ids = (() if args.ignore_eos or eos is None
+               else tuple(eos if isinstance(eos, list) else [eos]))
 
     ends = ModelEnds(Checkpoint(model_dir), config)
     stages = connect(urls, models, args.datatype, int(config["num_hidden_layers"]), ends.hidden)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from layerserve_process import sample
-from llama_numpy import decoder_layers, make_checkpoint, stored_values
+from llama_numpy import decoder_layers, make_checkpoint, stored_values, write_safetensors
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pipeline_generate.py"
 EXAMPLE_TIMEOUT_S = 120
@@ -190,6 +190,24 @@ def test_stops_at_eos_and_frees_the_sessions(untied, tmp_path):
 
     result, _ = run_example(untied, tmp_path, "--prompt-ids", ",".join(map(str, PROMPT)),
                             "--max-new-tokens", NEW_TOKENS, "--ignore-eos", model_dir=model_dir)
+    assert result["generated_ids"] == want
+
+
+def test_sharded_checkpoint(untied, tmp_path):
+    """The example finds the embedding, norm and LM head through
+    model.safetensors.index.json when the checkpoint is sharded."""
+    model_dir = tmp_path / untied.directory.name
+    model_dir.mkdir()
+    (model_dir / "config.json").symlink_to(untied.directory / "config.json")
+    shards = {"model-00001-of-00002.safetensors": ["model.embed_tokens.weight"],
+              "model-00002-of-00002.safetensors": ["model.norm.weight", "lm_head.weight"]}
+    for file, tensors in shards.items():
+        write_safetensors(model_dir / file, {n: untied.ends[n] for n in tensors}, "F32")
+    (model_dir / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: f for f, ns in shards.items() for n in ns}}))
+    want, _ = untied.reference(PROMPT, 4)
+    result, _ = run_example(untied, tmp_path, "--prompt-ids", ",".join(map(str, PROMPT)),
+                            "--max-new-tokens", 4, model_dir=model_dir)
     assert result["generated_ids"] == want
 
 
