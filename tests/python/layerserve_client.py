@@ -66,12 +66,13 @@ def output_as_f32(result, name):
     raise AssertionError(f"no output named {name!r} in the response (outputs: {names})")
 
 
-def infer(client, model, input_name, output_name, values, datatype, request_id=""):
-    """One ModelInfer call; returns (float32 output, output datatype, result)."""
+def infer(client, model, input_name, output_name, values, datatype, request_id="", **kwargs):
+    """One ModelInfer call; returns (float32 output, output datatype, result).
+    kwargs go to client.infer (sequence_id=, sequence_start=, parameters=, ...)."""
     result = client.infer(
         model, [make_input(input_name, values, datatype)],
         outputs=[grpcclient.InferRequestedOutput(output_name)],
-        request_id=request_id, client_timeout=RPC_TIMEOUT_S)
+        request_id=request_id, client_timeout=RPC_TIMEOUT_S, **kwargs)
     out, datatype_out = output_as_f32(result, output_name)
     return out, datatype_out, result
 

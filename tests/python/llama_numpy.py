@@ -72,11 +72,13 @@ def stored_values(value, dtype):
     return np.asarray(value, dtype=_SAFETENSORS_DTYPES[dtype]).astype(np.float64)
 
 
-def make_checkpoint(directory, config, weight_dtype="F32", seed=0):
+def make_checkpoint(directory, config, weight_dtype="F32", seed=0, extra_tensors=None):
     """Writes config.json and model.safetensors with random weights for every
-    layer of `config` (a Hugging Face config dict). Returns the per-layer
-    weights exactly as stored (float64 numpy arrays, HF names without the
-    "model.layers.{i}." prefix), for the reference."""
+    layer of `config` (a Hugging Face config dict), plus `extra_tensors`
+    ({full name: array}, e.g. the embedding, final norm and LM head a client
+    needs; they replace the small placeholders otherwise written). Returns the
+    per-layer weights exactly as stored (float64 numpy arrays, HF names
+    without the "model.layers.{i}." prefix), for the reference."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -113,6 +115,7 @@ def make_checkpoint(directory, config, weight_dtype="F32", seed=0):
     # A checkpoint also holds what a layer span never reads.
     tensors["model.embed_tokens.weight"] = rng.normal(size=(16, hidden))
     tensors["model.norm.weight"] = np.ones(hidden)
+    tensors.update(extra_tensors or {})
 
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     write_safetensors(directory / "model.safetensors", tensors, weight_dtype)
