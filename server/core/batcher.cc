@@ -78,7 +78,12 @@ absl::Status Batcher::Enqueue(std::unique_ptr<InferRequest>& request) {
                      max_bytes, " bytes)"));
   }
   request->enqueue_time = clock_->Now();
-  if (request->session) ++queued_sessions_[request->session->id];
+  if (request->session) {
+    // A session is not idle while a request of it waits (as Triton counts
+    // idleness): queued, its session is kept used, here and at every sweep.
+    ++queued_sessions_[request->session->id];
+    options_.sessions->Touch(request->session->id, request->enqueue_time);
+  }
   queued_bytes_ += bytes;
   queue_.push_back(std::move(request));
   observer_->OnQueueDepth(static_cast<int64_t>(queue_.size()));
@@ -227,6 +232,7 @@ bool Batcher::SweepIdleLocked(SteadyTime now, std::optional<SteadyTime>* wake_at
   if (timeout <= std::chrono::nanoseconds(0)) return false;
   bool freed = false;
   if (now >= next_sweep_) {
+    for (const auto& [id, count] : queued_sessions_) options_.sessions->Touch(id, now);
     freed = options_.sessions->ExpireIdle(now) > 0;
     // A session is freed at most a sweep interval after its timeout passes.
     const auto interval = std::clamp<SteadyTime::duration>(

@@ -307,6 +307,12 @@ SessionTableStats SessionTable::Stats() const {
   return stats;
 }
 
+void SessionTable::Touch(const SessionId& id, SteadyTime now) {
+  MutexLock lock(&mu_);
+  const auto it = sessions_.find(id);
+  if (it != sessions_.end() && it->second.last_used < now) it->second.last_used = now;
+}
+
 bool SessionTable::InFlight(const SessionId& id) const {
   MutexLock lock(&mu_);
   const auto it = sessions_.find(id);

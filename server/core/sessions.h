@@ -211,6 +211,10 @@ class SessionTable {
 
   SessionTableStats Stats() const;
 
+  // Marks session `id` used at `now` (nothing when none is open under it), so
+  // that it does not expire while a request of it waits in a queue. O(1).
+  void Touch(const SessionId& id, SteadyTime now);
+
   // Whether `id` names an open session with a step in flight. O(1).
   bool InFlight(const SessionId& id) const;
 

@@ -415,5 +415,37 @@ TEST(BatcherSessionsTest, FailedPieceRollsTheSessionBackToWhereTheRequestBegan) 
   EXPECT_TRUE(table->CheckConsistency().ok());
 }
 
+TEST(BatcherSessionsTest, AQueuedRequestKeepsItsSessionAlive) {
+  FakeClock clock;
+  auto table = MakeTable(seconds(10));
+  FakeBackend backend(1);
+  ServerObserver observer;
+  Batcher batcher(SessionOptions(table.get()), &backend, &observer, &clock);
+  Outcome first, blocker, waiting;
+  auto r0 = SessionRequest("first", "xx", Start(9), &first);
+  ASSERT_TRUE(batcher.Enqueue(r0).ok());
+  ASSERT_TRUE(first.done.WaitFor(kWait));
+  // A stateless batch holds the backend's only slot while the session's next
+  // step waits behind it for longer than the idle timeout.
+  backend.SetOpen(false);
+  const std::string b = "b";
+  auto rb = MakeRequest(b, 1, &blocker);
+  ASSERT_TRUE(batcher.Enqueue(rb).ok());
+  ASSERT_TRUE(backend.AwaitBatches(2));
+  clock.Advance(seconds(5));
+  auto r1 = SessionRequest("waiting", "x", Append(9), &waiting);
+  ASSERT_TRUE(batcher.Enqueue(r1).ok());
+  for (int i = 0; i < 4; ++i) {  // 20 s of sweeps while it waits
+    clock.Advance(seconds(5));
+    batcher.Wake();
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  backend.SetOpen(true);
+  ASSERT_TRUE(waiting.done.WaitFor(kWait));
+  EXPECT_TRUE(waiting.status.ok()) << waiting.status;
+  EXPECT_EQ(table->Stats().freed_idle, 0);
+  EXPECT_EQ(table->Find(SessionId(9))->length, 3);
+}
+
 }  // namespace
 }  // namespace layerserve
