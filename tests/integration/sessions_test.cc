@@ -1,0 +1,436 @@
+// Sessions end to end: the real server keeps each session's K/V between
+// requests, and the client drives it with the sequence parameters
+// (sequence_id, sequence_start, sequence_end, sequence_position).
+//
+// The oracle: a session fed in pieces must give, for every new token, the
+// hidden states that one stateless request over the whole sequence gives,
+// within the tolerance of the wire and compute datatypes. On that rest the
+// checks of rollback, pipelined steps, errors that leave other sessions
+// intact, the server's limits (--max-session-tokens, --kv-cache-memory,
+// --max-sessions), draining on SIGTERM and many sessions from many threads.
+//
+// Order: the server runs a session's requests in the order they reach its
+// queue, and gRPC keeps no order between unary calls, even on one channel.
+// Tests that need an order either wait for each reply, or send the next
+// request once the one before shows in the queue (a long queue delay keeps
+// it there), or send positions, so that a step that arrives early is
+// refused rather than applied in the wrong place.
+//
+// A backend without a KV cache (the CUDA one, for now) serves no sessions:
+// its ModelConfig has no sequence_batching, and every test that needs
+// sessions skips with a message saying so.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "grpc_service.grpc.pb.h"
+#include "tests/integration/async_results.h"
+#include "tests/integration/reference_check.h"
+#include "tests/integration/server_process.h"
+
+namespace layerserve::integration {
+namespace {
+
+using client::Client;
+using client::InferOptions;
+using client::SequenceId;
+using client::Tensor;
+
+constexpr int64_t kHidden = 512;  // the demo model's
+constexpr char kModel[] = "demo";
+constexpr char kNoSessions[] =
+    "the server's ModelConfig has no sequence_batching: its backend keeps no KV cache, so it "
+    "serves no sessions";
+
+absl::Time In(absl::Duration d) { return absl::Now() + d; }
+
+// ---------------------------------------------------------------------------
+// A server and what it says about itself.
+
+struct Served {
+  std::unique_ptr<ServerProcess> process;
+  std::unique_ptr<Client> client;
+  inference::ModelConfig config;
+
+  bool sessions() const { return config.has_sequence_batching(); }
+  // A ModelConfig parameter as a number (kv_blocks, kv_block_tokens, ...).
+  int64_t Parameter(const std::string& key) const {
+    int64_t value = -1;
+    const auto it = config.parameters().find(key);
+    if (it == config.parameters().end() || !absl::SimpleAtoi(it->second.string_value(), &value)) {
+      ADD_FAILURE() << "ModelConfig has no numeric parameter " << key;
+    }
+    return value;
+  }
+};
+
+absl::StatusOr<inference::ModelConfig> FetchModelConfig(const ServerProcess& server) {
+  auto stub = inference::GRPCInferenceService::NewStub(
+      grpc::CreateChannel(server.grpc_target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  inference::ModelConfigRequest request;
+  request.set_name(server.model());
+  inference::ModelConfigResponse response;
+  const grpc::Status status = stub->ModelConfig(&context, request, &response);
+  if (!status.ok()) return client::FromGrpcStatus(status);
+  return response.config();
+}
+
+// Starts a server with `args` (after $LAYERSERVE_SERVER_ARGS), connects a
+// client and reads the ModelConfig. Fatal failures on error; callers wrap it
+// in ASSERT_NO_FATAL_FAILURE.
+void StartServer(const std::vector<std::string>& args, Served* served) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> process = ServerProcess::Start(args);
+  ASSERT_TRUE(process.ok()) << process.status();
+  served->process = *std::move(process);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(served->process->grpc_target());
+  ASSERT_TRUE(client.ok()) << client.status();
+  served->client = *std::move(client);
+  absl::StatusOr<inference::ModelConfig> config = FetchModelConfig(*served->process);
+  ASSERT_TRUE(config.ok()) << config.status();
+  served->config = *std::move(config);
+}
+
+// ---------------------------------------------------------------------------
+// Sequences, pieces of them and the oracle.
+
+// Rows [from, from + count) of every sequence of x ([batch, length, hidden]).
+template <typename T>
+std::vector<T> Rows(const std::vector<T>& x, int64_t batch, int64_t length, int64_t from,
+                    int64_t count) {
+  std::vector<T> rows;
+  rows.reserve(static_cast<size_t>(batch * count * kHidden));
+  for (int64_t b = 0; b < batch; ++b) {
+    const auto first = x.begin() + (b * length + from) * kHidden;
+    rows.insert(rows.end(), first, first + count * kHidden);
+  }
+  return rows;
+}
+
+// The token values of a session's sequences: [batch, length, hidden], exact
+// in BF16 so that every wire datatype carries the same input.
+struct Sequence {
+  Sequence(int64_t batch, int64_t length, uint64_t seed)
+      : batch(batch),
+        length(length),
+        x(RandomBf16ExactValues(static_cast<size_t>(batch * length * kHidden), seed)) {}
+
+  int64_t batch;
+  int64_t length;
+  std::vector<float> x;
+};
+
+InferOptions Options(const SequenceId& id, bool start = false, bool end = false,
+                     std::optional<int64_t> position = std::nullopt) {
+  InferOptions options;
+  options.sequence_id = id;
+  options.sequence_start = start;
+  options.sequence_end = end;
+  options.sequence_position = position;
+  return options;
+}
+
+std::string IdString(const SequenceId& id) {
+  if (const int64_t* integer = std::get_if<int64_t>(&id)) return absl::StrCat(*integer);
+  return absl::StrCat("\"", std::get<std::string>(id), "\"");
+}
+
+// Tokens [from, from + count) of every sequence of `seq`, as a tensor.
+Tensor Piece(const Sequence& seq, int64_t from, int64_t count, const std::string& datatype) {
+  absl::StatusOr<Tensor> tensor = client::FloatsToTensor(
+      Rows(seq.x, seq.batch, seq.length, from, count), {seq.batch, count, kHidden}, datatype);
+  EXPECT_TRUE(tensor.ok()) << tensor.status();
+  return tensor.ok() ? *std::move(tensor) : Tensor{};
+}
+
+// One request: tokens [from, from + count) of `seq` with `options`.
+absl::StatusOr<Tensor> Step(Client& client, const Sequence& seq, int64_t from, int64_t count,
+                            const std::string& datatype, const InferOptions& options) {
+  return client.Infer(kModel, Piece(seq, from, count, datatype), In(absl::Seconds(60)), options);
+}
+
+// The oracle: one stateless request over the whole of `seq`, decoded.
+absl::StatusOr<std::vector<double>> Stateless(Client& client, const Sequence& seq,
+                                              const std::string& datatype) {
+  absl::StatusOr<Tensor> out =
+      client.Infer(kModel, Piece(seq, 0, seq.length, datatype), In(absl::Seconds(60)));
+  if (!out.ok()) return out.status();
+  absl::StatusOr<std::vector<float>> values = client::TensorToFloats(*out);
+  if (!values.ok()) return values.status();
+  return std::vector<double>(values->begin(), values->end());
+}
+
+// A step's reply against the oracle's rows [from, from + count).
+::testing::AssertionResult StepMatches(const absl::StatusOr<Tensor>& got,
+                                       const std::vector<double>& oracle, const Sequence& seq,
+                                       int64_t from, int64_t count, const std::string& datatype) {
+  if (!got.ok()) {
+    return ::testing::AssertionFailure()
+           << "tokens [" << from << ", " << from + count << "): " << got.status();
+  }
+  ::testing::AssertionResult match =
+      MatchesReference(*got, {seq.batch, count, kHidden}, datatype,
+                       Rows(oracle, seq.batch, seq.length, from, count));
+  if (!match) match << " (tokens [" << from << ", " << from + count << "))";
+  return match;
+}
+
+// Tokens [0, count) of every sequence of a [B, T, hidden] reply.
+absl::StatusOr<Tensor> FirstTokens(const Tensor& reply, int64_t count) {
+  const std::optional<size_t> element = client::DatatypeByteSize(reply.datatype);
+  if (!element || reply.shape.size() != 3 || reply.shape[1] < count) {
+    return absl::InvalidArgumentError("not a [B, T, hidden] tensor of at least `count` tokens");
+  }
+  const size_t row = static_cast<size_t>(reply.shape[2]) * *element;
+  Tensor first{reply.datatype, {reply.shape[0], count, reply.shape[2]}, ""};
+  for (int64_t b = 0; b < reply.shape[0]; ++b) {
+    first.data.append(reply.data, static_cast<size_t>(b * reply.shape[1]) * row,
+                      static_cast<size_t>(count) * row);
+  }
+  return first;
+}
+
+// The status is `code` and its message contains each of `parts`.
+::testing::AssertionResult IsError(const absl::Status& status, absl::StatusCode code,
+                                   const std::vector<std::string>& parts) {
+  if (status.code() != code) {
+    return ::testing::AssertionFailure()
+           << "expected " << absl::StatusCodeToString(code) << ", got " << status;
+  }
+  for (const std::string& part : parts) {
+    if (!absl::StrContains(status.message(), part)) {
+      return ::testing::AssertionFailure() << "'" << part << "' is missing from: " << status;
+    }
+  }
+  return ::testing::AssertionSuccess() << status;
+}
+
+// A session that follows its sequence in order and checks every reply
+// against the oracle.
+class Session {
+ public:
+  Session(Client* client, SequenceId id, Sequence seq, std::string datatype)
+      : client_(client), id_(std::move(id)), seq_(std::move(seq)), datatype_(std::move(datatype)) {}
+
+  const SequenceId& id() const { return id_; }
+  const Sequence& seq() const { return seq_; }
+  int64_t length() const { return length_; }
+  const std::string& datatype() const { return datatype_; }
+
+  // The stateless reply over the whole sequence; before any Send.
+  ::testing::AssertionResult ComputeOracle() {
+    absl::StatusOr<std::vector<double>> oracle = Stateless(*client_, seq_, datatype_);
+    if (!oracle.ok()) return ::testing::AssertionFailure() << "oracle: " << oracle.status();
+    oracle_ = *std::move(oracle);
+    return ::testing::AssertionSuccess();
+  }
+  // The float64 reference instead, where a stateless request would wait out
+  // a long queue delay.
+  void UseReference(const DemoReference& reference) {
+    oracle_ = reference.Run(seq_.x, seq_.batch, seq_.length);
+  }
+  const std::vector<double>& oracle() const { return oracle_; }
+
+  // Sends the next `count` tokens (the first piece with sequence_start) and
+  // checks the reply.
+  ::testing::AssertionResult Send(int64_t count, bool end = false) {
+    if (length_ + count > seq_.length) {
+      return ::testing::AssertionFailure() << "the test's sequence is too short";
+    }
+    const absl::StatusOr<Tensor> got =
+        Step(*client_, seq_, length_, count, datatype_, Options(id_, length_ == 0, end));
+    ::testing::AssertionResult match = StepMatches(got, oracle_, seq_, length_, count, datatype_);
+    if (got.ok()) length_ += count;
+    if (!match) match << " in session " << IdString(id_);
+    return match;
+  }
+
+ private:
+  Client* const client_;
+  const SequenceId id_;
+  const Sequence seq_;
+  const std::string datatype_;
+  std::vector<double> oracle_;
+  int64_t length_ = 0;
+};
+
+// ---------------------------------------------------------------------------
+// Tests on one shared server with room for every session they open.
+
+class SessionsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    served_ = new Served();
+    // A modest pool (256 blocks of 16 tokens on the CPU backend), not the
+    // default share of the machine's memory.
+    StartServer({"--kv-cache-memory=32MiB"}, served_);
+  }
+  static void TearDownTestSuite() {
+    delete served_;  // kills the child
+    served_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(served_, nullptr);
+    ASSERT_NE(served_->client, nullptr) << "the server did not start";
+    if (!served_->sessions()) GTEST_SKIP() << kNoSessions;
+  }
+
+  static Client& client() { return *served_->client; }
+
+  static Served* served_;
+};
+
+Served* SessionsTest::served_ = nullptr;
+
+// B, wire datatype, string (true) or integer session id.
+using OracleParam = std::tuple<int64_t, std::string, bool>;
+
+class SessionOracleTest : public SessionsTest, public ::testing::WithParamInterface<OracleParam> {};
+
+// Prefill, then steps of one and of several tokens, crossing the 16-token
+// block boundaries (16 and 32) inside a step, ending on one and starting the
+// next block with a step of one; the last step ends the session.
+TEST_P(SessionOracleTest, PiecesMatchOneStatelessRequest) {
+  const auto& [batch, datatype, string_id] = GetParam();
+  const std::vector<int64_t> pieces = {6, 1, 1, 10, 1, 13, 1, 3, 5};
+  // Token ranges: [0,6) [6] [7] [8,18) [18] [19,32) [32] [33,36) [36,41).
+  const int64_t length = std::accumulate(pieces.begin(), pieces.end(), int64_t{0});
+  const SequenceId id = string_id ? SequenceId(absl::StrCat("oracle-B", batch, "-", datatype))
+                                  : SequenceId(int64_t{1000 + 10 * batch + (datatype == "BF16")});
+  Session session(&client(), id, Sequence(batch, length, 7000 + batch), datatype);
+  ASSERT_TRUE(session.ComputeOracle());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const ::testing::AssertionResult match = session.Send(pieces[i], i + 1 == pieces.size());
+    ASSERT_TRUE(match) << "piece " << i;
+    std::fprintf(stderr, "[test] B=%lld %s id %s piece %zu (%lld tokens): %s\n",
+                 static_cast<long long>(batch), datatype.c_str(), IdString(id).c_str(), i,
+                 static_cast<long long>(pieces[i]), match.message());
+  }
+  // sequence_end freed it.
+  const absl::StatusOr<Tensor> after = Step(client(), session.seq(), 0, 1, datatype, Options(id));
+  EXPECT_TRUE(IsError(after.status(), absl::StatusCode::kNotFound, {"not found"}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Sessions, SessionOracleTest,
+                         ::testing::Combine(::testing::Values(1, 2),
+                                            ::testing::Values("FP32", "BF16"), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<OracleParam>& info) {
+                           return absl::StrCat("B", std::get<0>(info.param), "_",
+                                               std::get<1>(info.param), "_",
+                                               std::get<2>(info.param) ? "StringId" : "IntId");
+                         });
+
+// Rolling back with sequence_position equals never having sent the dropped
+// tokens: the session takes 6 tokens that are not part of the final
+// sequence, then 12 more (to 32, two full blocks), and is rolled back to 14,
+// inside the first block, by a request that carries the final sequence's
+// tokens from there. A position past the length is refused naming both
+// numbers and changes nothing.
+TEST_F(SessionsTest, RollbackEqualsNeverSendingTheDroppedTokens) {
+  constexpr int64_t kBatch = 2;
+  const std::string datatype = "FP32";
+  const SequenceId id = std::string("rollback");
+  const Sequence kept(kBatch, 25, 8100);  // the final sequence
+  const Sequence dropped(kBatch, 32, 8101);
+  absl::StatusOr<std::vector<double>> oracle = Stateless(client(), kept, datatype);
+  ASSERT_TRUE(oracle.ok()) << oracle.status();
+
+  // Tokens 0..19: kept's first 14, then 6 of `dropped` (its random values
+  // are all overwritten).
+  Sequence mixed(kBatch, 20, 0);
+  for (int64_t b = 0; b < kBatch; ++b) {
+    for (int64_t t = 0; t < 20; ++t) {
+      const Sequence& from = t < 14 ? kept : dropped;
+      std::copy_n(from.x.begin() + (b * from.length + t) * kHidden, kHidden,
+                  mixed.x.begin() + (b * 20 + t) * kHidden);
+    }
+  }
+  const absl::StatusOr<Tensor> prefill =
+      Step(client(), mixed, 0, 20, datatype, Options(id, /*start=*/true));
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  EXPECT_TRUE(StepMatches(FirstTokens(*prefill, 14), *oracle, kept, 0, 14, datatype));
+  const absl::StatusOr<Tensor> more = Step(client(), dropped, 20, 12, datatype, Options(id));
+  ASSERT_TRUE(more.ok()) << more.status();
+
+  // Back to 14: blocks [16, 32) are given back and taken again.
+  EXPECT_TRUE(
+      StepMatches(Step(client(), kept, 14, 3, datatype, Options(id, false, false, /*position=*/14)),
+                  *oracle, kept, 14, 3, datatype));
+  // An explicit position equal to the length appends.
+  EXPECT_TRUE(StepMatches(Step(client(), kept, 17, 7, datatype, Options(id, false, false, 17)),
+                          *oracle, kept, 17, 7, datatype));
+  // Past the length (24): refused, naming both.
+  const absl::StatusOr<Tensor> past =
+      Step(client(), kept, 24, 1, datatype, Options(id, false, false, 27));
+  EXPECT_TRUE(IsError(past.status(), absl::StatusCode::kFailedPrecondition, {"27", "24"}));
+  // ... and the session is as it was.
+  EXPECT_TRUE(StepMatches(Step(client(), kept, 24, 1, datatype, Options(id, false, true)), *oracle,
+                          kept, 24, 1, datatype));
+}
+
+// Errors on one session's requests (unknown ids of either kind, a session
+// already ended, a batch size that is not the session's, a position past the
+// length) change nothing for the sessions open beside it.
+TEST_F(SessionsTest, ErrorsLeaveOtherSessionsIntact) {
+  Session a(&client(), int64_t{424}, Sequence(1, 12, 8300), "FP32");
+  Session b(&client(), std::string("bystander"), Sequence(2, 12, 8301), "BF16");
+  ASSERT_TRUE(a.ComputeOracle());
+  ASSERT_TRUE(b.ComputeOracle());
+  ASSERT_TRUE(a.Send(8));
+  ASSERT_TRUE(b.Send(8));
+
+  // "424" is not the integer session 424.
+  for (const SequenceId& unknown :
+       {SequenceId(int64_t{987654321}), SequenceId("no-such-session"), SequenceId("424")}) {
+    const absl::StatusOr<Tensor> got = Step(client(), a.seq(), 0, 1, "FP32", Options(unknown));
+    EXPECT_TRUE(
+        IsError(got.status(), absl::StatusCode::kNotFound, {IdString(unknown), "not found"}))
+        << IdString(unknown);
+  }
+  // Started and ended by one request: gone after it.
+  const SequenceId ended = std::string("ended");
+  const absl::StatusOr<Tensor> once =
+      Step(client(), a.seq(), 0, 4, "FP32", Options(ended, true, true));
+  EXPECT_TRUE(once.ok()) << once.status();
+  const absl::StatusOr<Tensor> after = Step(client(), a.seq(), 4, 1, "FP32", Options(ended));
+  EXPECT_TRUE(IsError(after.status(), absl::StatusCode::kNotFound, {IdString(ended), "not found"}));
+  // Two sequences to a session of one, and one to a session of two.
+  const absl::StatusOr<Tensor> wider = Step(client(), b.seq(), 8, 1, "FP32", Options(a.id()));
+  EXPECT_TRUE(IsError(wider.status(), absl::StatusCode::kInvalidArgument, {"1", "2"}));
+  const absl::StatusOr<Tensor> narrower = Step(client(), a.seq(), 8, 1, "BF16", Options(b.id()));
+  EXPECT_TRUE(IsError(narrower.status(), absl::StatusCode::kInvalidArgument, {"2", "1"}));
+  // Past the length.
+  const absl::StatusOr<Tensor> past =
+      Step(client(), a.seq(), 8, 1, "FP32", Options(a.id(), false, false, 9));
+  EXPECT_TRUE(IsError(past.status(), absl::StatusCode::kFailedPrecondition, {"9", "8"}));
+
+  EXPECT_TRUE(a.Send(4, /*end=*/true));
+  EXPECT_TRUE(b.Send(4, /*end=*/true));
+}
+
+}  // namespace
+}  // namespace layerserve::integration
