@@ -432,5 +432,120 @@ TEST_F(SessionsTest, ErrorsLeaveOtherSessionsIntact) {
   EXPECT_TRUE(b.Send(4, /*end=*/true));
 }
 
+// Steps of one session sent back to back with AsyncInfer, each without
+// waiting for the previous reply and each with its sequence_position, beside
+// a burst of stateless requests. gRPC keeps no order between unary calls, so
+// a step may reach the server's queue before the one it follows: it is then
+// refused (its position is past the session's length), never applied in the
+// wrong place, and so are the steps after it. So every step is answered,
+// correctly (the oracle's rows) up to the first refused one and refused
+// from there; sent again in order, the refused ones complete the session;
+// the burst is unaffected. (SessionQueueTest.StepsRunInTheOrderTheyAreQueued
+// shows that steps that reach the queue in order run in that order.)
+TEST_F(SessionsTest, PipelinedStepsWithPositionsAreNeverMisapplied) {
+  const std::string datatype = "FP32";
+  constexpr int64_t kPrefill = 5;
+  const std::vector<int64_t> steps = {1, 2, 1, 3, 1, 4, 1};
+  const int64_t length = kPrefill + std::accumulate(steps.begin(), steps.end(), int64_t{0});
+  const SequenceId id = std::string("pipelined");
+  Session session(&client(), id, Sequence(1, length, 8200), datatype);
+  ASSERT_TRUE(session.ComputeOracle());
+  ASSERT_TRUE(session.Send(kPrefill));
+
+  const Sequence burst(1, 3, 8201);
+  const std::vector<double> burst_expected = DemoReference(0, 4).Run(burst.x, 1, burst.length);
+  const Tensor burst_input = Piece(burst, 0, burst.length, datatype);
+
+  std::vector<int64_t> starts;  // each step's first token
+  for (int64_t from = kPrefill; const int64_t count : steps) {
+    starts.push_back(from);
+    from += count;
+  }
+  const auto end = [&](size_t i) { return i + 1 == steps.size(); };
+  const int calls = static_cast<int>(2 * steps.size());
+  const std::shared_ptr<AsyncResults> results = AsyncResults::Create(calls);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    client().AsyncInfer(kModel, Piece(session.seq(), starts[i], steps[i], datatype),
+                        In(absl::Seconds(60)), Options(id, false, end(i), starts[i]),
+                        results->Callback(static_cast<int>(2 * i)));
+    client().AsyncInfer(kModel, burst_input, In(absl::Seconds(60)),
+                        results->Callback(static_cast<int>(2 * i + 1)));
+  }
+  const auto waited = results->Wait(absl::Seconds(60));
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  size_t first_refused = steps.size();
+  for (size_t i = 0; i < steps.size(); ++i) {
+    SCOPED_TRACE(testing::Message() << "step " << i);
+    const absl::StatusOr<Tensor>& step = (*waited)[2 * i];
+    if (first_refused == steps.size() && !step.ok()) first_refused = i;
+    if (i < first_refused) {
+      EXPECT_TRUE(
+          StepMatches(step, session.oracle(), session.seq(), starts[i], steps[i], datatype));
+    } else {
+      EXPECT_TRUE(IsError(step.status(), absl::StatusCode::kFailedPrecondition,
+                          {absl::StrCat("sequence_position ", starts[i]), "past"}));
+    }
+    const absl::StatusOr<Tensor>& stateless = (*waited)[2 * i + 1];
+    ASSERT_TRUE(stateless.ok()) << stateless.status();
+    EXPECT_TRUE(MatchesReference(*stateless, {1, burst.length, kHidden}, datatype, burst_expected));
+  }
+  std::fprintf(stderr, "[test] %zu of %zu pipelined steps ran, the rest reached the queue early\n",
+               first_refused, steps.size());
+  for (size_t i = first_refused; i < steps.size(); ++i) {
+    EXPECT_TRUE(StepMatches(Step(client(), session.seq(), starts[i], steps[i], datatype,
+                                 Options(id, false, end(i), starts[i])),
+                            session.oracle(), session.seq(), starts[i], steps[i], datatype))
+        << "step " << i << " sent again";
+  }
+  const absl::StatusOr<Tensor> ended = Step(client(), session.seq(), 0, 1, datatype, Options(id));
+  EXPECT_TRUE(IsError(ended.status(), absl::StatusCode::kNotFound, {"not found"}));
+}
+
+// Sessions from several threads, each thread stepping its own sessions in
+// turn with pieces of random sizes: each session matches its own oracle.
+// Threads 0 and 2 name theirs by integers, 1 and 3 by the same numbers as
+// strings, which are other sessions.
+TEST_F(SessionsTest, InterleavedSessionsFromThreadsStayIndependent) {
+  constexpr int kThreads = 4;
+  constexpr int kSessionsPerThread = 3;
+  constexpr int64_t kLength = 20;
+  const std::string target = served_->process->grpc_target();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([t, &target] {
+      absl::StatusOr<std::unique_ptr<Client>> client =
+          Client::Connect(target, /*dedicated_connection=*/true);
+      ASSERT_TRUE(client.ok()) << client.status();
+      std::vector<std::unique_ptr<Session>> sessions;
+      for (int j = 0; j < kSessionsPerThread; ++j) {
+        const int64_t number = 10 * (t / 2) + j + 1;
+        const SequenceId id = t % 2 == 0 ? SequenceId(number) : SequenceId(absl::StrCat(number));
+        sessions.push_back(std::make_unique<Session>(
+            client->get(), id, Sequence(1 + j % 2, kLength, 9000 + 10 * t + j),
+            j == 1 ? "BF16" : "FP32"));
+        ASSERT_TRUE(sessions.back()->ComputeOracle());
+      }
+      std::mt19937 random(static_cast<uint32_t>(t));
+      std::vector<bool> failed(sessions.size(), false);
+      for (bool more = true; more;) {
+        more = false;
+        for (size_t j = 0; j < sessions.size(); ++j) {
+          Session& session = *sessions[j];
+          const int64_t left = kLength - session.length();
+          if (failed[j] || left == 0) continue;
+          const int64_t count = std::min<int64_t>(
+              left,
+              session.length() == 0 ? 4 : std::uniform_int_distribution<int64_t>(1, 4)(random));
+          const ::testing::AssertionResult match = session.Send(count, count == left);
+          EXPECT_TRUE(match) << "thread " << t;
+          failed[j] = !match;
+          more = true;
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+}
+
 }  // namespace
 }  // namespace layerserve::integration
