@@ -547,5 +547,134 @@ TEST_F(SessionsTest, InterleavedSessionsFromThreadsStayIndependent) {
   for (std::thread& thread : threads) thread.join();
 }
 
+// ---------------------------------------------------------------------------
+// Tests that need a server of their own: a queue delay, or small limits.
+
+// Waits until the server reports `depth` queued requests (the
+// layerserve_queue_depth gauge) or `timeout` passes; the last value seen.
+absl::StatusOr<double> WaitForQueueDepth(const ServerProcess& server, double depth,
+                                         absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  while (true) {
+    absl::StatusOr<std::string> metrics = HttpGet(server.metrics_port(), "/metrics");
+    if (!metrics.ok()) return metrics.status();
+    absl::StatusOr<double> queued = MetricSum(*metrics, "layerserve_queue_depth");
+    if (!queued.ok() && !absl::IsNotFound(queued.status())) return queued.status();
+    if ((queued.ok() && *queued >= depth) || absl::Now() >= give_up) return queued;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+// A server whose 1 s queue delay holds requests in the queue, so that the
+// order in which they are queued is the order they were sent: each is sent
+// once the one before it shows in layerserve_queue_depth. Expected values
+// come from the float64 reference (a stateless oracle would wait the delay).
+class SessionQueueTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    served_ = new Served();
+    StartServer({"--kv-cache-memory=32MiB", "--max-queue-delay-us=1000000"}, served_);
+    reference_ = new DemoReference(0, 4);
+  }
+  static void TearDownTestSuite() {
+    delete reference_;
+    delete served_;
+    reference_ = nullptr;
+    served_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(served_, nullptr);
+    ASSERT_NE(served_->client, nullptr) << "the server did not start";
+    if (!served_->sessions()) GTEST_SKIP() << kNoSessions;
+  }
+
+  static Client& client() { return *served_->client; }
+
+  // AsyncInfer, then waits until the queue holds `depth` requests.
+  static ::testing::AssertionResult SendQueued(const Tensor& input, const InferOptions& options,
+                                               client::Client::InferCallback done, int depth) {
+    client().AsyncInfer(kModel, input, In(absl::Seconds(30)), options, std::move(done));
+    absl::StatusOr<double> queued = WaitForQueueDepth(*served_->process, depth, absl::Seconds(2));
+    if (!queued.ok()) return ::testing::AssertionFailure() << queued.status();
+    if (*queued != depth) {
+      return ::testing::AssertionFailure()
+             << *queued << " requests queued, expected " << depth
+             << " (did the queue delay pass while the test was sending?)";
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+  static Served* served_;
+  static DemoReference* reference_;
+};
+
+Served* SessionQueueTest::served_ = nullptr;
+DemoReference* SessionQueueTest::reference_ = nullptr;
+
+// A session's steps queued in order, with stateless requests queued between
+// them, run in that order, one at a time: each reply is the oracle's rows
+// for its place. No positions are sent, so a step run out of order would
+// give wrong values (or NOT_FOUND, for steps after the end).
+TEST_F(SessionQueueTest, StepsRunInTheOrderTheyAreQueued) {
+  const std::string datatype = "BF16";
+  const std::vector<int64_t> pieces = {4, 1, 2, 1, 3};
+  const int64_t length = std::accumulate(pieces.begin(), pieces.end(), int64_t{0});
+  const SequenceId id = std::string("queued-in-order");
+  Session session(&client(), id, Sequence(2, length, 8450), datatype);
+  session.UseReference(*reference_);
+  const Sequence stateless(1, 2, 8451);
+  const std::vector<double> stateless_expected = reference_->Run(stateless.x, 1, stateless.length);
+
+  const int calls = static_cast<int>(2 * pieces.size());
+  const std::shared_ptr<AsyncResults> results = AsyncResults::Create(calls);
+  int depth = 0;
+  for (int64_t i = 0, from = 0; i < static_cast<int64_t>(pieces.size()); from += pieces[i++]) {
+    const bool last = i + 1 == static_cast<int64_t>(pieces.size());
+    ASSERT_TRUE(SendQueued(Piece(session.seq(), from, pieces[i], datatype),
+                           Options(id, /*start=*/i == 0, /*end=*/last),
+                           results->Callback(static_cast<int>(2 * i)), ++depth));
+    ASSERT_TRUE(SendQueued(Piece(stateless, 0, stateless.length, datatype), InferOptions{},
+                           results->Callback(static_cast<int>(2 * i + 1)), ++depth));
+  }
+  const auto waited = results->Wait(absl::Seconds(30));
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  for (int64_t i = 0, from = 0; i < static_cast<int64_t>(pieces.size()); from += pieces[i++]) {
+    SCOPED_TRACE(testing::Message() << "piece " << i);
+    EXPECT_TRUE(
+        StepMatches((*waited)[2 * i], session.oracle(), session.seq(), from, pieces[i], datatype));
+    const absl::StatusOr<Tensor>& other = (*waited)[2 * i + 1];
+    ASSERT_TRUE(other.ok()) << other.status();
+    EXPECT_TRUE(
+        MatchesReference(*other, {1, stateless.length, kHidden}, datatype, stateless_expected));
+  }
+}
+
+// sequence_start for a session whose step is still queued is refused; the
+// queued step then runs as if nothing had happened, the session goes on,
+// and once its replies are in, sequence_start resets it.
+TEST_F(SessionQueueTest, SequenceStartWhileAStepIsQueuedIsRefused) {
+  const std::string datatype = "FP32";
+  const SequenceId id = int64_t{77};
+  Session first(&client(), id, Sequence(1, 7, 8400), datatype);
+  Session second(&client(), id, Sequence(1, 3, 8401), datatype);
+  first.UseReference(*reference_);
+  second.UseReference(*reference_);
+
+  const std::shared_ptr<AsyncResults> results = AsyncResults::Create(2);
+  ASSERT_TRUE(SendQueued(Piece(first.seq(), 0, 4, datatype), Options(id, /*start=*/true),
+                         results->Callback(0), 1));
+  const absl::StatusOr<Tensor> restart =
+      Step(client(), second.seq(), 0, 3, datatype, Options(id, /*start=*/true));
+  EXPECT_TRUE(IsError(restart.status(), absl::StatusCode::kFailedPrecondition,
+                      {"sequence_start", IdString(id), "queued or in flight"}))
+      << (results->Pending() == 1 ? "" : " (the first step had already been answered)");
+  ASSERT_TRUE(SendQueued(Piece(first.seq(), 4, 3, datatype), Options(id), results->Callback(1), 2));
+  const auto waited = results->Wait(absl::Seconds(30));
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_TRUE(StepMatches((*waited)[0], first.oracle(), first.seq(), 0, 4, datatype));
+  EXPECT_TRUE(StepMatches((*waited)[1], first.oracle(), first.seq(), 4, 3, datatype));
+  EXPECT_TRUE(second.Send(3, /*end=*/true));
+}
+
 }  // namespace
 }  // namespace layerserve::integration
