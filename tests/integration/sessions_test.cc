@@ -676,5 +676,100 @@ TEST_F(SessionQueueTest, SequenceStartWhileAStepIsQueuedIsRefused) {
   EXPECT_TRUE(second.Send(3, /*end=*/true));
 }
 
+// --max-session-tokens bounds B x L: a step that would pass it is refused
+// and the session can still grow to the limit exactly.
+TEST(SessionLimitsTest, MaxSessionTokensRefusesTheStepThatWouldPassIt) {
+  Served served;
+  ASSERT_NO_FATAL_FAILURE(
+      StartServer({"--kv-cache-memory=32MiB", "--max-session-tokens=40"}, &served));
+  if (!served.sessions()) GTEST_SKIP() << kNoSessions;
+  Client& client = *served.client;
+  Session big(&client, std::string("big"), Sequence(2, 21, 8500), "FP32");
+  Session small(&client, int64_t{5}, Sequence(1, 12, 8501), "FP32");
+  ASSERT_TRUE(big.ComputeOracle());
+  ASSERT_TRUE(small.ComputeOracle());
+  ASSERT_TRUE(small.Send(10));
+  ASSERT_TRUE(big.Send(16));  // 2 x 16 = 32 of 40 tokens
+
+  // 2 x (16 + 5) = 42.
+  const absl::StatusOr<Tensor> over = Step(client, big.seq(), 16, 5, "FP32", Options(big.id()));
+  EXPECT_TRUE(IsError(over.status(), absl::StatusCode::kResourceExhausted, {"40"}));
+  // A new session may not start past it either: 41 tokens.
+  const absl::StatusOr<Tensor> start_over =
+      Step(client, Sequence(1, 41, 8502), 0, 41, "FP32", Options(int64_t{6}, /*start=*/true));
+  EXPECT_TRUE(IsError(start_over.status(), absl::StatusCode::kResourceExhausted, {"40"}));
+
+  EXPECT_TRUE(big.Send(4, /*end=*/true));  // 2 x 20 = 40
+  EXPECT_TRUE(small.Send(2, /*end=*/true));
+}
+
+// A KV cache of a few blocks: a step that needs more blocks than are free is
+// refused, saying how many are free, and succeeds once another session has
+// given its blocks back; the sessions open meanwhile are unchanged.
+TEST(SessionLimitsTest, KvCacheExhaustedSaysHowManyBlocksAreFree) {
+  Served served;
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--kv-cache-memory=1MiB"}, &served));
+  if (!served.sessions()) GTEST_SKIP() << kNoSessions;
+  Client& client = *served.client;
+  const int64_t blocks = served.Parameter("kv_blocks");
+  const int64_t block_tokens = served.Parameter("kv_block_tokens");
+  // 8 blocks of 16 tokens on the CPU backend (128 KiB each for the demo model).
+  ASSERT_GE(blocks, 4) << "--kv-cache-memory=1MiB should hold a few blocks";
+  ASSERT_LE(blocks * block_tokens, 1024) << "a pool this large makes the test slow";
+  const std::string of_blocks = absl::StrCat(" of ", blocks, " free");
+
+  // k1 fills all but two blocks.
+  Session k1(&client, std::string("k1"), Sequence(1, (blocks - 2) * block_tokens + 3, 8600),
+             "FP32");
+  Session k2(&client, int64_t{2}, Sequence(2, block_tokens, 8601), "FP32");
+  ASSERT_TRUE(k1.ComputeOracle());
+  ASSERT_TRUE(k2.ComputeOracle());
+  ASSERT_TRUE(k1.Send((blocks - 2) * block_tokens));
+
+  // Two sequences of block_tokens + 1 need 4 blocks; 2 are free.
+  const absl::StatusOr<Tensor> too_big =
+      Step(client, Sequence(2, block_tokens + 1, 8602), 0, block_tokens + 1, "FP32",
+           Options(k2.id(), /*start=*/true));
+  EXPECT_TRUE(IsError(too_big.status(), absl::StatusCode::kResourceExhausted,
+                      {"4 needed", absl::StrCat(2, of_blocks)}));
+  ASSERT_TRUE(k2.Send(block_tokens));  // the last two blocks
+  // k1's next token needs a new block: none is free.
+  const absl::StatusOr<Tensor> full =
+      Step(client, k1.seq(), k1.length(), 1, "FP32", Options(k1.id()));
+  EXPECT_TRUE(IsError(full.status(), absl::StatusCode::kResourceExhausted,
+                      {"1 needed", absl::StrCat(0, of_blocks)}));
+  // k2 ends with a step that needs no new block (it rewrites its last token).
+  EXPECT_TRUE(StepMatches(Step(client, k2.seq(), block_tokens - 1, 1, "FP32",
+                               Options(k2.id(), false, /*end=*/true, block_tokens - 1)),
+                          k2.oracle(), k2.seq(), block_tokens - 1, 1, "FP32"));
+  // Its blocks are free again, and k1 goes on as if nothing had happened.
+  EXPECT_TRUE(k1.Send(3, /*end=*/true));
+}
+
+// --max-sessions: one more session than allowed is refused until one ends.
+TEST(SessionLimitsTest, MaxSessionsRefusesOneMoreUntilOneEnds) {
+  Served served;
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--kv-cache-memory=32MiB", "--max-sessions=2"}, &served));
+  if (!served.sessions()) GTEST_SKIP() << kNoSessions;
+  Client& client = *served.client;
+  Session m1(&client, int64_t{1}, Sequence(1, 6, 8700), "FP32");
+  Session m2(&client, std::string("m2"), Sequence(2, 6, 8701), "FP32");
+  Session m3(&client, int64_t{3}, Sequence(1, 6, 8702), "FP32");
+  ASSERT_TRUE(m1.ComputeOracle());
+  ASSERT_TRUE(m2.ComputeOracle());
+  ASSERT_TRUE(m3.ComputeOracle());
+  ASSERT_TRUE(m1.Send(3));
+  ASSERT_TRUE(m2.Send(3));
+
+  const absl::StatusOr<Tensor> third =
+      Step(client, m3.seq(), 0, 3, "FP32", Options(m3.id(), /*start=*/true));
+  EXPECT_TRUE(
+      IsError(third.status(), absl::StatusCode::kResourceExhausted, {IdString(m3.id()), "2"}));
+  EXPECT_TRUE(m1.Send(3, /*end=*/true));
+  EXPECT_TRUE(m3.Send(3));
+  EXPECT_TRUE(m2.Send(3, /*end=*/true));
+  EXPECT_TRUE(m3.Send(3, /*end=*/true));
+}
+
 }  // namespace
 }  // namespace layerserve::integration
