@@ -771,5 +771,80 @@ TEST(SessionLimitsTest, MaxSessionsRefusesOneMoreUntilOneEnds) {
   EXPECT_TRUE(m3.Send(3, /*end=*/true));
 }
 
+// SIGTERM while session steps wait in the queue (a 1 s queue delay holds
+// them; each wave of steps is sent once the one before shows in the queue,
+// so they are queued in order): every accepted step, starts and ends
+// included, completes with the right answer, and the server exits 0.
+TEST(SessionShutdownTest, SigtermDrainsQueuedSessionSteps) {
+  Served served;
+  ASSERT_NO_FATAL_FAILURE(StartServer(
+      {"--kv-cache-memory=32MiB", "--max-queue-delay-us=1000000", "--drain-timeout-s=20"},
+      &served));
+  if (!served.sessions()) GTEST_SKIP() << kNoSessions;
+  const std::vector<int64_t> pieces = {5, 1, 3, 1};
+  const int64_t length = std::accumulate(pieces.begin(), pieces.end(), int64_t{0});
+  const DemoReference reference(0, 4);
+  std::vector<std::unique_ptr<Session>> sessions;
+  sessions.push_back(std::make_unique<Session>(served.client.get(), int64_t{1},
+                                               Sequence(1, length, 8800), "FP32"));
+  sessions.push_back(std::make_unique<Session>(served.client.get(), std::string("drain"),
+                                               Sequence(2, length, 8801), "BF16"));
+  for (auto& session : sessions) session->UseReference(reference);
+
+  const int calls = static_cast<int>(pieces.size() * sessions.size());
+  const std::shared_ptr<AsyncResults> results = AsyncResults::Create(calls);
+  int depth = 0;
+  for (int64_t i = 0, from = 0; i < static_cast<int64_t>(pieces.size()); from += pieces[i++]) {
+    for (size_t k = 0; k < sessions.size(); ++k) {
+      const Session& s = *sessions[k];
+      served.client->AsyncInfer(
+          kModel, Piece(s.seq(), from, pieces[i], s.datatype()), In(absl::Seconds(30)),
+          Options(s.id(), /*start=*/i == 0, /*end=*/i + 1 == static_cast<int64_t>(pieces.size())),
+          results->Callback(static_cast<int>(i * sessions.size() + k)));
+    }
+    depth += static_cast<int>(sessions.size());
+    absl::StatusOr<double> queued = WaitForQueueDepth(*served.process, depth, absl::Seconds(2));
+    ASSERT_TRUE(queued.ok()) << queued.status();
+    ASSERT_EQ(*queued, depth) << "the steps were not all queued before SIGTERM";
+  }
+  ASSERT_EQ(results->Pending(), calls) << "steps finished before SIGTERM; the test proves nothing";
+
+  // No request is sent during the drain: it is short here, and one that
+  // crosses gRPC's stop at its end is CANCELLED, as the server documents
+  // (shutdown_test covers the refusal of new work while draining).
+  served.process->Signal(SIGTERM);
+
+  const auto waited = results->Wait(absl::Seconds(25));
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  for (int64_t i = 0, from = 0; i < static_cast<int64_t>(pieces.size()); from += pieces[i++]) {
+    for (size_t k = 0; k < sessions.size(); ++k) {
+      const Session& s = *sessions[k];
+      SCOPED_TRACE(testing::Message() << "session " << IdString(s.id()) << " piece " << i);
+      EXPECT_TRUE(StepMatches((*waited)[i * sessions.size() + k], s.oracle(), s.seq(), from,
+                              pieces[i], s.datatype()));
+    }
+  }
+  absl::StatusOr<int> exit_code = served.process->WaitForExit(absl::Seconds(20));
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
+}
+
+// Without a KV cache (--kv-cache-memory=0 here; the CUDA backend has none
+// yet) the ModelConfig says dynamic batching and a request naming a session
+// is refused, while stateless ones are served. Runs on every backend.
+TEST(SessionsOffTest, SequenceRequestsAreRefusedWithoutAKvCache) {
+  Served served;
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--kv-cache-memory=0"}, &served));
+  EXPECT_FALSE(served.config.has_sequence_batching());
+  EXPECT_TRUE(served.config.has_dynamic_batching());
+  const Sequence seq(1, 2, 8900);
+  const absl::StatusOr<Tensor> refused =
+      Step(*served.client, seq, 0, 2, "FP32", Options(int64_t{1}, /*start=*/true));
+  EXPECT_TRUE(IsError(refused.status(), absl::StatusCode::kFailedPrecondition, {"no KV cache"}));
+  const absl::StatusOr<Tensor> stateless =
+      served.client->Infer(kModel, Piece(seq, 0, 2, "FP32"), In(absl::Seconds(30)));
+  EXPECT_TRUE(stateless.ok()) << stateless.status();
+}
+
 }  // namespace
 }  // namespace layerserve::integration
