@@ -372,7 +372,12 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   served.max_queue_size = flags.max_queue_size;
   served.max_sequence_tokens = sequence_limit.max_tokens;
   served.sequence_limit_reason = sequence_limit.reason;
-  if (*sessions != nullptr) {
+  if (*sessions == nullptr) {
+    served.sessions_off_reason =
+        (*backend)->KvBlockBytes(flags.kv_block_tokens) > 0
+            ? "--kv-cache-memory=0"
+            : absl::StrCat("the ", *backend_name, " backend keeps no KV cache yet");
+  } else {
     const SessionTableOptions& options = (*sessions)->options();
     served.sessions = true;
     served.kv_block_tokens = options.block_tokens;

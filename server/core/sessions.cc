@@ -11,6 +11,12 @@
 #include "absl/time/time.h"
 
 namespace layerserve {
+namespace {
+
+// "1 sequence", "3 sequences": for messages.
+std::string Sequences(int64_t n) { return absl::StrCat(n, n == 1 ? " sequence" : " sequences"); }
+
+}  // namespace
 
 std::string SessionId::ToString() const {
   if (!is_string()) return absl::StrCat(int_value());
@@ -70,9 +76,9 @@ absl::StatusOr<SessionStep> SessionTable::BeginStep(const SessionStepRequest& re
   if (request.batch > options_.num_blocks) {
     // Each sequence needs a block for its first token; this bound also keeps
     // a huge B with T = 0 from building huge (empty) block tables.
-    return absl::ResourceExhaustedError(absl::StrCat("session ", id.ToString(), ": ", request.batch,
-                                                     " sequences are more than the KV cache's ",
-                                                     options_.num_blocks, " blocks"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("session ", id.ToString(), ": ", Sequences(request.batch),
+                     " are more than the KV cache's ", options_.num_blocks, " blocks"));
   }
 
   MutexLock lock(&mu_);
@@ -95,7 +101,7 @@ absl::StatusOr<SessionStep> SessionTable::BeginStep(const SessionStepRequest& re
     if (s == nullptr) return NotFoundLocked(id);
     if (request.batch != s->batch) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "session ", id.ToString(), " holds ", s->batch, " sequences but the request has ",
+          "session ", id.ToString(), " holds ", Sequences(s->batch), " but the request has ",
           request.batch, " (the batch size is fixed by the request with sequence_start)"));
     }
   }
@@ -114,7 +120,7 @@ absl::StatusOr<SessionStep> SessionTable::BeginStep(const SessionStepRequest& re
       (options_.max_session_tokens > 0 &&
        position + request.tokens > options_.max_session_tokens / request.batch)) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("session ", id.ToString(), ": ", request.batch, " sequences x (", position,
+        absl::StrCat("session ", id.ToString(), ": ", Sequences(request.batch), " x (", position,
                      " + ", request.tokens, ") tokens would exceed the limit of ",
                      options_.max_session_tokens, " tokens per session"));
   }
@@ -145,8 +151,9 @@ absl::StatusOr<SessionStep> SessionTable::BeginStep(const SessionStepRequest& re
                              ? absl::StrCat(request.batch * new_per_sequence)
                              : "too many";
     return absl::ResourceExhaustedError(absl::StrCat(
-        "session ", id.ToString(), ": out of KV cache blocks: ", needed, " needed (", request.batch,
-        " sequences x ", new_per_sequence, "), ", available, " of ", blocks_.capacity(), " free",
+        "session ", id.ToString(), ": out of KV cache blocks: ", needed, " needed (",
+        Sequences(request.batch), " x ", new_per_sequence, " blocks), ", available, " of ",
+        blocks_.capacity(), " free",
         given_back > 0 ? absl::StrCat(" (", given_back, " of them this request's to give back)")
                        : ""));
   }

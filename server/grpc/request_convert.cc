@@ -206,11 +206,14 @@ absl::StatusOr<std::optional<SessionParams>> ParseSessionParameters(
 
 absl::Status CheckSessionsServed(const ServedModel& model, const SessionId& id) {
   if (model.sessions) return absl::OkStatus();
+  const std::string why = model.sessions_off_reason.empty()
+                              ? absl::StrCat("the ", model.backend, " backend keeps no KV cache")
+                              : model.sessions_off_reason;
   return absl::FailedPreconditionError(absl::StrCat(
-      "request names sequence_id ", id.ToString(), ", but model '", model.name, "' runs on the ",
-      model.backend,
-      " backend, which keeps no KV cache, so this server serves no sessions; requests without "
-      "sequence parameters work (each is computed on its own, positions 0..T-1)"));
+      "request names sequence_id ", id.ToString(), ", but model '", model.name,
+      "' is served without sessions (", why,
+      "); requests without sequence parameters work (each is computed on its own, positions "
+      "0..T-1)"));
 }
 
 ModelLimits LimitsOf(const ServedModel& model) {

@@ -23,6 +23,9 @@ struct ServedModel {
   std::string sequence_limit_reason;
   // Sessions (README: Sessions): served when the backend keeps a KV cache.
   bool sessions = false;
+  // Without sessions: why, for the error a session request gets ("the cuda
+  // backend keeps no KV cache yet", "--kv-cache-memory=0").
+  std::string sessions_off_reason;
   int64_t kv_block_tokens = 0;  // tokens per KV cache block
   int64_t kv_blocks = 0;        // blocks in the pool
   int64_t max_sessions = 0;

@@ -32,7 +32,10 @@ class ServingState {
   // `backend` must outlive this object.
   explicit ServingState(const Backend* backend) : backend_(backend) {}
 
-  void BeginDrain() { draining_.store(true, std::memory_order_release); }
+  void BeginDrain() {
+    drain_start_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
+    draining_.store(true, std::memory_order_release);
+  }
 
   // OK when ready; UNAVAILABLE with the reason otherwise.
   absl::Status Readiness() const {
@@ -52,13 +55,17 @@ class ServingState {
   void CallArrived() {
     last_call_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
   }
-  // Blocks until no call has arrived for `quiet`, or until `deadline`; true
-  // if the server went quiet. For the shutdown path only, never a gRPC
-  // reaction.
+  // Blocks until no call has arrived for `quiet` since the drain began (or
+  // since the last call, if later), or until `deadline`; true if the server
+  // went quiet. Counting from the drain's start too matters: a server idle
+  // before the signal would otherwise stop gRPC at once, cancelling a call
+  // that arrives just after the signal instead of refusing it. For the
+  // shutdown path only, never a gRPC reaction.
   bool AwaitQuiet(absl::Duration quiet, absl::Time deadline) const {
     while (true) {
-      const absl::Time quiet_at =
-          absl::FromUnixNanos(last_call_ns_.load(std::memory_order_relaxed)) + quiet;
+      const int64_t since_ns = std::max(last_call_ns_.load(std::memory_order_relaxed),
+                                        drain_start_ns_.load(std::memory_order_relaxed));
+      const absl::Time quiet_at = absl::FromUnixNanos(since_ns) + quiet;
       const absl::Time now = absl::Now();
       if (now >= quiet_at) return true;
       if (now >= deadline) return false;
@@ -86,7 +93,8 @@ class ServingState {
  private:
   const Backend* const backend_;
   std::atomic<bool> draining_{false};
-  std::atomic<int64_t> last_call_ns_{0};  // absl::GetCurrentTimeNanos()
+  std::atomic<int64_t> last_call_ns_{0};    // absl::GetCurrentTimeNanos()
+  std::atomic<int64_t> drain_start_ns_{0};  // likewise; 0 until BeginDrain
   absl::Mutex streams_mu_;
   int64_t open_streams_ ABSL_GUARDED_BY(streams_mu_) = 0;
 };

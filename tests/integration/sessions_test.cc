@@ -840,7 +840,8 @@ TEST(SessionsOffTest, SequenceRequestsAreRefusedWithoutAKvCache) {
   const Sequence seq(1, 2, 8900);
   const absl::StatusOr<Tensor> refused =
       Step(*served.client, seq, 0, 2, "FP32", Options(int64_t{1}, /*start=*/true));
-  EXPECT_TRUE(IsError(refused.status(), absl::StatusCode::kFailedPrecondition, {"no KV cache"}));
+  EXPECT_TRUE(IsError(refused.status(), absl::StatusCode::kFailedPrecondition,
+                      {"without sessions", "--kv-cache-memory=0"}));
   const absl::StatusOr<Tensor> stateless =
       served.client->Infer(kModel, Piece(seq, 0, 2, "FP32"), In(absl::Seconds(30)));
   EXPECT_TRUE(stateless.ok()) << stateless.status();

@@ -406,12 +406,13 @@ TEST_F(SessionErrorTest, OutOfKvBlocks) {
   absl::Status s = Begin(Req(SessionId(2), true, 3, 9));
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(s.message(),
-            "session 2: out of KV cache blocks: 9 needed (3 sequences x 3), 5 of 9 free");
+            "session 2: out of KV cache blocks: 9 needed (3 sequences x 3 blocks), 5 of 9 free");
   EXPECT_FALSE(t_->Find(SessionId(2)).has_value());
   // chat-1 from 6 to 18 tokens: 5 blocks per sequence, 2 x 3 = 6 more.
   s = Begin(Req(id_, false, 2, 12));
-  EXPECT_EQ(s.message(),
-            "session \"chat-1\": out of KV cache blocks: 6 needed (2 sequences x 3), 5 of 9 free");
+  EXPECT_EQ(
+      s.message(),
+      "session \"chat-1\": out of KV cache blocks: 6 needed (2 sequences x 3 blocks), 5 of 9 free");
   ExpectUnchanged();
   // A rollback's freed blocks count as free: back to 2 tokens (1 block per
   // sequence) gives back 2; then 2 + 18 = 20 tokens need 5 - 1 = 4 more per
@@ -419,7 +420,7 @@ TEST_F(SessionErrorTest, OutOfKvBlocks) {
   s = Begin(Req(id_, false, 2, 18, 2));
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(s.message(),
-            "session \"chat-1\": out of KV cache blocks: 8 needed (2 sequences x 4), 7 of 9 "
+            "session \"chat-1\": out of KV cache blocks: 8 needed (2 sequences x 4 blocks), 7 of 9 "
             "free (2 of them this request's to give back)");
   ExpectUnchanged();
   // From 6 to 16 tokens needs 2 x 2 = 4: fits, and a failed step gives them back.
