@@ -313,10 +313,7 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   if (!span.ok()) return Fail(span.status());
   const int64_t first_layer = span->first_layer;
   const int64_t end_layer = first_layer + static_cast<int64_t>(span->layers.size());
-  Log(absl::StrCat("model ", span->name, " (", span->config.model_type, ", hidden ",
-                   span->config.hidden_size, ", ", span->config.num_attention_heads, " heads, ",
-                   span->config.num_key_value_heads, " kv heads) layers ", first_layer, ":",
-                   end_layer, ", ", span->WeightBytes(), " weight bytes"));
+  Log("model " + span->Summary());
   if (const int64_t window =
           span->config.SmallestAttentionWindow(first_layer, end_layer - first_layer);
       window > 0) {
