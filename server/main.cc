@@ -31,6 +31,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 #include "server/core/batcher.h"
 #include "server/core/observer.h"
@@ -55,10 +56,12 @@ namespace {
 #endif
 constexpr char kVersion[] = LAYERSERVE_VERSION;
 
-void Log(const std::string& line) { std::cerr << "layerserve: " << line << std::endl; }
+// The start-up, sessions and drain lines (base/log.h; the format is
+// --log-format's). Errors go through Fail, warnings through LogWarning.
+void Log(const std::string& line) { LogInfo(line); }
 
 int Fail(const absl::Status& status) {
-  std::cerr << "layerserve: error: " << status.message() << std::endl;
+  LogError(std::string(status.message()));
   return 1;
 }
 
@@ -286,9 +289,9 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   // PortReservation).
   const std::string host = flags.host;
   if (IsWildcardHost(host)) {
-    Log(absl::StrCat("binding all interfaces (--host=", host,
-                     "): the gRPC and metrics ports are reachable from other machines; "
-                     "--host=127.0.0.1 keeps them to this one"));
+    LogWarning(absl::StrCat("binding all interfaces (--host=", host,
+                            "): the gRPC and metrics ports are reachable from other machines; "
+                            "--host=127.0.0.1 keeps them to this one"));
   }
   absl::StatusOr<PortReservation> grpc_port = PortReservation::Reserve(host, flags.grpc_port);
   if (!grpc_port.ok()) return Fail(grpc_port.status());
@@ -313,10 +316,7 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   if (!span.ok()) return Fail(span.status());
   const int64_t first_layer = span->first_layer;
   const int64_t end_layer = first_layer + static_cast<int64_t>(span->layers.size());
-  Log(absl::StrCat("model ", span->name, " (", span->config.model_type, ", hidden ",
-                   span->config.hidden_size, ", ", span->config.num_attention_heads, " heads, ",
-                   span->config.num_key_value_heads, " kv heads) layers ", first_layer, ":",
-                   end_layer, ", ", span->WeightBytes(), " weight bytes"));
+  Log("model " + span->Summary());
   if (const int64_t window =
           span->config.SmallestAttentionWindow(first_layer, end_layer - first_layer);
       window > 0) {
@@ -491,5 +491,8 @@ int main(int argc, char** argv) {
           layerserve::ParseCommandLine(argc, argv, layerserve::kVersion, flags)) {
     return *exit_status;
   }
+  // CheckFlags (in Run) refuses a bad --log-format, in text.
+  layerserve::SetLogFormat(
+      layerserve::ParseLogFormat(flags.log_format).value_or(layerserve::LogFormat::kText));
   return layerserve::Run(flags, signals);
 }

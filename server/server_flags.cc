@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
-#include <iostream>
 #include <string>
 #include <vector>
 
@@ -14,6 +13,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/log.h"
 
 namespace layerserve {
 namespace {
@@ -105,6 +105,9 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
       "many seconds, so clients reconnect and spread over new replicas; 0: never"));
   integer(app.add_option(FlagNames("drain-timeout-s"), flags.drain_timeout_s,
                          "on SIGTERM/SIGINT, how long queued and open calls may take to finish"));
+  app.add_option(FlagNames("log-format"), flags.log_format,
+                 "stderr log lines: text (UTC time, level, message) or json (one object per "
+                 "line: time, level, logger, msg)");
 
   const std::string sessions = "Sessions (server-side KV cache)";
   app.add_option(FlagNames("kv-cache-memory"), flags.kv_cache_memory,
@@ -191,7 +194,7 @@ std::optional<int> ParseCommandLine(int argc, char** argv, std::string_view vers
       args.push_back("");
       args.push_back(name);
     } else {
-      std::cerr << "layerserve: error: " << arg << " needs a value, true or false" << std::endl;
+      LogError(absl::StrCat(arg, " needs a value, true or false"));
       return 1;
     }
   }
@@ -199,8 +202,7 @@ std::optional<int> ParseCommandLine(int argc, char** argv, std::string_view vers
     app.parse(args);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
-    std::cerr << "layerserve: error: " << e.what() << " (layerserve --help lists the flags)"
-              << std::endl;
+    LogError(absl::StrCat(e.what(), " (layerserve --help lists the flags)"));
     return 1;
   }
   return std::nullopt;
@@ -252,6 +254,10 @@ absl::Status CheckFlags(const ServerFlags& flags) {
   if (flags.session_idle_timeout_s < 0 || flags.session_idle_timeout_s > int64_t{1} << 32) {
     return absl::InvalidArgumentError(
         "--session-idle-timeout-s must be in [0, 4294967296] (0: never)");
+  }
+  if (!ParseLogFormat(flags.log_format)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log-format=", flags.log_format, " is not one of text, json"));
   }
   return KvCacheBytes(flags.kv_cache_memory, 0, 0).status();
 }

@@ -30,6 +30,7 @@ struct ServerFlags {
   int cpu_threads = 0;
   int drain_timeout_s = 30;
   int64_t grpc_max_connection_age_s = 0;  // 0: connections live as long as clients keep them
+  std::string log_format = "text";        // base/log.h's ParseLogFormat
   // Sessions (README: Sessions).
   std::string kv_cache_memory = "auto";  // see KvCacheBytes
   int64_t kv_block_tokens = 16;

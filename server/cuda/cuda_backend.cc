@@ -17,7 +17,6 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
-#include <iostream>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -26,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/cuda/cuda_resources.h"
 #include "base/cuda/cuda_status.h"
+#include "base/log.h"
 #include "base/mutex.h"
 #include "base/status_macros.h"
 #include "layerserve/kernels/layer_ops.h"
@@ -332,7 +332,7 @@ class CudaBackendImpl final : public CudaBackend {
         health_ = absl::InternalError(absl::StrCat(
             "unrecoverable CUDA error ", cudaGetErrorName(sticky), " (", cudaGetErrorString(sticky),
             "); the server must restart. First failure: ", cause.message()));
-        std::cerr << "layerserve: cuda backend: " << health_.message() << std::endl;
+        LogError(absl::StrCat("cuda backend: ", health_.message()));
       }
     }
     return absl::InternalError(
@@ -420,9 +420,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& mo
                    {2 * shape.intermediate, shape.hidden},
                    {shape.hidden, shape.intermediate}};
   }
+  LogStream gemm_log(LogLevel::kInfo);  // the tuning table, one record per line
   LS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::GemmRouter> gemm,
                       cuda::MakeGemmRouter(options.gemm_mode, gemm_shapes, options.max_batch_tokens,
-                                           options.gemm_tuning, std::cerr));
+                                           options.gemm_tuning, gemm_log));
   std::vector<std::unique_ptr<StreamSlot>> slots;
   for (int i = 0; i < options.num_streams; ++i) {
     LS_ASSIGN_OR_RETURN(std::unique_ptr<StreamSlot> slot,
@@ -436,14 +437,13 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& mo
                                                    std::move(weights), std::move(gemm), dtype,
                                                    std::move(slots));
   const absl::StatusOr<int64_t> used = backend->DeviceMemoryUsedBytes();
-  std::cerr << "layerserve: cuda backend: device " << options.device << " (" << props.name
-            << ", sm_" << props.major << props.minor << ", " << props.multiProcessorCount
-            << " SMs); " << KernelDTypeName(dtype) << " weights, " << backend->WeightBytes()
-            << " bytes uploaded for " << model.layers.size() << " layers; " << options.num_streams
-            << " streams, " << backend->ActivationBytes()
-            << " activation bytes for max_batch_tokens=" << options.max_batch_tokens
-            << "; device memory used " << (used.ok() ? absl::StrCat(*used) : "unknown") << " bytes"
-            << std::endl;
+  LogInfo(absl::StrCat(
+      "cuda backend: device ", options.device, " (", props.name, ", sm_", props.major, props.minor,
+      ", ", props.multiProcessorCount, " SMs); ", ToAbsl(KernelDTypeName(dtype)), " weights, ",
+      backend->WeightBytes(), " bytes uploaded for ", model.layers.size(), " layers; ",
+      options.num_streams, " streams, ", backend->ActivationBytes(),
+      " activation bytes for max_batch_tokens=", options.max_batch_tokens, "; device memory used ",
+      used.ok() ? absl::StrCat(*used) : "unknown", " bytes"));
   return std::unique_ptr<CudaBackend>(std::move(backend));
 }
 

@@ -65,7 +65,8 @@ bool CudaDeviceAvailable();
 
 // Validates the model and options (INVALID_ARGUMENT), uploads the weights and
 // allocates the stream pool (INTERNAL on device failures, out of memory
-// included). Logs one line with the bytes uploaded to stderr.
+// included). Logs (base/log.h) the GEMM table and one line with the bytes
+// uploaded.
 absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& model,
                                                              const CudaBackendOptions& options);
 

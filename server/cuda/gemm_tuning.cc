@@ -73,20 +73,19 @@ absl::StatusOr<std::vector<GemmTuneResult>> ReadCache(const std::string& path,
                                                       const std::string& key, std::ostream& log) {
   std::ifstream in(path);
   if (!in) {
-    log << "layerserve: gemm: no tuning cache at " << path << " yet" << std::endl;
+    log << "gemm: no tuning cache at " << path << " yet" << std::endl;
     return std::vector<GemmTuneResult>{};
   }
   std::stringstream text;
   text << in.rdbuf();
   absl::StatusOr<GemmTuneCache> cache = ParseGemmTuneCache(text.str());
   if (!cache.ok()) {
-    log << "layerserve: gemm: ignoring tuning cache " << path << ": " << cache.status().message()
-        << std::endl;
+    log << "gemm: ignoring tuning cache " << path << ": " << cache.status().message() << std::endl;
     return std::vector<GemmTuneResult>{};
   }
   if (cache->device_key != key) {
-    log << "layerserve: gemm: tuning cache " << path << " is for '" << cache->device_key
-        << "', not '" << key << "'; tuning again" << std::endl;
+    log << "gemm: tuning cache " << path << " is for '" << cache->device_key << "', not '" << key
+        << "'; tuning again" << std::endl;
     return std::vector<GemmTuneResult>{};
   }
   return cache->results;
@@ -276,7 +275,7 @@ absl::Status TuneGemmRouter(kernels::GemmRouter& router,
         router.SetChoice(kernels::GemmMBucketUpperBound(r.bucket), n, k, r.chosen);
       }
     }
-    std::string line = absl::StrCat("layerserve: gemm ", n, "x", k, " (", source, "):");
+    std::string line = absl::StrCat("gemm ", n, "x", k, " (", source, "):");
     for (const GemmTuneResult& r : results) absl::StrAppend(&line, " ", DescribeResult(r));
     if (results.empty()) {
       for (int b = 0; b <= last_bucket; ++b) {
@@ -291,14 +290,14 @@ absl::Status TuneGemmRouter(kernels::GemmRouter& router,
     GemmTuneCache cache{key, {}};
     for (const auto& [where, r] : merged) cache.results.push_back(r);
     LS_RETURN_IF_ERROR(WriteCache(options.cache_path, cache));
-    log << "layerserve: gemm: tuning written to " << options.cache_path << std::endl;
+    log << "gemm: tuning written to " << options.cache_path << std::endl;
   }
   for (const GemmPin& pin : options.pins) {
     router.SetChoice(pin.m, pin.n, pin.k, pin.config);
-    log << "layerserve: gemm: pinned " << FormatGemmPin(pin) << std::endl;
+    log << "gemm: pinned " << FormatGemmPin(pin) << std::endl;
   }
   if (!shapes.empty()) {
-    log << "layerserve: gemm: (the figure after each choice is cuBLASLt's time over the "
+    log << "gemm: (the figure after each choice is cuBLASLt's time over the "
            "choice's; pin a bucket with --gemm-override=M:NxK=CONFIG)"
         << std::endl;
   }
@@ -313,7 +312,7 @@ absl::StatusOr<std::unique_ptr<kernels::GemmRouter>> MakeGemmRouter(
       kernels::GemmRouter::Create(mode, kernels::GemmRouter::kDefaultWorkspaceBytes));
   if (mode != kernels::GemmMode::kCublasLt && !router->custom_kernels_enabled()) {
     const kernels::DeviceInfo& dev = router->device();
-    log << "layerserve: gemm: mode " << kernels::GemmModeName(mode)
+    log << "gemm: mode " << kernels::GemmModeName(mode)
         << ": our GEMM kernels are unavailable (they need a compute capability 9.0 device and an "
            "sm_90a build; this is "
         << dev.cc_major << "." << dev.cc_minor << ", "

@@ -71,7 +71,8 @@ struct GemmTuningOptions {
 };
 
 // Fills the auto-mode `router`'s table for the (n, k) `shapes` a model runs
-// at up to `max_m` tokens, as the header comment says, logging to `log`; does
+// at up to `max_m` tokens, as the header comment says, logging to `log`
+// (whole lines, no prefix: the CUDA backend passes a LogStream); does
 // nothing in the other modes or where our kernels are not enabled. Returns an
 // error only for a failed tuning pass or an unwritable cache path; an
 // unreadable or stale cache is logged and replaced.

@@ -223,6 +223,7 @@ absl::StatusOr<std::unique_ptr<GrpcFrontend>> GrpcFrontend::Start(
   // Requests with invalid UTF-8 in a string field each make protobuf log a
   // line; a client must not be able to fill the log at its request rate.
   InstallRateLimitedProtobufLog();
+  InstallGrpcCoreLog();
 
   // IPv6 literals need brackets in a gRPC target ("[::]:8001").
   const std::string address = absl::StrContains(resolved.host, ':')

@@ -1,12 +1,16 @@
-// protobuf's log, rate-limited (see protobuf_log.h).
+// protobuf's log, rate-limited, and gRPC core's, both through base/log.h
+// (see protobuf_log.h).
 #include "server/grpc/protobuf_log.h"
 
-#include <cstdio>
+#include <grpc/support/log.h>
+
 #include <mutex>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/log.h"
 #include "google/protobuf/stubs/logging.h"
 
 namespace layerserve {
@@ -29,18 +33,18 @@ bool LogRateLimiter::Allow(Time now, int64_t* suppressed) {
 
 namespace {
 
-const char* LevelName(google::protobuf::LogLevel level) {
+// FATAL (protobuf aborts after logging it) is an ERROR record.
+LogLevel ToLogLevel(google::protobuf::LogLevel level) {
   switch (level) {
     case google::protobuf::LOGLEVEL_INFO:
-      return "INFO";
+      return LogLevel::kInfo;
     case google::protobuf::LOGLEVEL_WARNING:
-      return "WARNING";
+      return LogLevel::kWarning;
     case google::protobuf::LOGLEVEL_ERROR:
-      return "ERROR";
     case google::protobuf::LOGLEVEL_FATAL:
-      return "FATAL";
+      return LogLevel::kError;
   }
-  return "?";
+  return LogLevel::kError;
 }
 
 // Allocated once and never destroyed: protobuf may log during exit.
@@ -64,12 +68,17 @@ void RateLimitedLog(google::protobuf::LogLevel level, const char* filename, int 
     if (!log.limiter.Allow(std::chrono::steady_clock::now(), &suppressed)) return;
   }
   if (suppressed > 0) {
-    std::fprintf(stderr, "[libprotobuf] %lld similar lines suppressed (at most %d per %lld s)\n",
-                 static_cast<long long>(suppressed), kProtobufLogBurst,
-                 static_cast<long long>(kProtobufLogWindow.count()));
+    LogWarning(absl::StrCat("[libprotobuf] ", suppressed, " similar lines suppressed (at most ",
+                            kProtobufLogBurst, " per ", kProtobufLogWindow.count(), " s)"));
   }
-  std::fprintf(stderr, "[libprotobuf %s %s:%d] %s\n", LevelName(level), filename, line,
-               message.c_str());
+  Log(ToLogLevel(level), absl::StrCat("[libprotobuf ", filename, ":", line, "] ", message));
+}
+
+// gRPC core's DEBUG records (GRPC_VERBOSITY=DEBUG) are INFO ones.
+void GrpcCoreLog(gpr_log_func_args* args) {
+  const LogLevel level =
+      args->severity == GPR_LOG_SEVERITY_ERROR ? LogLevel::kError : LogLevel::kInfo;
+  Log(level, absl::StrCat("[grpc ", args->file, ":", args->line, "] ", args->message));
 }
 
 }  // namespace
@@ -79,5 +88,7 @@ void InstallRateLimitedProtobufLog() {
   static std::once_flag once;
   std::call_once(once, [] { google::protobuf::SetLogHandler(&RateLimitedLog); });
 }
+
+void InstallGrpcCoreLog() { gpr_set_log_function(&GrpcCoreLog); }
 
 }  // namespace layerserve

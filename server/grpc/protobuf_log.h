@@ -1,4 +1,6 @@
-// Rate limiting of protobuf's own log lines.
+// Rate limiting of protobuf's own log lines, and the routing of protobuf's and
+// gRPC core's log lines into the server's log (base/log.h), so that
+// --log-format decides their format too.
 //
 // protobuf writes one ERROR line to stderr for every message whose `string`
 // field holds invalid UTF-8 ("String field ... contains invalid UTF-8 data
@@ -42,8 +44,13 @@ class LogRateLimiter {
 };
 
 // Routes protobuf's log through a LogRateLimiter (kProtobufLogBurst per
-// kProtobufLogWindow) to stderr, in protobuf's own format. FATAL lines always
-// pass. Idempotent and thread-safe.
+// kProtobufLogWindow) to the server's log, as "[libprotobuf FILE:LINE]
+// message" at protobuf's level (FATAL as ERROR). FATAL lines always pass.
+// Idempotent and thread-safe.
 void InstallRateLimitedProtobufLog();
+
+// Routes gRPC core's log (what GRPC_VERBOSITY lets through; ERROR by
+// default) to the server's log, as "[grpc FILE:LINE] message". Idempotent.
+void InstallGrpcCoreLog();
 
 }  // namespace layerserve

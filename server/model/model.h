@@ -69,6 +69,12 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::st
 // Hugging Face implementation does, including llama3 scaling.
 std::vector<float> RopeInvFreq(const LlamaConfig& config);
 
+// The RoPE settings in words, for the start-up log: "rope theta 500000, no
+// scaling", or with llama3 scaling "rope theta 500000, llama3 scaling (factor
+// 8, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings
+// 8192)".
+std::string DescribeRope(const LlamaConfig& config);
+
 // A dense host tensor, row-major, in its checkpoint dtype.
 struct HostTensor {
   DType dtype = DType::kF32;
@@ -106,6 +112,15 @@ struct ModelSpan {
 
   // Bytes of weight data held (for logging and the memory gauge).
   size_t WeightBytes() const;
+  // The dtypes of the weights held, lowercase, in order of first appearance
+  // and joined by '+' when they differ ("bf16", "bf16+fp32"); empty without
+  // weights.
+  std::string WeightDTypes() const;
+  // The start-up log's model line, after "model ": name, architecture, head
+  // layout, weight dtypes, RoPE, the layers held and their bytes. E.g. "demo
+  // (llama, hidden 512, 8 heads, 4 kv heads, head_dim 64, fp32 weights, rope
+  // theta 500000, no scaling) layers 0:4, 14680064 weight bytes".
+  std::string Summary() const;
 };
 
 // Half-open layer range [begin, end); parsed from "A:B" (either side may be

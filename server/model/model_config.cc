@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "server/model/model.h"
@@ -330,6 +331,18 @@ std::vector<float> RopeInvFreq(const LlamaConfig& config) {
     f = scaled;
   }
   return inv_freq;
+}
+
+std::string DescribeRope(const LlamaConfig& config) {
+  // %.10g: 1000000 (Qwen2's theta) reads as such, not as 1e+06.
+  std::string text = absl::StrFormat("rope theta %.10g, ", config.rope_theta);
+  if (!config.rope_scaling) return text + "no scaling";
+  const Llama3RopeScaling& s = *config.rope_scaling;
+  return text + absl::StrFormat(
+                    "llama3 scaling (factor %.10g, low_freq_factor %.10g, high_freq_factor %.10g, "
+                    "original_max_position_embeddings %d)",
+                    s.factor, s.low_freq_factor, s.high_freq_factor,
+                    s.original_max_position_embeddings);
 }
 
 }  // namespace layerserve

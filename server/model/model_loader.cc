@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
@@ -233,6 +234,30 @@ size_t ModelSpan::WeightBytes() const {
     }
   }
   return bytes;
+}
+
+std::string ModelSpan::WeightDTypes() const {
+  std::vector<std::string> names;
+  for (const LayerWeights& w : layers) {
+    for (const HostTensor* t :
+         {&w.input_layernorm, &w.q_proj, &w.k_proj, &w.v_proj, &w.q_bias, &w.k_bias, &w.v_bias,
+          &w.o_proj, &w.post_attention_layernorm, &w.gate_proj, &w.up_proj, &w.down_proj}) {
+      if (t->data.empty()) continue;  // an absent bias
+      const std::string name = absl::AsciiStrToLower(ToAbsl(DTypeProtocolName(t->dtype)));
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    }
+  }
+  return absl::StrJoin(names, "+");
+}
+
+std::string ModelSpan::Summary() const {
+  const std::string dtypes = WeightDTypes();
+  return absl::StrCat(name, " (", config.model_type, ", hidden ", config.hidden_size, ", ",
+                      config.num_attention_heads, " heads, ", config.num_key_value_heads,
+                      " kv heads, head_dim ", config.head_dim, ", ", dtypes.empty() ? "no" : dtypes,
+                      " weights, ", DescribeRope(config), ") layers ", first_layer, ":",
+                      first_layer + static_cast<int64_t>(layers.size()), ", ", WeightBytes(),
+                      " weight bytes");
 }
 
 absl::StatusOr<LayerRange> ParseLayerRange(std::string_view text) {

@@ -109,6 +109,8 @@ TEST(LayerserveCommandLineTest, BadValuesFailWithOneLine) {
       {{"--grpc-port="}, "--grpc-port"},
       {{"--metrics-port"}, "--metrics-port"},
       {{"--gemm-autotune=maybe"}, "--gemm-autotune"},
+      {{"--log-format=xml"}, "--log-format=xml is not one of text, json"},
+      {{"--log-format", "json", "--streams=0"}, "--streams must be >= 1"},
   };
   for (const auto& c : cases) {
     const ProcessResult result = RunLayerserve(c.flags);

@@ -1,7 +1,8 @@
 // Start-up: a shutdown signal at any moment of start-up ends the process with
 // status 0 and one line (not killed by the signal's default action, and not
 // only after a slow load has finished); a port in use is reported before the
-// model loads; binding all interfaces is said in the log.
+// model loads; binding all interfaces is said in the log; the log's lines
+// have their time and level, as text or (--log-format=json) JSON lines.
 //
 // The slow load is a genuine one: a checkpoint of 4 Llama layers at hidden
 // 2048 (537 MB of BF16 weights), written sparse so that it takes no disk,
@@ -15,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -22,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -30,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
@@ -301,23 +305,76 @@ TEST(StartupTest, PortInUseFailsBeforeLoading) {
   close(holder);
 }
 
-// The default host binds every interface, and says so; a loopback host does
-// not print the line.
+// The default host binds every interface, and says so in a WARNING line; a
+// loopback host does not print the line. Every line of the (text) log has
+// its time and level.
 TEST(StartupTest, AllInterfacesBindIsLogged) {
   TempDir dir("wildcard");
+  const std::regex text_record(
+      R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (INFO|WARNING|ERROR) layerserve: .*)");
   for (const std::string host : {"0.0.0.0", "127.0.0.1"}) {
     SCOPED_TRACE(host);
     const fs::path err = dir.path() / "stderr";
     absl::StatusOr<std::unique_ptr<ServerProcess>> server =
         ServerProcess::Start({"--host=" + host}, absl::Seconds(30), err.string());
     ASSERT_TRUE(server.ok()) << server.status();
-    const bool logged = absl::StrContains(ReadAll(err), "binding all interfaces (--host=0.0.0.0)");
+    const bool logged = absl::StrContains(
+        ReadAll(err), "WARNING layerserve: binding all interfaces (--host=0.0.0.0)");
     EXPECT_EQ(logged, host == "0.0.0.0") << ReadAll(err);
     (*server)->Signal(SIGTERM);
     absl::StatusOr<int> exit_code = (*server)->WaitForExit(absl::Seconds(20));
     ASSERT_TRUE(exit_code.ok()) << exit_code.status();
     EXPECT_EQ(*exit_code, 0);
+    const std::vector<std::string> lines = absl::StrSplit(ReadAll(err), '\n', absl::SkipEmpty());
+    EXPECT_GE(lines.size(), 4u) << ReadAll(err);
+    for (const std::string& line : lines) {
+      EXPECT_TRUE(std::regex_match(line, text_record)) << line;
+    }
   }
+}
+
+// --log-format=json: every line on stderr, from start-up to the drain, is one
+// JSON object with time (UTC, milliseconds), level, logger and msg; the
+// model line names the head layout, weight dtype and RoPE settings.
+TEST(StartupTest, JsonLogFormatWritesOnlyJsonLines) {
+  TempDir dir("json_log");
+  const fs::path err = dir.path() / "stderr";
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
+      {"--log-format=json", "--host=0.0.0.0"}, absl::Seconds(30), err.string());
+  ASSERT_TRUE(server.ok()) << server.status();
+  (*server)->Signal(SIGTERM);
+  absl::StatusOr<int> exit_code = (*server)->WaitForExit(absl::Seconds(20));
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
+
+  const std::string log = ReadAll(err);
+  const std::vector<std::string> lines = absl::StrSplit(log, '\n', absl::SkipEmpty());
+  const std::regex time(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)");
+  std::vector<std::string> levels, messages;
+  for (const std::string& line : lines) {
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(record.is_object()) << "not a JSON object: " << line;
+    ASSERT_EQ(record.size(), 4u) << line;
+    ASSERT_TRUE(record["time"].is_string() && record["level"].is_string() &&
+                record["logger"].is_string() && record["msg"].is_string())
+        << line;
+    EXPECT_TRUE(std::regex_match(record["time"].get<std::string>(), time)) << line;
+    EXPECT_EQ(record["logger"], "layerserve") << line;
+    levels.push_back(record["level"]);
+    messages.push_back(record["msg"]);
+  }
+  ASSERT_GE(messages.size(), 5u) << log;
+  EXPECT_EQ(levels[0], "WARNING") << log;
+  EXPECT_TRUE(absl::StartsWith(messages[0], "binding all interfaces")) << log;
+  const auto model_line = std::find_if(messages.begin(), messages.end(), [](const std::string& m) {
+    return absl::StartsWith(m, "model demo (");
+  });
+  ASSERT_NE(model_line, messages.end()) << log;
+  EXPECT_TRUE(absl::StrContains(*model_line,
+                                "head_dim 64, fp32 weights, rope theta 500000, no "
+                                "scaling) layers 0:4"))
+      << *model_line;
+  EXPECT_EQ(messages.back(), "drained; exiting") << log;
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 // and weight magnitudes that keep activations O(1).
 #include <cmath>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/model/model.h"
 
@@ -26,6 +28,24 @@ TEST(DemoModelTest, ConfigMatchesDocumentation) {
   EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
   EXPECT_FALSE(c.attention_bias);
   EXPECT_FALSE(c.rope_scaling.has_value());
+}
+
+// The start-up log's model line: head layout, dtype and RoPE included.
+TEST(DemoModelTest, SummaryNamesDtypeHeadDimAndRope) {
+  const ModelSpan tail = MakeDemoModel(LayerRange{2, 4}, "tail");
+  EXPECT_EQ(tail.WeightDTypes(), "fp32");
+  EXPECT_EQ(tail.Summary(),
+            absl::StrCat("tail (llama, hidden 512, 8 heads, 4 kv heads, head_dim 64, fp32 "
+                         "weights, rope theta 500000, no scaling) layers 2:4, ",
+                         tail.WeightBytes(), " weight bytes"));
+  // Mixed dtypes are listed in order of first appearance; none reads "no".
+  ModelSpan mixed = tail;
+  mixed.layers[1].q_proj.dtype = DType::kBF16;
+  EXPECT_EQ(mixed.WeightDTypes(), "fp32+bf16");
+  mixed.layers.clear();
+  EXPECT_EQ(mixed.WeightDTypes(), "");
+  EXPECT_TRUE(absl::StrContains(mixed.Summary(), "head_dim 64, no weights, rope"))
+      << mixed.Summary();
 }
 
 TEST(DemoModelTest, DeterministicAndComposable) {

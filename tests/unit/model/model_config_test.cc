@@ -86,6 +86,22 @@ TEST(ModelConfigTest, ParsesMistralWithSlidingWindow) {
   EXPECT_EQ(c->SmallestAttentionWindow(8, 4), 4096);
 }
 
+// The start-up log's words for RoPE: theta in full (no 1e+06), the scaling
+// type and every factor.
+TEST(ModelConfigTest, DescribeRopeNamesThetaAndScaling) {
+  auto llama31 = ParseLlamaConfig(kLlama31, "config.json");
+  ASSERT_TRUE(llama31.ok()) << llama31.status();
+  EXPECT_EQ(DescribeRope(*llama31),
+            "rope theta 500000, llama3 scaling (factor 8, low_freq_factor 1, high_freq_factor 4, "
+            "original_max_position_embeddings 8192)");
+  auto qwen2 = ParseLlamaConfig(kQwen2, "config.json");
+  ASSERT_TRUE(qwen2.ok()) << qwen2.status();
+  EXPECT_EQ(DescribeRope(*qwen2), "rope theta 1000000, no scaling");
+  LlamaConfig fractional;
+  fractional.rope_theta = 10000.5;
+  EXPECT_EQ(DescribeRope(fractional), "rope theta 10000.5, no scaling");
+}
+
 // The sliding-window rules of the transformers configs, one case each.
 TEST(ModelConfigTest, SlidingWindowFollowsTransformers) {
   const auto parse = [](const std::string& extra) {
