@@ -71,10 +71,7 @@ def main():
         except ServerStartError as e:
             sys.exit(f"prefill_interference.py: {e}")
         with server:
-            hidden = int(server.scrape().split("hidden_size", 1)[0] and 0) or None
-            # The model's hidden size from layerctl metadata would need
-            # parsing; the long input takes it from the server's ready log.
-            hidden = hidden or _hidden_from_log(server.log_text())
+            hidden = _hidden_from_log(server.log_text())
             npy = out / f"long_{args.long_tokens}.npy"
             np.save(npy, np.random.default_rng(0).standard_normal(
                 (1, args.long_tokens, hidden), dtype=np.float32))
