@@ -15,10 +15,11 @@
 //
 // Tolerance: the kernel keeps scores, softmax and the weighted sum in fp32 and
 // rounds only the output, so its error is one output rounding (at most eps *
-// |out|, eps = 2^-8 bf16, 2^-11 fp16) plus fp32 noise (~1e-6 here). The bound
-// 2 eps * |out| + 2e-5 is far tighter than twice a plain same-precision
-// implementation's error (STYLE rule 2), which rounds scores and
-// probabilities to the dtype too.
+// |out|, eps = 2^-8 bf16, 2^-11 fp16) plus fp32 noise (~1e-6 here, a few
+// 1e-5 at worst over 300 keys). The bound 2 eps * |out| + 5e-5 is far tighter
+// than twice a plain same-precision implementation's error (STYLE rule 2),
+// which rounds scores and probabilities to the dtype too; a wrong key or a
+// wrong weight shows up as errors of 0.1 and more.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -46,7 +47,7 @@ using testing::Encode;
 using testing::ParallelFor;
 using testing::RandomValues;
 
-constexpr double kAtol = 2e-5;
+constexpr double kAtol = 5e-5;
 
 // One packed sequence: `len` new tokens at positions start..start+len-1. A
 // session sequence has a block table covering start + len tokens (its keys
