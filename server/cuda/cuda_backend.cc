@@ -2,8 +2,10 @@
 // batch on one stream.
 //
 // Per batch, on the stream's own thread:
-//   host:   each request's input -> pinned staging (memcpy); positions and
-//           cu_seqlens -> pinned metadata
+//   host:   each request's piece (all of it unless the request is chunked)
+//           -> pinned staging (memcpy); positions and cu_seqlens -> pinned
+//           metadata; with sessions, start positions and block tables -> the
+//           KV pool's pinned staging for this stream
 //   stream: H2D staging and metadata; per request Cast(wire dtype -> x rows);
 //           the layers; per request Cast(x rows -> wire dtype) into the same
 //           staging offsets; D2H staging; record the completion event
@@ -11,6 +13,12 @@
 // Inputs and outputs share the staging buffers: a request's output has the
 // size and dtype of its input, and the stream orders the copy-out after the
 // copy-in, so one buffer of each kind per stream is enough.
+//
+// Sessions: the KV pool (kv_pool.h) is allocated once by AllocateKvCache and
+// shared by every stream. Two batches in flight never touch the same block:
+// a session has one step in flight at a time, and the session table gives
+// every sequence its own blocks. A session's next step runs only after the
+// previous one's completion event, so it reads what that step stored.
 #include "server/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -31,6 +39,7 @@
 #include "layerserve/kernels/layer_ops.h"
 #include "server/cuda/device_weights.h"
 #include "server/cuda/gemm_tuning.h"
+#include "server/cuda/kv_pool.h"
 #include "server/cuda/layer_executor.h"
 
 namespace layerserve {
@@ -61,6 +70,7 @@ std::string_view KernelDTypeName(kernels::DType t) {
 
 // Everything one stream owns. Touched only by that stream's thread.
 struct StreamSlot {
+  int index = 0;  // in the pool of streams (its KvPool staging)
   CudaStream stream;
   CudaEvent done;  // recorded after the copy-out; the thread waits on it
   ActivationArena arena;
@@ -71,10 +81,11 @@ struct StreamSlot {
   OpTimer timer;
 };
 
-absl::StatusOr<std::unique_ptr<StreamSlot>> MakeSlot(const cuda::LayerShape& shape,
+absl::StatusOr<std::unique_ptr<StreamSlot>> MakeSlot(int index, const cuda::LayerShape& shape,
                                                      int64_t max_tokens, int num_layers,
                                                      size_t workspace_bytes) {
   auto slot = std::make_unique<StreamSlot>();
+  slot->index = index;
   const size_t t = static_cast<size_t>(max_tokens);
   const size_t io_bytes = t * static_cast<size_t>(shape.hidden) * sizeof(float);
   LS_ASSIGN_OR_RETURN(slot->stream, cuda::CreateStream());
@@ -88,9 +99,18 @@ absl::StatusOr<std::unique_ptr<StreamSlot>> MakeSlot(const cuda::LayerShape& sha
   return slot;
 }
 
+// Device memory KvMemoryAvailable keeps back from the KV pool, for what is
+// allocated after it: lazily loaded kernel modules (tens of MiB), cuBLASLt's
+// internal buffers, the runtime's own growth. A fixed 1 GiB rather than a
+// share of the device: what it covers does not grow with the GPU, and
+// --kv-cache-memory's fraction (auto: 0.9) leaves a proportional margin on
+// top.
+constexpr int64_t kKvReserveBytes = int64_t{1} << 30;
+
 // The sequences served for a span whose smallest sliding window is `window`
-// (0: none): all, or those up to the window, as the attention kernels have
-// no window yet.
+// (0: none): all, or those up to the window, as flash attention has no window
+// yet. (The paged attention of session batches has one, but the limit is one
+// for all requests: the core applies it to a session's reach too.)
 SequenceLimit WindowLimit(int64_t window) {
   if (window == 0) return {};
   return {window, absl::StrCat("the model attends through a sliding window of ", window,
@@ -101,9 +121,9 @@ SequenceLimit WindowLimit(int64_t window) {
 class CudaBackendImpl final : public CudaBackend {
  public:
   CudaBackendImpl(const CudaBackendOptions& options, const LlamaConfig& config,
-                  int64_t window_limit, std::string device_name, cuda::DeviceWeights weights,
-                  std::unique_ptr<kernels::GemmRouter> gemm, kernels::DType dtype,
-                  std::vector<std::unique_ptr<StreamSlot>> slots)
+                  int64_t window_limit, std::vector<int> windows, std::string device_name,
+                  cuda::DeviceWeights weights, std::unique_ptr<kernels::GemmRouter> gemm,
+                  kernels::DType dtype, std::vector<std::unique_ptr<StreamSlot>> slots)
       : options_(options),
         config_(config),
         sequence_limit_(WindowLimit(window_limit)),
@@ -111,7 +131,7 @@ class CudaBackendImpl final : public CudaBackend {
         weights_(std::move(weights)),
         gemm_(std::move(gemm)),
         executor_(cuda::LayerShape::FromConfig(config, dtype), weights_.layers(),
-                  weights_.inv_freq(), gemm_.get()),
+                  weights_.inv_freq(), gemm_.get(), std::move(windows)),
         slots_(std::move(slots)) {
     for (const auto& slot : slots_) {
       activation_bytes_ += slot->arena.bytes() + slot->io_device.bytes() + slot->workspace.bytes();
@@ -136,7 +156,7 @@ class CudaBackendImpl final : public CudaBackend {
   std::string Device() const override { return device_name_; }
   int MaxInflightBatches() const override { return static_cast<int>(slots_.size()); }
 
-  // The attention kernels have no sliding window yet. Up to the smallest
+  // Flash attention has no sliding window yet. Up to the smallest
   // window of the span, windowed and full-causal attention are the same
   // thing; past it they differ, so longer sequences are refused rather than
   // answered with full-causal attention.
@@ -166,6 +186,49 @@ class CudaBackendImpl final : public CudaBackend {
     return static_cast<int64_t>(total_bytes - free_bytes);
   }
 
+  // K and V of every layer, in the activation dtype (2 bytes).
+  int64_t KvBlockBytes(int64_t block_tokens) const override {
+    return cuda::KvPool::BlockBytes(executor_.shape(), executor_.num_layers(), block_tokens);
+  }
+
+  // What the device has free now (after the weights and the stream pool, and
+  // before the KV pool), less kKvReserveBytes for what is allocated later:
+  // kernel modules loaded lazily on their first launch, cuBLASLt's internal
+  // allocations, the CUDA runtime's own growth. 0 when the device cannot be
+  // queried.
+  int64_t KvMemoryAvailable() const override {
+    size_t free_bytes = 0;
+    size_t total_bytes = 0;
+    if (cudaSetDevice(options_.device) != cudaSuccess ||
+        cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+      static_cast<void>(cudaGetLastError());
+      return 0;
+    }
+    return std::max<int64_t>(0, static_cast<int64_t>(free_bytes) - kKvReserveBytes);
+  }
+
+  // One cudaMalloc for the pool plus each stream's staging, outside the lock;
+  // the pool is installed once and never replaced, so a stream's thread may
+  // use it without the lock once it has read the pointer.
+  absl::Status AllocateKvCache(const KvCacheShape& shape) override {
+    const auto already = [] {
+      return absl::FailedPreconditionError("cuda backend: the KV cache is already allocated");
+    };
+    {
+      MutexLock lock(&kv_mu_);
+      if (kv_pool_ != nullptr) return already();
+    }
+    LS_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+    LS_ASSIGN_OR_RETURN(
+        std::unique_ptr<cuda::KvPool> pool,
+        cuda::KvPool::Create(executor_.shape(), executor_.num_layers(), shape,
+                             static_cast<int>(slots_.size()), options_.max_batch_tokens));
+    MutexLock lock(&kv_mu_);
+    if (kv_pool_ != nullptr) return already();
+    kv_pool_ = std::move(pool);
+    return absl::OkStatus();
+  }
+
  private:
   struct Job {
     std::shared_ptr<Batch> batch;
@@ -193,8 +256,14 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   absl::Status RunBatch(StreamSlot& slot, Batch& batch) {
-    LS_RETURN_IF_ERROR(
-        batch.Validate(config_.hidden_size, options_.max_batch_tokens, sequence_limit_));
+    cuda::KvPool* kv_pool;  // null until AllocateKvCache
+    {
+      MutexLock lock(&kv_mu_);
+      kv_pool = kv_pool_.get();
+    }
+    LS_RETURN_IF_ERROR(batch.Validate(config_.hidden_size, options_.max_batch_tokens,
+                                      sequence_limit_,
+                                      kv_pool != nullptr ? kv_pool->shape() : KvCacheShape{}));
     if (absl::Status health = Health(); !health.ok()) {
       return absl::UnavailableError(absl::StrCat("cuda backend is unhealthy: ", health.message()));
     }
@@ -203,24 +272,46 @@ class CudaBackendImpl final : public CudaBackend {
       return absl::OkStatus();
     }
 
-    // Pack inputs and metadata into pinned memory.
+    const int64_t tokens = batch.total_tokens;
+    const int num_seqs = static_cast<int>(batch.cu_seqlens.size()) - 1;
+    // The metadata holds tokens + num_seqs + 1 values in room for
+    // 2 max_tokens + 1 (frontends send no empty sequences; a direct caller might).
+    if (num_seqs > options_.max_batch_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat("cuda backend: a batch of ", num_seqs,
+                                                     " sequences, more than max_batch_tokens (",
+                                                     options_.max_batch_tokens, ")"));
+    }
+    // Positions are int32 on the device.
+    for (int s = 0; s < num_seqs; ++s) {
+      const int64_t reach = batch.kv[s].position + batch.cu_seqlens[s + 1] - batch.cu_seqlens[s];
+      if (reach > INT32_MAX) {
+        return absl::InvalidArgumentError(absl::StrCat("cuda backend: a sequence reaches position ",
+                                                       reach, ", past the int32 positions"));
+      }
+    }
+
+    // Pack inputs and metadata into pinned memory: each request's pieces, in
+    // sequence order (one contiguous run per request).
     std::vector<size_t> offsets;
     offsets.reserve(batch.requests.size());
     size_t io_bytes = 0;
     for (const auto& request : batch.requests) {
       offsets.push_back(io_bytes);
-      std::memcpy(slot.io_host.data() + io_bytes, request->input.data(), request->input.size());
-      io_bytes += request->input.size();
+      const size_t element = DTypeSize(request->dtype);
+      const size_t piece = PieceBytes(*request);
+      for (int64_t b = 0; b < request->batch; ++b, io_bytes += piece) {
+        std::memcpy(slot.io_host.data() + io_bytes,
+                    request->input.data() + request->piece_offset(b) * element, piece);
+      }
     }
-    const int64_t tokens = batch.total_tokens;
-    const int num_seqs = static_cast<int>(batch.cu_seqlens.size()) - 1;
     auto* meta = reinterpret_cast<int32_t*>(slot.meta_host.data());
     int max_seqlen = 0;
     for (int s = 0; s < num_seqs; ++s) {
       const int32_t begin = batch.cu_seqlens[s];
       const int32_t len = batch.cu_seqlens[s + 1] - begin;
+      const auto start = static_cast<int32_t>(batch.kv[s].position);  // 0: stateless
       max_seqlen = std::max(max_seqlen, len);
-      for (int32_t i = 0; i < len; ++i) meta[begin + i] = i;
+      for (int32_t i = 0; i < len; ++i) meta[begin + i] = start + i;
     }
     std::memcpy(meta + tokens, batch.cu_seqlens.data(), batch.cu_seqlens.size() * sizeof(int32_t));
     cuda::BatchGeometry geometry;
@@ -233,7 +324,7 @@ class CudaBackendImpl final : public CudaBackend {
     const bool sampled =
         options_.timing_sink != nullptr && options_.timing_sample_every > 0 &&
         batches_.fetch_add(1, std::memory_order_relaxed) % options_.timing_sample_every == 0;
-    absl::Status status = Enqueue(slot, batch, offsets, io_bytes, geometry, sampled);
+    absl::Status status = Enqueue(slot, batch, offsets, io_bytes, kv_pool, geometry, sampled);
     if (status.ok()) {
       status = [&]() -> absl::Status {
         LS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.done.get()));
@@ -248,15 +339,28 @@ class CudaBackendImpl final : public CudaBackend {
     }
     for (size_t i = 0; i < batch.requests.size(); ++i) {
       InferRequest& request = *batch.requests[i];
-      request.output.resize(request.input.size());
-      std::memcpy(request.output.data(), slot.io_host.data() + offsets[i], request.input.size());
+      const size_t element = DTypeSize(request.dtype);
+      const size_t piece = PieceBytes(request);
+      request.output.resize(request.input.size());  // once: later pieces keep earlier rows
+      for (int64_t b = 0; b < request.batch; ++b) {
+        std::memcpy(request.output.data() + request.piece_offset(b) * element,
+                    slot.io_host.data() + offsets[i] + static_cast<size_t>(b) * piece, piece);
+      }
     }
     return absl::OkStatus();
   }
 
-  // Enqueues the whole batch on the slot's stream.
+  // Bytes of one of a request's B pieces on the wire (of its whole sequence
+  // unless it is chunked).
+  static size_t PieceBytes(const InferRequest& request) {
+    return static_cast<size_t>(request.piece_tokens() * request.hidden) * DTypeSize(request.dtype);
+  }
+
+  // Enqueues the whole batch on the slot's stream (with sessions, after the
+  // KV metadata's upload, which completes `geometry`).
   absl::Status Enqueue(StreamSlot& slot, const Batch& batch, const std::vector<size_t>& offsets,
-                       size_t io_bytes, const cuda::BatchGeometry& geometry, bool sampled) {
+                       size_t io_bytes, cuda::KvPool* kv_pool, cuda::BatchGeometry geometry,
+                       bool sampled) {
     const cudaStream_t stream = slot.stream.get();
     const kernels::DType act = executor_.shape().dtype;
     const size_t row_bytes = static_cast<size_t>(config_.hidden_size) * kernels::DTypeBytes(act);
@@ -269,6 +373,13 @@ class CudaBackendImpl final : public CudaBackend {
         slot.arena.meta, slot.meta_host.data(),
         (static_cast<size_t>(geometry.tokens) + geometry.num_seqs + 1) * sizeof(int32_t),
         cudaMemcpyHostToDevice, stream));
+    if (batch.has_sessions) {
+      LS_ASSIGN_OR_RETURN(const cuda::BatchKvMeta kv, kv_pool->Upload(batch, slot.index, stream));
+      geometry.kv_pool = kv_pool;
+      geometry.kv_start = kv.start;
+      geometry.kv_cu_blocks = kv.cu_blocks;
+      geometry.kv_block_tables = kv.block_tables;
+    }
     // Wire dtype <-> activation dtype. Requests are packed in order on both
     // sides, so each run of consecutive requests with one wire dtype is one
     // contiguous range: one cast (or copy) per run, not per request, keeps
@@ -282,9 +393,10 @@ class CudaBackendImpl final : public CudaBackend {
         int64_t elements = 0;
         for (; end < batch.requests.size() && KernelDType(batch.requests[end]->dtype) == wire_dtype;
              ++end) {
-          bytes += batch.requests[end]->input.size();
-          rows_in_run += static_cast<size_t>(batch.requests[end]->tokens());
-          elements += static_cast<int64_t>(batch.requests[end]->num_elements());
+          const InferRequest& request = *batch.requests[end];
+          bytes += static_cast<size_t>(request.batch) * PieceBytes(request);
+          rows_in_run += static_cast<size_t>(request.batch_tokens());
+          elements += request.batch_tokens() * request.hidden;
         }
         void* wire = io_device + offsets[i];
         void* rows = x + row * row_bytes;
@@ -349,6 +461,10 @@ class CudaBackendImpl final : public CudaBackend {
   const std::vector<std::unique_ptr<StreamSlot>> slots_;
   size_t activation_bytes_ = 0;
   std::atomic<uint64_t> batches_{0};
+
+  // Set once by AllocateKvCache, never replaced (see there).
+  Mutex kv_mu_;
+  std::unique_ptr<cuda::KvPool> kv_pool_ ABSL_GUARDED_BY(kv_mu_);
 
   mutable Mutex health_mu_;
   absl::Status health_ ABSL_GUARDED_BY(health_mu_);
@@ -427,15 +543,21 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& mo
   std::vector<std::unique_ptr<StreamSlot>> slots;
   for (int i = 0; i < options.num_streams; ++i) {
     LS_ASSIGN_OR_RETURN(std::unique_ptr<StreamSlot> slot,
-                        MakeSlot(shape, options.max_batch_tokens,
+                        MakeSlot(i, shape, options.max_batch_tokens,
                                  static_cast<int>(model.layers.size()), gemm->workspace_bytes()));
     slots.push_back(std::move(slot));
   }
   const int64_t window_limit = model.config.SmallestAttentionWindow(
       model.first_layer, static_cast<int64_t>(model.layers.size()));
-  auto backend = std::make_unique<CudaBackendImpl>(options, model.config, window_limit, props.name,
-                                                   std::move(weights), std::move(gemm), dtype,
-                                                   std::move(slots));
+  // Windows past any int32 position are no window at all.
+  std::vector<int> windows;
+  for (int64_t l = 0; l < static_cast<int64_t>(model.layers.size()); ++l) {
+    windows.push_back(static_cast<int>(
+        std::min<int64_t>(model.config.AttentionWindow(model.first_layer + l), INT32_MAX)));
+  }
+  auto backend = std::make_unique<CudaBackendImpl>(
+      options, model.config, window_limit, std::move(windows), props.name, std::move(weights),
+      std::move(gemm), dtype, std::move(slots));
   const absl::StatusOr<int64_t> used = backend->DeviceMemoryUsedBytes();
   LogInfo(absl::StrCat(
       "cuda backend: device ", options.device, " (", props.name, ", sm_", props.major, props.minor,

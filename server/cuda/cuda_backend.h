@@ -10,6 +10,11 @@
 // Execute only queues, so it never blocks its caller; with num_streams
 // streams, that many batches overlap (MaxInflightBatches).
 //
+// Sessions (README: Sessions): AllocateKvCache makes one paged KV pool on the
+// device (kv_pool.h), shared by the streams; a batch with session steps
+// rotates at the sequences' absolute positions, stores their new K/V in the
+// pool and attends over it (layer_executor.h).
+//
 // A failed batch fails alone (its `done` gets the error, usually INTERNAL).
 // A sticky device error (illegal address, device assert, ...) corrupts the
 // CUDA context for good: Health() then returns it permanently, later batches

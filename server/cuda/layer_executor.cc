@@ -1,5 +1,5 @@
 // The layer executor (see layer_executor.h): one decoder layer as nine
-// launches on one stream.
+// launches on one stream (ten with sessions).
 #include "server/cuda/layer_executor.h"
 
 #include <algorithm>
@@ -10,6 +10,8 @@
 #include "base/status_macros.h"
 #include "layerserve/kernels/attention.h"
 #include "layerserve/kernels/layer_ops.h"
+#include "layerserve/kernels/paged_attention.h"
+#include "server/cuda/kv_pool.h"
 
 namespace layerserve::cuda {
 namespace {
@@ -70,8 +72,13 @@ absl::StatusOr<ActivationArena> ActivationArena::Create(const LayerShape& shape,
 }
 
 LayerExecutor::LayerExecutor(LayerShape shape, std::vector<LayerDeviceWeights> layers,
-                             const float* inv_freq, kernels::GemmRouter* gemm)
-    : shape_(shape), layers_(std::move(layers)), inv_freq_(inv_freq), gemm_(gemm) {}
+                             const float* inv_freq, kernels::GemmRouter* gemm,
+                             std::vector<int> windows)
+    : shape_(shape),
+      layers_(std::move(layers)),
+      windows_(windows.empty() ? std::vector<int>(layers_.size(), 0) : std::move(windows)),
+      inv_freq_(inv_freq),
+      gemm_(gemm) {}
 
 absl::Status LayerExecutor::Forward(const ActivationArena& arena, const BatchGeometry& batch,
                                     const kernels::GemmWorkspace& workspace, cudaStream_t stream,
@@ -80,18 +87,96 @@ absl::Status LayerExecutor::Forward(const ActivationArena& arena, const BatchGeo
     return absl::InvalidArgumentError(absl::StrCat(
         "layer executor: ", batch.tokens, " tokens, the arena holds ", arena.max_tokens()));
   }
+  if (windows_.size() != layers_.size()) {
+    return absl::InternalError(absl::StrCat("layer executor: ", windows_.size(),
+                                            " attention windows for ", layers_.size(), " layers"));
+  }
   if (timer != nullptr) LS_RETURN_IF_ERROR(timer->Start(stream));
-  for (const LayerDeviceWeights& w : layers_) {
-    LS_RETURN_IF_ERROR(ForwardLayer(w, arena, batch, workspace, stream, timer));
+  for (int l = 0; l < num_layers(); ++l) {
+    LS_RETURN_IF_ERROR(ForwardLayer(l, arena, batch, workspace, stream, timer));
   }
   return absl::OkStatus();
 }
 
-absl::Status LayerExecutor::ForwardLayer(const LayerDeviceWeights& w, const ActivationArena& arena,
+absl::Status LayerExecutor::FlashAttend(const ActivationArena& arena, const BatchGeometry& batch,
+                                        cudaStream_t stream) const {
+  const LayerShape& s = shape_;
+  const int64_t element_bytes = kernels::DTypeBytes(s.dtype);
+  const auto* qkv_bytes = static_cast<const unsigned char*>(arena.qkv);
+  kernels::FlashAttentionParams attention;
+  attention.q = qkv_bytes;
+  attention.k = qkv_bytes + s.q_width() * element_bytes;
+  attention.v = qkv_bytes + (s.q_width() + int64_t{s.num_kv_heads} * s.head_dim) * element_bytes;
+  attention.out = arena.attn;
+  attention.q_row_stride = s.qkv_width();
+  attention.k_row_stride = s.qkv_width();
+  attention.v_row_stride = s.qkv_width();
+  attention.out_row_stride = s.q_width();
+  attention.cu_seqlens = batch.cu_seqlens;
+  attention.num_seqs = batch.num_seqs;
+  attention.max_seqlen = batch.max_seqlen;
+  attention.num_heads = s.num_heads;
+  attention.num_kv_heads = s.num_kv_heads;
+  attention.head_dim = s.head_dim;
+  attention.softmax_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  attention.dtype = s.dtype;
+  return kernels::LaunchFlashAttention(attention, gemm_->device(), stream);
+}
+
+absl::Status LayerExecutor::PagedAttend(int layer, const ActivationArena& arena,
+                                        const BatchGeometry& batch, cudaStream_t stream) const {
+  const LayerShape& s = shape_;
+  const int64_t element_bytes = kernels::DTypeBytes(s.dtype);
+  const auto* qkv_bytes = static_cast<const unsigned char*>(arena.qkv);
+  const void* k = qkv_bytes + s.q_width() * element_bytes;
+  const void* v = qkv_bytes + (s.q_width() + int64_t{s.num_kv_heads} * s.head_dim) * element_bytes;
+  kernels::PagedKv cache;
+  cache.k = batch.kv_pool->k(layer);
+  cache.v = batch.kv_pool->v(layer);
+  cache.block_tokens = static_cast<int>(batch.kv_pool->shape().block_tokens);
+  cache.start = batch.kv_start;
+  cache.cu_blocks = batch.kv_cu_blocks;
+  cache.block_tables = batch.kv_block_tables;
+
+  kernels::KvAppendParams append;
+  append.k = k;
+  append.v = v;
+  append.k_row_stride = append.v_row_stride = s.qkv_width();
+  append.cu_seqlens = batch.cu_seqlens;
+  append.num_seqs = batch.num_seqs;
+  append.tokens = batch.tokens;
+  append.cache = cache;
+  append.num_kv_heads = s.num_kv_heads;
+  append.head_dim = s.head_dim;
+  append.dtype = s.dtype;
+  LS_RETURN_IF_ERROR(kernels::LaunchKvAppend(append, stream));
+
+  kernels::PagedAttentionParams attention;
+  attention.q = arena.qkv;
+  attention.k = k;
+  attention.v = v;
+  attention.out = arena.attn;
+  attention.q_row_stride = attention.k_row_stride = attention.v_row_stride = s.qkv_width();
+  attention.out_row_stride = s.q_width();
+  attention.cu_seqlens = batch.cu_seqlens;
+  attention.num_seqs = batch.num_seqs;
+  attention.tokens = batch.tokens;
+  attention.cache = cache;
+  attention.num_heads = s.num_heads;
+  attention.num_kv_heads = s.num_kv_heads;
+  attention.head_dim = s.head_dim;
+  attention.window = windows_[static_cast<size_t>(layer)];
+  attention.softmax_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  attention.dtype = s.dtype;
+  return kernels::LaunchPagedAttention(attention, stream);
+}
+
+absl::Status LayerExecutor::ForwardLayer(int layer, const ActivationArena& arena,
                                          const BatchGeometry& batch,
                                          const kernels::GemmWorkspace& workspace,
                                          cudaStream_t stream, OpTimer* timer) const {
   const LayerShape& s = shape_;
+  const LayerDeviceWeights& w = layers_[static_cast<size_t>(layer)];
   const int64_t tokens = batch.tokens;
 
   kernels::RmsNormParams norm;
@@ -132,26 +217,11 @@ absl::Status LayerExecutor::ForwardLayer(const LayerDeviceWeights& w, const Acti
   LS_RETURN_IF_ERROR(kernels::LaunchRope(rope, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpRope, stream));
 
-  const int64_t element_bytes = kernels::DTypeBytes(s.dtype);
-  const auto* qkv_bytes = static_cast<const unsigned char*>(arena.qkv);
-  kernels::FlashAttentionParams attention;
-  attention.q = qkv_bytes;
-  attention.k = qkv_bytes + s.q_width() * element_bytes;
-  attention.v = qkv_bytes + (s.q_width() + int64_t{s.num_kv_heads} * s.head_dim) * element_bytes;
-  attention.out = arena.attn;
-  attention.q_row_stride = s.qkv_width();
-  attention.k_row_stride = s.qkv_width();
-  attention.v_row_stride = s.qkv_width();
-  attention.out_row_stride = s.q_width();
-  attention.cu_seqlens = batch.cu_seqlens;
-  attention.num_seqs = batch.num_seqs;
-  attention.max_seqlen = batch.max_seqlen;
-  attention.num_heads = s.num_heads;
-  attention.num_kv_heads = s.num_kv_heads;
-  attention.head_dim = s.head_dim;
-  attention.softmax_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-  attention.dtype = s.dtype;
-  LS_RETURN_IF_ERROR(kernels::LaunchFlashAttention(attention, gemm_->device(), stream));
+  if (batch.kv_pool != nullptr) {
+    LS_RETURN_IF_ERROR(PagedAttend(layer, arena, batch, stream));
+  } else {
+    LS_RETURN_IF_ERROR(FlashAttend(arena, batch, stream));
+  }
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpAttention, stream));
 
   kernels::GemmParams o;

@@ -7,6 +7,7 @@
 //   qkv = n · Wqkvᵀ (+ bqkv)           gemm_qkv   (bias through the GEMM epilogue)
 //   RoPE on the q and k parts of qkv   rope
 //   a  = FlashAttention(qkv)           attention  (varlen, causal, GQA)
+//     or, in a batch with sessions, KvAppend + PagedAttention (see below)
 //   x  = a · Woᵀ + x                   gemm_o     (residual fused: beta = 1)
 //   n  = RMSNorm(x)                    norm
 //   gu = n · Wguᵀ                      gemm_gate_up
@@ -14,6 +15,14 @@
 //   x  = m · Wdᵀ + x                   gemm_down  (residual fused: beta = 1)
 // Because both residual adds happen inside the GEMMs, x always holds the full
 // residual stream and RMSNorm never needs its separate residual input.
+//
+// Sessions (server/core/sessions.h): a batch that continues sessions carries
+// the KV pool and each sequence's start position and block table. RoPE then
+// rotates at absolute positions (the batch's positions array holds
+// start + i), and attention becomes two launches (paged_attention.h): store
+// the new rotated K/V rows in the pool, then attend over the cached keys and
+// the new ones, through the layer's sliding window. Both are timed together
+// as "attention". A batch without sessions runs flash attention as before.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -85,22 +94,35 @@ class ActivationArena {
   int64_t max_tokens_ = 0;
 };
 
+class KvPool;  // kv_pool.h
+
 // The packing of one batch; the pointers are device memory (usually
 // ActivationArena::meta).
 struct BatchGeometry {
   int64_t tokens = 0;
   int num_seqs = 0;
   int max_seqlen = 0;
-  const int32_t* positions = nullptr;   // [tokens]: 0..len-1 within each sequence
+  // [tokens]: each token's position, start + i within its sequence (start 0
+  // for stateless sequences).
+  const int32_t* positions = nullptr;
   const int32_t* cu_seqlens = nullptr;  // [num_seqs + 1]
+  // Batches with sessions only (null otherwise): the pool, and where each
+  // sequence sits in it (KvPool::Upload; kv_pool.h).
+  const KvPool* kv_pool = nullptr;
+  const int32_t* kv_start = nullptr;      // [num_seqs]
+  const int32_t* kv_cu_blocks = nullptr;  // [num_seqs + 1]
+  const int32_t* kv_block_tables = nullptr;
 };
 
 class LayerExecutor {
  public:
   // `layers` and `inv_freq` (head_dim / 2 floats, device) must outlive the
-  // executor, as must `gemm`.
+  // executor, as must `gemm`. `windows`: each layer's sliding attention window
+  // (0: none), applied by the paged attention of batches with sessions; empty:
+  // no layer has one. Flash attention has no window: the backend serves
+  // sequences only up to the smallest window (cuda_backend.cc).
   LayerExecutor(LayerShape shape, std::vector<LayerDeviceWeights> layers, const float* inv_freq,
-                kernels::GemmRouter* gemm);
+                kernels::GemmRouter* gemm, std::vector<int> windows = {});
 
   // Enqueues every layer over arena.x[0, tokens) on `stream`; nothing
   // synchronizes. With a timer, records an event after each op.
@@ -112,12 +134,19 @@ class LayerExecutor {
   int num_layers() const { return static_cast<int>(layers_.size()); }
 
  private:
-  absl::Status ForwardLayer(const LayerDeviceWeights& w, const ActivationArena& arena,
-                            const BatchGeometry& batch, const kernels::GemmWorkspace& workspace,
-                            cudaStream_t stream, OpTimer* timer) const;
+  absl::Status ForwardLayer(int layer, const ActivationArena& arena, const BatchGeometry& batch,
+                            const kernels::GemmWorkspace& workspace, cudaStream_t stream,
+                            OpTimer* timer) const;
+  // Attention of a batch without sessions: flash attention over its own rows.
+  absl::Status FlashAttend(const ActivationArena& arena, const BatchGeometry& batch,
+                           cudaStream_t stream) const;
+  // Attention of a batch with sessions: KvAppend, then PagedAttention.
+  absl::Status PagedAttend(int layer, const ActivationArena& arena, const BatchGeometry& batch,
+                           cudaStream_t stream) const;
 
   const LayerShape shape_;
   const std::vector<LayerDeviceWeights> layers_;
+  const std::vector<int> windows_;  // one per layer
   const float* const inv_freq_;
   kernels::GemmRouter* const gemm_;
 };

@@ -6,6 +6,11 @@ if(TARGET layerserve_cuda AND TARGET layerserve_cpu)
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_backend_test.cc
     LIBS layerserve_cuda layerserve_cpu
     LABELS gpu)
+  # Sessions: steps against stateless requests and the CPU backend's sessions.
+  layerserve_add_gtest(cuda_sessions_test
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_sessions_test.cc
+    LIBS layerserve_cuda layerserve_cpu GTest::gmock
+    LABELS gpu)
   layerserve_add_gtest(gemm_tuning_test
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/gemm_tuning_test.cc
     LIBS layerserve_cuda layerserve_gpu_test_util

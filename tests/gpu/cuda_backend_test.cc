@@ -4,16 +4,11 @@
 // and BF16, poisoned outputs, concurrent batches over the stream pool, failed
 // batches that leave the backend healthy, kernel timings and memory reports.
 //
-// The CUDA backend computes in bf16 (fp16 for fp16 checkpoints) with fp32
-// accumulation, so elements are compared relative to the output's scale:
-// |cuda - cpu| <= kTol * (rms(cpu) + |cpu|), and ||cuda - cpu|| / ||cpu|| <=
-// kNormTol. Without a GPU every device test skips visibly.
+// Outputs are compared at the backend's precision (backend_test_util.h).
+// Without a GPU every device test skips visibly. Sessions are tested in
+// cuda_sessions_test.cc.
 #include "server/cuda/cuda_backend.h"
 
-#include <atomic>
-#include <chrono>
-#include <cmath>
-#include <cstring>
 #include <future>
 #include <map>
 #include <memory>
@@ -28,43 +23,23 @@
 #include "server/core/backend.h"
 #include "server/cpu/cpu_backend.h"
 #include "server/model/model.h"
-#include "tests/support/random_model.h"
+#include "tests/gpu/backend_test_util.h"
 
 namespace layerserve {
 namespace {
 
-constexpr double kTol = 3e-2;
-constexpr double kNormTol = 1e-2;
-
-#define SKIP_WITHOUT_GPU()                                                          \
-  do {                                                                              \
-    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device: GPU test skipped"; \
-  } while (0)
+using cuda_test::ExpectCloseValues;
+using cuda_test::MakeQwenModel;
+using cuda_test::OutputFloats;
+using cuda_test::RunSync;
+using cuda_test::Start;
+using cuda_test::Wait;
 
 struct RequestSpec {
   int64_t batch;
   int64_t seq_len;
   DType dtype;
 };
-
-// A qwen2-shaped span (q/k/v biases, GQA 2:1) with random weights stored in
-// `dtype`.
-ModelSpan MakeQwenModel(DType dtype, uint64_t seed) {
-  LlamaConfig c;
-  c.model_type = "qwen2";
-  c.hidden_size = 256;
-  c.intermediate_size = 688;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 64;
-  c.num_hidden_layers = 2;
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 1e6;
-  c.attention_bias = true;
-  ModelSpan m = test_support::RandomModel(c, /*first_layer=*/0, c.num_hidden_layers, dtype, seed);
-  m.name = "qwen-test";
-  return m;
-}
 
 // Request inputs, kept alive while any batch built from them runs.
 struct Inputs {
@@ -105,26 +80,6 @@ std::shared_ptr<Batch> MakeBatch(const Inputs& in, int64_t hidden) {
   return batch;
 }
 
-// Starts `batch` on `backend`; the future becomes ready when `done` runs.
-std::future<absl::Status> Start(Backend& backend, std::shared_ptr<Batch> batch) {
-  auto promise = std::make_shared<std::promise<absl::Status>>();
-  std::future<absl::Status> result = promise->get_future();
-  backend.Execute(std::move(batch), [promise](absl::Status s) { promise->set_value(std::move(s)); });
-  return result;
-}
-
-absl::Status Wait(std::future<absl::Status>& f) {
-  if (f.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
-    return absl::DeadlineExceededError("batch did not complete within 120 s");
-  }
-  return f.get();
-}
-
-absl::Status RunSync(Backend& backend, std::shared_ptr<Batch> batch) {
-  std::future<absl::Status> f = Start(backend, std::move(batch));
-  return Wait(f);
-}
-
 // Compares every request's output; reports the worst element.
 void ExpectClose(const Batch& actual, const Batch& expected, const std::string& what) {
   ASSERT_EQ(actual.requests.size(), expected.requests.size());
@@ -132,34 +87,9 @@ void ExpectClose(const Batch& actual, const Batch& expected, const std::string& 
     const InferRequest& a = *actual.requests[i];
     const InferRequest& e = *expected.requests[i];
     ASSERT_EQ(a.output.size(), e.output.size()) << what << " request " << i;
-    const size_t n = e.num_elements();
-    std::vector<float> av(n), ev(n);
-    ConvertToFloat(a.dtype, a.output.data(), n, av.data());
-    ConvertToFloat(e.dtype, e.output.data(), n, ev.data());
-    double sum_sq = 0, diff_sq = 0;
-    for (size_t j = 0; j < n; ++j) sum_sq += double(ev[j]) * ev[j];
-    const double rms = std::sqrt(sum_sq / double(n));
-    double worst = -1;
-    size_t worst_j = 0;
-    for (size_t j = 0; j < n; ++j) {
-      const double d = std::abs(double(av[j]) - double(ev[j]));
-      diff_sq += std::isfinite(d) ? d * d : 1e30;
-      const double score = std::isfinite(d) ? d / (rms + std::abs(double(ev[j]))) : 1e30;
-      if (score > worst) {
-        worst = score;
-        worst_j = j;
-      }
-    }
-    const double norm_err = std::sqrt(diff_sq / (sum_sq + 1e-30));
-    const int64_t hidden = e.hidden;
-    const std::string where = what + " request " + std::to_string(i) + " (B=" + std::to_string(e.batch) +
-                              " T=" + std::to_string(e.seq_len) + " " + std::string(DTypeProtocolName(e.dtype)) +
-                              "): worst element token " + std::to_string(worst_j / hidden) + " feature " +
-                              std::to_string(worst_j % hidden) + ": cuda " + std::to_string(av[worst_j]) + " cpu " +
-                              std::to_string(ev[worst_j]) + " (score " + std::to_string(worst) + ", output rms " +
-                              std::to_string(rms) + "); normwise error " + std::to_string(norm_err);
-    EXPECT_LE(worst, kTol) << where;
-    EXPECT_LE(norm_err, kNormTol) << where;
+    ExpectCloseValues(OutputFloats(a), OutputFloats(e), e.hidden,
+                      what + " request " + std::to_string(i) + " (B=" + std::to_string(e.batch) + " T=" +
+                          std::to_string(e.seq_len) + " " + std::string(DTypeProtocolName(e.dtype)) + "), cuda vs cpu");
     if (::testing::Test::HasFailure()) return;
   }
 }

@@ -1,0 +1,111 @@
+// Launchers of the paged KV cache's kernels (paged_attention.h): validation,
+// grid math and dtype / head_dim dispatch. The device code is in
+// paged_attention.cuh.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/attention/paged_attention.cuh"
+#include "kernels/common/static_switch.h"
+#include "layerserve/kernels/paged_attention.h"
+
+namespace layerserve::kernels {
+namespace {
+
+bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// What both kernels need: the packing, the cache, the head shape. Rows move in
+// vectors of up to 16 bytes, so every row must start 16-byte aligned.
+absl::Status ValidateCommon(const char* name, const PagedKv& cache, const int32_t* cu_seqlens, int num_seqs,
+                            int64_t tokens, int num_kv_heads, int head_dim, DType dtype) {
+  if (head_dim != 64 && head_dim != 128) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": head_dim must be 64 or 128, got ", head_dim));
+  }
+  if (dtype != DType::kBF16 && dtype != DType::kF16) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": dtype must be bf16 or fp16"));
+  }
+  if (num_kv_heads <= 0 || tokens < 0 || tokens >= (int64_t{1} << 31) || num_seqs < 0 ||
+      (tokens > 0 && num_seqs == 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": num_kv_heads must be positive, tokens in [0, 2^31) and, with tokens, num_seqs >= 1"));
+  }
+  if (cache.block_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": block_tokens must be positive"));
+  }
+  if (cu_seqlens == nullptr || cache.k == nullptr || cache.v == nullptr || cache.start == nullptr ||
+      cache.cu_blocks == nullptr || cache.block_tables == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": cu_seqlens and the cache's k, v, start, cu_blocks and block_tables must be set"));
+  }
+  if (!Aligned16(cache.k) || !Aligned16(cache.v)) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": the cache's k and v pools must be 16-byte aligned"));
+  }
+  return absl::OkStatus();
+}
+
+// A row pointer and stride: 16-byte aligned rows of at least `width` elements.
+bool RowsOk(const void* ptr, int64_t row_stride, int64_t width) {
+  return ptr != nullptr && Aligned16(ptr) && row_stride % 8 == 0 && row_stride >= width;
+}
+
+}  // namespace
+
+absl::Status LaunchKvAppend(const KvAppendParams& p, cudaStream_t stream) {
+  if (absl::Status s =
+          ValidateCommon("kv append", p.cache, p.cu_seqlens, p.num_seqs, p.tokens, p.num_kv_heads, p.head_dim, p.dtype);
+      !s.ok()) {
+    return s;
+  }
+  const int64_t kv_width = int64_t{p.num_kv_heads} * p.head_dim;
+  if (!RowsOk(p.k, p.k_row_stride, kv_width) || !RowsOk(p.v, p.v_row_stride, kv_width)) {
+    return absl::InvalidArgumentError(
+        "kv append: k and v must be set and 16-byte aligned, with row strides multiples of 8 covering a row");
+  }
+  if (p.tokens == 0) return absl::OkStatus();
+  return LS_HALF_DTYPE_SWITCH(p.dtype, T, [&]() -> absl::Status {
+    paged::KvAppendKernel<T><<<static_cast<unsigned>(p.tokens), paged::kAppendThreads, 0, stream>>>(p);
+    LS_CUDA_RETURN_IF_LAUNCH_ERROR(KvAppendKernel);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status LaunchPagedAttention(const PagedAttentionParams& p, cudaStream_t stream) {
+  if (absl::Status s = ValidateCommon("paged attention", p.cache, p.cu_seqlens, p.num_seqs, p.tokens, p.num_kv_heads,
+                                      p.head_dim, p.dtype);
+      !s.ok()) {
+    return s;
+  }
+  if (p.num_heads <= 0 || p.num_heads % p.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("paged attention: num_heads (", p.num_heads,
+                                                   ") must be a positive multiple of num_kv_heads (", p.num_kv_heads,
+                                                   ")"));
+  }
+  const int64_t head_groups = (p.num_heads + paged::kAttentionWarps - 1) / paged::kAttentionWarps;
+  if (head_groups > 65535) {
+    return absl::InvalidArgumentError("paged attention: num_heads must be <= 262140 (grid limit)");
+  }
+  if (p.window < 0 || !(p.softmax_scale > 0.f)) {
+    return absl::InvalidArgumentError("paged attention: window must be >= 0 and softmax_scale positive");
+  }
+  const int64_t q_width = int64_t{p.num_heads} * p.head_dim;
+  const int64_t kv_width = int64_t{p.num_kv_heads} * p.head_dim;
+  if (!RowsOk(p.q, p.q_row_stride, q_width) || !RowsOk(p.out, p.out_row_stride, q_width) ||
+      !RowsOk(p.k, p.k_row_stride, kv_width) || !RowsOk(p.v, p.v_row_stride, kv_width)) {
+    return absl::InvalidArgumentError(
+        "paged attention: q, k, v and out must be set and 16-byte aligned, with row strides multiples of 8 "
+        "covering a row");
+  }
+  if (p.tokens == 0) return absl::OkStatus();
+  const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(head_groups));
+  return LS_HALF_DTYPE_SWITCH(p.dtype, T, [&]() -> absl::Status {
+    return LS_HEAD_DIM_SWITCH(p.head_dim, kHeadDim, [&]() -> absl::Status {
+      paged::PagedAttentionKernel<T, kHeadDim><<<grid, paged::kAttentionWarps * 32, 0, stream>>>(p);
+      LS_CUDA_RETURN_IF_LAUNCH_ERROR(PagedAttentionKernel);
+      return absl::OkStatus();
+    });
+  });
+}
+
+}  // namespace layerserve::kernels

@@ -1,0 +1,98 @@
+// The CUDA backend's paged KV cache: the device storage behind the block ids
+// that the core's session table hands out (server/core/kv_blocks.h,
+// sessions.h), and each stream's staging for the block tables of a batch.
+//
+// Layout, in the activation dtype (bf16, or fp16 for fp16 checkpoints), one
+// cudaMalloc: for each layer of the span a K pool and a V pool of
+// [num_blocks][block_tokens][kv_heads * head_dim] elements, the layout the
+// paged kernels take (layerserve/kernels/paged_attention.h) and the CPU
+// backend's cache has too. Rows are written before they are read (a step
+// stores its tokens' K/V before any later step attends over them), so the
+// pool is never cleared.
+//
+// A session batch's metadata travels like cu_seqlens: the stream's thread
+// packs it into its pinned staging, one copy moves it to the device on the
+// stream. Its size: per sequence a start position and a table offset, and
+// the tables themselves. The tables of one batch never share a block (the
+// session table gives every sequence its own, and a session has one step in
+// flight), so they hold at most num_blocks ids, and the staging is sized for
+// that.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "base/cuda/cuda_resources.h"
+#include "server/core/backend.h"
+#include "server/cuda/layer_executor.h"
+
+namespace layerserve::cuda {
+
+// Where a session batch's sequences sit in the pool, on the device (pointers
+// into one stream's staging, valid for the batch being enqueued).
+struct BatchKvMeta {
+  const int32_t* start = nullptr;      // [num_seqs]: position of each sequence's first new token
+  const int32_t* cu_blocks = nullptr;  // [num_seqs + 1]: offsets of the tables in block_tables
+  const int32_t* block_tables =
+      nullptr;  // the tables, concatenated (a stateless sequence's is empty)
+};
+
+// Threading: Create runs once, before serving. Afterwards the pool's storage
+// is written and read only by enqueued kernels, and staging(i) is used only
+// by stream i's thread.
+class KvPool {
+ public:
+  // Bytes one block costs: num_layers x (K, V) x block_tokens x kv_heads x
+  // head_dim x element size. 0 for block_tokens < 1; INT64_MAX where the
+  // product overflows.
+  static int64_t BlockBytes(const LayerShape& shape, int num_layers, int64_t block_tokens);
+
+  // The pool for `cache` (num_blocks 0: an empty pool, nothing allocated), and
+  // for each of `num_streams` streams a staging area for batches of up to
+  // `max_tokens` tokens. INVALID_ARGUMENT for a negative block count, or with
+  // blocks, block_tokens outside [1, 2^31); RESOURCE_EXHAUSTED naming the
+  // bytes when the device cannot hold the pool; INTERNAL for other device
+  // failures. The current device must be set.
+  static absl::StatusOr<std::unique_ptr<KvPool>> Create(const LayerShape& shape, int num_layers,
+                                                        const KvCacheShape& cache, int num_streams,
+                                                        int64_t max_tokens);
+
+  const KvCacheShape& shape() const { return shape_; }
+  size_t bytes() const { return storage_.bytes(); }
+  // Layer `layer`'s K and V pools.
+  void* k(int layer) const { return Pool(layer, 0); }
+  void* v(int layer) const { return Pool(layer, 1); }
+
+  // Packs `batch`'s start positions and block tables into stream `stream`'s
+  // pinned staging and enqueues their copy to the device on `cuda_stream`.
+  // The staging must not be in use by an earlier batch of that stream (its
+  // thread waits for each batch before the next). INVALID_ARGUMENT when the
+  // batch has more sequences than max_tokens or its tables more ids than the
+  // pool has blocks (they would share blocks).
+  absl::StatusOr<BatchKvMeta> Upload(const Batch& batch, int stream, cudaStream_t cuda_stream);
+
+ private:
+  struct Staging {
+    PinnedBuffer host;
+    DeviceBuffer device;
+  };
+
+  KvPool(const KvCacheShape& shape, size_t layer_bytes, int64_t max_tokens, DeviceBuffer storage,
+         std::vector<Staging> staging);
+
+  void* Pool(int layer, int which) const {
+    return static_cast<unsigned char*>(storage_.data()) +
+           (2 * static_cast<size_t>(layer) + which) * layer_bytes_;
+  }
+
+  const KvCacheShape shape_;
+  const size_t layer_bytes_;  // of one layer's K (or V) pool
+  const int64_t max_tokens_;
+  DeviceBuffer storage_;          // [num_layers][K, V][num_blocks][block_tokens][kv_width]
+  std::vector<Staging> staging_;  // per stream: [start | cu_blocks | block_tables] int32
+};
+
+}  // namespace layerserve::cuda

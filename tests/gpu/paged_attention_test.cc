@@ -1,0 +1,417 @@
+// GPU tests of the paged KV cache's kernels (layerserve/kernels/paged_attention.h)
+// against float64 references built from the same rounded inputs:
+//   - PagedAttention: every query of a packed batch that mixes session
+//     sequences (keys below their start in the cache, through shuffled block
+//     tables) with stateless ones, for decode (1 query) and multi-token steps,
+//     GQA and MHA, head_dim 64 and 128, bf16 and fp16, blocks of 16 tokens and
+//     odd sizes (1, 5, 7), with and without sliding windows.
+//   - KvAppend: the new rows land bit-exactly at their slots and nothing else
+//     in the pool changes.
+//   - Validation: bad params are INVALID_ARGUMENT before any launch.
+//
+// Every pool row the attention must not read (rows past a sequence's start,
+// and spare blocks no table names) holds NaN, as does the output before the
+// launch: a key read from the wrong row, or an output never written, fails.
+//
+// Tolerance: the kernel keeps scores, softmax and the weighted sum in fp32 and
+// rounds only the output, so its error is one output rounding (at most eps *
+// |out|, eps = 2^-8 bf16, 2^-11 fp16) plus fp32 noise (~1e-6 here, a few
+// 1e-5 at worst over 300 keys). The bound 2 eps * |out| + 5e-5 is far tighter
+// than twice a plain same-precision implementation's error (STYLE rule 2),
+// which rounds scores and probabilities to the dtype too; a wrong key or a
+// wrong weight shows up as errors of 0.1 and more.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <ostream>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+#include "layerserve/kernels/paged_attention.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace layerserve::kernels {
+namespace {
+
+using testing::AllClose;
+using testing::Decode;
+using testing::DeviceBuffer;
+using testing::DTypeEpsilon;
+using testing::DTypeName;
+using testing::Encode;
+using testing::ParallelFor;
+using testing::RandomValues;
+
+constexpr double kAtol = 5e-5;
+
+// One packed sequence: `len` new tokens at positions start..start+len-1. A
+// session sequence has a block table covering start + len tokens (its keys
+// below start are in the cache); a stateless one has start 0 and no table.
+struct SeqSpec {
+  int start;
+  int len;
+  bool session;
+};
+
+struct PagedCase {
+  const char* name;
+  DType dtype;
+  int head_dim;
+  int heads;
+  int kv_heads;
+  int block_tokens;
+  int window;
+  std::vector<SeqSpec> seqs;
+};
+
+void PrintTo(const PagedCase& c, std::ostream* os) { *os << c.name; }
+
+// The host side of one case: the packing, the tables, the fused qkv rows of
+// the new tokens and the pool as the kernels see it.
+struct PagedProblem {
+  int64_t tokens = 0;
+  int64_t qkv_width = 0;
+  int64_t kv_width = 0;
+  int64_t num_blocks = 0;
+  std::vector<int32_t> cu_seqlens, start, cu_blocks, block_tables;
+  std::vector<double> qkv;             // [tokens, (heads + 2 kv_heads) * head_dim], q | k | v
+  std::vector<double> pool_k, pool_v;  // [num_blocks * block_tokens, kv_width]
+};
+
+int64_t BlocksFor(int64_t tokens, int64_t block_tokens) { return (tokens + block_tokens - 1) / block_tokens; }
+
+// Tables take block ids from a shuffled permutation of the pool, which has
+// three spare blocks no table names. With `history`, each session sequence's
+// positions below its start hold random keys and values and every other row
+// NaN (the attention test); without, every row holds random values (the
+// append test, which checks that the rows it does not own keep theirs).
+PagedProblem BuildProblem(const PagedCase& c, bool history, uint64_t seed) {
+  PagedProblem pr;
+  pr.qkv_width = int64_t{c.heads + 2 * c.kv_heads} * c.head_dim;
+  pr.kv_width = int64_t{c.kv_heads} * c.head_dim;
+  pr.cu_seqlens = {0};
+  pr.cu_blocks = {0};
+  for (const SeqSpec& s : c.seqs) {
+    pr.cu_seqlens.push_back(pr.cu_seqlens.back() + s.len);
+    pr.start.push_back(s.start);
+    pr.cu_blocks.push_back(pr.cu_blocks.back() +
+                           static_cast<int32_t>(s.session ? BlocksFor(s.start + s.len, c.block_tokens) : 0));
+  }
+  pr.tokens = pr.cu_seqlens.back();
+  pr.num_blocks = pr.cu_blocks.back() + 3;
+  std::vector<int32_t> ids(static_cast<size_t>(pr.num_blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(static_cast<uint32_t>(seed)));
+  pr.block_tables.assign(ids.begin(), ids.begin() + pr.cu_blocks.back());
+
+  pr.qkv = RandomValues(c.dtype, pr.tokens * pr.qkv_width, -2.0, 2.0, seed + 1);
+  const size_t pool_elements = static_cast<size_t>(pr.num_blocks * c.block_tokens * pr.kv_width);
+  const std::vector<double> random_k = RandomValues(c.dtype, pool_elements, -2.0, 2.0, seed + 2);
+  const std::vector<double> random_v = RandomValues(c.dtype, pool_elements, -2.0, 2.0, seed + 3);
+  if (!history) {
+    pr.pool_k = random_k;
+    pr.pool_v = random_v;
+    return pr;
+  }
+  pr.pool_k.assign(pool_elements, NAN);
+  pr.pool_v.assign(pool_elements, NAN);
+  for (size_t s = 0; s < c.seqs.size(); ++s) {
+    for (int p = 0; p < c.seqs[s].start; ++p) {
+      const int64_t row =
+          int64_t{pr.block_tables[pr.cu_blocks[s] + p / c.block_tokens]} * c.block_tokens + p % c.block_tokens;
+      for (int64_t e = row * pr.kv_width; e < (row + 1) * pr.kv_width; ++e) {
+        pr.pool_k[e] = random_k[e];
+        pr.pool_v[e] = random_v[e];
+      }
+    }
+  }
+  return pr;
+}
+
+// The sequence that packed row `token` belongs to.
+size_t SequenceOf(const PagedProblem& pr, int64_t token) {
+  return static_cast<size_t>(std::upper_bound(pr.cu_seqlens.begin(), pr.cu_seqlens.end(), token) -
+                             pr.cu_seqlens.begin()) -
+         1;
+}
+
+// float64 attention of every (token, head), [tokens, heads * head_dim].
+std::vector<double> Reference(const PagedCase& c, const PagedProblem& pr) {
+  const int d = c.head_dim;
+  const int64_t out_width = int64_t{c.heads} * d;
+  std::vector<double> out(static_cast<size_t>(pr.tokens * out_width));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  ParallelFor(static_cast<size_t>(pr.tokens * c.heads), [&](size_t job) {
+    const int64_t token = static_cast<int64_t>(job) / c.heads;
+    const int h = static_cast<int>(job % c.heads);
+    const int kvh = h / (c.heads / c.kv_heads);
+    const size_t s = SequenceOf(pr, token);
+    const int start = pr.start[s];
+    const int q_pos = start + static_cast<int>(token - pr.cu_seqlens[s]);
+    const int lo = c.window > 0 ? std::max(0, q_pos - c.window + 1) : 0;
+    // Key and value j: from the pool below start, from the new rows after.
+    const auto kv_at = [&](int j, bool value) -> const double* {
+      if (j < start) {
+        const int64_t row =
+            int64_t{pr.block_tables[pr.cu_blocks[s] + j / c.block_tokens]} * c.block_tokens + j % c.block_tokens;
+        return &(value ? pr.pool_v : pr.pool_k)[row * pr.kv_width + int64_t{kvh} * d];
+      }
+      const int64_t row = pr.cu_seqlens[s] + (j - start);
+      return &pr.qkv[row * pr.qkv_width + (int64_t{c.heads} + (value ? c.kv_heads : 0) + kvh) * d];
+    };
+    const double* q = &pr.qkv[token * pr.qkv_width + int64_t{h} * d];
+    std::vector<double> weights;
+    double max_score = -INFINITY;
+    for (int j = lo; j <= q_pos; ++j) {
+      const double* k = kv_at(j, false);
+      double dot = 0;
+      for (int e = 0; e < d; ++e) dot += q[e] * k[e];
+      weights.push_back(dot * scale);
+      max_score = std::max(max_score, weights.back());
+    }
+    double sum = 0;
+    for (double& w : weights) sum += (w = std::exp(w - max_score));
+    double* o = &out[token * out_width + int64_t{h} * d];
+    for (int j = lo; j <= q_pos; ++j) {
+      const double* v = kv_at(j, true);
+      for (int e = 0; e < d; ++e) o[e] += weights[j - lo] / sum * v[e];
+    }
+  });
+  return out;
+}
+
+// The device copies of a problem and the PagedKv over them.
+struct DeviceProblem {
+  DeviceProblem(const PagedCase& c, const PagedProblem& pr)
+      : qkv(pr.qkv.size() * DTypeBytes(c.dtype)),
+        pool_k(pr.pool_k.size() * DTypeBytes(c.dtype)),
+        pool_v(pr.pool_v.size() * DTypeBytes(c.dtype)),
+        cu_seqlens(pr.cu_seqlens.size() * 4),
+        start(pr.start.size() * 4),
+        cu_blocks(pr.cu_blocks.size() * 4),
+        block_tables(pr.block_tables.size() * 4) {
+    qkv.Upload(Encode(c.dtype, pr.qkv).data(), qkv.bytes());
+    pool_k.Upload(Encode(c.dtype, pr.pool_k).data(), pool_k.bytes());
+    pool_v.Upload(Encode(c.dtype, pr.pool_v).data(), pool_v.bytes());
+    cu_seqlens.Upload(pr.cu_seqlens.data(), cu_seqlens.bytes());
+    start.Upload(pr.start.data(), start.bytes());
+    cu_blocks.Upload(pr.cu_blocks.data(), cu_blocks.bytes());
+    block_tables.Upload(pr.block_tables.data(), block_tables.bytes());
+    cache.k = pool_k.get();
+    cache.v = pool_v.get();
+    cache.block_tokens = c.block_tokens;
+    cache.start = static_cast<const int32_t*>(start.get());
+    cache.cu_blocks = static_cast<const int32_t*>(cu_blocks.get());
+    cache.block_tables = static_cast<const int32_t*>(block_tables.get());
+    const auto* base = static_cast<const char*>(qkv.get());
+    k = base + int64_t{c.heads} * c.head_dim * DTypeBytes(c.dtype);
+    v = base + int64_t{c.heads + c.kv_heads} * c.head_dim * DTypeBytes(c.dtype);
+  }
+
+  DeviceBuffer qkv, pool_k, pool_v, cu_seqlens, start, cu_blocks, block_tables;
+  PagedKv cache;
+  const void* k = nullptr;  // the K and V columns of the fused qkv rows
+  const void* v = nullptr;
+};
+
+class PagedAttentionTest : public testing::GpuTestWithParam<PagedCase> {};
+
+TEST_P(PagedAttentionTest, MatchesFloat64Reference) {
+  const PagedCase& c = GetParam();
+  const PagedProblem pr = BuildProblem(c, /*history=*/true, 7000 + c.head_dim + c.block_tokens);
+  DeviceProblem dp(c, pr);
+  const int64_t out_width = int64_t{c.heads} * c.head_dim;
+  DeviceBuffer out(pr.tokens * out_width * DTypeBytes(c.dtype));
+  out.Poison();
+
+  PagedAttentionParams p;
+  p.q = dp.qkv.get();
+  p.k = dp.k;
+  p.v = dp.v;
+  p.out = out.get();
+  p.q_row_stride = p.k_row_stride = p.v_row_stride = pr.qkv_width;
+  p.out_row_stride = out_width;
+  p.cu_seqlens = static_cast<const int32_t*>(dp.cu_seqlens.get());
+  p.num_seqs = static_cast<int>(c.seqs.size());
+  p.tokens = pr.tokens;
+  p.cache = dp.cache;
+  p.num_heads = c.heads;
+  p.num_kv_heads = c.kv_heads;
+  p.head_dim = c.head_dim;
+  p.window = c.window;
+  p.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  p.dtype = c.dtype;
+  const absl::Status launched = LaunchPagedAttention(p, nullptr);
+  ASSERT_TRUE(launched.ok()) << launched;
+  LS_ASSERT_CUDA_OK(cudaDeviceSynchronize());
+
+  std::vector<uint8_t> bytes(out.bytes());
+  out.Download(bytes.data(), bytes.size());
+  const auto describe = [&](size_t i) {
+    const int64_t token = static_cast<int64_t>(i) / out_width;
+    const int64_t col = static_cast<int64_t>(i) % out_width;
+    const size_t s = SequenceOf(pr, token);
+    return "seq " + std::to_string(s) + " (start " + std::to_string(pr.start[s]) + ") query at position " +
+           std::to_string(pr.start[s] + token - pr.cu_seqlens[s]) + " head " + std::to_string(col / c.head_dim) +
+           " dim " + std::to_string(col % c.head_dim);
+  };
+  EXPECT_TRUE(AllClose(Decode(c.dtype, bytes), Reference(c, pr), kAtol, 2 * DTypeEpsilon(c.dtype), describe));
+}
+
+TEST_P(PagedAttentionTest, AppendStoresNewRowsAndNothingElse) {
+  const PagedCase& c = GetParam();
+  const PagedProblem pr = BuildProblem(c, /*history=*/false, 9000 + c.head_dim + c.block_tokens);
+  DeviceProblem dp(c, pr);
+
+  KvAppendParams p;
+  p.k = dp.k;
+  p.v = dp.v;
+  p.k_row_stride = p.v_row_stride = pr.qkv_width;
+  p.cu_seqlens = static_cast<const int32_t*>(dp.cu_seqlens.get());
+  p.num_seqs = static_cast<int>(c.seqs.size());
+  p.tokens = pr.tokens;
+  p.cache = dp.cache;
+  p.num_kv_heads = c.kv_heads;
+  p.head_dim = c.head_dim;
+  p.dtype = c.dtype;
+  const absl::Status launched = LaunchKvAppend(p, nullptr);
+  ASSERT_TRUE(launched.ok()) << launched;
+  LS_ASSERT_CUDA_OK(cudaDeviceSynchronize());
+
+  // The pool as it was, with each session token's K and V row at its slot.
+  std::vector<double> want_k = pr.pool_k, want_v = pr.pool_v;
+  for (size_t s = 0; s < c.seqs.size(); ++s) {
+    if (!c.seqs[s].session) continue;
+    for (int i = 0; i < c.seqs[s].len; ++i) {
+      const int pos = c.seqs[s].start + i;
+      const int64_t slot =
+          int64_t{pr.block_tables[pr.cu_blocks[s] + pos / c.block_tokens]} * c.block_tokens + pos % c.block_tokens;
+      const double* row = &pr.qkv[(pr.cu_seqlens[s] + i) * pr.qkv_width + int64_t{c.heads} * c.head_dim];
+      std::copy_n(row, pr.kv_width, &want_k[slot * pr.kv_width]);
+      std::copy_n(row + pr.kv_width, pr.kv_width, &want_v[slot * pr.kv_width]);
+    }
+  }
+  const auto describe = [&](size_t i) {
+    const int64_t row = static_cast<int64_t>(i) / pr.kv_width;
+    return "block " + std::to_string(row / c.block_tokens) + " row " + std::to_string(row % c.block_tokens) +
+           " element " + std::to_string(static_cast<int64_t>(i) % pr.kv_width);
+  };
+  std::vector<uint8_t> bytes(dp.pool_k.bytes());
+  dp.pool_k.Download(bytes.data(), bytes.size());
+  EXPECT_TRUE(AllClose(Decode(c.dtype, bytes), want_k, 0, 0, describe)) << "K pool";
+  dp.pool_v.Download(bytes.data(), bytes.size());
+  EXPECT_TRUE(AllClose(Decode(c.dtype, bytes), want_v, 0, 0, describe)) << "V pool";
+}
+
+std::vector<PagedCase> Cases() {
+  // Session sequences: {start, len, true}; stateless ones: {0, len, false}.
+  const std::vector<SeqSpec> mixed = {{37, 1, true}, {0, 5, false}, {0, 20, true}, {16, 16, true}, {100, 9, true}};
+  // A decode batch at starts around block edges.
+  const std::vector<SeqSpec> decode = {{1, 1, true},  {15, 1, true}, {16, 1, true},
+                                       {17, 1, true}, {64, 1, true}, {300, 1, true}};
+  const auto make = [](const char* name, DType dtype, int head_dim, int heads, int kv_heads, int block_tokens,
+                       int window, std::vector<SeqSpec> seqs) {
+    return PagedCase{name, dtype, head_dim, heads, kv_heads, block_tokens, window, std::move(seqs)};
+  };
+  return {
+      make("bf16_d128_gqa4_block16_mixed", DType::kBF16, 128, 8, 2, 16, 0, mixed),
+      make("fp16_d128_gqa4_block16_mixed", DType::kF16, 128, 8, 2, 16, 0, mixed),
+      // An empty sequence (offsets repeat in cu_seqlens) between two others.
+      make("bf16_d64_mha_block5", DType::kBF16, 64, 4, 4, 5, 0,
+           {{13, 1, true}, {5, 0, true}, {7, 6, true}, {0, 11, false}}),
+      make("fp16_d64_gqa8_block1", DType::kF16, 64, 8, 1, 1, 0, {{9, 3, true}, {0, 1, false}, {4, 1, true}}),
+      // 6 heads: the second CTA of each token has two warps with no head.
+      make("bf16_d64_gqa6_block7_window8", DType::kBF16, 64, 6, 1, 7, 8,
+           {{30, 1, true}, {3, 12, true}, {0, 17, false}, {6, 2, true}}),
+      make("fp16_d128_gqa4_block16_window33", DType::kF16, 128, 8, 2, 16, 33,
+           {{50, 4, true}, {200, 1, true}, {0, 40, false}, {20, 30, true}}),
+      // Llama-3-8B's heads.
+      make("bf16_d128_llama3_decode", DType::kBF16, 128, 32, 8, 16, 0, decode),
+      make("bf16_d128_stateless_only", DType::kBF16, 128, 4, 2, 16, 0, {{0, 3, false}, {0, 70, false}}),
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, PagedAttentionTest, ::testing::ValuesIn(Cases()),
+                         [](const ::testing::TestParamInfo<PagedCase>& info) { return std::string(info.param.name); });
+
+// Validation rejects bad params before launching anything, so this runs
+// without a GPU: the pointers are aligned and never dereferenced.
+TEST(PagedAttentionValidationTest, RejectsBadParams) {
+  alignas(16) static int32_t dummy[64];
+  PagedAttentionParams good;
+  good.q = good.k = good.v = dummy;
+  good.out = dummy;
+  good.q_row_stride = good.out_row_stride = 256;
+  good.k_row_stride = good.v_row_stride = 256;
+  good.cu_seqlens = dummy;
+  good.num_seqs = 1;
+  good.tokens = 1;
+  good.cache = {dummy, dummy, 16, dummy, dummy, dummy};
+  good.num_heads = 2;
+  good.num_kv_heads = 1;
+  good.head_dim = 128;
+  good.softmax_scale = 0.088f;
+  // The append's params are the attention's shared ones.
+  const auto append_of = [](const PagedAttentionParams& p) {
+    KvAppendParams a;
+    a.k = p.k;
+    a.v = p.v;
+    a.k_row_stride = p.k_row_stride;
+    a.v_row_stride = p.v_row_stride;
+    a.cu_seqlens = p.cu_seqlens;
+    a.num_seqs = p.num_seqs;
+    a.tokens = p.tokens;
+    a.cache = p.cache;
+    a.num_kv_heads = p.num_kv_heads;
+    a.head_dim = p.head_dim;
+    a.dtype = p.dtype;
+    return a;
+  };
+  struct Spoiler {
+    const char* what;
+    void (*spoil)(PagedAttentionParams&);
+    bool shared;  // a param the append takes too
+  };
+  const Spoiler spoilers[] = {
+      {"head_dim 96", [](PagedAttentionParams& p) { p.head_dim = 96; }, true},
+      {"fp32", [](PagedAttentionParams& p) { p.dtype = DType::kF32; }, true},
+      {"block_tokens 0", [](PagedAttentionParams& p) { p.cache.block_tokens = 0; }, true},
+      {"no block tables", [](PagedAttentionParams& p) { p.cache.block_tables = nullptr; }, true},
+      {"no start positions", [](PagedAttentionParams& p) { p.cache.start = nullptr; }, true},
+      {"tokens without sequences", [](PagedAttentionParams& p) { p.num_seqs = 0; }, true},
+      {"misaligned k", [](PagedAttentionParams& p) { p.k = reinterpret_cast<const char*>(p.k) + 2; }, true},
+      {"k stride not a multiple of 8", [](PagedAttentionParams& p) { p.k_row_stride = 100; }, true},
+      {"v stride shorter than a row", [](PagedAttentionParams& p) { p.v_row_stride = 64; }, true},
+      {"heads not a multiple of kv heads",
+       [](PagedAttentionParams& p) {
+         p.num_heads = 3;
+         p.num_kv_heads = 2;
+       },
+       false},
+      {"negative window", [](PagedAttentionParams& p) { p.window = -1; }, false},
+      {"no q", [](PagedAttentionParams& p) { p.q = nullptr; }, false},
+      {"zero softmax scale", [](PagedAttentionParams& p) { p.softmax_scale = 0.f; }, false},
+  };
+  for (const Spoiler& s : spoilers) {
+    PagedAttentionParams p = good;
+    s.spoil(p);
+    EXPECT_EQ(LaunchPagedAttention(p, nullptr).code(), absl::StatusCode::kInvalidArgument) << s.what;
+    if (s.shared) {
+      EXPECT_EQ(LaunchKvAppend(append_of(p), nullptr).code(), absl::StatusCode::kInvalidArgument)
+          << s.what << " (append)";
+    }
+  }
+  // No tokens: nothing to launch, and nothing fails.
+  PagedAttentionParams empty = good;
+  empty.tokens = 0;
+  EXPECT_TRUE(LaunchPagedAttention(empty, nullptr).ok());
+  EXPECT_TRUE(LaunchKvAppend(append_of(empty), nullptr).ok());
+}
+
+}  // namespace
+}  // namespace layerserve::kernels
