@@ -39,7 +39,8 @@ for stage in "${stages[@]}"; do
     tests)
       : > "$out/tests.txt"
       for t in layer_ops_gpu_test attention_gpu_test gemm_test gemm_pdl_test gemm_tuning_test \
-               gemm_router_test cuda_backend_test metrics_cublaslt_test; do
+               gemm_router_test cuda_backend_test paged_attention_gpu_test cuda_sessions_test \
+               metrics_cublaslt_test; do
         run_test "$t"
       done
       # The foundation issue's integration suite, unchanged, against the CUDA

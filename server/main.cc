@@ -237,11 +237,14 @@ absl::StatusOr<std::unique_ptr<SessionTable>> MakeSessions(const ServerFlags& fl
                      " backend keeps no KV cache yet); requests with a sequence_id are refused"));
     return nullptr;
   }
-  // auto: a quarter of the host's available memory for the CPU backend.
-  constexpr double kCpuAutoFraction = 0.25;
+  // auto: for the CUDA backend 0.9 of what the device has free after the
+  // weights and arenas (less a reserve the backend keeps back); for the CPU
+  // backend a quarter of the host's available memory, whose pages are taken
+  // only as sessions fill them.
+  const double auto_fraction = backend_name == "cuda" ? 0.9 : 0.25;
   const int64_t available = backend.KvMemoryAvailable();
   LS_ASSIGN_OR_RETURN(const int64_t bytes,
-                      KvCacheBytes(flags.kv_cache_memory, available, kCpuAutoFraction));
+                      KvCacheBytes(flags.kv_cache_memory, available, auto_fraction));
   if (bytes == 0 && flags.kv_cache_memory == "0") {
     Log("sessions: off (--kv-cache-memory=0)");
     return nullptr;

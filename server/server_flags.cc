@@ -112,7 +112,8 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
   const std::string sessions = "Sessions (server-side KV cache)";
   app.add_option(FlagNames("kv-cache-memory"), flags.kv_cache_memory,
                  "memory of the KV cache pool: bytes (\"4GiB\", \"512M\"), a fraction of what the "
-                 "backend has free (\"0.5\"), auto (CPU: 0.25 of available memory), or 0 (no "
+                 "backend has free (\"0.5\"), auto (CUDA: 0.9 of the device memory free after "
+                 "loading; CPU: 0.25 of available memory), or 0 (no "
                  "sessions)")
       ->group(sessions);
   integer(app.add_option(FlagNames("kv-block-tokens"), flags.kv_block_tokens,
