@@ -4,7 +4,7 @@
 # `layerserve --backend=cuda`, and the benchmarks. Logs and tables go to $OUT
 # (default ./gpu-out); the exit status is non-zero if any test failed.
 #   usage: scripts/gpu-run.sh [tests] [bench-kernels] [bench-layer] [bench-server]
-#          (no argument: all four)
+#          [bench-sessions]   (no argument: the first four)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -73,6 +73,15 @@ for stage in "${stages[@]}"; do
       # shellcheck disable=SC2086
       python3 bench/server/load_matrix.py "$bundle/bin" "$out/server" \
         --model-dir="$ckpt" --model-name=llama3-8b-4l --backend=cuda ${LOAD_SERVER_ARGS:-}
+      ;;
+    bench-sessions)
+      # Decode through sessions vs stateless 1-token requests at equal
+      # concurrency (SESSION_ARGS narrows it, e.g. --sessions=1,64 --steps=64).
+      ckpt=/tmp/layerserve-llama3-8b-shapes-4l
+      [[ -f $ckpt/model.safetensors ]] || python3 bench/server/make_checkpoint.py "$ckpt" --layers 4
+      # shellcheck disable=SC2086
+      python3 bench/server/session_matrix.py "$bundle/bin" "$out/sessions" \
+        --model-dir="$ckpt" --model-name=llama3-8b-4l --backend=cuda ${SESSION_ARGS:-} ${LOAD_SERVER_ARGS:-}
       ;;
     *) echo "unknown stage '$stage'"; exit 2 ;;
   esac

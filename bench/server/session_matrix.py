@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Decode through sessions against today's stateless 1-token requests, at
+equal concurrency: for each N in --sessions, `layerctl bench --sessions N
+--prefill P --steps S` (N sessions, a prefill of P tokens each, then S
+one-token steps) and `layerctl bench --tokens 1 --concurrency N` (stateless,
+every request on its own), on one layerserve. One line per run (also in
+OUT_DIR/session_summary.txt) with decode tokens/s and step latency, and the
+KV cache memory a session holds (from the start-up line's bytes per token).
+
+  python3 bench/server/session_matrix.py BIN_DIR OUT_DIR [layerserve args...]
+      [--sessions 1,16,64,256] [--prefill 512] [--steps 256]
+
+Env LOAD_CLIENT_ARGS adds layerctl bench flags to every run (e.g.
+"--connections=8"); LOAD_DURATION_S (5) is the stateless runs' length.
+scripts/gpu-run.sh's bench-sessions stage runs it.
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
+from layerserve_process import LayerserveProcess, ServerStartError  # noqa: E402
+
+
+def run_bench(bin_dir, server, out, name, flags):
+    report = out / f"{name}.json"
+    with open(out / f"{name}.txt", "w") as log:
+        bench = subprocess.run(
+            [bin_dir / "layerctl", "bench", f"--url={server.grpc_url}", f"--model={server.model}",
+             f"--json={report}", *flags, *os.environ.get("LOAD_CLIENT_ARGS", "").split()],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    if bench.returncode != 0:
+        print(f"session_matrix.py: {name}: layerctl bench exited with {bench.returncode} "
+              f"(see {out / f'{name}.txt'})", file=sys.stderr)
+        return None
+    return json.loads(report.read_text())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("bin_dir")
+    parser.add_argument("out_dir")
+    parser.add_argument("--sessions", default="1,16,64,256")
+    parser.add_argument("--prefill", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=256)
+    args, server_args = parser.parse_known_args()
+    bin_dir, out = Path(args.bin_dir), Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = out / "session_summary.txt"
+    summary.write_text("")
+
+    def emit(line):
+        print(line, flush=True)
+        with open(summary, "a") as f:
+            f.write(line + "\n")
+
+    try:
+        server = LayerserveProcess(bin_dir / "layerserve", server_args, out / "server.log",
+                                   ready_timeout_s=180)
+    except ServerStartError as e:
+        sys.exit(f"session_matrix.py: {e}")
+    with server:
+        match = re.search(r"\((\d+) bytes per token", server.log_text())
+        per_token = int(match.group(1)) if match else 0
+        session_tokens = args.prefill + args.steps
+        emit(f"KV cache: {per_token} bytes per token; a session of {session_tokens} tokens holds "
+             f"{per_token * session_tokens / 2**20:.1f} MiB (plus up to one partly filled block)")
+        for n in (int(x) for x in args.sessions.split(",")):
+            r = run_bench(bin_dir, server, out, f"sessions_{n}",
+                          [f"--sessions={n}", f"--prefill={args.prefill}",
+                           f"--steps={args.steps}", "--no-progress"])
+            if r:
+                lat = r["step_latency_ms"]
+                emit(f"sessions={n:<4} decode {r['decode_tokens_per_second']:10.1f} tok/s  step ms "
+                     f"p50 {lat['p50']:7.2f} p90 {lat['p90']:7.2f} p99 {lat['p99']:7.2f}  prefill "
+                     f"p50 {r['prefill_latency_ms']['p50']:8.2f} ms  failed "
+                     f"{r['sessions_failed']}")
+            s = run_bench(bin_dir, server, out, f"stateless_{n}",
+                          ["--tokens=1", f"--concurrency={n}",
+                           f"--duration-s={os.environ.get('LOAD_DURATION_S', '5')}",
+                           "--warmup-s=1", "--no-progress"])
+            if s:
+                lat = s["latency_ms"]
+                emit(f"stateless={n:<3} 1-token {s['tokens_per_second']:10.1f} tok/s  latency ms "
+                     f"p50 {lat['p50']:7.2f} p90 {lat['p90']:7.2f} p99 {lat['p99']:7.2f}  failed "
+                     f"{s['requests_failed']}")
+        try:
+            (out / "metrics.txt").write_text(server.scrape()[2])
+        except OSError as e:
+            print(f"session_matrix.py: /metrics: {e}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
