@@ -11,7 +11,6 @@
 #include <cstdint>
 
 #include "kernels/common/dtype.cuh"
-#include "kernels/common/reduce.cuh"
 #include "layerserve/kernels/paged_attention.h"
 
 namespace layerserve::kernels::paged {
@@ -68,15 +67,23 @@ __global__ void __launch_bounds__(kAppendThreads) KvAppendKernel(const KvAppendP
   }
 }
 
+// Keys a warp loads before it uses any: their K and V loads are independent,
+// so kKeyGroup of them are in flight at once instead of one. A decode query
+// over a long cache is bound by the latency of those loads, not by their
+// bytes (one warp per query and head keeps few loads in flight per SM): one
+// key at a time cost ~0.5 ms per layer for a 768-token session on the H100.
+constexpr int kKeyGroup = 8;
+
 // Grid (tokens, ceil(num_heads / kAttentionWarps)): warp w of CTA (t, y)
 // computes query head y * kAttentionWarps + w of packed token t. Each lane
 // holds kHeadDim / 32 consecutive dimensions of q, of every key and value row
 // it reads, and of the output.
 //
-// Per visible key j, in order: the score s_j = (q . k_j) * scale, summed
-// across the warp; then the online softmax keeps the running maximum m, the
-// running sum l = sum_j exp(s_j - m) and acc = sum_j exp(s_j - m) v_j, both
-// rescaled by exp(m_old - m_new) whenever the maximum grows. The first key
+// Keys are visited in order, kKeyGroup at a time: the scores
+// s_j = (q . k_j) * scale of the group (each summed across the warp), then
+// the online softmax keeps the running maximum m, the running sum
+// l = sum_j exp(s_j - m) and acc = sum_j exp(s_j - m) v_j, both rescaled by
+// exp(m_old - m_new) when a group raises the maximum. The first group
 // rescales from m = -inf, a factor of 0 on the zero-initialised sums. Every
 // query sees at least itself, so l >= 1 at the end and out = acc / l.
 template <typename T, int kHeadDim>
@@ -96,41 +103,69 @@ __global__ void __launch_bounds__(kAttentionWarps * 32) PagedAttentionKernel(con
   const int kv_head = head / (p.num_heads / p.num_kv_heads);
   const int64_t kv_width = int64_t{p.num_kv_heads} * kHeadDim;
   const int64_t column = int64_t{kv_head} * kHeadDim + lane * kPerLane;  // of this lane, in a K or V row
-
   float q[kPerLane];
   const V q_vec = *reinterpret_cast<const V*>(static_cast<const T*>(p.q) + token * p.q_row_stride +
                                               int64_t{head} * kHeadDim + lane * kPerLane);
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) q[e] = ToFloat(q_vec.v[e]);
-
   float m = -INFINITY, l = 0.f, acc[kPerLane] = {};
-  for (int j = lo; j <= q_pos; ++j) {
-    const T* k_row;
-    const T* v_row;
-    if (j < start) {  // an earlier step's key, in the cache
-      const int64_t row = KvRow(table, p.cache.block_tokens, j);
-      k_row = static_cast<const T*>(p.cache.k) + row * kv_width;
-      v_row = static_cast<const T*>(p.cache.v) + row * kv_width;
-    } else {  // one of this step's keys, in the activation
-      const int64_t row = first_row + (j - start);
-      k_row = static_cast<const T*>(p.k) + row * p.k_row_stride;
-      v_row = static_cast<const T*>(p.v) + row * p.v_row_stride;
+  for (int j0 = lo; j0 <= q_pos; j0 += kKeyGroup) {
+    const int n = min(kKeyGroup, q_pos - j0 + 1);  // keys of this group the query sees
+    V k_vec[kKeyGroup], v_vec[kKeyGroup];
+#pragma unroll
+    for (int g = 0; g < kKeyGroup; ++g) {
+      if (g >= n) continue;  // not break: a fully unrolled loop keeps the arrays in registers
+      const int j = j0 + g;
+      const T* k_row;
+      const T* v_row;
+      if (j < start) {  // an earlier step's key, in the cache
+        const int64_t row = KvRow(table, p.cache.block_tokens, j);
+        k_row = static_cast<const T*>(p.cache.k) + row * kv_width;
+        v_row = static_cast<const T*>(p.cache.v) + row * kv_width;
+      } else {  // one of this step's keys, in the activation
+        const int64_t row = first_row + (j - start);
+        k_row = static_cast<const T*>(p.k) + row * p.k_row_stride;
+        v_row = static_cast<const T*>(p.v) + row * p.v_row_stride;
+      }
+      k_vec[g] = *reinterpret_cast<const V*>(k_row + column);
+      v_vec[g] = *reinterpret_cast<const V*>(v_row + column);
     }
-    const V k_vec = *reinterpret_cast<const V*>(k_row + column);
-    const V v_vec = *reinterpret_cast<const V*>(v_row + column);
-    float dot = 0.f;
+    // The group's partial dot products, summed across the warp together so
+    // that the shuffles of different keys overlap.
+    float score[kKeyGroup];
 #pragma unroll
-    for (int e = 0; e < kPerLane; ++e) dot += q[e] * ToFloat(k_vec.v[e]);
-    const float score = WarpReduceSum(dot) * p.softmax_scale;
-    const float m_new = fmaxf(m, score);
+    for (int g = 0; g < kKeyGroup; ++g) {
+      score[g] = 0.f;
+      if (g < n) {
+#pragma unroll
+        for (int e = 0; e < kPerLane; ++e) score[g] += q[e] * ToFloat(k_vec[g].v[e]);
+      }
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+#pragma unroll
+      for (int g = 0; g < kKeyGroup; ++g) score[g] += __shfl_xor_sync(0xffffffffu, score[g], offset);
+    }
+    float m_new = m;
+#pragma unroll
+    for (int g = 0; g < kKeyGroup; ++g) {
+      score[g] *= p.softmax_scale;
+      if (g < n) m_new = fmaxf(m_new, score[g]);
+    }
     const float rescale = expf(m - m_new);
-    const float weight = expf(score - m_new);
-    l = l * rescale + weight;
+    l *= rescale;
 #pragma unroll
-    for (int e = 0; e < kPerLane; ++e) acc[e] = acc[e] * rescale + weight * ToFloat(v_vec.v[e]);
+    for (int e = 0; e < kPerLane; ++e) acc[e] *= rescale;
+#pragma unroll
+    for (int g = 0; g < kKeyGroup; ++g) {
+      if (g >= n) continue;
+      const float weight = expf(score[g] - m_new);
+      l += weight;
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) acc[e] += weight * ToFloat(v_vec[g].v[e]);
+    }
     m = m_new;
   }
-
   V out;
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) out.v[e] = FromFloat<T>(acc[e] / l);

@@ -20,10 +20,11 @@
 // keys 5 and 6 from the step's own qkv rows.
 //
 // This is the first, correctness-first version: one warp per (query token,
-// query head) walks that query's keys one at a time (a dot product reduced
-// across the warp, then an online-softmax update), so a query at position P
-// costs P + 1 dependent key steps, and a prefill of T tokens T^2 / 2 of them
-// per head; nothing is shared between the query heads of a KV head. Decode
+// query head) walks that query's keys in order, eight at a time (their loads
+// in flight together, the dot products reduced across the warp, then one
+// online-softmax update per group), so a query at position P costs
+// (P + 1) / 8 dependent steps, and a prefill of T tokens T^2 / 16 of them per
+// head; nothing is shared between the query heads of a KV head. Decode
 // batches (many sequences, one query each) want split-K over the keys and
 // tiles shared by a KV head's queries: the decode work replaces this kernel.
 //
