@@ -32,7 +32,7 @@ RUN apt-get update \
       g++ cmake ninja-build pkg-config \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
       libabsl-dev prometheus-cpp-dev libopenblas-dev nlohmann-json3-dev libcpp-httplib-dev \
-      libcli11-dev \
+      libcli11-dev libssl-dev \
  && rm -rf /var/lib/apt/lists/*
 # 90a: the H100's sm_90a, which the persistent GEMM kernels need.
 ARG CUDA_ARCHITECTURES=90a

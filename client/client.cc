@@ -3,7 +3,11 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <cstring>
+#include <fstream>
 #include <utility>
 
 #include "absl/strings/cord.h"
@@ -13,16 +17,60 @@
 namespace layerserve::client {
 namespace {
 
-void SetDeadline(grpc::ClientContext& context, absl::Time deadline) {
-  // Converting InfiniteFuture to a chrono time point would overflow; no
-  // deadline is gRPC's default anyway.
-  if (deadline != absl::InfiniteFuture()) context.set_deadline(absl::ToChronoTime(deadline));
-}
-
 // The payload that marks a status as a call's outcome; its value is unused.
 constexpr char kCallStatusPayload[] = "layerserve.client/call";
 
+// Files named by a flag: a PEM bundle or a token is kilobytes; a larger file
+// is a wrong path.
+constexpr size_t kMaxCredentialFileBytes = size_t{4} << 20;
+
+absl::StatusOr<std::string> ReadCredentialFile(const std::string& path, std::string_view flag) {
+  const auto bad = [&](std::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(absl::string_view(flag.data(), flag.size()), "=",
+                                                   path, " ",
+                                                   absl::string_view(why.data(), why.size())));
+  };
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return bad(absl::StrCat("cannot be read: ", std::strerror(errno)));
+  std::string text(kMaxCredentialFileBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) return bad("cannot be read");
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxCredentialFileBytes) return bad("is larger than 4 MiB");
+  return text;
+}
+
+// One word of printable ASCII: what a metadata value may carry, without the
+// space that would make "Bearer a b" ambiguous.
+bool IsTokenText(std::string_view token) {
+  return !token.empty() &&
+         std::all_of(token.begin(), token.end(), [](char c) { return c >= 0x21 && c <= 0x7e; });
+}
+
 }  // namespace
+
+absl::StatusOr<std::string> ReadPemFile(const std::string& path, std::string_view flag) {
+  absl::StatusOr<std::string> text = ReadCredentialFile(path, flag);
+  if (text.ok() && text->find("-----BEGIN") == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(absl::string_view(flag.data(), flag.size()), "=", path, " is not PEM"));
+  }
+  return text;
+}
+
+absl::StatusOr<std::string> ReadAuthTokenFile(const std::string& path, std::string_view flag) {
+  absl::StatusOr<std::string> token = ReadCredentialFile(path, flag);
+  if (!token.ok()) return token.status();
+  token->erase(token->find_last_not_of(" \t\r\n\f\v") + 1);  // npos + 1 == 0: all blank
+  if (!IsTokenText(*token)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        absl::string_view(flag.data(), flag.size()), "=", path,
+        token->empty() ? " is empty: it must hold the token"
+                       : " holds a space, a control byte or non-ASCII: a token is one word of "
+                         "printable ASCII"));
+  }
+  return token;
+}
 
 bool IsNoSequence(const SequenceId& id) {
   if (const int64_t* integer = std::get_if<int64_t>(&id)) return *integer == 0;
@@ -42,23 +90,57 @@ bool IsCallStatus(const absl::Status& status) {
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,
                                                         bool dedicated_connection) {
+  return Connect(target, ConnectOptions{.dedicated_connection = dedicated_connection});
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,
+                                                        const ConnectOptions& options) {
   if (target.empty()) return absl::InvalidArgumentError("empty server address");
+  if (!options.auth_token.empty() && !IsTokenText(options.auth_token)) {
+    return absl::InvalidArgumentError(
+        "the auth token holds a space, a control byte or non-ASCII: a token is one word of "
+        "printable ASCII");
+  }
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (options.tls) {
+    if (options.tls->cert_chain_pem.empty() != options.tls->private_key_pem.empty()) {
+      return absl::InvalidArgumentError(
+          "a client certificate needs its private key, and a key its certificate");
+    }
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls->root_certs_pem;
+    ssl.pem_cert_chain = options.tls->cert_chain_pem;
+    ssl.pem_private_key = options.tls->private_key_pem;
+    credentials = grpc::SslCredentials(ssl);
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(INT32_MAX);
   args.SetMaxSendMessageSize(INT32_MAX);
-  if (dedicated_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (options.dedicated_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(target, credentials, args);
   if (channel == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("cannot create a channel to ", target));
   }
-  return std::unique_ptr<Client>(new Client(std::move(channel)));
+  return std::unique_ptr<Client>(new Client(
+      std::move(channel),
+      options.auth_token.empty() ? std::string() : absl::StrCat("Bearer ", options.auth_token)));
 }
 
-Client::Client(std::shared_ptr<grpc::Channel> channel)
-    : channel_(std::move(channel)),
+Client::Client(std::shared_ptr<grpc::Channel> channel, std::string authorization)
+    : authorization_(std::move(authorization)),
+      channel_(std::move(channel)),
       inference_(inference::GRPCInferenceService::NewStub(channel_)),
       health_(grpc::health::v1::Health::NewStub(channel_)) {}
+
+void Client::PrepareContext(grpc::ClientContext& context, absl::Time deadline) const {
+  // Converting InfiniteFuture to a chrono time point would overflow; no
+  // deadline is gRPC's default anyway.
+  if (deadline != absl::InfiniteFuture()) context.set_deadline(absl::ToChronoTime(deadline));
+  // Per-call metadata rather than gRPC call credentials, which gRPC sends
+  // only over TLS: a token must also reach a server behind a proxy that
+  // terminates TLS.
+  if (!authorization_.empty()) context.AddMetadata("authorization", authorization_);
+}
 
 Client::~Client() {
   // The channel and stubs must outlive every call's gRPC state; a completion
@@ -70,7 +152,7 @@ Client::~Client() {
 
 absl::StatusOr<bool> Client::Live(absl::Time deadline) {
   grpc::ClientContext context;
-  SetDeadline(context, deadline);
+  PrepareContext(context, deadline);
   inference::ServerLiveRequest request;
   inference::ServerLiveResponse response;
   absl::Status status = FromGrpcStatus(inference_->ServerLive(&context, request, &response));
@@ -80,7 +162,7 @@ absl::StatusOr<bool> Client::Live(absl::Time deadline) {
 
 absl::StatusOr<bool> Client::Ready(absl::Time deadline) {
   grpc::ClientContext context;
-  SetDeadline(context, deadline);
+  PrepareContext(context, deadline);
   inference::ServerReadyRequest request;
   inference::ServerReadyResponse response;
   absl::Status status = FromGrpcStatus(inference_->ServerReady(&context, request, &response));
@@ -90,7 +172,7 @@ absl::StatusOr<bool> Client::Ready(absl::Time deadline) {
 
 absl::StatusOr<bool> Client::ModelReady(std::string_view model, absl::Time deadline) {
   grpc::ClientContext context;
-  SetDeadline(context, deadline);
+  PrepareContext(context, deadline);
   inference::ModelReadyRequest request;
   request.set_name(std::string(model));
   inference::ModelReadyResponse response;
@@ -102,7 +184,7 @@ absl::StatusOr<bool> Client::ModelReady(std::string_view model, absl::Time deadl
 absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Client::Health(
     absl::Time deadline) {
   grpc::ClientContext context;
-  SetDeadline(context, deadline);
+  PrepareContext(context, deadline);
   grpc::health::v1::HealthCheckRequest request;
   grpc::health::v1::HealthCheckResponse response;
   absl::Status status = FromGrpcStatus(health_->Check(&context, request, &response));
@@ -112,7 +194,7 @@ absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Client::Hea
 
 absl::StatusOr<inference::ServerMetadataResponse> Client::ServerMetadata(absl::Time deadline) {
   grpc::ClientContext context;
-  SetDeadline(context, deadline);
+  PrepareContext(context, deadline);
   inference::ServerMetadataRequest request;
   inference::ServerMetadataResponse response;
   absl::Status status = FromGrpcStatus(inference_->ServerMetadata(&context, request, &response));
@@ -123,7 +205,7 @@ absl::StatusOr<inference::ServerMetadataResponse> Client::ServerMetadata(absl::T
 absl::StatusOr<inference::ModelMetadataResponse> Client::ModelMetadata(std::string_view model,
                                                                        absl::Time deadline) {
   grpc::ClientContext context;
-  SetDeadline(context, deadline);
+  PrepareContext(context, deadline);
   inference::ModelMetadataRequest request;
   request.set_name(std::string(model));
   inference::ModelMetadataResponse response;
@@ -189,7 +271,7 @@ absl::StatusOr<Tensor> Client::OutputFromResponse(const inference::ModelInferRes
 absl::StatusOr<inference::ModelInferResponse> Client::InferRaw(
     const inference::ModelInferRequest& request, absl::Time deadline) {
   grpc::ClientContext context;
-  SetDeadline(context, deadline);
+  PrepareContext(context, deadline);
   inference::ModelInferResponse response;
   absl::Status status = FromGrpcStatus(inference_->ModelInfer(&context, request, &response));
   if (!status.ok()) return status;
@@ -220,7 +302,7 @@ void Client::AsyncInfer(std::string_view model, const Tensor& input, absl::Time 
     InferCallback done;
   };
   auto call = std::make_unique<Call>();
-  SetDeadline(call->context, deadline);
+  PrepareContext(call->context, deadline);
   call->request = MakeInferRequest(model, input, options);
   call->done = std::move(done);
   {

@@ -10,6 +10,11 @@
 // Message size: the channel accepts and sends messages up to INT32_MAX bytes,
 // as tritonclient does, so large [B, T, hidden] tensors are not cut off by
 // gRPC's 4 MiB default.
+//
+// Security (README.md: Security): ConnectOptions turn on TLS (a server
+// started with --tls-cert-file), a client certificate (mutual TLS,
+// --tls-client-ca-file) and a bearer token sent with every call
+// (--auth-token-file).
 #pragma once
 
 #include <cstdint>
@@ -59,6 +64,43 @@ struct InferOptions {
   std::optional<int64_t> sequence_position;
 };
 
+// TLS for a connection (ConnectOptions::tls). PEM text, as gRPC takes it.
+struct TlsOptions {
+  // The CA certificates the server's certificate must chain to; empty:
+  // gRPC's default roots (the system's bundle).
+  std::string root_certs_pem;
+  // Mutual TLS: the client's certificate chain and its unencrypted private
+  // key, both or neither.
+  std::string cert_chain_pem;
+  std::string private_key_pem;
+};
+
+struct ConnectOptions {
+  // gRPC shares one TCP connection between channels to the same target;
+  // true gives this client its own (as separate client processes would
+  // have), which load generators use to spread their streams over several
+  // connections.
+  bool dedicated_connection = false;
+  // Set: TLS (the server's certificate must match the target's host name or
+  // address); unset: plaintext.
+  std::optional<TlsOptions> tls;
+  // Not empty: every call carries the metadata "authorization: Bearer
+  // <auth_token>" (on a plaintext channel too, for a server behind a
+  // TLS-terminating proxy; anyone on the path can read it then). One word of
+  // printable ASCII.
+  std::string auth_token;
+};
+
+// The contents of a PEM file for TlsOptions; INVALID_ARGUMENT naming `flag`
+// and the file if it cannot be read or holds no "-----BEGIN".
+absl::StatusOr<std::string> ReadPemFile(const std::string& path, std::string_view flag);
+
+// The token a token file holds, without trailing whitespace (a final
+// newline); INVALID_ARGUMENT naming `flag` and the file (never its contents)
+// if it cannot be read, is empty, or is not one word of printable ASCII.
+// The same rules as the server's --auth-token-file.
+absl::StatusOr<std::string> ReadAuthTokenFile(const std::string& path, std::string_view flag);
+
 // grpc::Status -> absl::Status (the numeric codes are the same), marked as
 // the outcome of a call (see IsCallStatus).
 absl::Status FromGrpcStatus(const grpc::Status& status);
@@ -72,11 +114,13 @@ bool IsCallStatus(const absl::Status& status);
 class Client {
  public:
   // `target` is a gRPC target such as "localhost:8001" or "dns:///host:8001".
-  // Connection is lazy: an unreachable server shows up as UNAVAILABLE on the
-  // first call, not here. gRPC shares one TCP connection between channels to
-  // the same target; `dedicated_connection` gives this client its own (as
-  // separate client processes would have), which load generators use to
-  // spread their streams over several connections.
+  // Connection is lazy: an unreachable server (or a TLS handshake that
+  // fails: a plaintext server, a certificate no root signed, a client
+  // certificate the server wants and does not get) shows up as UNAVAILABLE
+  // on the first call, not here. INVALID_ARGUMENT for options that cannot
+  // work (half a client certificate, a token with a space).
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target,
+                                                         const ConnectOptions& options);
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target,
                                                          bool dedicated_connection = false);
 
@@ -130,9 +174,13 @@ class Client {
     int calls ABSL_GUARDED_BY(mu) = 0;
   };
 
-  explicit Client(std::shared_ptr<grpc::Channel> channel);
+  Client(std::shared_ptr<grpc::Channel> channel, std::string authorization);
+
+  // Sets the call's deadline and, with a token, its authorization metadata.
+  void PrepareContext(grpc::ClientContext& context, absl::Time deadline) const;
 
   const std::shared_ptr<Inflight> inflight_ = std::make_shared<Inflight>();
+  const std::string authorization_;  // "Bearer <token>", or empty
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<inference::GRPCInferenceService::Stub> inference_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;

@@ -43,9 +43,18 @@ absl::Time Deadline(const LayerctlArgs& args) {
   return absl::Now() + absl::Seconds(args.timeout_seconds);
 }
 
+// A client of args.url with the connection's security flags applied.
+absl::StatusOr<std::unique_ptr<Client>> Connect(const LayerctlArgs& args,
+                                                bool dedicated_connection = false) {
+  absl::StatusOr<ConnectOptions> options = ConnectOptionsFromArgs(args);
+  if (!options.ok()) return options.status();
+  options->dedicated_connection = dedicated_connection;
+  return Client::Connect(args.url, *options);
+}
+
 int Health(const LayerctlArgs& args) {
   const absl::Time deadline = Deadline(args);
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(args.url);
+  absl::StatusOr<std::unique_ptr<Client>> client = Connect(args);
   if (!client.ok()) return Fail(client.status());
   auto status = (*client)->Health(deadline);
   if (!status.ok()) {
@@ -62,7 +71,7 @@ std::string FormatShape(const google::protobuf::RepeatedField<int64_t>& shape) {
 
 int Metadata(const LayerctlArgs& args) {
   const absl::Time deadline = Deadline(args);
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(args.url);
+  absl::StatusOr<std::unique_ptr<Client>> client = Connect(args);
   if (!client.ok()) return Fail(client.status());
   auto server = (*client)->ServerMetadata(deadline);
   if (!server.ok()) return Fail(server.status());
@@ -93,7 +102,7 @@ int Infer(const LayerctlArgs& args) {
   if (!array.ok()) return Fail(array.status());
   absl::StatusOr<Tensor> input = NpyToTensor(*array, args.datatype);
   if (!input.ok()) return Fail(input.status());
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(args.url);
+  absl::StatusOr<std::unique_ptr<Client>> client = Connect(args);
   if (!client.ok()) return Fail(client.status());
   const absl::Time start = absl::Now();
   absl::StatusOr<Tensor> output =
@@ -115,7 +124,7 @@ int Bench(const LayerctlArgs& args) {
   std::vector<Client*> client_pointers;
   for (int i = 0; i < args.connections; ++i) {
     absl::StatusOr<std::unique_ptr<Client>> client =
-        Client::Connect(args.url, /*dedicated_connection=*/args.connections > 1);
+        Connect(args, /*dedicated_connection=*/args.connections > 1);
     if (!client.ok()) return Fail(client.status());
     client_pointers.push_back(client->get());
     clients.push_back(*std::move(client));

@@ -67,8 +67,32 @@ ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv)
   app.require_subcommand(1);
   app.footer("Exit status: 0 success, 1 failure, 2 usage error.");
 
+  // The connection's flags, on every command.
   const auto add_url = [&args](CLI::App* command) {
     command->add_option("--url", args.url, "server address, host:port");
+    const std::string security = "Connection security";
+    command->add_flag("--tls", args.tls, "use TLS (implied by --tls-ca-file and --tls-cert-file)")
+        ->group(security);
+    command
+        ->add_option("--tls-ca-file", args.tls_ca_file,
+                     "PEM CA certificates the server's certificate must chain to (default: the "
+                     "system's)")
+        ->group(security);
+    CLI::Option* cert =
+        command
+            ->add_option("--tls-cert-file", args.tls_cert_file,
+                         "PEM client certificate, for a server that requires one (mutual TLS)")
+            ->group(security);
+    CLI::Option* key =
+        command->add_option("--tls-key-file", args.tls_key_file, "PEM key of --tls-cert-file")
+            ->group(security);
+    cert->needs(key);
+    key->needs(cert);
+    command
+        ->add_option("--auth-token-file", args.auth_token_file,
+                     "file holding the bearer token the server wants (sent as 'authorization: "
+                     "Bearer <token>')")
+        ->group(security);
   };
   const auto add_number = [](CLI::App* command, const std::string& name, auto& value,
                              const std::string& description) {
@@ -263,6 +287,33 @@ ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv)
   }
   parsed.args = std::move(args);
   return parsed;
+}
+
+absl::StatusOr<ConnectOptions> ConnectOptionsFromArgs(const LayerctlArgs& args) {
+  ConnectOptions options;
+  if (args.tls || !args.tls_ca_file.empty() || !args.tls_cert_file.empty()) {
+    TlsOptions& tls = options.tls.emplace();
+    if (!args.tls_ca_file.empty()) {
+      absl::StatusOr<std::string> pem = ReadPemFile(args.tls_ca_file, "--tls-ca-file");
+      if (!pem.ok()) return pem.status();
+      tls.root_certs_pem = *std::move(pem);
+    }
+    if (!args.tls_cert_file.empty()) {
+      absl::StatusOr<std::string> cert = ReadPemFile(args.tls_cert_file, "--tls-cert-file");
+      if (!cert.ok()) return cert.status();
+      absl::StatusOr<std::string> key = ReadPemFile(args.tls_key_file, "--tls-key-file");
+      if (!key.ok()) return key.status();
+      tls.cert_chain_pem = *std::move(cert);
+      tls.private_key_pem = *std::move(key);
+    }
+  }
+  if (!args.auth_token_file.empty()) {
+    absl::StatusOr<std::string> token =
+        ReadAuthTokenFile(args.auth_token_file, "--auth-token-file");
+    if (!token.ok()) return token.status();
+    options.auth_token = *std::move(token);
+  }
+  return options;
 }
 
 int ExitStatusFor(const absl::Status& status) {

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "client/bench.h"
+#include "client/client.h"
 
 namespace layerserve::client {
 
@@ -25,6 +27,15 @@ enum class Command { kHealth, kMetadata, kInfer, kBench };
 struct LayerctlArgs {
   Command command = Command::kHealth;
   std::string url = "localhost:8001";
+  // Every command's connection (README.md: Security): TLS when `tls` or any
+  // --tls-* file is given, with the server's CAs (empty: the system's roots)
+  // and a client certificate and key for mutual TLS; a bearer token read
+  // from a file (a token on the command line would show in `ps`).
+  bool tls = false;
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string auth_token_file;
   // The call's deadline; the default depends on the command (health 5,
   // metadata 10, infer 60). bench keeps its per-request one in
   // bench.timeout_seconds.
@@ -65,6 +76,11 @@ struct ParsedCommandLine {
 // tritonclient started with sequence_id=42, and "chat-7" one started with
 // sequence_id="chat-7"; a string id made of digits cannot be given.
 SequenceId ParseSequenceIdFlag(const std::string& value);
+
+// The connection options the security flags of `args` ask for, with the
+// files they name read: INVALID_ARGUMENT naming the flag for a file that
+// cannot be read or is not what the flag wants.
+absl::StatusOr<ConnectOptions> ConnectOptionsFromArgs(const LayerctlArgs& args);
 
 // Parses `argv` (argv[0] is the program's name, as main() gets it).
 ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv);

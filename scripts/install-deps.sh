@@ -17,6 +17,8 @@ DEBS=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libcpp-httplib-dev nlohmann-json3-dev libopenblas-dev libcli11-dev
   libgtest-dev libgmock-dev
+  libssl-dev  # OpenSSL headers: the TLS file checks and the HTTPS /metrics endpoint
+  openssl     # the command the TLS tests make their throwaway certificates with
   clang-format  # the format check of scripts/test.sh (.clang-format)
   python3 python3-pip
   libb64-0d  # perf_analyzer's one non-bundled system library

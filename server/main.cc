@@ -43,6 +43,7 @@
 #include "server/metrics/prometheus_metrics.h"
 #include "server/model/model.h"
 #include "server_flags.h"
+#include "server_security.h"
 #ifdef LAYERSERVE_WITH_CUDA
 #include "server/cuda/cuda_backend.h"
 #endif
@@ -281,6 +282,8 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   if (absl::Status s = CheckFlags(flags); !s.ok()) return Fail(s);
   absl::StatusOr<std::string> backend_name = ChooseBackend(flags.backend);
   if (!backend_name.ok()) return Fail(backend_name.status());
+  absl::StatusOr<ServerSecurity> security = LoadServerSecurity(flags);
+  if (!security.ok()) return Fail(security.status());
 
   const std::string model_dir = flags.model_dir;
   std::string model_name = flags.model_name;
@@ -300,8 +303,9 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   if (!grpc_port.ok()) return Fail(grpc_port.status());
   PrometheusMetrics metrics(model_name);
   absl::StatusOr<std::unique_ptr<MetricsHttpServer>> metrics_server =
-      MetricsHttpServer::Start(host, flags.metrics_port, &metrics);
+      MetricsHttpServer::Start(host, flags.metrics_port, &metrics, security->metrics);
   if (!metrics_server.ok()) return Fail(metrics_server.status());
+  Log(security->Summary());
 
   Log(absl::StrCat("version ", kVersion, "; loading ",
                    model_dir.empty() ? std::string("the built-in demo model") : model_dir,
@@ -429,6 +433,9 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   grpc_options.server_version = kVersion;
   grpc_options.max_connection_age_s = flags.grpc_max_connection_age_s;
   grpc_options.max_connection_age_grace_s = flags.drain_timeout_s;
+  grpc_options.tls = security->grpc_tls;
+  grpc_options.auth_token = security->auth_token;
+  grpc_options.auth_open = security->auth_open;
   absl::StatusOr<std::unique_ptr<GrpcFrontend>> frontend =
       GrpcFrontend::Start(grpc_options, served, &batcher, backend->get(), &observers, &stats);
   if (!frontend.ok()) return Fail(frontend.status());

@@ -159,6 +159,36 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
                  "--gemm=auto: pin choices, M:NxK=CONFIG[,...] with CONFIG one of v0 "
                  "(cuBLASLt), v3, v3b128, v3b256, v4, v4s1..v4s8, v5; e.g. 16:6144x4096=v0")
       ->group(cuda);
+
+  const std::string security = "Security (README.md: Security)";
+  CLI::Option* tls_cert =
+      app.add_option(FlagNames("tls-cert-file"), flags.tls_cert_file,
+                     "PEM certificate chain: the gRPC port speaks TLS only (with --tls-key-file)")
+          ->group(security);
+  CLI::Option* tls_key = app.add_option(FlagNames("tls-key-file"), flags.tls_key_file,
+                                        "PEM private key (unencrypted) of --tls-cert-file")
+                             ->group(security);
+  app.add_option(FlagNames("tls-client-ca-file"), flags.tls_client_ca_file,
+                 "PEM CA certificates: every connection must present a client certificate they "
+                 "signed (mutual TLS)")
+      ->group(security)
+      ->needs(tls_cert);
+  tls_cert->needs(tls_key);
+  tls_key->needs(tls_cert);
+  app.add_flag(FlagNames("metrics-tls", /*boolean=*/true), flags.metrics_tls,
+               "serve /metrics over HTTPS with --tls-cert-file's certificate (and "
+               "--tls-client-ca-file's CAs)")
+      ->group(security);
+  CLI::Option* token =
+      app.add_option(FlagNames("auth-token-file"), flags.auth_token_file,
+                     "file holding a bearer token that every call needs ('authorization: Bearer "
+                     "<token>'), except what --auth-open names; others are UNAUTHENTICATED")
+          ->group(security);
+  app.add_option(FlagNames("auth-open"), flags.auth_open,
+                 "with --auth-token-file, what stays open without the token: health, live, "
+                 "ready, metadata, statistics, metrics (comma-separated), or none")
+      ->group(security)
+      ->needs(token);
 }
 
 // Parses the command line into `flags`. Returns the exit status when the

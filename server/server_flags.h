@@ -46,6 +46,13 @@ struct ServerFlags {
   bool gemm_autotune = true;
   std::string gemm_tune_cache;
   std::string gemm_override;
+  // Security (README: Security); server_security.h loads and checks them.
+  std::string tls_cert_file;       // set: the gRPC port speaks TLS only
+  std::string tls_key_file;        // its key
+  std::string tls_client_ca_file;  // set: mutual TLS
+  bool metrics_tls = false;        // /metrics over HTTPS with the same certificate
+  std::string auth_token_file;     // set: calls need the bearer token it holds
+  std::string auth_open = "health,live,ready,metrics";  // open without the token
 };
 
 // Fills `flags` from the command line. nullopt: serve; otherwise the exit

@@ -1,5 +1,5 @@
-// The gRPC server, its health service and its life cycle (see
-// grpc_frontend.h).
+// The gRPC server, its health service, its credentials (TLS, bearer token)
+// and its life cycle (see grpc_frontend.h).
 #include "server/grpc/grpc_frontend.h"
 
 #include <netdb.h>
@@ -25,6 +25,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/server_interceptor.h"
+#include "server/grpc/call_auth.h"
 #include "server/grpc/infer_handler.h"
 #include "server/grpc/inference_service.h"
 #include "server/grpc/protobuf_log.h"
@@ -48,12 +49,17 @@ constexpr size_t kStreamEnvelopeBytes = 16;
 // the protocol tells clients to treat as "not supported").
 class HealthService final : public grpc::health::v1::Health::CallbackService {
  public:
-  explicit HealthService(const ServingState* state) : state_(state) {}
+  HealthService(const ServingState* state, const CallAuthenticator* auth)
+      : state_(state), auth_(auth) {}
 
   grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* context,
                                   const HealthCheckRequest* request,
                                   HealthCheckResponse* response) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    if (absl::Status refused = auth_->Check(*context, AuthRpc::kHealth); !refused.ok()) {
+      reactor->Finish(ToGrpcStatus(refused));
+      return reactor;
+    }
     if (!request->service().empty() &&
         request->service() != inference::GRPCInferenceService::service_full_name()) {
       reactor->Finish(ToGrpcStatus(absl::NotFoundError(
@@ -68,6 +74,7 @@ class HealthService final : public grpc::health::v1::Health::CallbackService {
 
  private:
   const ServingState* const state_;
+  const CallAuthenticator* const auth_;
 };
 
 // Notes the arrival of every call, of every method, in the serving state,
@@ -94,6 +101,20 @@ class CallArrivalNoter final : public grpc::experimental::ServerInterceptorFacto
 // those; a call that crosses it is still cancelled).
 constexpr absl::Duration kQuietPeriod = absl::Milliseconds(200);
 constexpr absl::Duration kMaxRefusalPeriod = absl::Seconds(2);
+
+// TLS on the whole port when asked for: gRPC's SSL credentials (TLS 1.2 or
+// later, ALPN h2), asking for and verifying a client certificate against
+// the client CAs when there are any (mutual TLS: a connection without one,
+// or with one no client CA signed, fails its handshake before any call).
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const std::optional<TlsMaterial>& tls) {
+  if (!tls) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl(
+      tls->client_ca_pem.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                 : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  ssl.pem_root_certs = tls->client_ca_pem;
+  ssl.pem_key_cert_pairs.push_back({tls->private_key_pem, tls->cert_chain_pem});
+  return grpc::SslServerCredentials(ssl);
+}
 
 }  // namespace
 
@@ -190,13 +211,15 @@ struct GrpcFrontend::Impl {
        Backend* backend, ServerObserver* observer, const StatsRecorder* stats)
       : model(model),
         state(backend),
+        auth(options.auth_token, options.auth_open, observer),
         infer(this->model, batcher, observer, &state,
               static_cast<size_t>(options.max_send_message_bytes) - kStreamEnvelopeBytes),
-        service(this->model, options.server_version, &state, &infer, stats),
-        health(&state) {}
+        service(this->model, options.server_version, &state, &infer, stats, &auth),
+        health(&state, &auth) {}
 
   const ServedModel model;
   ServingState state;
+  const CallAuthenticator auth;
   InferHandler infer;
   InferenceService service;
   HealthService health;
@@ -223,6 +246,8 @@ absl::StatusOr<std::unique_ptr<GrpcFrontend>> GrpcFrontend::Start(
   // Requests with invalid UTF-8 in a string field each make protobuf log a
   // line; a client must not be able to fill the log at its request rate.
   InstallRateLimitedProtobufLog();
+  // gRPC core's lines go to the server's log; those of failed TLS
+  // handshakes, which any client can cause at its connection rate, limited.
   InstallGrpcCoreLog();
 
   // IPv6 literals need brackets in a gRPC target ("[::]:8001").
@@ -230,7 +255,7 @@ absl::StatusOr<std::unique_ptr<GrpcFrontend>> GrpcFrontend::Start(
                                   ? absl::StrCat("[", resolved.host, "]:", resolved.port)
                                   : absl::StrCat(resolved.host, ":", resolved.port);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &impl->port);
+  builder.AddListeningPort(address, ServerCredentials(resolved.tls), &impl->port);
   // gRPC sets SO_REUSEPORT by default on Linux, which would let a second
   // server bind the same port and silently take half the connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

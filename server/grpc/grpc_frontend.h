@@ -11,20 +11,27 @@
 // stop sending (no call for 200 ms, at most 2 s), so that stopping gRPC finds
 // no received call to cancel; then it stops the server, which answers the
 // calls the service holds and cancels what is still open at the deadline.
+//
+// Security (README.md: Security): options.tls makes the port TLS only, and
+// mutual TLS with client CAs; options.auth_token makes every call but those
+// --auth-open names need a bearer token (call_auth.h).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/auth_token.h"
 #include "server/core/backend.h"
 #include "server/core/batcher.h"
 #include "server/core/observer.h"
 #include "server/core/stats.h"
 #include "server/grpc/served_model.h"
+#include "server/grpc/tls_files.h"
 
 namespace layerserve {
 
@@ -40,6 +47,14 @@ struct GrpcFrontendOptions {
   // clients reconnect and spread over replicas added since.
   int64_t max_connection_age_s = 0;
   int64_t max_connection_age_grace_s = 30;
+  // Set: the port speaks TLS only (with client certificates required when
+  // tls->client_ca_pem is set); unset: plaintext.
+  std::optional<TlsMaterial> tls;
+  // Not empty: calls need "authorization: Bearer <auth_token>", except the
+  // RPCs auth_open names (see call_auth.h). Refused calls are UNAUTHENTICATED
+  // and reach `observer` as calls of no model.
+  std::string auth_token;
+  OpenWithoutToken auth_open;
 };
 
 // Room for the largest legal request (and its reply, which has the same

@@ -174,20 +174,33 @@ class StreamInferReactor final
   std::deque<std::unique_ptr<Call>> pending_writes_ ABSL_GUARDED_BY(mu_);
 };
 
+// A ModelStreamInfer call refused as it opens: finished at once, nothing
+// read.
+class RefusedStreamReactor final
+    : public grpc::ServerBidiReactor<ModelInferRequest, ModelStreamInferResponse> {
+ public:
+  explicit RefusedStreamReactor(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace
 
 InferenceService::InferenceService(const ServedModel& model, std::string server_version,
                                    ServingState* state, InferHandler* infer,
-                                   const StatsRecorder* stats)
+                                   const StatsRecorder* stats, const CallAuthenticator* auth)
     : model_(model),
       server_version_(std::move(server_version)),
       state_(state),
       infer_(infer),
-      stats_(stats) {}
+      stats_(stats),
+      auth_(auth) {}
 
 grpc::ServerUnaryReactor* InferenceService::ServerLive(grpc::CallbackServerContext* context,
                                                        const inference::ServerLiveRequest*,
                                                        inference::ServerLiveResponse* response) {
+  if (absl::Status refused = auth_->Check(*context, AuthRpc::kLive); !refused.ok()) {
+    return FinishNow(context, refused);
+  }
   // Answering at all is the proof of life; draining does not change it.
   response->set_live(true);
   return FinishNow(context, absl::OkStatus());
@@ -196,6 +209,9 @@ grpc::ServerUnaryReactor* InferenceService::ServerLive(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* InferenceService::ServerReady(grpc::CallbackServerContext* context,
                                                         const inference::ServerReadyRequest*,
                                                         inference::ServerReadyResponse* response) {
+  if (absl::Status refused = auth_->Check(*context, AuthRpc::kReady); !refused.ok()) {
+    return FinishNow(context, refused);
+  }
   response->set_ready(state_->Readiness().ok());
   return FinishNow(context, absl::OkStatus());
 }
@@ -203,6 +219,9 @@ grpc::ServerUnaryReactor* InferenceService::ServerReady(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* InferenceService::ModelReady(grpc::CallbackServerContext* context,
                                                        const inference::ModelReadyRequest* request,
                                                        inference::ModelReadyResponse* response) {
+  if (absl::Status refused = auth_->Check(*context, AuthRpc::kReady); !refused.ok()) {
+    return FinishNow(context, refused);
+  }
   // As Triton does: an unknown model is "not ready", not an error, so
   // tritonclient's is_model_ready() returns False instead of raising.
   const absl::Status known = CheckModel(model_, request->name(), request->version());
@@ -213,6 +232,9 @@ grpc::ServerUnaryReactor* InferenceService::ModelReady(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
     grpc::CallbackServerContext* context, const inference::ServerMetadataRequest*,
     inference::ServerMetadataResponse* response) {
+  if (absl::Status refused = auth_->Check(*context, AuthRpc::kMetadata); !refused.ok()) {
+    return FinishNow(context, refused);
+  }
   FillServerMetadata(server_version_, response);
   return FinishNow(context, absl::OkStatus());
 }
@@ -220,6 +242,9 @@ grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
 grpc::ServerUnaryReactor* InferenceService::ModelMetadata(
     grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
     inference::ModelMetadataResponse* response) {
+  if (absl::Status refused = auth_->Check(*context, AuthRpc::kMetadata); !refused.ok()) {
+    return FinishNow(context, refused);
+  }
   const absl::Status known = CheckModel(model_, request->name(), request->version());
   if (known.ok()) FillModelMetadata(model_, response);
   return FinishNow(context, known);
@@ -228,6 +253,9 @@ grpc::ServerUnaryReactor* InferenceService::ModelMetadata(
 grpc::ServerUnaryReactor* InferenceService::ModelConfig(
     grpc::CallbackServerContext* context, const inference::ModelConfigRequest* request,
     inference::ModelConfigResponse* response) {
+  if (absl::Status refused = auth_->Check(*context, AuthRpc::kMetadata); !refused.ok()) {
+    return FinishNow(context, refused);
+  }
   const absl::Status known = CheckModel(model_, request->name(), request->version());
   if (known.ok()) FillModelConfig(model_, response->mutable_config());
   return FinishNow(context, known);
@@ -236,6 +264,9 @@ grpc::ServerUnaryReactor* InferenceService::ModelConfig(
 grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
     grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
     inference::ModelStatisticsResponse* response) {
+  if (absl::Status refused = auth_->Check(*context, AuthRpc::kStatistics); !refused.ok()) {
+    return FinishNow(context, refused);
+  }
   // An empty name asks for every model; this server has one.
   if (!request->name().empty() || !request->version().empty()) {
     const absl::Status known = CheckModel(model_, request->name(), request->version());
@@ -248,6 +279,9 @@ grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
 grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerContext* context,
                                                        const inference::ModelInferRequest* request,
                                                        inference::ModelInferResponse* response) {
+  if (absl::Status refused = auth_->Check(*context, AuthRpc::kInference); !refused.ok()) {
+    return FinishNow(context, refused);
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // gRPC keeps `request` alive until the reactor is finished, which is what
   // lets the core read the tensor in place.
@@ -258,6 +292,11 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
 
 grpc::ServerBidiReactor<ModelInferRequest, ModelStreamInferResponse>*
 InferenceService::ModelStreamInfer(grpc::CallbackServerContext* context) {
+  // Refused before the first read: no request of an unauthenticated stream
+  // is received.
+  if (absl::Status refused = auth_->Check(*context, AuthRpc::kInference); !refused.ok()) {
+    return new RefusedStreamReactor(refused);
+  }
   return new StreamInferReactor(context, infer_, state_);
 }
 

@@ -1,6 +1,8 @@
 // inference.GRPCInferenceService on gRPC's callback API: the health and
 // metadata RPCs answer inline; ModelInfer and ModelStreamInfer hand each
-// request to the InferHandler and reply from its completion.
+// request to the InferHandler and reply from its completion. Every RPC first
+// asks the CallAuthenticator (--auth-token-file), which refuses a call
+// without the token (UNAUTHENTICATED) unless --auth-open leaves it open.
 //
 // Every reaction returns without blocking: nothing here waits on compute, and
 // the only lock (a stream's write queue) guards a few pointer moves.
@@ -10,6 +12,7 @@
 
 #include "grpc_service.grpc.pb.h"
 #include "server/core/stats.h"
+#include "server/grpc/call_auth.h"
 #include "server/grpc/infer_handler.h"
 #include "server/grpc/served_model.h"
 #include "server/grpc/serving_state.h"
@@ -21,7 +24,7 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   // All pointers must outlive the service (and the gRPC server it is
   // registered with).
   InferenceService(const ServedModel& model, std::string server_version, ServingState* state,
-                   InferHandler* infer, const StatsRecorder* stats);
+                   InferHandler* infer, const StatsRecorder* stats, const CallAuthenticator* auth);
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
                                        const inference::ServerLiveRequest* request,
@@ -56,6 +59,7 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   ServingState* const state_;  // also counts open streams
   InferHandler* const infer_;
   const StatsRecorder* const stats_;
+  const CallAuthenticator* const auth_;
 };
 
 }  // namespace layerserve

@@ -1,9 +1,11 @@
-// protobuf's log, rate-limited, and gRPC core's, both through base/log.h
-// (see protobuf_log.h).
+// protobuf's log, rate-limited, and gRPC core's, with failed TLS handshakes
+// rate-limited, both through base/log.h (see protobuf_log.h).
 #include "server/grpc/protobuf_log.h"
 
 #include <grpc/support/log.h>
 
+#include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <string>
 
@@ -74,8 +76,32 @@ void RateLimitedLog(google::protobuf::LogLevel level, const char* filename, int 
   Log(ToLogLevel(level), absl::StrCat("[libprotobuf ", filename, ":", line, "] ", message));
 }
 
+// Allocated once and never destroyed: gRPC may log during exit.
+struct HandshakeLog {
+  absl::Mutex mu;
+  LogRateLimiter limiter ABSL_GUARDED_BY(mu) = LogRateLimiter(kHandshakeLogBurst,
+                                                              kHandshakeLogWindow);
+};
+
+HandshakeLog& Handshakes() {
+  static HandshakeLog* const log = new HandshakeLog;
+  return *log;
+}
+
 // gRPC core's DEBUG records (GRPC_VERBOSITY=DEBUG) are INFO ones.
 void GrpcCoreLog(gpr_log_func_args* args) {
+  if (std::strstr(args->message, "Handshake failed") != nullptr) {
+    int64_t suppressed = 0;
+    {
+      HandshakeLog& log = Handshakes();
+      absl::MutexLock lock(&log.mu);
+      if (!log.limiter.Allow(std::chrono::steady_clock::now(), &suppressed)) return;
+    }
+    if (suppressed > 0) {
+      LogWarning(absl::StrCat("[grpc] ", suppressed, " failed TLS handshakes not logged (at most ",
+                              kHandshakeLogBurst, " per ", kHandshakeLogWindow.count(), " s)"));
+    }
+  }
   const LogLevel level =
       args->severity == GPR_LOG_SEVERITY_ERROR ? LogLevel::kError : LogLevel::kInfo;
   Log(level, absl::StrCat("[grpc ", args->file, ":", args->line, "] ", args->message));

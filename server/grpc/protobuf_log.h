@@ -49,8 +49,17 @@ class LogRateLimiter {
 // Idempotent and thread-safe.
 void InstallRateLimitedProtobufLog();
 
+// With TLS on (--tls-cert-file), gRPC core logs one ERROR line for every
+// handshake that fails ("Handshake failed with fatal error ...": a plaintext
+// client, a client certificate missing or signed by no client CA), which
+// anyone who reaches the port can cause at its connection rate: those lines
+// pass kHandshakeLogBurst per kHandshakeLogWindow, the rest counted.
+inline constexpr int kHandshakeLogBurst = 5;
+inline constexpr std::chrono::seconds kHandshakeLogWindow(60);
+
 // Routes gRPC core's log (what GRPC_VERBOSITY lets through; ERROR by
-// default) to the server's log, as "[grpc FILE:LINE] message". Idempotent.
+// default) to the server's log, as "[grpc FILE:LINE] message", with the
+// lines of failed TLS handshakes rate-limited (above). Idempotent.
 void InstallGrpcCoreLog();
 
 }  // namespace layerserve

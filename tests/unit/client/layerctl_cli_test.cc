@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -302,6 +303,66 @@ TEST(LayerctlCommandLineTest, HelpListsEveryCommandsFlagsWithDefaults) {
           << parsed.out;
     }
   }
+}
+
+// Every command takes the connection's security flags; a client certificate
+// comes with its key.
+TEST(LayerctlCommandLineTest, EveryCommandTakesTheSecurityFlags) {
+  const std::vector<std::string> security = {"--tls-ca-file=ca.pem", "--tls-cert-file", "c.pem",
+                                             "--tls-key-file=k.pem", "--auth-token-file=token"};
+  for (std::vector<std::string> command :
+       std::vector<std::vector<std::string>>{{"health"},
+                                             {"metadata"},
+                                             {"infer", "--model=demo", "--input=i", "--output=o"},
+                                             {"bench", "--model=demo", "--tokens=1"}}) {
+    command.insert(command.end(), security.begin(), security.end());
+    const LayerctlArgs args = MustParse(command);
+    EXPECT_EQ(args.tls_ca_file, "ca.pem") << command[0];
+    EXPECT_EQ(args.tls_cert_file, "c.pem") << command[0];
+    EXPECT_EQ(args.tls_key_file, "k.pem") << command[0];
+    EXPECT_EQ(args.auth_token_file, "token") << command[0];
+    EXPECT_FALSE(args.tls) << command[0];
+  }
+  EXPECT_TRUE(MustParse({"health", "--tls"}).tls);
+  ExpectUsageError({"health", "--tls-cert-file=c.pem"}, "--tls-key-file");
+  ExpectUsageError({"metadata", "--tls-key-file=k.pem"}, "--tls-cert-file");
+}
+
+TEST(LayerctlCommandLineTest, ConnectOptionsReadTheFiles) {
+  const std::string dir = ::testing::TempDir();
+  std::ofstream(dir + "/ca.pem") << "-----BEGIN CERTIFICATE-----\nca\n";
+  std::ofstream(dir + "/c.pem") << "-----BEGIN CERTIFICATE-----\nc\n";
+  std::ofstream(dir + "/k.pem") << "-----BEGIN PRIVATE KEY-----\nk\n";
+  std::ofstream(dir + "/token") << "tok\n";
+
+  absl::StatusOr<ConnectOptions> plain = ConnectOptionsFromArgs(MustParse({"health"}));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->tls.has_value());
+  EXPECT_EQ(plain->auth_token, "");
+
+  absl::StatusOr<ConnectOptions> system_roots =
+      ConnectOptionsFromArgs(MustParse({"health", "--tls"}));
+  ASSERT_TRUE(system_roots.ok()) << system_roots.status();
+  ASSERT_TRUE(system_roots->tls.has_value());
+  EXPECT_EQ(system_roots->tls->root_certs_pem, "");
+
+  absl::StatusOr<ConnectOptions> full = ConnectOptionsFromArgs(
+      MustParse({"health", "--tls-ca-file", dir + "/ca.pem", "--tls-cert-file", dir + "/c.pem",
+                 "--tls-key-file", dir + "/k.pem", "--auth-token-file", dir + "/token"}));
+  ASSERT_TRUE(full.ok()) << full.status();
+  ASSERT_TRUE(full->tls.has_value());
+  EXPECT_EQ(full->tls->root_certs_pem, "-----BEGIN CERTIFICATE-----\nca\n");
+  EXPECT_EQ(full->tls->cert_chain_pem, "-----BEGIN CERTIFICATE-----\nc\n");
+  EXPECT_EQ(full->tls->private_key_pem, "-----BEGIN PRIVATE KEY-----\nk\n");
+  EXPECT_EQ(full->auth_token, "tok");
+
+  // A file that cannot be read is a usage error naming the flag.
+  absl::StatusOr<ConnectOptions> missing =
+      ConnectOptionsFromArgs(MustParse({"health", "--auth-token-file", dir + "/none"}));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_TRUE(absl::StrContains(missing.status().message(), "--auth-token-file="))
+      << missing.status();
+  EXPECT_EQ(ExitStatusFor(missing.status()), kExitUsage);
 }
 
 TEST(LayerctlCommandLineTest, CommandHelpListsItsOwnFlags) {

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "tests/unit/metrics/exposition.h"
 
@@ -172,6 +173,8 @@ TEST(PrometheusMetricsTest, RejectionsAreCountedByReason) {
   }
   EXPECT_EQ(rejected(e, "other", "unknown_model"), 0.0);
   EXPECT_EQ(rejected(e, kModel, "unknown_model"), std::nullopt);
+  EXPECT_EQ(rejected(e, "other", "unauthenticated"), 0.0);
+  EXPECT_EQ(rejected(e, kModel, "unauthenticated"), std::nullopt);
   for (const char* code :
        {"RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT", "UNAVAILABLE",
         "DEADLINE_EXCEEDED", "CANCELLED", "NOT_FOUND", "FAILED_PRECONDITION", "FAILED_PRECONDITION",
@@ -179,6 +182,9 @@ TEST(PrometheusMetricsTest, RejectionsAreCountedByReason) {
     metrics.OnRequestFinished({.model = kModel, .code = code, .duration_seconds = 1e-3});
   }
   metrics.OnRequestFinished({.model = {}, .code = "NOT_FOUND", .duration_seconds = 1e-5});
+  // A call refused for want of the bearer token, of any RPC.
+  metrics.OnRequestFinished({.model = {}, .code = "UNAUTHENTICATED"});
+  metrics.OnRequestFinished({.model = {}, .code = "UNAUTHENTICATED"});
   e = Parse(metrics);
   EXPECT_EQ(rejected(e, kModel, "resource_exhausted"), 2.0);
   EXPECT_EQ(rejected(e, kModel, "invalid"), 1.0);
@@ -191,11 +197,14 @@ TEST(PrometheusMetricsTest, RejectionsAreCountedByReason) {
   EXPECT_EQ(rejected(e, kModel, "unknown_model"), std::nullopt);
   EXPECT_EQ(rejected(e, "other", "unknown_model"), 1.0);
   EXPECT_EQ(rejected(e, "other", "unknown_session"), std::nullopt);
+  EXPECT_EQ(rejected(e, "other", "unauthenticated"), 2.0);
+  EXPECT_EQ(e.Find("layerserve_requests_total", {{"model", "other"}, {"code", "UNAUTHENTICATED"}}),
+            2.0);
   double total = 0;
   for (const auto& sample : e.samples) {
     if (sample.name == "layerserve_rejections_total") total += sample.value;
   }
-  EXPECT_EQ(total, 11.0) << "OK and INTERNAL are no rejections";
+  EXPECT_EQ(total, 13.0) << "OK and INTERNAL are no rejections";
   for (bool served : {true, false}) {
     EXPECT_EQ(RejectionReason("INTERNAL", served), "");
     EXPECT_EQ(RejectionReason("OK", served), "");
@@ -204,6 +213,7 @@ TEST(PrometheusMetricsTest, RejectionsAreCountedByReason) {
   }
   EXPECT_EQ(RejectionReason("NOT_FOUND", true), "unknown_session");
   EXPECT_EQ(RejectionReason("NOT_FOUND", false), "unknown_model");
+  EXPECT_EQ(RejectionReason("UNAUTHENTICATED", false), "unauthenticated");
 }
 
 TEST(PrometheusMetricsTest, TokensPerRequest) {
@@ -627,6 +637,53 @@ TEST(MetricsHttpServerTest, BusyPortIsAnError) {
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable) << second.status();
   EXPECT_FALSE(MetricsHttpServer::Start("127.0.0.1", 70000, &metrics).ok());
   EXPECT_FALSE(MetricsHttpServer::Start("127.0.0.1", 0, nullptr).ok());
+}
+
+// With a token, what is not open answers 401 with a challenge and a message
+// that quotes nothing sent; the right token, or an open path, gets through.
+TEST(MetricsHttpServerTest, TokenGuardsWhatIsNotOpen) {
+  PrometheusMetrics metrics(kModel);
+  auto server = MetricsHttpServer::Start(
+      "127.0.0.1", 0, &metrics,
+      {.auth_token = "scrape-token", .metrics_open = false, .healthz_open = true});
+  ASSERT_TRUE(server.ok()) << server.status();
+  httplib::Client client("127.0.0.1", (*server)->port());
+  client.set_read_timeout(5);
+
+  httplib::Result refused = client.Get("/metrics");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 401);
+  EXPECT_EQ(refused->get_header_value("WWW-Authenticate"), "Bearer realm=\"layerserve\"");
+  EXPECT_FALSE(absl::StrContains(refused->body, "layerserve_requests_total"));
+
+  httplib::Result wrong = client.Get("/metrics", {{"Authorization", "Bearer guessed-token"}});
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 401);
+  EXPECT_FALSE(absl::StrContains(wrong->body, "guessed")) << wrong->body;
+
+  httplib::Result scraped = client.Get("/metrics", {{"authorization", "Bearer scrape-token"}});
+  ASSERT_TRUE(scraped);
+  EXPECT_EQ(scraped->status, 200);
+  EXPECT_TRUE(absl::StrContains(scraped->body, "layerserve_requests_total"));
+
+  httplib::Result health = client.Get("/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  (*server)->Stop();
+}
+
+TEST(MetricsHttpServerTest, HttpsWithoutItsFilesIsAnError) {
+  PrometheusMetrics metrics(kModel);
+  auto server = MetricsHttpServer::Start(
+      "127.0.0.1", 0, &metrics,
+      {.tls_cert_file = "/no/such/cert.pem", .tls_key_file = "/no/such/key.pem"});
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(server.status().message(), "--tls-cert-file=/no/such/cert.pem"))
+      << server.status();
+  EXPECT_FALSE(
+      MetricsHttpServer::Start("127.0.0.1", 0, &metrics, {.tls_cert_file = "/cert.pem"}).ok())
+      << "a certificate without a key";
 }
 
 TEST(MetricsHttpServerTest, StopRightAfterStartDoesNotHang) {
