@@ -277,6 +277,9 @@ TEST(BatcherSessionsTest, CancelledWhileQueuedLeavesTheSessionUnchanged) {
   ASSERT_TRUE(batcher.Enqueue(r1).ok());
   backend.SetOpen(true);
   ASSERT_TRUE(cancelled.done.WaitFor(kWait));
+  // Every Outcome must be written before it goes out of scope (before the
+  // batcher, which is declared earlier).
+  ASSERT_TRUE(blocker.done.WaitFor(kWait));
   EXPECT_EQ(cancelled.status.code(), absl::StatusCode::kCancelled);
   const auto info = table->Find(SessionId(4));
   ASSERT_TRUE(info.has_value());
@@ -441,6 +444,7 @@ TEST(BatcherSessionsTest, AQueuedRequestKeepsItsSessionAlive) {
     std::this_thread::sleep_for(milliseconds(5));
   }
   backend.SetOpen(true);
+  ASSERT_TRUE(blocker.done.WaitFor(kWait));
   ASSERT_TRUE(waiting.done.WaitFor(kWait));
   EXPECT_TRUE(waiting.status.ok()) << waiting.status;
   EXPECT_EQ(table->Stats().freed_idle, 0);
