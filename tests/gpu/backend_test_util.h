@@ -1,7 +1,7 @@
 // Shared helpers of the CUDA backend tests (cuda_backend_test.cc,
 // cuda_sessions_test.cc): the visible skip without a GPU, a small qwen2-style
-// model, running a batch to completion, and the comparison at the backend's
-// precision.
+// model, and the comparison at the backend's precision (running a batch to
+// completion is tests/support/run_batch.h's, shared with the CPU tests).
 //
 // The CUDA backend computes in bf16 (fp16 for fp16 checkpoints) with fp32
 // accumulation, so elements are compared relative to the output's scale:
@@ -10,10 +10,8 @@
 #pragma once
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +23,7 @@
 #include "server/cuda/cuda_backend.h"
 #include "server/model/model.h"
 #include "tests/support/random_model.h"
+#include "tests/support/run_batch.h"
 
 namespace layerserve::cuda_test {
 
@@ -55,25 +54,9 @@ inline ModelSpan MakeQwenModel(DType dtype, uint64_t seed) {
   return m;
 }
 
-// Starts `batch` on `backend`; the future becomes ready when `done` runs.
-inline std::future<absl::Status> Start(Backend& backend, std::shared_ptr<Batch> batch) {
-  auto promise = std::make_shared<std::promise<absl::Status>>();
-  std::future<absl::Status> result = promise->get_future();
-  backend.Execute(std::move(batch), [promise](absl::Status s) { promise->set_value(std::move(s)); });
-  return result;
-}
-
-inline absl::Status Wait(std::future<absl::Status>& f) {
-  if (f.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
-    return absl::DeadlineExceededError("batch did not complete within 120 s");
-  }
-  return f.get();
-}
-
-inline absl::Status RunSync(Backend& backend, std::shared_ptr<Batch> batch) {
-  std::future<absl::Status> f = Start(backend, std::move(batch));
-  return Wait(f);
-}
+using test_support::RunSync;
+using test_support::Start;
+using test_support::Wait;
 
 // Compares `got` with `want`, rows of `hidden` values, at the backend's
 // precision (kTol, kNormTol); names the worst element in `what`'s terms.

@@ -5,7 +5,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,9 +13,12 @@
 #include "gtest/gtest.h"
 #include "server/core/backend.h"
 #include "server/model/model.h"
+#include "tests/support/run_batch.h"
 #include "tests/unit/cpu/test_util.h"
 
 namespace layerserve::cpu_test {
+
+using test_support::RunSync;
 
 // ---- models -------------------------------------------------------------
 
@@ -121,13 +123,6 @@ inline BuiltBatch BuildBatch(const std::vector<RequestShape>& shapes,
   }
   built.batch->Pack();
   return built;
-}
-
-inline absl::Status RunBatch(Backend& backend, std::shared_ptr<Batch> batch) {
-  std::promise<absl::Status> result;
-  auto future = result.get_future();
-  backend.Execute(std::move(batch), [&result](absl::Status s) { result.set_value(std::move(s)); });
-  return future.get();
 }
 
 inline double DtypeRelativeUlp(DType t) {

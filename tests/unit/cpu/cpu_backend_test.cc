@@ -30,7 +30,7 @@ using cpu_test::Qwen2StyleConfig;
 using cpu_test::RepresentableInputs;
 using cpu_test::RequestShape;
 using cpu_test::Rng;
-using cpu_test::RunBatch;
+using cpu_test::RunSync;
 using test_support::RandomModel;
 using ::testing::HasSubstr;
 
@@ -139,12 +139,12 @@ void CheckModel(const ModelSpan& model, int num_threads, double fp32_tol, uint64
     for (const auto& [b, t] : layout) shapes.push_back({b, t, dtype});
     BuiltBatch built = BuildBatch(shapes, x, hidden);
     ASSERT_EQ(built.batch->cu_seqlens, cu_seqlens);
-    ASSERT_TRUE(RunBatch(**backend, built.batch).ok());
+    ASSERT_TRUE(RunSync(**backend, built.batch).ok());
     ExpectOutputsMatch(*built.batch, want, fp32_tol);
   }
   BuiltBatch mixed =
       BuildBatch({{1, 1, DType::kBF16}, {2, 7, DType::kF32}, {1, 13, DType::kF16}}, x, hidden);
-  ASSERT_TRUE(RunBatch(**backend, mixed.batch).ok());
+  ASSERT_TRUE(RunSync(**backend, mixed.batch).ok());
   ExpectOutputsMatch(*mixed.batch, want, fp32_tol);
 }
 
@@ -248,7 +248,7 @@ TEST(CpuBackendTest, EmptyBatchIsOk) {
   ASSERT_TRUE(backend.ok()) << backend.status();
   auto batch = std::make_shared<Batch>();
   batch->Pack();
-  EXPECT_TRUE(RunBatch(**backend, batch).ok());
+  EXPECT_TRUE(RunSync(**backend, batch).ok());
 }
 
 TEST(CpuBackendTest, RejectsInconsistentBatches) {
@@ -260,23 +260,23 @@ TEST(CpuBackendTest, RejectsInconsistentBatches) {
 
   BuiltBatch wrong_cu = BuildBatch({{2, 3, DType::kF32}}, x, 512);
   wrong_cu.batch->cu_seqlens = {0, 6};  // one sequence of 6, not two of 3
-  absl::Status s = RunBatch(**backend, wrong_cu.batch);
+  absl::Status s = RunSync(**backend, wrong_cu.batch);
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
 
   BuiltBatch wrong_hidden = BuildBatch({{1, 3, DType::kF32}}, x, 512);
   wrong_hidden.batch->requests[0]->hidden = 256;
-  s = RunBatch(**backend, wrong_hidden.batch);
+  s = RunSync(**backend, wrong_hidden.batch);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(s.message(), HasSubstr("req0"));
 
   BuiltBatch short_input = BuildBatch({{1, 3, DType::kF32}}, x, 512);
   short_input.batch->requests[0]->input.remove_suffix(4);
-  s = RunBatch(**backend, short_input.batch);
+  s = RunSync(**backend, short_input.batch);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
 
   // The backend still serves after rejecting batches.
   BuiltBatch good = BuildBatch({{1, 3, DType::kF32}}, x, 512);
-  EXPECT_TRUE(RunBatch(**backend, good.batch).ok());
+  EXPECT_TRUE(RunSync(**backend, good.batch).ok());
 }
 
 TEST(CpuBackendTest, RejectsBadModels) {

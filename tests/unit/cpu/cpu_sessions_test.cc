@@ -38,7 +38,7 @@ using cpu_test::Qwen2StyleConfig;
 using cpu_test::RepresentableInputs;
 using cpu_test::RequestShape;
 using cpu_test::Rng;
-using cpu_test::RunBatch;
+using cpu_test::RunSync;
 using test_support::RandomModel;
 using ::testing::HasSubstr;
 
@@ -89,7 +89,7 @@ Sequences Diverge(const Sequences& s, int64_t keep, Rng& rng) {
 // The oracle: one stateless FP32 request over the whole sequences.
 Sequences Stateless(Backend& backend, const Sequences& in) {
   BuiltBatch built = BuildBatch({{in.batch, in.tokens, DType::kF32}}, in.x, in.hidden);
-  const absl::Status status = RunBatch(backend, built.batch);
+  const absl::Status status = RunSync(backend, built.batch);
   EXPECT_TRUE(status.ok()) << status;
   Sequences out = in;
   std::memcpy(out.x.data(), built.batch->requests[0]->output.data(), out.x.size() * sizeof(float));
@@ -182,7 +182,7 @@ void RunParts(Backend& backend, const std::vector<Part>& parts) {
         parts[i].session->Begin(request.batch, parts[i].begin, parts[i].end - parts[i].begin);
   }
   built.batch->Pack();
-  const absl::Status status = RunBatch(backend, built.batch);
+  const absl::Status status = RunSync(backend, built.batch);
   for (const Part& part : parts) {
     if (part.session != nullptr) part.session->Finish(status.ok());
   }
@@ -403,13 +403,13 @@ TEST(CpuSessionsTest, SessionStepWithoutACacheFails) {
   const Sequences in = RandomSequences(rng, 1, 4, model.config.hidden_size);
   auto backend = MakeCpuBackend(model, CpuBackendOptions{1});
   ASSERT_TRUE(backend.ok()) << backend.status();
-  absl::Status s = RunBatch(**backend, OneStep(in).batch);
+  absl::Status s = RunSync(**backend, OneStep(in).batch);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_THAT(s.message(), HasSubstr("no KV cache"));
 
   // A pool of no blocks is allowed, and is no cache either.
   ASSERT_TRUE((*backend)->AllocateKvCache({0, 4}).ok());
-  s = RunBatch(**backend, OneStep(in).batch);
+  s = RunSync(**backend, OneStep(in).batch);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_EQ((*backend)->AllocateKvCache({8, 4}).code(), absl::StatusCode::kFailedPrecondition);
 }
@@ -448,7 +448,7 @@ TEST(CpuSessionsTest, BadStepsFailAndTheBackendKeepsServing) {
     // Spoiled after Pack, as a buggy caller would.
     BuiltBatch built = OneStep(in);
     c.spoil(*built.batch);
-    const absl::Status s = RunBatch(*backend, built.batch);
+    const absl::Status s = RunSync(*backend, built.batch);
     EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
     EXPECT_THAT(s.message(), HasSubstr(c.message));
   }
