@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "base/saturating.h"
 
 namespace layerserve {
 namespace {
@@ -24,11 +25,8 @@ int64_t InputBytes(const InferRequest& r) { return static_cast<int64_t>(r.input.
 }  // namespace
 
 int64_t DefaultMaxQueueBytes(const BatchPolicy& policy, int64_t hidden) {
-  int64_t bytes = 0;
-  if (__builtin_mul_overflow(policy.max_batch_tokens, hidden, &bytes) ||
-      __builtin_mul_overflow(bytes, int64_t{4} * kDefaultQueuedBatches, &bytes)) {
-    return INT64_MAX;
-  }
+  const int64_t bytes = SaturatingMul(SaturatingMul(policy.max_batch_tokens, hidden),
+                                      int64_t{4} * kDefaultQueuedBatches);
   return std::max(bytes, kMinDefaultQueueBytes);
 }
 

@@ -14,19 +14,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/saturating.h"
 
 namespace layerserve::cpu {
-namespace {
-
-// a * b, or INT64_MAX when it overflows; a, b >= 0.
-int64_t SaturatingMul(int64_t a, int64_t b) {
-  int64_t product;
-  if (__builtin_mul_overflow(a, b, &product)) return std::numeric_limits<int64_t>::max();
-  return product;
-}
-
-}  // namespace
-
 int64_t KvCache::BlockBytes(int64_t num_layers, int64_t kv_width, int64_t block_tokens) {
   if (block_tokens < 1) return 0;
   const int64_t floats_per_layer = SaturatingMul(2 * kv_width, block_tokens);

@@ -11,20 +11,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "base/cuda/cuda_status.h"
+#include "base/saturating.h"
 #include "base/status_macros.h"
 
 namespace layerserve::cuda {
-namespace {
-
-// a * b, or INT64_MAX when it overflows; a, b >= 0.
-int64_t SaturatingMul(int64_t a, int64_t b) {
-  int64_t product;
-  if (__builtin_mul_overflow(a, b, &product)) return std::numeric_limits<int64_t>::max();
-  return product;
-}
-
-}  // namespace
-
 int64_t KvPool::BlockBytes(const LayerShape& shape, int num_layers, int64_t block_tokens) {
   if (block_tokens < 1) return 0;
   const int64_t row_bytes =

@@ -16,7 +16,8 @@ namespace layerserve::test_support {
 inline std::future<absl::Status> Start(Backend& backend, std::shared_ptr<Batch> batch) {
   auto promise = std::make_shared<std::promise<absl::Status>>();
   std::future<absl::Status> result = promise->get_future();
-  backend.Execute(std::move(batch), [promise](absl::Status s) { promise->set_value(std::move(s)); });
+  backend.Execute(std::move(batch),
+                  [promise](absl::Status s) { promise->set_value(std::move(s)); });
   return result;
 }
 
