@@ -1,6 +1,6 @@
 // Launchers of the paged KV cache's kernels (paged_attention.h): validation,
 // grid math and dtype / head_dim dispatch. The device code is in
-// paged_attention.cuh.
+// paged_attention.cuh, the plan (host only) in paged_plan.cc.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -82,9 +82,8 @@ absl::Status LaunchPagedAttention(const PagedAttentionParams& p, cudaStream_t st
                                                    ") must be a positive multiple of num_kv_heads (", p.num_kv_heads,
                                                    ")"));
   }
-  const int64_t head_groups = (p.num_heads + paged::kAttentionWarps - 1) / paged::kAttentionWarps;
-  if (head_groups > 65535) {
-    return absl::InvalidArgumentError("paged attention: num_heads must be <= 262140 (grid limit)");
+  if (p.num_kv_heads > 65535) {
+    return absl::InvalidArgumentError("paged attention: num_kv_heads must be <= 65535 (grid limit)");
   }
   if (p.window < 0 || !(p.softmax_scale > 0.f)) {
     return absl::InvalidArgumentError("paged attention: window must be >= 0 and softmax_scale positive");
@@ -97,12 +96,33 @@ absl::Status LaunchPagedAttention(const PagedAttentionParams& p, cudaStream_t st
         "paged attention: q, k, v and out must be set and 16-byte aligned, with row strides multiples of 8 "
         "covering a row");
   }
+  if (p.num_items < 0 || p.num_combines < 0 || (p.num_items > 0 && p.items == nullptr) ||
+      (p.num_combines > 0 && (p.combines == nullptr || p.partial_out == nullptr || p.partial_lse == nullptr))) {
+    return absl::InvalidArgumentError(
+        "paged attention: the plan's items (and, with combine tasks, the tasks and the partial workspace) must be "
+        "set");
+  }
+  if (p.tokens > 0 && p.num_items == 0) {
+    return absl::InvalidArgumentError("paged attention: tokens but no work items (plan the batch first)");
+  }
+  if (!Aligned16(p.partial_out)) {
+    return absl::InvalidArgumentError("paged attention: partial_out must be 16-byte aligned");
+  }
   if (p.tokens == 0) return absl::OkStatus();
-  const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(head_groups));
   return LS_HALF_DTYPE_SWITCH(p.dtype, T, [&]() -> absl::Status {
     return LS_HEAD_DIM_SWITCH(p.head_dim, kHeadDim, [&]() -> absl::Status {
-      paged::PagedAttentionKernel<T, kHeadDim><<<grid, paged::kAttentionWarps * 32, 0, stream>>>(p);
+      constexpr int kSmemBytes = paged::PagedTraits<kHeadDim>::kSmemBytes;
+      // Above 48 KiB a kernel must opt in to its dynamic shared memory.
+      LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(paged::PagedAttentionKernel<T, kHeadDim>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+      const dim3 grid(static_cast<unsigned>(p.num_items), static_cast<unsigned>(p.num_kv_heads));
+      paged::PagedAttentionKernel<T, kHeadDim><<<grid, paged::kPagedThreads, kSmemBytes, stream>>>(p);
       LS_CUDA_RETURN_IF_LAUNCH_ERROR(PagedAttentionKernel);
+      if (p.num_combines > 0) {
+        const dim3 combine_grid(static_cast<unsigned>(p.num_combines), static_cast<unsigned>(p.num_kv_heads));
+        paged::PagedCombineKernel<T, kHeadDim><<<combine_grid, paged::kCombineThreads, 0, stream>>>(p);
+        LS_CUDA_RETURN_IF_LAUNCH_ERROR(PagedCombineKernel);
+      }
       return absl::OkStatus();
     });
   });

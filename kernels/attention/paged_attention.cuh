@@ -1,9 +1,7 @@
-// Device code of the paged KV cache's two kernels (paged_attention.h): the
-// append of a step's new K/V rows and the one-warp-per-query attention.
-//
-// Both find a packed token's sequence by binary search over cu_seqlens
-// (log2(num_seqs) loads, against the hundreds of key steps of an attention
-// warp), and both address a position of a sequence the same way (KvRow).
+// Device code of the paged KV cache's kernels (paged_attention.h): the append
+// of a step's new K/V rows, the split-KV attention over the cache and the
+// combine of split results. All address a position of a sequence the same
+// way (KvRow).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,14 +9,13 @@
 #include <cstdint>
 
 #include "kernels/common/dtype.cuh"
+#include "kernels/common/mma_sm80.cuh"
+#include "kernels/common/pdl.cuh"
+#include "kernels/common/reduce.cuh"
 #include "layerserve/kernels/paged_attention.h"
 
 namespace layerserve::kernels::paged {
 
-// Warps per CTA of the attention kernel: each takes one query head of the
-// CTA's token, so the CTA's four heads usually share a KV head (GQA groups of
-// 4 or more) and its rows in L1.
-constexpr int kAttentionWarps = 4;
 constexpr int kAppendThreads = 128;
 
 // The sequence that packed row `token` belongs to: the last s with
@@ -67,110 +64,376 @@ __global__ void __launch_bounds__(kAppendThreads) KvAppendKernel(const KvAppendP
   }
 }
 
-// Keys a warp loads before it uses any: their K and V loads are independent,
-// so kKeyGroup of them are in flight at once instead of one. A decode query
-// over a long cache is bound by the latency of those loads, not by their
-// bytes (one warp per query and head keeps few loads in flight per SM): one
-// key at a time cost ~0.5 ms per layer for a 768-token session on the H100.
-constexpr int kKeyGroup = 8;
-
-// Grid (tokens, ceil(num_heads / kAttentionWarps)): warp w of CTA (t, y)
-// computes query head y * kAttentionWarps + w of packed token t. Each lane
-// holds kHeadDim / 32 consecutive dimensions of q, of every key and value row
-// it reads, and of the output.
+// ---- Split-KV attention ----
 //
-// Keys are visited in order, kKeyGroup at a time: the scores
-// s_j = (q . k_j) * scale of the group (each summed across the warp), then
-// the online softmax keeps the running maximum m, the running sum
-// l = sum_j exp(s_j - m) and acc = sum_j exp(s_j - m) v_j, both rescaled by
-// exp(m_old - m_new) when a group raises the maximum. The first group
-// rescales from m = -inf, a factor of 0 on the zero-initialised sums. Every
-// query sees at least itself, so l >= 1 at the end and out = acc / l.
+// One CTA per (work item, KV head): 16 query rows (pairs of a new token and a
+// query head of the KV head's group) against the item's keys, which stream
+// through shared memory in tiles of kBlockN = 64 keys on a kStages-deep
+// cp.async ring. Each of the 4 warps takes 16 keys of every tile (keys
+// 16w .. 16w + 15) for all 16 rows: S = Q K^T and O += P V are one m16 tile
+// of mma.sync each, and each warp keeps its own online softmax (running max
+// m, sum l, output o) over the keys it saw. At the end the warps' results
+// are merged through shared memory: with M the largest of the four maxima,
+// O = sum_w 2^(m_w - M) o_w and L = sum_w 2^(m_w - M) l_w (scores in log2
+// units). An item that covers all of its rows' keys writes O / L rounded to
+// T; a split item writes O / L and its log-sum-exp M + log2 L in fp32 for the
+// combine kernel.
+//
+// Why this shape: a decode step is bound by reading K/V, and a KV head's G
+// query heads all read the same rows, so a CTA that holds the whole group
+// reads them once (the old one-warp-per-(query, head) kernel read them G
+// times, one dependent key group at a time). Splitting the keys over warps
+// rather than the rows keeps every warp busy when a tile has only G rows (4
+// of 16 for Llama-3-8B decode: the tensor cores idle 3/4 of the time, which
+// they can afford). Shared tiles use the flash kernel's XOR swizzle, so
+// ldmatrix reads are conflict-free.
+constexpr int kPagedWarps = 4;
+constexpr int kPagedThreads = kPagedWarps * 32;
+constexpr int kPagedStages = 3;
+constexpr int kCombineThreads = 128;
+static_assert(kPagedKeyTile == kPagedWarps * 16, "each warp takes 16 keys of a tile");
+static_assert(kPagedQueryRows == 16, "a work item is one m16 tile");
+
+template <int kHeadDim>
+struct PagedTraits {
+  static constexpr int kBlockN = kPagedKeyTile;
+  static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
+  static constexpr int kKSteps = kHeadDim / 16;       // k16 steps of Q K^T
+  static constexpr int kDTiles = kHeadDim / 8;        // n8 tiles of the output
+  static constexpr int kTileElems = kBlockN * kHeadDim;
+  // Q, then kStages (K, V) tile pairs; the merge reuses the ring.
+  static constexpr int kSmemBytes = (kPagedQueryRows * kHeadDim + 2 * kPagedStages * kTileElems) * 2;
+  static constexpr int kMergeBytes = kPagedWarps * kPagedQueryRows * (kHeadDim + 2) * 4;
+  static_assert(kMergeBytes <= kSmemBytes, "the merge fits in the ring");
+  static_assert(kHeadDim % 64 == 0, "the swizzle permutes 8 chunks of 16 bytes");
+  static_assert((kBlockN * kChunksPerRow) % kPagedThreads == 0, "K/V tile loads split evenly");
+};
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a swizzled tile
+// (the same layout as the flash kernel's).
+template <int kHeadDim>
+__device__ __forceinline__ int PagedSwizzle(int row, int chunk) {
+  return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
+}
+
+// Where one sequence's keys live: below `start` in the pool through `table`,
+// from `start` on in the step's own rows, from packed row first_row.
+struct SeqKeys {
+  const int32_t* table;
+  int start;
+  int first_row;
+};
+
+// Starts the async copy of keys [key0, key0 + 64) of KV head kv_head into a
+// K and a V tile; keys at or past key_end are zero-filled, not read.
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kAttentionWarps * 32) PagedAttentionKernel(const PagedAttentionParams p) {
-  constexpr int kPerLane = kHeadDim / 32;
-  using V = Vec<T, kPerLane>;
-  const int head = blockIdx.y * kAttentionWarps + threadIdx.x / 32;
-  if (head >= p.num_heads) return;  // a whole warp leaves: the shuffles below stay full-warp
-  const int lane = threadIdx.x % 32;
-  const int token = blockIdx.x;
-  const int s = SequenceOf(p.cu_seqlens, p.num_seqs, token);
-  const int first_row = p.cu_seqlens[s];  // packed row of the sequence's first new token
-  const int start = p.cache.start[s];
-  const int q_pos = start + (token - first_row);
-  const int lo = p.window > 0 ? max(0, q_pos - p.window + 1) : 0;
-  const int32_t* table = p.cache.block_tables + p.cache.cu_blocks[s];
-  const int kv_head = head / (p.num_heads / p.num_kv_heads);
+__device__ __forceinline__ void LoadKvTile(T* sK, T* sV, const PagedAttentionParams& p, const SeqKeys& seq, int kv_head,
+                                           int key0, int key_end, int tid) {
+  using Traits = PagedTraits<kHeadDim>;
+  constexpr int kIters = Traits::kBlockN * Traits::kChunksPerRow / kPagedThreads;
   const int64_t kv_width = int64_t{p.num_kv_heads} * kHeadDim;
-  const int64_t column = int64_t{kv_head} * kHeadDim + lane * kPerLane;  // of this lane, in a K or V row
-  float q[kPerLane];
-  const V q_vec = *reinterpret_cast<const V*>(static_cast<const T*>(p.q) + token * p.q_row_stride +
-                                              int64_t{head} * kHeadDim + lane * kPerLane);
 #pragma unroll
-  for (int e = 0; e < kPerLane; ++e) q[e] = ToFloat(q_vec.v[e]);
-  float m = -INFINITY, l = 0.f, acc[kPerLane] = {};
-  for (int j0 = lo; j0 <= q_pos; j0 += kKeyGroup) {
-    const int n = min(kKeyGroup, q_pos - j0 + 1);  // keys of this group the query sees
-    V k_vec[kKeyGroup], v_vec[kKeyGroup];
-#pragma unroll
-    for (int g = 0; g < kKeyGroup; ++g) {
-      if (g >= n) continue;  // not break: a fully unrolled loop keeps the arrays in registers
-      const int j = j0 + g;
-      const T* k_row;
-      const T* v_row;
-      if (j < start) {  // an earlier step's key, in the cache
-        const int64_t row = KvRow(table, p.cache.block_tokens, j);
-        k_row = static_cast<const T*>(p.cache.k) + row * kv_width;
-        v_row = static_cast<const T*>(p.cache.v) + row * kv_width;
-      } else {  // one of this step's keys, in the activation
-        const int64_t row = first_row + (j - start);
-        k_row = static_cast<const T*>(p.k) + row * p.k_row_stride;
-        v_row = static_cast<const T*>(p.v) + row * p.v_row_stride;
-      }
-      k_vec[g] = *reinterpret_cast<const V*>(k_row + column);
-      v_vec[g] = *reinterpret_cast<const V*>(v_row + column);
-    }
-    // The group's partial dot products, summed across the warp together so
-    // that the shuffles of different keys overlap.
-    float score[kKeyGroup];
-#pragma unroll
-    for (int g = 0; g < kKeyGroup; ++g) {
-      score[g] = 0.f;
-      if (g < n) {
-#pragma unroll
-        for (int e = 0; e < kPerLane; ++e) score[g] += q[e] * ToFloat(k_vec[g].v[e]);
+  for (int i = 0; i < kIters; ++i) {
+    const int idx = i * kPagedThreads + tid;
+    const int row = idx / Traits::kChunksPerRow;
+    const int chunk = idx % Traits::kChunksPerRow;
+    const int j = key0 + row;
+    const bool valid = j < key_end;
+    const T* k_src = static_cast<const T*>(p.k);
+    const T* v_src = static_cast<const T*>(p.v);
+    if (valid) {
+      const int64_t column = int64_t{kv_head} * kHeadDim + chunk * 8;
+      if (j < seq.start) {
+        const int64_t pool_row = KvRow(seq.table, p.cache.block_tokens, j);
+        k_src = static_cast<const T*>(p.cache.k) + pool_row * kv_width + column;
+        v_src = static_cast<const T*>(p.cache.v) + pool_row * kv_width + column;
+      } else {
+        const int64_t r = seq.first_row + (j - seq.start);
+        k_src += r * p.k_row_stride + column;
+        v_src += r * p.v_row_stride + column;
       }
     }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-#pragma unroll
-      for (int g = 0; g < kKeyGroup; ++g) score[g] += __shfl_xor_sync(0xffffffffu, score[g], offset);
-    }
-    float m_new = m;
-#pragma unroll
-    for (int g = 0; g < kKeyGroup; ++g) {
-      score[g] *= p.softmax_scale;
-      if (g < n) m_new = fmaxf(m_new, score[g]);
-    }
-    const float rescale = expf(m - m_new);
-    l *= rescale;
-#pragma unroll
-    for (int e = 0; e < kPerLane; ++e) acc[e] *= rescale;
-#pragma unroll
-    for (int g = 0; g < kKeyGroup; ++g) {
-      if (g >= n) continue;
-      const float weight = expf(score[g] - m_new);
-      l += weight;
-#pragma unroll
-      for (int e = 0; e < kPerLane; ++e) acc[e] += weight * ToFloat(v_vec[g].v[e]);
-    }
-    m = m_new;
+    CpAsync16(sK + PagedSwizzle<kHeadDim>(row, chunk), k_src, valid);
+    CpAsync16(sV + PagedSwizzle<kHeadDim>(row, chunk), v_src, valid);
   }
-  V out;
+}
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kPagedThreads, 2) PagedAttentionKernel(const PagedAttentionParams p) {
+  using Traits = PagedTraits<kHeadDim>;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kKSteps = Traits::kKSteps;
+  constexpr int kDTiles = Traits::kDTiles;
+  AllowDependentLaunch();  // o_proj may start streaming its weights
+
+  const PagedWorkItem item = p.items[blockIdx.x];
+  const int kv_head = blockIdx.y;
+  const int group = p.num_heads / p.num_kv_heads;
+  const int first_row = p.cu_seqlens[item.seq];
+  const int q_rows = (p.cu_seqlens[item.seq + 1] - first_row) * group;  // valid rows of the sequence
+  const int start = p.cache.start[item.seq];
+  const SeqKeys seq{p.cache.block_tables + p.cache.cu_blocks[item.seq], start, first_row};
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + kPagedQueryRows * kHeadDim;         // [kStages][kBlockN][kHeadDim]
+  T* sV = sK + kPagedStages * Traits::kTileElems;  // [kStages][kBlockN][kHeadDim]
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int quad_row = lane >> 2;
+  const int quad_col = (lane & 3) * 2;
+
+  // The 16 query rows: row r is token (q_row0 + r) / G, head (q_row0 + r) % G
+  // of the group; rows past the sequence's are zero-filled and never written.
+  for (int idx = tid; idx < kPagedQueryRows * Traits::kChunksPerRow; idx += kPagedThreads) {
+    const int r = idx / Traits::kChunksPerRow;
+    const int chunk = idx % Traits::kChunksPerRow;
+    const int row = item.q_row0 + r;
+    const bool valid = row < q_rows;
+    const T* src = static_cast<const T*>(p.q);
+    if (valid) {
+      src += int64_t{first_row + row / group} * p.q_row_stride + int64_t{kv_head * group + row % group} * kHeadDim +
+             chunk * 8;
+    }
+    CpAsync16(sQ + PagedSwizzle<kHeadDim>(r, chunk), src, valid);
+  }
+
+  // Positions of this thread's two rows (g and g + 8) and of the CTA's first
+  // and last valid row: the causal and window bounds of every score.
+  int q_pos[2];
 #pragma unroll
-  for (int e = 0; e < kPerLane; ++e) out.v[e] = FromFloat<T>(acc[e] / l);
-  *reinterpret_cast<V*>(static_cast<T*>(p.out) + token * p.out_row_stride + int64_t{head} * kHeadDim +
-                        lane * kPerLane) = out;
+  for (int h = 0; h < 2; ++h) q_pos[h] = start + (item.q_row0 + quad_row + 8 * h) / group;
+  const int last_row = min(item.q_row0 + kPagedQueryRows, q_rows) - 1;
+  const int min_pos = start + item.q_row0 / group;
+  const int max_pos = start + last_row / group;
+  // Keys below the window of the CTA's first query are skipped whole tiles
+  // at a time (kv_begin is a multiple of kBlockN).
+  int key_begin = item.kv_begin;
+  if (p.window > 0) {
+    const int lo = min_pos - p.window + 1;
+    if (lo > key_begin) key_begin += (lo - key_begin) / kBlockN * kBlockN;
+  }
+  const int key_end = item.kv_end;
+  const int n_tiles = key_end > key_begin ? (key_end - key_begin + kBlockN - 1) / kBlockN : 0;
+
+  // Prologue: Q with the first tile, then up to kStages - 2 more tiles, one
+  // commit group each (empty groups keep the count uniform).
+#pragma unroll
+  for (int t = 0; t < kPagedStages - 1; ++t) {
+    if (t < n_tiles) {
+      LoadKvTile<T, kHeadDim>(sK + t * Traits::kTileElems, sV + t * Traits::kTileElems, p, seq, kv_head,
+                              key_begin + t * kBlockN, key_end, tid);
+    }
+    CpAsyncCommit();
+  }
+
+  float acc_o[kDTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_o[dt][e] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};
+  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  uint32_t q_frag[kKSteps][4];
+
+  for (int t = 0; t < n_tiles; ++t) {
+    // Tile t has landed once at most kStages - 2 younger groups are pending;
+    // the barrier also says every warp is done with tile t - 1's stage, which
+    // the load below refills.
+    CpAsyncWait<kPagedStages - 2>();
+    __syncthreads();
+    if (t + kPagedStages - 1 < n_tiles) {
+      const int stage = (t + kPagedStages - 1) % kPagedStages;
+      LoadKvTile<T, kHeadDim>(sK + stage * Traits::kTileElems, sV + stage * Traits::kTileElems, p, seq, kv_head,
+                              key_begin + (t + kPagedStages - 1) * kBlockN, key_end, tid);
+    }
+    CpAsyncCommit();
+    if (t == 0) {
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        LdMatrixX4(q_frag[kk], sQ + PagedSwizzle<kHeadDim>(lane & 15, kk * 2 + (lane >> 4)));
+      }
+    }
+    const T* sKs = sK + (t % kPagedStages) * Traits::kTileElems;
+    const T* sVs = sV + (t % kPagedStages) * Traits::kTileElems;
+    const int key0 = key_begin + t * kBlockN + warp * 16;  // this warp's first key
+
+    // S = Q K^T over this warp's 16 keys: n8 tiles 0 (keys 0-7) and 1 (8-15).
+    float acc_s[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      uint32_t b[4];
+      const int row = warp * 16 + (lane & 7) + ((lane >> 4) << 3);
+      LdMatrixX4(b, sKs + PagedSwizzle<kHeadDim>(row, kk * 2 + ((lane >> 3) & 1)));
+      MmaM16N8K16<T>(acc_s[0], q_frag[kk], b[0], b[1]);
+      MmaM16N8K16<T>(acc_s[1], q_frag[kk], b[2], b[3]);
+    }
+
+    // Mask keys past the item's range, after the query, or below its window;
+    // only tiles that reach past the first query or the range need it.
+    const bool need_mask = key0 + 15 > min_pos || key0 + 15 >= key_end || (p.window > 0 && key0 <= max_pos - p.window);
+    if (need_mask) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int pos = q_pos[e >> 1];
+          const int key = key0 + nt * 8 + quad_col + (e & 1);
+          if (key >= key_end || key > pos || (p.window > 0 && pos - key >= p.window)) acc_s[nt][e] = -INFINITY;
+        }
+    }
+
+    // Online softmax over this warp's keys (rows g and g + 8 of the thread).
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = fmaxf(fmaxf(acc_s[0][2 * h], acc_s[0][2 * h + 1]), fmaxf(acc_s[1][2 * h], acc_s[1][2 * h + 1]));
+      mx = fmaxf(QuadReduceMax(mx), row_max[h]);
+      // A row that has seen no key yet keeps max -inf; its scale base is 0
+      // so that 2^(-inf - base) = 0 rather than NaN.
+      const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
+      const float correction = FastExp2(row_max[h] * scale_log2 - base);
+      row_max[h] = mx;
+      row_sum[h] *= correction;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        acc_o[dt][2 * h] *= correction;
+        acc_o[dt][2 * h + 1] *= correction;
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+          const float prob = FastExp2(acc_s[nt][e] * scale_log2 - base);
+          acc_s[nt][e] = prob;
+          row_sum[h] += prob;
+        }
+    }
+
+    // O += P V: the two n8 score tiles are one k16 A fragment.
+    uint32_t a[4];
+    a[0] = PackPair<T>(acc_s[0][0], acc_s[0][1]);
+    a[1] = PackPair<T>(acc_s[0][2], acc_s[0][3]);
+    a[2] = PackPair<T>(acc_s[1][0], acc_s[1][1]);
+    a[3] = PackPair<T>(acc_s[1][2], acc_s[1][3]);
+#pragma unroll
+    for (int dp = 0; dp < kDTiles / 2; ++dp) {
+      uint32_t b[4];
+      const int row = warp * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+      LdMatrixX4Trans(b, sVs + PagedSwizzle<kHeadDim>(row, dp * 2 + (lane >> 4)));
+      MmaM16N8K16<T>(acc_o[2 * dp], a, b[0], b[1]);
+      MmaM16N8K16<T>(acc_o[2 * dp + 1], a, b[2], b[3]);
+    }
+  }
+
+  // Merge the warps through shared memory (the ring is free once every copy
+  // has landed and every warp has left the loop).
+  CpAsyncWait<0>();
+  __syncthreads();
+  float* sO = reinterpret_cast<float*>(smem_raw);             // [warps][16][kHeadDim]
+  float* sM = sO + kPagedWarps * kPagedQueryRows * kHeadDim;  // [warps][16], log2 units
+  float* sL = sM + kPagedWarps * kPagedQueryRows;             // [warps][16]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = quad_row + 8 * h;
+    const float sum = QuadReduceSum(row_sum[h]);
+    if ((lane & 3) == 0) {
+      sM[warp * kPagedQueryRows + r] = row_max[h] == -INFINITY ? -INFINITY : row_max[h] * scale_log2;
+      sL[warp * kPagedQueryRows + r] = sum;
+    }
+    float* o_row = sO + (warp * kPagedQueryRows + r) * kHeadDim;
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) {
+      *reinterpret_cast<float2*>(o_row + dt * 8 + quad_col) = make_float2(acc_o[dt][2 * h], acc_o[dt][2 * h + 1]);
+    }
+  }
+  __syncthreads();
+
+  // Each thread finishes 4 consecutive dimensions of a row at a time.
+  constexpr int kGroups = kPagedQueryRows * kHeadDim / 4;
+  for (int g = tid; g < kGroups; g += kPagedThreads) {
+    const int r = g / (kHeadDim / 4);
+    const int col = (g % (kHeadDim / 4)) * 4;
+    const int row = item.q_row0 + r;
+    if (row >= q_rows) continue;
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kPagedWarps; ++w) m_all = fmaxf(m_all, sM[w * kPagedQueryRows + r]);
+    float l_all = 0.f;
+    float o[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int w = 0; w < kPagedWarps; ++w) {
+      const float m_w = sM[w * kPagedQueryRows + r];
+      const float f = m_w == -INFINITY ? 0.f : FastExp2(m_w - m_all);
+      l_all += f * sL[w * kPagedQueryRows + r];
+      const float4 o_w = *reinterpret_cast<const float4*>(sO + (w * kPagedQueryRows + r) * kHeadDim + col);
+      o[0] += f * o_w.x;
+      o[1] += f * o_w.y;
+      o[2] += f * o_w.z;
+      o[3] += f * o_w.w;
+    }
+    // A split may see none of a row's keys (all above it, or below its
+    // window): it contributes l = 0 and log-sum-exp -inf.
+    const float inv = l_all > 0.f ? 1.f / l_all : 0.f;
+    if (item.partial_row0 < 0) {
+      T* out = static_cast<T*>(p.out) + int64_t{first_row + row / group} * p.out_row_stride +
+               int64_t{kv_head * group + row % group} * kHeadDim + col;
+      uint2 packed;
+      packed.x = PackPair<T>(o[0] * inv, o[1] * inv);
+      packed.y = PackPair<T>(o[2] * inv, o[3] * inv);
+      *reinterpret_cast<uint2*>(out) = packed;
+    } else {
+      const int64_t slot = int64_t{item.partial_row0 + r} * p.num_kv_heads + kv_head;
+      *reinterpret_cast<float4*>(p.partial_out + slot * kHeadDim + col) =
+          make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
+      if (col == 0) p.partial_lse[slot] = l_all > 0.f ? m_all + __log2f(l_all) : -INFINITY;
+    }
+  }
+}
+
+// One CTA per (combine task, KV head); a warp per row at a time, each lane
+// kHeadDim / 32 dimensions. out = sum_s 2^(lse_s - M) o_s / sum_s
+// 2^(lse_s - M), M the largest log-sum-exp: every row sees at least its own
+// key in some split, so M is finite.
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kCombineThreads) PagedCombineKernel(const PagedAttentionParams p) {
+  constexpr int kPerLane = kHeadDim / 32;
+  AllowDependentLaunch();
+  const PagedCombineTask task = p.combines[blockIdx.x];
+  const int kv_head = blockIdx.y;
+  const int group = p.num_heads / p.num_kv_heads;
+  const int first_row = p.cu_seqlens[task.seq];
+  const int lane = threadIdx.x & 31;
+  for (int r = threadIdx.x / 32; r < task.rows; r += kCombineThreads / 32) {
+    float m_all = -INFINITY;
+    for (int s = lane; s < task.splits; s += 32) {
+      m_all = fmaxf(m_all, p.partial_lse[int64_t{task.partial_row0 + s * task.rows + r} * p.num_kv_heads + kv_head]);
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, offset));
+    float weight_sum = 0.f;
+    float o[kPerLane] = {};
+    for (int s = 0; s < task.splits; ++s) {
+      const int64_t slot = int64_t{task.partial_row0 + s * task.rows + r} * p.num_kv_heads + kv_head;
+      const float lse = p.partial_lse[slot];
+      if (lse == -INFINITY) continue;
+      const float w = FastExp2(lse - m_all);
+      weight_sum += w;
+      const float* src = p.partial_out + slot * kHeadDim + lane * kPerLane;
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) o[e] += w * src[e];
+    }
+    const float inv = 1.f / weight_sum;
+    const int row = task.q_row0 + r;
+    T* out = static_cast<T*>(p.out) + int64_t{first_row + row / group} * p.out_row_stride +
+             int64_t{kv_head * group + row % group} * kHeadDim + lane * kPerLane;
+#pragma unroll
+    for (int e = 0; e < kPerLane; e += 2) {
+      *reinterpret_cast<uint32_t*>(out + e) = PackPair<T>(o[e] * inv, o[e + 1] * inv);
+    }
+  }
 }
 
 }  // namespace layerserve::kernels::paged

@@ -379,6 +379,12 @@ class CudaBackendImpl final : public CudaBackend {
       geometry.kv_start = kv.start;
       geometry.kv_cu_blocks = kv.cu_blocks;
       geometry.kv_block_tables = kv.block_tables;
+      geometry.paged_items = kv.items;
+      geometry.num_paged_items = kv.num_items;
+      geometry.paged_combines = kv.combines;
+      geometry.num_paged_combines = kv.num_combines;
+      geometry.partial_out = kv.partial_out;
+      geometry.partial_lse = kv.partial_lse;
     }
     // Wire dtype <-> activation dtype. Requests are packed in order on both
     // sides, so each run of consecutive requests with one wire dtype is one

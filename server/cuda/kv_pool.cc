@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -48,28 +49,42 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(const LayerShape& shape, 
     static_cast<void>(cudaGetLastError());
     return exhausted(storage.status().message());
   }
-  // Per stream: start [max_tokens], cu_blocks [max_tokens + 1], tables [num_blocks].
+  LS_ASSIGN_OR_RETURN(const kernels::DeviceInfo device, kernels::CurrentDeviceInfo());
+  const kernels::PagedPlanLimits limits = kernels::PagedPlanCapacity(
+      max_tokens, max_tokens, shape.num_heads, shape.num_kv_heads, device.num_sms);
+  // Per stream: start [max_tokens], cu_blocks [max_tokens + 1], tables
+  // [num_blocks], then the plan's items and combine tasks (the combine tasks
+  // are never more than the items).
   const size_t staging_bytes =
-      static_cast<size_t>(2 * max_tokens + 1 + cache.num_blocks) * sizeof(int32_t);
+      static_cast<size_t>(2 * max_tokens + 1 + cache.num_blocks) * sizeof(int32_t) +
+      static_cast<size_t>(limits.items) *
+          (sizeof(kernels::PagedWorkItem) + sizeof(kernels::PagedCombineTask));
+  const size_t partial_bytes = static_cast<size_t>(limits.partial_rows) * shape.num_kv_heads *
+                               (shape.head_dim + 1) * sizeof(float);
   std::vector<Staging> staging;
   for (int i = 0; i < num_streams; ++i) {
     Staging s;
     LS_ASSIGN_OR_RETURN(s.host, PinnedBuffer::Allocate(staging_bytes));
     LS_ASSIGN_OR_RETURN(s.device, DeviceBuffer::Allocate(staging_bytes));
+    LS_ASSIGN_OR_RETURN(s.partials, DeviceBuffer::Allocate(partial_bytes));
     staging.push_back(std::move(s));
   }
   // One layer's K (or V) pool: half of what a block costs in one layer, per block.
   const size_t layer_bytes = static_cast<size_t>(BlockBytes(shape, 1, cache.block_tokens) / 2) *
                              static_cast<size_t>(cache.num_blocks);
-  return std::unique_ptr<KvPool>(
-      new KvPool(cache, layer_bytes, max_tokens, *std::move(storage), std::move(staging)));
+  return std::unique_ptr<KvPool>(new KvPool(shape, cache, layer_bytes, max_tokens, device.num_sms,
+                                            limits, *std::move(storage), std::move(staging)));
 }
 
-KvPool::KvPool(const KvCacheShape& shape, size_t layer_bytes, int64_t max_tokens,
+KvPool::KvPool(const LayerShape& layer, const KvCacheShape& shape, size_t layer_bytes,
+               int64_t max_tokens, int num_sms, kernels::PagedPlanLimits plan_limits,
                DeviceBuffer storage, std::vector<Staging> staging)
-    : shape_(shape),
+    : layer_(layer),
+      shape_(shape),
       layer_bytes_(layer_bytes),
       max_tokens_(max_tokens),
+      num_sms_(num_sms),
+      plan_limits_(plan_limits),
       storage_(std::move(storage)),
       staging_(std::move(staging)) {}
 
@@ -102,11 +117,42 @@ absl::StatusOr<BatchKvMeta> KvPool::Upload(const Batch& batch, int stream,
     }
     cu_blocks[s + 1] = static_cast<int32_t>(ids);
   }
-  const size_t used = static_cast<size_t>(2 * num_seqs + 1 + ids) * sizeof(int32_t);
-  LS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging.device.data(), staging.host.data(), used,
+  // The attention plan: the same for every layer of the span.
+  std::vector<kernels::PagedSequence> seqs(static_cast<size_t>(num_seqs));
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    seqs[static_cast<size_t>(s)] = {
+        batch.cu_seqlens[static_cast<size_t>(s) + 1] - batch.cu_seqlens[static_cast<size_t>(s)],
+        start[s]};
+  }
+  LS_ASSIGN_OR_RETURN(const kernels::PagedAttentionPlan plan,
+                      kernels::PlanPagedAttention(seqs, layer_.num_heads, layer_.num_kv_heads,
+                                                  num_sms_, plan_limits_));
+  const size_t meta_bytes = static_cast<size_t>(2 * num_seqs + 1 + ids) * sizeof(int32_t);
+  // Work items are 4-byte aligned structs of int32, so they follow the ids.
+  auto* host_bytes = static_cast<unsigned char*>(staging.host.data());
+  const size_t items_bytes = plan.items.size() * sizeof(kernels::PagedWorkItem);
+  const size_t combines_bytes = plan.combines.size() * sizeof(kernels::PagedCombineTask);
+  std::memcpy(host_bytes + meta_bytes, plan.items.data(), items_bytes);
+  std::memcpy(host_bytes + meta_bytes + items_bytes, plan.combines.data(), combines_bytes);
+  LS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging.device.data(), staging.host.data(),
+                                          meta_bytes + items_bytes + combines_bytes,
                                           cudaMemcpyHostToDevice, cuda_stream));
   const auto* device = static_cast<const int32_t*>(staging.device.data());
-  return BatchKvMeta{device, device + num_seqs, device + 2 * num_seqs + 1};
+  const auto* device_bytes = static_cast<const unsigned char*>(staging.device.data());
+  BatchKvMeta meta;
+  meta.start = device;
+  meta.cu_blocks = device + num_seqs;
+  meta.block_tables = device + 2 * num_seqs + 1;
+  meta.items = reinterpret_cast<const kernels::PagedWorkItem*>(device_bytes + meta_bytes);
+  meta.num_items = static_cast<int>(plan.items.size());
+  meta.combines =
+      reinterpret_cast<const kernels::PagedCombineTask*>(device_bytes + meta_bytes + items_bytes);
+  meta.num_combines = static_cast<int>(plan.combines.size());
+  auto* partials = static_cast<float*>(staging.partials.data());
+  meta.partial_out = partials;
+  meta.partial_lse = partials + static_cast<size_t>(plan_limits_.partial_rows) *
+                                    layer_.num_kv_heads * layer_.head_dim;
+  return meta;
 }
 
 }  // namespace layerserve::cuda

@@ -16,7 +16,10 @@
 // the tables themselves. The tables of one batch never share a block (the
 // session table gives every sequence its own, and a session has one step in
 // flight), so they hold at most num_blocks ids, and the staging is sized for
-// that.
+// that. The batch's attention plan (PlanPagedAttention: work items and
+// combine tasks, the same for every layer) rides in the same copy, and each
+// stream owns the fp32 workspace its split items write, sized once for the
+// largest plan a batch of max_tokens tokens can need.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "base/cuda/cuda_resources.h"
+#include "layerserve/kernels/paged_attention.h"
 #include "server/core/backend.h"
 #include "server/cuda/layer_executor.h"
 
@@ -38,6 +42,13 @@ struct BatchKvMeta {
   const int32_t* cu_blocks = nullptr;  // [num_seqs + 1]: offsets of the tables in block_tables
   const int32_t* block_tables =
       nullptr;  // the tables, concatenated (a stateless sequence's is empty)
+  // The attention plan of the batch, and the stream's split workspace.
+  const kernels::PagedWorkItem* items = nullptr;
+  int num_items = 0;
+  const kernels::PagedCombineTask* combines = nullptr;
+  int num_combines = 0;
+  float* partial_out = nullptr;
+  float* partial_lse = nullptr;
 };
 
 // Threading: Create runs once, before serving. Afterwards the pool's storage
@@ -55,7 +66,8 @@ class KvPool {
   // `max_tokens` tokens. INVALID_ARGUMENT for a negative block count, or with
   // blocks, block_tokens outside [1, 2^31); RESOURCE_EXHAUSTED naming the
   // bytes when the device cannot hold the pool; INTERNAL for other device
-  // failures. The current device must be set.
+  // failures. The current device must be set; its SM count shapes the
+  // attention plans.
   static absl::StatusOr<std::unique_ptr<KvPool>> Create(const LayerShape& shape, int num_layers,
                                                         const KvCacheShape& cache, int num_streams,
                                                         int64_t max_tokens);
@@ -66,8 +78,9 @@ class KvPool {
   void* k(int layer) const { return Pool(layer, 0); }
   void* v(int layer) const { return Pool(layer, 1); }
 
-  // Packs `batch`'s start positions and block tables into stream `stream`'s
-  // pinned staging and enqueues their copy to the device on `cuda_stream`.
+  // Packs `batch`'s start positions, block tables and attention plan into
+  // stream `stream`'s pinned staging and enqueues their copy to the device
+  // on `cuda_stream`.
   // The staging must not be in use by an earlier batch of that stream (its
   // thread waits for each batch before the next). INVALID_ARGUMENT when the
   // batch has more sequences than max_tokens or its tables more ids than the
@@ -78,9 +91,11 @@ class KvPool {
   struct Staging {
     PinnedBuffer host;
     DeviceBuffer device;
+    DeviceBuffer partials;  // partial_out then partial_lse, fp32
   };
 
-  KvPool(const KvCacheShape& shape, size_t layer_bytes, int64_t max_tokens, DeviceBuffer storage,
+  KvPool(const LayerShape& layer, const KvCacheShape& shape, size_t layer_bytes, int64_t max_tokens,
+         int num_sms, kernels::PagedPlanLimits plan_limits, DeviceBuffer storage,
          std::vector<Staging> staging);
 
   void* Pool(int layer, int which) const {
@@ -88,11 +103,15 @@ class KvPool {
            (2 * static_cast<size_t>(layer) + which) * layer_bytes_;
   }
 
+  const LayerShape layer_;
   const KvCacheShape shape_;
   const size_t layer_bytes_;  // of one layer's K (or V) pool
   const int64_t max_tokens_;
-  DeviceBuffer storage_;          // [num_layers][K, V][num_blocks][block_tokens][kv_width]
-  std::vector<Staging> staging_;  // per stream: [start | cu_blocks | block_tables] int32
+  const int num_sms_;
+  const kernels::PagedPlanLimits plan_limits_;
+  DeviceBuffer storage_;  // [num_layers][K, V][num_blocks][block_tokens][kv_width]
+  // per stream: [start | cu_blocks | block_tables | items | combines] int32
+  std::vector<Staging> staging_;
 };
 
 }  // namespace layerserve::cuda

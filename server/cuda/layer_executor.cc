@@ -168,6 +168,12 @@ absl::Status LayerExecutor::PagedAttend(int layer, const ActivationArena& arena,
   attention.window = windows_[static_cast<size_t>(layer)];
   attention.softmax_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   attention.dtype = s.dtype;
+  attention.items = batch.paged_items;
+  attention.num_items = batch.num_paged_items;
+  attention.combines = batch.paged_combines;
+  attention.num_combines = batch.num_paged_combines;
+  attention.partial_out = batch.partial_out;
+  attention.partial_lse = batch.partial_lse;
   return kernels::LaunchPagedAttention(attention, stream);
 }
 

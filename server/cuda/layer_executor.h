@@ -21,8 +21,9 @@
 // rotates at absolute positions (the batch's positions array holds
 // start + i), and attention becomes two launches (paged_attention.h): store
 // the new rotated K/V rows in the pool, then attend over the cached keys and
-// the new ones, through the layer's sliding window. Both are timed together
-// as "attention". A batch without sessions runs flash attention as before.
+// the new ones, through the layer's sliding window, along the batch's split
+// plan (and merge the splits). All are timed together as "attention". A batch
+// without sessions runs flash attention as before.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -34,6 +35,7 @@
 #include "base/cuda/cuda_resources.h"
 #include "layerserve/kernels/common.h"
 #include "layerserve/kernels/gemm.h"
+#include "layerserve/kernels/paged_attention.h"
 #include "server/cuda/kernel_timing.h"
 #include "server/model/model.h"
 
@@ -112,6 +114,14 @@ struct BatchGeometry {
   const int32_t* kv_start = nullptr;      // [num_seqs]
   const int32_t* kv_cu_blocks = nullptr;  // [num_seqs + 1]
   const int32_t* kv_block_tables = nullptr;
+  // The batch's attention plan and the stream's split workspace (see
+  // PagedAttentionParams).
+  const kernels::PagedWorkItem* paged_items = nullptr;
+  int num_paged_items = 0;
+  const kernels::PagedCombineTask* paged_combines = nullptr;
+  int num_paged_combines = 0;
+  float* partial_out = nullptr;
+  float* partial_lse = nullptr;
 };
 
 class LayerExecutor {

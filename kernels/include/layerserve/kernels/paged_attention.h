@@ -1,7 +1,8 @@
 // Attention for batches that continue sessions: the queries of a step attend
 // over the keys and values of earlier steps, kept in a paged KV cache, and
-// over the step's own new ones. Two launches per layer: KvAppend stores the
-// new (already rotated) K and V rows in the cache, PagedAttention attends.
+// over the step's own new ones. Per layer KvAppend stores the new (already
+// rotated) K and V rows in the cache, then PagedAttention attends (one
+// launch, or two when its plan splits keys).
 //
 // The cache of one layer is a K pool and a V pool of
 // [num_blocks][block_tokens][num_kv_heads * head_dim] elements: a row per
@@ -19,26 +20,38 @@
 // (position 6) reads keys 0..3 from block 7, key 4 from block 2 row 0, and
 // keys 5 and 6 from the step's own qkv rows.
 //
-// This is the first, correctness-first version: one warp per (query token,
-// query head) walks that query's keys in order, eight at a time (their loads
-// in flight together, the dot products reduced across the warp, then one
-// online-softmax update per group), so a query at position P costs
-// (P + 1) / 8 dependent steps, and a prefill of T tokens T^2 / 16 of them per
-// head; nothing is shared between the query heads of a KV head. Decode
-// batches (many sequences, one query each) want split-K over the keys and
-// tiles shared by a KV head's queries: the decode work replaces this kernel.
+// PagedAttention is a split-KV ("flash-decoding") kernel on tensor cores,
+// built for decode steps (one to a few new tokens per sequence over a long
+// cache) and correct for prefill chunks too:
+// - GQA-aware: a CTA takes 16 query rows that share one KV head, a row being
+//   one (new token, query head of the group) pair, so each K/V byte it reads
+//   serves every query head of the group (4 for Llama-3-8B).
+// - Split over the keys: the work of a (sequence, 16-row tile) can be cut
+//   into key ranges computed by different CTAs, whose partial results (fp32
+//   outputs and log-sum-exps, in a caller-provided workspace) a second launch
+//   combines. That fills the GPU when few sequences have long contexts.
+// - Which CTA does what is a plan (PlanPagedAttention), a pure host function
+//   of the batch's shape and the device's SM count, built once per batch and
+//   shared by every layer of the span: a list of work items (one per CTA and
+//   KV head) and of combine tasks, uploaded by the caller.
+// The previous kernel (one warp per query and head, walking its keys eight
+// at a time) cost 0.67 us per context token per layer in a served decode
+// step; docs/perf-attention.md keeps its numbers.
 //
 // Launchers validate their params (INVALID_ARGUMENT), launch on `stream`,
 // check the launch, and return; nothing synchronizes. Block ids and table
 // lengths are the caller's to check (Batch::Validate does): an id outside the
-// pool reads or writes outside it.
+// pool reads or writes outside it. So is the plan: one built for other
+// sequences or head counts computes the wrong rows.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "layerserve/kernels/common.h"
 
 namespace layerserve::kernels {
@@ -72,15 +85,94 @@ struct KvAppendParams {
 };
 absl::Status LaunchKvAppend(const KvAppendParams& p, cudaStream_t stream);
 
+// ---- The plan of a PagedAttention launch (host code, no GPU needed) ----
+
+// Query rows per work item (one m16 tensor-core tile) and keys per K/V tile:
+// key ranges of split items start at multiples of kPagedKeyTile.
+inline constexpr int kPagedQueryRows = 16;
+inline constexpr int kPagedKeyTile = 64;
+
+// One sequence of the batch as the plan sees it: `new_tokens` queries at
+// positions start .. start + new_tokens - 1.
+struct PagedSequence {
+  int32_t new_tokens = 0;
+  int32_t start = 0;
+};
+
+// One CTA's work (per KV head): query rows [q_row0, q_row0 + 16) of sequence
+// `seq` (row r is new token r / G and query head r % G of the KV head's group
+// of G = num_heads / num_kv_heads), over keys [kv_begin, kv_end). With
+// partial_row0 < 0 the item covers every key its rows see and writes the
+// output; otherwise it writes its rows' partial results at workspace rows
+// partial_row0 + r, for a combine task to merge.
+struct PagedWorkItem {
+  int32_t seq = 0;
+  int32_t q_row0 = 0;
+  int32_t kv_begin = 0;
+  int32_t kv_end = 0;
+  int32_t partial_row0 = -1;
+};
+
+// Merges the `splits` partial results of rows [q_row0, q_row0 + rows) of
+// sequence `seq`: split s of row r sits at workspace row
+// partial_row0 + s * rows + r.
+struct PagedCombineTask {
+  int32_t seq = 0;
+  int32_t q_row0 = 0;
+  int32_t rows = 0;
+  int32_t partial_row0 = 0;
+  int32_t splits = 0;
+};
+
+struct PagedAttentionPlan {
+  std::vector<PagedWorkItem> items;
+  std::vector<PagedCombineTask> combines;
+  int64_t partial_rows = 0;  // workspace rows the items write (0 without splits)
+};
+
+// The most work items and partial rows a plan for up to `max_tokens` new
+// tokens in up to `max_seqs` sequences can hold: what a caller sizes its
+// staging and workspace for once. Partial workspace bytes:
+// partial_rows * num_kv_heads * (head_dim + 1) * 4.
+struct PagedPlanLimits {
+  int64_t items = 0;
+  int64_t partial_rows = 0;
+};
+PagedPlanLimits PagedPlanCapacity(int64_t max_tokens, int64_t max_seqs, int num_heads, int num_kv_heads, int num_sms);
+
+// The work of one PagedAttention launch over `seqs` (in packing order) for a
+// model with these head counts on a device with `num_sms` SMs, within
+// `limits` (PagedPlanCapacity). Pure: unit-tested without a GPU.
+//
+// Items first cover every (sequence, 16-row tile). When those are too few to
+// give each SM two CTAs (the kernel's occupancy), every tile's causal key
+// range is cut into splits of `chunk` key tiles, chunk chosen so that all
+// splits together come to about two CTAs per SM, then evened out within the
+// tile. Worked examples, Llama-3-8B heads (32 q, 8 kv: G = 4, 8 CTAs per
+// item), 132 SMs (target 264 CTAs):
+//   - 1 sequence decoding at context 1024: its 4 rows see 1025 keys, 17 key
+//     tiles; 1 item is 8 CTAs, so chunk = ceil(17 * 8 / 264) = 1: 17 splits,
+//     136 CTAs, each reading 64 keys; one combine task.
+//   - 16 sequences at context 4096: 16 items (128 CTAs) of 65 key tiles;
+//     chunk = ceil(16 * 65 * 8 / 264) = 32, so 3 splits each, evened to
+//     22 + 22 + 21 tiles: 384 CTAs.
+//   - 64 sequences at any context: 512 CTAs already; no split.
+// INVALID_ARGUMENT for bad head counts or a sequence with a negative length
+// or start; RESOURCE_EXHAUSTED when even the unsplit items exceed `limits`.
+absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const std::vector<PagedSequence>& seqs, int num_heads,
+                                                      int num_kv_heads, int num_sms, const PagedPlanLimits& limits);
+
 // Causal grouped-query attention of every new token over its sequence's keys:
 // query i of sequence s sits at position q = start[s] + i and sees key j iff
 // j <= q, and with window > 0 only iff q - j < window (sliding-window
 // attention, as the CPU backend and transformers define it). Keys below
 // start[s] come from the cache through the sequence's table, keys from
 // start[s] on from the new rows k and v. Query head h reads KV head
-// h / (num_heads / num_kv_heads). Scores, the softmax and the weighted sum are
-// fp32; only the output is rounded to the dtype. A query reads only the keys
-// it sees, so a NaN elsewhere in the cache cannot reach it.
+// h / (num_heads / num_kv_heads). Scores, the softmax and the sums are fp32;
+// as in flash attention the probabilities are rounded to the dtype for the
+// P V product on tensor cores, and the output is rounded once. A launch reads
+// only rows of positions below each sequence's start + new tokens (its own
+// keys), so a NaN elsewhere in the cache cannot reach it.
 struct PagedAttentionParams {
   const void* q = nullptr;  // [tokens, num_heads * head_dim], row stride q_row_stride
   const void* k = nullptr;  // the new tokens' keys: [tokens, num_kv_heads * head_dim]
@@ -100,6 +192,16 @@ struct PagedAttentionParams {
   int window = 0;    // sliding window in tokens; 0: full causal
   float softmax_scale = 0.f;
   DType dtype = DType::kBF16;  // bf16 or fp16, of q, k, v, out and the cache
+  // The plan (PlanPagedAttention) for exactly these sequences and head
+  // counts, uploaded to the device, and the workspace its splits write:
+  // partial_out [partial_rows, num_kv_heads, head_dim] and partial_lse
+  // [partial_rows, num_kv_heads] fp32, for at least plan.partial_rows rows.
+  const PagedWorkItem* items = nullptr;
+  int num_items = 0;
+  const PagedCombineTask* combines = nullptr;
+  int num_combines = 0;
+  float* partial_out = nullptr;
+  float* partial_lse = nullptr;
 };
 absl::Status LaunchPagedAttention(const PagedAttentionParams& p, cudaStream_t stream);
 

@@ -1,0 +1,120 @@
+// The plan of a PagedAttention launch (paged_attention.h): which CTA computes
+// which query rows over which keys. Host code only, a pure function of the
+// batch's shape, so the heuristic is unit-tested without a GPU.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "layerserve/kernels/paged_attention.h"
+
+namespace layerserve::kernels {
+namespace {
+
+// The kernel keeps two CTAs resident per SM (about 100 KB of shared memory
+// each), so a plan aims at two CTAs per SM.
+constexpr int64_t kCtasPerSm = 2;
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// One 16-row tile before splitting: its sequence, first row, valid rows and
+// the number of key tiles up to its last query's position.
+struct Tile {
+  int32_t seq;
+  int32_t q_row0;
+  int32_t rows;
+  int32_t key_end;
+  int64_t key_tiles;
+};
+
+}  // namespace
+
+PagedPlanLimits PagedPlanCapacity(int64_t max_tokens, int64_t max_seqs, int num_heads, int num_kv_heads, int num_sms) {
+  const int64_t group = num_kv_heads > 0 ? std::max(1, num_heads / num_kv_heads) : 1;
+  const int64_t target_items = CeilDiv(kCtasPerSm * std::max(1, num_sms), std::max(1, num_kv_heads));
+  PagedPlanLimits limits;
+  // Unsplit: a tile per 16 rows of every sequence, plus one partial tile
+  // each. Splits happen only when those are fewer than target_items, and
+  // then come to at most twice target_items (see PlanPagedAttention).
+  limits.items = CeilDiv(max_tokens * group, kPagedQueryRows) + max_seqs + 2 * target_items;
+  limits.partial_rows = 2 * target_items * kPagedQueryRows;
+  return limits;
+}
+
+absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const std::vector<PagedSequence>& seqs, int num_heads,
+                                                      int num_kv_heads, int num_sms, const PagedPlanLimits& limits) {
+  if (num_kv_heads <= 0 || num_heads <= 0 || num_heads % num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("paged attention plan: num_heads (", num_heads,
+                                                   ") must be a positive multiple of num_kv_heads (", num_kv_heads,
+                                                   ")"));
+  }
+  const int64_t group = num_heads / num_kv_heads;
+  std::vector<Tile> tiles;
+  int64_t total_key_tiles = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const PagedSequence& seq = seqs[s];
+    if (seq.new_tokens < 0 || seq.start < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("paged attention plan: sequence ", s, " has ", seq.new_tokens,
+                                                     " new tokens at start ", seq.start));
+    }
+    const int64_t rows = int64_t{seq.new_tokens} * group;
+    if (rows > INT32_MAX || int64_t{seq.start} + seq.new_tokens > INT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat("paged attention plan: sequence ", s, " is too long"));
+    }
+    for (int64_t row0 = 0; row0 < rows; row0 += kPagedQueryRows) {
+      const int64_t tile_rows = std::min<int64_t>(kPagedQueryRows, rows - row0);
+      // Keys 0 .. the tile's last query's position.
+      const int64_t key_end = seq.start + (row0 + tile_rows - 1) / group + 1;
+      const int64_t key_tiles = CeilDiv(key_end, kPagedKeyTile);
+      tiles.push_back({static_cast<int32_t>(s), static_cast<int32_t>(row0), static_cast<int32_t>(tile_rows),
+                       static_cast<int32_t>(key_end), key_tiles});
+      total_key_tiles += key_tiles;
+    }
+  }
+  if (static_cast<int64_t>(tiles.size()) > limits.items) {
+    return absl::ResourceExhaustedError(absl::StrCat("paged attention plan: ", tiles.size(),
+                                                     " query tiles, more than the ", limits.items,
+                                                     " work items planned for"));
+  }
+
+  // Key tiles per split: none while the unsplit items fill the GPU, else
+  // enough that all splits come to about the target, doubled until the plan
+  // fits its limits (at the largest tile count nothing splits, which fits).
+  const int64_t target_ctas = kCtasPerSm * std::max(1, num_sms);
+  int64_t max_key_tiles = 1;
+  for (const Tile& t : tiles) max_key_tiles = std::max(max_key_tiles, t.key_tiles);
+  int64_t chunk = max_key_tiles;
+  if (static_cast<int64_t>(tiles.size()) * num_kv_heads < target_ctas) {
+    chunk = std::max<int64_t>(1, CeilDiv(total_key_tiles * num_kv_heads, target_ctas));
+  }
+  for (;; chunk = std::min(max_key_tiles, 2 * chunk)) {
+    PagedAttentionPlan plan;
+    for (const Tile& t : tiles) {
+      const int64_t splits = CeilDiv(t.key_tiles, chunk);
+      if (splits <= 1) {
+        plan.items.push_back({t.seq, t.q_row0, 0, t.key_end, -1});
+        continue;
+      }
+      // Evened out: splits of per_split key tiles, the last one shorter.
+      const int64_t per_split = CeilDiv(t.key_tiles, splits);
+      const int64_t used_splits = CeilDiv(t.key_tiles, per_split);
+      const int64_t row0 = plan.partial_rows;
+      for (int64_t i = 0; i < used_splits; ++i) {
+        const int64_t begin = i * per_split * kPagedKeyTile;
+        const int64_t end = std::min<int64_t>(t.key_end, (i + 1) * per_split * kPagedKeyTile);
+        plan.items.push_back({t.seq, t.q_row0, static_cast<int32_t>(begin), static_cast<int32_t>(end),
+                              static_cast<int32_t>(row0 + i * t.rows)});
+      }
+      plan.combines.push_back({t.seq, t.q_row0, t.rows, static_cast<int32_t>(row0), static_cast<int32_t>(used_splits)});
+      plan.partial_rows += used_splits * t.rows;
+    }
+    if ((static_cast<int64_t>(plan.items.size()) <= limits.items && plan.partial_rows <= limits.partial_rows) ||
+        chunk >= max_key_tiles) {
+      return plan;
+    }
+  }
+}
+
+}  // namespace layerserve::kernels
