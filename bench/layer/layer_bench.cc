@@ -9,6 +9,12 @@
 // gives the per-op split. Prints a table and, with --csv, writes
 // "tokens,seqs,ms" rows that bench/layer/hf_layer.py puts beside HF's times.
 //
+// Decode steps (--decode, on by default): B sessions at context L, each
+// adding one token, through the KV pool and paged attention exactly as a
+// served session batch runs (block tables shuffled across a random-filled
+// pool). The floor of a step is (weight bytes + the K/V bytes it reads) at
+// the device's copy bandwidth; the table gives the step against it.
+//
 //   layer_bench [--csv PATH] [--iters N] [--gemm MODE] [--no-autotune]
 //               [--compare cublaslt|untuned]
 // --gemm auto|cublaslt|custom routes the GEMMs as the server's flag does;
@@ -26,6 +32,8 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,8 +44,10 @@
 #include "base/cuda/cuda_status.h"
 #include "base/status_macros.h"
 #include "bench/layer/random_fill.h"
+#include "server/core/backend.h"
 #include "server/cuda/gemm_tuning.h"
 #include "server/cuda/kernel_timing.h"
+#include "server/cuda/kv_pool.h"
 #include "server/cuda/layer_executor.h"
 #include "server/model/model.h"
 
@@ -51,9 +61,13 @@ constexpr int64_t kMaxTokens = 8192;
 constexpr double kHbmBytesPerSecond = 3.0e12;   // measured device-to-device copy, H100 SXM
 constexpr double kBf16FlopsPerSecond = 8.0e14;  // measured 8192^3 bf16 GEMM, H100 SXM
 
+// A stateless batch of `tokens` tokens in `seqs` equal sequences, or (with
+// context > 0) a decode step: `seqs` sessions of one new token each, every
+// one over `context` cached tokens.
 struct Case {
   int64_t tokens;
   int seqs;
+  int64_t context = 0;
 };
 
 double Median(std::vector<double> v) {
@@ -164,8 +178,8 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
 
   std::printf("device: %s, %d SMs; layer weights %.1f MB (bf16); %d timed runs per case\n", props.name,
               props.multiProcessorCount, weight_bytes / 1e6, iters);
-  std::printf("%7s %5s %10s %10s %10s %10s %9s %9s  %s\n", "tokens", "seqs", "median_ms", "min_ms", "floor_ms",
-              "floor/med", "TFLOP/s", "GB/s_w", "per-op medians (us)");
+  std::printf("%13s %10s %10s %10s %10s %9s %9s  %s\n", "tokens seqs", "median_ms", "min_ms", "floor_ms", "floor/med",
+              "TFLOP/s", "GB/s_w", "per-op medians (us)");
   std::ofstream csv;
   if (!csv_path.empty()) {
     csv.open(csv_path);
@@ -177,10 +191,34 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
     cases.push_back({t, 1});
     if (t >= 128) cases.push_back({t, 8});
   }
+  for (const int b : {1, 16, 64}) {
+    for (const int64_t l : {1024, 4096}) cases.push_back({b, b, l});
+  }
+  // The KV pool for the decode steps: one layer, blocks for the largest,
+  // filled with random bf16 (a step reads only rows of its own tables).
+  constexpr int64_t kBlockTokens = 16;
+  int64_t pool_blocks = 0;
+  for (const Case& c : cases) {
+    pool_blocks = std::max(pool_blocks, c.seqs * ((c.context + 1 + kBlockTokens - 1) / kBlockTokens));
+  }
+  LS_ASSIGN_OR_RETURN(
+      std::unique_ptr<cuda::KvPool> kv_pool,
+      cuda::KvPool::Create(shape, 1, KvCacheShape{static_cast<int32_t>(pool_blocks), kBlockTokens}, 1, kMaxTokens));
+  const int64_t pool_elements = static_cast<int64_t>(kv_pool->bytes() / 4);  // of K (or V), bf16
+  LS_RETURN_IF_ERROR(FillUniformBf16(kv_pool->k(0), pool_elements, 7, 0.0f, 1.0f, stream.get()));
+  LS_RETURN_IF_ERROR(FillUniformBf16(kv_pool->v(0), pool_elements, 8, 0.0f, 1.0f, stream.get()));
+  std::vector<KvBlockId> block_ids(static_cast<size_t>(pool_blocks));
+  std::iota(block_ids.begin(), block_ids.end(), 0);
+  std::shuffle(block_ids.begin(), block_ids.end(), std::mt19937(3));
+
+  bool printed_decode_header = false;
   std::vector<int32_t> meta(2 * kMaxTokens + 1);
   for (const Case& c : cases) {
     const int64_t len = c.tokens / c.seqs;
-    for (int64_t t = 0; t < c.tokens; ++t) meta[static_cast<size_t>(t)] = static_cast<int32_t>(t % len);
+    const bool decode = c.context > 0;
+    for (int64_t t = 0; t < c.tokens; ++t) {
+      meta[static_cast<size_t>(t)] = static_cast<int32_t>(decode ? c.context : t % len);
+    }
     for (int s = 0; s <= c.seqs; ++s) {
       meta[static_cast<size_t>(c.tokens + s)] = static_cast<int32_t>(s * len);
     }
@@ -192,6 +230,31 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
     geometry.max_seqlen = static_cast<int>(len);
     geometry.positions = arena.meta;
     geometry.cu_seqlens = arena.meta + c.tokens;
+    // A decode step's sessions: consecutive slices of the shuffled ids.
+    Batch batch;
+    std::vector<std::vector<KvBlockId>> tables;
+    double kv_bytes = 0;
+    if (decode) {
+      const int64_t blocks = (c.context + 1 + kBlockTokens - 1) / kBlockTokens;
+      for (int s = 0; s < c.seqs; ++s) {
+        tables.emplace_back(block_ids.begin() + s * blocks, block_ids.begin() + (s + 1) * blocks);
+      }
+      batch.cu_seqlens.assign(meta.begin() + c.tokens, meta.begin() + c.tokens + c.seqs + 1);
+      for (const std::vector<KvBlockId>& table : tables) batch.kv.push_back(SequenceKv{c.context, &table});
+      LS_ASSIGN_OR_RETURN(const cuda::BatchKvMeta kv, kv_pool->Upload(batch, 0, stream.get()));
+      geometry.kv_pool = kv_pool.get();
+      geometry.kv_start = kv.start;
+      geometry.kv_cu_blocks = kv.cu_blocks;
+      geometry.kv_block_tables = kv.block_tables;
+      geometry.paged_items = kv.items;
+      geometry.num_paged_items = kv.num_items;
+      geometry.paged_combines = kv.combines;
+      geometry.num_paged_combines = kv.num_combines;
+      geometry.partial_out = kv.partial_out;
+      geometry.partial_lse = kv.partial_lse;
+      kv_bytes = 2.0 * static_cast<double>(c.seqs) * static_cast<double>(c.context + 1) * shape.num_kv_heads *
+                 shape.head_dim * 2;
+    }
 
     const auto forward = [&](cuda::OpTimer* op_timer, double* ms,
                              const cuda::LayerExecutor* which = nullptr) -> absl::Status {
@@ -240,10 +303,12 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
     const double median_ms = Median(times);
     const double min_ms = *std::min_element(times.begin(), times.end());
     const double gemm_flops = 2.0 * static_cast<double>(c.tokens) * static_cast<double>(weight_elements);
-    const double attn_flops = 2.0 * shape.num_heads * shape.head_dim * static_cast<double>(c.seqs) *
-                              static_cast<double>(len) * static_cast<double>(len + 1);
+    const double attn_flops = decode ? 4.0 * shape.num_heads * shape.head_dim * static_cast<double>(c.seqs) *
+                                           static_cast<double>(c.context + 1)
+                                     : 2.0 * shape.num_heads * shape.head_dim * static_cast<double>(c.seqs) *
+                                           static_cast<double>(len) * static_cast<double>(len + 1);
     const double floor_ms =
-        1e3 * std::max(weight_bytes / kHbmBytesPerSecond, (gemm_flops + attn_flops) / kBf16FlopsPerSecond);
+        1e3 * std::max((weight_bytes + kv_bytes) / kHbmBytesPerSecond, (gemm_flops + attn_flops) / kBf16FlopsPerSecond);
     std::string ops;
     for (const std::string_view op : {cuda::kOpNorm, cuda::kOpGemmQkv, cuda::kOpRope, cuda::kOpAttention,
                                       cuda::kOpGemmO, cuda::kOpGemmGateUp, cuda::kOpSiluMul, cuda::kOpGemmDown}) {
@@ -252,15 +317,21 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
       const double per_layer = Median(v) * (op == cuda::kOpNorm ? 2 : 1);
       absl::StrAppend(&ops, std::string(op), "=", static_cast<int64_t>(per_layer * 1e6 + 0.5), " ");
     }
-    std::printf("%7ld %5d %10.4f %10.4f %10.4f %10.2f %9.1f %9.0f  %s\n", static_cast<long>(c.tokens), c.seqs,
-                median_ms, min_ms, floor_ms, floor_ms / median_ms,
-                (gemm_flops + attn_flops) / (median_ms * 1e-3) / 1e12, weight_bytes / (median_ms * 1e-3) / 1e9,
-                ops.c_str());
+    if (decode && !printed_decode_header) {
+      std::printf("decode steps: one new token per session over L cached tokens; the floor includes the K/V read\n");
+      printed_decode_header = true;
+    }
+    const std::string label =
+        decode ? absl::StrCat(c.tokens, " ", c.seqs, " L=", c.context) : absl::StrCat(c.tokens, " ", c.seqs);
+    std::printf("%13s %10.4f %10.4f %10.4f %10.2f %9.1f %9.0f  %s\n", label.c_str(), median_ms, min_ms, floor_ms,
+                floor_ms / median_ms, (gemm_flops + attn_flops) / (median_ms * 1e-3) / 1e12,
+                weight_bytes / (median_ms * 1e-3) / 1e9, ops.c_str());
     if (!times_b.empty()) {
-      std::printf("%7s %5s %10.4f  (%s, alternating with the row above: %.3fx its time)\n", "", "", Median(times_b),
+      std::printf("%13s %10.4f  (%s, alternating with the row above: %.3fx its time)\n", "", Median(times_b),
                   compare.c_str(), Median(times_b) / median_ms);
     }
-    if (csv.is_open()) csv << c.tokens << "," << c.seqs << "," << median_ms << "\n";
+    // hf_layer.py compares the stateless rows; decode rows have no HF twin.
+    if (csv.is_open() && !decode) csv << c.tokens << "," << c.seqs << "," << median_ms << "\n";
   }
   std::printf("gemm plans cached: %zu\n", gemm->CachedPlans());
   return absl::OkStatus();
