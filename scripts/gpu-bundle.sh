@@ -27,7 +27,8 @@ binaries=(
   tests/gpu/cuda_backend_test tests/gpu/gemm_router_test tests/gpu/gemm_tuning_test
   tests/gpu/paged_attention_gpu_test tests/gpu/cuda_sessions_test
   tests/unit/metrics/metrics_cublaslt_test
-  bench/attention/flash_attention_bench bench/gemm/gemm_bench bench/layer/layer_bench
+  bench/attention/flash_attention_bench bench/attention/decode_attention_bench bench/gemm/gemm_bench
+  bench/layer/layer_bench
 )
 for test in "$build"/tests/integration/integration_*_test; do
   binaries+=("${test#"$build"/}")

@@ -4,7 +4,7 @@
 # `layerserve --backend=cuda`, and the benchmarks. Logs and tables go to $OUT
 # (default ./gpu-out); the exit status is non-zero if any test failed.
 #   usage: scripts/gpu-run.sh [tests] [bench-kernels] [bench-layer] [bench-server]
-#          [bench-sessions]   (no argument: the first four)
+#          [bench-sessions] [bench-decode]   (no argument: the first four)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -82,6 +82,19 @@ for stage in "${stages[@]}"; do
       # shellcheck disable=SC2086
       python3 bench/server/session_matrix.py "$bundle/bin" "$out/sessions" \
         --model-dir="$ckpt" --model-name=llama3-8b-4l --backend=cuda ${SESSION_ARGS:-} ${LOAD_SERVER_ARGS:-}
+      ;;
+    bench-decode)
+      # Paged decode attention vs PyTorch SDPA (flash, cuDNN) on the same
+      # points. DECODE_BENCH_ARGS narrows both, e.g. --points=1x4096,64x1024
+      # --q-tokens=4. A failed validation fails the run.
+      rm -f "$out/decode_ours.csv"  # never compare with a stale run
+      # shellcheck disable=SC2086
+      "$bundle/bin/decode_attention_bench" --csv="$out/decode_ours.csv" ${DECODE_BENCH_ARGS:-} \
+        > "$out/decode_bench.txt" 2>&1 || failed=1
+      # shellcheck disable=SC2086
+      python3 bench/attention/torch_decode.py --ours "$out/decode_ours.csv" ${DECODE_BENCH_ARGS:-} \
+        > "$out/decode_torch.txt" 2>&1
+      cat "$out/decode_bench.txt" "$out/decode_torch.txt"
       ;;
     *) echo "unknown stage '$stage'"; exit 2 ;;
   esac

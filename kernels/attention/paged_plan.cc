@@ -14,8 +14,12 @@ namespace layerserve::kernels {
 namespace {
 
 // The kernel keeps two CTAs resident per SM (about 100 KB of shared memory
-// each), so a plan aims at two CTAs per SM.
+// each): a wave of the grid is two CTAs per SM.
 constexpr int64_t kCtasPerSm = 2;
+// What a CTA costs besides its key tiles, in key tiles: a guess (about 2 us
+// against ~1.4 us per tile per SM when K/V streams at 3 TB/s), to refine
+// with the decode benchmark.
+constexpr int64_t kCtaOverheadTiles = 2;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -79,15 +83,32 @@ absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const std::vector<PagedSeq
                                                      " work items planned for"));
   }
 
-  // Key tiles per split: none while the unsplit items fill the GPU, else
-  // enough that all splits come to about the target, doubled until the plan
-  // fits its limits (at the largest tile count nothing splits, which fits).
-  const int64_t target_ctas = kCtasPerSm * std::max(1, num_sms);
+  // Key tiles per split (chunk): none while the unsplit items fill the
+  // GPU's CTA slots; else the chunk that finishes soonest, modelled as
+  // waves x (chunk + kCtaOverheadTiles): every CTA of a wave reads `chunk`
+  // tiles after a fixed cost (its query load, the pipeline's first latency,
+  // the merge and the partial write; the combine), the smaller grid winning
+  // a tie. Candidates are ceil(max_key_tiles / s) for s splits
+  // of the longest tile, up to one CTA slot each. If the plan outgrows its
+  // limits the chunk doubles until it fits (at max_key_tiles nothing splits).
+  const int64_t slots = kCtasPerSm * std::max(1, num_sms);
   int64_t max_key_tiles = 1;
   for (const Tile& t : tiles) max_key_tiles = std::max(max_key_tiles, t.key_tiles);
   int64_t chunk = max_key_tiles;
-  if (static_cast<int64_t>(tiles.size()) * num_kv_heads < target_ctas) {
-    chunk = std::max<int64_t>(1, CeilDiv(total_key_tiles * num_kv_heads, target_ctas));
+  if (static_cast<int64_t>(tiles.size()) * num_kv_heads < slots) {
+    int64_t best_cost = INT64_MAX, best_ctas = INT64_MAX;
+    const int64_t max_splits = std::min(max_key_tiles, slots);
+    for (int64_t splits = 1; splits <= max_splits; ++splits) {
+      const int64_t candidate = CeilDiv(max_key_tiles, splits);
+      int64_t ctas = 0;
+      for (const Tile& t : tiles) ctas += CeilDiv(t.key_tiles, candidate) * num_kv_heads;
+      const int64_t cost = CeilDiv(ctas, slots) * (candidate + kCtaOverheadTiles);
+      if (cost < best_cost || (cost == best_cost && ctas < best_ctas)) {
+        best_cost = cost;
+        best_ctas = ctas;
+        chunk = candidate;
+      }
+    }
   }
   for (;; chunk = std::min(max_key_tiles, 2 * chunk)) {
     PagedAttentionPlan plan;

@@ -588,12 +588,12 @@ TEST(PagedPlanTest, WorkedExamples) {
   }
 
   const PagedAttentionPlan sixteen = MustPlan(Decoders(16, 4096), 32, 8, kH100Sms);
-  ASSERT_EQ(sixteen.items.size(), 48u);
+  ASSERT_EQ(sixteen.items.size(), 32u);
   ASSERT_EQ(sixteen.combines.size(), 16u);
-  EXPECT_EQ(sixteen.items[0].kv_end, 22 * 64);
-  EXPECT_EQ(sixteen.items[1].kv_begin, 22 * 64);
-  EXPECT_EQ(sixteen.items[2].kv_begin, 44 * 64);
-  EXPECT_EQ(sixteen.items[2].kv_end, 4097);
+  EXPECT_EQ(sixteen.items[0].kv_end, 33 * 64);
+  EXPECT_EQ(sixteen.items[1].kv_begin, 33 * 64);
+  EXPECT_EQ(sixteen.items[1].kv_end, 4097);
+  EXPECT_EQ(sixteen.items[2].seq, 1);
 
   const PagedAttentionPlan sixty_four = MustPlan(Decoders(64, 1024), 32, 8, kH100Sms);
   EXPECT_EQ(sixty_four.items.size(), 64u);
@@ -676,7 +676,8 @@ TEST(PagedPlanTest, LimitsBoundTheSplits) {
   const absl::StatusOr<PagedAttentionPlan> free_plan =
       PlanPagedAttention(seqs, 32, 8, kH100Sms, PagedPlanLimits{INT32_MAX, INT32_MAX});
   ASSERT_TRUE(free_plan.ok());
-  EXPECT_EQ(free_plan->combines.at(0).splits, 32);  // 128 key tiles, chunk ceil(128 * 8 / 264) = 4
+  // 128 key tiles: 32 splits of 4 are 256 CTAs, one wave.
+  EXPECT_EQ(free_plan->combines.at(0).splits, 32);
   const absl::StatusOr<PagedAttentionPlan> tight = PlanPagedAttention(seqs, 32, 8, kH100Sms, PagedPlanLimits{5, 16});
   ASSERT_TRUE(tight.ok()) << tight.status();
   EXPECT_LE(tight->items.size(), 5u);

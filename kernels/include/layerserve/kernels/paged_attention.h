@@ -144,19 +144,20 @@ PagedPlanLimits PagedPlanCapacity(int64_t max_tokens, int64_t max_seqs, int num_
 // model with these head counts on a device with `num_sms` SMs, within
 // `limits` (PagedPlanCapacity). Pure: unit-tested without a GPU.
 //
-// Items first cover every (sequence, 16-row tile). When those are too few to
-// give each SM two CTAs (the kernel's occupancy), every tile's causal key
-// range is cut into splits of `chunk` key tiles, chunk chosen so that all
-// splits together come to about two CTAs per SM, then evened out within the
-// tile. Worked examples, Llama-3-8B heads (32 q, 8 kv: G = 4, 8 CTAs per
-// item), 132 SMs (target 264 CTAs):
+// Items first cover every (sequence, 16-row tile). When those leave some of
+// the GPU's CTA slots (two per SM) empty, every tile's causal key range is
+// cut into splits of `chunk` key tiles (then evened out within the tile),
+// the chunk chosen to minimize waves x (chunk + 2): the time of the grid if
+// every CTA of a wave reads `chunk` tiles after a fixed cost worth about two.
+// Worked examples, Llama-3-8B heads (32 q, 8 kv: G = 4, 8 CTAs per item),
+// 132 SMs (264 slots):
 //   - 1 sequence decoding at context 1024: its 4 rows see 1025 keys, 17 key
-//     tiles; 1 item is 8 CTAs, so chunk = ceil(17 * 8 / 264) = 1: 17 splits,
-//     136 CTAs, each reading 64 keys; one combine task.
-//   - 16 sequences at context 4096: 16 items (128 CTAs) of 65 key tiles;
-//     chunk = ceil(16 * 65 * 8 / 264) = 32, so 3 splits each, evened to
-//     22 + 22 + 21 tiles: 384 CTAs.
-//   - 64 sequences at any context: 512 CTAs already; no split.
+//     tiles; chunk 1 gives 17 x 8 = 136 CTAs, one wave: cost 3 (chunk 2:
+//     72 CTAs, cost 4). So 17 splits and one combine task.
+//   - 16 sequences at context 4096: 16 items (128 CTAs) of 65 key tiles.
+//     2 splits of 33 tiles are 256 CTAs, one wave: cost 35; 4 of 17 are 512
+//     CTAs, two waves: 38; 65 of 1 are 32 waves: 96. So 2 splits.
+//   - 64 sequences at any context: 512 CTAs fill the slots; no split.
 // INVALID_ARGUMENT for bad head counts or a sequence with a negative length
 // or start; RESOURCE_EXHAUSTED when even the unsplit items exceed `limits`.
 absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const std::vector<PagedSequence>& seqs, int num_heads,

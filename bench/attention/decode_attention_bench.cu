@@ -1,0 +1,455 @@
+// Benchmark of the paged decode attention kernel (LaunchPagedAttention,
+// layerserve/kernels/paged_attention.h) on decode steps of Llama-3-8B's
+// attention: 32 query heads, 8 KV heads, head_dim 128, bf16, blocks of 16
+// tokens. PyTorch's SDPA (flash and cuDNN backends) is the baseline, timed by
+// torch_decode.py beside this file on the same points by the same method; it
+// reads this program's --csv and prints both side by side.
+//
+// A point is B sequences with L tokens each already in the cache and
+// q_tokens new ones (1: a decode step; more: a speculative step). Layout as
+// the server has it: per input set a K and a V pool [blocks][16][8 * 128],
+// each sequence's table a run of one shuffled permutation of the pool's
+// blocks (so reads are truly paged), and the new tokens' q, k and v as column
+// ranges of one fused qkv buffer [tokens, (32 + 2 * 8) * 128]. The plan
+// (PlanPagedAttention for this device's SM count) is built and uploaded once
+// per point and shared by every input set, as the server shares one plan
+// across the layers of a step; building and uploading it is not timed.
+//
+// Method: inputs filled on the device from a hash (uniform in [-1, 1]). The
+// output of input set 0 is checked against a float64 host reference (two
+// sequences, all heads, every new token) before timing; a failure skips the
+// point's timing and makes the exit status 1. Each timed launch sits between
+// its own pair of CUDA events after a warm-up, queued behind a spin kernel
+// that holds the stream while the host enqueues them, so the events time the
+// kernels and not the host's launch latency (torch_decode.py does the same
+// with torch.cuda._sleep). Input sets rotate so that their total is at least
+// twice the L2; the median is reported. Bandwidth counts the K and V bytes a
+// step must read: B * (L + q_tokens) * 8 * 128 * 2 bytes, for K and for V.
+//
+// Usage: decode_attention_bench [--points=1x1024,64x4096] [--q-tokens=N]
+//          [--csv=PATH] [--iters=N] [--warmup=N]   (flags also take "--flag N")
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "base/cuda/cuda_resources.h"
+#include "layerserve/kernels/common.h"
+#include "layerserve/kernels/paged_attention.h"
+
+namespace layerserve::kernels {
+namespace {
+
+// A benchmark is a program, not library code: a CUDA failure ends it.
+#define BENCH_CHECK_CUDA(expr)                                                                      \
+  do {                                                                                              \
+    const cudaError_t err_ = (expr);                                                                \
+    if (err_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                                 \
+    }                                                                                               \
+  } while (0)
+
+#define BENCH_CHECK_OK(expr)                                                                       \
+  do {                                                                                             \
+    const absl::Status st_ = (expr);                                                               \
+    if (!st_.ok()) {                                                                               \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, std::string(st_.message()).c_str()); \
+      std::exit(1);                                                                                \
+    }                                                                                              \
+  } while (0)
+
+constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlockTokens = 16;
+constexpr int64_t kQWidth = int64_t{kHeads} * kHeadDim;     // q and out columns
+constexpr int64_t kKvWidth = int64_t{kKvHeads} * kHeadDim;  // k or v columns
+constexpr int64_t kQkvWidth = kQWidth + 2 * kKvWidth;       // the fused row: q | k | v
+constexpr int64_t kBlockElems = int64_t{kBlockTokens} * kKvWidth;
+constexpr uint32_t kSeed = 20240611;
+
+__global__ void FillUniform(__nv_bfloat16* x, int64_t n, uint32_t seed) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed ^ static_cast<uint32_t>(i >> 32) * 0x85EBCA77u;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    h *= 0x297A2D39u;
+    h ^= h >> 15;
+    x[i] = __float2bfloat16_rn(static_cast<float>(h) * (2.0f / 4294967296.0f) - 1.0f);
+  }
+}
+
+// Holds the stream for `ns` nanoseconds of the device's global timer.
+__global__ void Spin(uint64_t ns) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+// base's device buffer; a failed allocation ends the benchmark.
+std::unique_ptr<cuda::DeviceBuffer> MustAllocate(size_t bytes) {
+  absl::StatusOr<cuda::DeviceBuffer> buffer = cuda::DeviceBuffer::Allocate(std::max<size_t>(bytes, 1));
+  BENCH_CHECK_OK(buffer.status());
+  return std::make_unique<cuda::DeviceBuffer>(*std::move(buffer));
+}
+
+std::unique_ptr<cuda::DeviceBuffer> RandomBuffer(int64_t elems, uint32_t seed) {
+  auto buf = MustAllocate(elems * sizeof(__nv_bfloat16));
+  FillUniform<<<1024, 256>>>(static_cast<__nv_bfloat16*>(buf->data()), elems, seed);
+  BENCH_CHECK_CUDA(cudaGetLastError());
+  return buf;
+}
+
+template <typename T>
+std::unique_ptr<cuda::DeviceBuffer> Upload(const std::vector<T>& host) {
+  auto buf = MustAllocate(host.size() * sizeof(T));
+  if (!host.empty()) {
+    BENCH_CHECK_CUDA(cudaMemcpy(buf->data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  return buf;
+}
+
+float Bf16ToFloat(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Median device time in ms of `launch(set)` over `iters` launches, rotating
+// through `sets` input sets, after `warmup` launches.
+double MedianMs(int sets, int warmup, int iters, const std::function<void(int)>& launch) {
+  for (int i = 0; i < warmup; ++i) launch(i % sets);
+  std::vector<cudaEvent_t> events(2 * iters);
+  for (cudaEvent_t& e : events) BENCH_CHECK_CUDA(cudaEventCreate(&e));
+  // 50 ms is far longer than enqueueing the timed launches takes.
+  Spin<<<1, 1>>>(50'000'000);
+  BENCH_CHECK_CUDA(cudaGetLastError());
+  for (int i = 0; i < iters; ++i) {
+    BENCH_CHECK_CUDA(cudaEventRecord(events[2 * i]));
+    launch(i % sets);
+    BENCH_CHECK_CUDA(cudaEventRecord(events[2 * i + 1]));
+  }
+  BENCH_CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<double> ms(iters);
+  for (int i = 0; i < iters; ++i) {
+    float t = 0;
+    BENCH_CHECK_CUDA(cudaEventElapsedTime(&t, events[2 * i], events[2 * i + 1]));
+    ms[i] = t;
+  }
+  for (cudaEvent_t& e : events) cudaEventDestroy(e);
+  std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
+  return ms[iters / 2];
+}
+
+// Enough input sets that their total is at least twice the L2.
+int SetsFor(size_t bytes_per_set, size_t l2_bytes) {
+  return static_cast<int>(std::max<size_t>(2, (2 * l2_bytes + bytes_per_set - 1) / bytes_per_set));
+}
+
+struct Point {
+  int batch;    // sequences
+  int context;  // tokens already in each sequence's cache
+};
+
+// What every input set of a point shares: the packing, the tables, the plan
+// and its workspace.
+struct Batch {
+  int batch = 0, context = 0, q_tokens = 0;
+  int64_t tokens = 0, blocks_per_seq = 0;
+  std::vector<int32_t> cu_seqlens, start, cu_blocks, block_tables;
+  std::unique_ptr<cuda::DeviceBuffer> d_cu_seqlens, d_start, d_cu_blocks, d_block_tables;
+  PagedAttentionPlan plan;
+  std::unique_ptr<cuda::DeviceBuffer> items, combines, partial_out, partial_lse;
+};
+
+Batch MakeBatch(const Point& point, int q_tokens, const DeviceInfo& dev) {
+  Batch b;
+  b.batch = point.batch;
+  b.context = point.context;
+  b.q_tokens = q_tokens;
+  b.tokens = int64_t{point.batch} * q_tokens;
+  // As the server allocates: each table covers the step's own positions too.
+  b.blocks_per_seq = (point.context + q_tokens + kBlockTokens - 1) / kBlockTokens;
+  std::vector<int32_t> ids(static_cast<size_t>(point.batch * b.blocks_per_seq));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(kSeed));
+  b.block_tables = ids;
+  std::vector<PagedSequence> seqs;
+  b.cu_seqlens = {0};
+  b.cu_blocks = {0};
+  for (int s = 0; s < point.batch; ++s) {
+    b.cu_seqlens.push_back(b.cu_seqlens.back() + q_tokens);
+    b.cu_blocks.push_back(static_cast<int32_t>(b.cu_blocks.back() + b.blocks_per_seq));
+    b.start.push_back(point.context);
+    seqs.push_back({q_tokens, point.context});
+  }
+  b.d_cu_seqlens = Upload(b.cu_seqlens);
+  b.d_start = Upload(b.start);
+  b.d_cu_blocks = Upload(b.cu_blocks);
+  b.d_block_tables = Upload(b.block_tables);
+  const PagedPlanLimits limits = PagedPlanCapacity(b.tokens, point.batch, kHeads, kKvHeads, dev.num_sms);
+  absl::StatusOr<PagedAttentionPlan> plan = PlanPagedAttention(seqs, kHeads, kKvHeads, dev.num_sms, limits);
+  BENCH_CHECK_OK(plan.status());
+  b.plan = *std::move(plan);
+  b.items = Upload(b.plan.items);
+  b.combines = Upload(b.plan.combines);
+  b.partial_out = MustAllocate(static_cast<size_t>(b.plan.partial_rows * kKvWidth) * sizeof(float));
+  b.partial_lse = MustAllocate(static_cast<size_t>(b.plan.partial_rows * kKvHeads) * sizeof(float));
+  return b;
+}
+
+// One input set: a layer's K and V pools, the step's fused qkv rows, the output.
+struct InputSet {
+  std::unique_ptr<cuda::DeviceBuffer> pool_k, pool_v, qkv, out;
+};
+
+InputSet MakeSet(const Batch& b, uint32_t seed) {
+  const int64_t pool_elems = int64_t{b.batch} * b.blocks_per_seq * kBlockElems;
+  return {RandomBuffer(pool_elems, seed), RandomBuffer(pool_elems, seed + 1),
+          RandomBuffer(b.tokens * kQkvWidth, seed + 2), MustAllocate(b.tokens * kQWidth * 2)};
+}
+
+PagedAttentionParams Params(const Batch& b, const InputSet& set) {
+  const auto* qkv = static_cast<const __nv_bfloat16*>(set.qkv->data());
+  PagedAttentionParams p;
+  p.q = qkv;
+  p.k = qkv + kQWidth;
+  p.v = qkv + kQWidth + kKvWidth;
+  p.out = set.out->data();
+  p.q_row_stride = p.k_row_stride = p.v_row_stride = kQkvWidth;
+  p.out_row_stride = kQWidth;
+  p.cu_seqlens = static_cast<const int32_t*>(b.d_cu_seqlens->data());
+  p.num_seqs = b.batch;
+  p.tokens = b.tokens;
+  p.cache.k = set.pool_k->data();
+  p.cache.v = set.pool_v->data();
+  p.cache.block_tokens = kBlockTokens;
+  p.cache.start = static_cast<const int32_t*>(b.d_start->data());
+  p.cache.cu_blocks = static_cast<const int32_t*>(b.d_cu_blocks->data());
+  p.cache.block_tables = static_cast<const int32_t*>(b.d_block_tables->data());
+  p.num_heads = kHeads;
+  p.num_kv_heads = kKvHeads;
+  p.head_dim = kHeadDim;
+  p.softmax_scale = static_cast<float>(1.0 / std::sqrt(double{kHeadDim}));
+  p.dtype = DType::kBF16;
+  p.items = static_cast<const PagedWorkItem*>(b.items->data());
+  p.num_items = static_cast<int>(b.plan.items.size());
+  p.combines = static_cast<const PagedCombineTask*>(b.combines->data());
+  p.num_combines = static_cast<int>(b.plan.combines.size());
+  p.partial_out = static_cast<float*>(b.partial_out->data());
+  p.partial_lse = static_cast<float*>(b.partial_lse->data());
+  return p;
+}
+
+std::vector<float> ToFloat(const std::vector<uint16_t>& bits) {
+  std::vector<float> f(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) f[i] = Bf16ToFloat(bits[i]);
+  return f;
+}
+
+std::vector<uint16_t> Download(const void* src, int64_t elems) {
+  std::vector<uint16_t> host(static_cast<size_t>(elems));
+  BENCH_CHECK_CUDA(cudaMemcpy(host.data(), src, elems * 2, cudaMemcpyDeviceToHost));
+  return host;
+}
+
+// Checks every new token and head of two sequences of `set`'s output against
+// float64 attention over the downloaded bf16 inputs: keys 0 .. L-1 read from
+// the pools through the sequence's table, keys L .. from the new rows, causal.
+// Returns whether all are within tolerance; `report` names the worst element.
+bool Validate(const Batch& b, const InputSet& set, std::string& report) {
+  const int L = b.context, nq = b.q_tokens, keys = L + nq;
+  const double scale = 1.0 / std::sqrt(double{kHeadDim});
+  double worst_ratio = -1, worst_err = 0, worst_ref = 0, worst_got = 0;  // ratio: |err| / tolerance
+  std::string worst_at;
+  std::vector<int> samples = {0};
+  if (b.batch > 1) samples.push_back(b.batch - 1);
+  for (const int s : samples) {
+    // K and V of the sequence's keys, [keys, kKvWidth]: history, then the new rows.
+    std::vector<uint16_t> k_bits(static_cast<size_t>(keys * kKvWidth)), v_bits(k_bits.size());
+    for (int64_t blk = 0; blk * kBlockTokens < L; ++blk) {
+      const int64_t rows = std::min<int64_t>(kBlockTokens, L - blk * kBlockTokens);
+      const int64_t src = int64_t{b.block_tables[b.cu_blocks[s] + blk]} * kBlockElems * 2;
+      const int64_t dst = blk * kBlockElems;
+      BENCH_CHECK_CUDA(cudaMemcpy(&k_bits[dst], static_cast<const char*>(set.pool_k->data()) + src, rows * kKvWidth * 2,
+                                  cudaMemcpyDeviceToHost));
+      BENCH_CHECK_CUDA(cudaMemcpy(&v_bits[dst], static_cast<const char*>(set.pool_v->data()) + src, rows * kKvWidth * 2,
+                                  cudaMemcpyDeviceToHost));
+    }
+    const auto* qkv_rows = static_cast<const uint16_t*>(set.qkv->data()) + b.cu_seqlens[s] * kQkvWidth;
+    const std::vector<float> qkv = ToFloat(Download(qkv_rows, nq * kQkvWidth));
+    const std::vector<uint16_t> out =
+        Download(static_cast<const uint16_t*>(set.out->data()) + b.cu_seqlens[s] * kQWidth, nq * kQWidth);
+    std::vector<float> k = ToFloat(k_bits), v = ToFloat(v_bits);
+    for (int i = 0; i < nq; ++i) {
+      std::copy_n(&qkv[i * kQkvWidth + kQWidth], kKvWidth, &k[(L + i) * kKvWidth]);
+      std::copy_n(&qkv[i * kQkvWidth + kQWidth + kKvWidth], kKvWidth, &v[(L + i) * kKvWidth]);
+    }
+    std::vector<double> score(static_cast<size_t>(keys)), o(kHeadDim);
+    for (int i = 0; i < nq; ++i) {
+      const int seen = L + i + 1;  // query at position L + i sees keys 0 .. L + i
+      for (int h = 0; h < kHeads; ++h) {
+        const int kvh = h / (kHeads / kKvHeads);
+        const float* q = &qkv[i * kQkvWidth + h * kHeadDim];
+        double mx = -INFINITY;
+        for (int j = 0; j < seen; ++j) {
+          const float* kr = &k[int64_t{j} * kKvWidth + kvh * kHeadDim];
+          double dot = 0;
+          for (int e = 0; e < kHeadDim; ++e) dot += double{q[e]} * kr[e];
+          score[j] = dot * scale;
+          mx = std::max(mx, score[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j < seen; ++j) sum += (score[j] = std::exp(score[j] - mx));
+        std::fill(o.begin(), o.end(), 0.0);
+        for (int j = 0; j < seen; ++j) {
+          const float* vr = &v[int64_t{j} * kKvWidth + kvh * kHeadDim];
+          const double pj = score[j] / sum;
+          for (int e = 0; e < kHeadDim; ++e) o[e] += pj * vr[e];
+        }
+        for (int e = 0; e < kHeadDim; ++e) {
+          const double got = Bf16ToFloat(out[i * kQWidth + h * kHeadDim + e]);
+          const double err = std::fabs(got - o[e]);
+          // bf16 rounds to 2^-9 relative: allow four such roundings, and an
+          // absolute floor for the fp32 sums over up to 32k keys. NaN fails.
+          const double ratio = std::isfinite(got) ? err / (0x1p-7 * std::fabs(o[e]) + 2e-3) : INFINITY;
+          if (ratio > worst_ratio) {
+            worst_ratio = ratio;
+            worst_err = err;
+            worst_ref = o[e];
+            worst_got = got;
+            worst_at = "seq " + std::to_string(s) + " query " + std::to_string(i) + " head " + std::to_string(h) +
+                       " dim " + std::to_string(e);
+          }
+        }
+      }
+    }
+  }
+  const bool ok = worst_ratio <= 1.0;
+  char line[256];
+  std::snprintf(line, sizeof(line), "check %s: worst at %s: got %.6f, ref %.6f, |err| %.3g (%.2f of the tolerance)",
+                ok ? "ok" : "FAILED", worst_at.c_str(), worst_got, worst_ref, worst_err, worst_ratio);
+  report = line;
+  return ok;
+}
+
+// "--name=value" or "--name value"; advances `i` past a separate value.
+const char* FlagValue(int argc, char** argv, int& i, const char* name) {
+  const size_t n = std::strlen(name);
+  if (std::strncmp(argv[i], name, n) != 0) return nullptr;
+  if (argv[i][n] == '=') return argv[i] + n + 1;
+  if (argv[i][n] == '\0' && i + 1 < argc) return argv[++i];
+  return nullptr;
+}
+
+int Main(int argc, char** argv) {
+  int iters = 100, warmup = 20, q_tokens = 1;
+  std::string csv_path;
+  std::vector<Point> points = {{1, 1024},  {1, 4096},  {1, 16384}, {1, 32768},  {16, 1024},
+                               {16, 4096}, {64, 1024}, {64, 4096}, {256, 1024}, {256, 2048}};
+  for (int i = 1; i < argc; ++i) {
+    const char* v = nullptr;
+    if ((v = FlagValue(argc, argv, i, "--iters")) != nullptr) {
+      iters = std::atoi(v);
+    } else if ((v = FlagValue(argc, argv, i, "--warmup")) != nullptr) {
+      warmup = std::atoi(v);
+    } else if ((v = FlagValue(argc, argv, i, "--q-tokens")) != nullptr) {
+      q_tokens = std::atoi(v);
+    } else if ((v = FlagValue(argc, argv, i, "--csv")) != nullptr) {
+      csv_path = v;
+    } else if ((v = FlagValue(argc, argv, i, "--points")) != nullptr) {
+      points.clear();
+      for (const char* p = v; p != nullptr; p = std::strchr(p, ',')) {
+        if (*p == ',') ++p;
+        Point point{};
+        if (std::sscanf(p, "%dx%d", &point.batch, &point.context) != 2 || point.batch < 1 || point.context < 0) {
+          std::fprintf(stderr, "--points: expected BxL[,BxL...], e.g. 1x1024,64x4096; got '%s'\n", v);
+          return 2;
+        }
+        points.push_back(point);
+      }
+    } else {
+      std::fprintf(stderr, "unknown flag or missing value: '%s'\n", argv[i]);
+      return 2;
+    }
+  }
+  if (iters < 1 || warmup < 0 || q_tokens < 1) {
+    std::fprintf(stderr, "--iters and --q-tokens must be >= 1, --warmup >= 0\n");
+    return 2;
+  }
+  const absl::StatusOr<DeviceInfo> dev = CurrentDeviceInfo();
+  BENCH_CHECK_OK(dev.status());
+  cudaDeviceProp prop;
+  BENCH_CHECK_CUDA(cudaGetDeviceProperties(&prop, dev->ordinal));
+  std::printf("device: %s, %d SMs, L2 %d MB, sm_%d%d\n", prop.name, dev->num_sms, dev->l2_bytes >> 20, dev->cc_major,
+              dev->cc_minor);
+  std::FILE* csv = nullptr;
+  if (!csv_path.empty()) {
+    csv = std::fopen(csv_path.c_str(), "w");
+    if (csv == nullptr) {
+      std::fprintf(stderr, "cannot write %s\n", csv_path.c_str());
+      return 1;
+    }
+    std::fprintf(csv, "B,L,q_tokens,us,kv_bytes,tbps,items,combines\n");
+  }
+  std::printf(
+      "\npaged decode attention: bf16, heads %d, kv heads %d, head_dim %d, blocks of %d, q_tokens %d "
+      "(median of %d)\n",
+      kHeads, kKvHeads, kHeadDim, kBlockTokens, q_tokens, iters);
+  std::printf("%5s %6s %3s %10s %10s %7s %6s %8s %5s\n", "B", "L", "q", "us", "KV MB", "TB/s", "items", "combines",
+              "sets");
+  bool all_ok = true;
+  for (const Point& point : points) {
+    const Batch b = MakeBatch(point, q_tokens, *dev);
+    const double kv_bytes = 2.0 * point.batch * (int64_t{point.context} + q_tokens) * kKvWidth * 2;
+    const size_t set_bytes = static_cast<size_t>(2 * point.batch * b.blocks_per_seq * kBlockElems * 2 +
+                                                 b.tokens * (kQkvWidth + kQWidth) * 2);
+    const int sets = SetsFor(set_bytes, static_cast<size_t>(dev->l2_bytes));
+    std::vector<InputSet> data;
+    for (int i = 0; i < sets; ++i) data.push_back(MakeSet(b, kSeed + 16 * static_cast<uint32_t>(i)));
+    BENCH_CHECK_CUDA(cudaMemset(data[0].out->data(), 0xFF, b.tokens * kQWidth * 2));  // NaN: unwritten fails
+    BENCH_CHECK_OK(LaunchPagedAttention(Params(b, data[0]), nullptr));
+    BENCH_CHECK_CUDA(cudaDeviceSynchronize());
+    std::string check;
+    if (!Validate(b, data[0], check)) {
+      std::printf("%5d %6d %3d  not timed\n        %s\n", point.batch, point.context, q_tokens, check.c_str());
+      all_ok = false;
+      continue;
+    }
+    std::vector<PagedAttentionParams> params;
+    for (const InputSet& set : data) params.push_back(Params(b, set));
+    const double ms =
+        MedianMs(sets, warmup, iters, [&](int set) { BENCH_CHECK_OK(LaunchPagedAttention(params[set], nullptr)); });
+    const double us = ms * 1e3, tbps = kv_bytes / (ms * 1e-3) / 1e12;
+    std::printf("%5d %6d %3d %10.1f %10.1f %7.2f %6zu %8zu %5d\n        %s\n", point.batch, point.context, q_tokens, us,
+                kv_bytes / 1e6, tbps, b.plan.items.size(), b.plan.combines.size(), sets, check.c_str());
+    if (csv != nullptr) {
+      std::fprintf(csv, "%d,%d,%d,%.3f,%.0f,%.4f,%zu,%zu\n", point.batch, point.context, q_tokens, us, kv_bytes, tbps,
+                   b.plan.items.size(), b.plan.combines.size());
+      std::fflush(csv);
+    }
+  }
+  if (csv != nullptr) std::fclose(csv);
+  if (!all_ok) std::printf("\nVALIDATION FAILED on at least one point (its timing was skipped)\n");
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace layerserve::kernels
+
+int main(int argc, char** argv) { return layerserve::kernels::Main(argc, argv); }
