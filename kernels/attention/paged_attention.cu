@@ -119,9 +119,20 @@ absl::Status LaunchPagedAttention(const PagedAttentionParams& p, cudaStream_t st
       paged::PagedAttentionKernel<T, kHeadDim><<<grid, paged::kPagedThreads, kSmemBytes, stream>>>(p);
       LS_CUDA_RETURN_IF_LAUNCH_ERROR(PagedAttentionKernel);
       if (p.num_combines > 0) {
-        const dim3 combine_grid(static_cast<unsigned>(p.num_combines), static_cast<unsigned>(p.num_kv_heads));
-        paged::PagedCombineKernel<T, kHeadDim><<<combine_grid, paged::kCombineThreads, 0, stream>>>(p);
-        LS_CUDA_RETURN_IF_LAUNCH_ERROR(PagedCombineKernel);
+        // Programmatic dependent launch: the combine's CTAs are scheduled as
+        // the attention's last CTAs start and wait for its results on the
+        // device, instead of the stream's launch gap after it (a few us,
+        // much of a one-sequence decode step's attention).
+        cudaLaunchAttribute attr{};
+        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr.val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t config{};
+        config.gridDim = dim3(static_cast<unsigned>(p.num_combines), static_cast<unsigned>(p.num_kv_heads));
+        config.blockDim = dim3(paged::kCombineThreads);
+        config.stream = stream;
+        config.attrs = &attr;
+        config.numAttrs = 1;
+        LS_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, paged::PagedCombineKernel<T, kHeadDim>, p));
       }
       return absl::OkStatus();
     });

@@ -393,14 +393,18 @@ __global__ void __launch_bounds__(kPagedThreads, 2) PagedAttentionKernel(const P
   }
 }
 
-// One CTA per (combine task, KV head); a warp per row at a time, each lane
+// One CTA per (combine task, KV head), launched as a programmatic dependent
+// of PagedAttentionKernel; a warp per row at a time, each lane
 // kHeadDim / 32 dimensions. out = sum_s 2^(lse_s - M) o_s / sum_s
 // 2^(lse_s - M), M the largest log-sum-exp: every row sees at least its own
 // key in some split, so M is finite.
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kCombineThreads) PagedCombineKernel(const PagedAttentionParams p) {
   constexpr int kPerLane = kHeadDim / 32;
-  AllowDependentLaunch();
+  // Launched as a programmatic dependent of the attention kernel: nothing
+  // is read before its partial results are complete and visible.
+  WaitForPrerequisiteGrids();
+  AllowDependentLaunch();  // o_proj may start streaming its weights
   const PagedCombineTask task = p.combines[blockIdx.x];
   const int kv_head = blockIdx.y;
   const int group = p.num_heads / p.num_kv_heads;
