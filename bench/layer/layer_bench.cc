@@ -242,16 +242,7 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
       batch.cu_seqlens.assign(meta.begin() + c.tokens, meta.begin() + c.tokens + c.seqs + 1);
       for (const std::vector<KvBlockId>& table : tables) batch.kv.push_back(SequenceKv{c.context, &table});
       LS_ASSIGN_OR_RETURN(const cuda::BatchKvMeta kv, kv_pool->Upload(batch, 0, stream.get()));
-      geometry.kv_pool = kv_pool.get();
-      geometry.kv_start = kv.start;
-      geometry.kv_cu_blocks = kv.cu_blocks;
-      geometry.kv_block_tables = kv.block_tables;
-      geometry.paged_items = kv.items;
-      geometry.num_paged_items = kv.num_items;
-      geometry.paged_combines = kv.combines;
-      geometry.num_paged_combines = kv.num_combines;
-      geometry.partial_out = kv.partial_out;
-      geometry.partial_lse = kv.partial_lse;
+      cuda::AttachKv(kv_pool.get(), kv, &geometry);
       kv_bytes = 2.0 * static_cast<double>(c.seqs) * static_cast<double>(c.context + 1) * shape.num_kv_heads *
                  shape.head_dim * 2;
     }

@@ -375,16 +375,7 @@ class CudaBackendImpl final : public CudaBackend {
         cudaMemcpyHostToDevice, stream));
     if (batch.has_sessions) {
       LS_ASSIGN_OR_RETURN(const cuda::BatchKvMeta kv, kv_pool->Upload(batch, slot.index, stream));
-      geometry.kv_pool = kv_pool;
-      geometry.kv_start = kv.start;
-      geometry.kv_cu_blocks = kv.cu_blocks;
-      geometry.kv_block_tables = kv.block_tables;
-      geometry.paged_items = kv.items;
-      geometry.num_paged_items = kv.num_items;
-      geometry.paged_combines = kv.combines;
-      geometry.num_paged_combines = kv.num_combines;
-      geometry.partial_out = kv.partial_out;
-      geometry.partial_lse = kv.partial_lse;
+      cuda::AttachKv(kv_pool, kv, &geometry);
     }
     // Wire dtype <-> activation dtype. Requests are packed in order on both
     // sides, so each run of consecutive requests with one wire dtype is one

@@ -16,6 +16,20 @@
 #include "base/status_macros.h"
 
 namespace layerserve::cuda {
+
+void AttachKv(const KvPool* pool, const BatchKvMeta& meta, BatchGeometry* geometry) {
+  geometry->kv_pool = pool;
+  geometry->kv_start = meta.start;
+  geometry->kv_cu_blocks = meta.cu_blocks;
+  geometry->kv_block_tables = meta.block_tables;
+  geometry->paged_items = meta.items;
+  geometry->num_paged_items = meta.num_items;
+  geometry->paged_combines = meta.combines;
+  geometry->num_paged_combines = meta.num_combines;
+  geometry->partial_out = meta.partial_out;
+  geometry->partial_lse = meta.partial_lse;
+}
+
 int64_t KvPool::BlockBytes(const LayerShape& shape, int num_layers, int64_t block_tokens) {
   if (block_tokens < 1) return 0;
   const int64_t row_bytes =

@@ -51,6 +51,12 @@ struct BatchKvMeta {
   float* partial_lse = nullptr;
 };
 
+class KvPool;
+
+// Completes `geometry` for a session batch: the pool and what Upload put on
+// the device (starts, tables, the attention plan, the split workspace).
+void AttachKv(const KvPool* pool, const BatchKvMeta& meta, BatchGeometry* geometry);
+
 // Threading: Create runs once, before serving. Afterwards the pool's storage
 // is written and read only by enqueued kernels, and staging(i) is used only
 // by stream i's thread.
