@@ -47,30 +47,18 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "base/cuda/cuda_resources.h"
+#include "bench/attention/bench_util.cuh"
 #include "layerserve/kernels/common.h"
 #include "layerserve/kernels/paged_attention.h"
 
 namespace layerserve::kernels {
 namespace {
 
-// A benchmark is a program, not library code: a CUDA failure ends it.
-#define BENCH_CHECK_CUDA(expr)                                                                      \
-  do {                                                                                              \
-    const cudaError_t err_ = (expr);                                                                \
-    if (err_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                                 \
-    }                                                                                               \
-  } while (0)
-
-#define BENCH_CHECK_OK(expr)                                                                       \
-  do {                                                                                             \
-    const absl::Status st_ = (expr);                                                               \
-    if (!st_.ok()) {                                                                               \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, std::string(st_.message()).c_str()); \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
+using attention_bench::Bf16ToFloat;
+using attention_bench::MedianMs;
+using attention_bench::MustAllocate;
+using attention_bench::RandomBuffer;
+using attention_bench::SetsFor;
 
 constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlockTokens = 16;
 constexpr int64_t kQWidth = int64_t{kHeads} * kHeadDim;     // q and out columns
@@ -79,41 +67,6 @@ constexpr int64_t kQkvWidth = kQWidth + 2 * kKvWidth;       // the fused row: q 
 constexpr int64_t kBlockElems = int64_t{kBlockTokens} * kKvWidth;
 constexpr uint32_t kSeed = 20240611;
 
-__global__ void FillUniform(__nv_bfloat16* x, int64_t n, uint32_t seed) {
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed ^ static_cast<uint32_t>(i >> 32) * 0x85EBCA77u;
-    h ^= h >> 15;
-    h *= 0x2C1B3C6Du;
-    h ^= h >> 12;
-    h *= 0x297A2D39u;
-    h ^= h >> 15;
-    x[i] = __float2bfloat16_rn(static_cast<float>(h) * (2.0f / 4294967296.0f) - 1.0f);
-  }
-}
-
-// Holds the stream for `ns` nanoseconds of the device's global timer.
-__global__ void Spin(uint64_t ns) {
-  uint64_t start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
-
-// base's device buffer; a failed allocation ends the benchmark.
-std::unique_ptr<cuda::DeviceBuffer> MustAllocate(size_t bytes) {
-  absl::StatusOr<cuda::DeviceBuffer> buffer = cuda::DeviceBuffer::Allocate(std::max<size_t>(bytes, 1));
-  BENCH_CHECK_OK(buffer.status());
-  return std::make_unique<cuda::DeviceBuffer>(*std::move(buffer));
-}
-
-std::unique_ptr<cuda::DeviceBuffer> RandomBuffer(int64_t elems, uint32_t seed) {
-  auto buf = MustAllocate(elems * sizeof(__nv_bfloat16));
-  FillUniform<<<1024, 256>>>(static_cast<__nv_bfloat16*>(buf->data()), elems, seed);
-  BENCH_CHECK_CUDA(cudaGetLastError());
-  return buf;
-}
-
 template <typename T>
 std::unique_ptr<cuda::DeviceBuffer> Upload(const std::vector<T>& host) {
   auto buf = MustAllocate(host.size() * sizeof(T));
@@ -121,44 +74,6 @@ std::unique_ptr<cuda::DeviceBuffer> Upload(const std::vector<T>& host) {
     BENCH_CHECK_CUDA(cudaMemcpy(buf->data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
   }
   return buf;
-}
-
-float Bf16ToFloat(uint16_t bits) {
-  const uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-// Median device time in ms of `launch(set)` over `iters` launches, rotating
-// through `sets` input sets, after `warmup` launches.
-double MedianMs(int sets, int warmup, int iters, const std::function<void(int)>& launch) {
-  for (int i = 0; i < warmup; ++i) launch(i % sets);
-  std::vector<cudaEvent_t> events(2 * iters);
-  for (cudaEvent_t& e : events) BENCH_CHECK_CUDA(cudaEventCreate(&e));
-  // 50 ms is far longer than enqueueing the timed launches takes.
-  Spin<<<1, 1>>>(50'000'000);
-  BENCH_CHECK_CUDA(cudaGetLastError());
-  for (int i = 0; i < iters; ++i) {
-    BENCH_CHECK_CUDA(cudaEventRecord(events[2 * i]));
-    launch(i % sets);
-    BENCH_CHECK_CUDA(cudaEventRecord(events[2 * i + 1]));
-  }
-  BENCH_CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<double> ms(iters);
-  for (int i = 0; i < iters; ++i) {
-    float t = 0;
-    BENCH_CHECK_CUDA(cudaEventElapsedTime(&t, events[2 * i], events[2 * i + 1]));
-    ms[i] = t;
-  }
-  for (cudaEvent_t& e : events) cudaEventDestroy(e);
-  std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
-  return ms[iters / 2];
-}
-
-// Enough input sets that their total is at least twice the L2.
-int SetsFor(size_t bytes_per_set, size_t l2_bytes) {
-  return static_cast<int>(std::max<size_t>(2, (2 * l2_bytes + bytes_per_set - 1) / bytes_per_set));
 }
 
 struct Point {
@@ -433,8 +348,9 @@ int Main(int argc, char** argv) {
     }
     std::vector<PagedAttentionParams> params;
     for (const InputSet& set : data) params.push_back(Params(b, set));
-    const double ms =
-        MedianMs(sets, warmup, iters, [&](int set) { BENCH_CHECK_OK(LaunchPagedAttention(params[set], nullptr)); });
+    const double ms = MedianMs(
+        sets, warmup, iters, [&](int set) { BENCH_CHECK_OK(LaunchPagedAttention(params[set], nullptr)); },
+        /*hold_stream=*/true);
     const double us = ms * 1e3, tbps = kv_bytes / (ms * 1e-3) / 1e12;
     std::printf("%5d %6d %3d %10.1f %10.1f %7.2f %6zu %8zu %5d\n        %s\n", point.batch, point.context, q_tokens, us,
                 kv_bytes / 1e6, tbps, b.plan.items.size(), b.plan.combines.size(), sets, check.c_str());
