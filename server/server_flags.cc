@@ -89,7 +89,11 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
   integer(app.add_option(FlagNames("max-batch-tokens"), flags.max_batch_tokens,
                          "most tokens (sum of B*T) in one batch; also the per-request limit"));
   integer(app.add_option(FlagNames("max-queue-delay-us"), flags.max_queue_delay_us,
-                         "longest time the oldest queued request waits for a batch to fill"));
+                         "longest time the oldest queued request waits for a batch to fill, "
+                         "while the device is busy (an idle device runs a batch at once)"));
+  app.add_flag(FlagNames("batch-delay-when-idle", /*boolean=*/true), flags.batch_delay_when_idle,
+               "wait for --max-queue-delay-us even when the device is idle, as Triton's dynamic "
+               "batcher does: larger batches at moderate load for up to the delay of latency");
   integer(
       app.add_option(FlagNames("max-queue-size"), flags.max_queue_size,
                      "most requests waiting; beyond it ModelInfer fails with RESOURCE_EXHAUSTED"));

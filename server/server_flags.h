@@ -25,6 +25,7 @@ struct ServerFlags {
   std::string backend = "auto";
   int64_t max_batch_tokens = 8192;
   int64_t max_queue_delay_us = 500;
+  bool batch_delay_when_idle = false;  // BatchPolicy::delay_when_idle
   int64_t max_queue_size = 1024;
   int64_t max_queue_bytes = 0;  // 0: DefaultMaxQueueBytes
   int cpu_threads = 0;

@@ -4,7 +4,7 @@
 namespace layerserve {
 
 BatchDecision DecideBatch(const BatchPolicy& policy, std::span<const int64_t> queued_tokens,
-                          SteadyTime oldest_enqueue, SteadyTime now) {
+                          SteadyTime oldest_enqueue, SteadyTime now, bool device_idle) {
   BatchDecision decision;
   if (queued_tokens.empty()) return decision;
 
@@ -20,7 +20,7 @@ BatchDecision DecideBatch(const BatchPolicy& policy, std::span<const int64_t> qu
 
   const bool full = tokens >= policy.max_batch_tokens || take < queued_tokens.size();
   const SteadyTime due = oldest_enqueue + policy.max_queue_delay;
-  if (full || now >= due) {
+  if ((device_idle && !policy.delay_when_idle) || full || now >= due) {
     decision.take = take;
   } else {
     decision.wake_at = due;

@@ -177,10 +177,12 @@ std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<St
   }
   if (eligible.empty()) return nullptr;  // a batch in flight will wake us
   const SteadyTime oldest = queue_[eligible.front()]->enqueue_time;
-  BatchDecision decision = DecideBatch(options_.policy, tokens, oldest, now);
+  BatchDecision decision =
+      DecideBatch(options_.policy, tokens, oldest, now, /*device_idle=*/inflight_batches_ == 0);
   // Draining: run what is queued without waiting for more to arrive.
   if (decision.take == 0 && stopping_) {
-    decision = DecideBatch(options_.policy, tokens, now - options_.policy.max_queue_delay, now);
+    decision = DecideBatch(options_.policy, tokens, now - options_.policy.max_queue_delay, now,
+                           /*device_idle=*/false);
   }
   if (decision.take == 0) {
     *wake_at = decision.wake_at;

@@ -131,7 +131,8 @@ TEST(LayerserveCommandLineTest, EverySpellingReachesItsFlag) {
       {"--max_batch_tokens", "64", "--max-queue-delay-us", "1234", "--max_queue_size=77",
        "--layers", "1:3", "--model-dir=", "--model_name=spelled", "--gemm-autotune=false",
        "--nogemm_autotune", "--gemm_autotune", "--streams", "1", "--cuda_device=0",
-       "--cpu-threads=1", "--drain_timeout_s=5", "--max-queue-delay-us=0100"});
+       "--cpu-threads=1", "--drain_timeout_s=5", "--max-queue-delay-us=0100",
+       "--batch_delay_when_idle"});
   ASSERT_TRUE(server.ok()) << server.status();
   EXPECT_EQ((*server)->model(), "spelled");
   EXPECT_TRUE(absl::StrContains((*server)->ready_line(), "layers=1:3")) << (*server)->ready_line();

@@ -46,7 +46,8 @@ class OverloadTest : public ::testing::Test {
   static void SetUpTestSuite() {
     absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
         {"--max-queue-size=1",
-         "--max-queue-delay-us=" + std::to_string(absl::ToInt64Microseconds(kQueueDelay))});
+         "--max-queue-delay-us=" + std::to_string(absl::ToInt64Microseconds(kQueueDelay)),
+         "--batch-delay-when-idle"});
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = server->release();
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server_->grpc_target());
@@ -118,7 +119,8 @@ TEST_F(OverloadTest, FullQueueIsResourceExhausted) {
 TEST(QueueBytesFlagTest, ByteLimitRefusesABurst) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
       {"--max-queue-size=1000", "--max-queue-bytes=4096",
-       "--max-queue-delay-us=" + std::to_string(absl::ToInt64Microseconds(kQueueDelay))});
+       "--max-queue-delay-us=" + std::to_string(absl::ToInt64Microseconds(kQueueDelay)),
+       "--batch-delay-when-idle"});
   ASSERT_TRUE(server.ok()) << server.status();
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect((*server)->grpc_target());
   ASSERT_TRUE(client.ok()) << client.status();

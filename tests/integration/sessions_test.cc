@@ -573,7 +573,9 @@ class SessionQueueTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     served_ = new Served();
-    StartServer({"--kv-cache-memory=32MiB", "--max-queue-delay-us=1000000"}, served_);
+    StartServer(
+        {"--kv-cache-memory=32MiB", "--max-queue-delay-us=1000000", "--batch-delay-when-idle"},
+        served_);
     reference_ = new DemoReference(0, 4);
   }
   static void TearDownTestSuite() {
@@ -777,9 +779,9 @@ TEST(SessionLimitsTest, MaxSessionsRefusesOneMoreUntilOneEnds) {
 // included, completes with the right answer, and the server exits 0.
 TEST(SessionShutdownTest, SigtermDrainsQueuedSessionSteps) {
   Served served;
-  ASSERT_NO_FATAL_FAILURE(StartServer(
-      {"--kv-cache-memory=32MiB", "--max-queue-delay-us=1000000", "--drain-timeout-s=20"},
-      &served));
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--kv-cache-memory=32MiB", "--max-queue-delay-us=1000000",
+                                       "--batch-delay-when-idle", "--drain-timeout-s=20"},
+                                      &served));
   if (!served.sessions()) GTEST_SKIP() << kNoSessions;
   const std::vector<int64_t> pieces = {5, 1, 3, 1};
   const int64_t length = std::accumulate(pieces.begin(), pieces.end(), int64_t{0});

@@ -47,8 +47,8 @@ absl::StatusOr<double> WaitForQueueDepth(const ServerProcess& server, double dep
 }
 
 TEST(ShutdownTest, SigtermDrainsQueuedRequestsAndExitsZero) {
-  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-      ServerProcess::Start({"--max-queue-delay-us=3000000", "--drain-timeout-s=20"});
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
+      {"--max-queue-delay-us=3000000", "--batch-delay-when-idle", "--drain-timeout-s=20"});
   ASSERT_TRUE(server.ok()) << server.status();
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect((*server)->grpc_target());
   ASSERT_TRUE(client.ok()) << client.status();

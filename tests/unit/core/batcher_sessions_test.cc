@@ -81,12 +81,15 @@ BatcherOptions SessionOptions(SessionTable* table) {
 
 TEST(BatcherSessionsTest, OneSessionsRequestsRunInOrderNeverTogether) {
   auto table = MakeTable();
-  FakeClock clock;  // everything queues until the batching delay passes
+  FakeClock clock;
   FakeBackend backend(2);
   SessionsObserver observer;
   BatcherOptions options = SessionOptions(table.get());
   options.policy.max_queue_delay = std::chrono::microseconds(1000);
   Batcher batcher(options, &backend, &observer, &clock);
+  // The device is busy, so everything queues until the batching delay passes.
+  Outcome plug;
+  KeepBusy(batcher, backend, &plug);
   Outcome outs[5];
   std::vector<std::unique_ptr<InferRequest>> requests;
   requests.push_back(SessionRequest("a0", "xxxxx", Start(1), &outs[0]));
@@ -99,14 +102,16 @@ TEST(BatcherSessionsTest, OneSessionsRequestsRunInOrderNeverTogether) {
   for (auto& r : requests) ASSERT_TRUE(batcher.Enqueue(r).ok());
   clock.Advance(std::chrono::microseconds(1000));
   batcher.Wake();
+  ASSERT_TRUE(backend.AwaitBatches(2));
+  backend.SetOpen(true);
   for (auto& o : outs) {
     ASSERT_TRUE(o.done.WaitFor(kWait));
     EXPECT_TRUE(o.status.ok()) << o.status;
   }
-  // The first batch takes a0, b0 and the stateless request; a1 waits for a0,
-  // and a2 for a1, each in a batch of its own.
+  // After the plug, the first batch takes a0, b0 and the stateless request;
+  // a1 waits for a0, and a2 for a1, each in a batch of its own.
   std::vector<Steps> batches = backend.batch_steps();
-  ASSERT_GE(batches.size(), 3u);
+  ASSERT_GE(batches.size(), 4u);
   Steps a_steps;
   for (const Steps& batch : batches) {
     int a_in_batch = 0;
@@ -119,7 +124,8 @@ TEST(BatcherSessionsTest, OneSessionsRequestsRunInOrderNeverTogether) {
     EXPECT_LE(a_in_batch, 1);
   }
   EXPECT_EQ(a_steps, (Steps{{"a0", 0}, {"a1", 5}, {"a2", 6}}));
-  EXPECT_EQ(batches[0], (Steps{{"a0", 0}, {"b0", 0}, {"stateless", -1}}));
+  EXPECT_EQ(batches[0], (Steps{{"plug", -1}}));
+  EXPECT_EQ(batches[1], (Steps{{"a0", 0}, {"b0", 0}, {"stateless", -1}}));
   ASSERT_TRUE(table->Find(SessionId(1)).has_value());
   EXPECT_EQ(table->Find(SessionId(1))->length, 8);
   EXPECT_EQ(table->Find(SessionId(2))->length, 2);
@@ -367,26 +373,28 @@ TEST(BatcherSessionsTest, LongRequestRunsInPiecesBesideOtherSessionsSteps) {
 
   // A 10-token prefill of session 1 and a 1-token step of session 2: the
   // prefill runs as pieces of 4, 4 and 2, the step rides with the first.
-  Outcome prefill, step;
+  // Both are queued behind a plug in the only slot, so they meet in one queue.
+  Outcome plug, prefill, step;
+  KeepBusy(batcher, backend, &plug);
   SessionParams start = Start(1);
   start.end = true;  // freed after its last piece, not its first
   auto r1 = SessionRequest("a-prefill", "abcdefghij", start, &prefill);
   auto r2 = SessionRequest("b-step", "y", Append(2), &step);
   ASSERT_TRUE(batcher.Enqueue(r1).ok());
   ASSERT_TRUE(batcher.Enqueue(r2).ok());
-  clock.Advance(std::chrono::microseconds(1000));
-  batcher.Wake();
+  backend.SetOpen(true);
   ASSERT_TRUE(prefill.done.WaitFor(kWait));
   ASSERT_TRUE(step.done.WaitFor(kWait));
   EXPECT_TRUE(prefill.status.ok()) << prefill.status;
   EXPECT_EQ(prefill.output, "bcdefghijk");
   std::vector<Steps> batches = backend.batch_steps();
-  ASSERT_EQ(batches.size(), 4u);
-  EXPECT_EQ(batches[1], (Steps{{"a-prefill", 0}, {"b-step", 1}}));
-  EXPECT_EQ(batches[2], (Steps{{"a-prefill", 4}}));
-  EXPECT_EQ(batches[3], (Steps{{"a-prefill", 8}}));
-  EXPECT_EQ(backend.batch_tokens()[1], 5);
-  EXPECT_EQ(backend.batch_tokens()[3], 2);
+  ASSERT_EQ(batches.size(), 5u);
+  EXPECT_EQ(batches[1], (Steps{{"plug", -1}}));
+  EXPECT_EQ(batches[2], (Steps{{"a-prefill", 0}, {"b-step", 1}}));
+  EXPECT_EQ(batches[3], (Steps{{"a-prefill", 4}}));
+  EXPECT_EQ(batches[4], (Steps{{"a-prefill", 8}}));
+  EXPECT_EQ(backend.batch_tokens()[2], 5);
+  EXPECT_EQ(backend.batch_tokens()[4], 2);
   EXPECT_FALSE(table->Find(SessionId(1)).has_value());  // ended with its last piece
   EXPECT_EQ(table->Stats().freed_end, 1);
   EXPECT_TRUE(table->CheckConsistency().ok());

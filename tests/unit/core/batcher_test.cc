@@ -19,11 +19,27 @@ namespace {
 using std::chrono::microseconds;
 using std::chrono::milliseconds;
 
-TEST(BatcherTest, PartialBatchWaitsForTheDelayThenRunsTogether) {
-  FakeClock clock;
+TEST(BatcherTest, AnIdleDeviceRunsARequestAtOnce) {
+  FakeClock clock;  // never advanced: the delay never passes
   FakeBackend backend(1);
   ServerObserver observer;
+  Batcher batcher(Options(64, 1'000'000), &backend, &observer, &clock);
+  const std::string payload = "ab";
+  Outcome out;
+  auto r = MakeRequest(payload, 2, &out);
+  ASSERT_TRUE(batcher.Enqueue(r).ok());
+  ASSERT_TRUE(out.done.WaitFor(milliseconds(10000)));
+  EXPECT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(out.output, "bc");
+}
+
+TEST(BatcherTest, WhileBusyAPartialBatchWaitsForTheDelayThenRunsTogether) {
+  FakeClock clock;
+  FakeBackend backend(2);  // one slot for the plug, one free
+  ServerObserver observer;
   Batcher batcher(Options(64, 1000), &backend, &observer, &clock);
+  Outcome plug;
+  KeepBusy(batcher, backend, &plug);
   const std::string payload = "ab";
   Outcome outs[3];
   for (auto& o : outs) {
@@ -32,35 +48,42 @@ TEST(BatcherTest, PartialBatchWaitsForTheDelayThenRunsTogether) {
   }
   clock.Advance(microseconds(999));
   batcher.Wake();
-  // Not due yet: nothing may run (a short real wait proves the absence).
-  EXPECT_FALSE(outs[0].done.WaitFor(milliseconds(30)));
+  // Not due yet: no batch may form (a short real wait proves the absence).
+  std::this_thread::sleep_for(milliseconds(30));
+  EXPECT_EQ(backend.batch_sizes().size(), 1u);
   clock.Advance(microseconds(1));
   batcher.Wake();
+  ASSERT_TRUE(backend.AwaitBatches(2));
+  backend.SetOpen(true);
   for (auto& o : outs) {
     ASSERT_TRUE(o.done.WaitFor(milliseconds(10000)));
     EXPECT_TRUE(o.status.ok()) << o.status;
     EXPECT_EQ(o.output, "bc");
   }
-  EXPECT_EQ(backend.batch_sizes(), std::vector<size_t>{3});
-  EXPECT_EQ(backend.batch_tokens(), std::vector<int64_t>{6});
+  EXPECT_EQ(backend.batch_sizes(), (std::vector<size_t>{1, 3}));
+  EXPECT_EQ(backend.batch_tokens(), (std::vector<int64_t>{1, 6}));
 }
 
 TEST(BatcherTest, FullBatchRunsWithoutWaiting) {
-  FakeClock clock;  // never advanced: only fullness can trigger the batch
-  FakeBackend backend(1);
+  FakeClock clock;         // never advanced: only fullness can trigger the batch
+  FakeBackend backend(2);  // one slot for the plug, one free
   ServerObserver observer;
   Batcher batcher(Options(8, 1'000'000), &backend, &observer, &clock);
+  Outcome plug;
+  KeepBusy(batcher, backend, &plug);  // busy: the first request alone waits
   const std::string payload(4, 'x');
   Outcome a, b;
   auto ra = MakeRequest(payload, 4, &a);
   auto rb = MakeRequest(payload, 4, &b);
   ASSERT_TRUE(batcher.Enqueue(ra).ok());
   ASSERT_TRUE(batcher.Enqueue(rb).ok());
+  ASSERT_TRUE(backend.AwaitBatches(2));
+  backend.SetOpen(true);
   // Both are waited for: one batch's replies run on several reply threads.
   ASSERT_TRUE(a.done.WaitFor(milliseconds(10000)));
   ASSERT_TRUE(b.done.WaitFor(milliseconds(10000)));
   EXPECT_TRUE(a.status.ok());
-  EXPECT_EQ(backend.batch_sizes(), std::vector<size_t>{2});
+  EXPECT_EQ(backend.batch_sizes(), (std::vector<size_t>{1, 2}));
 }
 
 TEST(BatcherTest, RequestsAccumulateWhileTheBackendIsBusy) {
@@ -123,8 +146,9 @@ TEST(BatcherTest, FullQueueRejectsAndReturnsTheRequest) {
   // Declared before the batcher: its destructor runs the two queued requests,
   // whose replies write to o[0] and o[1].
   const std::string payload = "q";
-  Outcome o[3];
+  Outcome plug, o[3];
   Batcher batcher(Options(64, 1'000'000, /*queue=*/2), &backend, &observer, &clock);
+  KeepBusy(batcher, backend, &plug);  // the only slot: what follows stays queued
   for (int i = 0; i < 2; ++i) {
     auto r = MakeRequest(payload, 1, &o[i]);
     ASSERT_TRUE(batcher.Enqueue(r).ok());
@@ -134,6 +158,7 @@ TEST(BatcherTest, FullQueueRejectsAndReturnsTheRequest) {
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_NE(r, nullptr);  // still the caller's; its on_done will not be called
   EXPECT_EQ(batcher.queue_depth(), 2);
+  backend.SetOpen(true);
 }
 
 // The queue is bounded by the bytes its requests hold too, not only by their
@@ -143,10 +168,11 @@ TEST(BatcherTest, QueueBytesLimitRejectsAndFreesAsBatchesStart) {
   FakeBackend backend(1);
   ServerObserver observer;
   const std::string four(4, 'f'), two(2, 't'), big(64, 'b');
-  Outcome o[6];
+  Outcome plugs[2], o[6];
   BatcherOptions options = Options(64, 1000);
   options.max_queue_bytes = 10;
   Batcher batcher(options, &backend, &observer, &clock);
+  KeepBusy(batcher, backend, &plugs[0]);  // the only slot: what follows stays queued
   for (int i = 0; i < 2; ++i) {
     auto r = MakeRequest(four, 1, &o[i]);
     ASSERT_TRUE(batcher.Enqueue(r).ok());
@@ -160,18 +186,17 @@ TEST(BatcherTest, QueueBytesLimitRejectsAndFreesAsBatchesStart) {
   ASSERT_TRUE(batcher.Enqueue(fits).ok());
   EXPECT_EQ(batcher.queue_depth(), 3);
 
-  // The batch starts: its bytes leave the queue's account.
-  clock.Advance(microseconds(1000));
-  batcher.Wake();
+  // The slot frees and the batch starts: its bytes leave the queue's account.
+  backend.SetOpen(true);
   for (int i : {0, 1, 3}) ASSERT_TRUE(o[i].done.WaitFor(milliseconds(10000)));
   // A request larger than the whole limit is still taken by an empty queue,
   // or a small limit would make a legal request impossible to serve.
+  KeepBusy(batcher, backend, &plugs[1]);
   auto alone = MakeRequest(big, 1, &o[4]);
   ASSERT_TRUE(batcher.Enqueue(alone).ok());
   auto behind = MakeRequest(two, 1, &o[5]);
   EXPECT_EQ(batcher.Enqueue(behind).code(), absl::StatusCode::kResourceExhausted);
-  clock.Advance(microseconds(1000));
-  batcher.Wake();
+  backend.SetOpen(true);
   ASSERT_TRUE(o[4].done.WaitFor(milliseconds(10000)));
   EXPECT_TRUE(o[4].status.ok()) << o[4].status;
 }
@@ -226,9 +251,11 @@ TEST(BatcherTest, QueueBytesLimitAndItsDefault) {
 
 TEST(BatcherTest, ExpiredAndCancelledRequestsAreDroppedBeforeCompute) {
   FakeClock clock;
-  FakeBackend backend(1);
+  FakeBackend backend(2);  // one slot for the plug, one free
   ServerObserver observer;
   Batcher batcher(Options(64, 1000), &backend, &observer, &clock);
+  Outcome plug;
+  KeepBusy(batcher, backend, &plug);  // the device is busy: the delay holds the rest
   const std::string payload = "d";
   Outcome expired, cancelled, kept;
   auto re = MakeRequest(payload, 1, &expired);
@@ -249,9 +276,12 @@ TEST(BatcherTest, ExpiredAndCancelledRequestsAreDroppedBeforeCompute) {
   EXPECT_EQ(cancelled.status.code(), absl::StatusCode::kCancelled) << cancelled.status;
   clock.Advance(microseconds(400));
   batcher.Wake();
+  ASSERT_TRUE(backend.AwaitBatches(2));
+  backend.SetOpen(true);
   ASSERT_TRUE(kept.done.WaitFor(milliseconds(10000)));
   EXPECT_TRUE(kept.status.ok());
-  EXPECT_EQ(backend.batch_sizes(), std::vector<size_t>{1});  // only the survivor ran
+  // Only the survivor ran, after the plug.
+  EXPECT_EQ(backend.batch_sizes(), (std::vector<size_t>{1, 1}));
 }
 
 TEST(BatcherTest, ShutdownRunsQueuedWorkAndRefusesNewWork) {

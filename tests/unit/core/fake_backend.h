@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "base/mutex.h"
 #include "server/core/batcher.h"
 
@@ -182,6 +184,22 @@ inline std::unique_ptr<InferRequest> MakeRequest(const std::string& payload, int
     out->done.Notify();
   };
   return r;
+}
+
+// Makes the device busy: closes `backend` and runs one 1-token stateless
+// request (id "plug", answered into `out`) through `batcher`, which stays in
+// flight, holding one of the backend's slots, until SetOpen(true). An idle
+// device runs a request as soon as it is queued; while a batch is in flight,
+// what is queued after it waits for the batching delay (or a full batch) and
+// a free slot, which is what tests of batch formation need.
+inline void KeepBusy(Batcher& batcher, FakeBackend& backend, Outcome* out) {
+  static const std::string kPayload = "p";
+  backend.SetOpen(false);
+  const size_t before = backend.batch_sizes().size();
+  auto plug = MakeRequest(kPayload, 1, out);
+  plug->id = "plug";
+  ASSERT_TRUE(batcher.Enqueue(plug).ok());
+  ASSERT_TRUE(backend.AwaitBatches(before + 1));
 }
 
 inline BatcherOptions Options(int64_t max_tokens, int64_t delay_us, int64_t queue = 1024) {
