@@ -49,6 +49,17 @@ struct SequenceLimit {
   std::string reason;
 };
 
+// How a backend's time on one batch splits (seconds), as Triton's statistics
+// split it: moving the requests' tensors in (conversion and packing into the
+// backend's own buffers), and moving the outputs back into the requests.
+// What is left of the batch's compute time is inference proper (the layers,
+// and on the CUDA backend the device copies, which run on the stream). Zero
+// where a backend does not measure a part.
+struct BatchTimings {
+  double input_seconds = 0;
+  double output_seconds = 0;
+};
+
 struct Batch {
   std::vector<std::unique_ptr<InferRequest>> requests;
   std::vector<int32_t> cu_seqlens;  // num_sequences + 1 offsets, cu_seqlens[0] == 0
@@ -56,6 +67,7 @@ struct Batch {
   // One entry per sequence, in cu_seqlens order.
   std::vector<SequenceKv> kv;
   bool has_sessions = false;  // any request is a session step
+  BatchTimings timings;       // filled by the backend as it computes
 
   // Fills cu_seqlens, total_tokens, kv and has_sessions from `requests`.
   void Pack();

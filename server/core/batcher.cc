@@ -321,8 +321,12 @@ void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
                           absl::Status status) {
   const double compute_seconds = Seconds(clock_->Now() - start);
   // Recorded before the replies, so statistics read after a reply include it.
-  observer_->OnBatchExecuted({static_cast<int64_t>(batch->requests.size()), batch->total_tokens,
-                              compute_seconds, status.ok()});
+  observer_->OnBatchExecuted({.requests = static_cast<int64_t>(batch->requests.size()),
+                              .tokens = batch->total_tokens,
+                              .compute_seconds = compute_seconds,
+                              .ok = status.ok(),
+                              .input_seconds = batch->timings.input_seconds,
+                              .output_seconds = batch->timings.output_seconds});
   for (auto& r : batch->requests) r->compute_seconds += compute_seconds;
   // Sessions step forward (or back) before any reply, so that a client's
   // next request sees this one's effect.

@@ -32,12 +32,22 @@ struct DequeueRecord {
   double queue_seconds = 0;
 };
 
-// One batch executed by a backend.
+// One batch executed by a backend. compute_seconds runs from handing the
+// batch to the backend to its completion; input_seconds and output_seconds
+// are the parts of it the backend spent moving tensors in and out
+// (BatchTimings), the rest is inference.
 struct BatchRecord {
   int64_t requests = 0;
   int64_t tokens = 0;
   double compute_seconds = 0;
   bool ok = true;
+  double input_seconds = 0;
+  double output_seconds = 0;
+
+  double infer_seconds() const {
+    const double rest = compute_seconds - input_seconds - output_seconds;
+    return rest > 0 ? rest : 0;
+  }
 };
 
 class ServerObserver {

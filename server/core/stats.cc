@@ -38,14 +38,16 @@ void StatsRecorder::OnBatchExecuted(const BatchRecord& r) {
   const uint64_t ns = ToNs(r.compute_seconds);
   stats_.execution_count += 1;
   stats_.inference_count += static_cast<uint64_t>(r.requests);
-  // Every request of the batch spent the batch's compute time. Input and
-  // output conversion happen inside the backend's batch and are included in
-  // compute_infer; perf_analyzer still requires the three counts to agree.
+  // Every request of the batch spent the batch's compute time, split as the
+  // backend measured it (the three parts add up to compute_seconds);
+  // perf_analyzer requires the three counts to agree.
   const uint64_t requests = static_cast<uint64_t>(r.requests);
   stats_.compute_input.count += requests;
   stats_.compute_infer.count += requests;
   stats_.compute_output.count += requests;
-  stats_.compute_infer.ns += ns * requests;
+  stats_.compute_input.ns += ToNs(r.input_seconds) * requests;
+  stats_.compute_infer.ns += ToNs(r.infer_seconds()) * requests;
+  stats_.compute_output.ns += ToNs(r.output_seconds) * requests;
   DurationStat& per_size = stats_.batch_compute_infer[static_cast<uint64_t>(r.requests)];
   per_size.count += 1;
   per_size.ns += ns;

@@ -21,6 +21,7 @@
 #include "server/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <deque>
 #include <limits>
 #include <new>
@@ -185,6 +186,7 @@ class CpuBackend final : public Backend {
     LS_RETURN_IF_ERROR(
         batch.Validate(config_.hidden_size, std::numeric_limits<int64_t>::max(), {},
                        kv_cache != nullptr ? kv_cache->shape() : layerserve::KvCacheShape{}));
+    const auto input_start = std::chrono::steady_clock::now();
     const int64_t tokens = batch.total_tokens;
     const int64_t hidden = config_.hidden_size;
     x_.resize(static_cast<size_t>(tokens * hidden));
@@ -199,6 +201,8 @@ class CpuBackend final : public Backend {
                        piece, x_.data() + offset);
       }
     }
+    batch.timings.input_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - input_start).count();
     // Where each sequence starts, for RoPE; empty (all 0) without sessions.
     start_positions_.clear();
     if (batch.has_sessions) {
@@ -207,6 +211,7 @@ class CpuBackend final : public Backend {
     for (size_t l = 0; l < layers_.size(); ++l) {
       ForwardLayer(static_cast<int64_t>(l), batch, kv_cache);
     }
+    const auto output_start = std::chrono::steady_clock::now();
     offset = 0;
     for (const auto& request : batch.requests) {
       const size_t piece = static_cast<size_t>(request->piece_tokens() * hidden);
@@ -217,6 +222,8 @@ class CpuBackend final : public Backend {
                          request->output.data() + request->piece_offset(b) * element);
       }
     }
+    batch.timings.output_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - output_start).count();
     return absl::OkStatus();
   }
 

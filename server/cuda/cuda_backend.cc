@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <thread>
@@ -292,6 +293,7 @@ class CudaBackendImpl final : public CudaBackend {
 
     // Pack inputs and metadata into pinned memory: each request's pieces, in
     // sequence order (one contiguous run per request).
+    const auto input_start = std::chrono::steady_clock::now();
     std::vector<size_t> offsets;
     offsets.reserve(batch.requests.size());
     size_t io_bytes = 0;
@@ -321,6 +323,8 @@ class CudaBackendImpl final : public CudaBackend {
     geometry.positions = slot.arena.meta;
     geometry.cu_seqlens = slot.arena.meta + tokens;
 
+    const auto input_end = std::chrono::steady_clock::now();
+    batch.timings.input_seconds = std::chrono::duration<double>(input_end - input_start).count();
     const bool sampled =
         options_.timing_sink != nullptr && options_.timing_sample_every > 0 &&
         batches_.fetch_add(1, std::memory_order_relaxed) % options_.timing_sample_every == 0;
@@ -337,6 +341,7 @@ class CudaBackendImpl final : public CudaBackend {
       // Outputs are already correct: a timing failure must not fail the batch.
       static_cast<void>(slot.timer.Report(options_.timing_sink));
     }
+    const auto output_start = std::chrono::steady_clock::now();
     for (size_t i = 0; i < batch.requests.size(); ++i) {
       InferRequest& request = *batch.requests[i];
       const size_t element = DTypeSize(request.dtype);
@@ -347,6 +352,8 @@ class CudaBackendImpl final : public CudaBackend {
                     slot.io_host.data() + offsets[i] + static_cast<size_t>(b) * piece, piece);
       }
     }
+    batch.timings.output_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - output_start).count();
     return absl::OkStatus();
   }
 

@@ -331,6 +331,12 @@ struct PrometheusMetrics::Impl {
                              .Name("layerserve_compute_duration_seconds")
                              .Help("Backend execution time of one batch.")
                              .Register(*registry)),
+        batch_stage(prometheus::BuildHistogram()
+                        .Name("layerserve_batch_stage_seconds")
+                        .Help("Parts of a batch's compute time: input (tensors into the "
+                              "backend's buffers), infer (the layers; on CUDA also the device "
+                              "copies), output (results back into the requests).")
+                        .Register(*registry)),
         batch_size(prometheus::BuildHistogram()
                        .Name("layerserve_batch_size")
                        .Help("Requests per backend execution.")
@@ -359,6 +365,9 @@ struct PrometheusMetrics::Impl {
         request_tokens_model(request_tokens.Add(ModelLabel(), PowersOfTwoUpTo(65536))),
         queue_duration_model(queue_duration.Add(ModelLabel(), DurationBucketsSeconds())),
         compute_duration_model(compute_duration.Add(ModelLabel(), DurationBucketsSeconds())),
+        batch_input_model(batch_stage.Add(StageLabels("input"), DurationBucketsSeconds())),
+        batch_infer_model(batch_stage.Add(StageLabels("infer"), DurationBucketsSeconds())),
+        batch_output_model(batch_stage.Add(StageLabels("output"), DurationBucketsSeconds())),
         batch_size_model(batch_size.Add(ModelLabel(), PowersOfTwoUpTo(1024))),
         batch_tokens_model(batch_tokens.Add(ModelLabel(), PowersOfTwoUpTo(65536))),
         queue_depth_model(queue_depth.Add(ModelLabel())),
@@ -373,6 +382,9 @@ struct PrometheusMetrics::Impl {
   }
 
   prometheus::Labels ModelLabel() const { return {{"model", model_name}}; }
+  prometheus::Labels StageLabels(const std::string& stage) const {
+    return {{"model", model_name}, {"stage", stage}};
+  }
 
   const std::string model_name;
   std::shared_ptr<prometheus::Registry> registry;
@@ -387,6 +399,7 @@ struct PrometheusMetrics::Impl {
   prometheus::Family<prometheus::Histogram>& request_duration;
   prometheus::Family<prometheus::Histogram>& queue_duration;
   prometheus::Family<prometheus::Histogram>& compute_duration;
+  prometheus::Family<prometheus::Histogram>& batch_stage;
   prometheus::Family<prometheus::Histogram>& batch_size;
   prometheus::Family<prometheus::Histogram>& batch_tokens;
   prometheus::Family<prometheus::Gauge>& queue_depth;
@@ -399,6 +412,9 @@ struct PrometheusMetrics::Impl {
   prometheus::Histogram& request_tokens_model;
   prometheus::Histogram& queue_duration_model;
   prometheus::Histogram& compute_duration_model;
+  prometheus::Histogram& batch_input_model;
+  prometheus::Histogram& batch_infer_model;
+  prometheus::Histogram& batch_output_model;
   prometheus::Histogram& batch_size_model;
   prometheus::Histogram& batch_tokens_model;
   prometheus::Gauge& queue_depth_model;
@@ -502,6 +518,9 @@ void PrometheusMetrics::OnBatchExecuted(const BatchRecord& r) {
   // Failed batches are observed too: they occupied the backend for that long,
   // and their requests show up under a non-OK code in requests_total.
   impl_->compute_duration_model.Observe(r.compute_seconds);
+  impl_->batch_input_model.Observe(r.input_seconds);
+  impl_->batch_infer_model.Observe(r.infer_seconds());
+  impl_->batch_output_model.Observe(r.output_seconds);
   impl_->batch_size_model.Observe(static_cast<double>(r.requests));
   impl_->batch_tokens_model.Observe(static_cast<double>(r.tokens));
 }

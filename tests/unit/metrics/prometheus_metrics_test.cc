@@ -42,6 +42,7 @@ TEST(PrometheusMetricsTest, EveryFamilyIsExposedWithItsType) {
       {"layerserve_request_duration_seconds", "histogram"},
       {"layerserve_queue_duration_seconds", "histogram"},
       {"layerserve_compute_duration_seconds", "histogram"},
+      {"layerserve_batch_stage_seconds", "histogram"},
       {"layerserve_batch_size", "histogram"},
       {"layerserve_batch_tokens", "histogram"},
       {"layerserve_queue_depth", "gauge"},
@@ -295,6 +296,26 @@ TEST(PrometheusMetricsTest, BatchesAndQueueFillTheirHistograms) {
   EXPECT_EQ(e.BucketCount("layerserve_queue_duration_seconds", model, 50e-6), 0.0);
   EXPECT_EQ(e.BucketCount("layerserve_queue_duration_seconds", model, 100e-6), 1.0);
   EXPECT_EQ(e.BucketCount("layerserve_queue_duration_seconds", model, 250e-3), 2.0);
+}
+
+// A batch's compute time split as its backend measured it: infer is what
+// input and output leave of it.
+TEST(PrometheusMetricsTest, BatchStagesSplitTheComputeTime) {
+  PrometheusMetrics metrics(kModel);
+  metrics.OnBatchExecuted({.requests = 4,
+                           .tokens = 4,
+                           .compute_seconds = 0.010,
+                           .ok = true,
+                           .input_seconds = 0.001,
+                           .output_seconds = 0.002});
+  const Exposition e = Parse(metrics);
+  const auto stage = [](const char* name) -> Labels {
+    return {{"model", kModel}, {"stage", name}};
+  };
+  EXPECT_DOUBLE_EQ(*e.Find("layerserve_batch_stage_seconds_sum", stage("input")), 0.001);
+  EXPECT_DOUBLE_EQ(*e.Find("layerserve_batch_stage_seconds_sum", stage("infer")), 0.007);
+  EXPECT_DOUBLE_EQ(*e.Find("layerserve_batch_stage_seconds_sum", stage("output")), 0.002);
+  EXPECT_EQ(e.Find("layerserve_batch_stage_seconds_count", stage("infer")), 1.0);
 }
 
 TEST(PrometheusMetricsTest, GaugesHoldTheLastValue) {
