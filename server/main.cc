@@ -40,6 +40,7 @@
 #include "server/cpu/cpu_backend.h"
 #include "server/grpc/grpc_frontend.h"
 #include "server/grpc/served_model.h"
+#include "server/metrics/metrics_http.h"
 #include "server/metrics/prometheus_metrics.h"
 #include "server/model/model.h"
 #include "server_flags.h"

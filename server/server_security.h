@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "base/auth_token.h"
 #include "server/grpc/tls_files.h"
-#include "server/metrics/prometheus_metrics.h"
+#include "server/metrics/metrics_http.h"
 #include "server_flags.h"
 
 namespace layerserve {

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "server/metrics/metrics_http.h"
 #include "server/metrics/prometheus_metrics.h"
 #include "tests/unit/metrics/exposition.h"
 
