@@ -62,7 +62,7 @@ TEST(MetricsWithCublasLtTest, ScrapeSucceedsWithCublasLtLoaded) {
   httplib::Client client("127.0.0.1", (*server)->port());
   client.set_connection_timeout(5);
   client.set_read_timeout(5);
-  // Several scrapes, so more than one of the server's worker threads runs.
+  // Several scrapes, each served on a thread of its own.
   for (int i = 0; i < 8; ++i) {
     auto res = client.Get("/metrics");
     ASSERT_TRUE(res) << "scrape " << i << " failed: " << httplib::to_string(res.error());

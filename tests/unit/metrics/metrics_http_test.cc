@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "server/metrics/prometheus_metrics.h"
 #include "tests/unit/metrics/exposition.h"
+#include "tests/unit/metrics/raw_http.h"
 
 namespace layerserve {
 namespace {
@@ -69,13 +70,15 @@ TEST(MetricsHttpServerTest, ProcessFamiliesDescribeThisProcess) {
   PrometheusMetrics metrics(kModel);
   auto server = MetricsHttpServer::Start("127.0.0.1", 0, &metrics);
   ASSERT_TRUE(server.ok()) << server.status();
-  httplib::Client client("127.0.0.1", (*server)->port());
-  client.set_read_timeout(5);
-  client.set_keep_alive(true);  // one connection: the same sockets open at each scrape
-  const auto scrape = [&client] {
-    auto res = client.Get("/metrics");
-    EXPECT_TRUE(res);
-    Exposition e = ParseExposition(res ? res->body : "");
+  // Each scrape is a connection of its own, which both ends have closed when
+  // Get returns (it reads until the server closes): the same sockets, one
+  // pair, are open at each scrape.
+  const int port = (*server)->port();
+  const auto scrape = [port] {
+    const testing::Answer answer = testing::Get(port, "/metrics");
+    EXPECT_EQ(answer.status, 200);
+    EXPECT_TRUE(answer.closed);
+    Exposition e = ParseExposition(answer.Body());
     EXPECT_TRUE(e.errors.empty()) << e.errors.front();
     return e;
   };
