@@ -35,6 +35,17 @@ uint64_t SeededEntropy::Below(uint64_t n) {
   return engine_() % n;
 }
 
+uint64_t ByteEntropy::Below(uint64_t n) {
+  uint64_t value = 0;
+  // One byte per 8 bits of the range, so that libFuzzer's byte mutations map
+  // onto single choices.
+  for (uint64_t range = n - 1; range > 0 && !bytes_.empty(); range >>= 8) {
+    value = (value << 8) | bytes_.front();
+    bytes_ = bytes_.subspan(1);
+  }
+  return value % n;
+}
+
 std::string_view MutationName(Mutation mutation) {
   switch (mutation) {
     case Mutation::kDatatype:

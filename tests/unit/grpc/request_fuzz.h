@@ -22,7 +22,8 @@
 //     without the edge's cap (so the cap never cuts a message the code built)
 //     and names one of the fields at fault.
 // request_fuzz_test.cc drives the generator with a seeded PRNG for a bounded
-// number of cases (CI).
+// number of cases (CI); request_fuzzer.cc drives it with libFuzzer's bytes
+// (an optional clang build, -DLAYERSERVE_LIBFUZZER=ON).
 #pragma once
 
 #include <chrono>
@@ -72,6 +73,18 @@ class SeededEntropy : public Entropy {
 
  private:
   std::mt19937_64 engine_;
+};
+
+// Choices read from a byte string (libFuzzer's input), as few bytes per
+// choice as its range needs; 0 once the bytes run out, so a short input
+// makes the first choice everywhere (a small valid request).
+class ByteEntropy : public Entropy {
+ public:
+  explicit ByteEntropy(std::span<const uint8_t> bytes) : bytes_(bytes) {}
+  uint64_t Below(uint64_t n) override;
+
+ private:
+  std::span<const uint8_t> bytes_;
 };
 
 // The classes of bad input the generator tries, for the record of a run.
