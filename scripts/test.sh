@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # THE test command: installs dependencies, builds, runs every ctest test (unit,
-# integration, reference, Python/perf_analyzer compatibility; GPU tests skip
-# visibly without a GPU), checks the formatting of every C++/CUDA source and
-# the deployment files (pytest on tests/deploy),
+# fuzz, integration, the 60 s soak, reference, Python/perf_analyzer
+# compatibility; GPU tests skip visibly without a GPU), checks the formatting
+# of every C++/CUDA source and the deployment files (pytest on tests/deploy),
 # then builds the core with ThreadSanitizer in
 # build-tsan and runs its tests. Exits non-zero on any failure and always ends
 # with one summary line.
