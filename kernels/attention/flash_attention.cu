@@ -53,7 +53,11 @@ const char* FlashAttentionVersionName(int version) {
 //   1 x 8192: 2048 v1 tiles -> v6 (343, 341 / 300, 302)
 // So v7 needs both a grid under 3 waves and max_seqlen at most 1024 (between
 // the measured 512 and 2048). The count is an upper bound: lengths are on the
-// device, so every sequence is counted at max_seqlen. (A grid too large for
+// device, so every sequence is counted at max_seqlen. A sliding window does
+// not enter the rule, as no windowed shape has been measured yet: a window
+// shortens every tile past it to about window + 128 keys, so each CTA's fixed
+// cost weighs more, which is where v7 won; flash_attention_bench --window
+// measures it. (A grid too large for
 // the longest-first enumeration, query tiles x heads > 2^31 - 1, is refused
 // at launch; serving's --max-batch-tokens keeps far below it.)
 int DefaultFlashAttentionVersion(const FlashAttentionParams& p, const DeviceInfo& dev) {
@@ -71,6 +75,11 @@ int FlashHeadsPerSection(const FlashAttentionParams& p, int64_t l2_bytes) {
   // 64% of L2) ran 0-2.5% faster than sections of 8 heads, so L2 is not yet
   // thrashing there; three quarters leaves room for the streamed Q and O.
   // Longer sequences (sections below all heads) are not yet measured.
+  // A sliding window is left out on purpose: the tiles running at once then
+  // read only a band of keys (their window, plus the query tiles in flight)
+  // rather than the head's whole K/V, so sizing by max_seqlen errs towards
+  // smaller sections, which costs nothing in correctness and, as sections
+  // follow one another without a barrier, little in balance.
   const int64_t kv_bytes_per_head = int64_t{p.max_seqlen} * p.head_dim * 2 /*K and V*/ * 2 /*16-bit*/;
   const int64_t budget = l2_bytes / 4 * 3;
   int kv_heads = 1;
@@ -89,6 +98,9 @@ absl::Status ValidateFlashAttentionParams(const FlashAttentionParams& p) {
   }
   if (p.num_seqs < 0 || p.max_seqlen < 0) {
     return absl::InvalidArgumentError("flash attention: num_seqs and max_seqlen must be >= 0");
+  }
+  if (p.window < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("flash attention: window must be >= 0 (0: none), got ", p.window));
   }
   if (p.num_heads <= 0 || p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat("flash attention: num_heads (", p.num_heads,

@@ -11,14 +11,24 @@
 // row XOR-swizzled by (row % 8): the 8 row addresses of every ldmatrix phase
 // then fall in 8 different bank groups, so loads are conflict-free.
 //
-// Attention is causal (the only kind a decoder layer runs). Two choices of the
-// version ladder stay built in (docs/perf-attention.md has the numbers; the
-// versions without them were removed once serving could no longer pick them):
+// Attention is causal (the only kind a decoder layer runs), optionally through
+// a sliding window (FlashAttentionParams::window): a query tile then starts
+// its key loop at the first key tile any of its rows can see (FirstKeyTile)
+// and masks the older keys of that boundary tile as the causal mask does the
+// newer keys of the diagonal, so a tile reads at most about window + kBlockM
+// keys however long the sequence. Two choices of the version ladder stay
+// built in (docs/perf-attention.md has the numbers; the versions without them
+// were removed once serving could no longer pick them):
 // - Longest-first schedule: the grid enumerates (query tile, head) pairs so
 //   that, within a section of heads that share L2-resident K/V, every head's
 //   longest causal tile is dispatched before any shorter one
 //   (longest-processing-time order); head by head, the last heads' long tiles
-//   would start when the grid is nearly drained, leaving half-idle SMs.
+//   would start when the grid is nearly drained, leaving half-idle SMs. A
+//   window keeps the order about right: a tile's key count grows with its
+//   first query up to the window and then stays at about window + kBlockM
+//   (one key tile more or less, by where the window's edge falls), so the
+//   tiles dispatched first are still the longest, only no longer by much,
+//   and the short ones (queries within the first window) still come last.
 // - Lazy rescale: a row's running max is only raised (and the output
 //   accumulator rescaled) when a new score exceeds it by more than
 //   2^kRescaleSlackLog2 in exp space. Probabilities are then bounded by
@@ -100,6 +110,32 @@ __device__ __forceinline__ void LoadQFragment(uint32_t (&a)[4], const T* sQ, int
 // Probabilities may reach 2^kRescaleSlackLog2 with the lazy rescale (see top).
 inline constexpr float kRescaleSlackLog2 = 8.f;
 
+// The first key tile (of kBlockN keys) that a query tile starting at row `m0`
+// reads. Its first row has the oldest window, keys from m0 - window + 1 on;
+// every tile wholly below that is invisible to all the tile's rows and is
+// skipped. Without a window (0) every tile from the first is read. E.g.
+// kBlockN 64, window 100, m0 256: keys 157.. are visible, so tiles from 2
+// (keys 128..191) are read, and keys 128..156 of that tile are masked.
+template <int kBlockN>
+__device__ __forceinline__ int FirstKeyTile(int m0, int window) {
+  return window > 0 && m0 >= window ? (m0 - window + 1) / kBlockN : 0;
+}
+
+// Whether query `row` must not see `key` of a sequence of `seqlen` tokens:
+// past the end, after the query (causal), or `window` or more keys before it.
+__device__ __forceinline__ bool KeyMasked(int row, int key, int seqlen, int window) {
+  return key >= seqlen || key > row || (window > 0 && row - key >= window);
+}
+
+// Whether any score of keys [key0, key0 + kBlockN) for queries [row_first,
+// row_last] is masked (KeyMasked): only tiles that overhang the sequence end,
+// reach past the first query (the diagonal) or start below the last query's
+// window need the per-score mask.
+template <int kBlockN>
+__device__ __forceinline__ bool TileNeedsMask(int key0, int row_first, int row_last, int seqlen, int window) {
+  return key0 + kBlockN > seqlen || key0 + kBlockN - 1 > row_first || (window > 0 && row_last - key0 >= window);
+}
+
 // `heads_per_section` divides p.num_heads; the grid is (query tiles x heads,
 // sequences).
 template <typename Traits, typename T>
@@ -132,13 +168,18 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSm)
   const int m0 = m_block * kBlockM;
   if (m0 >= seqlen) return;
 
+  // Keys [n_start, n_end) in n_tiles tiles: causal ends them at the tile's
+  // last query, a window starts them at FirstKeyTile. k and v point at key
+  // n_start, the first one read; kv_rows of the sequence's keys lie from there.
+  const int n_end = min(seqlen, m0 + kBlockM);
+  const int n_start = FirstKeyTile<kBlockN>(m0, p.window) * kBlockN;
+  const int n_tiles = (n_end - n_start + kBlockN - 1) / kBlockN;
+  const int kv_rows = seqlen - n_start;
+
   const int kv_head = head / (p.num_heads / p.num_kv_heads);
   const T* q = static_cast<const T*>(p.q) + (seq_start + m0) * p.q_row_stride + head * kHeadDim;
-  const T* k = static_cast<const T*>(p.k) + seq_start * p.k_row_stride + kv_head * kHeadDim;
-  const T* v = static_cast<const T*>(p.v) + seq_start * p.v_row_stride + kv_head * kHeadDim;
-
-  const int n_end = min(seqlen, m0 + kBlockM);  // causal: no key after the tile's last query
-  const int n_blocks = (n_end + kBlockN - 1) / kBlockN;
+  const T* k = static_cast<const T*>(p.k) + (seq_start + n_start) * p.k_row_stride + kv_head * kHeadDim;
+  const T* v = static_cast<const T*>(p.v) + (seq_start + n_start) * p.v_row_stride + kv_head * kHeadDim;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
@@ -153,8 +194,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSm)
   const int quad_col = (lane & 3) * 2;  // 2t
 
   LoadTileAsync<Traits, kBlockM>(sQ, q, p.q_row_stride, seqlen - m0, tid);
-  LoadTileAsync<Traits, kBlockN>(sK, k, p.k_row_stride, seqlen, tid);
-  LoadTileAsync<Traits, kBlockN>(sV, v, p.v_row_stride, seqlen, tid);
+  LoadTileAsync<Traits, kBlockN>(sK, k, p.k_row_stride, kv_rows, tid);
+  LoadTileAsync<Traits, kBlockN>(sV, v, p.v_row_stride, kv_rows, tid);
   CpAsyncCommit();
 
   float acc_o[kMTiles][kDTiles][4];
@@ -179,16 +220,17 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSm)
 
   uint32_t q_regs[Traits::kQInRegs ? kMTiles : 1][Traits::kQInRegs ? kKSteps : 1][4];
 
-  for (int nb = 0; nb < n_blocks; ++nb) {
-    const int stage = nb & 1;
-    if (nb + 1 < n_blocks) {
+  // Tile t holds keys n_start + t * kBlockN on.
+  for (int t = 0; t < n_tiles; ++t) {
+    const int stage = t & 1;
+    if (t + 1 < n_tiles) {
       // The next tile goes into the other stage, which every warp finished
       // reading before the barrier that ended the previous iteration.
-      const int n_next = (nb + 1) * kBlockN;
+      const int n_next = (t + 1) * kBlockN;  // from key n_start
       LoadTileAsync<Traits, kBlockN>(sK + (stage ^ 1) * kBlockN * kHeadDim, k + n_next * p.k_row_stride, p.k_row_stride,
-                                     seqlen - n_next, tid);
+                                     kv_rows - n_next, tid);
       LoadTileAsync<Traits, kBlockN>(sV + (stage ^ 1) * kBlockN * kHeadDim, v + n_next * p.v_row_stride, p.v_row_stride,
-                                     seqlen - n_next, tid);
+                                     kv_rows - n_next, tid);
       CpAsyncCommit();
       CpAsyncWait<1>();
     } else {
@@ -197,7 +239,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSm)
     __syncthreads();
 
     if constexpr (Traits::kQInRegs) {
-      if (nb == 0) {
+      if (t == 0) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -244,11 +286,13 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSm)
       }
     }
 
-    // Mask keys past the sequence end and keys after the query. Only the
-    // tiles on the diagonal or the sequence boundary need it.
-    const int n0 = nb * kBlockN;
-    const bool need_mask = (n0 + kBlockN > seqlen) || (n0 + kBlockN - 1 > m0);
-    if (need_mask) {
+    // Mask keys past the sequence end, after the query or below its window.
+    // Only the tiles on the diagonal, the sequence boundary or the window's
+    // edge need it. A row may see no key of a tile (below its window, or
+    // after it), even of the first tile it reads: its scores are all -inf,
+    // which the online softmax below carries through as "nothing seen yet".
+    const int n0 = n_start + t * kBlockN;
+    if (TileNeedsMask<kBlockN>(n0, m0, m0 + kBlockM - 1, seqlen, p.window)) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -257,7 +301,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSm)
           for (int e = 0; e < 4; ++e) {
             const int row = m0 + warp_row0 + mt * 16 + quad_row + ((e >> 1) << 3);
             const int key = n0 + nt * 8 + quad_col + (e & 1);
-            if (key >= seqlen || key > row) acc_s[mt][nt][e] = -INFINITY;
+            if (KeyMasked(row, key, seqlen, p.window)) acc_s[mt][nt][e] = -INFINITY;
           }
     }
 

@@ -18,8 +18,11 @@
 //   one mbarrier per stage ("full"), and a stage is refilled once every
 //   thread has arrived on its "empty" mbarrier, so the warpgroups may drift
 //   apart by up to a tile.
-// Blocks are enumerated longest-first within sections of heads, exactly as
-// flash_fwd_kernel.cuh's longest-first schedule.
+// Blocks are enumerated longest-first within sections of heads, and a
+// sliding window starts each tile's key loop at its first visible key tile,
+// exactly as in flash_fwd_kernel.cuh. Every thread both loads and consumes
+// the K/V ring, so all agree on the tile range by computing it from the same
+// CTA-uniform values.
 //
 // Shared layout: every 128-row tile (Q, each K and V stage) is two 16 KiB
 // halves of 64 columns; within a half, row r's 16-byte chunk c sits at
@@ -129,11 +132,13 @@ __device__ __forceinline__ void IssuePV(float (&acc_o)[64], const uint32_t (&p_f
 // its maxima; then the output must still be multiplied by `correction`
 // (left to the caller, which may have a P·V in flight on it).
 __device__ __forceinline__ bool SoftmaxTile(float (&acc_s)[64], float (&row_max)[2], float (&row_sum)[2],
-                                            float (&correction)[2], int key0, int query0, int seqlen, int col0,
-                                            float scale_log2) {
-  // Keys past the sequence end and after the query: only on the diagonal
-  // tile and the sequence's last tile.
-  if (key0 + kBlockN > seqlen || key0 + kBlockN - 1 > query0) {
+                                            float (&correction)[2], int key0, int query0, int seqlen, int window,
+                                            int col0, float scale_log2) {
+  // Keys past the sequence end, after the query or below its window: only
+  // on the diagonal tile, the sequence's last tile and the window's edge. A
+  // row may see none of a tile's keys, even in the first tile it reads; its
+  // -inf scores leave it at "nothing seen yet" (see flash_fwd_kernel.cuh).
+  if (TileNeedsMask<kBlockN>(key0, query0, query0 + 8, seqlen, window)) {
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j)
 #pragma unroll
@@ -141,7 +146,7 @@ __device__ __forceinline__ bool SoftmaxTile(float (&acc_s)[64], float (&row_max)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int key = key0 + 8 * j + col0 + e;
-          if (key >= seqlen || key > query0 + 8 * h) acc_s[4 * j + 2 * h + e] = -INFINITY;
+          if (KeyMasked(query0 + 8 * h, key, seqlen, window)) acc_s[4 * j + 2 * h + e] = -INFINITY;
         }
   }
   float tile_max[2];
@@ -216,12 +221,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int m0 = m_block * kBlockM;
   if (m0 >= seqlen) return;
 
+  // Keys [n_start, n_end) in n_tiles tiles, as in flash_fwd_kernel.cuh: k and
+  // v point at key n_start, and kv_rows of the sequence's keys lie from there.
+  // Tile indices below (groups, stages, phases) count from n_start's tile.
+  const int n_end = min(seqlen, m0 + kBlockM);
+  const int n_start = FirstKeyTile<kBlockN>(m0, p.window) * kBlockN;
+  const int n_tiles = (n_end - n_start + kBlockN - 1) / kBlockN;
+  const int kv_rows = seqlen - n_start;
   const int kv_head = head / (p.num_heads / p.num_kv_heads);
   const T* q = static_cast<const T*>(p.q) + (seq_start + m0) * p.q_row_stride + head * kHeadDim;
-  const T* k = static_cast<const T*>(p.k) + seq_start * p.k_row_stride + kv_head * kHeadDim;
-  const T* v = static_cast<const T*>(p.v) + seq_start * p.v_row_stride + kv_head * kHeadDim;
-  const int n_end = min(seqlen, m0 + kBlockM);  // causal: no key after the tile's last query
-  const int n_blocks = (n_end + kBlockN - 1) / kBlockN;
+  const T* k = static_cast<const T*>(p.k) + (seq_start + n_start) * p.k_row_stride + kv_head * kHeadDim;
+  const T* v = static_cast<const T*>(p.v) + (seq_start + n_start) * p.v_row_stride + kv_head * kHeadDim;
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = SmemAddr(smem_raw);
@@ -238,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int row0 = warpgroup * 64 + (tid / 32 % 4) * 16 + lane / 4;
   const int col0 = (lane % 4) * 2;
 
-  // Stage bookkeeping. Group g (g < n_blocks) is K of tile g + 1 and V of
+  // Stage bookkeeping. Group g (g < n_tiles) is K of tile g + 1 and V of
   // tile g, loaded by all threads into K stage (g + 1) % kStages and V stage
   // g % kStages; its copies arrive on full[g % kStages] (the Q / K 0 copies on
   // q_full). At the end of its step for tile i every thread arrives on
@@ -255,13 +265,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   auto load_group = [&](int g) {
     if (g >= 2) gemm::MbarWait(empty(g), ((g - 2) / kStages) & 1);
-    if (g + 1 < n_blocks) {
-      const int n_next = (g + 1) * kBlockN;
-      LoadTile(sK + ((g + 1) % kStages) * kTileBytes, k + n_next * p.k_row_stride, p.k_row_stride, seqlen - n_next,
+    if (g + 1 < n_tiles) {
+      const int n_next = (g + 1) * kBlockN;  // from key n_start
+      LoadTile(sK + ((g + 1) % kStages) * kTileBytes, k + n_next * p.k_row_stride, p.k_row_stride, kv_rows - n_next,
                tid);
     }
     const int n_this = g * kBlockN;
-    LoadTile(sV + (g % kStages) * kTileBytes, v + n_this * p.v_row_stride, p.v_row_stride, seqlen - n_this, tid);
+    LoadTile(sV + (g % kStages) * kTileBytes, v + n_this * p.v_row_stride, p.v_row_stride, kv_rows - n_this, tid);
     CpAsyncArriveOnBarrier(full(g));
   };
   // Before reading a group: its copies (by every thread) have landed, and
@@ -274,14 +284,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The two warpgroups take turns issuing their products (named barriers 1
   // and 2), so one warpgroup's softmax runs while the other's products use
   // the tensor cores instead of both contending at once. Warpgroup 0 goes
-  // first; each warpgroup issues n_blocks + 1 times, and warpgroup 1 skips
+  // first; each warpgroup issues n_tiles + 1 times, and warpgroup 1 skips
   // its last hand-over, which nobody would wait for.
   const int my_turn = 1 + warpgroup, other_turn = 2 - warpgroup;
   if (warpgroup == 1) NamedBarrierArrive(other_turn, kThreads);
 
   // Q and the first K tile, then group 0 behind them.
   LoadTile(sQ, q, p.q_row_stride, seqlen - m0, tid);
-  LoadTile(sK, k, p.k_row_stride, seqlen, tid);
+  LoadTile(sK, k, p.k_row_stride, kv_rows, tid);
   CpAsyncArriveOnBarrier(q_full);
   load_group(0);
 
@@ -308,13 +318,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   NamedBarrierArrive(other_turn, kThreads);
   gemm::WgmmaWait<0>();
   FenceAccumulators(acc_s);
-  SoftmaxTile(acc_s, row_max, row_sum, correction, 0, query0, seqlen, col0, scale_log2);
+  SoftmaxTile(acc_s, row_max, row_sum, correction, n_start, query0, seqlen, p.window, col0, scale_log2);
   PackP(p_frag, acc_s);
   gemm::MbarArrive(empty(2));
 
   // Tiles 1..: S of tile nb is issued together with P·V of tile nb - 1, so
   // this warpgroup's softmax of tile nb also overlaps its own P·V.
-  for (int nb = 1; nb < n_blocks; ++nb) {
+  for (int nb = 1; nb < n_tiles; ++nb) {
     load_group(nb);
     wait_full(full(nb - 1), ((nb - 1) / kStages) & 1);
     gemm::NamedBarrierSync(my_turn, kThreads);
@@ -325,8 +335,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     NamedBarrierArrive(other_turn, kThreads);
     gemm::WgmmaWait<1>();  // S is done; P·V may still run
     FenceAccumulators(acc_s);
-    const bool rescale =
-        SoftmaxTile(acc_s, row_max, row_sum, correction, nb * kBlockN, query0, seqlen, col0, scale_log2);
+    const bool rescale = SoftmaxTile(acc_s, row_max, row_sum, correction, n_start + nb * kBlockN, query0, seqlen,
+                                     p.window, col0, scale_log2);
     gemm::WgmmaWait<0>();
     FenceAccumulators(acc_o);
     FenceRegisters(p_frag);
@@ -344,11 +354,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // The last tile's P·V.
-  wait_full(full(n_blocks - 1), ((n_blocks - 1) / kStages) & 1);
+  wait_full(full(n_tiles - 1), ((n_tiles - 1) / kStages) & 1);
   gemm::NamedBarrierSync(my_turn, kThreads);
   FenceAccumulators(acc_o);
   gemm::WgmmaFence();
-  IssuePV(acc_o, p_frag, v_addr + ((n_blocks - 1) % kStages) * kTileBytes);
+  IssuePV(acc_o, p_frag, v_addr + ((n_tiles - 1) % kStages) * kTileBytes);
   if (warpgroup == 0) NamedBarrierArrive(other_turn, kThreads);
   gemm::WgmmaWait<0>();
   FenceAccumulators(acc_o);

@@ -14,6 +14,11 @@
 //
 // Inputs are one fused qkv buffer [tokens, (heads + 2 kv_heads) * head_dim],
 // as the server lays it out, so the row strides are exercised everywhere.
+//
+// Sliding-window cases (FlashAttentionParams::window) put the window edge at
+// every position relative to the key tiles of each version (64 keys for v6
+// and v7, 128 for v8); the reference applies the window's definition key by
+// key, not the kernels' tile arithmetic.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -48,6 +53,7 @@ struct AttnCase {
   // Added to the true longest length: callers may size the grid from an
   // upper bound, and the extra query tiles must exit without writing.
   int max_seqlen_slack = 0;
+  int window = 0;  // sliding window (FlashAttentionParams::window); 0: none
 };
 
 std::string CaseName(const AttnCase& c) {
@@ -55,6 +61,7 @@ std::string CaseName(const AttnCase& c) {
                      std::to_string(c.heads) + "kv" + std::to_string(c.kv_heads) + "_len";
   for (size_t i = 0; i < c.seqlens.size() && i < 4; ++i) name += "_" + std::to_string(c.seqlens[i]);
   if (c.seqlens.size() > 4) name += "_and" + std::to_string(c.seqlens.size() - 4) + "more";
+  if (c.window > 0) name += "_w" + std::to_string(c.window);
   return name;
 }
 
@@ -85,6 +92,9 @@ AttnProblem BuildProblem(const AttnCase& c) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   const int group = c.heads / c.kv_heads;
   const int d = c.head_dim;
+  // Hugging Face's definition: query i sees key j iff 0 <= i - j < window
+  // (no upper bound without a window).
+  auto visible = [&](int i, int j) { return i - j >= 0 && (c.window == 0 || i - j < c.window); };
 
   ParallelFor(c.seqlens.size() * c.heads, [&](size_t job) {
     const int s = static_cast<int>(job / c.heads);
@@ -97,12 +107,15 @@ AttnProblem BuildProblem(const AttnCase& c) {
     auto v_at = [&](int j) { return &pr.qkv[(start + j) * pr.qkv_width + int64_t{c.heads + c.kv_heads + kvh} * d]; };
     std::vector<double> s_exact(len), p_plain(len);
     std::vector<float> s_plain(len);
+    std::vector<int> keys;  // the keys query i sees
     for (int i = 0; i < len; ++i) {
-      const int n_keys = i + 1;  // causal
+      keys.clear();
+      for (int j = 0; j < len; ++j)
+        if (visible(i, j)) keys.push_back(j);
       const double* q = q_at(i);
       double max_exact = -INFINITY;
       float max_plain = -INFINITY;
-      for (int j = 0; j < n_keys; ++j) {
+      for (int j : keys) {
         const double* k = k_at(j);
         double dot = 0;
         float dot_f = 0;
@@ -117,17 +130,17 @@ AttnProblem BuildProblem(const AttnCase& c) {
       }
       double sum_exact = 0;
       float sum_plain = 0;
-      for (int j = 0; j < n_keys; ++j) {
+      for (int j : keys) {
         s_exact[j] = std::exp(s_exact[j] - max_exact);
         sum_exact += s_exact[j];
         s_plain[j] = std::exp(s_plain[j] - max_plain);
         sum_plain += s_plain[j];
       }
-      for (int j = 0; j < n_keys; ++j) p_plain[j] = RoundToDType(c.dtype, s_plain[j] / sum_plain);
+      for (int j : keys) p_plain[j] = RoundToDType(c.dtype, s_plain[j] / sum_plain);
       double* out_exact = &pr.exact[(start + i) * out_width + int64_t{h} * d];
       double* out_plain = &pr.plain[(start + i) * out_width + int64_t{h} * d];
       std::vector<float> acc_plain(d, 0.f);
-      for (int j = 0; j < n_keys; ++j) {
+      for (int j : keys) {
         const double* v = v_at(j);
         const double w = s_exact[j] / sum_exact;
         const float wp = static_cast<float>(p_plain[j]);
@@ -196,6 +209,7 @@ TEST_P(FlashAttentionTest, WithinTwiceThePlainImplementationsError) {
   p.num_kv_heads = c.kv_heads;
   p.head_dim = c.head_dim;
   p.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  p.window = c.window;
   const absl::StatusOr<DeviceInfo> dev = CurrentDeviceInfo();
   ASSERT_TRUE(dev.ok()) << dev.status();
   p.dtype = c.dtype;
@@ -294,6 +308,36 @@ std::vector<AttnCase> Cases() {
   cases.push_back({{255, 256, 257}, 128, 8, 1, DType::kF16});
   cases.push_back({{130, 1, 1, 190}, 64, 4, 1, DType::kBF16, /*max_seqlen_slack=*/300});
   cases.push_back({{130, 1, 1, 190}, 128, 4, 1, DType::kBF16, /*max_seqlen_slack=*/300});
+  // Sliding windows shorter than the sequence, both dtypes and head sizes:
+  // from one key (each row sees only itself) through the key tiles' edges
+  // (63..65 for v6 and v7, 127..129 for v8) to windows spanning many tiles;
+  // the GQA ratio changes from window to window.
+  for (DType dtype : {DType::kBF16, DType::kF16})
+    for (int d : {64, 128}) {
+      const int kv_heads[] = {8, 2, 1};
+      int i = 0;
+      for (int window : {1, 7, 63, 64, 65, 100, 127, 128, 129, 1000})
+        cases.push_back({{2048}, d, 8, kv_heads[i++ % 3], dtype, /*max_seqlen_slack=*/0, window});
+    }
+  // Mistral's window on a longer sequence: 4096 keys, 32 tiles of v8.
+  cases.push_back({{8192}, 128, 4, 1, DType::kBF16, 0, 4096});
+  // Packed batches whose sequences are shorter, as long as, and longer than
+  // the window: each sequence's window stays inside it.
+  cases.push_back({{1, 100, 2048, 64, 129, 7, 1000, 300, 99, 101}, 128, 8, 2, DType::kBF16, 0, 100});
+  cases.push_back({{127, 1, 1500, 128, 700, 65, 129}, 64, 8, 1, DType::kF16, 0, 128});
+  cases.push_back({{2000, 3, 513, 64}, 64, 8, 4, DType::kBF16, 0, 200});
+  cases.push_back({{300, 1100, 2, 1024}, 128, 8, 8, DType::kF16, 0, 257});
+  // The served model's head layout, sections of 1..16 heads.
+  cases.push_back({{2048, 5, 513}, 128, 32, 8, DType::kBF16, 0, 256});
+  // A grid sized from an upper bound: the extra query tiles, far past every
+  // sequence, see no key at all and must still exit without writing.
+  cases.push_back({{130, 1, 1, 190}, 64, 4, 1, DType::kF16, /*max_seqlen_slack=*/300, /*window=*/50});
+  cases.push_back({{130, 1, 1, 190}, 128, 4, 1, DType::kBF16, /*max_seqlen_slack=*/300, /*window=*/50});
+  // Windows about as long as the sequences: 999 and 1000 tokens see every
+  // key of their causal range, 1001's last row loses key 0; a window longer
+  // than everything is the same as none.
+  cases.push_back({{1000, 999, 1001}, 128, 8, 2, DType::kBF16, 0, 1000});
+  cases.push_back({{500, 64}, 64, 8, 8, DType::kF16, 0, 4096});
   return cases;
 }
 
@@ -364,6 +408,29 @@ TEST(FlashAttentionDispatchTest, DefaultVersionFollowsTheMeasuredRule) {
   p.dtype = DType::kBF16;
   p.head_dim = 64;  // v8 takes head_dim 128 only
   EXPECT_EQ(DefaultFlashAttentionVersion(p, h100), 6);
+}
+
+// A negative window is refused before any launch (host-only: the pointers are
+// checked for alignment, never read).
+TEST(FlashAttentionParamsTest, WindowMustNotBeNegative) {
+  alignas(16) static char buffer[16];
+  FlashAttentionParams p;
+  p.q = p.k = p.v = buffer;
+  p.out = buffer;
+  p.cu_seqlens = reinterpret_cast<const int32_t*>(buffer);
+  p.q_row_stride = p.out_row_stride = p.k_row_stride = p.v_row_stride = 128;
+  p.num_seqs = 1;
+  p.max_seqlen = 16;
+  p.num_heads = p.num_kv_heads = 1;
+  p.head_dim = 128;
+  p.softmax_scale = 0.088f;
+  EXPECT_TRUE(ValidateFlashAttentionParams(p).ok());
+  p.window = 7;
+  EXPECT_TRUE(ValidateFlashAttentionParams(p).ok());
+  p.window = -1;
+  const absl::Status refused = ValidateFlashAttentionParams(p);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("window"), absl::string_view::npos) << refused;
 }
 
 // An empty batch launches nothing and succeeds.

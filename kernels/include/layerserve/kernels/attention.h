@@ -2,7 +2,7 @@
 //
 // Sequence s occupies rows [cu_seqlens[s], cu_seqlens[s+1]) of q, k, v and out;
 // attention is causal within each sequence (the only kind a decoder layer
-// runs) and never crosses sequences.
+// runs), optionally through a sliding window, and never crosses sequences.
 // Grouped-query attention: query head h reads kv head h / (num_heads /
 // num_kv_heads). Scores are never materialized in global memory: each CTA
 // streams K/V tiles through shared memory with an online softmax.
@@ -32,8 +32,14 @@ struct FlashAttentionParams {
   int max_seqlen = 0;  // longest sequence (sizes the grid)
   int num_heads = 0;
   int num_kv_heads = 0;
-  int head_dim = 0;            // 64 or 128
-  float softmax_scale = 0.f;   // usually 1/sqrt(head_dim)
+  int head_dim = 0;           // 64 or 128
+  float softmax_scale = 0.f;  // usually 1/sqrt(head_dim)
+  // Sliding-window attention with Hugging Face's semantics (Mistral's
+  // `sliding_window`, and what the CPU backend and paged attention compute):
+  // query i of a sequence sees key j iff 0 <= i - j < window. 0: no window
+  // (full causal). Each query tile then reads only the key tiles its rows can
+  // see, so the work is O(tokens x window) rather than O(tokens^2).
+  int window = 0;
   DType dtype = DType::kBF16;  // bf16 or fp16
 };
 
