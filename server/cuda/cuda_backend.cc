@@ -108,26 +108,14 @@ absl::StatusOr<std::unique_ptr<StreamSlot>> MakeSlot(int index, const cuda::Laye
 // top.
 constexpr int64_t kKvReserveBytes = int64_t{1} << 30;
 
-// The sequences served for a span whose smallest sliding window is `window`
-// (0: none): all, or those up to the window, as flash attention has no window
-// yet. (The paged attention of session batches has one, but the limit is one
-// for all requests: the core applies it to a session's reach too.)
-SequenceLimit WindowLimit(int64_t window) {
-  if (window == 0) return {};
-  return {window, absl::StrCat("the model attends through a sliding window of ", window,
-                               " tokens, which the cuda backend does not implement yet (the cpu "
-                               "backend does: --backend=cpu)")};
-}
-
 class CudaBackendImpl final : public CudaBackend {
  public:
   CudaBackendImpl(const CudaBackendOptions& options, const LlamaConfig& config,
-                  int64_t window_limit, std::vector<int> windows, std::string device_name,
-                  cuda::DeviceWeights weights, std::unique_ptr<kernels::GemmRouter> gemm,
-                  kernels::DType dtype, std::vector<std::unique_ptr<StreamSlot>> slots)
+                  std::vector<int> windows, std::string device_name, cuda::DeviceWeights weights,
+                  std::unique_ptr<kernels::GemmRouter> gemm, kernels::DType dtype,
+                  std::vector<std::unique_ptr<StreamSlot>> slots)
       : options_(options),
         config_(config),
-        sequence_limit_(WindowLimit(window_limit)),
         device_name_(std::move(device_name)),
         weights_(std::move(weights)),
         gemm_(std::move(gemm)),
@@ -156,12 +144,6 @@ class CudaBackendImpl final : public CudaBackend {
   std::string_view Name() const override { return "cuda"; }
   std::string Device() const override { return device_name_; }
   int MaxInflightBatches() const override { return static_cast<int>(slots_.size()); }
-
-  // Flash attention has no sliding window yet. Up to the smallest
-  // window of the span, windowed and full-causal attention are the same
-  // thing; past it they differ, so longer sequences are refused rather than
-  // answered with full-causal attention.
-  SequenceLimit MaxSequence() const override { return sequence_limit_; }
 
   void Execute(std::shared_ptr<Batch> batch, std::function<void(absl::Status)> done) override {
     {
@@ -262,8 +244,7 @@ class CudaBackendImpl final : public CudaBackend {
       MutexLock lock(&kv_mu_);
       kv_pool = kv_pool_.get();
     }
-    LS_RETURN_IF_ERROR(batch.Validate(config_.hidden_size, options_.max_batch_tokens,
-                                      sequence_limit_,
+    LS_RETURN_IF_ERROR(batch.Validate(config_.hidden_size, options_.max_batch_tokens, {},
                                       kv_pool != nullptr ? kv_pool->shape() : KvCacheShape{}));
     if (absl::Status health = Health(); !health.ok()) {
       return absl::UnavailableError(absl::StrCat("cuda backend is unhealthy: ", health.message()));
@@ -457,7 +438,6 @@ class CudaBackendImpl final : public CudaBackend {
 
   const CudaBackendOptions options_;
   const LlamaConfig config_;
-  const SequenceLimit sequence_limit_;  // the span's smallest sliding window, if any
   const std::string device_name_;
   const cuda::DeviceWeights weights_;
   const std::unique_ptr<kernels::GemmRouter> gemm_;
@@ -551,17 +531,16 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& mo
                                  static_cast<int>(model.layers.size()), gemm->workspace_bytes()));
     slots.push_back(std::move(slot));
   }
-  const int64_t window_limit = model.config.SmallestAttentionWindow(
-      model.first_layer, static_cast<int64_t>(model.layers.size()));
-  // Windows past any int32 position are no window at all.
+  // Each layer's sliding window, for flash and paged attention alike; windows
+  // past any int32 position are no window at all.
   std::vector<int> windows;
   for (int64_t l = 0; l < static_cast<int64_t>(model.layers.size()); ++l) {
     windows.push_back(static_cast<int>(
         std::min<int64_t>(model.config.AttentionWindow(model.first_layer + l), INT32_MAX)));
   }
-  auto backend = std::make_unique<CudaBackendImpl>(
-      options, model.config, window_limit, std::move(windows), props.name, std::move(weights),
-      std::move(gemm), dtype, std::move(slots));
+  auto backend = std::make_unique<CudaBackendImpl>(options, model.config, std::move(windows),
+                                                   props.name, std::move(weights), std::move(gemm),
+                                                   dtype, std::move(slots));
   const absl::StatusOr<int64_t> used = backend->DeviceMemoryUsedBytes();
   LogInfo(absl::StrCat(
       "cuda backend: device ", options.device, " (", props.name, ", sm_", props.major, props.minor,

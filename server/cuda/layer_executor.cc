@@ -98,8 +98,8 @@ absl::Status LayerExecutor::Forward(const ActivationArena& arena, const BatchGeo
   return absl::OkStatus();
 }
 
-absl::Status LayerExecutor::FlashAttend(const ActivationArena& arena, const BatchGeometry& batch,
-                                        cudaStream_t stream) const {
+absl::Status LayerExecutor::FlashAttend(int layer, const ActivationArena& arena,
+                                        const BatchGeometry& batch, cudaStream_t stream) const {
   const LayerShape& s = shape_;
   const int64_t element_bytes = kernels::DTypeBytes(s.dtype);
   const auto* qkv_bytes = static_cast<const unsigned char*>(arena.qkv);
@@ -119,6 +119,7 @@ absl::Status LayerExecutor::FlashAttend(const ActivationArena& arena, const Batc
   attention.num_kv_heads = s.num_kv_heads;
   attention.head_dim = s.head_dim;
   attention.softmax_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  attention.window = windows_[static_cast<size_t>(layer)];
   attention.dtype = s.dtype;
   return kernels::LaunchFlashAttention(attention, gemm_->device(), stream);
 }
@@ -226,7 +227,7 @@ absl::Status LayerExecutor::ForwardLayer(int layer, const ActivationArena& arena
   if (batch.kv_pool != nullptr) {
     LS_RETURN_IF_ERROR(PagedAttend(layer, arena, batch, stream));
   } else {
-    LS_RETURN_IF_ERROR(FlashAttend(arena, batch, stream));
+    LS_RETURN_IF_ERROR(FlashAttend(layer, arena, batch, stream));
   }
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpAttention, stream));
 

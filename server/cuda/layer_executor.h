@@ -6,7 +6,7 @@
 //   n  = RMSNorm(x)                    norm
 //   qkv = n · Wqkvᵀ (+ bqkv)           gemm_qkv   (bias through the GEMM epilogue)
 //   RoPE on the q and k parts of qkv   rope
-//   a  = FlashAttention(qkv)           attention  (varlen, causal, GQA)
+//   a  = FlashAttention(qkv)           attention  (varlen, causal, GQA, the layer's window)
 //     or, in a batch with sessions, KvAppend + PagedAttention (see below)
 //   x  = a · Woᵀ + x                   gemm_o     (residual fused: beta = 1)
 //   n  = RMSNorm(x)                    norm
@@ -128,9 +128,8 @@ class LayerExecutor {
  public:
   // `layers` and `inv_freq` (head_dim / 2 floats, device) must outlive the
   // executor, as must `gemm`. `windows`: each layer's sliding attention window
-  // (0: none), applied by the paged attention of batches with sessions; empty:
-  // no layer has one. Flash attention has no window: the backend serves
-  // sequences only up to the smallest window (cuda_backend.cc).
+  // (0: none), applied by flash attention and by the paged attention of
+  // batches with sessions alike; empty: no layer has one.
   LayerExecutor(LayerShape shape, std::vector<LayerDeviceWeights> layers, const float* inv_freq,
                 kernels::GemmRouter* gemm, std::vector<int> windows = {});
 
@@ -147,8 +146,9 @@ class LayerExecutor {
   absl::Status ForwardLayer(int layer, const ActivationArena& arena, const BatchGeometry& batch,
                             const kernels::GemmWorkspace& workspace, cudaStream_t stream,
                             OpTimer* timer) const;
-  // Attention of a batch without sessions: flash attention over its own rows.
-  absl::Status FlashAttend(const ActivationArena& arena, const BatchGeometry& batch,
+  // Attention of a batch without sessions: flash attention over its own rows,
+  // through layer `layer`'s window.
+  absl::Status FlashAttend(int layer, const ActivationArena& arena, const BatchGeometry& batch,
                            cudaStream_t stream) const;
   // Attention of a batch with sessions: KvAppend, then PagedAttention.
   absl::Status PagedAttend(int layer, const ActivationArena& arena, const BatchGeometry& batch,

@@ -4,10 +4,8 @@
 // Field defaults follow Hugging Face's LlamaConfig / MistralConfig /
 // Qwen2Config. Anything that would change a decoder layer's math in a way this
 // server does not implement is rejected rather than ignored. Sliding-window
-// attention is parsed into per-layer windows here; each backend either
-// computes it or refuses sequences longer than the window (Backend::
-// MaxSequenceTokens), so no request is answered with full-causal attention
-// where the model attends through a window.
+// attention is parsed into per-layer windows here (LlamaConfig::
+// AttentionWindow), which both backends compute.
 #include <algorithm>
 #include <cmath>
 #include <numbers>

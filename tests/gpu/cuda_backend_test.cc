@@ -1,8 +1,9 @@
 // The CUDA backend against the CPU backend (the float32 reference) on the demo
 // model and on small random qwen2-style models with q/k/v biases (bf16 and
 // fp16 checkpoints): mixed batches of (B, T) from T=1 to T=1000 in FP32, FP16
-// and BF16, poisoned outputs, concurrent batches over the stream pool, failed
-// batches that leave the backend healthy, kernel timings and memory reports.
+// and BF16, poisoned outputs, sliding-window models far past their window,
+// concurrent batches over the stream pool, failed batches that leave the
+// backend healthy, kernel timings and memory reports.
 //
 // Outputs are compared at the backend's precision (backend_test_util.h).
 // Without a GPU every device test skips visibly. Sessions are tested in
@@ -209,36 +210,57 @@ TEST(CudaBackendTest, FailedBatchFailsAloneAndBackendStaysHealthy) {
   ExpectClose(*batch, *reference, "after failures");
 }
 
-// The attention kernels have no sliding window: for a windowed model the
-// backend serves sequences up to the window (where it matches the CPU
-// backend, which implements the window) and refuses longer ones.
-TEST(CudaBackendTest, SlidingWindowModelServedUpToTheWindow) {
-  SKIP_WITHOUT_GPU();
-  ModelSpan model = MakeQwenModel(DType::kBF16, 13);
-  model.config.sliding_window = 48;  // every layer windowed
+// Sliding windows: flash attention applies each layer's window, so the
+// backend serves a windowed model at any length and matches the CPU backend
+// (which cpu_backend_test checks against a float64 reference) far past the
+// window: sequences shorter than, as long as and longer than it in one batch.
+void CompareWindowedModel(const ModelSpan& model, const std::vector<std::vector<RequestSpec>>& batches) {
   CudaBackendOptions options;
-  options.max_batch_tokens = 256;
+  options.max_batch_tokens = 2048;
   auto cuda = MakeCudaBackend(model, options);
   ASSERT_TRUE(cuda.ok()) << cuda.status();
-  EXPECT_EQ((*cuda)->MaxSequence().max_tokens, 48);
-  EXPECT_NE((*cuda)->MaxSequence().reason.find("sliding window of 48"), std::string::npos);
   auto cpu = MakeCpuBackend(model, CpuBackendOptions{});
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   std::mt19937 rng(17);
   const int64_t hidden = model.config.hidden_size;
-
-  const Inputs within = RandomInputs({{2, 48, DType::kBF16}, {1, 5, DType::kF32}}, hidden, rng);
-  auto batch = MakeBatch(within, hidden);
-  const absl::Status status = RunSync(**cuda, batch);
-  ASSERT_TRUE(status.ok()) << status;
-  auto reference = MakeBatch(within, hidden);
-  ASSERT_TRUE(RunSync(**cpu, reference).ok());
-  ExpectClose(*batch, *reference, "within the window");
-
-  const Inputs beyond = RandomInputs({{1, 49, DType::kBF16}}, hidden, rng);
-  const absl::Status refused = RunSync(**cuda, MakeBatch(beyond, hidden));
-  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  int index = 0;
+  for (const auto& specs : batches) {
+    const Inputs in = RandomInputs(specs, hidden, rng);
+    auto batch = MakeBatch(in, hidden);
+    const absl::Status status = RunSync(**cuda, batch);
+    ASSERT_TRUE(status.ok()) << status;
+    auto reference = MakeBatch(in, hidden);
+    ASSERT_TRUE(RunSync(**cpu, reference).ok());
+    ExpectClose(*batch, *reference, model.name + " windowed batch " + std::to_string(index++));
+    if (::testing::Test::HasFailure()) return;
+  }
   EXPECT_TRUE((*cuda)->Health().ok());
+}
+
+// Mistral's layout: every layer windowed (48 tokens), head_dim 64.
+TEST(CudaBackendTest, SlidingWindowModelMatchesCpuPastTheWindow) {
+  SKIP_WITHOUT_GPU();
+  ModelSpan model = MakeQwenModel(DType::kBF16, 13);
+  model.config.sliding_window = 48;
+  CompareWindowedModel(model,
+                       {
+                           {{2, 48, DType::kBF16}, {1, 5, DType::kF32}, {1, 49, DType::kF16}},
+                           {{1, 1000, DType::kBF16}},
+                           {{1, 300, DType::kF32}, {2, 47, DType::kBF16}, {3, 1, DType::kF16}, {1, 130, DType::kF32}},
+                       });
+}
+
+// Qwen2's layout: a window in some layers only (here layer 1 of 2, 100
+// tokens), fp16, so each layer's own window reaches its kernel.
+TEST(CudaBackendTest, WindowInSomeLayersMatchesCpuPastTheWindow) {
+  SKIP_WITHOUT_GPU();
+  ModelSpan model = MakeQwenModel(DType::kF16, 19);
+  model.config.sliding_window = 100;
+  model.config.sliding_layers = {false, true};
+  CompareWindowedModel(model, {
+                                  {{1, 700, DType::kF16}, {2, 100, DType::kF32}, {1, 101, DType::kBF16}},
+                                  {{1, 1500, DType::kF32}},
+                              });
 }
 
 class RecordingSink final : public KernelTimingSink {

@@ -11,9 +11,10 @@
 // blocks of 16 and of 5 tokens, B > 1 sequences, head_dim 64 and 128 with GQA,
 // bf16 and fp16 checkpoints, FP32/BF16/FP16 on the wire; a batch mixing a
 // stateless request with two sessions' steps; a long request computed in
-// chunked pieces; rollbacks that overwrite rows already written; sessions on
-// several streams at once; then the KV cache hooks, and the session errors
-// the backend reports through `done`.
+// chunked pieces; sliding-window models stepped far past their window;
+// rollbacks that overwrite rows already written; sessions on several streams
+// at once; then the KV cache hooks, and the session errors the backend
+// reports through `done`.
 #include <algorithm>
 #include <cstdint>
 #include <future>
@@ -376,6 +377,29 @@ TEST(CudaSessionsTest, ChunkedRequestMatchesStateless) {
     request = std::move(batch->requests[0]);
   }
   ExpectCloseValues(OutputFloats(*request), want.x, hidden, "chunked request, all 40 rows");
+}
+
+// ---- sliding windows ----------------------------------------------------
+
+// A windowed span stepped far past its window: session steps attend through
+// the paged kernel's window, the stateless answer through flash attention's
+// and the CPU backend through its own, and all three must agree. The prefill
+// alone is longer than the window, so flash attention skips key tiles there.
+TEST(CudaSessionsTest, SlidingWindowStepsPastTheWindowHeadDim64) {
+  SKIP_WITHOUT_GPU();
+  ModelSpan model = MakeQwenModel(DType::kBF16, 213);
+  model.config.sliding_window = 40;  // every layer
+  CheckSteps(model, {64, 16}, 2, {130, 1, 1, 70, 1, 47}, DType::kF32, 214);
+}
+
+// head_dim 128 (flash attention v8 on Hopper), a window in layer 0 only,
+// blocks of 5 tokens.
+TEST(CudaSessionsTest, WindowInOneLayerStepsPastTheWindowHeadDim128) {
+  SKIP_WITHOUT_GPU();
+  ModelSpan model = MakeLlama3Model(215);
+  model.config.sliding_window = 100;
+  model.config.sliding_layers = {true, false};
+  CheckSteps(model, {128, 5}, 1, {200, 1, 150, 1, 3}, DType::kBF16, 216);
 }
 
 // ---- rollback -----------------------------------------------------------
