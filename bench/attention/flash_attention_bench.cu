@@ -7,7 +7,11 @@
 // rows before it is timed; each timed launch sits between its own pair of
 // CUDA events after a warm-up; input sets rotate so that no launch finds its
 // operands in L2 from the previous one; the median is reported.
-// Causal attention FLOPs: 4 * len^2 * head_dim * heads / 2 per sequence.
+// Attention FLOPs: 4 * head_dim * heads per (query, visible key) pair, taken
+// as len^2 / 2 pairs per causal sequence, and with --window W as W^2 / 2 +
+// (len - W) * W: the figure counts only the work a window leaves, so its
+// TFLOP/s compare with the causal ones, and the time shows what the skipped
+// key tiles save.
 // Shapes marked "qkv" read q, k and v from one fused [tokens, (heads +
 // 2 kv_heads) * head_dim] buffer, as the served layer does; the others from
 // three packed buffers. The sm80 fast path (v6) and v8 are also timed with
@@ -16,7 +20,9 @@
 // Versions a problem cannot run (v8: head_dim 128, bf16 and Hopper only) are
 // listed as skipped with the reason.
 //
-// Usage: flash_attention_bench [--iters N] [--warmup N] [--versions 6,8]
+// Usage: flash_attention_bench [--iters N] [--warmup N] [--versions 6,8] [--window W]
+// (--window: sliding-window attention, FlashAttentionParams::window; 0, the
+// default, is plain causal attention.)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -97,8 +103,10 @@ std::vector<uint16_t> DownloadRows(const void* src, int64_t rows, int64_t width,
   return host;
 }
 
-// Checks sampled (token, head) rows of set 0's output against float64.
-bool Validate(const Shape& shape, const std::vector<int32_t>& cu, const AttnSet& set, int64_t tokens, int head_dim) {
+// Checks sampled (token, head) rows of set 0's output against float64, each
+// row over the keys its window (0: none) lets it see.
+bool Validate(const Shape& shape, const std::vector<int32_t>& cu, const AttnSet& set, int64_t tokens, int head_dim,
+              int window) {
   const int64_t qw = int64_t{kHeads} * head_dim, kw = int64_t{kKvHeads} * head_dim;
   const std::vector<uint16_t> q = DownloadRows(set.q_ptr, tokens, qw, set.q_stride);
   const std::vector<uint16_t> k = DownloadRows(set.k_ptr, tokens, kw, set.kv_stride);
@@ -113,21 +121,23 @@ bool Validate(const Shape& shape, const std::vector<int32_t>& cu, const AttnSet&
     const int h = (sample * 13) % kHeads;
     const int kvh = h / (kHeads / kKvHeads);
     const int64_t t = cu[s] + row;
-    std::vector<double> score(row + 1);
+    const int first = window > 0 ? std::max(0, row - window + 1) : 0;  // the oldest key row sees
+    std::vector<double> score(row + 1 - first);
     double mx = -INFINITY;
-    for (int j = 0; j <= row; ++j) {
+    for (int j = first; j <= row; ++j) {
       double dot = 0;
       for (int e = 0; e < head_dim; ++e)
         dot +=
             double{Bf16ToFloat(q[t * qw + h * head_dim + e])} * Bf16ToFloat(k[(cu[s] + j) * kw + kvh * head_dim + e]);
-      score[j] = dot * scale;
-      mx = std::max(mx, score[j]);
+      score[j - first] = dot * scale;
+      mx = std::max(mx, score[j - first]);
     }
     double sum = 0;
     for (double& x : score) sum += (x = std::exp(x - mx));
     for (int e = 0; e < head_dim; ++e) {
       double o = 0;
-      for (int j = 0; j <= row; ++j) o += score[j] / sum * Bf16ToFloat(v[(cu[s] + j) * kw + kvh * head_dim + e]);
+      for (int j = first; j <= row; ++j)
+        o += score[j - first] / sum * Bf16ToFloat(v[(cu[s] + j) * kw + kvh * head_dim + e]);
       const double got = Bf16ToFloat(out[t * qw + h * head_dim + e]);
       const double err = std::isfinite(got) ? std::fabs(got - o) : INFINITY;
       worst = std::max(worst, err);
@@ -140,17 +150,22 @@ bool Validate(const Shape& shape, const std::vector<int32_t>& cu, const AttnSet&
 }
 
 void BenchAttention(int head_dim, const std::vector<Shape>& shapes, const std::vector<int>& versions, int warmup,
-                    int iters, const DeviceInfo& dev) {
+                    int iters, int window, const DeviceInfo& dev) {
   const size_t l2_bytes = static_cast<size_t>(dev.l2_bytes);
-  std::printf("\nflash attention fwd: causal, bf16, heads %d, kv heads %d, head_dim %d (median of %d)\n", kHeads,
-              kKvHeads, head_dim, iters);
+  const std::string kind = window > 0 ? "causal, window " + std::to_string(window) : std::string("causal");
+  std::printf("\nflash attention fwd: %s, bf16, heads %d, kv heads %d, head_dim %d (median of %d)\n", kind.c_str(),
+              kHeads, kKvHeads, head_dim, iters);
   std::printf("%-10s %6s  %-48s %9s %9s\n", "shape", "tokens", "version", "ms", "TFLOP/s");
   for (const Shape& shape : shapes) {
     std::vector<int32_t> cu = {0};
     double flops = 0;
     for (int len : shape.seqlens) {
       cu.push_back(cu.back() + len);
-      flops += 4.0 * len * len * head_dim * kHeads / 2;
+      // (query, key) pairs as the causal count has always taken them, len^2 / 2:
+      // the first w rows are a causal triangle, the rest see w keys each.
+      const double w = window > 0 ? std::min(window, len) : len;
+      const double pairs = w * w / 2 + (len - w) * w;
+      flops += 4.0 * pairs * head_dim * kHeads;
     }
     const int64_t tokens = cu.back();
     const int max_len = *std::max_element(shape.seqlens.begin(), shape.seqlens.end());
@@ -176,6 +191,7 @@ void BenchAttention(int head_dim, const std::vector<Shape>& shapes, const std::v
       p.num_kv_heads = kKvHeads;
       p.head_dim = head_dim;
       p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      p.window = window;
       p.dtype = DType::kBF16;
       return p;
     };
@@ -201,7 +217,7 @@ void BenchAttention(int head_dim, const std::vector<Shape>& shapes, const std::v
       BENCH_CHECK_CUDA(cudaMemset(data[0].out->data(), 0xFF, tokens * kHeads * head_dim * 2));
       BENCH_CHECK_OK(LaunchFlashAttentionVersion(params(0), run.version, dev, nullptr, run.heads_per_section));
       BENCH_CHECK_CUDA(cudaDeviceSynchronize());
-      if (!Validate(shape, cu, data[0], tokens, head_dim)) continue;
+      if (!Validate(shape, cu, data[0], tokens, head_dim, window)) continue;
       const double ms = MedianMs(sets, warmup, iters, [&](int set) {
         BENCH_CHECK_OK(LaunchFlashAttentionVersion(params(set), run.version, dev, nullptr, run.heads_per_section));
       });
@@ -297,11 +313,12 @@ void BenchLayerOps(int warmup, int iters, size_t l2_bytes) {
 }
 
 int Main(int argc, char** argv) {
-  int iters = 50, warmup = 10;
+  int iters = 50, warmup = 10, window = 0;
   std::vector<int> versions;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--iters") == 0) iters = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--warmup") == 0) warmup = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--window") == 0) window = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--versions") == 0) {
       for (const char* v = argv[i + 1]; v != nullptr; v = std::strchr(v, ',')) {
         if (*v == ',') ++v;
@@ -339,8 +356,8 @@ int Main(int argc, char** argv) {
   };
   const absl::StatusOr<DeviceInfo> dev = QueryDeviceInfo(device);
   BENCH_CHECK_OK(dev.status());
-  BenchAttention(128, shapes, versions, warmup, iters, *dev);
-  BenchAttention(64, {shapes[0], shapes[2], shapes[4], shapes[5]}, versions, warmup, iters, *dev);
+  BenchAttention(128, shapes, versions, warmup, iters, window, *dev);
+  BenchAttention(64, {shapes[0], shapes[2], shapes[4], shapes[5]}, versions, warmup, iters, window, *dev);
   BenchLayerOps(warmup, iters, prop.l2CacheSize);
   return 0;
 }
