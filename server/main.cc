@@ -359,11 +359,6 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   }
   backend_maker.join();
   if (!backend.ok()) return Fail(backend.status());
-  const SequenceLimit sequence_limit = (*backend)->MaxSequence();
-  if (sequence_limit.max_tokens > 0) {
-    Log(absl::StrCat("sequences longer than ", sequence_limit.max_tokens,
-                     " tokens are refused: ", sequence_limit.reason));
-  }
 
   absl::StatusOr<std::unique_ptr<SessionTable>> sessions =
       MakeSessions(flags, **backend, *backend_name);
@@ -378,8 +373,6 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   served.max_batch_tokens = flags.max_batch_tokens;
   served.max_queue_delay_us = flags.max_queue_delay_us;
   served.max_queue_size = flags.max_queue_size;
-  served.max_sequence_tokens = sequence_limit.max_tokens;
-  served.sequence_limit_reason = sequence_limit.reason;
   if (*sessions == nullptr) {
     served.sessions_off_reason =
         (*backend)->KvBlockBytes(flags.kv_block_tokens) > 0

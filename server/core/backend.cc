@@ -63,7 +63,6 @@ absl::Status ValidateStep(const InferRequest& request, const KvCacheShape& kv_ca
 }  // namespace
 
 absl::Status Batch::Validate(int64_t hidden_size, int64_t max_tokens,
-                             const SequenceLimit& sequence_limit,
                              const KvCacheShape& kv_cache) const {
   std::vector<int32_t> expected = {0};
   int64_t tokens = 0;
@@ -86,13 +85,6 @@ absl::Status Batch::Validate(int64_t hidden_size, int64_t max_tokens,
                                                      request->hidden, ", model has ", hidden_size));
     }
     if (request->session) LS_RETURN_IF_ERROR(ValidateStep(*request, kv_cache));
-    // A session's sequences reach past their new tokens: position + T.
-    const int64_t reach = request->piece_tokens() + (request->session ? request->step.position : 0);
-    if (sequence_limit.max_tokens > 0 && reach > sequence_limit.max_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "request '", request->id, "' has sequences of ", reach, " tokens, more than ",
-          sequence_limit.max_tokens, ": ", sequence_limit.reason));
-    }
     const size_t bytes = request->num_elements() * DTypeSize(request->dtype);
     if (request->input.size() != bytes) {
       return absl::InvalidArgumentError(absl::StrCat("request '", request->id, "' input is ",

@@ -39,16 +39,6 @@ struct SequenceKv {
   const std::vector<KvBlockId>* block_table = nullptr;  // owned by the request's step
 };
 
-// The longest sequence (T, the tokens of one of a request's B sequences) a
-// backend computes exactly for its model, and why; max_tokens 0 means no limit
-// beyond the batch budget. Today: the CUDA backend's attention has no sliding
-// window, so for a windowed model it serves sequences up to the window, where
-// windowed and full-causal attention agree.
-struct SequenceLimit {
-  int64_t max_tokens = 0;
-  std::string reason;
-};
-
 // How a backend's time on one batch splits (seconds), as Triton's statistics
 // split it: moving the requests' tensors in (conversion and packing into the
 // backend's own buffers), and moving the outputs back into the requests.
@@ -74,16 +64,14 @@ struct Batch {
 
   // What every backend checks before it computes: each request's hidden size
   // and input byte count match its shape, no shape is negative, the packing
-  // matches the requests, the batch fits `max_tokens`, no sequence reaches
-  // past `sequence_limit` (INVALID_ARGUMENT quoting its reason), and every
-  // session step's block tables fit `kv_cache` (one table per sequence, each
+  // matches the requests, the batch fits `max_tokens`, and every session
+  // step's block tables fit `kv_cache` (one table per sequence, each
   // covering position + T tokens with ids inside the pool; a session request
   // to a backend without a cache is FAILED_PRECONDITION). The frontend's
   // validation and the session table already guarantee all of it; this keeps
   // a backend safe when called directly (tests, benchmarks) or by a buggy
   // caller.
   absl::Status Validate(int64_t hidden_size, int64_t max_tokens,
-                        const SequenceLimit& sequence_limit = {},
                         const KvCacheShape& kv_cache = {}) const;
 };
 
@@ -107,12 +95,6 @@ class Backend {
   // exactly once, on any thread, when the outputs are written or the batch
   // failed. Must not block the caller on compute.
   virtual void Execute(std::shared_ptr<Batch> batch, std::function<void(absl::Status)> done) = 0;
-
-  // The longest sequence this backend computes exactly for its model (see
-  // SequenceLimit). The edge refuses longer sequences with INVALID_ARGUMENT
-  // quoting the reason, so a backend that lacks some of the model's math past
-  // a length never answers with other math.
-  virtual SequenceLimit MaxSequence() const { return {}; }
 
   // The paged KV cache that sessions keep their keys and values in (README:
   // Sessions). A backend that has one reports what a block of `block_tokens`

@@ -94,12 +94,6 @@ absl::StatusOr<ValidatedInput> ValidateRequest(const RequestDescription& request
                                          ") exceed the per-request limit of ",
                                          limits.max_tokens_per_request, " (--max-batch-tokens)"));
   }
-  if (limits.max_sequence_tokens > 0 && seq_len > limits.max_sequence_tokens) {
-    return Invalid(
-        in.name, absl::StrCat("shape dimension 1 (tokens) is ", seq_len, ", longer than the ",
-                              limits.max_sequence_tokens, " tokens this server computes exactly: ",
-                              limits.sequence_limit_reason));
-  }
   if (in.has_typed_contents) {
     return Invalid(in.name,
                    "tensor data in typed 'contents' fields is not supported; send it in "

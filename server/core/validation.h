@@ -39,10 +39,6 @@ struct ModelLimits {
   // Largest B*T one request may carry (= --max-batch-tokens: a request must
   // fit in one batch).
   int64_t max_tokens_per_request = 0;
-  // Longest sequence (T) the backend computes exactly, 0 for no limit, and
-  // the reason quoted when a request exceeds it (Backend::MaxSequence).
-  int64_t max_sequence_tokens = 0;
-  std::string sequence_limit_reason;
 };
 
 struct ValidatedInput {

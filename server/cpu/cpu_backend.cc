@@ -184,7 +184,7 @@ class CpuBackend final : public Backend {
   absl::Status Run(Batch& batch, cpu::KvCache* kv_cache) {
     // The CPU backend has no arena: any batch size is computable.
     LS_RETURN_IF_ERROR(
-        batch.Validate(config_.hidden_size, std::numeric_limits<int64_t>::max(), {},
+        batch.Validate(config_.hidden_size, std::numeric_limits<int64_t>::max(),
                        kv_cache != nullptr ? kv_cache->shape() : layerserve::KvCacheShape{}));
     const auto input_start = std::chrono::steady_clock::now();
     const int64_t tokens = batch.total_tokens;

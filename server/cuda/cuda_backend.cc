@@ -244,7 +244,7 @@ class CudaBackendImpl final : public CudaBackend {
       MutexLock lock(&kv_mu_);
       kv_pool = kv_pool_.get();
     }
-    LS_RETURN_IF_ERROR(batch.Validate(config_.hidden_size, options_.max_batch_tokens, {},
+    LS_RETURN_IF_ERROR(batch.Validate(config_.hidden_size, options_.max_batch_tokens,
                                       kv_pool != nullptr ? kv_pool->shape() : KvCacheShape{}));
     if (absl::Status health = Health(); !health.ok()) {
       return absl::UnavailableError(absl::StrCat("cuda backend is unhealthy: ", health.message()));

@@ -218,9 +218,7 @@ absl::Status CheckSessionsServed(const ServedModel& model, const SessionId& id) 
 
 ModelLimits LimitsOf(const ServedModel& model) {
   return {.hidden_size = model.config.hidden_size,
-          .max_tokens_per_request = model.max_batch_tokens,
-          .max_sequence_tokens = model.max_sequence_tokens,
-          .sequence_limit_reason = model.sequence_limit_reason};
+          .max_tokens_per_request = model.max_batch_tokens};
 }
 
 absl::StatusOr<std::unique_ptr<InferRequest>> MakeInferRequest(

@@ -18,9 +18,6 @@ struct ServedModel {
   int64_t max_batch_tokens = 0;  // also the per-request token limit
   int64_t max_queue_delay_us = 0;
   int64_t max_queue_size = 0;
-  // Backend::MaxSequence(): the longest sequence served (0: no limit) and why.
-  int64_t max_sequence_tokens = 0;
-  std::string sequence_limit_reason;
   // Sessions (README: Sessions): served when the backend keeps a KV cache.
   bool sessions = false;
   // Without sessions: why, for the error a session request gets ("the cuda

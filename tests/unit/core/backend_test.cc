@@ -58,22 +58,6 @@ TEST(BatchTest, ValidateRejectsWhatNoBackendMayCompute) {
   EXPECT_EQ(stale.Validate(2, 100).code(), absl::StatusCode::kInternal);
 }
 
-// A backend's sequence limit (SequenceLimit) applies to each sequence, with
-// its reason in the message; without one, any length fits the batch budget.
-TEST(BatchTest, ValidateAppliesTheSequenceLimit) {
-  const std::string bytes(2 * 4 * 2 * 2, 'x');  // B = 2 sequences of T = 4
-  Batch batch;
-  batch.requests.push_back(Request(2, 4, bytes));
-  batch.Pack();
-  EXPECT_TRUE(batch.Validate(2, 100).ok());
-  EXPECT_TRUE(batch.Validate(2, 100, SequenceLimit{4, "a window of 4"}).ok());
-  const absl::Status refused = batch.Validate(2, 100, SequenceLimit{3, "a window of 3"});
-  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(refused.message().find("sequences of 4 tokens, more than 3: a window of 3"),
-            std::string_view::npos)
-      << refused;
-}
-
 // A session step of `request`: B tables of consecutive block ids from `first`.
 void SetStep(InferRequest& request, int64_t position, int64_t block_tokens, KvBlockId first) {
   request.session = SessionParams{.id = SessionId(int64_t{1})};
@@ -102,7 +86,7 @@ TEST(BatchTest, PackGivesSessionSequencesTheirPositionsAndTables) {
   EXPECT_EQ(batch.kv[1].position, 5);
   EXPECT_EQ(*batch.kv[1].block_table, (std::vector<KvBlockId>{10, 11}));
   EXPECT_EQ(*batch.kv[2].block_table, (std::vector<KvBlockId>{12, 13}));
-  EXPECT_TRUE(batch.Validate(2, 100, {}, KvCacheShape{.num_blocks = 14, .block_tokens = 4}).ok());
+  EXPECT_TRUE(batch.Validate(2, 100, KvCacheShape{.num_blocks = 14, .block_tokens = 4}).ok());
 }
 
 TEST(BatchTest, ValidateChecksSessionStepsAgainstThePool) {
@@ -114,7 +98,7 @@ TEST(BatchTest, ValidateChecksSessionStepsAgainstThePool) {
     SetStep(*batch.requests[0], 2, 4, 0);
     mutate(*batch.requests[0]);
     batch.Pack();
-    return batch.Validate(2, 100, {}, shape).code();
+    return batch.Validate(2, 100, shape).code();
   };
   EXPECT_EQ(check([](InferRequest&) {}, pool), absl::StatusCode::kOk);
   EXPECT_EQ(check([](InferRequest&) {}, KvCacheShape{}), absl::StatusCode::kFailedPrecondition);
@@ -126,13 +110,6 @@ TEST(BatchTest, ValidateChecksSessionStepsAgainstThePool) {
             absl::StatusCode::kInternal);
   EXPECT_EQ(check([](InferRequest& r) { r.step.block_tokens = 16; }, pool),
             absl::StatusCode::kInternal);
-  // A session's sequence reaches position + T: 2 + 3 > 4 is past a limit of 4.
-  Batch batch;
-  batch.requests.push_back(Request(1, 3, bytes));
-  SetStep(*batch.requests[0], 2, 4, 0);
-  batch.Pack();
-  EXPECT_EQ(batch.Validate(2, 100, SequenceLimit{4, "window"}, pool).code(),
-            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -43,22 +43,6 @@ TEST(ValidationTest, AcceptsRequestAtTokenLimitAndNamedOutput) {
   EXPECT_TRUE(ValidateRequest(r, kLimits).ok());
 }
 
-// A backend that computes sequences exactly only up to some length (the CUDA
-// backend under a sliding window) has longer ones refused, with its reason.
-TEST(ValidationTest, RefusesSequencesPastTheBackendLimit) {
-  const ModelLimits limits{.hidden_size = 512,
-                           .max_tokens_per_request = 1024,
-                           .max_sequence_tokens = 16,
-                           .sequence_limit_reason = "a sliding window of 16 tokens"};
-  EXPECT_TRUE(ValidateRequest(Good("FP32", {8, 16, 512}), limits).ok());
-  auto v = ValidateRequest(Good("FP32", {1, 17, 512}), limits);
-  ASSERT_FALSE(v.ok());
-  EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(v.status().message().find("tokens) is 17"), std::string_view::npos) << v.status();
-  EXPECT_NE(v.status().message().find("sliding window of 16"), std::string_view::npos)
-      << v.status();
-}
-
 struct BadCase {
   std::string label;
   RequestDescription request;

@@ -145,18 +145,12 @@ ServedModel RandomModel(Entropy& e) {
   // do not depend on the size.
   static constexpr std::array<int64_t, 3> kHidden = {8, 32, 128};
   static constexpr std::array<int64_t, 4> kMaxBatchTokens = {64, 1, 16, 256};
-  static constexpr std::array<int64_t, 4> kMaxSequenceTokens = {0, 0, 4, 32};
   ServedModel model;
   model.name = "demo";
   model.version = "1";
   model.backend = "cpu";
   model.config.hidden_size = PickOf(e, kHidden);
   model.max_batch_tokens = PickOf(e, kMaxBatchTokens);
-  model.max_sequence_tokens = PickOf(e, kMaxSequenceTokens);
-  if (model.max_sequence_tokens > 0) {
-    model.sequence_limit_reason =
-        absl::StrCat("a sliding window of ", model.max_sequence_tokens, " tokens");
-  }
   model.sessions = !e.OneIn(3);
   if (!model.sessions && e.OneIn(2)) model.sessions_off_reason = "--kv-cache-memory=0";
   return model;
@@ -207,10 +201,7 @@ void BuildValidRequest(Entropy& e, const ServedModel& model, ModelInferRequest* 
   const std::string_view datatype = PickOf(e, kDatatypes);
   input->set_datatype(std::string(datatype));
   const int64_t batch = e.InRange(1, std::min<int64_t>(4, model.max_batch_tokens));
-  int64_t most_tokens = model.max_batch_tokens / batch;
-  if (model.max_sequence_tokens > 0) {
-    most_tokens = std::min(most_tokens, model.max_sequence_tokens);
-  }
+  const int64_t most_tokens = model.max_batch_tokens / batch;
   const int64_t tokens_cap = std::min<int64_t>(most_tokens, int64_t{1} << e.Below(9));
   const int64_t tokens = e.InRange(1, tokens_cap);
   for (const int64_t dim : {batch, tokens, model.config.hidden_size}) input->add_shape(dim);
@@ -322,7 +313,7 @@ bool Mutate(Mutation mutation, Entropy& e, FuzzCase& c) {
     }
     case Mutation::kDimension: {
       if (!input) return false;
-      const std::array<int64_t, 16> dims = {0,
+      const std::array<int64_t, 15> dims = {0,
                                             -1,
                                             -hidden,
                                             kInt64Min,
@@ -336,7 +327,6 @@ bool Mutate(Mutation mutation, Entropy& e, FuzzCase& c) {
                                             hidden + 1,
                                             2 * hidden,
                                             c.model.max_batch_tokens + 1,
-                                            c.model.max_sequence_tokens + 1,
                                             static_cast<int64_t>(e.Below(kUint64Max))};
       if (input->shape_size() == 0) input->add_shape(1);
       input->set_shape(static_cast<int>(e.Below(static_cast<uint64_t>(input->shape_size()))),
@@ -590,7 +580,6 @@ void ReadTensor(const ModelInferRequest& request, const ServedModel& model, Expe
                                              : Int128{kInt64Max} + 1;
   if (bytes > kInt64Max) fault("overflow");
   if (total_tokens > model.max_batch_tokens) fault("--max-batch-tokens");
-  if (model.max_sequence_tokens > 0 && tokens > model.max_sequence_tokens) fault("dimension 1");
   if (element_bytes && bytes <= kInt64Max && request.raw_input_contents_size() == 1 &&
       Int128{static_cast<int64_t>(request.raw_input_contents(0).size())} != bytes) {
     fault("raw_input_contents");
@@ -762,8 +751,7 @@ void JudgeAccepted(const FuzzCase& c, const Expectation& x, const InferRequest& 
   if (made.input.data() != raw.data() || made.input.size() != raw.size()) {
     violate("the input does not view raw_input_contents[0]");
   }
-  if (made.hidden != c.model.config.hidden_size || made.tokens() > c.model.max_batch_tokens ||
-      (c.model.max_sequence_tokens > 0 && made.seq_len > c.model.max_sequence_tokens)) {
+  if (made.hidden != c.model.config.hidden_size || made.tokens() > c.model.max_batch_tokens) {
     violate("accepted past the model's limits");
   }
   if (made.session.has_value() != x.session.has_value()) {
