@@ -133,6 +133,9 @@ TEST(BatcherSessionsTest, OneSessionsRequestsRunInOrderNeverTogether) {
   EXPECT_GE(observer.reports(), 3);
   EXPECT_EQ(observer.last().sessions_open, 2);
   EXPECT_EQ(observer.last().sessions_in_flight, 0);
+  // The plug's reply may still be running on a reply thread: its Outcome
+  // must outlive it.
+  ASSERT_TRUE(plug.done.WaitFor(std::chrono::milliseconds(10000)));
 }
 
 TEST(BatcherSessionsTest, RefusedStepFailsAloneAndLeavesOthersIntact) {
@@ -398,6 +401,9 @@ TEST(BatcherSessionsTest, LongRequestRunsInPiecesBesideOtherSessionsSteps) {
   EXPECT_FALSE(table->Find(SessionId(1)).has_value());  // ended with its last piece
   EXPECT_EQ(table->Stats().freed_end, 1);
   EXPECT_TRUE(table->CheckConsistency().ok());
+  // The plug's reply may still be running on a reply thread: its Outcome
+  // must outlive it.
+  ASSERT_TRUE(plug.done.WaitFor(std::chrono::milliseconds(10000)));
 }
 
 TEST(BatcherSessionsTest, FailedPieceRollsTheSessionBackToWhereTheRequestBegan) {

@@ -62,6 +62,9 @@ TEST(BatcherTest, WhileBusyAPartialBatchWaitsForTheDelayThenRunsTogether) {
   }
   EXPECT_EQ(backend.batch_sizes(), (std::vector<size_t>{1, 3}));
   EXPECT_EQ(backend.batch_tokens(), (std::vector<int64_t>{1, 6}));
+  // The plug's reply may still be running on a reply thread: its Outcome
+  // must outlive it.
+  ASSERT_TRUE(plug.done.WaitFor(std::chrono::milliseconds(10000)));
 }
 
 TEST(BatcherTest, FullBatchRunsWithoutWaiting) {
@@ -84,6 +87,9 @@ TEST(BatcherTest, FullBatchRunsWithoutWaiting) {
   ASSERT_TRUE(b.done.WaitFor(milliseconds(10000)));
   EXPECT_TRUE(a.status.ok());
   EXPECT_EQ(backend.batch_sizes(), (std::vector<size_t>{1, 2}));
+  // The plug's reply may still be running on a reply thread: its Outcome
+  // must outlive it.
+  ASSERT_TRUE(plug.done.WaitFor(std::chrono::milliseconds(10000)));
 }
 
 TEST(BatcherTest, RequestsAccumulateWhileTheBackendIsBusy) {
@@ -159,6 +165,9 @@ TEST(BatcherTest, FullQueueRejectsAndReturnsTheRequest) {
   EXPECT_NE(r, nullptr);  // still the caller's; its on_done will not be called
   EXPECT_EQ(batcher.queue_depth(), 2);
   backend.SetOpen(true);
+  // The plug's reply may still be running on a reply thread: its Outcome
+  // must outlive it.
+  ASSERT_TRUE(plug.done.WaitFor(std::chrono::milliseconds(10000)));
 }
 
 // The queue is bounded by the bytes its requests hold too, not only by their
@@ -282,6 +291,9 @@ TEST(BatcherTest, ExpiredAndCancelledRequestsAreDroppedBeforeCompute) {
   EXPECT_TRUE(kept.status.ok());
   // Only the survivor ran, after the plug.
   EXPECT_EQ(backend.batch_sizes(), (std::vector<size_t>{1, 1}));
+  // The plug's reply may still be running on a reply thread: its Outcome
+  // must outlive it.
+  ASSERT_TRUE(plug.done.WaitFor(std::chrono::milliseconds(10000)));
 }
 
 TEST(BatcherTest, ShutdownRunsQueuedWorkAndRefusesNewWork) {
