@@ -40,6 +40,8 @@ using testing::Decode;
 using testing::DeviceBuffer;
 using testing::DTypeName;
 using testing::Encode;
+using testing::Errors;
+using testing::ErrorStats;
 using testing::ParallelFor;
 using testing::RandomValues;
 using testing::RoundToDType;
@@ -153,31 +155,6 @@ AttnProblem BuildProblem(const AttnCase& c) {
     }
   });
   return pr;
-}
-
-struct ErrorStats {
-  double max_abs = 0;
-  double mean_abs = 0;
-  size_t worst = 0;
-  size_t non_finite = 0;
-};
-
-ErrorStats Errors(const std::vector<double>& got, const std::vector<double>& want) {
-  ErrorStats st;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) {
-      if (st.non_finite++ == 0) st.worst = i;
-      continue;
-    }
-    const double err = std::fabs(got[i] - want[i]);
-    st.mean_abs += err;
-    if (err > st.max_abs && st.non_finite == 0) {
-      st.max_abs = err;
-      st.worst = i;
-    }
-  }
-  st.mean_abs /= std::max<size_t>(1, got.size());
-  return st;
 }
 
 class FlashAttentionTest : public testing::GpuTestWithParam<AttnCase> {};

@@ -165,6 +165,24 @@ const char* DTypeName(DType dtype) {
   return ::testing::AssertionFailure() << os.str();
 }
 
+ErrorStats Errors(const std::vector<double>& got, const std::vector<double>& want) {
+  ErrorStats st;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) {
+      if (st.non_finite++ == 0) st.worst = i;
+      continue;
+    }
+    const double err = std::fabs(got[i] - want[i]);
+    st.mean_abs += err;
+    if (err > st.max_abs && st.non_finite == 0) {
+      st.max_abs = err;
+      st.worst = i;
+    }
+  }
+  st.mean_abs /= static_cast<double>(std::max<size_t>(1, got.size()));
+  return st;
+}
+
 void ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
   const size_t workers = std::max<size_t>(1, std::min<size_t>(n, std::thread::hardware_concurrency()));
   std::vector<std::thread> threads;

@@ -79,6 +79,19 @@ const char* DTypeName(DType dtype);
 ::testing::AssertionResult AllClose(const std::vector<double>& got, const std::vector<double>& want, double atol,
                                     double rtol, const std::function<std::string(size_t)>& describe = nullptr);
 
+// How far `got` is from `want`, element by element: the largest and the mean
+// absolute error over the finite elements of `got`, the count of non-finite
+// ones, and where the worst is (the first non-finite element, if any, else the
+// largest error). For tests whose threshold is relative to another
+// implementation's error rather than fixed (AllClose's atol/rtol).
+struct ErrorStats {
+  double max_abs = 0;
+  double mean_abs = 0;
+  size_t worst = 0;
+  size_t non_finite = 0;
+};
+ErrorStats Errors(const std::vector<double>& got, const std::vector<double>& want);
+
 // Runs fn(i) for i in [0, n) on all hardware threads.
 void ParallelFor(size_t n, const std::function<void(size_t)>& fn);
 

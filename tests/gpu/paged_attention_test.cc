@@ -47,6 +47,8 @@ using testing::DeviceBuffer;
 using testing::DTypeEpsilon;
 using testing::DTypeName;
 using testing::Encode;
+using testing::Errors;
+using testing::ErrorStats;
 using testing::ParallelFor;
 using testing::RandomValues;
 using testing::RoundToDType;
@@ -212,31 +214,6 @@ Expected Reference(const PagedCase& c, const PagedProblem& pr) {
     for (int e = 0; e < d; ++e) o_plain[e] = RoundToDType(c.dtype, acc[static_cast<size_t>(e)]);
   });
   return want;
-}
-
-struct ErrorStats {
-  double max_abs = 0;
-  double mean_abs = 0;
-  size_t worst = 0;
-  size_t non_finite = 0;
-};
-
-ErrorStats Errors(const std::vector<double>& got, const std::vector<double>& want) {
-  ErrorStats st;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) {
-      if (st.non_finite++ == 0) st.worst = i;
-      continue;
-    }
-    const double err = std::fabs(got[i] - want[i]);
-    st.mean_abs += err;
-    if (err > st.max_abs && st.non_finite == 0) {
-      st.max_abs = err;
-      st.worst = i;
-    }
-  }
-  st.mean_abs /= static_cast<double>(std::max<size_t>(1, got.size()));
-  return st;
 }
 
 // The device copies of a problem and the PagedKv over them.
