@@ -30,15 +30,14 @@ Usage: python3 torch_decode.py [--ours PATH] [--points 1x1024,64x4096]
 
 import argparse
 import csv
-import math
 import os
 import re
-import statistics
 import warnings
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch_timing import median_ms, num_sets
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 POINTS = [(1, 1024), (1, 4096), (1, 16384), (1, 32768), (16, 1024), (16, 4096), (64, 1024), (64, 4096),
@@ -46,25 +45,6 @@ POINTS = [(1, 1024), (1, 4096), (1, 16384), (1, 32768), (16, 1024), (16, 4096), 
 BACKENDS = (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION))
 # About 50 ms at the H100's clock: far longer than enqueueing the timed calls takes.
 SPIN_CYCLES = 100_000_000
-
-
-def median_ms(sets, warmup, iters, fn):
-    for i in range(warmup):
-        fn(sets[i % len(sets)])
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    if hasattr(torch.cuda, "_sleep"):
-        torch.cuda._sleep(SPIN_CYCLES)
-    for i in range(iters):
-        starts[i].record()
-        fn(sets[i % len(sets)])
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
-
-
-def num_sets(bytes_per_set, l2_bytes):
-    return max(2, math.ceil(2 * l2_bytes / bytes_per_set))
 
 
 def kv_bytes(batch, context, q_tokens):
@@ -126,7 +106,7 @@ def bench_point(batch, context, q_tokens, warmup, iters, l2_bytes, gqa_native):
                 warnings.simplefilter("always")
                 try:
                     with sdpa_kernel([backend]):
-                        ms = median_ms(sets, warmup, iters, run)
+                        ms = median_ms(sets, warmup, iters, run, spin_cycles=SPIN_CYCLES)
                     results[label] = (ms, form)
                     pending.remove((label, backend))
                 except RuntimeError as err:  # no kernel of this backend takes the input

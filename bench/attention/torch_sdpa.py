@@ -18,12 +18,11 @@ Usage: python3 torch_sdpa.py [--iters N] [--warmup N]
 
 import argparse
 import itertools
-import math
-import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch_timing import median_ms, num_sets
 
 HEADS, KV_HEADS = 32, 8
 SHAPES = [
@@ -35,23 +34,6 @@ SHAPES = [
     ("8x1024", [1024] * 8),
     ("mix8k", [4096, 2048, 1024, 512, 512]),
 ]
-
-
-def median_ms(sets, warmup, iters, fn):
-    for i in range(warmup):
-        fn(sets[i % len(sets)])
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for i in range(iters):
-        starts[i].record()
-        fn(sets[i % len(sets)])
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
-
-
-def num_sets(bytes_per_set, l2_bytes):
-    return max(2, math.ceil(2 * l2_bytes / bytes_per_set))
 
 
 def attention_inputs(lengths, n_sets, gqa_native, head_dim):
