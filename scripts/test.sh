@@ -85,7 +85,8 @@ if [[ ${LAYERSERVE_SKIP_TSAN:-0} != 1 ]]; then
   LAYERSERVE_BUILD_DIR="$tsan_dir" bash scripts/build.sh -DLAYERSERVE_TSAN=ON -DLAYERSERVE_CUDA=OFF
   stage="tsan ctest"
   # halt_on_error: a race fails its test at once rather than only in the log.
-  export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
+  # tests/tsan.supp: what an uninstrumented library does that TSan misreads.
+  export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp ${TSAN_OPTIONS:-}"
   # GCC 12's TSan cannot map its shadow under high ASLR entropy (newer
   # kernels); running without ASLR avoids that where the sandbox allows it.
   launcher=()
