@@ -398,6 +398,8 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   batcher_options.policy.max_batch_tokens = served.max_batch_tokens;
   batcher_options.policy.max_queue_delay = std::chrono::microseconds(served.max_queue_delay_us);
   batcher_options.policy.delay_when_idle = flags.batch_delay_when_idle;
+  batcher_options.policy.max_device_wait = std::chrono::microseconds(flags.max_device_wait_us);
+  batcher_options.policy.device_lead = std::chrono::microseconds(flags.device_lead_us);
   batcher_options.max_queue_size = served.max_queue_size;
   batcher_options.max_queue_bytes =
       flags.max_queue_bytes > 0
@@ -435,14 +437,15 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
       GrpcFrontend::Start(grpc_options, served, &batcher, backend->get(), &observers, &stats);
   if (!frontend.ok()) return Fail(frontend.status());
 
-  Log(absl::StrCat("max_batch_tokens=", served.max_batch_tokens,
-                   " max_queue_delay_us=", served.max_queue_delay_us,
-                   batcher_options.policy.delay_when_idle ? " (also when idle)" : " (while busy)",
-                   " max_queue_size=", served.max_queue_size,
-                   " max_queue_bytes=", batcher_options.max_queue_bytes,
-                   " cpu_threads=", flags.cpu_threads, " streams=", flags.streams,
-                   " max_message_bytes=", DefaultMaxMessageBytes(served),
-                   " drain_timeout_s=", flags.drain_timeout_s));
+  Log(absl::StrCat(
+      "max_batch_tokens=", served.max_batch_tokens,
+      " max_queue_delay_us=", served.max_queue_delay_us,
+      batcher_options.policy.delay_when_idle ? " (also when idle)" : " (while busy)",
+      " max_device_wait_us=", flags.max_device_wait_us, " device_lead_us=", flags.device_lead_us,
+      " max_queue_size=", served.max_queue_size,
+      " max_queue_bytes=", batcher_options.max_queue_bytes, " cpu_threads=", flags.cpu_threads,
+      " streams=", flags.streams, " max_message_bytes=", DefaultMaxMessageBytes(served),
+      " drain_timeout_s=", flags.drain_timeout_s));
   std::cout << "layerserve ready: model=" << served.name << " layers=" << first_layer << ":"
             << end_layer << " backend=" << served.backend << " grpc_port=" << (*frontend)->port()
             << " metrics_port=" << (*metrics_server)->port() << std::endl;

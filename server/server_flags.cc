@@ -94,6 +94,12 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
   app.add_flag(FlagNames("batch-delay-when-idle", /*boolean=*/true), flags.batch_delay_when_idle,
                "wait for --max-queue-delay-us even when the device is idle, as Triton's dynamic "
                "batcher does: larger batches at moderate load for up to the delay of latency");
+  integer(app.add_option(FlagNames("max-device-wait-us"), flags.max_device_wait_us,
+                         "just-in-time batches: longest time the oldest queued request waits for "
+                         "the running batch to end rather than compute beside it (0: off)"));
+  integer(app.add_option(FlagNames("device-lead-us"), flags.device_lead_us,
+                         "just-in-time batches: form the next batch this long before the running "
+                         "one is predicted to end, so its copies and launches overlap it"));
   integer(
       app.add_option(FlagNames("max-queue-size"), flags.max_queue_size,
                      "most requests waiting; beyond it ModelInfer fails with RESOURCE_EXHAUSTED"));
@@ -249,6 +255,9 @@ absl::Status CheckFlags(const ServerFlags& flags) {
   }
   if (flags.max_queue_delay_us < 0) {
     return absl::InvalidArgumentError("--max-queue-delay-us must be >= 0");
+  }
+  if (flags.max_device_wait_us < 0 || flags.device_lead_us < 0) {
+    return absl::InvalidArgumentError("--max-device-wait-us and --device-lead-us must be >= 0");
   }
   if (flags.max_queue_size <= 0 || flags.max_queue_size > int64_t{UINT32_MAX}) {
     return absl::InvalidArgumentError("--max-queue-size must be in [1, 4294967295]");

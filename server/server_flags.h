@@ -26,6 +26,8 @@ struct ServerFlags {
   int64_t max_batch_tokens = 8192;
   int64_t max_queue_delay_us = 500;
   bool batch_delay_when_idle = false;  // BatchPolicy::delay_when_idle
+  int64_t max_device_wait_us = 2000;   // BatchPolicy::max_device_wait (0: off)
+  int64_t device_lead_us = 100;        // BatchPolicy::device_lead
   int64_t max_queue_size = 1024;
   int64_t max_queue_bytes = 0;  // 0: DefaultMaxQueueBytes
   int cpu_threads = 0;

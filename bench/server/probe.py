@@ -17,7 +17,11 @@ BIN_DIR holds layerserve and layerctl. Servers listen on loopback, on the
 ports their ready line names (tests/support/layerserve_process.py, shared
 with the tests and load_matrix.py). Env: PROBE_DURATION_S (4),
 PROBE_WARMUP_S (1), PROBE_CONCURRENCY (64), PROBE_TOKENS (1), PROBE_OPEN_RATE
-(40000 req/s offered to the async client).
+(40000 req/s offered to the async client). PROBE_SETTINGS replaces the matrix
+with settings of your own, run in the order given (repeat labels to
+interleave an A/B): 'label=server flags;...', e.g. 'jit=;no-jit=--max-device-wait-us=0;
+jit=;no-jit=--max-device-wait-us=0', each client with PROBE_CLIENT_ARGS (e.g.
+--connections=8).
 
 Each setting's directory keeps what its line is computed from (the three
 scrapes, the clients' JSON reports, the CPU counts), so summary_line() can
@@ -269,8 +273,26 @@ class Probe:
             text = f"thread sampler failed: {e!r}"
         (self.out / "server_threads.txt").write_text(text + "\n")
 
+    def run_custom(self, spec):
+        """PROBE_SETTINGS: 'label=server flags;label=server flags;...', run in
+        that order, each on its own server (a label may repeat, to interleave
+        A/B runs), every client with PROBE_CLIENT_ARGS."""
+        client_args = os.environ.get("PROBE_CLIENT_ARGS", "").split()
+        for i, entry in enumerate(e for e in spec.split(";") if e.strip()):
+            label, _, flags = entry.partition("=")
+            label = f"{i + 1:02d}-{label.strip()}"
+            if self.start_server(label, *flags.split()):
+                self.run_setting(label, 1, f"--concurrency={self.concurrency}", *client_args)
+                self.stop_server()
+
     def run(self):
         c = self.concurrency
+        spec = os.environ.get("PROBE_SETTINGS", "")
+        if spec:
+            self.emit(f"# probe: {self.tokens}-token requests, concurrency {c}, {self.duration} s "
+                      f"after {self.warmup} s warm-up; server args: {' '.join(self.server_args)}; "
+                      f"client args: {os.environ.get('PROBE_CLIENT_ARGS', '')}")
+            return self.run_custom(spec)
         self.emit(f"# probe: {self.tokens}-token requests, concurrency {c}, {self.duration} s after "
                   f"{self.warmup} s warm-up; server args: {' '.join(self.server_args)}")
         self.emit("# ms: client p50/p99/mean; srv req/queue/compute = server means over the window "

@@ -178,7 +178,8 @@ std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<St
   if (eligible.empty()) return nullptr;  // a batch in flight will wake us
   const SteadyTime oldest = queue_[eligible.front()]->enqueue_time;
   BatchDecision decision =
-      DecideBatch(options_.policy, tokens, oldest, now, /*device_idle=*/inflight_batches_ == 0);
+      DecideBatch(options_.policy, tokens, oldest, now,
+                  /*device_idle=*/inflight_batches_ == 0, DeviceFreeAtLocked());
   // Draining: run what is queued without waiting for more to arrive.
   if (decision.take == 0 && stopping_) {
     decision = DecideBatch(options_.policy, tokens, now - options_.policy.max_queue_delay, now,
@@ -224,6 +225,15 @@ std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<St
   observer_->OnQueueDepth(static_cast<int64_t>(queue_.size()));
   if (batch->requests.empty()) return nullptr;  // every step was refused
   return batch;
+}
+
+std::optional<SteadyTime> Batcher::DeviceFreeAtLocked() const {
+  std::optional<SteadyTime> free_at;
+  for (const auto& [batch, end] : inflight_ends_) {
+    if (!end) return std::nullopt;  // a batch of a size not seen before
+    if (!free_at || *end > *free_at) free_at = end;
+  }
+  return free_at;
 }
 
 bool Batcher::SweepIdleLocked(SteadyTime now, std::optional<SteadyTime>* wake_at) {
@@ -310,6 +320,13 @@ void Batcher::Run() {
       }
       batch->Pack();
       const SteadyTime start = clock_->Now();
+      {
+        MutexLock lock(&mu_);
+        const std::optional<SteadyTime::duration> duration =
+            durations_.Predict(batch->total_tokens);
+        inflight_ends_.push_back(
+            {batch.get(), duration ? std::optional<SteadyTime>(start + *duration) : std::nullopt});
+      }
       backend_->Execute(batch, [this, batch, start](absl::Status status) {
         OnBatchDone(batch, start, std::move(status));
       });
@@ -365,6 +382,11 @@ void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
   // The slot is free as soon as the results are on the host; the next batch
   // need not wait for this one's replies.
   MutexLock lock(&mu_);
+  std::erase_if(inflight_ends_, [&](const auto& e) { return e.first == batch.get(); });
+  if (status.ok() && batch->total_tokens > 0) {
+    durations_.Observe(batch->total_tokens, std::chrono::duration_cast<SteadyTime::duration>(
+                                                std::chrono::duration<double>(compute_seconds)));
+  }
   // Next pieces go back to the front, in order: they are the oldest work.
   for (auto it = next_pieces.rbegin(); it != next_pieces.rend(); ++it) {
     queued_bytes_ += InputBytes(**it);

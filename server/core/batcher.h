@@ -32,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -131,6 +132,9 @@ class Batcher {
   bool SweepIdleLocked(SteadyTime now, std::optional<SteadyTime>* wake_at)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnqueueLocked(const InferRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // When every batch in flight is predicted to have ended (DecideBatch's
+  // device_free_at); unset when none is in flight or one has no prediction.
+  std::optional<SteadyTime> DeviceFreeAtLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tokens per sequence of the request's next piece (all that remain for a
   // stateless request or one within the chunk limit).
   int64_t NextPiece(const InferRequest& r) const;
@@ -156,6 +160,12 @@ class Batcher {
   absl::flat_hash_map<SessionId, int64_t> queued_sessions_ ABSL_GUARDED_BY(mu_);
   SteadyTime next_sweep_ ABSL_GUARDED_BY(mu_){};
   int inflight_batches_ ABSL_GUARDED_BY(mu_) = 0;
+  // Batch compute times seen so far, and the predicted end of each batch in
+  // flight (unset: no prediction for its size yet), for just-in-time
+  // formation (BatchPolicy::max_device_wait).
+  BatchDurationModel durations_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<const Batch*, std::optional<SteadyTime>>> inflight_ends_
+      ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   CondVar cv_;  // signalled whenever the scheduling decision may change

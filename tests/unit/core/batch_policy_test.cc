@@ -106,5 +106,98 @@ TEST(BatchPolicyTest, DelayWhenIdleWaitsOnAnIdleDeviceToo) {
   EXPECT_EQ(DecideBatch(policy, q, kT0, kT0 + microseconds(500), kIdle).take, 2u);
 }
 
+// Just in time: the device is busy and its batch's end is predicted.
+
+TEST(BatchPolicyTest, JustInTimeWaitsPastTheDelayForTheRunningBatch) {
+  // The running batch ends at +900 us: rather than start a small batch
+  // beside it at +500 us, the next one forms at +800 us (lead 100 us).
+  const std::vector<int64_t> q = {1, 1};
+  const SteadyTime free_at = kT0 + microseconds(900);
+  const BatchDecision d =
+      DecideBatch(Policy(64, 500), q, kT0, kT0 + microseconds(500), kBusy, free_at);
+  EXPECT_EQ(d.take, 0u);
+  ASSERT_TRUE(d.wake_at.has_value());
+  EXPECT_EQ(*d.wake_at, kT0 + microseconds(800));
+  EXPECT_EQ(DecideBatch(Policy(64, 500), q, kT0, kT0 + microseconds(800), kBusy, free_at).take, 2u);
+}
+
+TEST(BatchPolicyTest, JustInTimeFormsBeforeTheDelayWhenTheBatchEndsFirst) {
+  const std::vector<int64_t> q = {1};
+  const SteadyTime free_at = kT0 + microseconds(300);
+  const BatchDecision d = DecideBatch(Policy(64, 500), q, kT0, kT0, kBusy, free_at);
+  ASSERT_TRUE(d.wake_at.has_value());
+  EXPECT_EQ(*d.wake_at, kT0 + microseconds(200));
+}
+
+TEST(BatchPolicyTest, JustInTimeWaitIsBounded) {
+  // A long batch (a prefill chunk, 10 ms) runs: the oldest request waits at
+  // most max_device_wait, then runs beside it.
+  const std::vector<int64_t> q = {1};
+  const SteadyTime free_at = kT0 + microseconds(10000);
+  const BatchDecision d = DecideBatch(Policy(64, 500), q, kT0, kT0, kBusy, free_at);
+  ASSERT_TRUE(d.wake_at.has_value());
+  EXPECT_EQ(*d.wake_at, kT0 + microseconds(2000));
+  EXPECT_EQ(DecideBatch(Policy(64, 500), q, kT0, kT0 + microseconds(2000), kBusy, free_at).take,
+            1u);
+}
+
+TEST(BatchPolicyTest, JustInTimeNeverWaitsLessThanTheDelayBound) {
+  // A delay above max_device_wait: the larger of the two bounds applies.
+  const std::vector<int64_t> q = {1};
+  const SteadyTime free_at = kT0 + microseconds(10000);
+  const BatchDecision d = DecideBatch(Policy(64, 3000), q, kT0, kT0, kBusy, free_at);
+  ASSERT_TRUE(d.wake_at.has_value());
+  EXPECT_EQ(*d.wake_at, kT0 + microseconds(3000));
+}
+
+TEST(BatchPolicyTest, JustInTimeOverdueBatchRunsNow) {
+  // The running batch is past its predicted end: nothing better to wait for.
+  const std::vector<int64_t> q = {1};
+  EXPECT_EQ(
+      DecideBatch(Policy(64, 500), q, kT0, kT0 + microseconds(50), kBusy, kT0 + microseconds(20))
+          .take,
+      1u);
+}
+
+TEST(BatchPolicyTest, JustInTimeStillRunsAFullBatchAtOnce) {
+  const std::vector<int64_t> q = {40, 30};
+  EXPECT_EQ(DecideBatch(Policy(64, 500), q, kT0, kT0, kBusy, kT0 + microseconds(5000)).take, 1u);
+}
+
+TEST(BatchPolicyTest, JustInTimeOffKeepsTheDelay) {
+  const std::vector<int64_t> q = {1};
+  const SteadyTime free_at = kT0 + microseconds(900);
+  BatchPolicy off = Policy(64, 500);
+  off.max_device_wait = microseconds(0);
+  EXPECT_EQ(*DecideBatch(off, q, kT0, kT0, kBusy, free_at).wake_at, kT0 + microseconds(500));
+  // Triton's rule (delay also when idle) is the delay alone too.
+  BatchPolicy triton = Policy(64, 500);
+  triton.delay_when_idle = true;
+  EXPECT_EQ(*DecideBatch(triton, q, kT0, kT0, kBusy, free_at).wake_at, kT0 + microseconds(500));
+}
+
+TEST(BatchDurationModelTest, PredictsNothingForAClassNotSeen) {
+  BatchDurationModel model;
+  EXPECT_FALSE(model.Predict(1).has_value());
+  model.Observe(1, microseconds(800));
+  ASSERT_TRUE(model.Predict(1).has_value());
+  EXPECT_EQ(*model.Predict(1), microseconds(800));
+  // 2 and 3 tokens share a class; 1 is its own, as is 4-7.
+  EXPECT_FALSE(model.Predict(2).has_value());
+  model.Observe(3, microseconds(900));
+  EXPECT_EQ(*model.Predict(2), microseconds(900));
+  EXPECT_FALSE(model.Predict(4).has_value());
+  EXPECT_FALSE(model.Predict(4096).has_value());
+}
+
+TEST(BatchDurationModelTest, MovesTowardNewSamples) {
+  BatchDurationModel model;
+  model.Observe(16, microseconds(1000));
+  model.Observe(16, microseconds(2000));
+  // 1000 + 0.2 x (2000 - 1000)
+  const double us = std::chrono::duration<double, std::micro>(*model.Predict(16)).count();
+  EXPECT_NEAR(us, 1200.0, 1e-6);
+}
+
 }  // namespace
 }  // namespace layerserve

@@ -67,6 +67,45 @@ TEST(BatcherTest, WhileBusyAPartialBatchWaitsForTheDelayThenRunsTogether) {
   ASSERT_TRUE(plug.done.WaitFor(std::chrono::milliseconds(10000)));
 }
 
+TEST(BatcherTest, JustInTimeTheNextBatchFormsAsTheRunningOneEnds) {
+  FakeClock clock;
+  FakeBackend backend(2);
+  ServerObserver observer;
+  BatcherOptions options = Options(64, 500);
+  options.policy.max_device_wait = microseconds(2000);
+  options.policy.device_lead = microseconds(100);
+  Batcher batcher(options, &backend, &observer, &clock);
+  // A first 1-token batch computes for 800 us: the batcher learns it.
+  backend.SetOpen(false);
+  const std::string payload = "a";
+  Outcome first;
+  auto r = MakeRequest(payload, 1, &first);
+  ASSERT_TRUE(batcher.Enqueue(r).ok());
+  ASSERT_TRUE(backend.AwaitBatches(1));
+  clock.Advance(microseconds(800));
+  backend.SetOpen(true);
+  ASSERT_TRUE(first.done.WaitFor(milliseconds(10000)));
+  // The next 1-token batch starts now and is predicted to end in 800 us. A
+  // request queued meanwhile waits past its 500 us delay, up to 100 us before
+  // that end, rather than compute beside it.
+  Outcome plug;
+  KeepBusy(batcher, backend, &plug);
+  Outcome second;
+  auto s = MakeRequest(payload, 1, &second);
+  ASSERT_TRUE(batcher.Enqueue(s).ok());
+  clock.Advance(microseconds(500));
+  batcher.Wake();
+  std::this_thread::sleep_for(milliseconds(30));
+  EXPECT_EQ(backend.batch_sizes().size(), 2u);
+  clock.Advance(microseconds(200));
+  batcher.Wake();
+  ASSERT_TRUE(backend.AwaitBatches(3));
+  backend.SetOpen(true);
+  ASSERT_TRUE(second.done.WaitFor(milliseconds(10000)));
+  EXPECT_TRUE(second.status.ok()) << second.status;
+  ASSERT_TRUE(plug.done.WaitFor(milliseconds(10000)));
+}
+
 TEST(BatcherTest, FullBatchRunsWithoutWaiting) {
   FakeClock clock;         // never advanced: only fullness can trigger the batch
   FakeBackend backend(2);  // one slot for the plug, one free

@@ -202,8 +202,14 @@ inline void KeepBusy(Batcher& batcher, FakeBackend& backend, Outcome* out) {
   ASSERT_TRUE(backend.AwaitBatches(before + 1));
 }
 
+// Just-in-time formation off: under a FakeClock that is not advanced every
+// batch computes in no time, so its prediction would always be "overdue" and
+// the next batch would never wait for the delay. Tests of just-in-time
+// formation turn it on themselves.
 inline BatcherOptions Options(int64_t max_tokens, int64_t delay_us, int64_t queue = 1024) {
-  return BatcherOptions{BatchPolicy{max_tokens, std::chrono::microseconds(delay_us)}, queue};
+  BatchPolicy policy{max_tokens, std::chrono::microseconds(delay_us)};
+  policy.max_device_wait = std::chrono::microseconds(0);
+  return BatcherOptions{policy, queue};
 }
 
 }  // namespace layerserve
