@@ -4,7 +4,8 @@
 # `layerserve --backend=cuda`, and the benchmarks. Logs and tables go to $OUT
 # (default ./gpu-out); the exit status is non-zero if any test failed.
 #   usage: scripts/gpu-run.sh [tests] [bench-kernels] [bench-layer] [bench-server]
-#          [bench-sessions] [bench-decode]   (no argument: the first four)
+#          [bench-sessions] [bench-decode] [bench-probe] [bench-pipeline]
+#          (no argument: the first four)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -95,6 +96,30 @@ for stage in "${stages[@]}"; do
       python3 bench/attention/torch_decode.py --ours "$out/decode_ours.csv" ${DECODE_BENCH_ARGS:-} \
         > "$out/decode_torch.txt" 2>&1
       cat "$out/decode_bench.txt" "$out/decode_torch.txt"
+      ;;
+    bench-probe)
+      # Where a request's time goes, per setting (bench/server/probe.py; its
+      # PROBE_* env chooses the matrix, e.g. PROBE_SETTINGS for an A/B).
+      ckpt=/tmp/layerserve-llama3-8b-shapes-4l
+      [[ -f $ckpt/model.safetensors ]] || python3 bench/server/make_checkpoint.py "$ckpt" --layers 4
+      # shellcheck disable=SC2086
+      python3 bench/server/probe.py "$bundle/bin" "$out/probe" \
+        --model-dir="$ckpt" --model-name=llama3-8b-4l --backend=cuda ${LOAD_SERVER_ARGS:-}
+      ;;
+    bench-pipeline)
+      # examples/pipeline_generate.py over two servers (layers 0:4 and 4:8 of
+      # an 8-layer Llama-3-8B-shaped checkpoint with its ends), sessions vs
+      # stateless. Needs tritonclient: carry it as wheels in .whl/ (docs/gpu.md).
+      if ! python3 -c "import tritonclient.grpc" 2>/dev/null && compgen -G ".whl/*.whl" > /dev/null; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+          --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
+      fi
+      ckpt=/tmp/layerserve-llama3-8b-shapes-8l-head
+      [[ -f $ckpt/model.safetensors ]] ||
+        python3 bench/server/make_checkpoint.py "$ckpt" --layers 8 --head --vocab 32000
+      # shellcheck disable=SC2086
+      python3 bench/server/pipeline_bench.py "$bundle/bin" "$out/pipeline" --model-dir="$ckpt" \
+        --backend=cuda --kv-cache-memory=4GiB ${PIPELINE_ARGS:-} || failed=1
       ;;
     *) echo "unknown stage '$stage'"; exit 2 ;;
   esac

@@ -3,6 +3,10 @@ load tests of layerserve with realistic shapes and no download:
 config.json + model.safetensors, Llama-3-8B shapes by default.
 
     python3 bench/server/make_checkpoint.py OUT_DIR [--layers 4] [--device cuda]
+        [--head --vocab V]
+
+--head also writes the model's ends (model.embed_tokens, model.norm, lm_head,
+with --vocab rows), so examples/pipeline_generate.py can generate through it.
 
 Needs torch and safetensors (both on the GPU machine). Weights are scaled so
 activations stay O(1) through the layers (uniform(-1,1)/sqrt(fan_in)); the
@@ -28,8 +32,12 @@ def main():
     parser.add_argument("out_dir")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--head", action="store_true",
+                        help="also write embed_tokens, the final norm and lm_head")
+    parser.add_argument("--vocab", type=int, default=CONFIG["vocab_size"],
+                        help="rows of embed_tokens and lm_head (config's vocab_size)")
     args = parser.parse_args()
-    config = dict(CONFIG, num_hidden_layers=args.layers)
+    config = dict(CONFIG, num_hidden_layers=args.layers, vocab_size=args.vocab)
     h, i = config["hidden_size"], config["intermediate_size"]
     q = config["num_attention_heads"] * config["head_dim"]
     kv = config["num_key_value_heads"] * config["head_dim"]
@@ -51,6 +59,12 @@ def main():
         tensors[p + "mlp.gate_proj.weight"] = linear(i, h)
         tensors[p + "mlp.up_proj.weight"] = linear(i, h)
         tensors[p + "mlp.down_proj.weight"] = linear(h, i)
+    if args.head:
+        # Entries uniform in (-1, 1): rows of RMS ~0.6, activations O(1).
+        embed = torch.rand(args.vocab, h, generator=gen, device=args.device) * 2 - 1
+        tensors["model.embed_tokens.weight"] = embed.to(torch.bfloat16).cpu()
+        tensors["model.norm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+        tensors["lm_head.weight"] = linear(args.vocab, h)
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=2)

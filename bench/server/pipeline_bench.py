@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Steps/s of examples/pipeline_generate.py with sessions and stateless, on
+one model split over two layerserve processes (the issue's "pipeline a user
+can run", measured). The checkpoint (config.json with num_hidden_layers n,
+and the model's ends: embed_tokens, norm, lm_head) is split at n/2; both
+servers run on this machine with the same flags. A random prompt of
+--prompt-tokens ids is generated from greedily for --new-tokens steps, once
+with sessions and once stateless (the whole prefix every step); the two must
+produce the same tokens. One line per mode (also OUT_DIR/pipeline.txt).
+
+  python3 bench/server/pipeline_bench.py BIN_DIR OUT_DIR --model-dir=DIR
+      [--prompt-tokens 512] [--new-tokens 32] [--datatype BF16] [layerserve args...]
+
+Needs tritonclient[grpc] and numpy (scripts/gpu-run.sh's bench-pipeline stage
+carries them as wheels where they are missing). The client computes the
+embedding, final norm and LM head itself with numpy, so its steps/s include
+that host work in both modes; the log has the per-mode prefill time too.
+"""
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+from layerserve_process import LayerserveProcess  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("bin_dir")
+    parser.add_argument("out_dir")
+    parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--datatype", choices=["FP32", "BF16"], default="BF16")
+    args, server_args = parser.parse_known_args()
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((Path(args.model_dir) / "config.json").read_text())
+    layers = int(config["num_hidden_layers"])
+    split = layers // 2
+    rng = random.Random(0)
+    prompt = ",".join(str(rng.randrange(config["vocab_size"])) for _ in range(args.prompt_tokens))
+
+    servers = []
+    try:
+        for i, span in enumerate([f"0:{split}", f"{split}:{layers}"]):
+            servers.append(LayerserveProcess(
+                Path(args.bin_dir) / "layerserve",
+                [f"--model-dir={args.model_dir}", f"--layers={span}", "--model-name=pipe",
+                 *server_args], out / f"server{i}.log"))
+        urls = ",".join(s.grpc_url for s in servers)
+        results = {}
+        lines = []
+        for mode in ("sessions", "stateless"):
+            report = out / f"{mode}.json"
+            cmd = [sys.executable, str(ROOT / "examples" / "pipeline_generate.py"),
+                   f"--model-dir={args.model_dir}", f"--servers={urls}", "--model=pipe",
+                   f"--prompt-ids={prompt}", f"--max-new-tokens={args.new_tokens}",
+                   f"--datatype={args.datatype}", "--ignore-eos", f"--json={report}"]
+            if mode == "stateless":
+                cmd.append("--stateless")
+            with open(out / f"{mode}.log", "w") as log:
+                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+            if rc != 0:
+                lines.append(f"{mode}: pipeline_generate.py failed (rc {rc}, see {mode}.log)")
+                continue
+            r = json.loads(report.read_text())
+            results[mode] = r
+            lines.append(f"{mode:9s} prompt {args.prompt_tokens}, {r['decode_steps']} steps, "
+                         f"{args.datatype}: prefill {r['prefill_s'] * 1e3:.1f} ms, decode "
+                         f"{r['decode_s']:.3f} s = {r['steps_per_s']:.1f} steps/s")
+        if len(results) == 2:
+            same = results["sessions"]["generated_ids"] == results["stateless"]["generated_ids"]
+            ratio = results["sessions"]["steps_per_s"] / results["stateless"]["steps_per_s"]
+            lines.append(f"sessions / stateless: {ratio:.2f}x steps/s; same tokens: {same}")
+        text = "\n".join(lines)
+        print(text, flush=True)
+        (out / "pipeline.txt").write_text(text + "\n")
+        return 0 if len(results) == 2 and same else 1
+    finally:
+        for s in servers:
+            s.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
