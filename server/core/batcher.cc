@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -85,8 +86,20 @@ absl::Status Batcher::Enqueue(std::unique_ptr<InferRequest>& request) {
   queued_bytes_ += bytes;
   queue_.push_back(std::move(request));
   observer_->OnQueueDepth(static_cast<int64_t>(queue_.size()));
-  cv_.Signal();
+  if (MayChangeDecisionLocked(*queue_.back())) cv_.Signal();
   return absl::OkStatus();
+}
+
+bool Batcher::MayChangeDecisionLocked(const InferRequest& r) const {
+  // Awake, the scheduler reads the queue again before it next sleeps.
+  if (!sleep_.asleep) return false;
+  if (r.deadline && (!sleep_.until || *r.deadline < *sleep_.until)) return true;
+  // Only a finished batch frees a slot, and its completion wakes the scheduler.
+  if (!sleep_.slot_free) return false;
+  // No request could run: this one may be the first that can.
+  if (sleep_.eligible_tokens < 0) return true;
+  // Waiting for the oldest to be due: only a full batch runs sooner.
+  return sleep_.eligible_tokens + r.batch * NextPiece(r) >= options_.policy.max_batch_tokens;
 }
 
 void Batcher::Wake() {
@@ -158,6 +171,7 @@ void Batcher::DropDeadLocked(SteadyTime now, std::vector<Refused>& refused) {
 }
 
 std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<SteadyTime>* wake_at,
+                                                int64_t* eligible_tokens,
                                                 std::vector<Refused>& refused) {
   // The requests that may run now, in arrival order: all but those of a
   // session whose step is in flight or that has an earlier request queued.
@@ -175,7 +189,9 @@ std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<St
     pieces.push_back(NextPiece(r));
     tokens.push_back(r.batch * pieces.back());
   }
+  *eligible_tokens = -1;
   if (eligible.empty()) return nullptr;  // a batch in flight will wake us
+  *eligible_tokens = std::accumulate(tokens.begin(), tokens.end(), int64_t{0});
   const SteadyTime oldest = queue_[eligible.front()]->enqueue_time;
   BatchDecision decision =
       DecideBatch(options_.policy, tokens, oldest, now,
@@ -269,9 +285,11 @@ void Batcher::Run() {
 
       std::optional<SteadyTime> wake_at;
       sessions_changed = SweepIdleLocked(now, &wake_at);
-      if (!queue_.empty() && inflight_batches_ < max_inflight) {
+      const bool slot_free = inflight_batches_ < max_inflight;
+      int64_t eligible_tokens = -1;
+      if (!queue_.empty() && slot_free) {
         std::optional<SteadyTime> batch_wake;
-        batch = FormBatchLocked(now, &batch_wake, refused);
+        batch = FormBatchLocked(now, &batch_wake, &eligible_tokens, refused);
         if (batch) {
           ++inflight_batches_;
           sessions_changed =
@@ -289,12 +307,17 @@ void Batcher::Run() {
           if (r->deadline && (!wake_at || *r->deadline < *wake_at)) wake_at = r->deadline;
         }
         if (!wake_) {
+          sleep_ = {.asleep = true,
+                    .slot_free = slot_free,
+                    .eligible_tokens = eligible_tokens,
+                    .until = wake_at};
           if (wake_at) {
             const auto wait = std::max(*wake_at - now, SteadyTime::duration::zero());
             cv_.WaitFor(&mu_, wait);
           } else {
             cv_.Wait(&mu_);
           }
+          sleep_.asleep = false;
         }
         wake_ = false;
         continue;

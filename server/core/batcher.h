@@ -124,14 +124,20 @@ class Batcher {
   // returns null and sets *wake_at to when it may. Session requests whose
   // BeginStep fails go to `refused`. Returns null with nothing refused when
   // no queued request may run yet.
+  // *eligible_tokens: the tokens of the requests that could run (-1: none),
+  // for MayChangeDecisionLocked.
   std::shared_ptr<Batch> FormBatchLocked(SteadyTime now, std::optional<SteadyTime>* wake_at,
-                                         std::vector<Refused>& refused)
+                                         int64_t* eligible_tokens, std::vector<Refused>& refused)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees idle sessions when a sweep is due; returns whether any was freed
   // and lowers *wake_at to the next sweep.
   bool SweepIdleLocked(SteadyTime now, std::optional<SteadyTime>* wake_at)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnqueueLocked(const InferRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether queueing `r` can change what the sleeping scheduler decided
+  // (see sleep_), so that Enqueue wakes it only then: a wake per request
+  // costs a context switch each, where one per batch is enough.
+  bool MayChangeDecisionLocked(const InferRequest& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // When every batch in flight is predicted to have ended (DecideBatch's
   // device_free_at); unset when none is in flight or one has no prediction.
   std::optional<SteadyTime> DeviceFreeAtLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -168,6 +174,16 @@ class Batcher {
       ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  // What the scheduler knew when it last went to sleep: whether a slot was
+  // free, the tokens of the requests that could run (-1: none), and when it
+  // wakes by itself (unset: only when signalled).
+  struct Sleep {
+    bool asleep = false;
+    bool slot_free = false;
+    int64_t eligible_tokens = -1;
+    std::optional<SteadyTime> until;
+  };
+  Sleep sleep_ ABSL_GUARDED_BY(mu_);
   CondVar cv_;  // signalled whenever the scheduling decision may change
   std::thread thread_;
 
