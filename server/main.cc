@@ -8,6 +8,7 @@
 // gracefully. It is the only place in the program that exits.
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cctype>
@@ -228,6 +229,30 @@ int WaitForSignalUnless(const sigset_t& signals, const absl::Notification& done)
   std::_Exit(0);
 }
 
+// Lifts the soft limit on open files to the hard one and says so. Each gRPC
+// connection holds a descriptor, and when gRPC 1.51 runs out of them its
+// listener stops for good (GrpcFrontend::AcceptFailed): at the usual soft
+// limit of 1024, a thousand idle sockets from one client would take the port
+// down. (Nothing here uses select(), which cannot take descriptors past 1023.)
+void RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  const rlim_t before = limit.rlim_cur;
+  // An unlimited hard limit still stops at the kernel's fs.nr_open (2^20 by
+  // default), and setrlimit refuses more.
+  const rlim_t target = limit.rlim_max == RLIM_INFINITY ? rlim_t{1} << 20 : limit.rlim_max;
+  if (before < target) {
+    limit.rlim_cur = target;
+    if (setrlimit(RLIMIT_NOFILE, &limit) == 0) {
+      Log(absl::StrCat("open files: soft limit raised from ", before, " to ", target));
+      return;
+    }
+  }
+  Log(absl::StrCat(
+      "open files: limit ", before,
+      before < 4096 ? " (low: every gRPC connection takes one; raise the hard limit)" : ""));
+}
+
 // The KV cache and session table that sessions need, sized by the flags, or
 // null when sessions are off (the backend keeps no KV cache, or
 // --kv-cache-memory=0). Logs what it chose.
@@ -430,10 +455,12 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   grpc_port->Release();  // gRPC binds it next
   grpc_options.server_version = kVersion;
   grpc_options.max_connection_age_s = flags.grpc_max_connection_age_s;
+  grpc_options.max_connection_idle_s = flags.grpc_max_connection_idle_s;
   grpc_options.max_connection_age_grace_s = flags.drain_timeout_s;
   grpc_options.tls = security->grpc_tls;
   grpc_options.auth_token = security->auth_token;
   grpc_options.auth_open = security->auth_open;
+  RaiseOpenFileLimit();  // before the port accepts its first connection
   absl::StatusOr<std::unique_ptr<GrpcFrontend>> frontend =
       GrpcFrontend::Start(grpc_options, served, &batcher, backend->get(), &observers, &stats);
   if (!frontend.ok()) return Fail(frontend.status());
@@ -451,12 +478,31 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
             << end_layer << " backend=" << served.backend << " grpc_port=" << (*frontend)->port()
             << " metrics_port=" << (*metrics_server)->port() << std::endl;
 
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
+  // Wait for SIGTERM/SIGINT, or for gRPC's listener to fail (see
+  // GrpcAcceptFailed): then the port takes no new connection ever again, and
+  // the right move is the same drain followed by a failing exit, so that a
+  // supervisor (Kubernetes, compose's restart policy) starts a fresh server.
+  const timespec poll = {.tv_sec = 0, .tv_nsec = 50'000'000};
+  int signal_number = -1;
+  bool listener_failed = false;
+  while (signal_number <= 0) {
+    signal_number = sigtimedwait(&signals, nullptr, &poll);
+    if (signal_number <= 0 && (*frontend)->AcceptFailed()) {
+      listener_failed = true;
+      break;
+    }
+  }
   const absl::Duration drain_timeout = absl::Seconds(flags.drain_timeout_s);
   const absl::Time deadline = absl::Now() + drain_timeout;
-  Log(absl::StrCat("received ", strsignal(signal_number), "; draining for up to ",
-                   absl::FormatDuration(drain_timeout)));
+  if (listener_failed) {
+    LogError(absl::StrCat(
+        "the gRPC port stopped accepting connections (accept failed; see the [grpc] line above: "
+        "with too many open files, gRPC 1.51 never listens again); draining for up to ",
+        absl::FormatDuration(drain_timeout), ", then exiting with status 1 to be restarted"));
+  } else {
+    Log(absl::StrCat("received ", strsignal(signal_number), "; draining for up to ",
+                     absl::FormatDuration(drain_timeout)));
+  }
 
   // Readiness goes false first so load balancers stop sending; the batcher
   // then runs everything already queued, and the gRPC server waits for open
@@ -471,7 +517,6 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
     (*metrics_server)->Stop();
     drained.Notify();
   });
-  const timespec poll = {.tv_sec = 0, .tv_nsec = 50'000'000};
   while (!drained.HasBeenNotified()) {
     if (sigtimedwait(&signals, nullptr, &poll) > 0) {
       Log("second signal; exiting without finishing the drain");
@@ -487,7 +532,7 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   }
   drainer.join();
   Log("drained; exiting");
-  return 0;
+  return listener_failed ? 1 : 0;
 }
 
 }  // namespace

@@ -113,6 +113,9 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
       FlagNames("grpc-max-connection-age-s"), flags.grpc_max_connection_age_s,
       "close each gRPC connection (GOAWAY, then --drain-timeout-s for calls in flight) after this "
       "many seconds, so clients reconnect and spread over new replicas; 0: never"));
+  integer(app.add_option(FlagNames("grpc-max-connection-idle-s"), flags.grpc_max_connection_idle_s,
+                         "close a gRPC connection that has had no call for this many seconds "
+                         "(clients reconnect at their next call); 0: never"));
   integer(app.add_option(FlagNames("drain-timeout-s"), flags.drain_timeout_s,
                          "on SIGTERM/SIGINT, how long queued and open calls may take to finish"));
   app.add_option(FlagNames("log-format"), flags.log_format,
@@ -278,6 +281,9 @@ absl::Status CheckFlags(const ServerFlags& flags) {
   }
   if (flags.grpc_max_connection_age_s < 0 || flags.grpc_max_connection_age_s > INT32_MAX / 1000) {
     return absl::InvalidArgumentError("--grpc-max-connection-age-s must be in [0, 2147483]");
+  }
+  if (flags.grpc_max_connection_idle_s < 0 || flags.grpc_max_connection_idle_s > INT32_MAX / 1000) {
+    return absl::InvalidArgumentError("--grpc-max-connection-idle-s must be in [0, 2147483]");
   }
   if (flags.drain_timeout_s < 0) {
     return absl::InvalidArgumentError("--drain-timeout-s must be >= 0");

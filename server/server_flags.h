@@ -32,8 +32,9 @@ struct ServerFlags {
   int64_t max_queue_bytes = 0;  // 0: DefaultMaxQueueBytes
   int cpu_threads = 0;
   int drain_timeout_s = 30;
-  int64_t grpc_max_connection_age_s = 0;  // 0: connections live as long as clients keep them
-  std::string log_format = "text";        // base/log.h's ParseLogFormat
+  int64_t grpc_max_connection_age_s = 0;     // 0: connections live as long as clients keep them
+  int64_t grpc_max_connection_idle_s = 300;  // GrpcFrontendOptions::max_connection_idle_s
+  std::string log_format = "text";           // base/log.h's ParseLogFormat
   // Sessions (README: Sessions).
   std::string kv_cache_memory = "auto";  // see KvCacheBytes
   int64_t kv_block_tokens = 16;

@@ -274,6 +274,18 @@ absl::StatusOr<std::unique_ptr<GrpcFrontend>> GrpcFrontend::Start(
         static_cast<int>(std::min<int64_t>(options.max_connection_age_grace_s, INT32_MAX / 1000) *
                          1000));
   }
+  if (options.max_connection_idle_s > 0) {
+    builder.AddChannelArgument(
+        GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+        static_cast<int>(std::min<int64_t>(options.max_connection_idle_s, INT32_MAX / 1000) *
+                         1000));
+  }
+  const auto ms = [](std::chrono::seconds s) {
+    return static_cast<int>(std::chrono::milliseconds(s).count());
+  };
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, ms(kHandshakeTimeout));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ms(kKeepaliveTime));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms(kKeepaliveTimeout));
   builder.SetMaxReceiveMessageSize(resolved.max_receive_message_bytes);
   builder.SetMaxSendMessageSize(resolved.max_send_message_bytes);
   builder.RegisterService(&impl->service);
@@ -295,6 +307,8 @@ GrpcFrontend::GrpcFrontend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 GrpcFrontend::~GrpcFrontend() { Shutdown(absl::Now()); }
 
 int GrpcFrontend::port() const { return impl_->port; }
+
+bool GrpcFrontend::AcceptFailed() const { return GrpcAcceptFailed(); }
 
 void GrpcFrontend::BeginDrain() { impl_->state.BeginDrain(); }
 

@@ -17,6 +17,7 @@
 // --auth-open names need a bearer token (call_auth.h).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -47,6 +48,10 @@ struct GrpcFrontendOptions {
   // clients reconnect and spread over replicas added since.
   int64_t max_connection_age_s = 0;
   int64_t max_connection_age_grace_s = 30;
+  // > 0: a connection with no call for this many seconds is closed (GOAWAY);
+  // a gRPC client reconnects at its next call. Bounds the descriptors and
+  // memory that idle connections hold.
+  int64_t max_connection_idle_s = 300;
   // Set: the port speaks TLS only (with client certificates required when
   // tls->client_ca_pem is set); unset: plaintext.
   std::optional<TlsMaterial> tls;
@@ -56,6 +61,17 @@ struct GrpcFrontendOptions {
   std::string auth_token;
   OpenWithoutToken auth_open;
 };
+
+// Connection bounds that need no flag (besides max_connection_idle_s): a
+// connection must finish its handshake (TLS, and the client's HTTP/2
+// SETTINGS) within kHandshakeTimeout, or it is closed, so sockets that never
+// speak hold no descriptor for long (gRPC's default is 120 s); and every
+// kKeepaliveTime without traffic the server pings, closing connections whose
+// peer does not answer within kKeepaliveTimeout (a vanished client, a dead
+// route), where gRPC's default would wait two hours.
+inline constexpr std::chrono::seconds kHandshakeTimeout(10);
+inline constexpr std::chrono::seconds kKeepaliveTime(60);
+inline constexpr std::chrono::seconds kKeepaliveTimeout(20);
 
 // Room for the largest legal request (and its reply, which has the same
 // size): max_batch_tokens * hidden * 4 bytes (FP32, the widest accepted
@@ -109,6 +125,10 @@ class GrpcFrontend {
 
   // The bound port (the chosen one when options.port was 0).
   int port() const;
+
+  // True once the port has stopped accepting connections for good (a failed
+  // accept(); see GrpcAcceptFailed in protobuf_log.h). Thread-safe.
+  bool AcceptFailed() const;
 
   // Readiness and health become NOT_SERVING and new inferences UNAVAILABLE.
   // Thread-safe, idempotent, returns at once.

@@ -4,6 +4,7 @@
 
 #include <grpc/support/log.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -88,8 +89,13 @@ HandshakeLog& Handshakes() {
   return *log;
 }
 
+std::atomic<bool> accept_failed{false};
+
 // gRPC core's DEBUG records (GRPC_VERBOSITY=DEBUG) are INFO ones.
 void GrpcCoreLog(gpr_log_func_args* args) {
+  if (std::strstr(args->message, "Failed accept4") != nullptr) {
+    accept_failed.store(true, std::memory_order_relaxed);
+  }
   if (std::strstr(args->message, "Handshake failed") != nullptr) {
     int64_t suppressed = 0;
     {
@@ -116,5 +122,7 @@ void InstallRateLimitedProtobufLog() {
 }
 
 void InstallGrpcCoreLog() { gpr_set_log_function(&GrpcCoreLog); }
+
+bool GrpcAcceptFailed() { return accept_failed.load(std::memory_order_relaxed); }
 
 }  // namespace layerserve

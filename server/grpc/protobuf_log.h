@@ -62,4 +62,13 @@ inline constexpr std::chrono::seconds kHandshakeLogWindow(60);
 // lines of failed TLS handshakes rate-limited (above). Idempotent.
 void InstallGrpcCoreLog();
 
+// True once gRPC core has logged "Failed accept4" (through the log
+// InstallGrpcCoreLog installs). gRPC 1.51 reports a failed accept() other than
+// EAGAIN/ECONNABORTED (EMFILE: the process ran out of file descriptors) only
+// in its log, and then never listens on that socket again, even after
+// descriptors are free (the bug class of CVE-2023-4785, fixed in gRPC 1.58):
+// the server keeps serving the connections it has and refuses every new one.
+// main() polls this to shut down and let a supervisor restart it.
+bool GrpcAcceptFailed();
+
 }  // namespace layerserve

@@ -45,15 +45,17 @@ class LayerserveProcess:
     measures beside the server's. The ready line is found by polling that file.
     """
 
-    def __init__(self, binary, flags, log_path, ready_timeout_s=READY_TIMEOUT_S):
+    def __init__(self, binary, flags, log_path, ready_timeout_s=READY_TIMEOUT_S,
+                 preexec_fn=None):
         self.log_path = Path(log_path)
         argv = [str(binary), "--host=127.0.0.1", "--grpc-port=0", "--metrics-port=0",
                 *map(str, flags)]
         with open(self.log_path, "w") as log:
             log.write("$ " + " ".join(argv) + "\n")
             log.flush()
+            # preexec_fn runs in the child before exec (e.g. to set rlimits).
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
+                                         stdin=subprocess.DEVNULL, preexec_fn=preexec_fn)
         self.stopped = False
         self._returncode = None
         self.ready = self._wait_ready(ready_timeout_s)

@@ -1,0 +1,143 @@
+"""Connection bounds of the gRPC port (issue 13, item 8): a spike of idle
+sockets must not take the port down for good, sockets that never speak and
+connections that stay idle are closed, and when gRPC's listener does fail the
+server says so and exits with status 1 (for a supervisor to restart it)
+instead of living on unable to take a connection.
+
+The descriptor limits are set in the server's process alone (preexec_fn), so
+the test's own sockets are bound only by the test's limit.
+"""
+
+import resource
+import socket
+import struct
+import time
+
+import pytest
+import tritonclient.grpc as grpcclient
+
+from conftest import layerserve_bin
+from layerserve_process import LayerserveProcess
+
+SPIKE = 200  # idle sockets at once: more than a limit of 64 allows
+
+
+def nofile(soft, hard):
+    def apply():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return apply
+
+
+def start(tmp_path, preexec_fn, *flags):
+    return LayerserveProcess(layerserve_bin(), ["--drain-timeout-s=5", *flags],
+                             tmp_path / "layerserve.log", preexec_fn=preexec_fn)
+
+
+def open_idle_sockets(port, count):
+    socks = []
+    for _ in range(count):
+        socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+    return socks
+
+
+def live(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        return client.is_server_live(client_timeout=5)
+    finally:
+        client.close()
+
+
+@pytest.fixture(autouse=True)
+def room_for_the_spike():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if max(soft, hard) < SPIKE + 64:
+        pytest.skip(f"this process may open only {hard} files")
+    if soft < SPIKE + 64:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_soft_limit_is_raised_so_a_spike_of_idle_sockets_is_survived(tmp_path):
+    server = start(tmp_path, nofile(64, 4096))
+    try:
+        assert "open files: soft limit raised from 64 to 4096" in server.log_text()
+        socks = open_idle_sockets(server.grpc_port, SPIKE)
+        for s in socks:
+            s.close()
+        assert live(server)
+        assert "Failed accept4" not in server.log_text()
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_failed_listener_makes_the_server_exit_with_status_1(tmp_path):
+    server = start(tmp_path, nofile(64, 64))
+    assert "open files: limit 64 (low" in server.log_text()
+    socks = open_idle_sockets(server.grpc_port, SPIKE)
+    try:
+        rc = server.proc.wait(timeout=20)
+    finally:
+        for s in socks:
+            s.close()
+    log = server.log_text()
+    assert rc == 1, log
+    assert "Failed accept4" in log
+    assert "the gRPC port stopped accepting connections" in log
+    assert "drained; exiting" in log
+    server.stop()
+
+
+def test_a_socket_that_never_speaks_is_closed_after_the_handshake_timeout(start_server):
+    server = start_server()
+    sock = socket.create_connection(("127.0.0.1", server.grpc_port), timeout=30)
+    started = time.monotonic()
+    closed = False
+    try:
+        # The server speaks first (its SETTINGS), then closes: recv gives b"".
+        while time.monotonic() - started < 30:
+            if not sock.recv(65536):
+                closed = True
+                break
+    except ConnectionResetError:
+        closed = True
+    finally:
+        sock.close()
+    waited = time.monotonic() - started
+    assert closed, "still open after 30 s"
+    assert 5 < waited < 25, f"closed after {waited:.1f} s; the handshake timeout is 10 s"
+
+
+def read_frames(sock, until_s):
+    """HTTP/2 frame types the server sends until it closes or until_s passes."""
+    sock.settimeout(0.5)
+    buf, types = b"", []
+    while time.monotonic() < until_s:
+        try:
+            chunk = sock.recv(65536)
+        except socket.timeout:
+            continue
+        if not chunk:
+            break
+        buf += chunk
+        while len(buf) >= 9:
+            length = int.from_bytes(buf[:3], "big")
+            if len(buf) < 9 + length:
+                break
+            types.append(buf[3])
+            buf = buf[9 + length:]
+    return types
+
+
+def test_an_idle_connection_gets_a_goaway(start_server):
+    server = start_server("--grpc-max-connection-idle-s=1")
+    sock = socket.create_connection(("127.0.0.1", server.grpc_port), timeout=5)
+    try:
+        # The client preface and an empty SETTINGS frame: a connection, and no call.
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + struct.pack(">I", 0)[1:] +
+                     bytes([0x4, 0x0]) + struct.pack(">I", 0))
+        types = read_frames(sock, time.monotonic() + 10)
+    finally:
+        sock.close()
+    assert 0x7 in types, f"no GOAWAY within 10 s; frame types seen: {types}"
