@@ -334,4 +334,86 @@ void Client::AsyncInfer(std::string_view model, const Tensor& input, absl::Time 
                                   });
 }
 
+std::unique_ptr<InferStream> Client::OpenStream(absl::Time deadline) {
+  std::unique_ptr<InferStream> stream(new InferStream(channel_));
+  PrepareContext(stream->context_, deadline);
+  absl::MutexLock lock(&stream->mu_);
+  stream->stream_ = inference_->ModelStreamInfer(&stream->context_);
+  return stream;
+}
+
+absl::Status StreamErrorStatus(std::string_view error_message) {
+  absl::Status status(absl::StatusCode::kUnknown,
+                      absl::string_view(error_message.data(), error_message.size()));
+  const size_t colon = error_message.find(": ");
+  if (colon != std::string_view::npos) {
+    const std::string_view name = error_message.substr(0, colon);
+    // google.rpc.Code: 1 (CANCELLED) to 16 (UNAUTHENTICATED); OK is no error.
+    for (int code = 1; code <= 16; ++code) {
+      if (absl::StatusCodeToString(static_cast<absl::StatusCode>(code)) != name) continue;
+      const std::string_view message = error_message.substr(colon + 2);
+      status = absl::Status(static_cast<absl::StatusCode>(code),
+                            absl::string_view(message.data(), message.size()));
+      break;
+    }
+  }
+  status.SetPayload(kCallStatusPayload, absl::Cord());
+  return status;
+}
+
+InferStream::~InferStream() {
+  absl::MutexLock lock(&mu_);
+  if (final_) return;
+  // Finish after a cancellation returns at once; it releases the call.
+  context_.TryCancel();
+  stream_->Finish();
+}
+
+absl::Status InferStream::BreakLocked() {
+  absl::Status status = FromGrpcStatus(stream_->Finish());
+  if (status.ok()) {
+    // The server finished the call without answering the request.
+    status = FromGrpcStatus(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                         "the server ended the stream before answering"));
+  }
+  final_ = status;
+  return status;
+}
+
+absl::StatusOr<Tensor> InferStream::Infer(std::string_view model, const Tensor& input,
+                                          const InferOptions& options) {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return absl::FailedPreconditionError("the stream is closed");
+  if (final_) return *final_;
+  inference::ModelInferRequest request = Client::MakeInferRequest(model, input, options);
+  const std::string id = absl::StrCat(next_id_++);
+  request.set_id(id);
+  // A failed write means the call is over: Finish says why.
+  if (!stream_->Write(request)) return BreakLocked();
+  inference::ModelStreamInferResponse reply;
+  if (!stream_->Read(&reply)) return BreakLocked();
+  if (reply.infer_response().id() != id) {
+    // Every later reply would be off by one too: end the call.
+    context_.TryCancel();
+    stream_->Finish();
+    final_ = absl::InternalError(absl::StrCat("the stream's reply is for request id '",
+                                              reply.infer_response().id(), "', expected '", id,
+                                              "'; stream cancelled"));
+    return *final_;
+  }
+  if (!reply.error_message().empty()) return StreamErrorStatus(reply.error_message());
+  return Client::OutputFromResponse(reply.infer_response());
+}
+
+absl::Status InferStream::Close() {
+  absl::MutexLock lock(&mu_);
+  if (!final_) {
+    // WritesDone fails only on a call that is already over; Finish says how.
+    stream_->WritesDone();
+    final_ = FromGrpcStatus(stream_->Finish());
+  }
+  closed_ = true;
+  return *final_;
+}
+
 }  // namespace layerserve::client

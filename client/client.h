@@ -5,7 +5,7 @@
 // Threading: a Client is thread-safe. All methods may be called concurrently
 // from many threads; they share one channel (gRPC multiplexes calls over it).
 // AsyncInfer callbacks run on gRPC's callback threads and must not block for
-// long.
+// long. An InferStream (OpenStream) is one caller's: see its own comment.
 //
 // Message size: the channel accepts and sends messages up to INT32_MAX bytes,
 // as tritonclient does, so large [B, T, hidden] tensors are not cut off by
@@ -23,6 +23,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 
 #include "absl/base/thread_annotations.h"
@@ -35,6 +36,8 @@
 #include "grpc_service.grpc.pb.h"
 
 namespace layerserve::client {
+
+class InferStream;
 
 // Name of the single input and output tensor of a layerserve model.
 inline constexpr char kHiddenStates[] = "hidden_states";
@@ -153,6 +156,15 @@ class Client {
   void AsyncInfer(std::string_view model, const Tensor& input, absl::Time deadline,
                   const InferOptions& options, InferCallback done);
 
+  // Opens a ModelStreamInfer call: a session's requests written one after
+  // another on one HTTP/2 stream, each reply read before the next request
+  // is written (InferStream). `deadline` is the whole stream's: once it
+  // passes, the stream breaks with DEADLINE_EXCEEDED (absl::InfiniteFuture():
+  // none). Never null. Like Connect, lazy: an unreachable server, or a
+  // refused bearer token, shows up as the first Infer's status. The stream
+  // shares this client's channel and may outlive the Client.
+  std::unique_ptr<InferStream> OpenStream(absl::Time deadline);
+
   // Sends a hand-built request unchanged: for tests of the server's
   // validation and for callers that need fields Infer does not set.
   absl::StatusOr<inference::ModelInferResponse> InferRaw(
@@ -185,5 +197,77 @@ class Client {
   std::unique_ptr<inference::GRPCInferenceService::Stub> inference_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;
 };
+
+// One ModelStreamInfer call used as a blocking request/reply channel
+// (Client::OpenStream): Infer writes one request and reads its reply. The
+// server queues a stream's requests in the order they are written, so a
+// session's steps (start, steps, end) can ride on one stream; this class
+// keeps one request in flight at a time, so each step is also answered
+// before the next is sent.
+//
+// Errors: a request the server refuses or fails comes back as a reply with
+// error_message set, and the stream stays open for the next request. The
+// server writes that message as "CODE: message" (CODE the canonical name,
+// "RESOURCE_EXHAUSTED"); Infer returns that code with the message after the
+// ": ". A message without a known code in front (another server's) is
+// UNKNOWN with the whole message, which is how Triton's own client raises
+// it. A broken stream (deadline, cancellation, the server gone, a refused
+// token) makes Infer return the call's final status (the Finish status,
+// marked as a call status as every Client status is; UNAVAILABLE if the
+// server ended the call OK before answering), and every later Infer and
+// Close return that status again: open a new stream to go on.
+//
+// Threading: one request at a time. Infer and Close may be called from any
+// thread, but calls are serialized (a second caller waits for the first to
+// have its reply); for requests in flight at once, use several streams.
+//
+// Ownership: the stream holds a reference to its client's channel, not to
+// the Client. Destroying a stream that was not closed cancels the call
+// (the server sees CANCELLED; a request in flight may still have been
+// computed, advancing its session: see README.md, Sessions).
+class InferStream {
+ public:
+  InferStream(const InferStream&) = delete;
+  InferStream& operator=(const InferStream&) = delete;
+  ~InferStream();
+
+  // Writes `input` (as Client::Infer sends it, with the request id set to a
+  // counter of this stream's requests) and reads its reply: the output
+  // "hidden_states", or the reply's error as a status (see above), or the
+  // stream's final status if it broke. A reply for another request id is
+  // INTERNAL and cancels the stream. FAILED_PRECONDITION after Close.
+  absl::StatusOr<Tensor> Infer(std::string_view model, const Tensor& input,
+                               const InferOptions& options = {});
+
+  // Half-closes the stream (WritesDone) and returns its final status
+  // (Finish): OK once the server has answered everything and finished. The
+  // same status again on a second call.
+  absl::Status Close();
+
+ private:
+  friend class Client;
+  explicit InferStream(std::shared_ptr<grpc::Channel> channel) : channel_(std::move(channel)) {}
+
+  // Ends the call (Finish) after a failed write or read and keeps its
+  // status as final_.
+  absl::Status BreakLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::shared_ptr<grpc::Channel> channel_;  // keeps the call's channel alive
+  absl::Mutex mu_;
+  grpc::ClientContext context_;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<inference::ModelInferRequest, inference::ModelStreamInferResponse>>
+      stream_ ABSL_GUARDED_BY(mu_);
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Set once the call has ended (Close, or a broken stream): its status.
+  std::optional<absl::Status> final_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;  // by Close
+};
+
+// The status of a ModelStreamInfer reply's error_message (InferStream):
+// "CODE: message" with CODE a canonical code name other than OK gives that
+// code and the message after ": "; anything else UNKNOWN and the whole text.
+// Marked as a call status (IsCallStatus).
+absl::Status StreamErrorStatus(std::string_view error_message);
 
 }  // namespace layerserve::client

@@ -6,7 +6,9 @@
 // hidden states that one stateless request over the whole sequence gives,
 // within the tolerance of the wire and compute datatypes. On that rest the
 // checks of rollback, pipelined steps, errors that leave other sessions
-// intact, the server's limits (--max-session-tokens, --kv-cache-memory,
+// intact, a session over one ModelStreamInfer stream (the client's
+// InferStream) equal to the same session over unary calls, the server's limits
+// (--max-session-tokens, --kv-cache-memory,
 // --max-sessions), draining on SIGTERM and many sessions from many threads.
 //
 // Order: the server runs a session's requests in the order they reach its
@@ -430,6 +432,63 @@ TEST_F(SessionsTest, ErrorsLeaveOtherSessionsIntact) {
 
   EXPECT_TRUE(a.Send(4, /*end=*/true));
   EXPECT_TRUE(b.Send(4, /*end=*/true));
+}
+
+// A session over one stream (Client::OpenStream) gives, reply for reply,
+// what the same session over unary calls gives, and both match the oracle.
+// Errors on the stream (an unknown session, a batch size that is not the
+// session's, a position past the length, a step after sequence_end) come
+// back as their codes, and the stream goes on carrying the session.
+TEST_F(SessionsTest, AStreamCarriesASessionAsUnaryCallsDo) {
+  constexpr int64_t kBatch = 2;
+  const std::string datatype = "FP32";
+  const std::vector<int64_t> pieces = {6, 1, 1, 10, 1, 5};  // crosses the block at 16
+  const int64_t length = std::accumulate(pieces.begin(), pieces.end(), int64_t{0});
+  const Sequence seq(kBatch, length, 8400);
+  absl::StatusOr<std::vector<double>> oracle = Stateless(client(), seq, datatype);
+  ASSERT_TRUE(oracle.ok()) << oracle.status();
+  const SequenceId unary_id = std::string("twin-unary");
+  const SequenceId stream_id = std::string("twin-stream");
+  std::unique_ptr<client::InferStream> stream = client().OpenStream(In(absl::Seconds(60)));
+
+  int64_t from = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("piece ", i));
+    const bool start = i == 0, end = i + 1 == pieces.size();
+    const absl::StatusOr<Tensor> unary =
+        Step(client(), seq, from, pieces[i], datatype, Options(unary_id, start, end));
+    const absl::StatusOr<Tensor> streamed = stream->Infer(
+        kModel, Piece(seq, from, pieces[i], datatype), Options(stream_id, start, end));
+    ASSERT_TRUE(StepMatches(streamed, *oracle, seq, from, pieces[i], datatype));
+    ASSERT_TRUE(unary.ok()) << unary.status();
+    EXPECT_EQ(streamed->shape, unary->shape);
+    EXPECT_TRUE(streamed->data == unary->data) << "the stream's reply differs from the unary one";
+
+    if (i == 2) {
+      // Errors in the middle of the session, each answered on the stream.
+      const absl::StatusOr<Tensor> unknown = stream->Infer(
+          kModel, Piece(seq, 0, 1, datatype), Options(SequenceId("no-such-stream-session")));
+      EXPECT_TRUE(IsError(unknown.status(), absl::StatusCode::kNotFound,
+                          {"no-such-stream-session", "not found"}));
+      const Sequence narrow(1, 1, 8401);
+      const absl::StatusOr<Tensor> wrong_batch =
+          stream->Infer(kModel, Piece(narrow, 0, 1, datatype), Options(stream_id));
+      EXPECT_TRUE(IsError(wrong_batch.status(), absl::StatusCode::kInvalidArgument, {"1", "2"}));
+      const absl::StatusOr<Tensor> past = stream->Infer(kModel, Piece(seq, 0, 1, datatype),
+                                                        Options(stream_id, false, false, from + 5));
+      EXPECT_TRUE(IsError(past.status(), absl::StatusCode::kFailedPrecondition,
+                          {absl::StrCat(from + 5), absl::StrCat(from + pieces[i])}));
+    }
+    from += pieces[i];
+  }
+  // sequence_end freed the session; the stream still answers.
+  const absl::StatusOr<Tensor> after =
+      stream->Infer(kModel, Piece(seq, 0, 1, datatype), Options(stream_id));
+  EXPECT_TRUE(IsError(after.status(), absl::StatusCode::kNotFound, {"twin-stream", "not found"}));
+  const absl::StatusOr<Tensor> again =
+      stream->Infer(kModel, Piece(seq, 0, 3, datatype), Options(stream_id, true, true));
+  EXPECT_TRUE(StepMatches(again, *oracle, seq, 0, 3, datatype)) << "a new session on the stream";
+  EXPECT_TRUE(stream->Close().ok());
 }
 
 // Steps of one session sent back to back with AsyncInfer, each without

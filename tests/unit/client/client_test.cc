@@ -3,7 +3,10 @@
 // string_param, sequence_start and sequence_end bool_param) plus
 // sequence_position (int64_param). And the connection's security options: the
 // bearer token on every call (seen by an in-process server), the options
-// refused, and the credential files.
+// refused, and the credential files. And InferStream against an in-process
+// server that scripts each reply: error replies as statuses (the stream
+// staying usable), broken streams as their final status. (Against the real
+// server: tests/integration/sessions_test.cc.)
 #include "client/client.h"
 
 #include <grpcpp/grpcpp.h>
@@ -198,6 +201,181 @@ TEST(ClientSecurityTest, CredentialFiles) {
   EXPECT_TRUE(
       absl::StrContains(pem.status().message(), "--tls-ca-file=" + dir + "/token is not PEM"))
       << pem.status();
+}
+
+TEST(StreamErrorStatusTest, RecoversTheServersCode) {
+  absl::Status status = StreamErrorStatus("RESOURCE_EXHAUSTED: no KV cache blocks left: 3 needed");
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(status.message(), "no KV cache blocks left: 3 needed");
+  EXPECT_TRUE(IsCallStatus(status));
+  status = StreamErrorStatus("NOT_FOUND: session \"x\" not found: a: b");
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(status.message(), "session \"x\" not found: a: b");
+  EXPECT_EQ(StreamErrorStatus("UNAUTHENTICATED: no token").code(),
+            absl::StatusCode::kUnauthenticated);
+  // Not in the server's form: UNKNOWN, the whole text.
+  for (const char* text : {"OK: fine", "Bogus: x", "RESOURCE_EXHAUSTED:no space", "plain", ""}) {
+    status = StreamErrorStatus(text);
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnknown) << text;
+    EXPECT_EQ(status.message(), text);
+    EXPECT_TRUE(IsCallStatus(status));
+  }
+}
+
+// Answers each stream request as its model name says: "echo" (the input
+// back), "error" (error_message "NOT_FOUND: ..."), "raw-error" (a message
+// without a code), "wrong-id" (a reply for another request), "hangup" (ends
+// the call UNAVAILABLE without a reply), "hangup-ok" (ends it OK without
+// one). Records each stream's authorization metadata.
+class ScriptedStreamService final : public inference::GRPCInferenceService::Service {
+ public:
+  grpc::Status ModelStreamInfer(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<inference::ModelStreamInferResponse, inference::ModelInferRequest>*
+          stream) override {
+    {
+      std::string value = "(none)";
+      const auto [begin, end] = context->client_metadata().equal_range("authorization");
+      if (begin != end) value.assign(begin->second.data(), begin->second.size());
+      absl::MutexLock lock(&mu_);
+      authorization_.push_back(value);
+    }
+    inference::ModelInferRequest request;
+    while (stream->Read(&request)) {
+      inference::ModelStreamInferResponse reply;
+      inference::ModelInferResponse& response = *reply.mutable_infer_response();
+      response.set_id(request.id());
+      const std::string& model = request.model_name();
+      if (model == "hangup") return grpc::Status(grpc::StatusCode::UNAVAILABLE, "draining");
+      if (model == "hangup-ok") return grpc::Status::OK;
+      if (model == "error") {
+        reply.set_error_message("NOT_FOUND: session 7 not found");
+      } else if (model == "raw-error") {
+        reply.set_error_message("something went wrong");
+      } else if (model == "wrong-id") {
+        response.set_id("elsewhere");
+      } else {
+        auto* output = response.add_outputs();
+        output->set_name(kHiddenStates);
+        output->set_datatype(request.inputs(0).datatype());
+        *output->mutable_shape() = request.inputs(0).shape();
+        response.add_raw_output_contents(request.raw_input_contents(0));
+      }
+      if (!stream->Write(reply)) break;
+    }
+    return grpc::Status::OK;
+  }
+  std::vector<std::string> authorization() {
+    absl::MutexLock lock(&mu_);
+    return authorization_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> authorization_ ABSL_GUARDED_BY(mu_);
+};
+
+class InferStreamTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    absl::StatusOr<std::unique_ptr<Client>> client =
+        Client::Connect("127.0.0.1:" + std::to_string(port_), ConnectOptions{.auth_token = "tok"});
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+  }
+  void TearDown() override {
+    client_.reset();
+    if (server_ != nullptr) server_->Shutdown();
+  }
+  std::unique_ptr<InferStream> Open() {
+    return client_->OpenStream(absl::Now() + absl::Seconds(30));
+  }
+
+  ScriptedStreamService service_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(InferStreamTest, ErrorRepliesAreStatusesAndTheStreamGoesOn) {
+  const Tensor input{"FP32", {1, 2, 4}, std::string(32, '\x01')};
+  std::unique_ptr<InferStream> stream = Open();
+  absl::StatusOr<Tensor> out = stream->Infer("echo", input);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->shape, input.shape);
+  EXPECT_EQ(out->data, input.data);
+
+  out = stream->Infer("error", input);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kNotFound) << out.status();
+  EXPECT_EQ(out.status().message(), "session 7 not found");
+  EXPECT_TRUE(IsCallStatus(out.status()));
+  out = stream->Infer("raw-error", input);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kUnknown) << out.status();
+  EXPECT_EQ(out.status().message(), "something went wrong");
+
+  out = stream->Infer("echo", input);
+  EXPECT_TRUE(out.ok()) << "the stream is still usable: " << out.status();
+  EXPECT_TRUE(stream->Close().ok());
+  EXPECT_TRUE(stream->Close().ok()) << "the same status again";
+  EXPECT_EQ(stream->Infer("echo", input).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(service_.authorization(), std::vector<std::string>{"Bearer tok"});
+}
+
+TEST_F(InferStreamTest, ABrokenStreamGivesTheCallsStatus) {
+  std::unique_ptr<InferStream> stream = Open();
+  ASSERT_TRUE(stream->Infer("echo", kInput).ok());
+  absl::StatusOr<Tensor> out = stream->Infer("hangup", kInput);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kUnavailable) << out.status();
+  EXPECT_EQ(out.status().message(), "draining");
+  EXPECT_TRUE(IsCallStatus(out.status()));
+  // Broken for good: the same status from every later call.
+  EXPECT_EQ(stream->Infer("echo", kInput).status(), out.status());
+  EXPECT_EQ(stream->Close(), out.status());
+
+  // Ended OK without an answer: still a failure of the request.
+  stream = Open();
+  out = stream->Infer("hangup-ok", kInput);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kUnavailable) << out.status();
+  EXPECT_TRUE(absl::StrContains(out.status().message(), "before answering")) << out.status();
+}
+
+TEST_F(InferStreamTest, AReplyForAnotherRequestCancelsTheStream) {
+  std::unique_ptr<InferStream> stream = Open();
+  const absl::Status status = stream->Infer("wrong-id", kInput).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "'elsewhere', expected '1'")) << status;
+  EXPECT_EQ(stream->Infer("echo", kInput).status(), status);
+}
+
+TEST_F(InferStreamTest, DeadlineAndUnclosedStreams) {
+  // A deadline already past: the first request gets DEADLINE_EXCEEDED.
+  std::unique_ptr<InferStream> late = client_->OpenStream(absl::Now() - absl::Seconds(1));
+  EXPECT_EQ(late->Infer("echo", kInput).status().code(), absl::StatusCode::kDeadlineExceeded);
+  // Destroyed open, with and without a request sent: cancelled, no hang;
+  // the stream may outlive its client.
+  std::unique_ptr<InferStream> open = Open();
+  ASSERT_TRUE(open->Infer("echo", kInput).ok());
+  open.reset();
+  std::unique_ptr<InferStream> unused = Open();
+  std::unique_ptr<InferStream> orphan = Open();
+  ASSERT_TRUE(orphan->Infer("echo", kInput).ok());
+  client_.reset();
+  EXPECT_TRUE(orphan->Infer("echo", kInput).ok());
+  EXPECT_TRUE(orphan->Close().ok());
+}
+
+TEST(InferStreamNoServerTest, AnUnreachableServerIsUnavailable) {
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect("127.0.0.1:1");
+  ASSERT_TRUE(client.ok());
+  std::unique_ptr<InferStream> stream = (*client)->OpenStream(absl::Now() + absl::Seconds(10));
+  const absl::Status status = stream->Infer("demo", kInput).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_EQ(stream->Close(), status);
 }
 
 }  // namespace
