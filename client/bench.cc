@@ -39,7 +39,7 @@ class Recorder {
     if (status.ok()) {
       latencies_ms_.push_back(absl::ToDoubleMilliseconds(completed - issued));
     } else {
-      ++errors_by_code_[absl::StatusCodeToString(status.code())];
+      CountError(status, errors_by_code_, first_error_by_code_);
       ++failed_;
     }
   }
@@ -52,6 +52,7 @@ class Recorder {
     report.requests_ok = static_cast<int64_t>(latencies_ms_.size());
     report.requests_failed = failed_;
     report.errors_by_code = errors_by_code_;
+    report.first_error_by_code = first_error_by_code_;
     const absl::Time end = std::max(last_completion_, measure_end_);
     report.measured_seconds = absl::ToDoubleSeconds(end - measure_start_);
     if (report.measured_seconds > 0) {
@@ -78,6 +79,7 @@ class Recorder {
   mutable absl::Mutex mu_;
   std::vector<double> latencies_ms_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> errors_by_code_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> first_error_by_code_ ABSL_GUARDED_BY(mu_);
   int64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_completion_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
@@ -312,9 +314,7 @@ std::string FormatBenchReport(const BenchReport& r) {
       o.model, o.batch, o.tokens, o.hidden, o.datatype, mode, r.measured_seconds,
       r.requests_per_second, r.tokens_per_second, r.requests_ok, r.requests_failed,
       r.latency_p50_ms, r.latency_p90_ms, r.latency_p99_ms, r.latency_mean_ms, r.latency_max_ms);
-  for (const auto& [code, count] : r.errors_by_code) {
-    absl::StrAppend(&out, "errors ", code, ": ", count, "\n");
-  }
+  absl::StrAppend(&out, FormatErrorLines(r.errors_by_code, r.first_error_by_code));
   if (o.rate_per_second > 0) {
     absl::StrAppendFormat(&out,
                           "scheduler: max lag %.2f ms, %d arrivals skipped at %d in flight%s\n",
@@ -357,7 +357,10 @@ std::string BenchReportJson(const BenchReport& r) {
                      {"mean", r.latency_mean_ms},
                      {"max", r.latency_max_ms}};
   j["errors_by_code"] = r.errors_by_code;
-  return j.dump(2) + "\n";
+  j["first_error_by_code"] = r.first_error_by_code;
+  // A message is the server's text: invalid UTF-8 in it is replaced rather
+  // than thrown on.
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace layerserve::client

@@ -77,6 +77,8 @@ struct BenchReport {
   double latency_p99_ms = 0;
   double latency_max_ms = 0;
   std::map<std::string, int64_t> errors_by_code;  // "RESOURCE_EXHAUSTED" -> count
+  // The message of each code's first failure: "RESOURCE_EXHAUSTED" -> "queue full: ..."
+  std::map<std::string, std::string> first_error_by_code;
   // Open loop only: arrivals not sent because max_in_flight requests were
   // outstanding (the server could not keep up), and the worst lateness of
   // the scheduler against the arrival times.

@@ -58,4 +58,25 @@ std::vector<Tensor> RandomInputs(const std::vector<int64_t>& shape, const std::s
   return inputs;
 }
 
+void CountError(const absl::Status& status, std::map<std::string, int64_t>& counts,
+                std::map<std::string, std::string>& first) {
+  const std::string code = absl::StatusCodeToString(status.code());
+  ++counts[code];
+  first.try_emplace(code, std::string(status.message()));
+}
+
+std::string FormatErrorLines(const std::map<std::string, int64_t>& counts,
+                             const std::map<std::string, std::string>& first) {
+  std::string out;
+  for (const auto& [code, count] : counts) {
+    absl::StrAppend(&out, "errors ", code, ": ", count);
+    const auto message = first.find(code);
+    if (message != first.end() && !message->second.empty()) {
+      absl::StrAppend(&out, " (first: ", message->second, ")");
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  return out;
+}
+
 }  // namespace layerserve::client

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -65,5 +66,16 @@ absl::StatusOr<int64_t> HiddenFromMetadata(Client& client, const std::string& mo
 // standard normal values drawn from `seed`.
 std::vector<Tensor> RandomInputs(const std::vector<int64_t>& shape, const std::string& datatype,
                                  uint64_t seed, size_t count);
+
+// Counts a failed request's status under its code name ("RESOURCE_EXHAUSTED")
+// in `counts`, and keeps its message in `first` if it is the code's first,
+// so that a report says why requests failed, not only how often.
+void CountError(const absl::Status& status, std::map<std::string, int64_t>& counts,
+                std::map<std::string, std::string>& first);
+
+// The report lines for `counts`: "errors CODE: N (first: message)\n" per
+// code (without the parenthesis for a code with no message kept).
+std::string FormatErrorLines(const std::map<std::string, int64_t>& counts,
+                             const std::map<std::string, std::string>& first);
 
 }  // namespace layerserve::client

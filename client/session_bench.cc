@@ -73,6 +73,7 @@ class SessionRun {
     report.prefills_ok = static_cast<int64_t>(prefill_ms_.size());
     report.steps_ok = static_cast<int64_t>(step_ms_.size());
     report.errors_by_code = errors_by_code_;
+    report.first_error_by_code = first_error_by_code_;
     report.prefill_seconds = absl::ToDoubleSeconds(decode_start_ - start_);
     report.decode_seconds =
         step_ms_.empty() ? 0 : absl::ToDoubleSeconds(last_step_done_ - decode_start_);
@@ -82,7 +83,7 @@ class SessionRun {
  private:
   void RecordErrorLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     errors_.fetch_add(1, std::memory_order_relaxed);
-    ++errors_by_code_[absl::StatusCodeToString(status.code())];
+    CountError(status, errors_by_code_, first_error_by_code_);
   }
 
   mutable absl::Mutex mu_;
@@ -93,6 +94,7 @@ class SessionRun {
   std::vector<double> prefill_ms_ ABSL_GUARDED_BY(mu_);
   std::vector<double> step_ms_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> errors_by_code_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> first_error_by_code_ ABSL_GUARDED_BY(mu_);
   int64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> prefills_done_{0};
@@ -315,9 +317,7 @@ std::string FormatSessionBenchReport(const SessionBenchReport& r) {
       r.prefill_tokens_per_second, r.prefills_ok, latency(r.prefill_latency), r.decode_seconds,
       r.decode_tokens_per_second, r.steps_ok, latency(r.step_latency), r.sessions_completed,
       r.sessions_failed);
-  for (const auto& [code, count] : r.errors_by_code) {
-    absl::StrAppend(&out, "errors ", code, ": ", count, "\n");
-  }
+  absl::StrAppend(&out, FormatErrorLines(r.errors_by_code, r.first_error_by_code));
   return out;
 }
 
@@ -350,7 +350,10 @@ std::string SessionBenchReportJson(const SessionBenchReport& r) {
   j["prefill_latency_ms"] = latency(r.prefill_latency);
   j["step_latency_ms"] = latency(r.step_latency);
   j["errors_by_code"] = r.errors_by_code;
-  return j.dump(2) + "\n";
+  j["first_error_by_code"] = r.first_error_by_code;
+  // A message is the server's text: invalid UTF-8 in it is replaced rather
+  // than thrown on.
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace layerserve::client

@@ -25,9 +25,10 @@
 // idle timeout; a malformed request) stops the run, which returns it. Any
 // other failure of a session's request abandons that session: it is counted
 // as failed, its remaining steps are not sent, and the server frees it at its
-// idle timeout. A step is not retried: after a client-side deadline the
-// server may still be computing it, and a retry would be refused as a second
-// step in flight.
+// idle timeout. Every failure is counted by code, with the first message of
+// each code kept (first_error_by_code). A step is not retried: after a
+// client-side deadline the server may still be computing it, and a retry
+// would be refused as a second step in flight.
 #pragma once
 
 #include <cstdint>
@@ -90,6 +91,9 @@ struct SessionBenchReport {
   LatencySummary prefill_latency;
   LatencySummary step_latency;
   std::map<std::string, int64_t> errors_by_code;  // "RESOURCE_EXHAUSTED" -> count
+  // The message of each code's first failure: "RESOURCE_EXHAUSTED" ->
+  // "session \"lsbench-...-5\": out of KV cache blocks: ..."
+  std::map<std::string, std::string> first_error_by_code;
 };
 
 // Fills the rates and latency summaries of `report` from its counts and
@@ -106,7 +110,9 @@ void FinishSessionBenchReport(const std::vector<double>& prefill_ms,
 absl::StatusOr<SessionBenchReport> RunSessionBench(const std::vector<Client*>& clients,
                                                    BenchOptions options);
 
-// Human-readable summary (several lines) and the JSON form of the report.
+// Human-readable summary (several lines) and the JSON form of the report;
+// both give each error code's first message ("errors CODE: N (first: ...)";
+// JSON "first_error_by_code").
 std::string FormatSessionBenchReport(const SessionBenchReport& report);
 std::string SessionBenchReportJson(const SessionBenchReport& report);
 

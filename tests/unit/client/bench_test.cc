@@ -1,6 +1,7 @@
 // Tests of the bench (client/bench.h): nearest-rank percentiles, the option
 // checks that run before any request is sent, and how a run treats failing
-// requests (back-off, stop on a fatal status) against an in-process fake
+// requests (back-off, stop on a fatal status, the first message of each
+// code kept) against an in-process fake
 // server and a port nothing listens on.
 #include "client/bench.h"
 
@@ -8,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -162,6 +164,30 @@ TEST(BenchFailureTest, StopsOnAFatalStatusInTheClosedLoop) {
   EXPECT_TRUE(absl::StrContains(report.status().message(), "unknown model 'demo'"));
   EXPECT_TRUE(IsCallStatus(report.status()));
   EXPECT_LE(server.calls(), 4);  // one per worker at most
+}
+
+// A load error is counted, and its message kept: the report says why.
+TEST(BenchFailureTest, KeepsTheFirstMessageOfEachCode) {
+  FakeServer server(
+      grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "queue full: 9 requests waiting"));
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server.address());
+  ASSERT_TRUE(client.ok());
+  absl::StatusOr<BenchReport> report = RunBench(**client, ClosedLoop(2, 0.5));
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_GT(report->requests_failed, 0);
+  EXPECT_EQ(report->errors_by_code["RESOURCE_EXHAUSTED"], report->requests_failed);
+  EXPECT_EQ(report->first_error_by_code,
+            (std::map<std::string, std::string>{
+                {"RESOURCE_EXHAUSTED", "queue full: 9 requests waiting"}}));
+  const std::string text = FormatBenchReport(*report);
+  EXPECT_TRUE(
+      absl::StrContains(text, absl::StrCat("errors RESOURCE_EXHAUSTED: ", report->requests_failed,
+                                           " (first: queue full: 9 requests waiting)\n")))
+      << text;
+  const std::string json = BenchReportJson(*report);
+  for (const char* key : {"\"first_error_by_code\"", "\"queue full: 9 requests waiting\""}) {
+    EXPECT_TRUE(absl::StrContains(json, key)) << key << " missing from " << json;
+  }
 }
 
 // A Client may be destroyed as soon as its last AsyncInfer callback has been

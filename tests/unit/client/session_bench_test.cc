@@ -268,8 +268,9 @@ TEST(SessionBenchRunTest, EverySessionStartsStepsAndEndsInOrder) {
   EXPECT_TRUE(absl::StrContains(text, "decode:")) << text;
   EXPECT_TRUE(absl::StrContains(text, "5 completed, 0 failed")) << text;
   const std::string json = SessionBenchReportJson(*report);
-  for (const char* key : {"\"decode_tokens_per_second\"", "\"step_latency_ms\"", "\"p99\"",
-                          "\"session_id_prefix\"", "\"mode\": \"sessions\""}) {
+  for (const char* key :
+       {"\"decode_tokens_per_second\"", "\"step_latency_ms\"", "\"p99\"", "\"session_id_prefix\"",
+        "\"mode\": \"sessions\"", "\"first_error_by_code\": {}"}) {
     EXPECT_TRUE(absl::StrContains(json, key)) << key << " missing from " << json;
   }
 }
@@ -301,7 +302,14 @@ TEST(SessionBenchRunTest, ALoadErrorAbandonsTheSessionAndIsCounted) {
   EXPECT_EQ(report->sessions_completed, 0);
   EXPECT_EQ(report->sessions_failed, 4);
   EXPECT_EQ(report->steps_ok, 0);
-  EXPECT_EQ(report->errors_by_code["RESOURCE_EXHAUSTED"], 4);
+  EXPECT_EQ(report->errors_by_code, (std::map<std::string, int64_t>{{"RESOURCE_EXHAUSTED", 4}}));
+  EXPECT_EQ(report->first_error_by_code,
+            (std::map<std::string, std::string>{{"RESOURCE_EXHAUSTED", "no free KV blocks"}}));
+  const std::string text = FormatSessionBenchReport(*report);
+  EXPECT_TRUE(absl::StrContains(text, "errors RESOURCE_EXHAUSTED: 4 (first: no free KV blocks)\n"))
+      << text;
+  const std::string json = SessionBenchReportJson(*report);
+  EXPECT_TRUE(absl::StrContains(json, "\"RESOURCE_EXHAUSTED\": \"no free KV blocks\"")) << json;
   // Only the prefills were sent: an abandoned session sends no steps.
   for (const auto& [id, seen] : server.service().requests()) EXPECT_EQ(seen.size(), 1u) << id;
 }
