@@ -251,6 +251,10 @@ absl::StatusOr<BenchReport> RunBench(const std::vector<Client*>& clients, BenchO
   if (options.sessions > 0) {
     return absl::InvalidArgumentError("--sessions runs the session bench (RunSessionBench)");
   }
+  if (options.streaming) {
+    return absl::InvalidArgumentError(
+        "--streaming needs --sessions: only the session bench runs over streams");
+  }
   if (options.batch < 1 || options.tokens < 1) {
     return absl::InvalidArgumentError("--batch and --tokens must be at least 1");
   }
@@ -329,6 +333,7 @@ std::string BenchReportJson(const BenchReport& r) {
   nlohmann::json j;
   j["model"] = o.model;
   j["mode"] = o.concurrency > 0 ? "closed" : "open";
+  j["transport"] = "unary";
   j["batch"] = o.batch;
   j["tokens"] = o.tokens;
   j["hidden"] = o.hidden;

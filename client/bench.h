@@ -62,6 +62,10 @@ struct BenchOptions {
   // Session ids are "<prefix>-<i>"; empty: NewSessionIdPrefix(), random, so
   // that concurrent bench processes never share a session.
   std::string session_id_prefix;
+  // Sessions only (--streaming): each session's requests go over its own
+  // ModelStreamInfer stream (InferStream) instead of unary calls. The
+  // request bench refuses it (INVALID_ARGUMENT naming --streaming).
+  bool streaming = false;
 };
 
 struct BenchReport {
@@ -90,7 +94,8 @@ struct BenchReport {
 // several with dedicated connections to spread the load over connections:
 // closed-loop worker w uses clients[w % n], open-loop arrival i clients[i % n]).
 // INVALID_ARGUMENT for inconsistent options (not a call's status: see
-// IsCallStatus; options.sessions > 0 is one: that is RunSessionBench's); a
+// IsCallStatus; options.sessions > 0 is one: that is RunSessionBench's, and
+// options.streaming another: it needs sessions); a
 // fatal status of a request (IsFatalBenchStatus) is
 // returned with its code, its message prefixed and its payloads kept; other
 // errors of individual requests are counted, not returned.

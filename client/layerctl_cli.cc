@@ -155,7 +155,8 @@ ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv)
       "--max-in-flight outstanding requests are skipped and reported. Sessions (--sessions N "
       "--prefill P --steps S): N sessions at once, each a prefill of P tokens with "
       "sequence_start, then S steps of --step-tokens tokens, the last with sequence_end; "
-      "reports prefill and step latencies and decode tokens/s. --connections spreads "
+      "reports prefill and step latencies and decode tokens/s; with --streaming each session's "
+      "requests go over its own ModelStreamInfer stream. --connections spreads "
       "the load over N TCP connections, as N client processes would.");
   BenchOptions& options = args.bench;
   std::string arrivals = "poisson";
@@ -204,10 +205,13 @@ ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv)
   CLI::Option* step_tokens_flag =
       add_number(bench, "--step-tokens", options.step_tokens, "sessions: tokens K per step")
           ->check(CLI::PositiveNumber);
+  CLI::Option* streaming_flag = bench->add_flag(
+      "--streaming", options.streaming,
+      "sessions: each session over its own ModelStreamInfer stream, not unary calls");
   // The session load is shaped by its own flags; the request load's do not
   // apply to it.
   sessions_flag->needs(prefill_flag)->needs(steps_flag);
-  for (CLI::Option* flag : {prefill_flag, steps_flag, step_tokens_flag}) {
+  for (CLI::Option* flag : {prefill_flag, steps_flag, step_tokens_flag, streaming_flag}) {
     flag->needs(sessions_flag);
   }
   for (CLI::Option* flag : {tokens_flag, concurrency_flag, rate_flag, arrivals_flag, duration_flag,

@@ -1,6 +1,6 @@
 // Session load generator (see session_bench.h): one std::thread per session
-// over the blocking Infer, a barrier between the prefill and decode phases,
-// and one locked sink for the samples.
+// over the blocking Infer or an InferStream, a barrier between the prefill
+// and decode phases, and one locked sink for the samples.
 #include "client/session_bench.h"
 
 #include <algorithm>
@@ -51,6 +51,14 @@ class SessionRun {
     if (!status.ok()) return RecordErrorLocked(status);
     step_ms_.push_back(absl::ToDoubleMilliseconds(done - issued));
     last_step_done_ = std::max(last_step_done_, done);
+  }
+
+  // A session whose requests were all answered, but whose stream's Close
+  // failed.
+  void RecordCloseError(const absl::Status& status) {
+    absl::MutexLock lock(&mu_);
+    RecordErrorLocked(
+        absl::Status(status.code(), absl::StrCat("closing the stream: ", status.message())));
   }
 
   void RecordSession(bool completed) {
@@ -147,22 +155,32 @@ class SessionProgressLine {
   std::thread thread_;
 };
 
-// One session's life: prefill, barrier, steps. Returns once it is done,
-// abandoned or the run is stopped.
+// One session's life: prefill, barrier, steps, over unary calls or its own
+// stream. Returns once it is done, abandoned or the run is stopped.
 void RunSession(Client& client, const BenchOptions& options, int64_t index,
                 const std::vector<SessionRequestPlan>& plan,
                 const std::vector<Tensor>& prefill_inputs, const std::vector<Tensor>& step_inputs,
                 SessionRun& run, FatalStop& fatal) {
   InferOptions infer_options;
   infer_options.sequence_id = SessionBenchId(options.session_id_prefix, index);
+  std::unique_ptr<InferStream> stream;
+  if (options.streaming) {
+    // One deadline for the whole stream: a share per request and one for
+    // the barrier (session_bench.h).
+    stream = client.OpenStream(absl::Now() + absl::Seconds(options.timeout_seconds *
+                                                           static_cast<double>(plan.size() + 1)));
+  }
   const auto send = [&](size_t i, const Tensor& input) {
     infer_options.sequence_start = plan[i].start;
     infer_options.sequence_end = plan[i].end;
     const absl::Time issued = absl::Now();
-    absl::Status status = client
-                              .Infer(options.model, input,
-                                     issued + absl::Seconds(options.timeout_seconds), infer_options)
-                              .status();
+    absl::Status status =
+        stream != nullptr
+            ? stream->Infer(options.model, input, infer_options).status()
+            : client
+                  .Infer(options.model, input, issued + absl::Seconds(options.timeout_seconds),
+                         infer_options)
+                  .status();
     if (IsFatalBenchStatus(status.code())) fatal.Set(status);
     return std::make_pair(issued, status);
   };
@@ -183,6 +201,12 @@ void RunSession(Client& client, const BenchOptions& options, int64_t index,
     const auto [issued, status] = send(i, step_inputs[(pick + i) % step_inputs.size()]);
     run.RecordStep(issued, absl::Now(), status);
     alive = status.ok();
+  }
+  if (stream != nullptr) {
+    // After a failed request the session is abandoned and its stream's
+    // failure (if any) already counted.
+    const absl::Status closed = stream->Close();
+    if (alive && !closed.ok()) run.RecordCloseError(closed);
   }
   run.RecordSession(alive);
 }
@@ -306,13 +330,14 @@ std::string FormatSessionBenchReport(const SessionBenchReport& r) {
                            l.p99_ms, l.mean_ms, l.max_ms);
   };
   std::string out = absl::StrFormat(
-      "model %s, %d sessions (ids %s-*) over %d %s: prefill [%d, %d, %d], then %d steps of "
-      "[%d, %d, %d] %s\n"
+      "model %s, %d sessions (ids %s-*) over %d %s, %s: prefill [%d, %d, %d], then %d steps "
+      "of [%d, %d, %d] %s\n"
       "prefill: %.3f s, %.1f tokens/s (%d ok); latency ms: %s\n"
       "decode:  %.3f s, %.1f tokens/s (%d steps ok); step latency ms: %s\n"
       "sessions: %d completed, %d failed\n",
       o.model, o.sessions, o.session_id_prefix, o.connections,
-      o.connections == 1 ? "connection" : "connections", o.batch, o.prefill_tokens, o.hidden,
+      o.connections == 1 ? "connection" : "connections",
+      o.streaming ? "a stream per session" : "unary calls", o.batch, o.prefill_tokens, o.hidden,
       o.steps, o.batch, o.step_tokens, o.hidden, o.datatype, r.prefill_seconds,
       r.prefill_tokens_per_second, r.prefills_ok, latency(r.prefill_latency), r.decode_seconds,
       r.decode_tokens_per_second, r.steps_ok, latency(r.step_latency), r.sessions_completed,
@@ -330,6 +355,7 @@ std::string SessionBenchReportJson(const SessionBenchReport& r) {
   nlohmann::json j;
   j["model"] = o.model;
   j["mode"] = "sessions";
+  j["transport"] = o.streaming ? "stream" : "unary";
   j["batch"] = o.batch;
   j["hidden"] = o.hidden;
   j["datatype"] = o.datatype;

@@ -2,7 +2,9 @@
 // [--step-tokens K]`: what decoding through the server's KV cache costs.
 //
 // N sessions run at once, one thread each over the blocking unary Infer
-// (session i on clients[i % n]). Each sends a prefill of [B, P, hidden] with
+// (session i on clients[i % n]), or with `streaming` over an InferStream of
+// its own (Client::OpenStream on the same client), each request written once
+// the one before is answered. Each sends a prefill of [B, P, hidden] with
 // sequence_start, then S steps of [B, K, hidden], the last with sequence_end
 // (with S = 0 the prefill carries it). The run has two phases: every session
 // prefills; once the last prefill is answered (a barrier), every session
@@ -14,7 +16,15 @@
 //                      (from the barrier to the last step's answer);
 //                      N x S x K x B / wall time when nothing failed.
 // Latencies are per request: one prefill latency per session, one step
-// latency per decode step.
+// latency per decode step. Over a stream, from the write of the request to
+// its reply (the prefill's includes opening the stream, which gRPC does on
+// the first write).
+//
+// Deadlines: a unary request's is --timeout-s (timeout_seconds) from when it
+// is sent. A stream has one deadline for all it carries: timeout_seconds x
+// (2 + steps) from its opening, a request's share and one more for the wait
+// at the barrier; once it passes, the stream breaks with DEADLINE_EXCEEDED
+// and the session is abandoned.
 //
 // Ids: string sequence ids "<prefix>-<i>", the prefix random per run
 // (NewSessionIdPrefix), so that bench processes running at once against one
@@ -24,11 +34,14 @@
 // FAILED_PRECONDITION; a session not found, NOT_FOUND, e.g. freed by the
 // idle timeout; a malformed request) stops the run, which returns it. Any
 // other failure of a session's request abandons that session: it is counted
-// as failed, its remaining steps are not sent, and the server frees it at its
-// idle timeout. Every failure is counted by code, with the first message of
-// each code kept (first_error_by_code). A step is not retried: after a
-// client-side deadline the server may still be computing it, and a retry
-// would be refused as a second step in flight.
+// as failed, its remaining steps are not sent (its stream, if any, is
+// closed), and the server frees it at its idle timeout. Every failure is
+// counted by code, with the first message of each code kept
+// (first_error_by_code); a stream that fails to close after a completed
+// session is counted too (its message says so), though the session stays
+// completed. A step is not retried: after a client-side deadline the
+// server may still be computing it, and a retry would be refused as a second
+// step in flight.
 #pragma once
 
 #include <cstdint>
@@ -111,7 +124,8 @@ absl::StatusOr<SessionBenchReport> RunSessionBench(const std::vector<Client*>& c
                                                    BenchOptions options);
 
 // Human-readable summary (several lines) and the JSON form of the report;
-// both give each error code's first message ("errors CODE: N (first: ...)";
+// both say which transport ran (JSON "transport": "unary" or "stream") and
+// give each error code's first message ("errors CODE: N (first: ...)";
 // JSON "first_error_by_code").
 std::string FormatSessionBenchReport(const SessionBenchReport& report);
 std::string SessionBenchReportJson(const SessionBenchReport& report);

@@ -4,7 +4,9 @@
 // line naming it, and every spelling the project's scripts and deploy files
 // use (dashes or underscores, --flag=value or --flag value, booleans) reaches
 // the flag it names, as the served model's config shows. Also layerctl's exit
-// statuses for help and usage errors, end to end through its main().
+// statuses for help and usage errors, end to end through its main(), and its
+// session bench against a server, over unary calls and over streams, with
+// the failures' first messages in the report.
 #include <gtest/gtest.h>
 
 #include <grpcpp/grpcpp.h>
@@ -13,6 +15,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -188,6 +191,49 @@ TEST(LayerctlBinaryTest, HelpAndUsageErrorsExitAsDocumented) {
   const ProcessResult missing = RunLayerctl({"bench", "--model", "demo"});
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_TRUE(absl::StrContains(missing.err, "--tokens")) << missing.err;
+  const ProcessResult streaming =
+      RunLayerctl({"bench", "--model=demo", "--tokens=1", "--concurrency=1", "--streaming"});
+  EXPECT_EQ(streaming.exit_code, 2);
+  EXPECT_TRUE(absl::StrContains(streaming.err, "--streaming")) << streaming.err;
+}
+
+// `layerctl bench --sessions 4` against a server that allows 2 sessions, over
+// unary calls and over a stream per session: either way 2 sessions complete,
+// 2 are refused at their prefill, and the report and its JSON give the
+// transport and the refusal's message.
+TEST(LayerctlBinaryTest, SessionBenchOverEitherTransportKeepsTheFirstError) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start({"--kv-cache-memory=8MiB", "--max-sessions=2"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  for (const bool streaming : {false, true}) {
+    SCOPED_TRACE(streaming ? "stream" : "unary");
+    const std::string json_path =
+        ::testing::TempDir() + (streaming ? "/bench_stream.json" : "/bench_unary.json");
+    std::vector<std::string> flags = {"bench",         "--url=" + (*server)->grpc_target(),
+                                      "--model=demo",  "--sessions=4",
+                                      "--prefill=5",   "--steps=3",
+                                      "--no-progress", "--json=" + json_path};
+    if (streaming) flags.push_back("--streaming");
+    const ProcessResult bench = RunLayerctl(flags);
+    EXPECT_EQ(bench.exit_code, 0) << bench.out << bench.err;
+    for (const std::string& text :
+         {std::string(streaming ? "a stream per session" : "unary calls"),
+          std::string("sessions: 2 completed, 2 failed"),
+          std::string("errors RESOURCE_EXHAUSTED: 2 (first: cannot start session"),
+          std::string("the most allowed is 2)")}) {
+      EXPECT_TRUE(absl::StrContains(bench.out, text)) << text << " is missing from:\n" << bench.out;
+    }
+    std::stringstream json;
+    json << std::ifstream(json_path).rdbuf();
+    for (const std::string& text :
+         {std::string(streaming ? "\"transport\": \"stream\"" : "\"transport\": \"unary\""),
+          std::string("\"first_error_by_code\": {\n    \"RESOURCE_EXHAUSTED\": \"cannot start "
+                      "session"),
+          std::string("\"steps_ok\": 6")}) {
+      EXPECT_TRUE(absl::StrContains(json.str(), text)) << text << " is missing from:\n"
+                                                       << json.str();
+    }
+  }
 }
 
 }  // namespace

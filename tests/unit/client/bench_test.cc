@@ -63,6 +63,13 @@ TEST(BenchOptionsTest, InconsistentOptionsFailBeforeConnecting) {
        {both, neither, no_model, bad_datatype, zero_tokens, zero_duration}) {
     EXPECT_EQ(RunBench(**client, options).status().code(), absl::StatusCode::kInvalidArgument);
   }
+  // Streams carry sessions only.
+  BenchOptions streaming = base;
+  streaming.streaming = true;
+  const absl::Status status = RunBench(**client, streaming).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(), "--streaming")) << status;
+  EXPECT_EQ(ExitStatusFor(status), kExitUsage);
 }
 
 TEST(BenchBackoffTest, DoublesFromOneMillisecondToOneSecond) {
@@ -185,7 +192,8 @@ TEST(BenchFailureTest, KeepsTheFirstMessageOfEachCode) {
                                            " (first: queue full: 9 requests waiting)\n")))
       << text;
   const std::string json = BenchReportJson(*report);
-  for (const char* key : {"\"first_error_by_code\"", "\"queue full: 9 requests waiting\""}) {
+  for (const char* key : {"\"first_error_by_code\"", "\"queue full: 9 requests waiting\"",
+                          "\"transport\": \"unary\""}) {
     EXPECT_TRUE(absl::StrContains(json, key)) << key << " missing from " << json;
   }
 }

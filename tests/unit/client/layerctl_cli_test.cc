@@ -212,6 +212,7 @@ TEST(LayerctlCommandLineTest, BenchSessions) {
   EXPECT_EQ(bench.bench.concurrency, 0);
   EXPECT_EQ(bench.bench.rate_per_second, 0);
   EXPECT_TRUE(bench.bench.session_id_prefix.empty()) << "random per run";
+  EXPECT_FALSE(bench.bench.streaming) << "unary calls by default";
 
   const LayerctlArgs wide =
       MustParse({"bench", "--model=m", "--sessions=2", "--prefill=8", "--steps=0",
@@ -221,6 +222,9 @@ TEST(LayerctlCommandLineTest, BenchSessions) {
   EXPECT_EQ(wide.bench.batch, 3);
   EXPECT_EQ(wide.connections, 2);
   EXPECT_EQ(wide.json_path, "s.json");
+  EXPECT_TRUE(
+      MustParse({"bench", "--model=m", "--sessions=2", "--prefill=8", "--steps=1", "--streaming"})
+          .bench.streaming);
 
   const std::vector<std::string> base = {"bench", "--model=m", "--sessions=2", "--prefill=8",
                                          "--steps=4"};
@@ -239,6 +243,9 @@ TEST(LayerctlCommandLineTest, BenchSessions) {
   ExpectUsageError({"bench", "--model=m", "--sessions=2", "--prefill=4"}, "--steps");
   ExpectUsageError({"bench", "--model=m", "--tokens=1", "--prefill=4"}, "--sessions");
   ExpectUsageError({"bench", "--model=m", "--tokens=1", "--step-tokens=4"}, "--sessions");
+  // Only sessions run over streams.
+  ExpectUsageError({"bench", "--model=m", "--tokens=1", "--concurrency=2", "--streaming"},
+                   "--streaming");
   ExpectUsageError(with({"--sessions=0"}), "--sessions");
   ExpectUsageError(with({"--prefill=0"}), "--prefill");
   ExpectUsageError(with({"--steps=-1"}), "--steps");
@@ -275,29 +282,13 @@ TEST(LayerctlCommandLineTest, HelpListsEveryCommandsFlagsWithDefaults) {
     EXPECT_FALSE(parsed.args.has_value());
     EXPECT_EQ(parsed.exit_status, kExitOk);
     EXPECT_EQ(parsed.err, "");
-    for (const char* text : {"health",
-                             "metadata",
-                             "infer",
-                             "bench",
-                             "--url",
-                             "localhost:8001",
-                             "--input",
-                             "--datatype",
-                             "--tokens",
-                             "--concurrency",
-                             "--rate",
-                             "--max-in-flight",
-                             "512",
-                             "--connections",
-                             "--no-progress",
-                             "--json",
-                             "poisson",
-                             "--sessions",
-                             "--prefill",
-                             "--steps",
-                             "--step-tokens",
-                             "--sequence-id",
-                             "--sequence-position"}) {
+    for (const char* text :
+         {"health",        "metadata",       "infer",         "bench",
+          "--url",         "localhost:8001", "--input",       "--datatype",
+          "--tokens",      "--concurrency",  "--rate",        "--max-in-flight",
+          "512",           "--connections",  "--no-progress", "--json",
+          "poisson",       "--sessions",     "--prefill",     "--steps",
+          "--step-tokens", "--streaming",    "--sequence-id", "--sequence-position"}) {
       EXPECT_TRUE(absl::StrContains(parsed.out, text))
           << help_flag << ": " << text << " is missing from:\n"
           << parsed.out;

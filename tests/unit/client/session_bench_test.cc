@@ -1,7 +1,8 @@
 // Tests of the session bench (client/session_bench.h): the plan of each
 // session's requests, session ids, the statistics, the option checks, and
-// whole runs against an in-process fake server that records the sequence
-// parameters of every request.
+// whole runs, over unary calls and over streams (--streaming), against an
+// in-process fake server that records the sequence parameters of every
+// request and the stream it came on.
 #include "client/session_bench.h"
 
 #include <grpcpp/grpcpp.h>
@@ -146,13 +147,56 @@ class SessionService final : public inference::GRPCInferenceService::Service {
     bool position_sent = false;
     // When a step arrived, or a prefill was answered, on one counter.
     int64_t order = 0;
+    // 0: a unary call; k: on the k-th stream opened.
+    int64_t stream = 0;
+    std::string request_id;
   };
 
   explicit SessionService(grpc::Status status = grpc::Status::OK) : status_(std::move(status)) {}
 
   grpc::Status ModelInfer(grpc::ServerContext*, const inference::ModelInferRequest* request,
                           inference::ModelInferResponse* response) override {
+    return Handle(request, response, 0);
+  }
+
+  // As layerserve answers a stream: each request in turn, an error as
+  // "CODE: message" in error_message, the stream left open.
+  grpc::Status ModelStreamInfer(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<inference::ModelStreamInferResponse, inference::ModelInferRequest>*
+          stream) override {
+    int64_t number = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      number = ++streams_;
+    }
+    inference::ModelInferRequest request;
+    while (stream->Read(&request)) {
+      inference::ModelStreamInferResponse reply;
+      const grpc::Status status = Handle(&request, reply.mutable_infer_response(), number);
+      if (!status.ok()) {
+        reply.mutable_infer_response()->Clear();
+        reply.set_error_message(absl::StrCat(
+            absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())), ": ",
+            status.error_message()));
+      }
+      reply.mutable_infer_response()->set_id(request.id());
+      if (!stream->Write(reply)) break;
+    }
+    return grpc::Status::OK;
+  }
+
+  std::map<std::string, std::vector<Seen>> requests() const {
+    absl::MutexLock lock(&mu_);
+    return requests_;
+  }
+
+ private:
+  grpc::Status Handle(const inference::ModelInferRequest* request,
+                      inference::ModelInferResponse* response, int64_t stream) {
     Seen seen;
+    seen.stream = stream;
+    seen.request_id = request->id();
     seen.shape.assign(request->inputs(0).shape().begin(), request->inputs(0).shape().end());
     std::string id = "<none>";
     for (const auto& [name, value] : request->parameters()) {
@@ -178,16 +222,11 @@ class SessionService final : public inference::GRPCInferenceService::Service {
     return grpc::Status::OK;
   }
 
-  std::map<std::string, std::vector<Seen>> requests() const {
-    absl::MutexLock lock(&mu_);
-    return requests_;
-  }
-
- private:
   const grpc::Status status_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::vector<Seen>> requests_ ABSL_GUARDED_BY(mu_);
   int64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t streams_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class SessionServer {
@@ -208,7 +247,11 @@ class SessionServer {
   std::unique_ptr<grpc::Server> server_;
 };
 
-TEST(SessionBenchRunTest, EverySessionStartsStepsAndEndsInOrder) {
+// Unary calls (false) or a stream per session (true).
+class SessionBenchTransportTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SessionBenchTransportTest, EverySessionStartsStepsAndEndsInOrder) {
+  const bool streaming = GetParam();
   SessionServer server;
   std::vector<std::unique_ptr<Client>> owned;
   std::vector<Client*> clients;
@@ -221,6 +264,7 @@ TEST(SessionBenchRunTest, EverySessionStartsStepsAndEndsInOrder) {
   constexpr int64_t kSessions = 5, kPrefill = 6, kSteps = 4, kStepTokens = 2;
   BenchOptions options = SessionOptions(kSessions, kPrefill, kSteps, kStepTokens);
   options.batch = 2;
+  options.streaming = streaming;
   absl::StatusOr<SessionBenchReport> report = RunSessionBench(clients, options);
   ASSERT_TRUE(report.ok()) << report.status();
 
@@ -249,6 +293,7 @@ TEST(SessionBenchRunTest, EverySessionStartsStepsAndEndsInOrder) {
     }
   }
   EXPECT_LT(last_prefill, first_step);
+  std::set<int64_t> streams;
   for (int64_t i = 0; i < kSessions; ++i) {
     const std::string id = SessionBenchId(prefix, i);
     SCOPED_TRACE(id);
@@ -261,16 +306,29 @@ TEST(SessionBenchRunTest, EverySessionStartsStepsAndEndsInOrder) {
       EXPECT_EQ(seen[r].start, r == 0) << r;
       EXPECT_EQ(seen[r].end, r == seen.size() - 1) << r;
       EXPECT_FALSE(seen[r].position_sent) << r;
+      // Over a stream: all of a session's requests on one stream of its
+      // own, numbered in order.
+      EXPECT_EQ(seen[r].stream, seen[0].stream) << r;
+      if (streaming) EXPECT_EQ(seen[r].request_id, absl::StrCat(r + 1)) << r;
     }
+    streams.insert(seen[0].stream);
+  }
+  if (streaming) {
+    EXPECT_EQ(streams.size(), static_cast<size_t>(kSessions));
+    EXPECT_EQ(streams.count(0), 0u) << "a unary call";
+  } else {
+    EXPECT_EQ(streams, std::set<int64_t>{0}) << "a stream";
   }
   // The report's text and JSON name the phases.
   const std::string text = FormatSessionBenchReport(*report);
   EXPECT_TRUE(absl::StrContains(text, "decode:")) << text;
   EXPECT_TRUE(absl::StrContains(text, "5 completed, 0 failed")) << text;
+  EXPECT_TRUE(absl::StrContains(text, streaming ? "a stream per session" : "unary calls")) << text;
   const std::string json = SessionBenchReportJson(*report);
   for (const char* key :
        {"\"decode_tokens_per_second\"", "\"step_latency_ms\"", "\"p99\"", "\"session_id_prefix\"",
-        "\"mode\": \"sessions\"", "\"first_error_by_code\": {}"}) {
+        "\"mode\": \"sessions\"", "\"first_error_by_code\": {}",
+        streaming ? "\"transport\": \"stream\"" : "\"transport\": \"unary\""}) {
     EXPECT_TRUE(absl::StrContains(json, key)) << key << " missing from " << json;
   }
 }
@@ -292,12 +350,15 @@ TEST(SessionBenchRunTest, ConcurrentRunsUseDifferentIds) {
   for (const auto& [id, seen] : requests) EXPECT_EQ(seen.size(), 3u) << id;
 }
 
-TEST(SessionBenchRunTest, ALoadErrorAbandonsTheSessionAndIsCounted) {
+// The error's code and first message come through either transport: over
+// a stream, from the reply's "CODE: message".
+TEST_P(SessionBenchTransportTest, ALoadErrorAbandonsTheSessionAndIsCounted) {
   SessionServer server(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "no free KV blocks"));
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server.address());
   ASSERT_TRUE(client.ok());
-  absl::StatusOr<SessionBenchReport> report =
-      RunSessionBench({client->get()}, SessionOptions(4, 8, 10));
+  BenchOptions options = SessionOptions(4, 8, 10);
+  options.streaming = GetParam();
+  absl::StatusOr<SessionBenchReport> report = RunSessionBench({client->get()}, options);
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->sessions_completed, 0);
   EXPECT_EQ(report->sessions_failed, 4);
@@ -314,16 +375,37 @@ TEST(SessionBenchRunTest, ALoadErrorAbandonsTheSessionAndIsCounted) {
   for (const auto& [id, seen] : server.service().requests()) EXPECT_EQ(seen.size(), 1u) << id;
 }
 
-TEST(SessionBenchRunTest, StopsOnAFatalStatus) {
+TEST_P(SessionBenchTransportTest, StopsOnAFatalStatus) {
   SessionServer server(
       grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the cpu backend keeps no KV cache"));
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server.address());
   ASSERT_TRUE(client.ok());
-  const absl::Status status = RunSessionBench({client->get()}, SessionOptions(3, 8, 100)).status();
+  BenchOptions options = SessionOptions(3, 8, 100);
+  options.streaming = GetParam();
+  const absl::Status status = RunSessionBench({client->get()}, options).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
   EXPECT_TRUE(absl::StrContains(status.message(), "no KV cache")) << status;
   EXPECT_TRUE(IsCallStatus(status));
 }
+
+// A stream that cannot even open (nothing listens) fails its session with
+// the call's status, as a unary call would.
+TEST(SessionBenchRunTest, AStreamThatCannotOpenFailsItsSession) {
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect("127.0.0.1:1");
+  ASSERT_TRUE(client.ok());
+  BenchOptions options = SessionOptions(2, 4, 3);
+  options.streaming = true;
+  absl::StatusOr<SessionBenchReport> report = RunSessionBench({client->get()}, options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->sessions_failed, 2);
+  EXPECT_EQ(report->errors_by_code, (std::map<std::string, int64_t>{{"UNAVAILABLE", 2}}));
+  EXPECT_FALSE(report->first_error_by_code["UNAVAILABLE"].empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, SessionBenchTransportTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Stream" : "Unary";
+                         });
 
 }  // namespace
 }  // namespace layerserve::client
