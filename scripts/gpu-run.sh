@@ -77,7 +77,9 @@ for stage in "${stages[@]}"; do
       ;;
     bench-sessions)
       # Decode through sessions vs stateless 1-token requests at equal
-      # concurrency (SESSION_ARGS narrows it, e.g. --sessions=1,64 --steps=64).
+      # concurrency (SESSION_ARGS narrows it, e.g. --sessions=1,64 --steps=64;
+      # --streaming adds each session row over streams; a row with failures
+      # prints each error code's first message under it).
       ckpt=/tmp/layerserve-llama3-8b-shapes-4l
       [[ -f $ckpt/model.safetensors ]] || python3 bench/server/make_checkpoint.py "$ckpt" --layers 4
       # shellcheck disable=SC2086

@@ -29,6 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from layerserve_process import LayerserveProcess, ServerStartError  # noqa: E402
+from bench_errors import error_lines  # noqa: E402
 
 
 def long_prefills(layerctl, url, model, npy, out_npy, stop, counter):
@@ -91,9 +92,13 @@ def main():
                 sys.exit(f"bench failed: {bench.stdout}{bench.stderr}")
             r = json.loads(report.read_text())
             lat = r["step_latency_ms"]
+            failed = f"  failed {r['sessions_failed']}" if r["sessions_failed"] else ""
             print(f"chunk={chunk:<5} decode {r['decode_tokens_per_second']:9.1f} tok/s  step ms "
                   f"p50 {lat['p50']:7.2f} p90 {lat['p90']:7.2f} p99 {lat['p99']:7.2f} "
-                  f"max {lat['max']:7.2f}  long prefills meanwhile: {counter[0]}", flush=True)
+                  f"max {lat['max']:7.2f}  long prefills meanwhile: {counter[0]}{failed}",
+                  flush=True)
+            for line in error_lines(r):
+                print(line, flush=True)
 
 
 def _hidden_from_log(text):

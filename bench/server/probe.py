@@ -23,6 +23,9 @@ interleave an A/B): 'label=server flags;...', e.g. 'jit=;no-jit=--max-device-wai
 jit=;no-jit=--max-device-wait-us=0', each client with PROBE_CLIENT_ARGS (e.g.
 --connections=8).
 
+A setting whose clients had failures gets, under its line, one line per
+error code with the first message a client kept (bench_errors.py).
+
 Each setting's directory keeps what its line is computed from (the three
 scrapes, the clients' JSON reports, the CPU counts), so summary_line() can
 recompute it later by hand.
@@ -44,6 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from layerserve_process import (LayerserveProcess, ServerStartError,  # noqa: E402
                                 parse_samples, total)
+from bench_errors import merged_error_lines  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 READY_TIMEOUT_S = 60
@@ -168,7 +172,8 @@ def summary_line(label, d, layers):
             f"other={fmt(other)} gap={fmt(gap)} ms | batch={fmt(batch_req, '.1f')} req "
             f"{fmt(batch_tok, '.1f')} tok gpu={fmt(gpu)} ms | served={served_ok:.0f}"
             f"/{served_all:.0f} | cpu us/req srv={fmt(server_us, '.0f')} "
-            f"cli={fmt(client_us, '.0f')}{extra}")
+            f"cli={fmt(client_us, '.0f')}{extra}"
+            + "".join(f"\n{line}" for line in merged_error_lines(runs)))
 
 
 class Probe:

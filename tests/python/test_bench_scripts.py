@@ -1,0 +1,68 @@
+"""The server benchmark scripts' reading of `layerctl bench` reports
+(bench/server/bench_errors.py): each error code's count and first message,
+and bench/server/session_matrix.py end to end on the CPU demo model, with
+--streaming and a server that refuses some sessions, printing why.
+
+Needs LAYERSERVE_BIN and LAYERCTL_BIN (ctest sets both).
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH_SERVER = Path(__file__).resolve().parents[2] / "bench" / "server"
+sys.path.insert(0, str(BENCH_SERVER))
+from bench_errors import error_lines, merged_error_lines  # noqa: E402
+
+
+def test_error_lines_give_counts_and_first_messages():
+    report = {"errors_by_code": {"UNAVAILABLE": 1, "RESOURCE_EXHAUSTED": 3},
+              "first_error_by_code": {"RESOURCE_EXHAUSTED": "out of KV cache blocks: 4 needed",
+                                      "UNAVAILABLE": ""}}
+    assert error_lines(report) == ["    RESOURCE_EXHAUSTED x3: out of KV cache blocks: 4 needed",
+                                   "    UNAVAILABLE x1"]
+    assert error_lines({"errors_by_code": {}}) == []
+    # A report from before first_error_by_code: the counts alone.
+    assert error_lines({"errors_by_code": {"INTERNAL": 2}}, indent="") == ["INTERNAL x2"]
+
+
+def test_merged_error_lines_sum_over_clients():
+    runs = [{"errors_by_code": {"INTERNAL": 1}, "first_error_by_code": {"INTERNAL": "first"}},
+            {"errors_by_code": {}, "first_error_by_code": {}},
+            {"errors_by_code": {"INTERNAL": 2, "CANCELLED": 1},
+             "first_error_by_code": {"INTERNAL": "later", "CANCELLED": "gone"}}]
+    assert merged_error_lines(runs, indent="") == ["CANCELLED x1: gone", "INTERNAL x3: first"]
+
+
+def test_session_matrix_with_streaming_prints_why_sessions_failed(tmp_path):
+    binaries = {"layerserve": os.environ.get("LAYERSERVE_BIN"),
+                "layerctl": os.environ.get("LAYERCTL_BIN")}
+    if not all(binaries.values()):
+        pytest.fail("LAYERSERVE_BIN and LAYERCTL_BIN must be set: run this file through ctest")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, path in binaries.items():
+        (bin_dir / name).symlink_to(path)
+    out = tmp_path / "out"
+    # 4 sessions against a server that allows 2: two are refused at their
+    # prefill, on either transport.
+    result = subprocess.run(
+        [sys.executable, str(BENCH_SERVER / "session_matrix.py"), str(bin_dir), str(out),
+         "--sessions=4", "--prefill=4", "--steps=2", "--streaming",
+         "--kv-cache-memory=8MiB", "--max-sessions=2"],
+        capture_output=True, text=True, timeout=240,
+        env={**os.environ, "LOAD_DURATION_S": "1", "LOAD_CLIENT_ARGS": ""})
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = (out / "session_summary.txt").read_text().splitlines()
+    rows = {line.split()[0]: i for i, line in enumerate(lines) if "=" in line.split()[0]}
+    assert set(rows) == {"sessions=4", "sessions-stream=4", "stateless=4"}, lines
+    for row in ("sessions=4", "sessions-stream=4"):
+        assert lines[rows[row]].endswith("failed 2"), lines
+        why = lines[rows[row] + 1]
+        assert why.startswith("    RESOURCE_EXHAUSTED x2: cannot start session"), lines
+        assert why.endswith("the most allowed is 2"), lines
+    assert lines[rows["stateless=4"]].endswith("failed 0"), lines
+    assert (out / "sessions_stream_4.json").exists()
