@@ -132,6 +132,16 @@ Client::Client(std::shared_ptr<grpc::Channel> channel, std::string authorization
       inference_(inference::GRPCInferenceService::NewStub(channel_)),
       health_(grpc::health::v1::Health::NewStub(channel_)) {}
 
+absl::Status Client::WaitForConnected(absl::Time deadline) {
+  if (channel_->WaitForConnected(absl::ToChronoTime(deadline))) return absl::OkStatus();
+  const grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/false);
+  return absl::UnavailableError(absl::StrCat("not connected by the deadline (channel ",
+                                             state == GRPC_CHANNEL_TRANSIENT_FAILURE
+                                                 ? "in TRANSIENT_FAILURE: its attempts failed"
+                                                 : "still CONNECTING",
+                                             ")"));
+}
+
 void Client::PrepareContext(grpc::ClientContext& context, absl::Time deadline) const {
   // Converting InfiniteFuture to a chrono time point would overflow; no
   // deadline is gRPC's default anyway.

@@ -127,6 +127,16 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target,
                                                          bool dedicated_connection = false);
 
+  // Opens the connection now and waits, through gRPC's reconnect backoff,
+  // until it is up. Without it, a first connection attempt that fails fails
+  // every call made meanwhile at once with UNAVAILABLE ("failed to connect to
+  // all addresses"); load generators call it before they start, so that a
+  // transient failure is not counted against the server (seen on a loaded
+  // GPU machine: one of 8 connections' connect() failing with ENOENT, and its
+  // 8 sessions lost). Not connected by `deadline`: UNAVAILABLE naming the
+  // channel's state.
+  absl::Status WaitForConnected(absl::Time deadline);
+
   // Each call fails with DEADLINE_EXCEEDED once `deadline` passes
   // (absl::InfiniteFuture(): no deadline).
   absl::StatusOr<bool> Live(absl::Time deadline);

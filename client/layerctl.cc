@@ -10,6 +10,7 @@
 // `layerctl --help` lists them all. Exit status: 0 success, 1 failure, 2 usage.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -128,6 +129,19 @@ int Bench(const LayerctlArgs& args) {
     if (!client.ok()) return Fail(client.status());
     client_pointers.push_back(client->get());
     clients.push_back(*std::move(client));
+  }
+  // Every connection up before the load starts (Client::WaitForConnected).
+  // One that is not gets the run's first call instead, whose status says why
+  // (a TLS handshake refused, nothing listening).
+  const absl::Time connect_deadline =
+      absl::Now() + absl::Seconds(std::min(args.bench.timeout_seconds, 10.0));
+  for (size_t i = 0; i < clients.size(); ++i) {
+    if (absl::Status connected = clients[i]->WaitForConnected(connect_deadline); !connected.ok()) {
+      const absl::Status why = clients[i]->Live(absl::Now() + absl::Seconds(5)).status();
+      return Fail(absl::UnavailableError(absl::StrCat(
+          "connection ", i + 1, " of ", clients.size(), " to ", args.url, ": ", connected.message(),
+          why.ok() ? "" : absl::StrCat("; a call says: ", why.ToString()))));
+    }
   }
   std::string text, json;
   bool succeeded = false;

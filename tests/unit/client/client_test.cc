@@ -369,6 +369,27 @@ TEST_F(InferStreamTest, DeadlineAndUnclosedStreams) {
   EXPECT_TRUE(orphan->Close().ok());
 }
 
+TEST(WaitForConnectedTest, UpWithAServerAndUnavailableWithout) {
+  RecordingService service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  absl::StatusOr<std::unique_ptr<Client>> up =
+      Client::Connect("127.0.0.1:" + std::to_string(port), /*dedicated_connection=*/true);
+  ASSERT_TRUE(up.ok());
+  EXPECT_TRUE((*up)->WaitForConnected(absl::Now() + absl::Seconds(10)).ok());
+  server->Shutdown();
+
+  absl::StatusOr<std::unique_ptr<Client>> down = Client::Connect("127.0.0.1:1");
+  ASSERT_TRUE(down.ok());
+  const absl::Status status = (*down)->WaitForConnected(absl::Now() + absl::Milliseconds(300));
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_NE(status.message().find("not connected by the deadline"), std::string::npos) << status;
+}
+
 TEST(InferStreamNoServerTest, AnUnreachableServerIsUnavailable) {
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect("127.0.0.1:1");
   ASSERT_TRUE(client.ok());
