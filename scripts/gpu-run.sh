@@ -5,6 +5,7 @@
 # (default ./gpu-out); the exit status is non-zero if any test failed.
 #   usage: scripts/gpu-run.sh [tests] [bench-kernels] [bench-layer] [bench-server]
 #          [bench-sessions] [bench-decode] [bench-probe] [bench-pipeline]
+#          [bench-perf-analyzer]
 #          (no argument: the first four)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -122,6 +123,18 @@ for stage in "${stages[@]}"; do
       # shellcheck disable=SC2086
       python3 bench/server/pipeline_bench.py "$bundle/bin" "$out/pipeline" --model-dir="$ckpt" \
         --backend=cuda --kv-cache-memory=4GiB ${PIPELINE_ARGS:-} || failed=1
+      ;;
+    bench-perf-analyzer)
+      # layerctl bench against Triton's perf_analyzer on the same server,
+      # interleaved. PERF_ANALYZER: the binary (not installed there; carry it,
+      # docs/gpu.md); PA_ARGS e.g. --tokens=1,128 --concurrency=64.
+      ckpt=/tmp/layerserve-llama3-8b-shapes-4l
+      [[ -f $ckpt/model.safetensors ]] || python3 bench/server/make_checkpoint.py "$ckpt" --layers 4
+      # shellcheck disable=SC2086
+      python3 bench/server/perf_analyzer_check.py "$bundle/bin" "$out/perf_analyzer" \
+        --perf-analyzer="${PERF_ANALYZER:?set PERF_ANALYZER to a perf_analyzer binary}" \
+        --model-dir="$ckpt" --model-name=llama3-8b-4l --backend=cuda ${LOAD_SERVER_ARGS:-} \
+        ${PA_ARGS:-} || failed=1
       ;;
     *) echo "unknown stage '$stage'"; exit 2 ;;
   esac

@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Cross-checks layerctl bench with Triton's perf_analyzer, a client the
+project did not write (issue 12: "perf_analyzer -i grpc confirms the 1-token
+and 128-token figures within 10%"). On one layerserve, for each request size
+T in --tokens: `layerctl bench` and `perf_analyzer -i grpc` at the same
+concurrency over one connection, interleaved (layerctl, perf_analyzer,
+layerctl, perf_analyzer), FP32 [1, T, hidden] requests. One line per run with
+tokens/s and latency (also OUT_DIR/perf_analyzer_check.txt), then the ratio
+of the two clients' medians per T.
+
+The server runs with --kv-cache-memory=0: with sessions on, its ModelConfig
+announces sequence_batching and perf_analyzer would run in sequence mode.
+
+  python3 bench/server/perf_analyzer_check.py BIN_DIR OUT_DIR --perf-analyzer=PATH
+      [--tokens 1,128] [--concurrency 64] [--duration-s 5] [layerserve args...]
+"""
+
+import argparse
+import csv
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
+from layerserve_process import LayerserveProcess  # noqa: E402
+
+
+def layerctl_run(bin_dir, server, out, tokens, concurrency, duration_s, name):
+    report = out / f"{name}.json"
+    subprocess.run([bin_dir / "layerctl", "bench", f"--url={server.grpc_url}",
+                    f"--model={server.model}", f"--tokens={tokens}",
+                    f"--concurrency={concurrency}", f"--duration-s={duration_s}",
+                    f"--json={report}"], stdout=open(out / f"{name}.txt", "w"),
+                   stderr=subprocess.STDOUT, check=True)
+    r = json.loads(report.read_text())
+    return r["tokens_per_second"], r["latency_ms"]["p50"], r["latency_ms"]["p99"]
+
+
+def perf_analyzer_run(pa, server, out, hidden, tokens, concurrency, duration_s, name):
+    report = out / f"{name}.csv"
+    subprocess.run([pa, "-m", server.model, "-u", server.grpc_url, "-i", "grpc",
+                    "--shape", f"hidden_states:1,{tokens},{hidden}",
+                    "--concurrency-range", str(concurrency),
+                    "--measurement-interval", str(int(duration_s * 1000)),
+                    # It reports once three windows agree; bounded on a noisy machine.
+                    "--stability-percentage", "25", "--max-trials", "6",
+                    "--percentile", "50", "-f", str(report)],
+                   stdout=open(out / f"{name}.txt", "w"), stderr=subprocess.STDOUT, check=True)
+    with open(report, newline="") as f:
+        row = list(csv.DictReader(f))[-1]
+    # perf_analyzer's CSV latencies are in microseconds.
+    return (float(row["Inferences/Second"]) * tokens, float(row["p50 latency"]) / 1000,
+            float(row["p99 latency"]) / 1000)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("bin_dir")
+    parser.add_argument("out_dir")
+    parser.add_argument("--perf-analyzer", required=True)
+    parser.add_argument("--tokens", default="1,128")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--duration-s", type=float, default=5)
+    args, server_args = parser.parse_known_args()
+    bin_dir, out = Path(args.bin_dir), Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = []
+
+    def emit(text):
+        print(text, flush=True)
+        lines.append(text)
+
+    server = LayerserveProcess(bin_dir / "layerserve", [*server_args, "--kv-cache-memory=0"],
+                               out / "server.log", ready_timeout_s=120)
+    with server:
+        hidden = int(server.log_text().split(" hidden ")[1].split(",")[0])
+        for tokens in (int(t) for t in args.tokens.split(",")):
+            results = {"layerctl": [], "perf_analyzer": []}
+            for i in range(2):
+                for client in results:
+                    name = f"{client}-t{tokens}-{i}"
+                    if client == "layerctl":
+                        r = layerctl_run(bin_dir, server, out, tokens, args.concurrency,
+                                         args.duration_s, name)
+                    else:
+                        r = perf_analyzer_run(args.perf_analyzer, server, out, hidden, tokens,
+                                              args.concurrency, args.duration_s, name)
+                    results[client].append(r[0])
+                    emit(f"{name:24s} {r[0]:10.0f} tok/s  p50 {r[1]:7.2f} ms  p99 {r[2]:7.2f} ms")
+            ratio = (statistics.median(results["perf_analyzer"]) /
+                     statistics.median(results["layerctl"]))
+            emit(f"T={tokens}: perf_analyzer / layerctl tokens/s = {ratio:.3f}")
+    (out / "perf_analyzer_check.txt").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
