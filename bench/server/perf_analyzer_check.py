@@ -2,17 +2,18 @@
 """Cross-checks layerctl bench with Triton's perf_analyzer, a client the
 project did not write (issue 12: "perf_analyzer -i grpc confirms the 1-token
 and 128-token figures within 10%"). On one layerserve, for each request size
-T in --tokens: `layerctl bench` and `perf_analyzer -i grpc` at the same
-concurrency over one connection, interleaved (layerctl, perf_analyzer,
-layerctl, perf_analyzer), FP32 [1, T, hidden] requests. One line per run with
-tokens/s and latency (also OUT_DIR/perf_analyzer_check.txt), then the ratio
-of the two clients' medians per T.
+T in --tokens: `layerctl bench` over each of --layerctl-connections and
+`perf_analyzer -i grpc` (its own threads and channels) at the same
+concurrency, interleaved, twice, FP32 [1, T, hidden] requests. One line per
+run with tokens/s and latency (also OUT_DIR/perf_analyzer_check.txt), then
+the ratio of perf_analyzer's median to each layerctl setting's.
 
 The server runs with --kv-cache-memory=0: with sessions on, its ModelConfig
 announces sequence_batching and perf_analyzer would run in sequence mode.
 
   python3 bench/server/perf_analyzer_check.py BIN_DIR OUT_DIR --perf-analyzer=PATH
-      [--tokens 1,128] [--concurrency 64] [--duration-s 5] [layerserve args...]
+      [--tokens 1,128] [--concurrency 64] [--duration-s 5] [--layerctl-connections 1,8]
+      [layerserve args...]
 """
 
 import argparse
@@ -27,11 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"
 from layerserve_process import LayerserveProcess  # noqa: E402
 
 
-def layerctl_run(bin_dir, server, out, tokens, concurrency, duration_s, name):
+def layerctl_run(bin_dir, server, out, tokens, concurrency, duration_s, connections, name):
     report = out / f"{name}.json"
     subprocess.run([bin_dir / "layerctl", "bench", f"--url={server.grpc_url}",
                     f"--model={server.model}", f"--tokens={tokens}",
                     f"--concurrency={concurrency}", f"--duration-s={duration_s}",
+                    f"--connections={connections}",
                     f"--json={report}"], stdout=open(out / f"{name}.txt", "w"),
                    stderr=subprocess.STDOUT, check=True)
     r = json.loads(report.read_text())
@@ -64,6 +66,7 @@ def main():
     parser.add_argument("--tokens", default="1,128")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--duration-s", type=float, default=5)
+    parser.add_argument("--layerctl-connections", default="1,8")
     args, server_args = parser.parse_known_args()
     bin_dir, out = Path(args.bin_dir), Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -77,22 +80,26 @@ def main():
                                out / "server.log", ready_timeout_s=120)
     with server:
         hidden = int(server.log_text().split(" hidden ")[1].split(",")[0])
+        connections = [int(c) for c in args.layerctl_connections.split(",")]
         for tokens in (int(t) for t in args.tokens.split(",")):
-            results = {"layerctl": [], "perf_analyzer": []}
+            results = {f"layerctl-x{c}": [] for c in connections}
+            results["perf_analyzer"] = []
             for i in range(2):
                 for client in results:
                     name = f"{client}-t{tokens}-{i}"
-                    if client == "layerctl":
-                        r = layerctl_run(bin_dir, server, out, tokens, args.concurrency,
-                                         args.duration_s, name)
-                    else:
+                    if client == "perf_analyzer":
                         r = perf_analyzer_run(args.perf_analyzer, server, out, hidden, tokens,
                                               args.concurrency, args.duration_s, name)
+                    else:
+                        r = layerctl_run(bin_dir, server, out, tokens, args.concurrency,
+                                         args.duration_s, int(client.split("-x")[1]), name)
                     results[client].append(r[0])
-                    emit(f"{name:24s} {r[0]:10.0f} tok/s  p50 {r[1]:7.2f} ms  p99 {r[2]:7.2f} ms")
-            ratio = (statistics.median(results["perf_analyzer"]) /
-                     statistics.median(results["layerctl"]))
-            emit(f"T={tokens}: perf_analyzer / layerctl tokens/s = {ratio:.3f}")
+                    emit(f"{name:26s} {r[0]:10.0f} tok/s  p50 {r[1]:7.2f} ms  p99 {r[2]:7.2f} ms")
+            pa = statistics.median(results["perf_analyzer"])
+            for client, rates in results.items():
+                if client != "perf_analyzer":
+                    emit(f"T={tokens}: perf_analyzer / {client} tokens/s = "
+                         f"{pa / statistics.median(rates):.3f}")
     (out / "perf_analyzer_check.txt").write_text("\n".join(lines) + "\n")
 
 
