@@ -8,11 +8,20 @@ concurrency, interleaved, twice, FP32 [1, T, hidden] requests. One line per
 run with tokens/s and latency (also OUT_DIR/perf_analyzer_check.txt), then
 the ratio of perf_analyzer's median to each layerctl setting's.
 
+First, the span's device-bound rate from the same server: one request of
+--bound-tokens tokens at a time (a full batch each), and the server's own
+/metrics: tokens computed / time computing (layerserve_batch_tokens over
+layerserve_compute_duration_seconds, host copies of the batch included).
+Every run's line gives its tokens/s as a share of that bound; with
+--max-batch-tokens 8192, a 128-token run at concurrency 64 forms batches of
+that size.
+
 The server runs with --kv-cache-memory=0: with sessions on, its ModelConfig
 announces sequence_batching and perf_analyzer would run in sequence mode.
 
   python3 bench/server/perf_analyzer_check.py BIN_DIR OUT_DIR --perf-analyzer=PATH
       [--tokens 1,128] [--concurrency 64] [--duration-s 5] [--layerctl-connections 1,8]
+      [--bound-tokens 8192]
       [layerserve args...]
 """
 
@@ -25,7 +34,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
-from layerserve_process import LayerserveProcess  # noqa: E402
+from layerserve_process import LayerserveProcess, total  # noqa: E402
 
 
 def layerctl_run(bin_dir, server, out, tokens, concurrency, duration_s, connections, name):
@@ -38,6 +47,17 @@ def layerctl_run(bin_dir, server, out, tokens, concurrency, duration_s, connecti
                    stderr=subprocess.STDOUT, check=True)
     r = json.loads(report.read_text())
     return r["tokens_per_second"], r["latency_ms"]["p50"], r["latency_ms"]["p99"]
+
+
+def device_bound(bin_dir, server, out, tokens):
+    """Tokens/s while the server computes batches of `tokens`, one at a time."""
+    before = server.samples()
+    layerctl_run(bin_dir, server, out, tokens, 1, 4, 1, f"bound-t{tokens}")
+    after = server.samples()
+
+    def delta(name):
+        return total(after, name) - total(before, name)
+    return delta("layerserve_batch_tokens_sum") / delta("layerserve_compute_duration_seconds_sum")
 
 
 def perf_analyzer_run(pa, server, out, hidden, tokens, concurrency, duration_s, name):
@@ -67,6 +87,7 @@ def main():
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--duration-s", type=float, default=5)
     parser.add_argument("--layerctl-connections", default="1,8")
+    parser.add_argument("--bound-tokens", type=int, default=8192)
     args, server_args = parser.parse_known_args()
     bin_dir, out = Path(args.bin_dir), Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -80,6 +101,8 @@ def main():
                                out / "server.log", ready_timeout_s=120)
     with server:
         hidden = int(server.log_text().split(" hidden ")[1].split(",")[0])
+        bound = device_bound(bin_dir, server, out, args.bound_tokens)
+        emit(f"device-bound rate, batches of {args.bound_tokens} tokens: {bound:.0f} tok/s")
         connections = [int(c) for c in args.layerctl_connections.split(",")]
         for tokens in (int(t) for t in args.tokens.split(",")):
             results = {f"layerctl-x{c}": [] for c in connections}
@@ -94,7 +117,8 @@ def main():
                         r = layerctl_run(bin_dir, server, out, tokens, args.concurrency,
                                          args.duration_s, int(client.split("-x")[1]), name)
                     results[client].append(r[0])
-                    emit(f"{name:26s} {r[0]:10.0f} tok/s  p50 {r[1]:7.2f} ms  p99 {r[2]:7.2f} ms")
+                    emit(f"{name:26s} {r[0]:10.0f} tok/s ({r[0] / bound:5.1%} of bound)  "
+                         f"p50 {r[1]:7.2f} ms  p99 {r[2]:7.2f} ms")
             pa = statistics.median(results["perf_analyzer"])
             for client, rates in results.items():
                 if client != "perf_analyzer":
