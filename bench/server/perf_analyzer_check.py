@@ -9,12 +9,13 @@ run with tokens/s and latency (also OUT_DIR/perf_analyzer_check.txt), then
 the ratio of perf_analyzer's median to each layerctl setting's.
 
 First, the span's device-bound rate from the same server: one request of
---bound-tokens tokens at a time (a full batch each), and the server's own
-/metrics: tokens computed / time computing (layerserve_batch_tokens over
-layerserve_compute_duration_seconds, host copies of the batch included).
-Every run's line gives its tokens/s as a share of that bound; with
---max-batch-tokens 8192, a 128-token run at concurrency 64 forms batches of
-that size.
+--bound-tokens tokens at a time ([--bound-tokens / 128, 128, hidden], BF16, a
+full batch each, never two at once) and the GPU time of the batches the
+server samples (its per-op kernel times in /metrics): tokens per batch / GPU
+time per batch. Every run's line gives its tokens/s as a share of that bound;
+with --max-batch-tokens 8192, a 128-token run at concurrency 64 forms batches
+of 64 x 128 tokens, the bound's shape. (The CPU backend exports no kernel
+times: no bound.)
 
 The server runs with --kv-cache-memory=0: with sessions on, its ModelConfig
 announces sequence_batching and perf_analyzer would run in sequence mode.
@@ -50,14 +51,27 @@ def layerctl_run(bin_dir, server, out, tokens, concurrency, duration_s, connecti
 
 
 def device_bound(bin_dir, server, out, tokens):
-    """Tokens/s while the server computes batches of `tokens`, one at a time."""
+    """Tokens/s of the span on the device alone, for batches of `tokens`: one
+    BF16 request of [tokens / 128, 128, hidden] at a time, so batches never
+    overlap, and the GPU time of the server's sampled batches (the per-op
+    kernel times it exports for one batch in 16, summed)."""
+    sequences = max(1, tokens // 128)
     before = server.samples()
-    layerctl_run(bin_dir, server, out, tokens, 1, 4, 1, f"bound-t{tokens}")
+    subprocess.run([bin_dir / "layerctl", "bench", f"--url={server.grpc_url}",
+                    f"--model={server.model}", f"--batch={sequences}",
+                    f"--tokens={tokens // sequences}", "--datatype=BF16", "--concurrency=1",
+                    "--duration-s=6"], stdout=open(out / "bound.txt", "w"),
+                   stderr=subprocess.STDOUT, check=True)
     after = server.samples()
 
-    def delta(name):
-        return total(after, name) - total(before, name)
-    return delta("layerserve_batch_tokens_sum") / delta("layerserve_compute_duration_seconds_sum")
+    def delta(name, **labels):
+        return total(after, name, **labels) - total(before, name, **labels)
+    layers = server.layers[1] - server.layers[0]
+    sampled = delta("layerserve_kernel_duration_seconds_count", op="gemm_down") / layers
+    if sampled <= 0:
+        return None
+    gpu_seconds = delta("layerserve_kernel_duration_seconds_sum") / sampled
+    return sequences * (tokens // sequences) / gpu_seconds
 
 
 def perf_analyzer_run(pa, server, out, hidden, tokens, concurrency, duration_s, name):
@@ -102,7 +116,8 @@ def main():
     with server:
         hidden = int(server.log_text().split(" hidden ")[1].split(",")[0])
         bound = device_bound(bin_dir, server, out, args.bound_tokens)
-        emit(f"device-bound rate, batches of {args.bound_tokens} tokens: {bound:.0f} tok/s")
+        emit(f"device-bound rate, batches of {args.bound_tokens} tokens: "
+             + (f"{bound:.0f} tok/s" if bound else "not measured (no kernel times)"))
         connections = [int(c) for c in args.layerctl_connections.split(",")]
         for tokens in (int(t) for t in args.tokens.split(",")):
             results = {f"layerctl-x{c}": [] for c in connections}
@@ -117,7 +132,8 @@ def main():
                         r = layerctl_run(bin_dir, server, out, tokens, args.concurrency,
                                          args.duration_s, int(client.split("-x")[1]), name)
                     results[client].append(r[0])
-                    emit(f"{name:26s} {r[0]:10.0f} tok/s ({r[0] / bound:5.1%} of bound)  "
+                    share = f" ({r[0] / bound:5.1%} of bound)" if bound else ""
+                    emit(f"{name:26s} {r[0]:10.0f} tok/s{share}  "
                          f"p50 {r[1]:7.2f} ms  p99 {r[2]:7.2f} ms")
             pa = statistics.median(results["perf_analyzer"])
             for client, rates in results.items():
