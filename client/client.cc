@@ -253,7 +253,7 @@ inference::ModelInferRequest Client::MakeInferRequest(std::string_view model, co
   return request;
 }
 
-absl::StatusOr<Tensor> Client::OutputFromResponse(const inference::ModelInferResponse& response) {
+absl::StatusOr<Tensor> Client::OutputFromResponse(inference::ModelInferResponse&& response) {
   for (int i = 0; i < response.outputs_size(); ++i) {
     const inference::ModelInferResponse::InferOutputTensor& output = response.outputs(i);
     if (output.name() != kHiddenStates) continue;
@@ -264,7 +264,7 @@ absl::StatusOr<Tensor> Client::OutputFromResponse(const inference::ModelInferRes
     }
     Tensor tensor{output.datatype(),
                   {output.shape().begin(), output.shape().end()},
-                  response.raw_output_contents(i)};
+                  std::move(*response.mutable_raw_output_contents(i))};
     const std::optional<int64_t> count = tensor.NumElements();
     const std::optional<size_t> element_size = DatatypeByteSize(tensor.datatype);
     if (!count || !element_size ||
@@ -293,7 +293,7 @@ absl::StatusOr<Tensor> Client::Infer(std::string_view model, const Tensor& input
   absl::StatusOr<inference::ModelInferResponse> response =
       InferRaw(MakeInferRequest(model, input, options), deadline);
   if (!response.ok()) return response.status();
-  return OutputFromResponse(*response);
+  return OutputFromResponse(*std::move(response));
 }
 
 void Client::AsyncInfer(std::string_view model, const Tensor& input, absl::Time deadline,
@@ -332,7 +332,7 @@ void Client::AsyncInfer(std::string_view model, const Tensor& input, absl::Time 
                                       std::unique_ptr<Call> owned(raw);
                                       const absl::Status grpc_status = FromGrpcStatus(status);
                                       result = grpc_status.ok()
-                                                   ? OutputFromResponse(owned->response)
+                                                   ? OutputFromResponse(std::move(owned->response))
                                                    : absl::StatusOr<Tensor>(grpc_status);
                                       done = std::move(owned->done);
                                     }
@@ -412,7 +412,7 @@ absl::StatusOr<Tensor> InferStream::Infer(std::string_view model, const Tensor& 
     return *final_;
   }
   if (!reply.error_message().empty()) return StreamErrorStatus(reply.error_message());
-  return Client::OutputFromResponse(reply.infer_response());
+  return Client::OutputFromResponse(std::move(*reply.mutable_infer_response()));
 }
 
 absl::Status InferStream::Close() {
