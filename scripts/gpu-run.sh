@@ -23,6 +23,13 @@ stages=("$@")
 [[ ${#stages[@]} -eq 0 ]] && stages=(tests bench-kernels bench-layer bench-server)
 failed=0
 
+# The server stages' model: a 4-layer Llama-3-8B-shaped checkpoint with random
+# weights, written once per machine; sets $ckpt.
+span_checkpoint() {
+  ckpt=/tmp/layerserve-llama3-8b-shapes-4l
+  [[ -f $ckpt/model.safetensors ]] || python3 bench/server/make_checkpoint.py "$ckpt" --layers 4
+}
+
 run_test() {  # run_test NAME [env...]: one gtest binary, one log, one summary line
   local name=$1
   shift
@@ -69,8 +76,7 @@ for stage in "${stages[@]}"; do
       cat "$out/layer_ours.txt" "$out/layer_vs_hf.txt"
       ;;
     bench-server)
-      ckpt=/tmp/layerserve-llama3-8b-shapes-4l
-      [[ -f $ckpt/model.safetensors ]] || python3 bench/server/make_checkpoint.py "$ckpt" --layers 4
+      span_checkpoint
       # LOAD_SERVER_ARGS adds server flags (e.g. --max-queue-delay-us=100 --streams=4).
       # shellcheck disable=SC2086
       python3 bench/server/load_matrix.py "$bundle/bin" "$out/server" \
@@ -81,8 +87,7 @@ for stage in "${stages[@]}"; do
       # concurrency (SESSION_ARGS narrows it, e.g. --sessions=1,64 --steps=64;
       # --streaming adds each session row over streams; a row with failures
       # prints each error code's first message under it).
-      ckpt=/tmp/layerserve-llama3-8b-shapes-4l
-      [[ -f $ckpt/model.safetensors ]] || python3 bench/server/make_checkpoint.py "$ckpt" --layers 4
+      span_checkpoint
       # shellcheck disable=SC2086
       python3 bench/server/session_matrix.py "$bundle/bin" "$out/sessions" \
         --model-dir="$ckpt" --model-name=llama3-8b-4l --backend=cuda ${SESSION_ARGS:-} ${LOAD_SERVER_ARGS:-}
@@ -103,8 +108,7 @@ for stage in "${stages[@]}"; do
     bench-probe)
       # Where a request's time goes, per setting (bench/server/probe.py; its
       # PROBE_* env chooses the matrix, e.g. PROBE_SETTINGS for an A/B).
-      ckpt=/tmp/layerserve-llama3-8b-shapes-4l
-      [[ -f $ckpt/model.safetensors ]] || python3 bench/server/make_checkpoint.py "$ckpt" --layers 4
+      span_checkpoint
       # shellcheck disable=SC2086
       python3 bench/server/probe.py "$bundle/bin" "$out/probe" \
         --model-dir="$ckpt" --model-name=llama3-8b-4l --backend=cuda ${LOAD_SERVER_ARGS:-}
@@ -128,8 +132,7 @@ for stage in "${stages[@]}"; do
       # layerctl bench against Triton's perf_analyzer on the same server,
       # interleaved. PERF_ANALYZER: the binary (not installed there; carry it,
       # docs/gpu.md); PA_ARGS e.g. --tokens=1,128 --concurrency=64.
-      ckpt=/tmp/layerserve-llama3-8b-shapes-4l
-      [[ -f $ckpt/model.safetensors ]] || python3 bench/server/make_checkpoint.py "$ckpt" --layers 4
+      span_checkpoint
       # shellcheck disable=SC2086
       python3 bench/server/perf_analyzer_check.py "$bundle/bin" "$out/perf_analyzer" \
         --perf-analyzer="${PERF_ANALYZER:?set PERF_ANALYZER to a perf_analyzer binary}" \

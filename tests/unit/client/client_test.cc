@@ -137,15 +137,22 @@ class RecordingService final : public inference::GRPCInferenceService::Service {
   std::vector<std::string> seen_ ABSL_GUARDED_BY(mu_);
 };
 
-TEST(ClientSecurityTest, TheTokenRidesOnEveryCall) {
-  RecordingService service;
+// `service` on a free loopback port; *address is "127.0.0.1:PORT".
+std::unique_ptr<grpc::Server> ServeOnLoopback(grpc::Service* service, std::string* address) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
+  builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  *address = "127.0.0.1:" + std::to_string(port);
+  return server;
+}
+
+TEST(ClientSecurityTest, TheTokenRidesOnEveryCall) {
+  RecordingService service;
+  std::string address;
+  std::unique_ptr<grpc::Server> server = ServeOnLoopback(&service, &address);
   ASSERT_NE(server, nullptr);
-  const std::string address = "127.0.0.1:" + std::to_string(port);
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   {
     absl::StatusOr<std::unique_ptr<Client>> client =
@@ -278,13 +285,11 @@ class ScriptedStreamService final : public inference::GRPCInferenceService::Serv
 class InferStreamTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(&service_);
-    server_ = builder.BuildAndStart();
+    std::string address;
+    server_ = ServeOnLoopback(&service_, &address);
     ASSERT_NE(server_, nullptr);
     absl::StatusOr<std::unique_ptr<Client>> client =
-        Client::Connect("127.0.0.1:" + std::to_string(port_), ConnectOptions{.auth_token = "tok"});
+        Client::Connect(address, ConnectOptions{.auth_token = "tok"});
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = *std::move(client);
   }
@@ -297,7 +302,6 @@ class InferStreamTest : public ::testing::Test {
   }
 
   ScriptedStreamService service_;
-  int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Client> client_;
 };
@@ -371,14 +375,11 @@ TEST_F(InferStreamTest, DeadlineAndUnclosedStreams) {
 
 TEST(WaitForConnectedTest, UpWithAServerAndUnavailableWithout) {
   RecordingService service;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::string address;
+  std::unique_ptr<grpc::Server> server = ServeOnLoopback(&service, &address);
   ASSERT_NE(server, nullptr);
   absl::StatusOr<std::unique_ptr<Client>> up =
-      Client::Connect("127.0.0.1:" + std::to_string(port), /*dedicated_connection=*/true);
+      Client::Connect(address, /*dedicated_connection=*/true);
   ASSERT_TRUE(up.ok());
   EXPECT_TRUE((*up)->WaitForConnected(absl::Now() + absl::Seconds(10)).ok());
   server->Shutdown();
