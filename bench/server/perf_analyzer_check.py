@@ -74,6 +74,18 @@ def device_bound(bin_dir, server, out, tokens):
     return sequences * (tokens // sequences) / gpu_seconds
 
 
+def server_view_of(before, after):
+    """The server's side of a run (its whole length, warm-up included): mean
+    request time, queue time and compute per batch in ms, mean batch tokens."""
+    def mean(name):
+        n = total(after, f"{name}_count") - total(before, f"{name}_count")
+        return (total(after, f"{name}_sum") - total(before, f"{name}_sum")) / n if n else 0.0
+    return (f"server: req {1e3 * mean('layerserve_request_duration_seconds'):.2f} "
+            f"queue {1e3 * mean('layerserve_queue_duration_seconds'):.2f} "
+            f"compute {1e3 * mean('layerserve_compute_duration_seconds'):.2f} ms, "
+            f"batch {mean('layerserve_batch_tokens'):.0f} tok")
+
+
 def perf_analyzer_run(pa, server, out, hidden, tokens, concurrency, duration_s, name):
     report = out / f"{name}.csv"
     subprocess.run([pa, "-m", server.model, "-u", server.grpc_url, "-i", "grpc",
@@ -125,16 +137,18 @@ def main():
             for i in range(2):
                 for client in results:
                     name = f"{client}-t{tokens}-{i}"
+                    before = server.samples()
                     if client == "perf_analyzer":
                         r = perf_analyzer_run(args.perf_analyzer, server, out, hidden, tokens,
                                               args.concurrency, args.duration_s, name)
                     else:
                         r = layerctl_run(bin_dir, server, out, tokens, args.concurrency,
                                          args.duration_s, int(client.split("-x")[1]), name)
+                    server_view = server_view_of(before, server.samples())
                     results[client].append(r[0])
                     share = f" ({r[0] / bound:5.1%} of bound)" if bound else ""
                     emit(f"{name:26s} {r[0]:10.0f} tok/s{share}  "
-                         f"p50 {r[1]:7.2f} ms  p99 {r[2]:7.2f} ms")
+                         f"p50 {r[1]:7.2f} ms  p99 {r[2]:7.2f} ms | {server_view}")
             pa = statistics.median(results["perf_analyzer"])
             for client, rates in results.items():
                 if client != "perf_analyzer":
