@@ -341,7 +341,7 @@ class CpuBackend final : public Backend {
   const LlamaConfig config_;
   const std::vector<CpuLayer> layers_;
   const std::vector<float> inv_freq_;
-  cpu::ThreadPool pool_;
+  ThreadPool pool_;
 
   // Scratch activations, touched only by the worker thread; kept between
   // batches so steady-state serving does not allocate.

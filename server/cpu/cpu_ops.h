@@ -1,5 +1,5 @@
-// The float32 operators the CPU backend composes into a decoder layer, plus the
-// small thread pool they share.
+// The float32 operators the CPU backend composes into a decoder layer, spread
+// over a ThreadPool (base/thread_pool.h).
 //
 // All matrices are row-major float32. Operators that work on the packed batch
 // take `cu_seqlens` (num_sequences + 1 offsets into the token rows); a
@@ -10,49 +10,13 @@
 // tested against the float64 reference in tests/reference.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <span>
-#include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/functional/function_ref.h"
-#include "absl/synchronization/mutex.h"
+#include "base/thread_pool.h"
 
 namespace layerserve::cpu {
-
-// A fixed set of threads that run index ranges in parallel. The calling thread
-// takes part, so ThreadPool(n) starts n - 1 threads and ThreadPool(1) runs
-// everything inline. ParallelFor is not reentrant: one caller at a time (the
-// backend has one worker thread).
-class ThreadPool {
- public:
-  explicit ThreadPool(int num_threads);
-  ThreadPool(const ThreadPool&) = delete;
-  ThreadPool& operator=(const ThreadPool&) = delete;
-  ~ThreadPool();
-
-  int num_threads() const { return static_cast<int>(threads_.size()) + 1; }
-
-  // Calls fn(i) once for every i in [0, n), spread over the pool; returns when
-  // all calls have returned.
-  void ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> fn);
-
- private:
-  void WorkerLoop();
-  // Claims and runs indices of the current job until none are left.
-  void RunItems(absl::FunctionRef<void(int64_t)> fn, int64_t n);
-
-  absl::Mutex mu_;
-  const absl::FunctionRef<void(int64_t)>* job_ ABSL_GUARDED_BY(mu_) = nullptr;
-  int64_t job_size_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  int busy_workers_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::atomic<int64_t> next_index_{0};
-  std::vector<std::thread> threads_;
-};
 
 // Makes every OpenBLAS call run on its calling thread (a process-wide setting).
 // The CPU backend parallelises with its own pool, GEMMs included, so BLAS

@@ -1,0 +1,69 @@
+// ThreadPool (see thread_pool.h): workers wait on the mutex for a new job
+// generation, then claim indices from a shared atomic counter with the caller.
+#include "base/thread_pool.h"
+
+namespace layerserve {
+
+ThreadPool::ThreadPool(int num_threads) {
+  for (int i = 1; i < num_threads; ++i) threads_.emplace_back([this] { WorkerLoop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  for (std::thread& t : threads_) t.join();
+}
+
+void ThreadPool::RunItems(absl::FunctionRef<void(int64_t)> fn, int64_t n) {
+  for (int64_t i = next_index_.fetch_add(1, std::memory_order_relaxed); i < n;
+       i = next_index_.fetch_add(1, std::memory_order_relaxed)) {
+    fn(i);
+  }
+}
+
+void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> fn) {
+  if (threads_.empty() || n <= 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    job_ = &fn;
+    job_size_ = n;
+    next_index_.store(0, std::memory_order_relaxed);
+    busy_workers_ = static_cast<int>(threads_.size());
+    ++generation_;
+  }
+  RunItems(fn, n);
+  // `fn` lives in this frame, so wait until every worker has let go of it.
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int* busy) { return *busy == 0; }, &busy_workers_));
+  job_ = nullptr;
+}
+
+void ThreadPool::WorkerLoop() {
+  uint64_t seen_generation = 0;
+  while (true) {
+    const absl::FunctionRef<void(int64_t)>* job;
+    int64_t n;
+    {
+      absl::MutexLock lock(&mu_);
+      const auto has_work = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || generation_ != seen_generation;
+      };
+      mu_.Await(absl::Condition(&has_work));
+      if (stop_) return;
+      seen_generation = generation_;
+      job = job_;
+      n = job_size_;
+    }
+    RunItems(*job, n);
+    absl::MutexLock lock(&mu_);
+    --busy_workers_;
+  }
+}
+
+}  // namespace layerserve
