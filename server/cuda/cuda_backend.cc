@@ -31,12 +31,14 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "base/cuda/cuda_resources.h"
 #include "base/cuda/cuda_status.h"
 #include "base/log.h"
 #include "base/mutex.h"
 #include "base/status_macros.h"
+#include "base/thread_pool.h"
 #include "layerserve/kernels/layer_ops.h"
 #include "server/cuda/device_weights.h"
 #include "server/cuda/gemm_tuning.h"
@@ -45,6 +47,9 @@
 
 namespace layerserve {
 namespace {
+
+// Below this many bytes moved per batch, a stream copies on its own thread.
+constexpr size_t kParallelCopyBytes = size_t{1} << 20;
 
 using cuda::ActivationArena;
 using cuda::CudaEvent;
@@ -78,15 +83,19 @@ struct StreamSlot {
   DeviceBuffer io_device;  // wire-dtype inputs, then outputs, of the batch
   PinnedBuffer io_host;
   PinnedBuffer meta_host;  // positions [tokens] then cu_seqlens [num_seqs + 1]
+  // Copies large batches' tensors to and from io_host (ForEachRequest); the
+  // stream's thread is one of its threads.
+  std::unique_ptr<ThreadPool> copy_pool;
   DeviceBuffer workspace;  // cuBLASLt
   OpTimer timer;
 };
 
 absl::StatusOr<std::unique_ptr<StreamSlot>> MakeSlot(int index, const cuda::LayerShape& shape,
                                                      int64_t max_tokens, int num_layers,
-                                                     size_t workspace_bytes) {
+                                                     size_t workspace_bytes, int copy_threads) {
   auto slot = std::make_unique<StreamSlot>();
   slot->index = index;
+  slot->copy_pool = std::make_unique<ThreadPool>(std::max(1, copy_threads));
   const size_t t = static_cast<size_t>(max_tokens);
   const size_t io_bytes = t * static_cast<size_t>(shape.hidden) * sizeof(float);
   LS_ASSIGN_OR_RETURN(slot->stream, cuda::CreateStream());
@@ -280,13 +289,17 @@ class CudaBackendImpl final : public CudaBackend {
     size_t io_bytes = 0;
     for (const auto& request : batch.requests) {
       offsets.push_back(io_bytes);
-      const size_t element = DTypeSize(request->dtype);
-      const size_t piece = PieceBytes(*request);
-      for (int64_t b = 0; b < request->batch; ++b, io_bytes += piece) {
-        std::memcpy(slot.io_host.data() + io_bytes,
-                    request->input.data() + request->piece_offset(b) * element, piece);
-      }
+      io_bytes += static_cast<size_t>(request->batch) * PieceBytes(*request);
     }
+    ForEachRequest(slot, batch, io_bytes, [&](size_t i) {
+      const InferRequest& request = *batch.requests[i];
+      const size_t element = DTypeSize(request.dtype);
+      const size_t piece = PieceBytes(request);
+      for (int64_t b = 0; b < request.batch; ++b) {
+        std::memcpy(slot.io_host.data() + offsets[i] + static_cast<size_t>(b) * piece,
+                    request.input.data() + request.piece_offset(b) * element, piece);
+      }
+    });
     auto* meta = reinterpret_cast<int32_t*>(slot.meta_host.data());
     int max_seqlen = 0;
     for (int s = 0; s < num_seqs; ++s) {
@@ -323,7 +336,7 @@ class CudaBackendImpl final : public CudaBackend {
       static_cast<void>(slot.timer.Report(options_.timing_sink));
     }
     const auto output_start = std::chrono::steady_clock::now();
-    for (size_t i = 0; i < batch.requests.size(); ++i) {
+    ForEachRequest(slot, batch, io_bytes, [&](size_t i) {
       InferRequest& request = *batch.requests[i];
       const size_t element = DTypeSize(request.dtype);
       const size_t piece = PieceBytes(request);
@@ -332,10 +345,25 @@ class CudaBackendImpl final : public CudaBackend {
         std::memcpy(request.output.data() + request.piece_offset(b) * element,
                     slot.io_host.data() + offsets[i] + static_cast<size_t>(b) * piece, piece);
       }
-    }
+    });
     batch.timings.output_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - output_start).count();
     return absl::OkStatus();
+  }
+
+  // Runs copy(i) for every request of the batch: on the stream's copy pool
+  // when the batch moves at least kParallelCopyBytes (a 128-token FP32
+  // request of Llama-3-8B is 2 MiB each way, and one thread copying 16 of
+  // them in and out took two thirds of the batch's time on the H100, see
+  // docs/perf.md), else inline, where waking the pool would cost more.
+  static void ForEachRequest(StreamSlot& slot, const Batch& batch, size_t io_bytes,
+                             absl::FunctionRef<void(size_t)> copy) {
+    const auto n = static_cast<int64_t>(batch.requests.size());
+    if (io_bytes < kParallelCopyBytes) {
+      for (int64_t i = 0; i < n; ++i) copy(static_cast<size_t>(i));
+      return;
+    }
+    slot.copy_pool->ParallelFor(n, [&](int64_t i) { copy(static_cast<size_t>(i)); });
   }
 
   // Bytes of one of a request's B pieces on the wire (of its whole sequence
@@ -526,9 +554,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& mo
                                            options.gemm_tuning, gemm_log));
   std::vector<std::unique_ptr<StreamSlot>> slots;
   for (int i = 0; i < options.num_streams; ++i) {
-    LS_ASSIGN_OR_RETURN(std::unique_ptr<StreamSlot> slot,
-                        MakeSlot(i, shape, options.max_batch_tokens,
-                                 static_cast<int>(model.layers.size()), gemm->workspace_bytes()));
+    LS_ASSIGN_OR_RETURN(
+        std::unique_ptr<StreamSlot> slot,
+        MakeSlot(i, shape, options.max_batch_tokens, static_cast<int>(model.layers.size()),
+                 gemm->workspace_bytes(), options.host_copy_threads));
     slots.push_back(std::move(slot));
   }
   // Each layer's sliding window, for flash and paged attention alike; windows

@@ -37,6 +37,9 @@ namespace layerserve {
 struct CudaBackendOptions {
   int device = 0;       // CUDA device ordinal
   int num_streams = 2;  // batches in flight at once
+  // Threads per stream (its own included) that copy a large batch's tensors
+  // to and from pinned memory (batches that move 1 MiB or more).
+  int host_copy_threads = 4;
   // Largest batch (sum of B*T over its requests); sizes each stream's arena.
   int64_t max_batch_tokens = 8192;
   // Receives per-op device times of sampled batches; not owned, must outlive

@@ -102,6 +102,9 @@ const std::vector<std::vector<RequestSpec>>& MixedBatches() {
       {{1, 1000, DType::kF32}},
       {{1, 1000, DType::kBF16}, {4, 16, DType::kF16}},
       {{2, 130, DType::kF16}, {1, 64, DType::kF32}},
+      // Over 1 MiB in four requests: the stream's copy pool packs and
+      // unpacks them in parallel.
+      {{4, 200, DType::kF32}, {1, 300, DType::kBF16}, {3, 50, DType::kF16}, {2, 128, DType::kF32}},
   };
   return *batches;
 }
