@@ -1,5 +1,6 @@
-// ThreadPool (see thread_pool.h): workers wait on the mutex for a new job
-// generation, then claim indices from a shared atomic counter with the caller.
+// ThreadPool (see thread_pool.h): workers wait for a new job generation, then
+// claim indices from a shared atomic counter with the caller; the last one to
+// finish wakes the caller.
 #include "base/thread_pool.h"
 
 namespace layerserve {
@@ -10,8 +11,9 @@ ThreadPool::ThreadPool(int num_threads) {
 
 ThreadPool::~ThreadPool() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
+    work_cv_.SignalAll();
   }
   for (std::thread& t : threads_) t.join();
 }
@@ -29,18 +31,18 @@ void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> fn) {
     return;
   }
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     job_ = &fn;
     job_size_ = n;
     next_index_.store(0, std::memory_order_relaxed);
     busy_workers_ = static_cast<int>(threads_.size());
     ++generation_;
+    work_cv_.SignalAll();
   }
   RunItems(fn, n);
   // `fn` lives in this frame, so wait until every worker has let go of it.
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](int* busy) { return *busy == 0; }, &busy_workers_));
+  MutexLock lock(&mu_);
+  while (busy_workers_ > 0) done_cv_.Wait(&mu_);
   job_ = nullptr;
 }
 
@@ -50,19 +52,16 @@ void ThreadPool::WorkerLoop() {
     const absl::FunctionRef<void(int64_t)>* job;
     int64_t n;
     {
-      absl::MutexLock lock(&mu_);
-      const auto has_work = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || generation_ != seen_generation;
-      };
-      mu_.Await(absl::Condition(&has_work));
+      MutexLock lock(&mu_);
+      while (!stop_ && generation_ == seen_generation) work_cv_.Wait(&mu_);
       if (stop_) return;
       seen_generation = generation_;
       job = job_;
       n = job_size_;
     }
     RunItems(*job, n);
-    absl::MutexLock lock(&mu_);
-    --busy_workers_;
+    MutexLock lock(&mu_);
+    if (--busy_workers_ == 0) done_cv_.Signal();
   }
 }
 

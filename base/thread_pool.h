@@ -10,7 +10,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 
 namespace layerserve {
 
@@ -36,7 +36,9 @@ class ThreadPool {
   // Claims and runs indices of the current job until none are left.
   void RunItems(absl::FunctionRef<void(int64_t)> fn, int64_t n);
 
-  absl::Mutex mu_;
+  Mutex mu_;         // base/mutex.h: visible to the ThreadSanitizer build
+  CondVar work_cv_;  // a new job, or stop_
+  CondVar done_cv_;  // busy_workers_ reached 0
   const absl::FunctionRef<void(int64_t)>* job_ ABSL_GUARDED_BY(mu_) = nullptr;
   int64_t job_size_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
