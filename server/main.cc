@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -205,13 +206,15 @@ sigset_t BlockShutdownSignals() {
   return signals;
 }
 
-// Waits until `done` is notified or one of `signals` arrives: the signal's
-// number, or 0 once `done`. Polls every 50 ms (sigtimedwait cannot also wait
-// on a notification); only start-up and the drain wait like this.
-int WaitForSignalUnless(const sigset_t& signals, const absl::Notification& done) {
-  const timespec poll = {.tv_sec = 0, .tv_nsec = 50'000'000};
-  while (!done.HasBeenNotified()) {
-    const int signal_number = sigtimedwait(&signals, nullptr, &poll);
+// How often main looks at what it waits for besides a signal (sigtimedwait
+// cannot also wait on a notification or a flag).
+constexpr timespec kSignalPoll = {.tv_sec = 0, .tv_nsec = 50'000'000};
+
+// Waits until `done()` returns true or one of `signals` arrives: the signal's
+// number, or 0 once `done()`. Polls every kSignalPoll.
+int WaitForSignalUnless(const sigset_t& signals, absl::FunctionRef<bool()> done) {
+  while (!done()) {
+    const int signal_number = sigtimedwait(&signals, nullptr, &kSignalPoll);
     if (signal_number > 0) return signal_number;
   }
   return 0;
@@ -343,7 +346,8 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
     span = LoadModel(model_dir, flags.layers, model_name);
     span_loaded.Notify();
   });
-  if (const int signal_number = WaitForSignalUnless(signals, span_loaded)) {
+  if (const int signal_number =
+          WaitForSignalUnless(signals, [&] { return span_loaded.HasBeenNotified(); })) {
     ExitBeforeReady(signal_number);
   }
   span_loader.join();
@@ -380,7 +384,8 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
     }
     backend_made.Notify();
   });
-  if (const int signal_number = WaitForSignalUnless(signals, backend_made)) {
+  if (const int signal_number =
+          WaitForSignalUnless(signals, [&] { return backend_made.HasBeenNotified(); })) {
     ExitBeforeReady(signal_number);
   }
   backend_maker.join();
@@ -482,16 +487,9 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   // GrpcAcceptFailed): then the port takes no new connection ever again, and
   // the right move is the same drain followed by a failing exit, so that a
   // supervisor (Kubernetes, compose's restart policy) starts a fresh server.
-  const timespec poll = {.tv_sec = 0, .tv_nsec = 50'000'000};
-  int signal_number = -1;
-  bool listener_failed = false;
-  while (signal_number <= 0) {
-    signal_number = sigtimedwait(&signals, nullptr, &poll);
-    if (signal_number <= 0 && (*frontend)->AcceptFailed()) {
-      listener_failed = true;
-      break;
-    }
-  }
+  const int signal_number =
+      WaitForSignalUnless(signals, [&] { return (*frontend)->AcceptFailed(); });
+  const bool listener_failed = signal_number == 0;
   const absl::Duration drain_timeout = absl::Seconds(flags.drain_timeout_s);
   const absl::Time deadline = absl::Now() + drain_timeout;
   if (listener_failed) {
@@ -518,7 +516,7 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
     drained.Notify();
   });
   while (!drained.HasBeenNotified()) {
-    if (sigtimedwait(&signals, nullptr, &poll) > 0) {
+    if (sigtimedwait(&signals, nullptr, &kSignalPoll) > 0) {
       Log("second signal; exiting without finishing the drain");
       std::fflush(nullptr);
       std::_Exit(1);
