@@ -14,8 +14,7 @@
 
 namespace layerserve {
 
-// A fixed set of threads that run index ranges in parallel. The calling thread
-// takes part, so ThreadPool(n) starts n - 1 threads and ThreadPool(1) runs
+// The calling thread takes part, so ThreadPool(n) starts n - 1 threads and ThreadPool(1) runs
 // everything inline. ParallelFor is not reentrant: one caller at a time (one per
 // backend worker thread).
 class ThreadPool {

@@ -359,7 +359,8 @@ void Batcher::Run() {
 
 void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
                           absl::Status status) {
-  const double compute_seconds = Seconds(clock_->Now() - start);
+  const SteadyTime::duration compute = clock_->Now() - start;
+  const double compute_seconds = Seconds(compute);
   // Recorded before the replies, so statistics read after a reply include it.
   observer_->OnBatchExecuted({.requests = static_cast<int64_t>(batch->requests.size()),
                               .tokens = batch->total_tokens,
@@ -407,8 +408,7 @@ void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
   MutexLock lock(&mu_);
   std::erase_if(inflight_ends_, [&](const auto& e) { return e.first == batch.get(); });
   if (status.ok() && batch->total_tokens > 0) {
-    durations_.Observe(batch->total_tokens, std::chrono::duration_cast<SteadyTime::duration>(
-                                                std::chrono::duration<double>(compute_seconds)));
+    durations_.Observe(batch->total_tokens, compute);
   }
   // Next pieces go back to the front, in order: they are the oldest work.
   for (auto it = next_pieces.rbegin(); it != next_pieces.rend(); ++it) {
