@@ -8,6 +8,9 @@
 //   n = RMSNorm(x); qkv = n Wqkv^T (+ b); RoPE on q and k;
 //   a = causal attention (through the layer's sliding window, if it has one);
 //   x += a Wo^T; n = RMSNorm(x); gu = n Wgu^T; x += (silu(g) * u) Wd^T.
+// In a mixture-of-experts layer the last two steps are the router's top-k
+// choice per token and x += the weighted sum of the chosen experts' MLPs
+// (cpu::RouteTopK, cpu::ExpertMlps).
 //
 // Sessions (server/core/sessions.h): a session step's tokens continue their
 // sequences at `position`, so RoPE rotates them at position..position+T-1.
@@ -47,7 +50,11 @@ struct CpuLayer {
   std::vector<float> post_norm;   // [hidden]
   std::vector<float> w_gate_up;   // [2 intermediate, hidden]: gate rows, then up rows
   std::vector<float> w_down;      // [hidden, intermediate]
-  int64_t window = 0;             // sliding attention window; 0: full causal
+  // A mixture-of-experts layer instead of w_gate_up / w_down:
+  std::vector<float> router;           // [experts, hidden]
+  std::vector<float> experts_gate_up;  // [experts, 2 intermediate, hidden]
+  std::vector<float> experts_down;     // [experts, hidden, intermediate]
+  int64_t window = 0;                  // sliding attention window; 0: full causal
 };
 
 void Append(std::vector<float>& dst, const HostTensor& t) {
@@ -70,9 +77,15 @@ absl::StatusOr<CpuLayer> ConvertLayer(const LayerWeights& w, const LlamaConfig& 
   }
   out.w_o = w.o_proj.ToFloat();
   out.post_norm = w.post_attention_layernorm.ToFloat();
-  Append(out.w_gate_up, w.gate_proj);
-  Append(out.w_gate_up, w.up_proj);
-  out.w_down = w.down_proj.ToFloat();
+  if (c.IsMixtureOfExperts()) {
+    out.router = w.router.ToFloat();
+    out.experts_gate_up = w.experts_gate_up.ToFloat();
+    out.experts_down = w.experts_down.ToFloat();
+  } else {
+    Append(out.w_gate_up, w.gate_proj);
+    Append(out.w_gate_up, w.up_proj);
+    out.w_down = w.down_proj.ToFloat();
+  }
   out.window = c.AttentionWindow(layer);
   return out;
 }
@@ -242,8 +255,6 @@ class CpuBackend final : public Backend {
     normed_.resize(static_cast<size_t>(tokens * hidden));
     qkv_.resize(static_cast<size_t>(tokens * qkv_width));
     attn_.resize(static_cast<size_t>(tokens * heads * d));
-    gate_up_.resize(static_cast<size_t>(tokens * 2 * inter));
-    act_.resize(static_cast<size_t>(tokens * inter));
 
     cpu::RmsNorm(x_.data(), tokens, hidden, layer.input_norm.data(), eps, normed_.data(), &pool_);
     cpu::Linear(normed_.data(), tokens, hidden, layer.w_qkv.data(), qkv_width,
@@ -276,11 +287,39 @@ class CpuBackend final : public Backend {
                           &pool_);
 
     cpu::RmsNorm(x_.data(), tokens, hidden, layer.post_norm.data(), eps, normed_.data(), &pool_);
+    if (c.IsMixtureOfExperts()) {
+      ExpertsForward(layer, tokens);
+      return;
+    }
+    gate_up_.resize(static_cast<size_t>(tokens * 2 * inter));
+    act_.resize(static_cast<size_t>(tokens * inter));
     cpu::Linear(normed_.data(), tokens, hidden, layer.w_gate_up.data(), 2 * inter, nullptr,
                 gate_up_.data(), &pool_);
     cpu::SiluMul(gate_up_.data(), tokens, inter, act_.data(), &pool_);
     cpu::LinearAccumulate(act_.data(), tokens, inter, layer.w_down.data(), hidden, x_.data(),
                           &pool_);
+  }
+
+  // x_ += the mixture of experts over normed_: router logits, each token's
+  // top-k experts, and their weighted MLPs.
+  void ExpertsForward(const CpuLayer& layer, int64_t tokens) {
+    const LlamaConfig& c = config_;
+    const int64_t experts = c.num_experts;
+    const int64_t top_k = c.experts_per_token;
+    router_logits_.resize(static_cast<size_t>(tokens * experts));
+    expert_ids_.resize(static_cast<size_t>(tokens * top_k));
+    expert_weights_.resize(static_cast<size_t>(tokens * top_k));
+    cpu::Linear(normed_.data(), tokens, c.hidden_size, layer.router.data(), experts, nullptr,
+                router_logits_.data(), &pool_);
+    cpu::RouteTopK(router_logits_.data(), tokens, experts, top_k, expert_ids_.data(),
+                   expert_weights_.data());
+    const cpu::ExpertWeights weights{.gate_up = layer.experts_gate_up.data(),
+                                     .down = layer.experts_down.data(),
+                                     .experts = experts,
+                                     .hidden = c.hidden_size,
+                                     .intermediate = c.intermediate_size};
+    cpu::ExpertMlps(normed_.data(), tokens, expert_ids_.data(), expert_weights_.data(), top_k,
+                    weights, x_.data(), &pool_);
   }
 
   // Stores the session sequences' new K and V rows (already rotated) in the
@@ -346,6 +385,9 @@ class CpuBackend final : public Backend {
   // Scratch activations, touched only by the worker thread; kept between
   // batches so steady-state serving does not allocate.
   std::vector<float> x_, normed_, qkv_, attn_, gate_up_, act_;
+  // Mixture-of-experts layers only: router logits and each token's choices.
+  std::vector<float> router_logits_, expert_weights_;
+  std::vector<int32_t> expert_ids_;
   // Session batches only: per-sequence start positions, and the keys and
   // values attention reads (GatherKv).
   std::vector<int64_t> start_positions_;

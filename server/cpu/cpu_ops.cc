@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <numeric>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -254,6 +256,83 @@ void SiluMul(const float* gate_up, int64_t rows, int64_t intermediate, float* ou
       float* o = out + r * intermediate;
       for (int64_t j = 0; j < intermediate; ++j) {
         o[j] = gate[j] / (1.0f + std::exp(-gate[j])) * up[j];
+      }
+    }
+  });
+}
+
+void RouteTopK(const float* logits, int64_t rows, int64_t experts, int64_t top_k, int32_t* ids,
+               float* weights) {
+  std::vector<float> probs(static_cast<size_t>(experts));
+  std::vector<int32_t> order(static_cast<size_t>(experts));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* l = logits + r * experts;
+    const float max_logit = *std::max_element(l, l + experts);
+    double sum = 0;
+    for (int64_t e = 0; e < experts; ++e) {
+      probs[e] = std::exp(l[e] - max_logit);
+      sum += probs[e];
+    }
+    for (float& p : probs) p = static_cast<float>(p / sum);
+    // A stable sort on "greater" keeps the lower index first among equals.
+    // NaN ranks lowest, which keeps the order a strict weak one.
+    const auto rank = [&](int32_t e) {
+      return std::isnan(probs[e]) ? -std::numeric_limits<float>::infinity() : probs[e];
+    };
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return rank(a) > rank(b); });
+    float chosen = 0;
+    for (int64_t j = 0; j < top_k; ++j) chosen += probs[order[j]];
+    for (int64_t j = 0; j < top_k; ++j) {
+      ids[r * top_k + j] = order[j];
+      weights[r * top_k + j] = probs[order[j]] / chosen;
+    }
+  }
+}
+
+void ExpertMlps(const float* x, int64_t rows, const int32_t* ids, const float* weights,
+                int64_t top_k, const ExpertWeights& w, float* out, ThreadPool* pool) {
+  const int64_t hidden = w.hidden;
+  const int64_t inter = w.intermediate;
+  const int64_t choices = rows * top_k;
+  // Counting sort of the (row, j) choices by expert: expert e's rows are
+  // permuted rows [offset[e], offset[e + 1]); slot[c] is where choice c went.
+  std::vector<int64_t> offset(static_cast<size_t>(w.experts + 1), 0);
+  for (int64_t c = 0; c < choices; ++c) ++offset[ids[c] + 1];
+  std::partial_sum(offset.begin(), offset.end(), offset.begin());
+  std::vector<int64_t> next(offset.begin(), offset.end() - 1);
+  std::vector<int64_t> slot(static_cast<size_t>(choices));
+  std::vector<float> permuted(static_cast<size_t>(choices * hidden));
+  for (int64_t c = 0; c < choices; ++c) {
+    slot[c] = next[ids[c]]++;
+    std::copy_n(x + (c / top_k) * hidden, hidden, permuted.data() + slot[c] * hidden);
+  }
+  std::vector<float> gate_up(static_cast<size_t>(choices * 2 * inter));
+  std::vector<float> act(static_cast<size_t>(choices * inter));
+  std::vector<float> expert_out(static_cast<size_t>(choices * hidden));
+  for (int64_t e = 0; e < w.experts; ++e) {
+    const int64_t first = offset[e];
+    const int64_t count = offset[e + 1] - first;
+    if (count == 0) continue;
+    Linear(permuted.data() + first * hidden, count, hidden, w.gate_up + e * 2 * inter * hidden,
+           2 * inter, nullptr, gate_up.data() + first * 2 * inter, pool);
+  }
+  SiluMul(gate_up.data(), choices, inter, act.data(), pool);
+  for (int64_t e = 0; e < w.experts; ++e) {
+    const int64_t first = offset[e];
+    const int64_t count = offset[e + 1] - first;
+    if (count == 0) continue;
+    Linear(act.data() + first * inter, count, inter, w.down + e * hidden * inter, hidden, nullptr,
+           expert_out.data() + first * hidden, pool);
+  }
+  ParallelRows(pool, rows, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* o = out + r * hidden;
+      for (int64_t j = 0; j < top_k; ++j) {
+        const float weight = weights[r * top_k + j];
+        const float* y = expert_out.data() + slot[r * top_k + j] * hidden;
+        for (int64_t i = 0; i < hidden; ++i) o[i] += weight * y[i];
       }
     }
   });

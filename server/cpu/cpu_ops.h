@@ -83,4 +83,31 @@ void CausalAttention(const AttentionArgs& args, std::span<const int32_t> cu_seql
 void SiluMul(const float* gate_up, int64_t rows, int64_t intermediate, float* out,
              ThreadPool* pool);
 
+// Mixture-of-experts routing as Hugging Face's MixtralSparseMoeBlock: for each
+// row of `logits` [rows, experts], the softmax over all experts, the top_k
+// experts by probability (highest first; of equal ones the lower index), and
+// their probabilities divided by the sum of the chosen ones. Writes ids and
+// weights, both [rows, top_k]. A row with a NaN logit still gets valid expert
+// ids (its weights are NaN), so a poisoned token cannot index out of bounds.
+void RouteTopK(const float* logits, int64_t rows, int64_t experts, int64_t top_k, int32_t* ids,
+               float* weights);
+
+// Stacked expert MLP weights (LayerWeights::experts_gate_up / experts_down).
+struct ExpertWeights {
+  const float* gate_up = nullptr;  // [experts, 2 intermediate, hidden]: gate rows, then up rows
+  const float* down = nullptr;     // [experts, hidden, intermediate]
+  int64_t experts = 0;
+  int64_t hidden = 0;
+  int64_t intermediate = 0;
+};
+
+// out[r] += sum over j < top_k of weights[r, j] * expert_{ids[r, j]}(x[r]),
+// where expert e computes (silu(x G_e^T) * (x U_e^T)) D_e^T. Rows are grouped
+// by expert first, so each chosen expert runs one GEMM per projection over
+// all the rows that chose it, and an expert no row chose is never read. Each
+// row sums its experts' outputs in its choice order. x: [rows, hidden], out:
+// [rows, hidden], ids and weights: [rows, top_k] (RouteTopK).
+void ExpertMlps(const float* x, int64_t rows, const int32_t* ids, const float* weights,
+                int64_t top_k, const ExpertWeights& w, float* out, ThreadPool* pool);
+
 }  // namespace layerserve::cpu

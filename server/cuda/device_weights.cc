@@ -46,6 +46,11 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
     return absl::InvalidArgumentError("cuda backend: weights must be bf16 or fp16 on the device");
   }
   const LlamaConfig& c = model.config;
+  if (c.IsMixtureOfExperts()) {
+    return absl::UnimplementedError(
+        "cuda backend: mixture-of-experts layers (mixtral) are not served on the GPU yet; "
+        "--backend=cpu serves them");
+  }
   const LayerShape shape = LayerShape::FromConfig(c, dtype);
   const size_t e = static_cast<size_t>(kernels::DTypeBytes(dtype));
   const DType host_dtype = CoreDType(dtype);

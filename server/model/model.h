@@ -27,7 +27,7 @@ struct Llama3RopeScaling {
 
 // The subset of a Hugging Face config.json that defines one decoder layer.
 struct LlamaConfig {
-  std::string model_type;  // "llama", "mistral" or "qwen2"
+  std::string model_type;  // "llama", "mistral", "qwen2" or "mixtral"
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
   int64_t num_attention_heads = 0;
@@ -47,6 +47,15 @@ struct LlamaConfig {
   int64_t sliding_window = 0;
   std::vector<bool> sliding_layers;
 
+  // Mixture of experts (mixtral's num_local_experts, num_experts_per_tok):
+  // the MLP is `num_experts` SiLU-gated MLPs of intermediate_size each, and a
+  // router picks `experts_per_token` of them per token, weighting their
+  // outputs by its softmax probabilities renormalised over the chosen ones.
+  // 0 experts: one dense MLP.
+  int64_t num_experts = 0;
+  int64_t experts_per_token = 0;
+  bool IsMixtureOfExperts() const { return num_experts > 0; }
+
   // The attention window of model layer `layer` (an index into the whole
   // model, not the span), or 0 for full causal attention.
   int64_t AttentionWindow(int64_t layer) const;
@@ -59,7 +68,8 @@ struct LlamaConfig {
 // Unsupported model types, missing required fields and inconsistent sizes are
 // INVALID_ARGUMENT (or UNIMPLEMENTED for a rope_scaling type or layer type we
 // do not know). Sliding windows follow transformers: mistral's
-// `sliding_window` (4096 when absent, null for none) applies to every layer;
+// `sliding_window` (4096 when absent, null for none) applies to every layer,
+// as does mixtral's (none when absent);
 // qwen2's applies only with `use_sliding_window`, to layers >=
 // `max_window_layers`; an explicit `layer_types` list
 // ("full_attention"/"sliding_attention") overrides both. llama has none.
@@ -94,8 +104,18 @@ struct LayerWeights {
   HostTensor q_bias, k_bias, v_bias;    // empty unless config.attention_bias
   HostTensor o_proj;                    // [hidden, heads*head_dim]
   HostTensor post_attention_layernorm;  // [hidden]
-  HostTensor gate_proj, up_proj;        // [intermediate, hidden]
-  HostTensor down_proj;                 // [hidden, intermediate]
+  // A dense MLP (empty in a mixture-of-experts layer):
+  HostTensor gate_proj, up_proj;  // [intermediate, hidden]
+  HostTensor down_proj;           // [hidden, intermediate]
+  // A mixture of experts instead (empty in a dense layer), the experts
+  // stacked as transformers 5 holds them (MixtralExperts), whichever layout
+  // the checkpoint stored them in:
+  HostTensor router;           // [experts, hidden]: the gate's logits are n router^T
+  HostTensor experts_gate_up;  // [experts, 2 intermediate, hidden]: each expert's w1 rows, then w3
+  HostTensor experts_down;     // [experts, hidden, intermediate]: each expert's w2
+
+  // Every tensor, absent ones included (for byte counts and dtype lists).
+  std::vector<const HostTensor*> All() const;
 };
 
 // OK when every tensor of `w` has the element count `config` implies (biases
@@ -117,7 +137,8 @@ struct ModelSpan {
   // weights.
   std::string WeightDTypes() const;
   // The start-up log's model line, after "model ": name, architecture, head
-  // layout, weight dtypes, RoPE, the layers held and their bytes. E.g. "demo
+  // layout, experts (", 8 experts, top 2" in a mixture of experts), weight
+  // dtypes, RoPE, the layers held and their bytes. E.g. "demo
   // (llama, hidden 512, 8 heads, 4 kv heads, head_dim 64, fp32 weights, rope
   // theta 500000, no scaling) layers 0:4, 14680064 weight bytes".
   std::string Summary() const;
@@ -133,7 +154,12 @@ absl::StatusOr<LayerRange> ParseLayerRange(std::string_view text);
 
 // Loads config.json and the layers in `range` from `dir` (model.safetensors,
 // or shards listed in model.safetensors.index.json). Tensor names are
-// "model.layers.{i}.<module>.weight". Errors name the file and the tensor.
+// "model.layers.{i}.<module>.weight". A mixtral layer's experts are read in
+// either layout: the published one (block_sparse_moe.gate.weight and
+// block_sparse_moe.experts.{e}.w1/w2/w3.weight) or the one transformers 5
+// holds in memory (mlp.gate.weight, mlp.experts.gate_up_proj [experts,
+// 2 intermediate, hidden] and mlp.experts.down_proj). Errors name the file and
+// the tensor.
 absl::StatusOr<ModelSpan> LoadModelSpan(const std::filesystem::path& dir, const LayerRange& range,
                                         std::string model_name);
 

@@ -2,7 +2,7 @@
 // (RopeInvFreq), declared in model.h.
 //
 // Field defaults follow Hugging Face's LlamaConfig / MistralConfig /
-// Qwen2Config. Anything that would change a decoder layer's math in a way this
+// Qwen2Config / MixtralConfig. Anything that would change a decoder layer's math in a way this
 // server does not implement is rejected rather than ignored. Sliding-window
 // attention is parsed into per-layer windows here (LlamaConfig::
 // AttentionWindow), which both backends compute.
@@ -137,7 +137,8 @@ absl::Status ParseSlidingWindow(const json& root, const FieldReader& reader, Lla
   // use_sliding_window, and then windows layers >= max_window_layers; llama
   // has no window at all.
   std::optional<int64_t> window;
-  if (config.model_type == "mistral" || config.model_type == "qwen2") {
+  if (config.model_type == "mistral" || config.model_type == "qwen2" ||
+      config.model_type == "mixtral") {
     bool enabled = true;
     if (config.model_type == "qwen2") {
       LS_ASSIGN_OR_RETURN(std::optional<bool> use, reader.OptionalBool("use_sliding_window"));
@@ -146,7 +147,8 @@ absl::Status ParseSlidingWindow(const json& root, const FieldReader& reader, Lla
     if (enabled) {
       const auto it = root.find("sliding_window");
       if (it == root.end()) {
-        window = 4096;
+        // MixtralConfig's default is None, MistralConfig's 4096.
+        if (config.model_type == "mistral") window = 4096;
       } else if (!it->is_null()) {
         LS_ASSIGN_OR_RETURN(window, reader.OptionalInt("sliding_window"));
         if (*window <= 0) {
@@ -185,6 +187,22 @@ absl::Status ParseSlidingWindow(const json& root, const FieldReader& reader, Lla
   return absl::OkStatus();
 }
 
+// Mixtral's experts: how many, and how many each token uses. Everything else
+// in its MoE block (softmax over all experts in float32, top-k, weights
+// renormalised over the chosen experts) is fixed by the architecture.
+absl::Status ParseExperts(const FieldReader& reader, LlamaConfig& config) {
+  LS_ASSIGN_OR_RETURN(config.num_experts, reader.PositiveInt("num_local_experts"));
+  LS_ASSIGN_OR_RETURN(std::optional<int64_t> top_k, reader.OptionalInt("num_experts_per_tok"));
+  config.experts_per_token = top_k.value_or(2);  // MixtralConfig's default
+  if (config.experts_per_token <= 0 || config.experts_per_token > config.num_experts) {
+    return reader.Error(
+        "num_experts_per_tok",
+        absl::StrCat("(", config.experts_per_token, ") must be between 1 and num_local_experts (",
+                     config.num_experts, ")"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int64_t LlamaConfig::AttentionWindow(int64_t layer) const {
@@ -216,9 +234,11 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::st
 
   LS_ASSIGN_OR_RETURN(std::optional<std::string> model_type, reader.OptionalString("model_type"));
   if (!model_type) return reader.Error("model_type", "is missing");
-  if (*model_type != "llama" && *model_type != "mistral" && *model_type != "qwen2") {
-    return absl::InvalidArgumentError(absl::StrCat(ToAbsl(source), ": model_type '", *model_type,
-                                                   "' is not supported (llama, mistral, qwen2)"));
+  if (*model_type != "llama" && *model_type != "mistral" && *model_type != "qwen2" &&
+      *model_type != "mixtral") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ToAbsl(source), ": model_type '", *model_type,
+                     "' is not supported (llama, mistral, qwen2, mixtral)"));
   }
   config.model_type = *model_type;
 
@@ -285,6 +305,10 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::st
     // LayerWeights has no slot for; serving without it would be silently wrong.
     return absl::UnimplementedError(absl::StrCat(
         ToAbsl(source), ": attention_bias=true (q/k/v/o_proj biases) is not supported"));
+  }
+
+  if (config.model_type == "mixtral") {
+    LS_RETURN_IF_ERROR(ParseExperts(reader, config));
   }
 
   LS_ASSIGN_OR_RETURN(std::optional<std::string> torch_dtype, reader.OptionalString("torch_dtype"));

@@ -123,6 +123,10 @@ class CheckpointFiles {
     return files;
   }
 
+  bool Contains(const std::string& tensor) const {
+    return single_ ? single_->Contains(tensor) : weight_map_.contains(tensor);
+  }
+
   absl::StatusOr<const SafetensorsFile*> FileFor(const std::string& tensor) {
     if (single_) {
       if (!single_->Contains(tensor)) {
@@ -173,6 +177,57 @@ absl::StatusOr<HostTensor> LoadTensor(CheckpointFiles& files, const std::string&
   return tensor;
 }
 
+// Appends `part` to the stacked tensor `dst` (whose shape the caller sets);
+// every part must have the dtype of the first.
+absl::Status AppendPart(HostTensor& dst, const HostTensor& part, const std::string& name) {
+  if (dst.data.empty()) {
+    dst.dtype = part.dtype;
+  } else if (part.dtype != dst.dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "' is ", ToAbsl(DTypeProtocolName(part.dtype)),
+                     " but the experts before it are ", ToAbsl(DTypeProtocolName(dst.dtype)),
+                     "; one layer's experts must share a dtype"));
+  }
+  dst.data.insert(dst.data.end(), part.data.begin(), part.data.end());
+  return absl::OkStatus();
+}
+
+// A mixtral layer's router and stacked experts (LayerWeights), from either
+// layout LoadModelSpan accepts: transformers 5's when the layer has its
+// mlp.gate.weight, else the published one (whose errors a checkpoint missing
+// both will then name).
+absl::Status LoadExperts(CheckpointFiles& files, const LlamaConfig& c, const std::string& prefix,
+                         LayerWeights& w) {
+  const int64_t experts = c.num_experts;
+  const int64_t hidden = c.hidden_size;
+  const int64_t inter = c.intermediate_size;
+  const std::string published = absl::StrCat(prefix, "block_sparse_moe.");
+  if (files.Contains(prefix + "mlp.gate.weight")) {
+    LS_ASSIGN_OR_RETURN(w.router, LoadTensor(files, prefix + "mlp.gate.weight", {experts, hidden}));
+    LS_ASSIGN_OR_RETURN(w.experts_gate_up, LoadTensor(files, prefix + "mlp.experts.gate_up_proj",
+                                                      {experts, 2 * inter, hidden}));
+    LS_ASSIGN_OR_RETURN(w.experts_down, LoadTensor(files, prefix + "mlp.experts.down_proj",
+                                                   {experts, hidden, inter}));
+    return absl::OkStatus();
+  }
+  LS_ASSIGN_OR_RETURN(w.router, LoadTensor(files, published + "gate.weight", {experts, hidden}));
+  w.experts_gate_up.shape = {experts, 2 * inter, hidden};
+  w.experts_down.shape = {experts, hidden, inter};
+  for (int64_t e = 0; e < experts; ++e) {
+    const std::string expert = absl::StrCat(published, "experts.", e, ".");
+    // Per expert: w1 (gate) rows, then w3 (up) rows, as gate_up_proj holds them.
+    for (const char* part : {"w1.weight", "w3.weight"}) {
+      const std::string name = expert + part;
+      LS_ASSIGN_OR_RETURN(const HostTensor t, LoadTensor(files, name, {inter, hidden}));
+      LS_RETURN_IF_ERROR(AppendPart(w.experts_gate_up, t, name));
+    }
+    const std::string name = expert + "w2.weight";
+    LS_ASSIGN_OR_RETURN(const HostTensor t, LoadTensor(files, name, {hidden, inter}));
+    LS_RETURN_IF_ERROR(AppendPart(w.experts_down, t, name));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LayerWeights> LoadLayer(CheckpointFiles& files, const LlamaConfig& c,
                                        int64_t layer) {
   const std::string prefix = absl::StrCat("model.layers.", layer, ".");
@@ -196,6 +251,10 @@ absl::StatusOr<LayerWeights> LoadLayer(CheckpointFiles& files, const LlamaConfig
   LS_RETURN_IF_ERROR(load(w.o_proj, "self_attn.o_proj.weight", {c.hidden_size, q_dim}));
   LS_RETURN_IF_ERROR(
       load(w.post_attention_layernorm, "post_attention_layernorm.weight", {c.hidden_size}));
+  if (c.IsMixtureOfExperts()) {
+    LS_RETURN_IF_ERROR(LoadExperts(files, c, prefix, w));
+    return w;
+  }
   LS_RETURN_IF_ERROR(
       load(w.gate_proj, "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}));
   LS_RETURN_IF_ERROR(load(w.up_proj, "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}));
@@ -224,14 +283,18 @@ std::vector<float> HostTensor::ToFloat() const {
   return out;
 }
 
+std::vector<const HostTensor*> LayerWeights::All() const {
+  return {&input_layernorm, &q_proj,          &k_proj,
+          &v_proj,          &q_bias,          &k_bias,
+          &v_bias,          &o_proj,          &post_attention_layernorm,
+          &gate_proj,       &up_proj,         &down_proj,
+          &router,          &experts_gate_up, &experts_down};
+}
+
 size_t ModelSpan::WeightBytes() const {
   size_t bytes = 0;
   for (const LayerWeights& w : layers) {
-    for (const HostTensor* t :
-         {&w.input_layernorm, &w.q_proj, &w.k_proj, &w.v_proj, &w.q_bias, &w.k_bias, &w.v_bias,
-          &w.o_proj, &w.post_attention_layernorm, &w.gate_proj, &w.up_proj, &w.down_proj}) {
-      bytes += t->data.size();
-    }
+    for (const HostTensor* t : w.All()) bytes += t->data.size();
   }
   return bytes;
 }
@@ -239,10 +302,8 @@ size_t ModelSpan::WeightBytes() const {
 std::string ModelSpan::WeightDTypes() const {
   std::vector<std::string> names;
   for (const LayerWeights& w : layers) {
-    for (const HostTensor* t :
-         {&w.input_layernorm, &w.q_proj, &w.k_proj, &w.v_proj, &w.q_bias, &w.k_bias, &w.v_bias,
-          &w.o_proj, &w.post_attention_layernorm, &w.gate_proj, &w.up_proj, &w.down_proj}) {
-      if (t->data.empty()) continue;  // an absent bias
+    for (const HostTensor* t : w.All()) {
+      if (t->data.empty()) continue;  // an absent bias, or the other kind of MLP
       const std::string name = absl::AsciiStrToLower(ToAbsl(DTypeProtocolName(t->dtype)));
       if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
     }
@@ -252,12 +313,16 @@ std::string ModelSpan::WeightDTypes() const {
 
 std::string ModelSpan::Summary() const {
   const std::string dtypes = WeightDTypes();
-  return absl::StrCat(name, " (", config.model_type, ", hidden ", config.hidden_size, ", ",
-                      config.num_attention_heads, " heads, ", config.num_key_value_heads,
-                      " kv heads, head_dim ", config.head_dim, ", ", dtypes.empty() ? "no" : dtypes,
-                      " weights, ", DescribeRope(config), ") layers ", first_layer, ":",
-                      first_layer + static_cast<int64_t>(layers.size()), ", ", WeightBytes(),
-                      " weight bytes");
+  const std::string experts =
+      config.IsMixtureOfExperts()
+          ? absl::StrCat(", ", config.num_experts, " experts, top ", config.experts_per_token)
+          : "";
+  return absl::StrCat(
+      name, " (", config.model_type, ", hidden ", config.hidden_size, ", ",
+      config.num_attention_heads, " heads, ", config.num_key_value_heads, " kv heads, head_dim ",
+      config.head_dim, experts, ", ", dtypes.empty() ? "no" : dtypes, " weights, ",
+      DescribeRope(config), ") layers ", first_layer, ":",
+      first_layer + static_cast<int64_t>(layers.size()), ", ", WeightBytes(), " weight bytes");
 }
 
 absl::StatusOr<LayerRange> ParseLayerRange(std::string_view text) {
@@ -310,6 +375,8 @@ absl::Status CheckLayerWeights(const LayerWeights& w, const LlamaConfig& c, int6
   const int64_t q_dim = c.num_attention_heads * c.head_dim;
   const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
   const int64_t inter = c.intermediate_size;
+  const int64_t experts = c.num_experts;
+  const bool dense = !c.IsMixtureOfExperts();
   const struct {
     const HostTensor& tensor;
     int64_t elements;
@@ -324,9 +391,12 @@ absl::Status CheckLayerWeights(const LayerWeights& w, const LlamaConfig& c, int6
       {w.v_bias, c.attention_bias ? kv_dim : 0, "v_bias"},
       {w.o_proj, hidden * q_dim, "o_proj"},
       {w.post_attention_layernorm, hidden, "post_attention_layernorm"},
-      {w.gate_proj, inter * hidden, "gate_proj"},
-      {w.up_proj, inter * hidden, "up_proj"},
-      {w.down_proj, hidden * inter, "down_proj"},
+      {w.gate_proj, dense ? inter * hidden : 0, "gate_proj"},
+      {w.up_proj, dense ? inter * hidden : 0, "up_proj"},
+      {w.down_proj, dense ? hidden * inter : 0, "down_proj"},
+      {w.router, experts * hidden, "router"},
+      {w.experts_gate_up, experts * 2 * inter * hidden, "experts_gate_up"},
+      {w.experts_down, experts * hidden * inter, "experts_down"},
   };
   for (const auto& e : expected) {
     LS_RETURN_IF_ERROR(CheckElements(e.tensor, e.elements, layer, e.name));

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 
 namespace reference {
 namespace {
@@ -146,6 +147,58 @@ std::vector<double> SiluMul(const std::vector<double>& gate, const std::vector<d
   return out;
 }
 
+std::vector<Routing> RouteTopK(const std::vector<double>& logits, int64_t rows, int64_t experts,
+                               int64_t top_k) {
+  std::vector<Routing> out(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* l = logits.data() + r * experts;
+    const double max_logit = *std::max_element(l, l + experts);
+    std::vector<double> p(static_cast<size_t>(experts));
+    double sum = 0;
+    for (int64_t e = 0; e < experts; ++e) sum += p[e] = std::exp(l[e] - max_logit);
+    for (double& v : p) v /= sum;
+    std::vector<int64_t> order(static_cast<size_t>(experts));
+    for (int64_t e = 0; e < experts; ++e) order[e] = e;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
+    Routing& routing = out[static_cast<size_t>(r)];
+    double chosen = 0;
+    for (int64_t j = 0; j < top_k; ++j) chosen += p[order[j]];
+    for (int64_t j = 0; j < top_k; ++j) {
+      routing.experts.push_back(order[j]);
+      routing.weights.push_back(p[order[j]] / chosen);
+    }
+    routing.margin = top_k < experts ? p[order[top_k - 1]] - p[order[top_k]]
+                                     : std::numeric_limits<double>::infinity();
+  }
+  return out;
+}
+
+std::vector<double> ExpertMlps(const std::vector<double>& m, int64_t rows, const Config& config,
+                               const Layer& layer) {
+  const int64_t hidden = config.hidden;
+  const int64_t inter = config.intermediate;
+  const std::vector<double> logits = Linear(m, rows, hidden, layer.router, config.experts, {});
+  const std::vector<Routing> routing = RouteTopK(logits, rows, config.experts, config.top_k);
+  std::vector<double> out(static_cast<size_t>(rows * hidden), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<double> row(m.begin() + r * hidden, m.begin() + (r + 1) * hidden);
+    const Routing& route = routing[static_cast<size_t>(r)];
+    for (size_t j = 0; j < route.experts.size(); ++j) {
+      const int64_t e = route.experts[j];
+      const auto gate_begin = layer.experts_gate_up.begin() + e * 2 * inter * hidden;
+      const std::vector<double> wgate(gate_begin, gate_begin + inter * hidden);
+      const std::vector<double> wup(gate_begin + inter * hidden, gate_begin + 2 * inter * hidden);
+      const auto down_begin = layer.experts_down.begin() + e * hidden * inter;
+      const std::vector<double> wdown(down_begin, down_begin + hidden * inter);
+      const std::vector<double> act =
+          SiluMul(Linear(row, 1, hidden, wgate, inter, {}), Linear(row, 1, hidden, wup, inter, {}));
+      const std::vector<double> y = Linear(act, 1, inter, wdown, hidden, {});
+      for (int64_t i = 0; i < hidden; ++i) out[r * hidden + i] += route.weights[j] * y[i];
+    }
+  }
+  return out;
+}
+
 std::vector<double> DecoderLayer(const std::vector<double>& x,
                                  const std::vector<int32_t>& cu_seqlens, const Config& config,
                                  const Layer& layer) {
@@ -169,6 +222,11 @@ std::vector<double> DecoderLayer(const std::vector<double>& x,
   for (size_t i = 0; i < x.size(); ++i) h[i] = x[i] + o[i];
 
   const std::vector<double> m = RmsNorm(h, tokens, hidden, layer.post_norm, config.rms_norm_eps);
+  if (config.experts > 0) {
+    const std::vector<double> moe = ExpertMlps(m, tokens, config, layer);
+    for (size_t i = 0; i < x.size(); ++i) h[i] += moe[i];
+    return h;
+  }
   const std::vector<double> gate = Linear(m, tokens, hidden, layer.wgate, config.intermediate, {});
   const std::vector<double> up = Linear(m, tokens, hidden, layer.wup, config.intermediate, {});
   const std::vector<double> act = SiluMul(gate, up);

@@ -10,6 +10,9 @@
 //   n = RMSNorm(x);  q, k, v = n Wq^T + bq, n Wk^T + bk, n Wv^T + bv
 //   q, k = rope(q), rope(k);  a = causal GQA softmax(q k^T / sqrt(d)) v
 //   h = x + a Wo^T;  m = RMSNorm(h);  out = h + (silu(m Wg^T) * (m Wu^T)) Wd^T
+// or, in a mixture-of-experts layer (Mixtral's sparse MoE block), out = h +
+// the router's top-k experts' MLPs of m, weighted by their renormalised
+// softmax probabilities.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +37,10 @@ struct Config {
   // Sliding-window attention: query i sees key j iff 0 <= i - j < window.
   // 0: full causal attention.
   int64_t sliding_window = 0;
+  // Mixture of experts: `experts` MLPs of `intermediate` each, `top_k` per
+  // token. 0 experts: one dense MLP.
+  int64_t experts = 0;
+  int64_t top_k = 0;
 };
 
 // One layer's weights, row-major; linear weights are [out, in] (y = x W^T).
@@ -44,8 +51,12 @@ struct Layer {
   std::vector<double> bq, bk, bv;  // [heads*head_dim], [kv_heads*head_dim] x2, or empty
   std::vector<double> wo;          // [hidden, heads*head_dim]
   std::vector<double> post_norm;   // [hidden]
-  std::vector<double> wgate, wup;  // [intermediate, hidden]
+  std::vector<double> wgate, wup;  // [intermediate, hidden] (dense layers)
   std::vector<double> wdown;       // [hidden, intermediate]
+  // Mixture-of-experts layers instead:
+  std::vector<double> router;           // [experts, hidden]
+  std::vector<double> experts_gate_up;  // [experts, 2 intermediate, hidden]: gate rows, then up
+  std::vector<double> experts_down;     // [experts, hidden, intermediate]
 };
 
 // head_dim/2 inverse frequencies theta^(-2i/d), with llama3 scaling if set.
@@ -76,6 +87,27 @@ std::vector<double> Attention(const std::vector<double>& q, const std::vector<do
 
 // silu(gate) * up, element-wise.
 std::vector<double> SiluMul(const std::vector<double>& gate, const std::vector<double>& up);
+
+// A token's routing: the experts it uses (highest probability first; of
+// equal ones the lower index), their weights (softmax probabilities divided
+// by the sum of the chosen ones), and the gap between the last chosen
+// probability and the best unchosen one (infinity when every expert is
+// chosen). A test whose inputs leave a tiny gap could see a lower-precision
+// backend choose differently; tests assert a margin.
+struct Routing {
+  std::vector<int64_t> experts;
+  std::vector<double> weights;
+  double margin = 0;
+};
+// logits: [rows, experts]. One Routing per row.
+std::vector<Routing> RouteTopK(const std::vector<double>& logits, int64_t rows, int64_t experts,
+                               int64_t top_k);
+
+// The mixture-of-experts MLP of a layer (config.experts > 0) over m [rows,
+// hidden]: the sum over each row's routing of weight * (silu(m G_e^T) *
+// (m U_e^T)) D_e^T. Returns [rows, hidden].
+std::vector<double> ExpertMlps(const std::vector<double>& m, int64_t rows, const Config& config,
+                               const Layer& layer);
 
 // One decoder layer over packed sequences. x: [tokens, hidden].
 std::vector<double> DecoderLayer(const std::vector<double>& x,

@@ -48,7 +48,9 @@ inline HostTensor RandomTensor(Rng& rng, std::vector<int64_t> shape, double lo, 
 
 // Layers [first_layer, first_layer + num_layers) of a model with config `c`:
 // linear weights uniform in +-1/sqrt(fan_in), norms near 1, biases (when
-// c.attention_bias) in +-0.5.
+// c.attention_bias) in +-0.5. A mixture of experts gets a router four times
+// that scale, so that routing margins are wide and a lower-precision backend
+// rarely ties (tests still check the margin of their inputs).
 inline ModelSpan RandomModel(const LlamaConfig& c, int64_t first_layer, int64_t num_layers,
                              DType weight_dtype, uint64_t seed) {
   Rng rng(seed);
@@ -75,9 +77,20 @@ inline ModelSpan RandomModel(const LlamaConfig& c, int64_t first_layer, int64_t 
     }
     w.o_proj = linear(c.hidden_size, q);
     w.post_attention_layernorm = RandomTensor(rng, {c.hidden_size}, 0.8, 1.2, weight_dtype);
-    w.gate_proj = linear(c.intermediate_size, c.hidden_size);
-    w.up_proj = linear(c.intermediate_size, c.hidden_size);
-    w.down_proj = linear(c.hidden_size, c.intermediate_size);
+    if (c.IsMixtureOfExperts()) {
+      const double s = 4.0 / std::sqrt(static_cast<double>(c.hidden_size));
+      w.router = RandomTensor(rng, {c.num_experts, c.hidden_size}, -s, s, weight_dtype);
+      const double sg = 1.0 / std::sqrt(static_cast<double>(c.hidden_size));
+      w.experts_gate_up = RandomTensor(rng, {c.num_experts, 2 * c.intermediate_size, c.hidden_size},
+                                       -sg, sg, weight_dtype);
+      const double sd = 1.0 / std::sqrt(static_cast<double>(c.intermediate_size));
+      w.experts_down = RandomTensor(rng, {c.num_experts, c.hidden_size, c.intermediate_size}, -sd,
+                                    sd, weight_dtype);
+    } else {
+      w.gate_proj = linear(c.intermediate_size, c.hidden_size);
+      w.up_proj = linear(c.intermediate_size, c.hidden_size);
+      w.down_proj = linear(c.hidden_size, c.intermediate_size);
+    }
     span.layers.push_back(std::move(w));
   }
   return span;

@@ -72,6 +72,18 @@ inline LlamaConfig MistralStyleConfig() {
   return c;
 }
 
+// Mixtral-shaped, small: 8 experts of intermediate 128, 2 per token, and a
+// sliding window shorter than the longest test sequence.
+inline LlamaConfig MixtralStyleConfig() {
+  LlamaConfig c = MistralStyleConfig();
+  c.model_type = "mixtral";
+  c.intermediate_size = 128;
+  c.num_experts = 8;
+  c.experts_per_token = 2;
+  c.sliding_window = 6;
+  return c;
+}
+
 // ---- batches ------------------------------------------------------------
 
 struct RequestShape {

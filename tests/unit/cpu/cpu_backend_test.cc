@@ -26,6 +26,7 @@ using cpu_test::BuiltBatch;
 using cpu_test::ExpectOutputsMatch;
 using cpu_test::Llama3StyleConfig;
 using cpu_test::MistralStyleConfig;
+using cpu_test::MixtralStyleConfig;
 using cpu_test::Qwen2StyleConfig;
 using cpu_test::RepresentableInputs;
 using cpu_test::RequestShape;
@@ -76,6 +77,8 @@ ReferenceModel ToReference(const ModelSpan& span) {
   // The server adds eps in float32, as torch does.
   m.config.rms_norm_eps = static_cast<float>(c.rms_norm_eps);
   m.config.rope_theta = c.rope_theta;
+  m.config.experts = c.num_experts;
+  m.config.top_k = c.experts_per_token;
   if (c.rope_scaling) {
     m.config.llama3 = true;
     m.config.llama3_factor = c.rope_scaling->factor;
@@ -100,6 +103,9 @@ ReferenceModel ToReference(const ModelSpan& span) {
     l.wgate = DecodeWeights(w.gate_proj);
     l.wup = DecodeWeights(w.up_proj);
     l.wdown = DecodeWeights(w.down_proj);
+    l.router = DecodeWeights(w.router);
+    l.experts_gate_up = DecodeWeights(w.experts_gate_up);
+    l.experts_down = DecodeWeights(w.experts_down);
     m.layers.push_back(std::move(l));
   }
   return m;
@@ -173,6 +179,18 @@ TEST(CpuBackendTest, Qwen2WindowOnlyInLaterLayersMatchesReference) {
   c.sliding_window = 5;
   c.sliding_layers = {false, false, true, true};
   CheckModel(RandomModel(c, 1, 2, DType::kF32, 18), /*num_threads=*/2, 1e-5, 19);
+}
+
+TEST(CpuBackendTest, MixtralExpertsMatchReference) {
+  CheckModel(RandomModel(MixtralStyleConfig(), 0, 2, DType::kF32, 23), /*num_threads=*/2, 1e-5, 24);
+}
+
+TEST(CpuBackendTest, MixtralTopOneOfManyExpertsMatchesReference) {
+  // 32 experts and one per token: most experts see no token of the batch's 28.
+  LlamaConfig c = MixtralStyleConfig();
+  c.num_experts = 32;
+  c.experts_per_token = 1;
+  CheckModel(RandomModel(c, 1, 2, DType::kBF16, 25), /*num_threads=*/1, 1e-5, 26);
 }
 
 // The window test above would pass vacuously if windowed and full attention

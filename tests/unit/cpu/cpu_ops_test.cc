@@ -350,5 +350,99 @@ TEST(CpuOpsTest, SiluMul) {
   }
 }
 
+TEST(CpuOpsTest, RouteTopKMatchesReference) {
+  Rng rng(6);
+  for (const auto& [experts, top_k] : {std::pair{8, 2}, {4, 1}, {16, 4}, {3, 3}}) {
+    SCOPED_TRACE(::testing::Message() << experts << " experts, top " << top_k);
+    const int64_t rows = 25;
+    const std::vector<float> logits = RandomFloats(rng, rows * experts, -4, 4);
+    std::vector<int32_t> ids(rows * top_k, -1);
+    std::vector<float> weights(rows * top_k, NAN);
+    RouteTopK(logits.data(), rows, experts, top_k, ids.data(), weights.data());
+    const std::vector<reference::Routing> want =
+        reference::RouteTopK(ToDouble(logits), rows, experts, top_k);
+    for (int64_t r = 0; r < rows; ++r) {
+      const reference::Routing& w = want[r];
+      // Only a margin wider than float32 rounding fixes the expected order.
+      if (w.margin < 1e-5) continue;
+      for (int64_t j = 0; j < top_k; ++j) {
+        EXPECT_EQ(ids[r * top_k + j], w.experts[j]) << "row " << r << " choice " << j;
+        EXPECT_NEAR(weights[r * top_k + j], w.weights[j], 1e-6) << "row " << r << " choice " << j;
+      }
+    }
+  }
+}
+
+TEST(CpuOpsTest, RouteTopKTiesAndPoisonedRows) {
+  // Equal logits: the lower index first, equal weights.
+  const std::vector<float> ties = {1, 3, 3, 0};
+  std::vector<int32_t> ids(2);
+  std::vector<float> weights(2);
+  RouteTopK(ties.data(), 1, 4, 2, ids.data(), weights.data());
+  EXPECT_EQ(ids, (std::vector<int32_t>{1, 2}));
+  EXPECT_FLOAT_EQ(weights[0], 0.5f);
+  EXPECT_FLOAT_EQ(weights[1], 0.5f);
+  // A NaN or infinite logit (a poisoned token) still yields valid, distinct
+  // expert ids; the next row is routed as if alone.
+  const std::vector<float> poisoned = {0, NAN, 2, 1, INFINITY, 0, -INFINITY, 5, 1, 2, 3, 4};
+  std::vector<int32_t> pids(3 * 2, -1);
+  std::vector<float> pweights(3 * 2);
+  RouteTopK(poisoned.data(), 3, 4, 2, pids.data(), pweights.data());
+  for (int64_t r = 0; r < 2; ++r) {
+    EXPECT_GE(pids[2 * r], 0);
+    EXPECT_LT(pids[2 * r], 4);
+    EXPECT_GE(pids[2 * r + 1], 0);
+    EXPECT_LT(pids[2 * r + 1], 4);
+    EXPECT_NE(pids[2 * r], pids[2 * r + 1]);
+  }
+  EXPECT_EQ(pids[4], 3);
+  EXPECT_EQ(pids[5], 2);
+  EXPECT_TRUE(std::isfinite(pweights[4]) && std::isfinite(pweights[5]));
+}
+
+TEST(CpuOpsTest, ExpertMlpsMatchReference) {
+  ThreadPool pool(3);
+  Rng rng(7);
+  const int64_t hidden = 64;
+  const int64_t inter = 48;
+  // 1 row (most experts idle), a few, and more rows than experts.
+  for (const auto& [rows, experts, top_k] :
+       {std::tuple{1, 8, 2}, {5, 8, 2}, {37, 4, 1}, {20, 6, 3}}) {
+    SCOPED_TRACE(::testing::Message() << rows << " rows, " << experts << " experts, top " << top_k);
+    reference::Config config;
+    config.hidden = hidden;
+    config.intermediate = inter;
+    config.experts = experts;
+    config.top_k = top_k;
+    const std::vector<float> x = RandomFloats(rng, rows * hidden);
+    const std::vector<float> router = RandomFloats(rng, experts * hidden, -0.5, 0.5);
+    const std::vector<float> gate_up = RandomFloats(rng, experts * 2 * inter * hidden, -0.2, 0.2);
+    const std::vector<float> down = RandomFloats(rng, experts * hidden * inter, -0.2, 0.2);
+    reference::Layer layer;
+    layer.router = ToDouble(router);
+    layer.experts_gate_up = ToDouble(gate_up);
+    layer.experts_down = ToDouble(down);
+    const std::vector<double> moe = reference::ExpertMlps(ToDouble(x), rows, config, layer);
+
+    std::vector<float> logits(rows * experts);
+    Linear(x.data(), rows, hidden, router.data(), experts, nullptr, logits.data(), &pool);
+    std::vector<int32_t> ids(rows * top_k);
+    std::vector<float> weights(rows * top_k);
+    RouteTopK(logits.data(), rows, experts, top_k, ids.data(), weights.data());
+    // The output accumulates onto what it holds (the residual).
+    const std::vector<float> residual = RandomFloats(rng, rows * hidden);
+    std::vector<float> out = residual;
+    const ExpertWeights w{.gate_up = gate_up.data(),
+                          .down = down.data(),
+                          .experts = experts,
+                          .hidden = hidden,
+                          .intermediate = inter};
+    ExpertMlps(x.data(), rows, ids.data(), weights.data(), top_k, w, out.data(), &pool);
+    std::vector<double> want(moe.size());
+    for (size_t i = 0; i < want.size(); ++i) want[i] = residual[i] + moe[i];
+    EXPECT_TRUE(AllClose(out, want, kFp32Tol));
+  }
+}
+
 }  // namespace
 }  // namespace layerserve::cpu

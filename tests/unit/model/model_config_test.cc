@@ -161,6 +161,48 @@ TEST(ModelConfigTest, SlidingWindowFollowsTransformers) {
   EXPECT_THAT(unknown.status().message(), HasSubstr("chunked_attention"));
 }
 
+// Shaped like mistralai/Mixtral-8x7B-v0.1's config.json.
+constexpr char kMixtral[] = R"({
+  "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096,
+  "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+  "num_hidden_layers": 32, "num_local_experts": 8, "num_experts_per_tok": 2,
+  "output_router_logits": false, "router_aux_loss_coef": 0.02, "rms_norm_eps": 1e-05,
+  "rope_theta": 1000000.0, "sliding_window": null, "hidden_act": "silu",
+  "torch_dtype": "bfloat16"
+})";
+
+TEST(ModelConfigTest, ParsesMixtralExperts) {
+  auto c = ParseLlamaConfig(kMixtral, "mixtral.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->IsMixtureOfExperts());
+  EXPECT_EQ(c->num_experts, 8);
+  EXPECT_EQ(c->experts_per_token, 2);
+  EXPECT_EQ(c->intermediate_size, 14336);  // each expert's
+  EXPECT_EQ(c->sliding_window, 0);
+
+  // MixtralConfig's defaults: top 2, and no window when the field is absent
+  // (MistralConfig's would be 4096).
+  auto defaults = ParseLlamaConfig(R"({"model_type": "mixtral", "hidden_size": 64,
+      "intermediate_size": 96, "num_attention_heads": 4, "num_hidden_layers": 2,
+      "num_local_experts": 4})",
+                                   "defaults.json");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->experts_per_token, 2);
+  EXPECT_EQ(defaults->sliding_window, 0);
+
+  auto windowed = ParseLlamaConfig(R"({"model_type": "mixtral", "hidden_size": 64,
+      "intermediate_size": 96, "num_attention_heads": 4, "num_hidden_layers": 2,
+      "num_local_experts": 4, "num_experts_per_tok": 1, "sliding_window": 32})",
+                                   "windowed.json");
+  ASSERT_TRUE(windowed.ok()) << windowed.status();
+  EXPECT_EQ(windowed->AttentionWindow(1), 32);
+
+  // Dense models have no experts.
+  auto llama = ParseLlamaConfig(kLlama31, "llama.json");
+  ASSERT_TRUE(llama.ok());
+  EXPECT_FALSE(llama->IsMixtureOfExperts());
+}
+
 TEST(ModelConfigTest, ParsesQwen2WithImpliedBias) {
   auto c = ParseLlamaConfig(kQwen2, "config.json");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -234,6 +276,14 @@ TEST(ModelConfigTest, RejectsBadConfigs) {
        "'model_type' is missing"},
       {"unsupported model_type", R"({"model_type": "gpt2", )" + base + "}",
        absl::StatusCode::kInvalidArgument, "'gpt2' is not supported"},
+      {"mixtral without experts", R"({"model_type": "mixtral", )" + base + "}",
+       absl::StatusCode::kInvalidArgument, "'num_local_experts' is missing"},
+      {"more experts per token than experts",
+       R"({"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 5, )" + base +
+           "}",
+       absl::StatusCode::kInvalidArgument, "between 1 and num_local_experts (4)"},
+      {"qwen2_moe", R"({"model_type": "qwen2_moe", )" + base + "}",
+       absl::StatusCode::kInvalidArgument, "'qwen2_moe' is not supported"},
       {"missing hidden_size",
        R"({"model_type": "llama", "intermediate_size": 128, "num_attention_heads": 4,
            "num_hidden_layers": 2})",

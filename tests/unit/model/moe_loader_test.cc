@@ -1,0 +1,228 @@
+// LoadModelSpan on tiny mixtral checkpoints: the published per-expert layout
+// and transformers 5's fused one load into the same stacked tensors, and each
+// way an expert can be missing or mismatched is one clear error.
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/model/model.h"
+#include "tests/unit/model/test_files.h"
+
+namespace layerserve {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_files::F32Bytes;
+using testing_files::SafetensorsBytes;
+using testing_files::ScratchDir;
+using testing_files::TensorSpec;
+using testing_files::WriteFile;
+
+// hidden 8, expert intermediate 4, 2 heads of 4, 1 KV head, 2 layers, 3
+// experts of which each token uses 2.
+constexpr int64_t kHidden = 8;
+constexpr int64_t kInter = 4;
+constexpr int64_t kExperts = 3;
+constexpr char kConfig[] = R"({"model_type": "mixtral", "hidden_size": 8,
+    "intermediate_size": 4, "num_attention_heads": 2, "num_key_value_heads": 1,
+    "num_hidden_layers": 2, "num_local_experts": 3, "num_experts_per_tok": 2,
+    "sliding_window": null, "torch_dtype": "float32"})";
+
+// Element i of expert e's `part` (0: w1, 1: w3, 2: w2, 3: the router's row
+// e) in layer `layer`: distinct everywhere, exact in float32.
+float Value(int64_t layer, int64_t e, int part, int64_t i) {
+  return static_cast<float>(((layer * 4 + part) * 16 + e) * 64 + i);
+}
+
+std::vector<float> Values(int64_t layer, int64_t e, int part, int64_t count) {
+  std::vector<float> v(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) v[static_cast<size_t>(i)] = Value(layer, e, part, i);
+  return v;
+}
+
+std::string Name(int64_t layer, const std::string& module) {
+  return "model.layers." + std::to_string(layer) + "." + module;
+}
+
+// The attention half of a layer, which both layouts share.
+std::vector<TensorSpec> AttentionTensors(int64_t layer) {
+  const auto t = [&](const std::string& module, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return TensorSpec{Name(layer, module), "F32", shape,
+                      F32Bytes(std::vector<float>(static_cast<size_t>(n), 0.5f))};
+  };
+  return {t("input_layernorm.weight", {8}),         t("self_attn.q_proj.weight", {8, 8}),
+          t("self_attn.k_proj.weight", {4, 8}),     t("self_attn.v_proj.weight", {4, 8}),
+          t("self_attn.o_proj.weight", {8, 8}),     t("post_attention_layernorm.weight", {8})};
+}
+
+std::vector<float> RouterValues(int64_t layer) {
+  std::vector<float> v;
+  for (int64_t e = 0; e < kExperts; ++e) {
+    const std::vector<float> row = Values(layer, e, 3, kHidden);
+    v.insert(v.end(), row.begin(), row.end());
+  }
+  return v;
+}
+
+// block_sparse_moe.gate.weight and experts.{e}.w1/w2/w3.weight.
+std::vector<TensorSpec> PublishedCheckpoint() {
+  std::vector<TensorSpec> out;
+  for (int64_t layer = 0; layer < 2; ++layer) {
+    for (TensorSpec& t : AttentionTensors(layer)) out.push_back(std::move(t));
+    out.push_back({Name(layer, "block_sparse_moe.gate.weight"), "F32", {kExperts, kHidden},
+                   F32Bytes(RouterValues(layer))});
+    for (int64_t e = 0; e < kExperts; ++e) {
+      const std::string p = "block_sparse_moe.experts." + std::to_string(e) + ".";
+      out.push_back({Name(layer, p + "w1.weight"), "F32", {kInter, kHidden},
+                     F32Bytes(Values(layer, e, 0, kInter * kHidden))});
+      out.push_back({Name(layer, p + "w3.weight"), "F32", {kInter, kHidden},
+                     F32Bytes(Values(layer, e, 1, kInter * kHidden))});
+      out.push_back({Name(layer, p + "w2.weight"), "F32", {kHidden, kInter},
+                     F32Bytes(Values(layer, e, 2, kHidden * kInter))});
+    }
+  }
+  return out;
+}
+
+// What the loader must build: per expert its w1 rows then its w3 rows, and
+// the w2s one after the other.
+std::vector<float> ExpectedGateUp(int64_t layer) {
+  std::vector<float> v;
+  for (int64_t e = 0; e < kExperts; ++e) {
+    for (int part : {0, 1}) {
+      const std::vector<float> rows = Values(layer, e, part, kInter * kHidden);
+      v.insert(v.end(), rows.begin(), rows.end());
+    }
+  }
+  return v;
+}
+
+std::vector<float> ExpectedDown(int64_t layer) {
+  std::vector<float> v;
+  for (int64_t e = 0; e < kExperts; ++e) {
+    const std::vector<float> rows = Values(layer, e, 2, kHidden * kInter);
+    v.insert(v.end(), rows.begin(), rows.end());
+  }
+  return v;
+}
+
+// mlp.gate.weight, mlp.experts.gate_up_proj and mlp.experts.down_proj, as
+// transformers 5 names Mixtral's tensors (the expert ones without ".weight").
+std::vector<TensorSpec> FusedCheckpoint() {
+  std::vector<TensorSpec> out;
+  for (int64_t layer = 0; layer < 2; ++layer) {
+    for (TensorSpec& t : AttentionTensors(layer)) out.push_back(std::move(t));
+    out.push_back({Name(layer, "mlp.gate.weight"), "F32", {kExperts, kHidden},
+                   F32Bytes(RouterValues(layer))});
+    out.push_back({Name(layer, "mlp.experts.gate_up_proj"), "F32", {kExperts, 2 * kInter, kHidden},
+                   F32Bytes(ExpectedGateUp(layer))});
+    out.push_back({Name(layer, "mlp.experts.down_proj"), "F32", {kExperts, kHidden, kInter},
+                   F32Bytes(ExpectedDown(layer))});
+  }
+  return out;
+}
+
+absl::StatusOr<ModelSpan> Load(const std::vector<TensorSpec>& tensors, const ScratchDir& dir) {
+  WriteFile(dir.path() / "config.json", kConfig);
+  WriteFile(dir.path() / "model.safetensors", SafetensorsBytes(tensors));
+  return LoadModelSpan(dir.path(), LayerRange{}, "tiny-mixtral");
+}
+
+void ExpectStackedExperts(const ModelSpan& span) {
+  ASSERT_EQ(span.layers.size(), 2u);
+  for (int64_t layer = 0; layer < 2; ++layer) {
+    SCOPED_TRACE("layer " + std::to_string(layer));
+    const LayerWeights& w = span.layers[static_cast<size_t>(layer)];
+    EXPECT_EQ(w.router.shape, (std::vector<int64_t>{kExperts, kHidden}));
+    EXPECT_EQ(w.experts_gate_up.shape, (std::vector<int64_t>{kExperts, 2 * kInter, kHidden}));
+    EXPECT_EQ(w.experts_down.shape, (std::vector<int64_t>{kExperts, kHidden, kInter}));
+    EXPECT_EQ(w.router.ToFloat(), RouterValues(layer));
+    EXPECT_EQ(w.experts_gate_up.ToFloat(), ExpectedGateUp(layer));
+    EXPECT_EQ(w.experts_down.ToFloat(), ExpectedDown(layer));
+    EXPECT_EQ(w.gate_proj.NumElements(), 0);  // no dense MLP
+    EXPECT_TRUE(CheckLayerWeights(w, span.config, layer).ok());
+  }
+}
+
+TEST(MoeLoaderTest, PublishedLayoutStacksTheExperts) {
+  ScratchDir dir;
+  auto span = Load(PublishedCheckpoint(), dir);
+  ASSERT_TRUE(span.ok()) << span.status();
+  ExpectStackedExperts(*span);
+  EXPECT_THAT(span->Summary(), HasSubstr("(mixtral, hidden 8, 2 heads, 1 kv heads, head_dim 4, "
+                                         "3 experts, top 2, fp32 weights"));
+  // Per layer: 8+64+32+32+64+8 attention and norms, 24 router, 3 experts of
+  // 3 x 32 floats.
+  EXPECT_EQ(span->WeightBytes(), 2u * (208u + 24u + 288u) * 4u);
+}
+
+TEST(MoeLoaderTest, TransformersFiveLayoutLoadsTheSame) {
+  ScratchDir dir;
+  auto span = Load(FusedCheckpoint(), dir);
+  ASSERT_TRUE(span.ok()) << span.status();
+  ExpectStackedExperts(*span);
+}
+
+TEST(MoeLoaderTest, MissingExpertIsNamed) {
+  ScratchDir dir;
+  std::vector<TensorSpec> tensors = PublishedCheckpoint();
+  std::erase_if(tensors, [](const TensorSpec& t) {
+    return t.name == "model.layers.1.block_sparse_moe.experts.2.w2.weight";
+  });
+  auto span = Load(tensors, dir);
+  ASSERT_FALSE(span.ok());
+  EXPECT_EQ(span.status().code(), absl::StatusCode::kNotFound) << span.status();
+  EXPECT_THAT(span.status().message(),
+              HasSubstr("'model.layers.1.block_sparse_moe.experts.2.w2.weight' is missing"));
+}
+
+TEST(MoeLoaderTest, DenseCheckpointUnderAMixtralConfigNamesTheRouter) {
+  ScratchDir dir;
+  std::vector<TensorSpec> tensors = AttentionTensors(0);
+  for (TensorSpec& t : AttentionTensors(1)) tensors.push_back(std::move(t));
+  auto span = Load(tensors, dir);
+  ASSERT_FALSE(span.ok());
+  EXPECT_THAT(span.status().message(),
+              HasSubstr("'model.layers.0.block_sparse_moe.gate.weight' is missing"));
+}
+
+TEST(MoeLoaderTest, ExpertShapeAndDTypeMismatchesAreNamed) {
+  {
+    ScratchDir dir;
+    std::vector<TensorSpec> tensors = PublishedCheckpoint();
+    for (TensorSpec& t : tensors) {
+      if (t.name == "model.layers.0.block_sparse_moe.experts.1.w3.weight") t.shape = {kHidden, kInter};
+    }
+    auto span = Load(tensors, dir);
+    ASSERT_FALSE(span.ok());
+    EXPECT_THAT(span.status().message(),
+                HasSubstr("'model.layers.0.block_sparse_moe.experts.1.w3.weight' has shape [8, 4], "
+                          "expected [4, 8]"));
+  }
+  {
+    ScratchDir dir;
+    std::vector<TensorSpec> tensors = PublishedCheckpoint();
+    for (TensorSpec& t : tensors) {
+      if (t.name != "model.layers.0.block_sparse_moe.experts.2.w1.weight") continue;
+      // The same values in BF16: the upper halves of the float32 words.
+      std::vector<unsigned char> bf16;
+      for (size_t i = 0; i < t.bytes.size(); i += 4) {
+        bf16.push_back(t.bytes[i + 2]);
+        bf16.push_back(t.bytes[i + 3]);
+      }
+      t.dtype = "BF16";
+      t.bytes = bf16;
+    }
+    auto span = Load(tensors, dir);
+    ASSERT_FALSE(span.ok());
+    EXPECT_THAT(span.status().message(),
+                HasSubstr("'model.layers.0.block_sparse_moe.experts.2.w1.weight' is BF16 but the "
+                          "experts before it are FP32"));
+  }
+}
+
+}  // namespace
+}  // namespace layerserve
