@@ -28,6 +28,10 @@ struct DenseGemm {
   int64_t m = 0;
   int64_t n = 0;
   int64_t k = 0;
+  // Grouped products (GemmParams::group_offsets): w is [groups n, k].
+  const int32_t* group_offsets = nullptr;
+  int groups = 0;
+  int64_t max_group_rows = 0;
 };
 
 // Tensor map over a row-major bf16 matrix [rows, cols] (cols contiguous),
@@ -48,6 +52,8 @@ absl::Status LaunchGemmV3(const DenseGemm& p, int block_n, const DeviceInfo& dev
 // Version 3 tile width for block_n = 0: 256 unless 128 fills the SMs' last
 // wave clearly better.
 int AutoBlockNV3(int64_t m, int64_t n, int num_sms);
+// Version 3's tiles of `p` at width block_n; for a grouped product, a bound.
+int64_t TileBound(const DenseGemm& p, int block_n);
 absl::Status LaunchGemmV4(const DenseGemm& p, int splits, const DeviceInfo& dev, cudaStream_t stream);
 absl::Status LaunchGemmV5(const DenseGemm& p, const DeviceInfo& dev, cudaStream_t stream);
 

@@ -229,9 +229,25 @@ absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const 
   if (!gemm::Aligned16(p.a) || !gemm::Aligned16(p.w) || !gemm::Aligned16(p.d)) {
     return absl::InvalidArgumentError("gemm: operands must be 16-byte aligned");
   }
+  if (p.grouped()) {
+    if (p.groups < 1 || p.groups > kMaxGemmGroups) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gemm: a grouped product takes 1 to ", kMaxGemmGroups, " groups, got ", p.groups));
+    }
+    if (p.max_group_rows < 1 || p.max_group_rows > p.m) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gemm: max_group_rows ", p.max_group_rows, " must be in [1, m = ", p.m, "]"));
+    }
+    if (int64_t{p.groups} * p.n > INT32_MAX / 2) return absl::InvalidArgumentError("gemm: groups x n too large");
+    if (config.version == GemmVersion::kClusterMulticast) {
+      return absl::InvalidArgumentError("gemm v5 has no grouped form");
+    }
+  }
   switch (config.version) {
     case GemmVersion::kSmallMSplitK:
-      if (p.m > 64) return absl::InvalidArgumentError("gemm v4 takes m <= 64");
+      if ((p.grouped() ? p.max_group_rows : p.m) > 64) {
+        return absl::InvalidArgumentError("gemm v4 takes m (a grouped product: max_group_rows) <= 64");
+      }
       if (config.split_k < 0 || config.split_k > gemm::kMaxSplitK) {
         return absl::InvalidArgumentError("gemm v4: split_k must be in [0, 8]");
       }
@@ -250,9 +266,13 @@ absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const 
 }
 
 GemmConfig ChooseGemm(const GemmParams& p, GemmMode mode, const GemmTable& table, const DeviceInfo& dev) {
+  GemmConfig config;  // split_k = block_n = 0: the kernels size themselves
+  if (p.grouped()) {
+    config.version = p.max_group_rows <= 64 ? GemmVersion::kSmallMSplitK : GemmVersion::kWarpSpecialized;
+    return config;
+  }
   const GemmConfig cublaslt{GemmVersion::kCublasLt};
   if (mode == GemmMode::kCublasLt) return cublaslt;
-  GemmConfig config;  // split_k = block_n = 0: the kernels size themselves
   if (mode == GemmMode::kCustom) {
     config.version = p.m <= 64 ? GemmVersion::kSmallMSplitK : GemmVersion::kWarpSpecialized;
   } else if (const auto it = table.find({GemmMBucket(p.m), p.n, p.k}); it != table.end()) {
@@ -270,7 +290,10 @@ namespace {
 
 int ResolveSplits(const GemmParams& p, const GemmConfig& config, const DeviceInfo& dev) {
   const int64_t num_kb = (p.k + 63) / 64;
-  const int splits = config.split_k > 0 ? config.split_k : gemm::SplitKHeuristic(p.n, p.k, dev.num_sms);
+  // A grouped product's CTAs: its W tiles times the groups that can have
+  // rows, at most one per row.
+  const int64_t w_rows = p.grouped() ? p.n * std::min<int64_t>(p.groups, p.m) : p.n;
+  const int splits = config.split_k > 0 ? config.split_k : gemm::SplitKHeuristic(w_rows, p.k, dev.num_sms);
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(splits, num_kb)));
 }
 
@@ -286,6 +309,9 @@ absl::Status LaunchGemm(const GemmParams& p, const GemmConfig& config, const Dev
   dense.m = p.m;
   dense.n = p.n;
   dense.k = p.k;
+  dense.group_offsets = p.group_offsets;
+  dense.groups = p.groups;
+  dense.max_group_rows = p.max_group_rows;
   switch (config.version) {
     case GemmVersion::kWarpSpecialized:
       return gemm::LaunchGemmV3(dense, config.block_n, dev, stream);

@@ -23,6 +23,9 @@ struct GemmArgs {
   int m, n, k;
   int tiles_m, tiles_n;
   int splits;  // version 4: K splits (= cluster size)
+  // Grouped products (DenseGemm): null for one dense product.
+  const int32_t* group_offsets;
+  int groups;
 };
 
 // Host side: kernel arguments from validated params and a tile shape.
@@ -38,7 +41,26 @@ inline GemmArgs MakeGemmArgs(const DenseGemm& p, int block_m, int block_n) {
   args.tiles_m = static_cast<int>((p.m + block_m - 1) / block_m);
   args.tiles_n = static_cast<int>((p.n + block_n - 1) / block_n);
   args.splits = 1;
+  args.group_offsets = p.group_offsets;
+  args.groups = p.groups;
   return args;
+}
+
+// The rows of group `g` of a grouped product: output rows [row0, row0 +
+// rows), read as a dense problem of `rows` rows whose A, residual and C start
+// at row0 (W_g's offset is the caller's). The returned arguments bound the
+// epilogue to the group's rows.
+struct GroupRows {
+  int row0;
+  int rows;
+};
+__device__ __forceinline__ GemmArgs GroupArgs(const GemmArgs& args, GroupRows g) {
+  GemmArgs out = args;
+  const int64_t offset = static_cast<int64_t>(g.row0) * args.n;
+  out.c = args.c + offset;
+  if (args.residual != nullptr) out.residual = args.residual + offset;
+  out.m = g.rows;
+  return out;
 }
 
 // Persistent kernels walk tiles t = blockIdx.x, + gridDim.x, ... in groups of

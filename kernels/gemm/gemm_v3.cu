@@ -1,5 +1,7 @@
 // Host launcher of version 3 (gemm_v3_warp_specialized_sm90.cuh): tensor maps
-// for A (128-row boxes) and W (block_n-row boxes), one persistent CTA per SM.
+// for A (128-row boxes) and W (block_n-row boxes), one persistent CTA per SM
+// (fewer when there are fewer tiles, or at most that many for a grouped
+// product).
 #include <algorithm>
 #include <cstdint>
 
@@ -15,12 +17,14 @@ absl::Status Launch(const DenseGemm& p, const DeviceInfo& dev, cudaStream_t stre
   const GemmArgs args = MakeGemmArgs(p, v3::kBlockM, kBlockN);
   absl::StatusOr<CUtensorMap> map_a = MakeBf16TensorMap(p.a, p.m, p.k, v3::kBlockM);
   if (!map_a.ok()) return map_a.status();
-  absl::StatusOr<CUtensorMap> map_w = MakeBf16TensorMap(p.w, p.n, p.k, kBlockN);
+  // A grouped product's W is every group's, stacked.
+  const int64_t w_rows = p.group_offsets != nullptr ? p.groups * p.n : p.n;
+  absl::StatusOr<CUtensorMap> map_w = MakeBf16TensorMap(p.w, w_rows, p.k, kBlockN);
   if (!map_w.ok()) return map_w.status();
   if (dev.max_smem_optin < C::kSmemBytes) return absl::ResourceExhaustedError("gemm v3: not enough shared memory");
   LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(v3::GemmWarpSpecializedKernel<kBlockN>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
-  const int grid = std::min(args.tiles_m * args.tiles_n, dev.num_sms);
+  const int grid = static_cast<int>(std::min<int64_t>(TileBound(p, kBlockN), dev.num_sms));
   v3::GemmWarpSpecializedKernel<kBlockN><<<grid, v3::kThreads, C::kSmemBytes, stream>>>(*map_a, *map_w, args);
   LS_CUDA_RETURN_IF_LAUNCH_ERROR(GemmWarpSpecializedKernel);
   return absl::OkStatus();
@@ -34,6 +38,13 @@ double WaveEfficiency(int64_t tiles, int num_sms) {
 
 }  // namespace
 
+int64_t TileBound(const DenseGemm& p, int block_n) {
+  const int64_t tiles_n = (p.n + block_n - 1) / block_n;
+  if (p.group_offsets == nullptr) return (p.m + v3::kBlockM - 1) / v3::kBlockM * tiles_n;
+  // Each group with rows has a partial row tile at most, besides its full ones.
+  return (p.m / v3::kBlockM + std::min<int64_t>(p.groups, p.m)) * tiles_n;
+}
+
 int AutoBlockNV3(int64_t m, int64_t n, int num_sms) {
   const int64_t tiles_m = (m + v3::kBlockM - 1) / v3::kBlockM;
   const double e256 = WaveEfficiency(tiles_m * ((n + 255) / 256), num_sms);
@@ -43,7 +54,9 @@ int AutoBlockNV3(int64_t m, int64_t n, int num_sms) {
 }
 
 absl::Status LaunchGemmV3(const DenseGemm& p, int block_n, const DeviceInfo& dev, cudaStream_t stream) {
-  if (block_n == 0) block_n = AutoBlockNV3(p.m, p.n, dev.num_sms);
+  // A grouped product's row tiles are only known on the device; its bound
+  // stands in for them.
+  if (block_n == 0) block_n = AutoBlockNV3(TileBound(p, 256) / ((p.n + 255) / 256) * v3::kBlockM, p.n, dev.num_sms);
   switch (block_n) {
     case 128:
       return Launch<128>(p, dev, stream);

@@ -10,6 +10,15 @@
 //
 // setmaxnreg moves registers from the producer (40) to the consumers (232);
 // it requires the launch-bounds register cap (384 threads, 1 block/SM).
+//
+// A grouped product (a mixture of experts) walks one tile sequence over all
+// groups: group g contributes ceil(rows_g / 128) x tiles_n tiles, in grouped
+// order within the group, so the CTAs running at one time share W_g in L2.
+// The rows per group come from the device (the routing kernel before this
+// one): each CTA first turns them into a tile prefix in shared memory, and
+// producer and consumers map each tile index to (group, tile) from it. A
+// group's last row tile may read rows of the next group or past the end of A
+// (zero-filled by TMA); its epilogue stores only the group's own rows.
 #pragma once
 
 #include <cuda.h>
@@ -33,14 +42,49 @@ constexpr int kConsumerRegs = 232;
 constexpr int kABytes = kBlockM * kBlockK * 2;
 static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
 
+// Shared memory of a grouped product's schedule: each group's first row and
+// its first tile, kMaxGemmGroups + 1 of each.
+constexpr int kScheduleBytes = 2 * (kMaxGemmGroups + 1) * 4;
+
 template <int kBlockN>
 struct Config {
   static constexpr int kStages = kBlockN == 256 ? 4 : 6;
   static constexpr int kWBytes = kBlockN * kBlockK * 2;
   static constexpr int kStageBytes = kABytes + kWBytes;
-  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + kScheduleBytes + 1024;
   static_assert(kABytes % 1024 == 0 && kWBytes % 1024 == 0, "tiles must stay 1024-byte aligned");
 };
+
+// Where tile t of a product lies: its group's rows, the tile within the
+// group, and the first row of W_g (0 for a dense product).
+struct TileSite {
+  GroupRows rows;
+  TileCoord tile;
+  int w_row0;
+};
+
+// first_row[g] and first_tile[g] for g <= groups (schedule in shared memory).
+__device__ __forceinline__ TileSite LocateTile(int t, const GemmArgs& args, const int* first_row,
+                                               const int* first_tile) {
+  if (args.group_offsets == nullptr) {
+    return TileSite{GroupRows{0, args.m}, GroupedTile(t, args.tiles_m, args.tiles_n, kGroupM), 0};
+  }
+  // The last group whose first tile is <= t: groups without rows share their
+  // first tile with the next group, so this one has rows.
+  int lo = 0;
+  int hi = args.groups - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first_tile[mid] <= t) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const GroupRows rows{first_row[lo], first_row[lo + 1] - first_row[lo]};
+  const int tiles_m = (rows.rows + kBlockM - 1) / kBlockM;
+  return TileSite{rows, GroupedTile(t - first_tile[lo], tiles_m, args.tiles_n, kGroupM), lo * args.n};
+}
 
 template <int kBlockN>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -53,10 +97,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t ring = (SmemAddr(smem_raw) + 1023) & ~1023u;
   const uint32_t full_bar = ring + kStages * kStageBytes;
   const uint32_t empty_bar = full_bar + kStages * 8;
+  int* const first_row = reinterpret_cast<int*>(smem_raw + (empty_bar + kStages * 8 - SmemAddr(smem_raw)));
+  int* const first_tile = first_row + kMaxGemmGroups + 1;
   const int warpgroup = threadIdx.x / 128;
   const int num_kb = (args.k + kBlockK - 1) / kBlockK;
-  const int num_tiles = args.tiles_m * args.tiles_n;
+  int num_tiles = args.tiles_m * args.tiles_n;
 
+  if (args.group_offsets != nullptr) {
+    for (int g = threadIdx.x; g <= args.groups; g += kThreads) first_row[g] = args.group_offsets[g];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      first_tile[0] = 0;
+      for (int g = 0; g < args.groups; ++g) {
+        const int rows = first_row[g + 1] - first_row[g];
+        first_tile[g + 1] = first_tile[g] + (rows + kBlockM - 1) / kBlockM * args.tiles_n;
+      }
+    }
+  }
   if (threadIdx.x == 0) {
     PrefetchTensorMap(&map_a);
     PrefetchTensorMap(&map_w);
@@ -67,13 +124,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     FenceBarrierInit();
   }
   __syncthreads();
+  if (args.group_offsets != nullptr) num_tiles = first_tile[args.groups];
 
   if (warpgroup == 0) {
     SetMaxNRegDecrease<kProducerRegs>();
     if (threadIdx.x == 0) {
       uint32_t iter = 0;
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-        const TileCoord tile = GroupedTile(t, args.tiles_m, args.tiles_n, kGroupM);
+        const TileSite site = LocateTile(t, args, first_row, first_tile);
         for (int kb = 0; kb < num_kb; ++kb, ++iter) {
           const int slot = iter % kStages;
           // First pass over the ring: parity 1 of a fresh barrier counts as
@@ -82,8 +140,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint32_t bar = full_bar + 8 * slot;
           const uint32_t dst = ring + slot * kStageBytes;
           MbarArriveExpectTx(bar, kStageBytes);
-          TmaLoad2d(dst, &map_a, bar, kb * kBlockK, tile.m * kBlockM);
-          TmaLoad2d(dst + kABytes, &map_w, bar, kb * kBlockK, tile.n * kBlockN);
+          TmaLoad2d(dst, &map_a, bar, kb * kBlockK, site.rows.row0 + site.tile.m * kBlockM);
+          TmaLoad2d(dst + kABytes, &map_w, bar, kb * kBlockK, site.w_row0 + site.tile.n * kBlockN);
         }
       }
     }
@@ -93,7 +151,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool signals = threadIdx.x % 32 == 0;
     uint32_t iter = 0;
     for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-      const TileCoord tile = GroupedTile(t, args.tiles_m, args.tiles_n, kGroupM);
+      const TileSite site = LocateTile(t, args, first_row, first_tile);
       float acc[kBlockN / 2];
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) acc[i] = 0.f;
@@ -123,7 +181,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         __syncwarp();
         if (signals) MbarArrive(empty_bar + 8 * ((iter - 1) % kStages));
       }
-      StoreWgmmaAccumulators<kBlockN>(acc, args, tile.m * kBlockM + consumer * 64, tile.n * kBlockN);
+      StoreWgmmaAccumulators<kBlockN>(acc, GroupArgs(args, site.rows), site.tile.m * kBlockM + consumer * 64,
+                                      site.tile.n * kBlockN);
     }
   }
 #endif

@@ -5,6 +5,7 @@
 // dependent launch. The kernel reads W before it waits for the preceding
 // grid, so the kernel just before it on the stream must not write W (weights
 // are written once, at load); A, the residual and C are free of that rule.
+// A grouped product launches a grid row per group (blockIdx.y).
 #include <cstdint>
 
 #include "kernels/gemm/gemm_internal.h"
@@ -20,7 +21,8 @@ absl::Status Launch(const DenseGemm& p, int splits, cudaStream_t stream) {
   using L = v4::Layout<kMPad>;
   GemmArgs args = MakeGemmArgs(p, /*block_m=*/kMPad, v4::kBlockN);
   args.splits = splits;
-  absl::StatusOr<CUtensorMap> map_w = MakeBf16TensorMap(p.w, p.n, p.k, v4::kBlockN);
+  const int64_t w_rows = p.group_offsets != nullptr ? p.groups * p.n : p.n;
+  absl::StatusOr<CUtensorMap> map_w = MakeBf16TensorMap(p.w, w_rows, p.k, v4::kBlockN);
   if (!map_w.ok()) return map_w.status();
   absl::StatusOr<CUtensorMap> map_a = MakeBf16TensorMap(p.a, p.m, p.k, kMPad);
   if (!map_a.ok()) return map_a.status();
@@ -36,7 +38,9 @@ absl::Status Launch(const DenseGemm& p, int splits, cudaStream_t stream) {
   attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attrs[1].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(args.tiles_n * splits));
+  // Grouped products: one grid row per group.
+  config.gridDim = dim3(static_cast<unsigned>(args.tiles_n * splits),
+                        static_cast<unsigned>(p.group_offsets != nullptr ? p.groups : 1));
   config.blockDim = dim3(v4::kThreads);
   config.dynamicSmemBytes = L::kSmemBytes;
   config.stream = stream;
@@ -53,7 +57,9 @@ absl::Status LaunchGemmV4(const DenseGemm& p, int splits, const DeviceInfo& dev,
     return absl::ResourceExhaustedError("gemm v4: not enough shared memory");
   }
   if (splits < 1 || splits > v4::kMaxSplits) return absl::InvalidArgumentError("gemm v4: splits must be 1..8");
-  switch (SmallMPad(p.m)) {
+  // Tokens padded to the wgmma N; a grouped product pads every group to a
+  // bound on its rows.
+  switch (SmallMPad(p.group_offsets != nullptr ? p.max_group_rows : p.m)) {
     case 8:
       return Launch<8>(p, splits, stream);
     case 16:

@@ -14,6 +14,11 @@
 //
 // Warps 0-7 are the two consumer warpgroups, warp 8 the TMA producer.
 //
+// Grouped products (a mixture of experts, one group per expert) add a grid
+// dimension: blockIdx.y is the group, whose rows of A and C and whose W_g the
+// CTA reads; every group is padded to the same kMPad, a bound on any group's
+// rows, and groups without rows exit at once.
+//
 // Launched with programmatic dependent launch (PDL): the producer streams its
 // first ring's worth of W, which no kernel writes, before waiting
 // (griddepcontrol.wait) for the preceding grid to complete; A, the residual
@@ -124,6 +129,22 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int tile = blockIdx.x / args.splits;
   const int split = static_cast<int>(cluster.block_rank());
   const int n0 = tile * kBlockN;
+  // A grouped product runs group blockIdx.y: its rows of A and C, and W_g
+  // (rows g n + n0 onwards of the stacked W). The rows come from the kernel
+  // before this one, so a grouped CTA waits for it first and gives up its
+  // W prefetch; a group without rows ends here, all its cluster with it,
+  // before any barrier, and reads none of W_g.
+  GroupRows rows{0, args.m};
+  int w_row0 = n0;
+  if (args.group_offsets != nullptr) {
+    WaitForPrerequisiteGrids();
+    const int g = static_cast<int>(blockIdx.y);
+    rows.row0 = args.group_offsets[g];
+    rows.rows = args.group_offsets[g + 1] - rows.row0;
+    if (rows.rows <= 0) return;
+    w_row0 += g * args.n;
+  }
+  const GemmArgs group_args = GroupArgs(args, rows);
   const int num_kb = (args.k + kBlockK - 1) / kBlockK;
   const int kb_begin = static_cast<int>(static_cast<int64_t>(split) * num_kb / args.splits);
   const int kb_end = static_cast<int>(static_cast<int64_t>(split + 1) * num_kb / args.splits);
@@ -157,11 +178,12 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int slot = 0; slot < first_pass; ++slot) {
         const uint32_t bar = full_bar + 8 * slot;
         MbarArriveExpectTx(bar, L::kStageBytes);
-        TmaLoad2d(ring + slot * L::kStageBytes, &map_w, bar, (kb_begin + slot) * kBlockK, n0);
+        TmaLoad2d(ring + slot * L::kStageBytes, &map_w, bar, (kb_begin + slot) * kBlockK, w_row0);
       }
       WaitForPrerequisiteGrids();
       for (int slot = 0; slot < first_pass; ++slot) {
-        TmaLoad2d(ring + slot * L::kStageBytes + kWBytes, &map_a, full_bar + 8 * slot, (kb_begin + slot) * kBlockK, 0);
+        TmaLoad2d(ring + slot * L::kStageBytes + kWBytes, &map_a, full_bar + 8 * slot, (kb_begin + slot) * kBlockK,
+                  rows.row0);
       }
       for (int iter = first_pass; iter < kb_end - kb_begin; ++iter) {
         const int kb = kb_begin + iter;
@@ -170,8 +192,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         const uint32_t bar = full_bar + 8 * slot;
         const uint32_t dst = ring + slot * L::kStageBytes;
         MbarArriveExpectTx(bar, L::kStageBytes);
-        TmaLoad2d(dst, &map_w, bar, kb * kBlockK, n0);
-        TmaLoad2d(dst + kWBytes, &map_a, bar, kb * kBlockK, 0);
+        TmaLoad2d(dst, &map_w, bar, kb * kBlockK, w_row0);
+        TmaLoad2d(dst + kWBytes, &map_a, bar, kb * kBlockK, rows.row0);
       }
       if constexpr (!kLaunchDependentsAtEntry) AllowDependentLaunch();
     }
@@ -190,9 +212,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   // columns: group g is token g / 32, columns n0 + 4 * (g % 32) + 0..3. Each
   // thread loads its group from every CTA of the cluster at once (all loads
   // in flight together), sums in rank order, and writes 8 bytes of C.
-  const int groups = args.m * (kBlockN / 4);
-  const int chunk = (groups + args.splits - 1) / args.splits;
-  const int end = min(groups, (split + 1) * chunk);
+  const int quads = group_args.m * (kBlockN / 4);
+  const int chunk = (quads + args.splits - 1) / args.splits;
+  const int end = min(quads, (split + 1) * chunk);
   for (int g = split * chunk + static_cast<int>(threadIdx.x); g < end; g += kThreads) {
     const int m = g / (kBlockN / 4);
     const int r = 4 * (g % (kBlockN / 4));
@@ -215,8 +237,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
     const int64_t offset = static_cast<int64_t>(m) * args.n + n0 + r;
-    if (args.residual != nullptr) {
-      const uint2 bits = *reinterpret_cast<const uint2*>(args.residual + offset);
+    if (group_args.residual != nullptr) {
+      const uint2 bits = *reinterpret_cast<const uint2*>(group_args.residual + offset);
       const float2 r01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.x));
       const float2 r23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.y));
       sum.x += r01.x;
@@ -229,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     uint2 out;
     out.x = *reinterpret_cast<const uint32_t*>(&lo);
     out.y = *reinterpret_cast<const uint32_t*>(&hi);
-    *reinterpret_cast<uint2*>(args.c + offset) = out;
+    *reinterpret_cast<uint2*>(group_args.c + offset) = out;
   }
   // Peers may still be reading this CTA's shared memory.
   cluster.sync();

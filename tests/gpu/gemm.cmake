@@ -17,3 +17,11 @@ layerserve_add_gtest(gemm_pdl_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/gemm_pdl_test.cc
   LIBS layerserve_gemm layerserve_gemm_reference layerserve_gpu_test_util
   LABELS gpu)
+
+# The mixture-of-experts pieces: the grouped GEMM (v3, v4, the router's route)
+# per group against the fp32 reference, and the routing, permutation and
+# combine kernels against float64.
+layerserve_add_gtest(moe_gpu_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/moe_test.cc
+  LIBS layerserve_gemm layerserve_kernels layerserve_gemm_reference layerserve_gpu_test_util
+  LABELS gpu)

@@ -53,9 +53,9 @@ std::vector<TensorSpec> AttentionTensors(int64_t layer) {
     return TensorSpec{Name(layer, module), "F32", shape,
                       F32Bytes(std::vector<float>(static_cast<size_t>(n), 0.5f))};
   };
-  return {t("input_layernorm.weight", {8}),         t("self_attn.q_proj.weight", {8, 8}),
-          t("self_attn.k_proj.weight", {4, 8}),     t("self_attn.v_proj.weight", {4, 8}),
-          t("self_attn.o_proj.weight", {8, 8}),     t("post_attention_layernorm.weight", {8})};
+  return {t("input_layernorm.weight", {8}),     t("self_attn.q_proj.weight", {8, 8}),
+          t("self_attn.k_proj.weight", {4, 8}), t("self_attn.v_proj.weight", {4, 8}),
+          t("self_attn.o_proj.weight", {8, 8}), t("post_attention_layernorm.weight", {8})};
 }
 
 std::vector<float> RouterValues(int64_t layer) {
@@ -72,15 +72,23 @@ std::vector<TensorSpec> PublishedCheckpoint() {
   std::vector<TensorSpec> out;
   for (int64_t layer = 0; layer < 2; ++layer) {
     for (TensorSpec& t : AttentionTensors(layer)) out.push_back(std::move(t));
-    out.push_back({Name(layer, "block_sparse_moe.gate.weight"), "F32", {kExperts, kHidden},
+    out.push_back({Name(layer, "block_sparse_moe.gate.weight"),
+                   "F32",
+                   {kExperts, kHidden},
                    F32Bytes(RouterValues(layer))});
     for (int64_t e = 0; e < kExperts; ++e) {
       const std::string p = "block_sparse_moe.experts." + std::to_string(e) + ".";
-      out.push_back({Name(layer, p + "w1.weight"), "F32", {kInter, kHidden},
+      out.push_back({Name(layer, p + "w1.weight"),
+                     "F32",
+                     {kInter, kHidden},
                      F32Bytes(Values(layer, e, 0, kInter * kHidden))});
-      out.push_back({Name(layer, p + "w3.weight"), "F32", {kInter, kHidden},
+      out.push_back({Name(layer, p + "w3.weight"),
+                     "F32",
+                     {kInter, kHidden},
                      F32Bytes(Values(layer, e, 1, kInter * kHidden))});
-      out.push_back({Name(layer, p + "w2.weight"), "F32", {kHidden, kInter},
+      out.push_back({Name(layer, p + "w2.weight"),
+                     "F32",
+                     {kHidden, kInter},
                      F32Bytes(Values(layer, e, 2, kHidden * kInter))});
     }
   }
@@ -115,11 +123,17 @@ std::vector<TensorSpec> FusedCheckpoint() {
   std::vector<TensorSpec> out;
   for (int64_t layer = 0; layer < 2; ++layer) {
     for (TensorSpec& t : AttentionTensors(layer)) out.push_back(std::move(t));
-    out.push_back({Name(layer, "mlp.gate.weight"), "F32", {kExperts, kHidden},
+    out.push_back({Name(layer, "mlp.gate.weight"),
+                   "F32",
+                   {kExperts, kHidden},
                    F32Bytes(RouterValues(layer))});
-    out.push_back({Name(layer, "mlp.experts.gate_up_proj"), "F32", {kExperts, 2 * kInter, kHidden},
+    out.push_back({Name(layer, "mlp.experts.gate_up_proj"),
+                   "F32",
+                   {kExperts, 2 * kInter, kHidden},
                    F32Bytes(ExpectedGateUp(layer))});
-    out.push_back({Name(layer, "mlp.experts.down_proj"), "F32", {kExperts, kHidden, kInter},
+    out.push_back({Name(layer, "mlp.experts.down_proj"),
+                   "F32",
+                   {kExperts, kHidden, kInter},
                    F32Bytes(ExpectedDown(layer))});
   }
   return out;
@@ -194,7 +208,8 @@ TEST(MoeLoaderTest, ExpertShapeAndDTypeMismatchesAreNamed) {
     ScratchDir dir;
     std::vector<TensorSpec> tensors = PublishedCheckpoint();
     for (TensorSpec& t : tensors) {
-      if (t.name == "model.layers.0.block_sparse_moe.experts.1.w3.weight") t.shape = {kHidden, kInter};
+      if (t.name == "model.layers.0.block_sparse_moe.experts.1.w3.weight")
+        t.shape = {kHidden, kInter};
     }
     auto span = Load(tensors, dir);
     ASSERT_FALSE(span.ok());

@@ -65,7 +65,24 @@ struct GemmParams {
   int64_t n = 0;  // output features
   int64_t k = 0;  // input features
   DType dtype = DType::kBF16;
+  // A grouped product (a mixture of experts' projections) when group_offsets
+  // is set: group g multiplies A's rows [group_offsets[g], group_offsets[g +
+  // 1]) by W_g, rows [g n, (g + 1) n) of w (the groups' weights stacked, [groups,
+  // n, k]), into the same rows of D; m counts all of A's rows. The offsets
+  // (groups + 1 of them, device memory) are written by a kernel earlier on
+  // the stream, the expert routing, so the host knows only m and a bound on
+  // any one group's rows, max_group_rows. Only our kernels take grouped
+  // products (v4 for max_group_rows <= 64, else v3); groups with no rows
+  // read none of their weights.
+  const int32_t* group_offsets = nullptr;
+  int groups = 0;
+  int64_t max_group_rows = 0;
+  bool grouped() const { return group_offsets != nullptr; }
 };
+
+// The most groups one grouped product takes (the persistent kernel keeps
+// their tile counts in shared memory).
+inline constexpr int kMaxGemmGroups = 256;
 
 // Numbered kernel versions; the benchmark and docs/perf-gemm.md use the same
 // numbers.
@@ -134,7 +151,9 @@ bool GemmBuiltWithSm90a();
 // neither the device nor the operands.
 absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const DeviceInfo& dev);
 
-// The route of one call; pure, as above. cuBLASLt wherever ours do not take
+// The route of one call; pure, as above. A grouped product always takes ours
+// (v4 for max_group_rows <= 64, else v3: cuBLASLt has no form for it), and
+// fails where they cannot run. Otherwise cuBLASLt wherever ours do not take
 // the call or `mode` is kCublasLt; kCustom: v4 for M <= 64, else v3; kAuto:
 // `table`'s entry for the call's bucket, else v4 for M <= 16 (where it matched
 // or beat cuBLASLt on every Llama-3-8B shape on the H100), else cuBLASLt.
