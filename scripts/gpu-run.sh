@@ -47,11 +47,14 @@ for stage in "${stages[@]}"; do
   case $stage in
     tests)
       : > "$out/tests.txt"
-      for t in layer_ops_gpu_test attention_gpu_test gemm_test gemm_pdl_test gemm_tuning_test \
-               gemm_router_test cuda_backend_test paged_attention_gpu_test cuda_sessions_test \
-               metrics_cublaslt_test; do
+      # GPU_TESTS runs just the GPU binaries it names (e.g. "moe_gpu_test
+      # gemm_test"), without the integration suite.
+      for t in ${GPU_TESTS:-layer_ops_gpu_test attention_gpu_test gemm_test gemm_pdl_test gemm_tuning_test \
+               gemm_router_test moe_gpu_test cuda_backend_test paged_attention_gpu_test cuda_sessions_test \
+               metrics_cublaslt_test}; do
         run_test "$t"
       done
+      [[ -n ${GPU_TESTS:-} ]] && continue
       # The foundation issue's integration suite, unchanged, against the CUDA
       # backend; tolerances are those of its compute type (BF16).
       for t in "$bundle"/bin/integration_*_test; do
