@@ -5,7 +5,7 @@
 # (default ./gpu-out); the exit status is non-zero if any test failed.
 #   usage: scripts/gpu-run.sh [tests] [bench-kernels] [bench-layer] [bench-server]
 #          [bench-sessions] [bench-decode] [bench-probe] [bench-pipeline]
-#          [bench-perf-analyzer]
+#          [bench-perf-analyzer] [bench-moe]
 #          (no argument: the first four)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -54,6 +54,16 @@ for stage in "${stages[@]}"; do
                metrics_cublaslt_test}; do
         run_test "$t"
       done
+      # Mixtral end to end against transformers' own layers (needs torch).
+      if [[ -z ${GPU_TESTS:-} || ${GPU_TESTS} == *hf_mixtral_check* ]]; then
+        start=$SECONDS
+        python3 tests/gpu/hf_mixtral_check.py "$bundle/bin" "$out/hf_mixtral" > "$out/hf_mixtral_check.log" 2>&1
+        rc=$?
+        [[ $rc -ne 0 ]] && failed=1
+        printf '%-34s rc=%d %4ds %s\n' hf_mixtral_check.py "$rc" "$((SECONDS - start))" \
+          "$(grep -E '^(cuda|cpu):' "$out/hf_mixtral_check.log" | tr '\n' ' ')" | tee -a "$out/tests.txt"
+        [[ $rc -ne 0 ]] && tail -n 20 "$out/hf_mixtral_check.log"
+      fi
       [[ -n ${GPU_TESTS:-} ]] && continue
       # The foundation issue's integration suite, unchanged, against the CUDA
       # backend; tolerances are those of its compute type (BF16).
@@ -77,6 +87,24 @@ for stage in "${stages[@]}"; do
       "$bundle/bin/layer_bench" --csv "$out/layer_ours.csv" ${LAYER_BENCH_ARGS:-} > "$out/layer_ours.txt" 2>&1
       python3 bench/layer/hf_layer.py --ours "$out/layer_ours.csv" > "$out/layer_vs_hf.txt" 2>&1
       cat "$out/layer_ours.txt" "$out/layer_vs_hf.txt"
+      ;;
+    bench-moe)
+      # A Mixtral-8x7B layer: ours (layer_bench --mixtral) beside HF's layer
+      # and MoE block, a PyTorch loop over experts and torch._grouped_mm; then
+      # the server on a 2-layer Mixtral-shaped span at concurrency 1/8/64
+      # (MOE_SERVER=0 skips it; LOAD_DURATION_S shortens it).
+      # shellcheck disable=SC2086
+      "$bundle/bin/layer_bench" --mixtral --csv "$out/moe_ours.csv" ${LAYER_BENCH_ARGS:-} > "$out/moe_ours.txt" 2>&1 \
+        || failed=1
+      python3 bench/layer/hf_moe.py --ours "$out/moe_ours.csv" > "$out/moe_vs_hf.txt" 2>&1 || failed=1
+      cat "$out/moe_ours.txt" "$out/moe_vs_hf.txt"
+      if [[ ${MOE_SERVER:-1} != 0 ]]; then
+        moe_ckpt=/tmp/layerserve-mixtral-shapes-2l
+        [[ -f $moe_ckpt/model.safetensors ]] || python3 bench/server/make_checkpoint.py "$moe_ckpt" --layers 2 --mixtral
+        # shellcheck disable=SC2086
+        python3 bench/server/load_matrix.py "$bundle/bin" "$out/server-moe" \
+          --model-dir="$moe_ckpt" --model-name=mixtral-2l --backend=cuda ${LOAD_SERVER_ARGS:-}
+      fi
       ;;
     bench-server)
       span_checkpoint

@@ -15,8 +15,15 @@
 // pool). The floor of a step is (weight bytes + the K/V bytes it reads) at
 // the device's copy bandwidth; the table gives the step against it.
 //
+// --mixtral times a Mixtral-8x7B layer instead (the same attention, then 8
+// experts of intermediate 14336, 2 per token, routed by random weights): its
+// floor counts the experts a batch is expected to read, E (1 - (1 - k/E)^T)
+// of them under uniform routing, and its CSV rows add the experts' part
+// (routing through combine) and the grouped GEMMs with the SiLU between them,
+// for bench/layer/hf_moe.py.
+//
 //   layer_bench [--csv PATH] [--iters N] [--gemm MODE] [--no-autotune]
-//               [--compare cublaslt|untuned]
+//               [--compare cublaslt|untuned] [--mixtral]
 // --gemm auto|cublaslt|custom routes the GEMMs as the server's flag does;
 // --no-autotune keeps auto's built-in table. --compare times a second
 // executor on the same weights, with every GEMM on cuBLASLt or with auto's
@@ -76,6 +83,22 @@ double Median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+LlamaConfig Mixtral8x7BConfig() {
+  LlamaConfig c;
+  c.model_type = "mixtral";
+  c.hidden_size = 4096;
+  c.intermediate_size = 14336;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 8;
+  c.head_dim = 128;
+  c.num_hidden_layers = 1;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 1e6;
+  c.num_experts = 8;
+  c.experts_per_token = 2;
+  return c;
+}
+
 LlamaConfig Llama3_8BConfig() {
   LlamaConfig c;
   c.model_type = "llama";
@@ -101,11 +124,11 @@ class CollectingSink final : public KernelTimingSink {
 };
 
 absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_mode, bool autotune,
-                 const std::string& compare) {
+                 const std::string& compare, bool mixtral) {
   LS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
   cudaDeviceProp props{};
   LS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, 0));
-  const LlamaConfig config = Llama3_8BConfig();
+  const LlamaConfig config = mixtral ? Mixtral8x7BConfig() : Llama3_8BConfig();
   const cuda::LayerShape shape = cuda::LayerShape::FromConfig(config, kernels::DType::kBF16);
   LS_ASSIGN_OR_RETURN(cuda::CudaStream stream, cuda::CreateStream());
 
@@ -124,6 +147,7 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
       {nullptr, shape.hidden, 1.0f, 0.1f},
       {nullptr, shape.gate_up_weight_elements(), 0.0f, uniform(shape.hidden)},
       {nullptr, shape.down_weight_elements(), 0.0f, uniform(shape.intermediate)},
+      {nullptr, shape.router_weight_elements(), 0.0f, uniform(shape.hidden)},
   };
   cuda::BumpLayout sizing(nullptr);
   for (const Piece& p : pieces) sizing.Take(static_cast<size_t>(p.elements) * 2);
@@ -132,13 +156,19 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
   int64_t weight_elements = 0;
   uint64_t seed = 1;
   for (Piece& p : pieces) {
+    if (p.elements == 0) continue;  // a dense layer's router
     p.ptr = layout.Take(static_cast<size_t>(p.elements) * 2);
     LS_RETURN_IF_ERROR(FillUniformBf16(p.ptr, p.elements, seed++, p.center, p.half_width, stream.get()));
     weight_elements += p.elements;
   }
   const double weight_bytes = 2.0 * static_cast<double>(weight_elements);
-  const cuda::LayerDeviceWeights layer{pieces[0].ptr, pieces[1].ptr, nullptr,      pieces[2].ptr,
-                                       pieces[3].ptr, pieces[4].ptr, pieces[5].ptr};
+  const cuda::LayerDeviceWeights layer{pieces[0].ptr, pieces[1].ptr, nullptr,       pieces[2].ptr,
+                                       pieces[3].ptr, pieces[4].ptr, pieces[5].ptr, pieces[6].ptr};
+  // Per expert, the bytes of its three projections (0 for a dense layer).
+  const double expert_bytes =
+      mixtral
+          ? 2.0 * static_cast<double>(shape.gate_up_weight_elements() + shape.down_weight_elements()) / shape.experts
+          : 0.0;
 
   const std::vector<float> inv_freq = RopeInvFreq(config);
   LS_ASSIGN_OR_RETURN(DeviceBuffer inv_freq_dev, DeviceBuffer::Allocate(inv_freq.size() * sizeof(float)));
@@ -146,10 +176,12 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
       cudaMemcpy(inv_freq_dev.data(), inv_freq.data(), inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
   // The server's GEMM routing: auto mode, tuned at "load" for this layer's
   // shapes (the table goes to stderr).
-  const std::vector<std::pair<int64_t, int64_t>> gemm_shapes = {{shape.qkv_width(), shape.hidden},
-                                                                {shape.hidden, shape.q_width()},
-                                                                {2 * shape.intermediate, shape.hidden},
-                                                                {shape.hidden, shape.intermediate}};
+  std::vector<std::pair<int64_t, int64_t>> gemm_shapes = {{shape.qkv_width(), shape.hidden},
+                                                          {shape.hidden, shape.q_width()}};
+  if (!mixtral) {  // experts run grouped GEMMs, which the table does not route
+    gemm_shapes.push_back({2 * shape.intermediate, shape.hidden});
+    gemm_shapes.push_back({shape.hidden, shape.intermediate});
+  }
   cuda::GemmTuningOptions tuning;
   tuning.autotune = autotune;
   LS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::GemmRouter> gemm,
@@ -183,7 +215,7 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
   std::ofstream csv;
   if (!csv_path.empty()) {
     csv.open(csv_path);
-    csv << "tokens,seqs,ms\n";
+    csv << (mixtral ? "tokens,seqs,ms,experts_ms,grouped_gemms_ms\n" : "tokens,seqs,ms\n");
   }
 
   std::vector<Case> cases;
@@ -293,19 +325,34 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
 
     const double median_ms = Median(times);
     const double min_ms = *std::min_element(times.begin(), times.end());
-    const double gemm_flops = 2.0 * static_cast<double>(c.tokens) * static_cast<double>(weight_elements);
+    // Bytes a batch must read and multiply: a dense layer all its weights;
+    // a mixture of experts its attention, its router and the experts it is
+    // expected to use, each token multiplying through k of them.
+    double read_bytes = weight_bytes;
+    double multiplied = static_cast<double>(weight_elements);
+    if (mixtral) {
+      const double e = shape.experts, k = shape.top_k;
+      const double used = e * (1.0 - std::pow(1.0 - k / e, static_cast<double>(c.tokens)));
+      read_bytes = weight_bytes - (e - used) * expert_bytes;
+      multiplied = static_cast<double>(weight_elements) - (e - k) * expert_bytes / 2.0;
+    }
+    const double gemm_flops = 2.0 * static_cast<double>(c.tokens) * multiplied;
     const double attn_flops = decode ? 4.0 * shape.num_heads * shape.head_dim * static_cast<double>(c.seqs) *
                                            static_cast<double>(c.context + 1)
                                      : 2.0 * shape.num_heads * shape.head_dim * static_cast<double>(c.seqs) *
                                            static_cast<double>(len) * static_cast<double>(len + 1);
     const double floor_ms =
-        1e3 * std::max((weight_bytes + kv_bytes) / kHbmBytesPerSecond, (gemm_flops + attn_flops) / kBf16FlopsPerSecond);
+        1e3 * std::max((read_bytes + kv_bytes) / kHbmBytesPerSecond, (gemm_flops + attn_flops) / kBf16FlopsPerSecond);
     std::string ops;
-    for (const std::string_view op : {cuda::kOpNorm, cuda::kOpGemmQkv, cuda::kOpRope, cuda::kOpAttention,
-                                      cuda::kOpGemmO, cuda::kOpGemmGateUp, cuda::kOpSiluMul, cuda::kOpGemmDown}) {
+    std::map<std::string_view, double> op_ms;
+    for (const std::string_view op :
+         {cuda::kOpNorm, cuda::kOpGemmQkv, cuda::kOpRope, cuda::kOpAttention, cuda::kOpGemmO, cuda::kOpMoeRoute,
+          cuda::kOpGemmGateUp, cuda::kOpSiluMul, cuda::kOpGemmDown, cuda::kOpMoeCombine}) {
       const auto& v = sink.times()[std::string(op)];
+      if (v.empty()) continue;  // the MoE ops of a dense layer
       // "norm" runs twice per layer: report the per-layer total.
       const double per_layer = Median(v) * (op == cuda::kOpNorm ? 2 : 1);
+      op_ms[op] = per_layer * 1e3;
       absl::StrAppend(&ops, std::string(op), "=", static_cast<int64_t>(per_layer * 1e6 + 0.5), " ");
     }
     if (decode && !printed_decode_header) {
@@ -316,13 +363,20 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
         decode ? absl::StrCat(c.tokens, " ", c.seqs, " L=", c.context) : absl::StrCat(c.tokens, " ", c.seqs);
     std::printf("%13s %10.4f %10.4f %10.4f %10.2f %9.1f %9.0f  %s\n", label.c_str(), median_ms, min_ms, floor_ms,
                 floor_ms / median_ms, (gemm_flops + attn_flops) / (median_ms * 1e-3) / 1e12,
-                weight_bytes / (median_ms * 1e-3) / 1e9, ops.c_str());
+                read_bytes / (median_ms * 1e-3) / 1e9, ops.c_str());
     if (!times_b.empty()) {
       std::printf("%13s %10.4f  (%s, alternating with the row above: %.3fx its time)\n", "", Median(times_b),
                   compare.c_str(), Median(times_b) / median_ms);
     }
     // hf_layer.py compares the stateless rows; decode rows have no HF twin.
-    if (csv.is_open() && !decode) csv << c.tokens << "," << c.seqs << "," << median_ms << "\n";
+    if (csv.is_open() && !decode) {
+      csv << c.tokens << "," << c.seqs << "," << median_ms;
+      if (mixtral) {
+        const double grouped = op_ms[cuda::kOpGemmGateUp] + op_ms[cuda::kOpSiluMul] + op_ms[cuda::kOpGemmDown];
+        csv << "," << grouped + op_ms[cuda::kOpMoeRoute] + op_ms[cuda::kOpMoeCombine] << "," << grouped;
+      }
+      csv << "\n";
+    }
   }
   std::printf("gemm plans cached: %zu\n", gemm->CachedPlans());
   return absl::OkStatus();
@@ -337,6 +391,7 @@ int main(int argc, char** argv) {
   layerserve::kernels::GemmMode gemm_mode = layerserve::kernels::GemmMode::kAuto;
   bool autotune = true;
   std::string compare;
+  bool mixtral = false;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--csv" && i + 1 < argc) {
@@ -352,16 +407,18 @@ int main(int argc, char** argv) {
       gemm_mode = *mode;
     } else if (arg == "--no-autotune") {
       autotune = false;
+    } else if (arg == "--mixtral") {
+      mixtral = true;
     } else if (arg == "--compare" && i + 1 < argc &&
                (std::string_view(argv[i + 1]) == "cublaslt" || std::string_view(argv[i + 1]) == "untuned")) {
       compare = argv[++i];
     } else {
       std::cerr << "usage: layer_bench [--csv PATH] [--iters N] [--gemm auto|cublaslt|custom] [--no-autotune] "
-                   "[--compare cublaslt|untuned]\n";
+                   "[--compare cublaslt|untuned] [--mixtral]\n";
       return 2;
     }
   }
-  const absl::Status status = layerserve::bench::Run(csv_path, iters, gemm_mode, autotune, compare);
+  const absl::Status status = layerserve::bench::Run(csv_path, iters, gemm_mode, autotune, compare, mixtral);
   if (!status.ok()) {
     std::cerr << "layer_bench: " << status << "\n";
     return 1;

@@ -3,10 +3,12 @@ load tests of layerserve with realistic shapes and no download:
 config.json + model.safetensors, Llama-3-8B shapes by default.
 
     python3 bench/server/make_checkpoint.py OUT_DIR [--layers 4] [--device cuda]
-        [--head --vocab V]
+        [--head --vocab V] [--mixtral]
 
 --head also writes the model's ends (model.embed_tokens, model.norm, lm_head,
 with --vocab rows), so examples/pipeline_generate.py can generate through it.
+--mixtral writes Mixtral-8x7B layers instead (8 experts of intermediate 14336,
+top 2, in the published per-expert layout): about 2.9 GB per layer.
 
 Needs torch and safetensors (both on the GPU machine). Weights are scaled so
 activations stay O(1) through the layers (uniform(-1,1)/sqrt(fan_in)); the
@@ -25,6 +27,13 @@ CONFIG = {
     "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
     "max_position_embeddings": 8192, "vocab_size": 128256,
 }
+MIXTRAL = {
+    "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "torch_dtype": "bfloat16",
+    "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5, "rope_theta": 1e6,
+    "max_position_embeddings": 32768, "vocab_size": 32000, "num_local_experts": 8,
+    "num_experts_per_tok": 2, "sliding_window": None,
+}
 
 
 def main():
@@ -34,10 +43,15 @@ def main():
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--head", action="store_true",
                         help="also write embed_tokens, the final norm and lm_head")
-    parser.add_argument("--vocab", type=int, default=CONFIG["vocab_size"],
-                        help="rows of embed_tokens and lm_head (config's vocab_size)")
+    parser.add_argument("--vocab", type=int,
+                        help="rows of embed_tokens and lm_head (config's vocab_size; default the "
+                             "model's)")
+    parser.add_argument("--mixtral", action="store_true",
+                        help="Mixtral-8x7B layers (8 experts, top 2) instead of Llama-3-8B's")
     args = parser.parse_args()
-    config = dict(CONFIG, num_hidden_layers=args.layers, vocab_size=args.vocab)
+    base = MIXTRAL if args.mixtral else CONFIG
+    vocab = args.vocab or base["vocab_size"]
+    config = dict(base, num_hidden_layers=args.layers, vocab_size=vocab)
     h, i = config["hidden_size"], config["intermediate_size"]
     q = config["num_attention_heads"] * config["head_dim"]
     kv = config["num_key_value_heads"] * config["head_dim"]
@@ -56,15 +70,23 @@ def main():
         tensors[p + "self_attn.k_proj.weight"] = linear(kv, h)
         tensors[p + "self_attn.v_proj.weight"] = linear(kv, h)
         tensors[p + "self_attn.o_proj.weight"] = linear(h, q)
-        tensors[p + "mlp.gate_proj.weight"] = linear(i, h)
-        tensors[p + "mlp.up_proj.weight"] = linear(i, h)
-        tensors[p + "mlp.down_proj.weight"] = linear(h, i)
+        if args.mixtral:
+            moe = p + "block_sparse_moe."
+            tensors[moe + "gate.weight"] = linear(config["num_local_experts"], h)
+            for e in range(config["num_local_experts"]):
+                tensors[moe + f"experts.{e}.w1.weight"] = linear(i, h)
+                tensors[moe + f"experts.{e}.w3.weight"] = linear(i, h)
+                tensors[moe + f"experts.{e}.w2.weight"] = linear(h, i)
+        else:
+            tensors[p + "mlp.gate_proj.weight"] = linear(i, h)
+            tensors[p + "mlp.up_proj.weight"] = linear(i, h)
+            tensors[p + "mlp.down_proj.weight"] = linear(h, i)
     if args.head:
         # Entries uniform in (-1, 1): rows of RMS ~0.6, activations O(1).
-        embed = torch.rand(args.vocab, h, generator=gen, device=args.device) * 2 - 1
+        embed = torch.rand(vocab, h, generator=gen, device=args.device) * 2 - 1
         tensors["model.embed_tokens.weight"] = embed.to(torch.bfloat16).cpu()
         tensors["model.norm.weight"] = torch.ones(h, dtype=torch.bfloat16)
-        tensors["lm_head.weight"] = linear(args.vocab, h)
+        tensors["lm_head.weight"] = linear(vocab, h)
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=2)

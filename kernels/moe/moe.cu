@@ -155,8 +155,8 @@ absl::Status CheckShape(const char* op, int64_t tokens, int64_t hidden, int expe
         absl::StrCat(op, ": hidden must be a positive multiple of 8 (got ", hidden, ") and tokens >= 0"));
   }
   if (experts < 1 || experts > kMaxExperts || top_k < 1 || top_k > experts) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": need 1 <= top_k (", top_k, ") <= experts (", experts,
-                                                   ") <= ", kMaxExperts));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": need 1 <= top_k (", top_k, ") <= experts (", experts, ") <= ", kMaxExperts));
   }
   if (tokens * top_k > INT32_MAX / 2) return absl::InvalidArgumentError(absl::StrCat(op, ": too many tokens"));
   return absl::OkStatus();
@@ -168,8 +168,8 @@ unsigned Blocks(int64_t threads) { return static_cast<unsigned>((threads + kThre
 
 absl::Status LaunchMoeRoute(const MoeRouteParams& p, cudaStream_t stream) {
   if (absl::Status s = CheckShape("moe_route", p.tokens, p.hidden, p.experts, p.top_k); !s.ok()) return s;
-  if (p.x == nullptr || p.router == nullptr || p.expert_ids == nullptr || p.weights == nullptr ||
-      p.counts == nullptr || !Aligned16(p.x) || !Aligned16(p.router)) {
+  if (p.x == nullptr || p.router == nullptr || p.expert_ids == nullptr || p.weights == nullptr || p.counts == nullptr ||
+      !Aligned16(p.x) || !Aligned16(p.router)) {
     return absl::InvalidArgumentError("moe_route: null or unaligned buffer");
   }
   LS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p.counts, 0, sizeof(int32_t) * p.experts, stream));
@@ -184,8 +184,8 @@ absl::Status LaunchMoeRoute(const MoeRouteParams& p, cudaStream_t stream) {
 
 absl::Status LaunchMoePermute(const MoePermuteParams& p, cudaStream_t stream) {
   if (absl::Status s = CheckShape("moe_permute", p.tokens, p.hidden, p.experts, p.top_k); !s.ok()) return s;
-  if (p.expert_ids == nullptr || p.counts == nullptr || p.x == nullptr || p.offsets == nullptr ||
-      p.rows == nullptr || p.permuted == nullptr || !Aligned16(p.x) || !Aligned16(p.permuted)) {
+  if (p.expert_ids == nullptr || p.counts == nullptr || p.x == nullptr || p.offsets == nullptr || p.rows == nullptr ||
+      p.permuted == nullptr || !Aligned16(p.x) || !Aligned16(p.permuted)) {
     return absl::InvalidArgumentError("moe_permute: null or unaligned buffer");
   }
   MoeOffsetsKernel<<<1, kPermuteThreads, 0, stream>>>(p);

@@ -35,6 +35,8 @@ void ConvertInto(std::initializer_list<const HostTensor*> tensors, DType dtype,
 }  // namespace
 
 kernels::DType ActivationDTypeFor(const ModelSpan& model) {
+  // The experts' grouped GEMMs are the project's own bf16 kernels.
+  if (model.config.IsMixtureOfExperts()) return kernels::DType::kBF16;
   if (!model.layers.empty() && model.layers.front().q_proj.dtype == DType::kF16) {
     return kernels::DType::kF16;
   }
@@ -46,11 +48,7 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
     return absl::InvalidArgumentError("cuda backend: weights must be bf16 or fp16 on the device");
   }
   const LlamaConfig& c = model.config;
-  if (c.IsMixtureOfExperts()) {
-    return absl::UnimplementedError(
-        "cuda backend: mixture-of-experts layers (mixtral) are not served on the GPU yet; "
-        "--backend=cpu serves them");
-  }
+  const bool moe = c.IsMixtureOfExperts();
   const LayerShape shape = LayerShape::FromConfig(c, dtype);
   const size_t e = static_cast<size_t>(kernels::DTypeBytes(dtype));
   const DType host_dtype = CoreDType(dtype);
@@ -70,6 +68,7 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
       void* post_norm;
       void* w_gate_up;
       void* w_down;
+      void* router;
     };
     const auto carve = [&](BumpLayout& layout) {
       Offsets o;
@@ -81,6 +80,8 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
       o.post_norm = layout.Take(static_cast<size_t>(shape.hidden) * e);
       o.w_gate_up = layout.Take(static_cast<size_t>(shape.gate_up_weight_elements()) * e);
       o.w_down = layout.Take(static_cast<size_t>(shape.down_weight_elements()) * e);
+      o.router =
+          moe ? layout.Take(static_cast<size_t>(shape.router_weight_elements()) * e) : nullptr;
       return o;
     };
     BumpLayout sizing(nullptr);
@@ -94,8 +95,14 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
     if (c.attention_bias) ConvertInto({&w.q_bias, &w.k_bias, &w.v_bias}, host_dtype, at(h.b_qkv));
     ConvertInto({&w.o_proj}, host_dtype, at(h.w_o));
     ConvertInto({&w.post_attention_layernorm}, host_dtype, at(h.post_norm));
-    ConvertInto({&w.gate_proj, &w.up_proj}, host_dtype, at(h.w_gate_up));
-    ConvertInto({&w.down_proj}, host_dtype, at(h.w_down));
+    if (moe) {
+      ConvertInto({&w.experts_gate_up}, host_dtype, at(h.w_gate_up));
+      ConvertInto({&w.experts_down}, host_dtype, at(h.w_down));
+      ConvertInto({&w.router}, host_dtype, at(h.router));
+    } else {
+      ConvertInto({&w.gate_proj, &w.up_proj}, host_dtype, at(h.w_gate_up));
+      ConvertInto({&w.down_proj}, host_dtype, at(h.w_down));
+    }
 
     LS_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(image.size()));
     LS_CUDA_RETURN_IF_ERROR(
@@ -103,11 +110,12 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
     BumpLayout device_layout(buffer.data());
     const Offsets d = carve(device_layout);
     out.views_.push_back(LayerDeviceWeights{d.input_norm, d.w_qkv, d.b_qkv, d.w_o, d.post_norm,
-                                            d.w_gate_up, d.w_down});
-    out.bytes_ += e * static_cast<size_t>(
-                          2 * shape.hidden + shape.qkv_weight_elements() +
-                          (c.attention_bias ? shape.qkv_width() : 0) + shape.o_weight_elements() +
-                          shape.gate_up_weight_elements() + shape.down_weight_elements());
+                                            d.w_gate_up, d.w_down, d.router});
+    out.bytes_ +=
+        e * static_cast<size_t>(2 * shape.hidden + shape.qkv_weight_elements() +
+                                (c.attention_bias ? shape.qkv_width() : 0) +
+                                shape.o_weight_elements() + shape.gate_up_weight_elements() +
+                                shape.down_weight_elements() + shape.router_weight_elements());
     out.buffers_.push_back(std::move(buffer));
   }
 

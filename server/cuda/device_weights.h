@@ -2,7 +2,9 @@
 // built: converted to the activation dtype (fp16 checkpoints stay fp16; bf16
 // and f32 ones become bf16), with q/k/v fused into one [qkv_width, hidden]
 // weight (and bias) and gate/up into one [2 intermediate, hidden] weight, so
-// each layer runs two GEMMs fewer.
+// each layer runs two GEMMs fewer; a mixture of experts keeps its experts
+// stacked as loaded ([experts, 2 intermediate, hidden] and [experts, hidden,
+// intermediate]), which is the layout the grouped GEMM reads.
 #pragma once
 
 #include <cstddef>
@@ -17,7 +19,8 @@
 namespace layerserve::cuda {
 
 // The dtype a span computes in: fp16 when its projections are stored fp16,
-// bf16 otherwise (fp16 has too little range for f32 checkpoints' activations).
+// bf16 otherwise (fp16 has too little range for f32 checkpoints' activations),
+// and always bf16 for a mixture of experts (its grouped GEMMs take bf16).
 kernels::DType ActivationDTypeFor(const ModelSpan& model);
 
 class DeviceWeights {

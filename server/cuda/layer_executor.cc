@@ -1,5 +1,6 @@
 // The layer executor (see layer_executor.h): one decoder layer as nine
-// launches on one stream (ten with sessions).
+// launches on one stream (ten with sessions; a mixture-of-experts layer adds
+// its routing, permutation and combine).
 #include "server/cuda/layer_executor.h"
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include "base/status_macros.h"
 #include "layerserve/kernels/attention.h"
 #include "layerserve/kernels/layer_ops.h"
+#include "layerserve/kernels/moe.h"
 #include "layerserve/kernels/paged_attention.h"
 #include "server/cuda/kv_pool.h"
 
@@ -32,6 +34,8 @@ LayerShape LayerShape::FromConfig(const LlamaConfig& config, kernels::DType dtyp
   s.head_dim = static_cast<int>(config.head_dim);
   s.rms_norm_eps = static_cast<float>(config.rms_norm_eps);
   s.dtype = dtype;
+  s.experts = static_cast<int>(config.num_experts);
+  s.top_k = static_cast<int>(config.experts_per_token);
   return s;
 }
 
@@ -43,9 +47,16 @@ absl::StatusOr<ActivationArena> ActivationArena::Create(const LayerShape& shape,
   }
   const size_t t = static_cast<size_t>(max_tokens);
   const size_t e = static_cast<size_t>(kernels::DTypeBytes(shape.dtype));
-  const size_t big = static_cast<size_t>(std::max(shape.qkv_width(), 2 * shape.intermediate));
-  const size_t mid = static_cast<size_t>(std::max(shape.q_width(), shape.intermediate));
+  // Elements per token of the two shared buffers (see the class comment).
+  const int64_t rows = shape.mlp_rows_per_token();
+  const size_t big = static_cast<size_t>(
+      std::max({shape.qkv_width(), rows * 2 * shape.intermediate, rows * shape.hidden}));
+  const size_t mid = static_cast<size_t>(
+      std::max({shape.q_width(), rows * shape.intermediate, rows * shape.hidden}));
   const size_t hidden = static_cast<size_t>(shape.hidden);
+  const bool moe = shape.experts > 0;
+  const size_t choices = moe ? t * static_cast<size_t>(shape.top_k) : 0;
+  const size_t experts = moe ? static_cast<size_t>(shape.experts) : 0;
   // The same sequence of Takes sizes the allocation and then carves it.
   const auto carve = [&](BumpLayout& layout, ActivationArena* arena) {
     void* x = layout.Take(t * hidden * e);
@@ -53,12 +64,26 @@ absl::StatusOr<ActivationArena> ActivationArena::Create(const LayerShape& shape,
     void* big_buffer = layout.Take(t * big * e);
     void* mid_buffer = layout.Take(t * mid * e);
     void* meta = layout.Take((2 * t + 1) * sizeof(int32_t));
+    void* ids = moe ? layout.Take(choices * sizeof(int32_t)) : nullptr;
+    void* weights = moe ? layout.Take(choices * sizeof(float)) : nullptr;
+    void* expert_rows = moe ? layout.Take(choices * sizeof(int32_t)) : nullptr;
+    void* counts = moe ? layout.Take(experts * sizeof(int32_t)) : nullptr;
+    void* offsets = moe ? layout.Take((experts + 1) * sizeof(int32_t)) : nullptr;
     if (arena != nullptr) {
       arena->x = x;
       arena->normed = normed;
       arena->qkv = arena->gate_up = big_buffer;
       arena->attn = arena->mlp = mid_buffer;
       arena->meta = static_cast<int32_t*>(meta);
+      if (moe) {
+        arena->moe_input = mid_buffer;
+        arena->moe_output = big_buffer;
+        arena->expert_ids = static_cast<int32_t*>(ids);
+        arena->expert_weights = static_cast<float*>(weights);
+        arena->expert_rows = static_cast<int32_t*>(expert_rows);
+        arena->expert_counts = static_cast<int32_t*>(counts);
+        arena->expert_offsets = static_cast<int32_t*>(offsets);
+      }
     }
   };
   BumpLayout sizing(nullptr);
@@ -249,7 +274,14 @@ absl::Status LayerExecutor::ForwardLayer(int layer, const ActivationArena& arena
   norm.weight = w.post_norm;
   LS_RETURN_IF_ERROR(kernels::LaunchRmsNorm(norm, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpNorm, stream));
+  if (s.experts > 0) return ExpertMlps(w, arena, tokens, workspace, stream, timer);
+  return DenseMlp(w, arena, tokens, workspace, stream, timer);
+}
 
+absl::Status LayerExecutor::DenseMlp(const LayerDeviceWeights& w, const ActivationArena& arena,
+                                     int64_t tokens, const kernels::GemmWorkspace& workspace,
+                                     cudaStream_t stream, OpTimer* timer) const {
+  const LayerShape& s = shape_;
   kernels::GemmParams gate_up;
   gate_up.a = arena.normed;
   gate_up.lda = s.hidden;
@@ -287,6 +319,93 @@ absl::Status LayerExecutor::ForwardLayer(int layer, const ActivationArena& arena
   down.dtype = s.dtype;
   LS_RETURN_IF_ERROR(gemm_->Run(down, workspace, stream));
   return MarkOp(timer, kOpGemmDown, stream);
+}
+
+absl::Status LayerExecutor::ExpertMlps(const LayerDeviceWeights& w, const ActivationArena& arena,
+                                       int64_t tokens, const kernels::GemmWorkspace& workspace,
+                                       cudaStream_t stream, OpTimer* timer) const {
+  const LayerShape& s = shape_;
+  const int64_t rows = tokens * s.top_k;
+
+  kernels::MoeRouteParams route;
+  route.x = arena.normed;
+  route.router = w.router;
+  route.tokens = tokens;
+  route.hidden = s.hidden;
+  route.experts = s.experts;
+  route.top_k = s.top_k;
+  route.dtype = s.dtype;
+  route.expert_ids = arena.expert_ids;
+  route.weights = arena.expert_weights;
+  route.counts = arena.expert_counts;
+  LS_RETURN_IF_ERROR(kernels::LaunchMoeRoute(route, stream));
+  kernels::MoePermuteParams permute;
+  permute.expert_ids = arena.expert_ids;
+  permute.counts = arena.expert_counts;
+  permute.x = arena.normed;
+  permute.tokens = tokens;
+  permute.hidden = s.hidden;
+  permute.experts = s.experts;
+  permute.top_k = s.top_k;
+  permute.dtype = s.dtype;
+  permute.offsets = arena.expert_offsets;
+  permute.rows = arena.expert_rows;
+  permute.permuted = arena.moe_input;
+  LS_RETURN_IF_ERROR(kernels::LaunchMoePermute(permute, stream));
+  LS_RETURN_IF_ERROR(MarkOp(timer, kOpMoeRoute, stream));
+
+  // Both projections are one grouped GEMM each: expert e multiplies its rows
+  // [offsets[e], offsets[e + 1]) by its own weights; a token picks an expert
+  // at most once, so no expert has more rows than the batch has tokens.
+  kernels::GemmParams gate_up;
+  gate_up.a = arena.moe_input;
+  gate_up.lda = s.hidden;
+  gate_up.w = w.w_gate_up;
+  gate_up.ldw = s.hidden;
+  gate_up.d = arena.gate_up;
+  gate_up.ldd = 2 * s.intermediate;
+  gate_up.m = rows;
+  gate_up.n = 2 * s.intermediate;
+  gate_up.k = s.hidden;
+  gate_up.dtype = s.dtype;
+  gate_up.group_offsets = arena.expert_offsets;
+  gate_up.groups = s.experts;
+  gate_up.max_group_rows = tokens;
+  LS_RETURN_IF_ERROR(gemm_->Run(gate_up, workspace, stream));
+  LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmGateUp, stream));
+
+  kernels::SiluMulParams silu;
+  silu.gate_up = arena.gate_up;
+  silu.out = arena.mlp;
+  silu.rows = rows;
+  silu.width = s.intermediate;
+  silu.dtype = s.dtype;
+  LS_RETURN_IF_ERROR(kernels::LaunchSiluMul(silu, stream));
+  LS_RETURN_IF_ERROR(MarkOp(timer, kOpSiluMul, stream));
+
+  kernels::GemmParams down = gate_up;
+  down.a = arena.mlp;
+  down.lda = s.intermediate;
+  down.w = w.w_down;
+  down.ldw = s.intermediate;
+  down.d = arena.moe_output;
+  down.ldd = s.hidden;
+  down.n = s.hidden;
+  down.k = s.intermediate;
+  LS_RETURN_IF_ERROR(gemm_->Run(down, workspace, stream));
+  LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmDown, stream));
+
+  kernels::MoeCombineParams combine;
+  combine.y = arena.moe_output;
+  combine.rows = arena.expert_rows;
+  combine.weights = arena.expert_weights;
+  combine.x = arena.x;
+  combine.tokens = tokens;
+  combine.hidden = s.hidden;
+  combine.top_k = s.top_k;
+  combine.dtype = s.dtype;
+  LS_RETURN_IF_ERROR(kernels::LaunchMoeCombine(combine, stream));
+  return MarkOp(timer, kOpMoeCombine, stream);
 }
 
 }  // namespace layerserve::cuda

@@ -13,6 +13,12 @@
 //   gu = n · Wguᵀ                      gemm_gate_up
 //   m  = silu(g) * u                   silu_mul
 //   x  = m · Wdᵀ + x                   gemm_down  (residual fused: beta = 1)
+// A mixture-of-experts layer (Mixtral) replaces the last three steps:
+//   route, permute n into expert order p    moe_route  (moe.h)
+//   gu = p · W_gate_up,eᵀ per expert        gemm_gate_up (one grouped GEMM)
+//   m  = silu(g) * u                        silu_mul
+//   y  = m · W_down,eᵀ per expert           gemm_down  (one grouped GEMM)
+//   x += Σ_j weight_j y[row of choice j]    moe_combine
 // Because both residual adds happen inside the GEMMs, x always holds the full
 // residual stream and RMSNorm never needs its separate residual input.
 //
@@ -50,6 +56,10 @@ struct LayerShape {
   int head_dim = 0;
   float rms_norm_eps = 1e-6f;
   kernels::DType dtype = kernels::DType::kBF16;
+  // A mixture of experts: `experts` MLPs of `intermediate`, top_k per token.
+  // 0 experts: one dense MLP.
+  int experts = 0;
+  int top_k = 0;
 
   static LayerShape FromConfig(const LlamaConfig& config, kernels::DType dtype);
   int64_t q_width() const { return int64_t{num_heads} * head_dim; }
@@ -57,8 +67,15 @@ struct LayerShape {
   // Elements of each fused weight.
   int64_t qkv_weight_elements() const { return qkv_width() * hidden; }
   int64_t o_weight_elements() const { return hidden * q_width(); }
-  int64_t gate_up_weight_elements() const { return 2 * intermediate * hidden; }
-  int64_t down_weight_elements() const { return hidden * intermediate; }
+  // The dense MLP's weights, or all experts' stacked.
+  int64_t gate_up_weight_elements() const { return mlps() * 2 * intermediate * hidden; }
+  int64_t down_weight_elements() const { return mlps() * hidden * intermediate; }
+  int64_t router_weight_elements() const { return int64_t{experts} * hidden; }
+  // Activation rows each token takes in the MLP: one, or one per chosen expert.
+  int64_t mlp_rows_per_token() const { return experts > 0 ? top_k : 1; }
+
+ private:
+  int64_t mlps() const { return experts > 0 ? experts : 1; }
 };
 
 // Device pointers to one layer's weights, in the activation dtype (not owned).
@@ -70,11 +87,18 @@ struct LayerDeviceWeights {
   const void* post_norm = nullptr;   // [hidden]
   const void* w_gate_up = nullptr;   // [2 intermediate, hidden]: gate rows, then up rows
   const void* w_down = nullptr;      // [hidden, intermediate]
+  // A mixture of experts: the router, and w_gate_up / w_down hold every
+  // expert's weights stacked ([experts, 2 intermediate, hidden] and
+  // [experts, hidden, intermediate]).
+  const void* router = nullptr;  // [experts, hidden]
 };
 
 // One stream's activations for up to max_tokens tokens, in one allocation.
 // Buffers whose live ranges never overlap share memory: qkv and gate_up
 // (qkv is dead once attention ran), attention output and the SiLU product.
+// A mixture-of-experts layer has top_k rows per token from the permutation
+// on, so both shared buffers grow by that factor; the permuted input shares
+// with the SiLU product, the experts' outputs with gate_up.
 class ActivationArena {
  public:
   static absl::StatusOr<ActivationArena> Create(const LayerShape& shape, int64_t max_tokens);
@@ -90,6 +114,14 @@ class ActivationArena {
   void* mlp = nullptr;      // [tokens, intermediate] (aliases attn)
   // Per-batch int32 metadata: positions [tokens] then cu_seqlens [num_seqs+1].
   int32_t* meta = nullptr;  // capacity 2 max_tokens + 1
+  // Mixture-of-experts layers only (null otherwise), R = tokens top_k rows:
+  void* moe_input = nullptr;          // [R, hidden]: the normed rows in expert order (aliases attn)
+  void* moe_output = nullptr;         // [R, hidden]: the experts' outputs (aliases gate_up)
+  int32_t* expert_ids = nullptr;      // [tokens, top_k]
+  float* expert_weights = nullptr;    // [tokens, top_k]
+  int32_t* expert_rows = nullptr;     // [tokens, top_k]: each choice's row in expert order
+  int32_t* expert_counts = nullptr;   // [experts]
+  int32_t* expert_offsets = nullptr;  // [experts + 1]
 
  private:
   DeviceBuffer buffer_;
@@ -153,6 +185,13 @@ class LayerExecutor {
   // Attention of a batch with sessions: KvAppend, then PagedAttention.
   absl::Status PagedAttend(int layer, const ActivationArena& arena, const BatchGeometry& batch,
                            cudaStream_t stream) const;
+  // The MLP after the post-attention norm: dense, or a mixture of experts.
+  absl::Status DenseMlp(const LayerDeviceWeights& w, const ActivationArena& arena, int64_t tokens,
+                        const kernels::GemmWorkspace& workspace, cudaStream_t stream,
+                        OpTimer* timer) const;
+  absl::Status ExpertMlps(const LayerDeviceWeights& w, const ActivationArena& arena, int64_t tokens,
+                          const kernels::GemmWorkspace& workspace, cudaStream_t stream,
+                          OpTimer* timer) const;
 
   const LayerShape shape_;
   const std::vector<LayerDeviceWeights> layers_;

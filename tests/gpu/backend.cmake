@@ -4,7 +4,7 @@
 if(TARGET layerserve_cuda AND TARGET layerserve_cpu)
   layerserve_add_gtest(cuda_backend_test
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_backend_test.cc
-    LIBS layerserve_cuda layerserve_cpu
+    LIBS layerserve_cuda layerserve_cpu layerserve_reference
     LABELS gpu)
   # Sessions: steps against stateless requests and the CPU backend's sessions.
   layerserve_add_gtest(cuda_sessions_test

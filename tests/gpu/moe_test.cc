@@ -118,10 +118,9 @@ void GroupedGemmTest::Check(const GroupedCase& c, bool accumulate) {
   // The reference: each group's rows times its own W_g.
   for (int g = 0; g < groups; ++g) {
     if (c.rows[g] == 0) continue;
-    LS_ASSERT_CUDA_OK(ReferenceGemmF32(static_cast<const uint16_t*>(a.get()) + offsets[g] * k,
-                                       static_cast<const uint16_t*>(w.get()) + g * n * k,
-                                       static_cast<float*>(ref.get()) + offsets[g] * n, c.rows[g],
-                                       static_cast<int>(n), static_cast<int>(k), stream_));
+    LS_ASSERT_CUDA_OK(ReferenceGemmF32(
+        static_cast<const uint16_t*>(a.get()) + offsets[g] * k, static_cast<const uint16_t*>(w.get()) + g * n * k,
+        static_cast<float*>(ref.get()) + offsets[g] * n, c.rows[g], static_cast<int>(n), static_cast<int>(k), stream_));
   }
   if (accumulate) {
     LS_ASSERT_CUDA_OK(cudaMemcpyAsync(d.get(), r.get(), m * n * 2, cudaMemcpyDeviceToDevice, stream_));
@@ -144,8 +143,8 @@ void GroupedGemmTest::Check(const GroupedCase& c, bool accumulate) {
   // A bound, as serving passes it (the tokens), not the exact largest group.
   p.max_group_rows = std::min<int64_t>(m, std::max<int64_t>(max_rows, max_rows <= 64 ? 64 : max_rows));
   GemmWorkspace no_workspace;
-  const absl::Status st = v.route ? router_->Run(p, no_workspace, stream_)
-                                  : router_->RunConfig(p, v.config, no_workspace, stream_);
+  const absl::Status st =
+      v.route ? router_->Run(p, no_workspace, stream_) : router_->RunConfig(p, v.config, no_workspace, stream_);
   ASSERT_TRUE(st.ok()) << st;
   LS_ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
   const float scale = std::sqrt(static_cast<float>(k)) / 3.f;  // uniform [-1, 1) inputs
@@ -171,14 +170,13 @@ TEST_P(GroupedGemmTest, MatchesPerGroupReference) {
   Check(GroupedCases()[4], /*accumulate=*/true);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Versions, GroupedGemmTest,
-    ::testing::Values(GroupedVariant{"route", true, {}},
-                      GroupedVariant{"v4_split_auto", false, {GemmVersion::kSmallMSplitK, 0}},
-                      GroupedVariant{"v4_split_3", false, {GemmVersion::kSmallMSplitK, 3}},
-                      GroupedVariant{"v3_bn256", false, {GemmVersion::kWarpSpecialized, 0, 256}},
-                      GroupedVariant{"v3_bn128", false, {GemmVersion::kWarpSpecialized, 0, 128}}),
-    [](const ::testing::TestParamInfo<GroupedVariant>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Versions, GroupedGemmTest,
+                         ::testing::Values(GroupedVariant{"route", true, {}},
+                                           GroupedVariant{"v4_split_auto", false, {GemmVersion::kSmallMSplitK, 0}},
+                                           GroupedVariant{"v4_split_3", false, {GemmVersion::kSmallMSplitK, 3}},
+                                           GroupedVariant{"v3_bn256", false, {GemmVersion::kWarpSpecialized, 0, 256}},
+                                           GroupedVariant{"v3_bn128", false, {GemmVersion::kWarpSpecialized, 0, 128}}),
+                         [](const ::testing::TestParamInfo<GroupedVariant>& info) { return info.param.name; });
 
 TEST(GroupedGemmSupportTest, RefusesWhatTheKernelsCannotRun) {
   DeviceInfo hopper;

@@ -199,9 +199,12 @@ std::vector<double> ExpertMlps(const std::vector<double>& m, int64_t rows, const
   return out;
 }
 
-std::vector<double> DecoderLayer(const std::vector<double>& x,
-                                 const std::vector<int32_t>& cu_seqlens, const Config& config,
-                                 const Layer& layer) {
+namespace {
+
+// The attention half of a layer: h = x + attention(RMSNorm(x)) Wo^T.
+std::vector<double> AttentionBlock(const std::vector<double>& x,
+                                   const std::vector<int32_t>& cu_seqlens, const Config& config,
+                                   const Layer& layer) {
   const int64_t tokens = cu_seqlens.empty() ? 0 : cu_seqlens.back();
   const int64_t hidden = config.hidden;
   const int64_t q_width = config.heads * config.head_dim;
@@ -220,7 +223,33 @@ std::vector<double> DecoderLayer(const std::vector<double>& x,
 
   std::vector<double> h(x.size());
   for (size_t i = 0; i < x.size(); ++i) h[i] = x[i] + o[i];
+  return h;
+}
 
+}  // namespace
+
+std::vector<double> RoutingMargins(const std::vector<double>& x,
+                                   const std::vector<int32_t>& cu_seqlens, const Config& config,
+                                   const Layer& layer) {
+  const int64_t tokens = cu_seqlens.empty() ? 0 : cu_seqlens.back();
+  const std::vector<double> h = AttentionBlock(x, cu_seqlens, config, layer);
+  const std::vector<double> m =
+      RmsNorm(h, tokens, config.hidden, layer.post_norm, config.rms_norm_eps);
+  const std::vector<double> logits =
+      Linear(m, tokens, config.hidden, layer.router, config.experts, {});
+  std::vector<double> margins;
+  for (const Routing& r : RouteTopK(logits, tokens, config.experts, config.top_k)) {
+    margins.push_back(r.margin);
+  }
+  return margins;
+}
+
+std::vector<double> DecoderLayer(const std::vector<double>& x,
+                                 const std::vector<int32_t>& cu_seqlens, const Config& config,
+                                 const Layer& layer) {
+  const int64_t tokens = cu_seqlens.empty() ? 0 : cu_seqlens.back();
+  const int64_t hidden = config.hidden;
+  std::vector<double> h = AttentionBlock(x, cu_seqlens, config, layer);
   const std::vector<double> m = RmsNorm(h, tokens, hidden, layer.post_norm, config.rms_norm_eps);
   if (config.experts > 0) {
     const std::vector<double> moe = ExpertMlps(m, tokens, config, layer);

@@ -109,6 +109,13 @@ std::vector<Routing> RouteTopK(const std::vector<double>& logits, int64_t rows, 
 std::vector<double> ExpertMlps(const std::vector<double>& m, int64_t rows, const Config& config,
                                const Layer& layer);
 
+// Each token's routing margin (Routing::margin) in a mixture-of-experts
+// layer over x [tokens, hidden]: where a lower-precision backend may choose
+// other experts than this reference.
+std::vector<double> RoutingMargins(const std::vector<double>& x,
+                                   const std::vector<int32_t>& cu_seqlens, const Config& config,
+                                   const Layer& layer);
+
 // One decoder layer over packed sequences. x: [tokens, hidden].
 std::vector<double> DecoderLayer(const std::vector<double>& x,
                                  const std::vector<int32_t>& cu_seqlens, const Config& config,

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/reference/llama_reference.h"
 #include "tests/support/random_model.h"
+#include "tests/support/reference_model.h"
 #include "tests/unit/cpu/backend_test_util.h"
 
 namespace layerserve {
@@ -33,93 +34,12 @@ using cpu_test::RequestShape;
 using cpu_test::Rng;
 using cpu_test::RunSync;
 using test_support::RandomModel;
+using test_support::ReferenceForward;
+using test_support::ReferenceModel;
+using test_support::ToReference;
 using ::testing::HasSubstr;
 
 // ---- models -------------------------------------------------------------
-
-// Decodes a weight tensor here rather than with HostTensor::ToFloat, so the
-// reference does not share the server's conversion code.
-std::vector<double> DecodeWeights(const HostTensor& t) {
-  std::vector<double> out;
-  if (t.dtype == DType::kF32) {
-    for (size_t i = 0; i < t.data.size(); i += 4) {
-      float f;
-      std::memcpy(&f, &t.data[i], 4);
-      out.push_back(f);
-    }
-  } else {
-    EXPECT_EQ(t.dtype, DType::kBF16) << "test models use F32 or BF16 weights";
-    for (size_t i = 0; i < t.data.size(); i += 2) {
-      const uint32_t bits =
-          (static_cast<uint32_t>(t.data[i + 1]) << 24) | (static_cast<uint32_t>(t.data[i]) << 16);
-      float f;
-      std::memcpy(&f, &bits, 4);
-      out.push_back(f);
-    }
-  }
-  return out;
-}
-
-struct ReferenceModel {
-  reference::Config config;
-  std::vector<reference::Layer> layers;
-  std::vector<int64_t> windows;  // per layer: sliding window, 0 for full causal
-};
-
-ReferenceModel ToReference(const ModelSpan& span) {
-  const LlamaConfig& c = span.config;
-  ReferenceModel m;
-  m.config.hidden = c.hidden_size;
-  m.config.intermediate = c.intermediate_size;
-  m.config.heads = c.num_attention_heads;
-  m.config.kv_heads = c.num_key_value_heads;
-  m.config.head_dim = c.head_dim;
-  // The server adds eps in float32, as torch does.
-  m.config.rms_norm_eps = static_cast<float>(c.rms_norm_eps);
-  m.config.rope_theta = c.rope_theta;
-  m.config.experts = c.num_experts;
-  m.config.top_k = c.experts_per_token;
-  if (c.rope_scaling) {
-    m.config.llama3 = true;
-    m.config.llama3_factor = c.rope_scaling->factor;
-    m.config.llama3_low_freq_factor = c.rope_scaling->low_freq_factor;
-    m.config.llama3_high_freq_factor = c.rope_scaling->high_freq_factor;
-    m.config.llama3_original_max_positions =
-        static_cast<double>(c.rope_scaling->original_max_position_embeddings);
-  }
-  for (size_t i = 0; i < span.layers.size(); ++i) {
-    const LayerWeights& w = span.layers[i];
-    m.windows.push_back(c.AttentionWindow(span.first_layer + static_cast<int64_t>(i)));
-    reference::Layer l;
-    l.input_norm = DecodeWeights(w.input_layernorm);
-    l.wq = DecodeWeights(w.q_proj);
-    l.wk = DecodeWeights(w.k_proj);
-    l.wv = DecodeWeights(w.v_proj);
-    l.bq = DecodeWeights(w.q_bias);
-    l.bk = DecodeWeights(w.k_bias);
-    l.bv = DecodeWeights(w.v_bias);
-    l.wo = DecodeWeights(w.o_proj);
-    l.post_norm = DecodeWeights(w.post_attention_layernorm);
-    l.wgate = DecodeWeights(w.gate_proj);
-    l.wup = DecodeWeights(w.up_proj);
-    l.wdown = DecodeWeights(w.down_proj);
-    l.router = DecodeWeights(w.router);
-    l.experts_gate_up = DecodeWeights(w.experts_gate_up);
-    l.experts_down = DecodeWeights(w.experts_down);
-    m.layers.push_back(std::move(l));
-  }
-  return m;
-}
-
-std::vector<double> ReferenceForward(const ReferenceModel& m, std::vector<double> x,
-                                     const std::vector<int32_t>& cu_seqlens) {
-  reference::Config config = m.config;
-  for (size_t i = 0; i < m.layers.size(); ++i) {
-    config.sliding_window = m.windows[i];
-    x = reference::DecoderLayer(x, cu_seqlens, config, m.layers[i]);
-  }
-  return x;
-}
 
 // ---- tests --------------------------------------------------------------
 

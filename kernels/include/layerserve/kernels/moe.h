@@ -70,8 +70,8 @@ absl::Status LaunchMoePermute(const MoePermuteParams& p, cudaStream_t stream);
 // x[t] = x[t] + Σ_j weights[t, j] y[rows[t, j]], summed in fp32 in choice
 // order and rounded once.
 struct MoeCombineParams {
-  const void* y = nullptr;        // [tokens top_k, hidden]: the experts' outputs, permuted
-  const int32_t* rows = nullptr;  // [tokens, top_k] (MoePermute)
+  const void* y = nullptr;         // [tokens top_k, hidden]: the experts' outputs, permuted
+  const int32_t* rows = nullptr;   // [tokens, top_k] (MoePermute)
   const float* weights = nullptr;  // [tokens, top_k] (MoeRoute)
   void* x = nullptr;               // [tokens, hidden]: the residual stream, in place
   int64_t tokens = 0;

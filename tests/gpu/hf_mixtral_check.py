@@ -1,0 +1,109 @@
+"""End to end against Hugging Face itself, on the GPU machine: a random small
+MixtralForCausalLM saved with save_pretrained (whatever layout the installed
+transformers writes), layers 1:3 of it served by layerserve on the CUDA and
+CPU backends, and the same layers run by transformers' own
+MixtralDecoderLayer.
+
+The truth is HF in float32. HF in bf16 shows what bf16 costs on this model
+(routing included: a token whose top-2 nearly ties can pick other experts in
+bf16); the CUDA backend, which computes in bf16, must be no further from the
+truth than 1.5x that, and the CPU backend (float32) must agree closely.
+
+    python3 tests/gpu/hf_mixtral_check.py BIN_DIR OUT_DIR
+
+Exit status 0 when both backends pass. Needs torch and transformers.
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from layerserve_process import LayerserveProcess  # noqa: E402
+
+SPAN = (1, 3)
+
+
+def make_model(directory):
+    from transformers import MixtralConfig, MixtralForCausalLM
+    config = MixtralConfig(hidden_size=512, intermediate_size=768, num_attention_heads=8,
+                           num_key_value_heads=4, head_dim=64, num_hidden_layers=3,
+                           num_local_experts=8, num_experts_per_tok=2, vocab_size=64,
+                           rms_norm_eps=1e-5, max_position_embeddings=4096, sliding_window=None)
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(config).to(torch.bfloat16).eval()
+    # Norm weights away from exactly 1, so a norm the server skipped shows.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(directory)
+    return model
+
+
+def saved_layout(directory):
+    index = Path(directory) / "model.safetensors.index.json"
+    if index.exists():
+        names = json.loads(index.read_text())["weight_map"]
+    else:
+        from safetensors import safe_open
+        with safe_open(str(Path(directory) / "model.safetensors"), "pt") as f:
+            names = list(f.keys())
+    return sorted(n for n in names if n.startswith("model.layers.1.") and "attn" not in n)
+
+
+def hf_layers(model, x, dtype):
+    """Layers SPAN of `model` over x [B, T, hidden] in `dtype`, on cuda."""
+    model = model.to(device="cuda", dtype=dtype)
+    h = torch.from_numpy(x).to("cuda", dtype)
+    pos = torch.arange(x.shape[1], device="cuda").unsqueeze(0).expand(x.shape[0], -1)
+    pe = model.model.rotary_emb(h, pos)
+    with torch.inference_mode():
+        for layer in model.model.layers[SPAN[0]:SPAN[1]]:
+            out = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe)
+            h = out[0] if isinstance(out, tuple) else out
+    return h.float().cpu().numpy()
+
+
+def served(bin_dir, out, directory, backend, x):
+    np.save(out / "x.npy", x)
+    with LayerserveProcess(Path(bin_dir) / "layerserve",
+                           [f"--model-dir={directory}", f"--layers={SPAN[0]}:{SPAN[1]}",
+                            f"--backend={backend}"], out / f"server_{backend}.log") as server:
+        subprocess.run([Path(bin_dir) / "layerctl", "infer", f"--url={server.grpc_url}",
+                        f"--model={server.model}", f"--input={out / 'x.npy'}",
+                        f"--output={out / f'y_{backend}.npy'}"], check=True)
+    return np.load(out / f"y_{backend}.npy").astype(np.float64)
+
+
+def rel_rms(a, b):
+    return float(np.sqrt(np.mean((a - b) ** 2)) / np.sqrt(np.mean(b ** 2)))
+
+
+def main():
+    bin_dir, out = sys.argv[1], Path(sys.argv[2])
+    out.mkdir(parents=True, exist_ok=True)
+    directory = out / "tiny-mixtral"
+    print("transformers", transformers.__version__, "torch", torch.__version__)
+    model = make_model(directory)
+    print("save_pretrained wrote layer 1's MLP as:", ", ".join(saved_layout(directory)))
+    x = np.random.default_rng(1).normal(size=(2, 33, 512)).astype(np.float32)
+    truth = hf_layers(model, x, torch.float32).astype(np.float64)
+    hf_bf16 = hf_layers(model, x, torch.bfloat16).astype(np.float64)
+    bf16_cost = rel_rms(hf_bf16, truth)
+    failed = False
+    for backend, limit in (("cuda", 1.5 * bf16_cost + 1e-3), ("cpu", 1e-4)):
+        err = rel_rms(served(bin_dir, out, directory, backend, x), truth)
+        ok = err <= limit
+        failed |= not ok
+        print(f"{backend}: relative rms error vs HF float32 {err:.3g} (limit {limit:.3g}; HF bf16's "
+              f"own {bf16_cost:.3g}) {'ok' if ok else 'FAILED'}")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
