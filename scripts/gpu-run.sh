@@ -52,7 +52,7 @@ for stage in "${stages[@]}"; do
       for t in ${GPU_TESTS:-layer_ops_gpu_test attention_gpu_test gemm_test gemm_pdl_test gemm_tuning_test \
                gemm_router_test moe_gpu_test cuda_backend_test paged_attention_gpu_test cuda_sessions_test \
                metrics_cublaslt_test}; do
-        run_test "$t"
+        [[ $t == hf_mixtral_check ]] || run_test "$t"
       done
       # Mixtral end to end against transformers' own layers (needs torch).
       if [[ -z ${GPU_TESTS:-} || ${GPU_TESTS} == *hf_mixtral_check* ]]; then

@@ -1,16 +1,18 @@
 // The mixture-of-experts kernels around the grouped GEMM (moe.h): routing,
-// the permutation into expert order, and the weighted combine.
+// the gather into expert order, and the weighted combine.
 //
-// Routing is one warp per token: the lanes split the hidden dimension in
-// 16-byte vectors, each expert's logit is a warp sum, and lane 0 picks the
-// top k from the logits in shared memory (k passes of an argmax: k and the
-// expert count are small). The permutation is one block: a scan of the
-// per-expert counts into offsets, then each choice claims the next row of its
-// expert with a shared-memory atomic; a second, wide kernel copies each
-// token's activations into its rows. The combine is one thread per 16-byte
-// vector of a token's output, summing its k rows in choice order.
+// Routing is one warp per token, latency-bound at decode sizes, so it does
+// everything in one pass and one launch: the lanes split the hidden dimension
+// in 16-byte vectors and accumulate up to kExpertsPerPass experts' logits at
+// once (one read of the token's row per pass, independent warp sums), lane 0
+// picks the top k from the logits in shared memory (k passes of an argmax),
+// and each choice takes its rank in its expert with the same atomicAdd that
+// counts the expert. The block that finishes last (a counter after a memory
+// fence) turns the counts into offsets. The gather and the combine are one
+// thread per 16-byte vector.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -26,7 +28,7 @@ namespace layerserve::kernels {
 namespace {
 
 constexpr int kRouteWarps = 8;  // tokens per routing block
-constexpr int kPermuteThreads = 1024;
+constexpr int kExpertsPerPass = 8;
 constexpr int kThreads = 256;
 
 // NaN ranks below every number, so a poisoned token still picks valid,
@@ -38,96 +40,106 @@ __global__ void MoeRouteKernel(const MoeRouteParams p) {
   constexpr int kVec = kVec16<T>;
   using V = Vec<T, kVec>;
   __shared__ float logits[kRouteWarps][kMaxExperts];
+  __shared__ bool last_block;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t token = int64_t{blockIdx.x} * kRouteWarps + warp;
-  if (token >= p.tokens) return;
-  const int64_t vecs = p.hidden / kVec;
-  const V* x = static_cast<const V*>(p.x) + token * vecs;
-  const V* router = static_cast<const V*>(p.router);
-  float* l = logits[warp];
-  for (int e = 0; e < p.experts; ++e) {
-    float acc = 0.f;
-    for (int64_t i = lane; i < vecs; i += 32) {
-      const V a = x[i];
-      const V b = router[e * vecs + i];
+  int32_t* const counts = p.scratch;
+  int32_t* const finished = p.scratch + p.experts;
+  if (token < p.tokens) {
+    const int64_t vecs = p.hidden / kVec;
+    const V* x = static_cast<const V*>(p.x) + token * vecs;
+    const V* router = static_cast<const V*>(p.router);
+    float* l = logits[warp];
+    for (int e0 = 0; e0 < p.experts; e0 += kExpertsPerPass) {
+      float acc[kExpertsPerPass] = {};
+      for (int64_t i = lane; i < vecs; i += 32) {
+        const V a = x[i];
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) acc += ToFloat(a.v[j]) * ToFloat(b.v[j]);
-    }
-    acc = WarpReduceSum(acc);
-    if (lane == 0) l[e] = acc;
-  }
-  if (lane != 0) return;
-  float max_logit = -INFINITY;
-  for (int e = 0; e < p.experts; ++e) max_logit = fmaxf(max_logit, l[e]);
-  float sum = 0.f;
-  for (int e = 0; e < p.experts; ++e) {
-    l[e] = expf(l[e] - max_logit);
-    sum += l[e];
-  }
-  for (int e = 0; e < p.experts; ++e) l[e] /= sum;
-  float chosen_sum = 0.f;
-  int32_t* ids = p.expert_ids + token * p.top_k;
-  float* weights = p.weights + token * p.top_k;
-  for (int j = 0; j < p.top_k; ++j) {
-    int best = -1;
-    float best_rank = 0.f;
-    for (int e = 0; e < p.experts; ++e) {
-      bool taken = false;
-      for (int i = 0; i < j; ++i) taken |= ids[i] == e;
-      if (taken) continue;
-      const float r = Rank(l[e]);
-      if (best < 0 || r > best_rank) {
-        best = e;
-        best_rank = r;
+        for (int j = 0; j < kExpertsPerPass; ++j) {
+          if (e0 + j >= p.experts) break;
+          const V b = router[(e0 + j) * vecs + i];
+#pragma unroll
+          for (int v = 0; v < kVec; ++v) acc[j] += ToFloat(a.v[v]) * ToFloat(b.v[v]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kExpertsPerPass; ++j) {
+        const float sum = WarpReduceSum(acc[j]);
+        if (lane == 0 && e0 + j < p.experts) l[e0 + j] = sum;
       }
     }
-    ids[j] = best;
-    weights[j] = l[best];
-    chosen_sum += l[best];
-    atomicAdd(p.counts + best, 1);
-  }
-  for (int j = 0; j < p.top_k; ++j) weights[j] /= chosen_sum;
-}
-
-// One block: offsets from the counts, then a row for every choice.
-__global__ void MoeOffsetsKernel(const MoePermuteParams p) {
-  __shared__ int32_t next[kMaxExperts];
-  if (threadIdx.x == 0) {
-    int32_t running = 0;
-    for (int e = 0; e < p.experts; ++e) {
-      p.offsets[e] = running;
-      next[e] = running;
-      running += p.counts[e];
+    if (lane == 0) {
+      float max_logit = -INFINITY;
+      for (int e = 0; e < p.experts; ++e) max_logit = fmaxf(max_logit, l[e]);
+      float sum = 0.f;
+      for (int e = 0; e < p.experts; ++e) {
+        l[e] = expf(l[e] - max_logit);
+        sum += l[e];
+      }
+      for (int e = 0; e < p.experts; ++e) l[e] /= sum;
+      int32_t* ids = p.expert_ids + token * p.top_k;
+      float* weights = p.weights + token * p.top_k;
+      float chosen_sum = 0.f;
+      for (int j = 0; j < p.top_k; ++j) {
+        int best = -1;
+        float best_rank = 0.f;
+        for (int e = 0; e < p.experts; ++e) {
+          bool taken = false;
+          for (int i = 0; i < j; ++i) taken |= ids[i] == e;
+          if (taken) continue;
+          const float r = Rank(l[e]);
+          if (best < 0 || r > best_rank) {
+            best = e;
+            best_rank = r;
+          }
+        }
+        ids[j] = best;
+        weights[j] = l[best];
+        chosen_sum += l[best];
+        p.ranks[token * p.top_k + j] = atomicAdd(counts + best, 1);
+      }
+      for (int j = 0; j < p.top_k; ++j) weights[j] /= chosen_sum;
     }
-    p.offsets[p.experts] = running;
+  }
+  // The last block to finish sees every block's counts.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last_block = atomicAdd(finished, 1) == static_cast<int>(gridDim.x) - 1;
   }
   __syncthreads();
-  const int64_t choices = p.tokens * p.top_k;
-  for (int64_t c = threadIdx.x; c < choices; c += blockDim.x) {
-    p.rows[c] = atomicAdd(&next[p.expert_ids[c]], 1);
+  if (!last_block || threadIdx.x != 0) return;
+  __threadfence();
+  int32_t running = 0;
+  for (int e = 0; e < p.experts; ++e) {
+    p.offsets[e] = running;
+    running += __ldcg(counts + e);
   }
+  p.offsets[p.experts] = running;
 }
 
-// permuted[rows[c]] = x[c / top_k], one 16-byte vector per thread.
 template <typename T>
-__global__ void MoeGatherKernel(const MoePermuteParams p) {
+__global__ void MoeGatherKernel(const MoeGatherParams p) {
   using V = Vec<T, kVec16<T>>;
+  const MoeChoices& c = p.choices;
   const int64_t vecs = p.hidden / kVec16<T>;
   const int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (idx >= p.tokens * p.top_k * vecs) return;
-  const int64_t c = idx / vecs;
+  if (idx >= c.tokens * c.top_k * vecs) return;
+  const int64_t choice = idx / vecs;
   const int64_t i = idx % vecs;
-  static_cast<V*>(p.permuted)[p.rows[c] * vecs + i] = static_cast<const V*>(p.x)[(c / p.top_k) * vecs + i];
+  const int64_t row = c.offsets[c.expert_ids[choice]] + c.ranks[choice];
+  static_cast<V*>(p.permuted)[row * vecs + i] = static_cast<const V*>(p.x)[(choice / c.top_k) * vecs + i];
 }
 
 template <typename T>
 __global__ void MoeCombineKernel(const MoeCombineParams p) {
   constexpr int kVec = kVec16<T>;
   using V = Vec<T, kVec>;
+  const MoeChoices& c = p.choices;
   const int64_t vecs = p.hidden / kVec;
   const int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (idx >= p.tokens * vecs) return;
+  if (idx >= c.tokens * vecs) return;
   const int64_t t = idx / vecs;
   const int64_t i = idx % vecs;
   V* x = static_cast<V*>(p.x) + t * vecs + i;
@@ -135,9 +147,11 @@ __global__ void MoeCombineKernel(const MoeCombineParams p) {
   float acc[kVec];
 #pragma unroll
   for (int e = 0; e < kVec; ++e) acc[e] = ToFloat(residual.v[e]);
-  for (int j = 0; j < p.top_k; ++j) {
-    const float w = p.weights[t * p.top_k + j];
-    const V y = static_cast<const V*>(p.y)[p.rows[t * p.top_k + j] * vecs + i];
+  for (int j = 0; j < c.top_k; ++j) {
+    const int64_t choice = t * c.top_k + j;
+    const int64_t row = c.offsets[c.expert_ids[choice]] + c.ranks[choice];
+    const float w = p.weights[choice];
+    const V y = static_cast<const V*>(p.y)[row * vecs + i];
 #pragma unroll
     for (int e = 0; e < kVec; ++e) acc[e] += w * ToFloat(y.v[e]);
   }
@@ -149,16 +163,20 @@ __global__ void MoeCombineKernel(const MoeCombineParams p) {
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-absl::Status CheckShape(const char* op, int64_t tokens, int64_t hidden, int experts, int top_k) {
+absl::Status CheckShape(const char* op, int64_t tokens, int64_t hidden, int top_k) {
   if (tokens < 0 || hidden <= 0 || hidden % 8 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": hidden must be a positive multiple of 8 (got ", hidden, ") and tokens >= 0"));
   }
-  if (experts < 1 || experts > kMaxExperts || top_k < 1 || top_k > experts) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": need 1 <= top_k (", top_k, ") <= experts (", experts, ") <= ", kMaxExperts));
-  }
+  if (top_k < 1 || top_k > kMaxExperts) return absl::InvalidArgumentError(absl::StrCat(op, ": bad top_k ", top_k));
   if (tokens * top_k > INT32_MAX / 2) return absl::InvalidArgumentError(absl::StrCat(op, ": too many tokens"));
+  return absl::OkStatus();
+}
+
+absl::Status CheckChoices(const char* op, const MoeChoices& c) {
+  if (c.expert_ids == nullptr || c.ranks == nullptr || c.offsets == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": choices not set"));
+  }
   return absl::OkStatus();
 }
 
@@ -167,14 +185,18 @@ unsigned Blocks(int64_t threads) { return static_cast<unsigned>((threads + kThre
 }  // namespace
 
 absl::Status LaunchMoeRoute(const MoeRouteParams& p, cudaStream_t stream) {
-  if (absl::Status s = CheckShape("moe_route", p.tokens, p.hidden, p.experts, p.top_k); !s.ok()) return s;
-  if (p.x == nullptr || p.router == nullptr || p.expert_ids == nullptr || p.weights == nullptr || p.counts == nullptr ||
-      !Aligned16(p.x) || !Aligned16(p.router)) {
+  if (absl::Status s = CheckShape("moe_route", p.tokens, p.hidden, p.top_k); !s.ok()) return s;
+  if (p.experts < 1 || p.experts > kMaxExperts || p.top_k > p.experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("moe_route: need 1 <= top_k (", p.top_k, ") <= experts (", p.experts, ") <= ", kMaxExperts));
+  }
+  if (p.x == nullptr || p.router == nullptr || p.expert_ids == nullptr || p.weights == nullptr || p.ranks == nullptr ||
+      p.offsets == nullptr || p.scratch == nullptr || !Aligned16(p.x) || !Aligned16(p.router)) {
     return absl::InvalidArgumentError("moe_route: null or unaligned buffer");
   }
-  LS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p.counts, 0, sizeof(int32_t) * p.experts, stream));
-  if (p.tokens == 0) return absl::OkStatus();
-  const unsigned blocks = static_cast<unsigned>((p.tokens + kRouteWarps - 1) / kRouteWarps);
+  LS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p.scratch, 0, sizeof(int32_t) * (p.experts + 1), stream));
+  // At least one block, so that an empty batch still gets its offsets.
+  const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, (p.tokens + kRouteWarps - 1) / kRouteWarps));
   return LS_HALF_DTYPE_SWITCH(p.dtype, T, [&] {
     MoeRouteKernel<T><<<blocks, kRouteWarps * 32, 0, stream>>>(p);
     LS_CUDA_RETURN_IF_LAUNCH_ERROR(MoeRouteKernel);
@@ -182,31 +204,31 @@ absl::Status LaunchMoeRoute(const MoeRouteParams& p, cudaStream_t stream) {
   });
 }
 
-absl::Status LaunchMoePermute(const MoePermuteParams& p, cudaStream_t stream) {
-  if (absl::Status s = CheckShape("moe_permute", p.tokens, p.hidden, p.experts, p.top_k); !s.ok()) return s;
-  if (p.expert_ids == nullptr || p.counts == nullptr || p.x == nullptr || p.offsets == nullptr || p.rows == nullptr ||
-      p.permuted == nullptr || !Aligned16(p.x) || !Aligned16(p.permuted)) {
-    return absl::InvalidArgumentError("moe_permute: null or unaligned buffer");
+absl::Status LaunchMoeGather(const MoeGatherParams& p, cudaStream_t stream) {
+  const MoeChoices& c = p.choices;
+  if (absl::Status s = CheckShape("moe_gather", c.tokens, p.hidden, c.top_k); !s.ok()) return s;
+  if (absl::Status s = CheckChoices("moe_gather", c); !s.ok()) return s;
+  if (p.x == nullptr || p.permuted == nullptr || !Aligned16(p.x) || !Aligned16(p.permuted)) {
+    return absl::InvalidArgumentError("moe_gather: null or unaligned buffer");
   }
-  MoeOffsetsKernel<<<1, kPermuteThreads, 0, stream>>>(p);
-  LS_CUDA_RETURN_IF_LAUNCH_ERROR(MoeOffsetsKernel);
-  if (p.tokens == 0) return absl::OkStatus();
+  if (c.tokens == 0) return absl::OkStatus();
   return LS_HALF_DTYPE_SWITCH(p.dtype, T, [&] {
-    MoeGatherKernel<T><<<Blocks(p.tokens * p.top_k * (p.hidden / kVec16<T>)), kThreads, 0, stream>>>(p);
+    MoeGatherKernel<T><<<Blocks(c.tokens * c.top_k * (p.hidden / kVec16<T>)), kThreads, 0, stream>>>(p);
     LS_CUDA_RETURN_IF_LAUNCH_ERROR(MoeGatherKernel);
     return absl::OkStatus();
   });
 }
 
 absl::Status LaunchMoeCombine(const MoeCombineParams& p, cudaStream_t stream) {
-  if (absl::Status s = CheckShape("moe_combine", p.tokens, p.hidden, p.top_k, p.top_k); !s.ok()) return s;
-  if (p.y == nullptr || p.rows == nullptr || p.weights == nullptr || p.x == nullptr || !Aligned16(p.y) ||
-      !Aligned16(p.x)) {
+  const MoeChoices& c = p.choices;
+  if (absl::Status s = CheckShape("moe_combine", c.tokens, p.hidden, c.top_k); !s.ok()) return s;
+  if (absl::Status s = CheckChoices("moe_combine", c); !s.ok()) return s;
+  if (p.y == nullptr || p.weights == nullptr || p.x == nullptr || !Aligned16(p.y) || !Aligned16(p.x)) {
     return absl::InvalidArgumentError("moe_combine: null or unaligned buffer");
   }
-  if (p.tokens == 0) return absl::OkStatus();
+  if (c.tokens == 0) return absl::OkStatus();
   return LS_HALF_DTYPE_SWITCH(p.dtype, T, [&] {
-    MoeCombineKernel<T><<<Blocks(p.tokens * (p.hidden / kVec16<T>)), kThreads, 0, stream>>>(p);
+    MoeCombineKernel<T><<<Blocks(c.tokens * (p.hidden / kVec16<T>)), kThreads, 0, stream>>>(p);
     LS_CUDA_RETURN_IF_LAUNCH_ERROR(MoeCombineKernel);
     return absl::OkStatus();
   });

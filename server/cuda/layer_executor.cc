@@ -66,9 +66,9 @@ absl::StatusOr<ActivationArena> ActivationArena::Create(const LayerShape& shape,
     void* meta = layout.Take((2 * t + 1) * sizeof(int32_t));
     void* ids = moe ? layout.Take(choices * sizeof(int32_t)) : nullptr;
     void* weights = moe ? layout.Take(choices * sizeof(float)) : nullptr;
-    void* expert_rows = moe ? layout.Take(choices * sizeof(int32_t)) : nullptr;
-    void* counts = moe ? layout.Take(experts * sizeof(int32_t)) : nullptr;
+    void* ranks = moe ? layout.Take(choices * sizeof(int32_t)) : nullptr;
     void* offsets = moe ? layout.Take((experts + 1) * sizeof(int32_t)) : nullptr;
+    void* scratch = moe ? layout.Take((experts + 1) * sizeof(int32_t)) : nullptr;
     if (arena != nullptr) {
       arena->x = x;
       arena->normed = normed;
@@ -80,9 +80,9 @@ absl::StatusOr<ActivationArena> ActivationArena::Create(const LayerShape& shape,
         arena->moe_output = big_buffer;
         arena->expert_ids = static_cast<int32_t*>(ids);
         arena->expert_weights = static_cast<float*>(weights);
-        arena->expert_rows = static_cast<int32_t*>(expert_rows);
-        arena->expert_counts = static_cast<int32_t*>(counts);
+        arena->expert_ranks = static_cast<int32_t*>(ranks);
         arena->expert_offsets = static_cast<int32_t*>(offsets);
+        arena->expert_scratch = static_cast<int32_t*>(scratch);
       }
     }
   };
@@ -337,21 +337,23 @@ absl::Status LayerExecutor::ExpertMlps(const LayerDeviceWeights& w, const Activa
   route.dtype = s.dtype;
   route.expert_ids = arena.expert_ids;
   route.weights = arena.expert_weights;
-  route.counts = arena.expert_counts;
+  route.ranks = arena.expert_ranks;
+  route.offsets = arena.expert_offsets;
+  route.scratch = arena.expert_scratch;
   LS_RETURN_IF_ERROR(kernels::LaunchMoeRoute(route, stream));
-  kernels::MoePermuteParams permute;
-  permute.expert_ids = arena.expert_ids;
-  permute.counts = arena.expert_counts;
-  permute.x = arena.normed;
-  permute.tokens = tokens;
-  permute.hidden = s.hidden;
-  permute.experts = s.experts;
-  permute.top_k = s.top_k;
-  permute.dtype = s.dtype;
-  permute.offsets = arena.expert_offsets;
-  permute.rows = arena.expert_rows;
-  permute.permuted = arena.moe_input;
-  LS_RETURN_IF_ERROR(kernels::LaunchMoePermute(permute, stream));
+  kernels::MoeChoices choices;
+  choices.expert_ids = arena.expert_ids;
+  choices.ranks = arena.expert_ranks;
+  choices.offsets = arena.expert_offsets;
+  choices.tokens = tokens;
+  choices.top_k = s.top_k;
+  kernels::MoeGatherParams gather;
+  gather.choices = choices;
+  gather.x = arena.normed;
+  gather.hidden = s.hidden;
+  gather.dtype = s.dtype;
+  gather.permuted = arena.moe_input;
+  LS_RETURN_IF_ERROR(kernels::LaunchMoeGather(gather, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpMoeRoute, stream));
 
   // Both projections are one grouped GEMM each: expert e multiplies its rows
@@ -396,13 +398,11 @@ absl::Status LayerExecutor::ExpertMlps(const LayerDeviceWeights& w, const Activa
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmDown, stream));
 
   kernels::MoeCombineParams combine;
+  combine.choices = choices;
   combine.y = arena.moe_output;
-  combine.rows = arena.expert_rows;
   combine.weights = arena.expert_weights;
   combine.x = arena.x;
-  combine.tokens = tokens;
   combine.hidden = s.hidden;
-  combine.top_k = s.top_k;
   combine.dtype = s.dtype;
   LS_RETURN_IF_ERROR(kernels::LaunchMoeCombine(combine, stream));
   return MarkOp(timer, kOpMoeCombine, stream);

@@ -14,7 +14,7 @@
 //   m  = silu(g) * u                   silu_mul
 //   x  = m · Wdᵀ + x                   gemm_down  (residual fused: beta = 1)
 // A mixture-of-experts layer (Mixtral) replaces the last three steps:
-//   route, permute n into expert order p    moe_route  (moe.h)
+//   route, gather n into expert order p     moe_route  (moe.h)
 //   gu = p · W_gate_up,eᵀ per expert        gemm_gate_up (one grouped GEMM)
 //   m  = silu(g) * u                        silu_mul
 //   y  = m · W_down,eᵀ per expert           gemm_down  (one grouped GEMM)
@@ -119,9 +119,9 @@ class ActivationArena {
   void* moe_output = nullptr;         // [R, hidden]: the experts' outputs (aliases gate_up)
   int32_t* expert_ids = nullptr;      // [tokens, top_k]
   float* expert_weights = nullptr;    // [tokens, top_k]
-  int32_t* expert_rows = nullptr;     // [tokens, top_k]: each choice's row in expert order
-  int32_t* expert_counts = nullptr;   // [experts]
+  int32_t* expert_ranks = nullptr;    // [tokens, top_k]: each choice's place in its expert
   int32_t* expert_offsets = nullptr;  // [experts + 1]
+  int32_t* expert_scratch = nullptr;  // [experts + 1] (MoeRouteParams::scratch)
 
  private:
   DeviceBuffer buffer_;

@@ -273,10 +273,12 @@ TEST(CudaBackendTest, WindowInSomeLayersMatchesCpuPastTheWindow) {
 // A one-layer Mixtral-style span (8 experts of intermediate 384, 2 per token,
 // bf16 weights) against the float64 reference, over the mixed batches: from
 // one token (2 experts busy, the grouped GEMM's small-M path) to 1000 (every
-// expert busy, the persistent path). A token whose top-2 the reference finds
-// nearly tied (probability gap under 2e-2) may legitimately route otherwise
-// in bf16: those are left out, and must be under 5% of the tokens. One layer,
-// so that every token's margin is known; deeper spans run the same code.
+// expert busy, the persistent path). bf16 moves a token's router logits a
+// little, so a token whose top-2 the reference finds nearly tied
+// (probability gap under 2e-2) may legitimately use another expert: such a
+// token is excused when it differs, and at most 2% of the tokens may be. A
+// token with a clear routing must match. One layer, so that every token's
+// margin is known; deeper spans run the same code.
 TEST(CudaBackendTest, MixtralExpertsMatchReference) {
   SKIP_WITHOUT_GPU();
   LlamaConfig c = MakeQwenModel(DType::kBF16, 1).config;
@@ -292,11 +294,12 @@ TEST(CudaBackendTest, MixtralExpertsMatchReference) {
   auto cuda = MakeCudaBackend(model, options);
   ASSERT_TRUE(cuda.ok()) << cuda.status();
   const test_support::ReferenceModel ref = test_support::ToReference(model);
+  const int64_t hidden = c.hidden_size;
   std::mt19937 rng(4321);
-  int64_t tokens = 0, ambiguous = 0;
+  int64_t tokens = 0, excused = 0, nearly_tied = 0;
   for (const auto& specs : MixedBatches()) {
-    const Inputs in = RandomInputs(specs, c.hidden_size, rng);
-    auto batch = MakeBatch(in, c.hidden_size);
+    const Inputs in = RandomInputs(specs, hidden, rng);
+    auto batch = MakeBatch(in, hidden);
     const absl::Status st = RunSync(**cuda, batch);
     ASSERT_TRUE(st.ok()) << st;
     // The inputs as the backend received them, packed as the batch is.
@@ -311,19 +314,29 @@ TEST(CudaBackendTest, MixtralExpertsMatchReference) {
     }
     const std::vector<double> want = test_support::ReferenceForward(ref, x, batch->cu_seqlens);
     const std::vector<double> margins = reference::RoutingMargins(x, batch->cu_seqlens, ref.config, ref.layers[0]);
+    double sum_sq = 0;
+    for (const double w : want) sum_sq += w * w;
+    const double rms = std::sqrt(sum_sq / static_cast<double>(want.size()));
     std::vector<float> expected(want.begin(), want.end());
     for (size_t t = 0; t < margins.size(); ++t) {
       if (margins[t] >= 2e-2) continue;
-      ++ambiguous;
-      std::copy_n(got.begin() + t * c.hidden_size, c.hidden_size, expected.begin() + t * c.hidden_size);
+      ++nearly_tied;
+      double worst = 0;
+      for (int64_t i = 0; i < hidden; ++i) {
+        const double w = want[t * hidden + i];
+        worst = std::max(worst, std::abs(got[t * hidden + i] - w) / (rms + std::abs(w)));
+      }
+      if (!(worst > cuda_test::kTol)) continue;
+      ++excused;  // compared as equal below
+      std::copy_n(got.begin() + t * hidden, hidden, expected.begin() + t * hidden);
     }
     tokens += static_cast<int64_t>(margins.size());
-    ExpectCloseValues(got, expected, c.hidden_size, "mixtral batch of " + std::to_string(margins.size()) + " tokens");
+    ExpectCloseValues(got, expected, hidden, "mixtral batch of " + std::to_string(margins.size()) + " tokens");
     if (HasFailure()) return;
   }
-  EXPECT_LE(ambiguous * 20, tokens) << ambiguous << " of " << tokens << " tokens nearly tied";
-  std::printf("mixtral: %lld of %lld tokens nearly tied, left out\n", static_cast<long long>(ambiguous),
-              static_cast<long long>(tokens));
+  std::printf("mixtral: %lld of %lld tokens nearly tied, %lld of them routed otherwise and excused\n",
+              static_cast<long long>(nearly_tied), static_cast<long long>(tokens), static_cast<long long>(excused));
+  EXPECT_LE(excused * 50, tokens) << excused << " of " << tokens << " tokens routed otherwise";
   EXPECT_TRUE((*cuda)->Health().ok());
 }
 

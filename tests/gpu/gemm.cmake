@@ -19,7 +19,7 @@ layerserve_add_gtest(gemm_pdl_test
   LABELS gpu)
 
 # The mixture-of-experts pieces: the grouped GEMM (v3, v4, the router's route)
-# per group against the fp32 reference, and the routing, permutation and
+# per group against the fp32 reference, and the routing, gather and
 # combine kernels against float64.
 layerserve_add_gtest(moe_gpu_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/moe_test.cc

@@ -2,7 +2,7 @@
 // groups, v3 at both tile widths for large ones, and the router's own route)
 // against a plain fp32 GEMM per group on the same bf16 inputs, with ragged
 // groups, empty groups and every row in one group; and the routing,
-// permutation and combine kernels against float64 references on the host.
+// gather and combine kernels against float64 references on the host.
 // Outputs are poisoned before each run; inputs are random. Skips where there
 // is no GPU, and the GEMM cases where there is no Hopper GPU or sm_90a build.
 #include <cuda_runtime_api.h>
@@ -206,24 +206,24 @@ TEST(GroupedGemmSupportTest, RefusesWhatTheKernelsCannotRun) {
   EXPECT_FALSE(GemmSupported(p, {GemmVersion::kWarpSpecialized}, hopper).ok());
 }
 
-// ---- routing, permutation, combine --------------------------------------
+// ---- routing, gather, combine ---------------------------------------------
 
 struct Routed {
   std::vector<int32_t> ids;
   std::vector<float> weights;
-  std::vector<int32_t> counts;
+  std::vector<int32_t> ranks;
+  std::vector<int32_t> offsets;
 };
 
 // Runs MoeRoute on bf16 x [tokens, hidden] and router [experts, hidden].
 Routed Route(const std::vector<double>& x, const std::vector<double>& router, int64_t tokens, int64_t hidden,
              int experts, int top_k, cudaStream_t stream) {
-  DeviceBuffer xd(x.size() * 2), rd(router.size() * 2), ids(tokens * top_k * 4), weights(tokens * top_k * 4),
-      counts(experts * 4);
-  xd.Upload(testing::Encode(DType::kBF16, x).data(), x.size() * 2);
+  DeviceBuffer xd(std::max<size_t>(16, x.size() * 2)), rd(router.size() * 2),
+      ids(std::max<int64_t>(4, tokens * top_k * 4)), weights(std::max<int64_t>(4, tokens * top_k * 4)),
+      ranks(std::max<int64_t>(4, tokens * top_k * 4)), offsets((experts + 1) * 4), scratch((experts + 1) * 4);
+  if (!x.empty()) xd.Upload(testing::Encode(DType::kBF16, x).data(), x.size() * 2);
   rd.Upload(testing::Encode(DType::kBF16, router).data(), router.size() * 2);
-  ids.Poison();
-  weights.Poison();
-  counts.Poison();
+  for (DeviceBuffer* b : {&ids, &weights, &ranks, &offsets, &scratch}) b->Poison();
   MoeRouteParams p;
   p.x = xd.get();
   p.router = rd.get();
@@ -233,15 +233,37 @@ Routed Route(const std::vector<double>& x, const std::vector<double>& router, in
   p.top_k = top_k;
   p.expert_ids = static_cast<int32_t*>(ids.get());
   p.weights = static_cast<float*>(weights.get());
-  p.counts = static_cast<int32_t*>(counts.get());
+  p.ranks = static_cast<int32_t*>(ranks.get());
+  p.offsets = static_cast<int32_t*>(offsets.get());
+  p.scratch = static_cast<int32_t*>(scratch.get());
   const absl::Status st = LaunchMoeRoute(p, stream);
   EXPECT_TRUE(st.ok()) << st;
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  Routed out{std::vector<int32_t>(tokens * top_k), std::vector<float>(tokens * top_k), std::vector<int32_t>(experts)};
+  Routed out{std::vector<int32_t>(tokens * top_k), std::vector<float>(tokens * top_k),
+             std::vector<int32_t>(tokens * top_k), std::vector<int32_t>(experts + 1)};
   ids.Download(out.ids.data(), out.ids.size() * 4);
   weights.Download(out.weights.data(), out.weights.size() * 4);
-  counts.Download(out.counts.data(), out.counts.size() * 4);
+  ranks.Download(out.ranks.data(), out.ranks.size() * 4);
+  offsets.Download(out.offsets.data(), out.offsets.size() * 4);
   return out;
+}
+
+// The routing's bookkeeping: offsets are the exclusive scan of the choices
+// per expert, and each expert's ranks are exactly 0..count-1.
+void ExpectConsistent(const Routed& r, int experts) {
+  std::vector<std::vector<int32_t>> ranks(experts);
+  for (size_t c = 0; c < r.ids.size(); ++c) {
+    ASSERT_TRUE(r.ids[c] >= 0 && r.ids[c] < experts) << "choice " << c << ": expert " << r.ids[c];
+    ranks[r.ids[c]].push_back(r.ranks[c]);
+  }
+  int32_t running = 0;
+  for (int e = 0; e < experts; ++e) {
+    EXPECT_EQ(r.offsets[e], running) << "expert " << e;
+    std::sort(ranks[e].begin(), ranks[e].end());
+    for (size_t i = 0; i < ranks[e].size(); ++i) ASSERT_EQ(ranks[e][i], static_cast<int32_t>(i)) << "expert " << e;
+    running += static_cast<int32_t>(ranks[e].size());
+  }
+  EXPECT_EQ(r.offsets[experts], running);
 }
 
 class MoeKernelsTest : public testing::GpuTest {
@@ -266,7 +288,7 @@ TEST_F(MoeKernelsTest, RouteMatchesFloat64Softmax) {
     const double s = 4.0 / std::sqrt(static_cast<double>(hidden));
     const std::vector<double> router = testing::RandomValues(DType::kBF16, experts * hidden, -s, s, 2 + tokens);
     const Routed got = Route(x, router, tokens, hidden, experts, top_k, stream_);
-    std::vector<int32_t> histogram(experts, 0);
+    ExpectConsistent(got, experts);
     int64_t checked = 0;
     for (int64_t t = 0; t < tokens; ++t) {
       std::vector<double> p(experts);
@@ -288,14 +310,12 @@ TEST_F(MoeKernelsTest, RouteMatchesFloat64Softmax) {
       for (int j = 0; j < top_k; ++j) {
         const int32_t id = got.ids[t * top_k + j];
         ASSERT_TRUE(id >= 0 && id < experts) << "token " << t << " choice " << j << ": expert " << id;
-        ++histogram[id];
         if (!clear) continue;
         EXPECT_EQ(id, order[j]) << "token " << t << " choice " << j;
         EXPECT_NEAR(got.weights[t * top_k + j], p[order[j]] / chosen, 1e-5) << "token " << t << " choice " << j;
       }
       checked += clear;
     }
-    EXPECT_EQ(got.counts, histogram);
     EXPECT_GE(checked, tokens * 9 / 10) << "too few clearly routed tokens to mean anything";
   }
 }
@@ -315,71 +335,71 @@ TEST_F(MoeKernelsTest, RoutePoisonedTokenStaysInBounds) {
     EXPECT_NE(got.ids[t * top_k], got.ids[t * top_k + 1]) << "token " << t;
   }
   EXPECT_TRUE(std::isfinite(got.weights[0]) && std::isfinite(got.weights[4])) << "a clean token got NaN weights";
-  EXPECT_EQ(std::accumulate(got.counts.begin(), got.counts.end(), 0), tokens * top_k);
+  ExpectConsistent(got, experts);
 }
 
-TEST_F(MoeKernelsTest, PermuteGroupsChoicesByExpertAndCombineSumsThemBack) {
+// More blocks than one (the last block's offsets), and no token at all.
+TEST_F(MoeKernelsTest, RouteOffsetsOverManyBlocksAndNone) {
+  for (const int64_t tokens : {int64_t{0}, int64_t{5000}}) {
+    SCOPED_TRACE(::testing::Message() << tokens << " tokens");
+    const int64_t hidden = 64;
+    const int experts = 16, top_k = 3;
+    const std::vector<double> x = testing::RandomValues(DType::kBF16, tokens * hidden, -1, 1, 11);
+    const std::vector<double> router = testing::RandomValues(DType::kBF16, experts * hidden, -0.5, 0.5, 12);
+    const Routed got = Route(x, router, tokens, hidden, experts, top_k, stream_);
+    ExpectConsistent(got, experts);
+    EXPECT_EQ(got.offsets[experts], tokens * top_k);
+  }
+}
+
+TEST_F(MoeKernelsTest, GatherPutsRowsInExpertOrderAndCombineSumsThemBack) {
   for (const auto& [tokens, experts, top_k] : {std::tuple<int64_t, int, int>{1, 8, 2}, {200, 8, 2}, {77, 32, 3}}) {
     SCOPED_TRACE(::testing::Message() << tokens << " tokens, " << experts << " experts, top " << top_k);
     const int64_t hidden = 256;
     const int64_t choices = tokens * top_k;
-    // Distinct experts per token, skewed towards the low ones.
-    std::vector<int32_t> ids(choices);
+    // Distinct experts per token, skewed towards the low ones; ranks in
+    // reverse arrival order (any order within an expert is valid).
+    std::vector<int32_t> ids(choices), ranks(choices);
     std::vector<int32_t> counts(experts, 0);
     for (int64_t t = 0; t < tokens; ++t) {
-      for (int j = 0; j < top_k; ++j) {
-        const int32_t e = static_cast<int32_t>((t * t + 3 * j) % (experts / 2 + j));
-        ids[t * top_k + j] = (e + j) % experts;
-      }
-      std::sort(ids.begin() + t * top_k, ids.begin() + (t + 1) * top_k);
-      for (int j = 1; j < top_k; ++j) {
-        if (ids[t * top_k + j] <= ids[t * top_k + j - 1]) ids[t * top_k + j] = (ids[t * top_k + j - 1] + 1) % experts;
-      }
-      for (int j = 0; j < top_k; ++j) ++counts[ids[t * top_k + j]];
+      for (int j = 0; j < top_k; ++j) ids[t * top_k + j] = static_cast<int32_t>((t * t + 5 * j) % (experts / 2) + j);
     }
+    for (int64_t c = choices - 1; c >= 0; --c) ranks[c] = counts[ids[c]]++;
+    std::vector<int32_t> offsets(experts + 1, 0);
+    std::partial_sum(counts.begin(), counts.end(), offsets.begin() + 1);
     const std::vector<double> x = testing::RandomValues(DType::kBF16, tokens * hidden, -2, 2, 7 + tokens);
-    DeviceBuffer ids_d(choices * 4), counts_d(experts * 4), x_d(x.size() * 2), offsets_d((experts + 1) * 4),
-        rows_d(choices * 4), permuted_d(choices * hidden * 2);
+    DeviceBuffer ids_d(choices * 4), ranks_d(choices * 4), offsets_d((experts + 1) * 4), x_d(x.size() * 2),
+        permuted_d(choices * hidden * 2);
     ids_d.Upload(ids.data(), choices * 4);
-    counts_d.Upload(counts.data(), experts * 4);
+    ranks_d.Upload(ranks.data(), choices * 4);
+    offsets_d.Upload(offsets.data(), offsets.size() * 4);
     x_d.Upload(testing::Encode(DType::kBF16, x).data(), x.size() * 2);
-    offsets_d.Poison();
-    rows_d.Poison();
     permuted_d.Poison();
-    MoePermuteParams p;
-    p.expert_ids = static_cast<const int32_t*>(ids_d.get());
-    p.counts = static_cast<const int32_t*>(counts_d.get());
-    p.x = x_d.get();
-    p.tokens = tokens;
-    p.hidden = hidden;
-    p.experts = experts;
-    p.top_k = top_k;
-    p.offsets = static_cast<int32_t*>(offsets_d.get());
-    p.rows = static_cast<int32_t*>(rows_d.get());
-    p.permuted = permuted_d.get();
-    ASSERT_TRUE(LaunchMoePermute(p, stream_).ok());
+    MoeChoices choice_set;
+    choice_set.expert_ids = static_cast<const int32_t*>(ids_d.get());
+    choice_set.ranks = static_cast<const int32_t*>(ranks_d.get());
+    choice_set.offsets = static_cast<const int32_t*>(offsets_d.get());
+    choice_set.tokens = tokens;
+    choice_set.top_k = top_k;
+    MoeGatherParams gp;
+    gp.choices = choice_set;
+    gp.x = x_d.get();
+    gp.hidden = hidden;
+    gp.permuted = permuted_d.get();
+    ASSERT_TRUE(LaunchMoeGather(gp, stream_).ok());
     LS_ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
-    std::vector<int32_t> offsets(experts + 1), rows(choices);
-    offsets_d.Download(offsets.data(), offsets.size() * 4);
-    rows_d.Download(rows.data(), rows.size() * 4);
     std::vector<uint8_t> permuted_bytes(choices * hidden * 2);
     permuted_d.Download(permuted_bytes.data(), permuted_bytes.size());
     const std::vector<double> permuted = testing::Decode(DType::kBF16, permuted_bytes);
-    std::vector<int32_t> want_offsets(experts + 1, 0);
-    std::partial_sum(counts.begin(), counts.end(), want_offsets.begin() + 1);
-    ASSERT_EQ(offsets, want_offsets);
-    std::vector<int> seen(choices, 0);
+    std::vector<int64_t> row_of(choices);
     for (int64_t c = 0; c < choices; ++c) {
-      const int32_t row = rows[c];
-      ASSERT_TRUE(row >= offsets[ids[c]] && row < offsets[ids[c] + 1]) << "choice " << c << " got row " << row;
-      ++seen[row];
+      row_of[c] = offsets[ids[c]] + ranks[c];
       for (int64_t i = 0; i < hidden; ++i) {
-        ASSERT_EQ(permuted[row * hidden + i], x[(c / top_k) * hidden + i]) << "choice " << c << " element " << i;
+        ASSERT_EQ(permuted[row_of[c] * hidden + i], x[(c / top_k) * hidden + i]) << "choice " << c << " element " << i;
       }
     }
-    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), choices) << "rows are not a permutation";
 
-    // Combine: the experts' outputs y (random, in permuted order) weighted
+    // Combine: the experts' outputs y (random, in expert order) weighted
     // back onto a residual.
     const std::vector<double> y = testing::RandomValues(DType::kBF16, choices * hidden, -3, 3, 8 + tokens);
     const std::vector<double> residual = testing::RandomValues(DType::kBF16, tokens * hidden, -3, 3, 9 + tokens);
@@ -390,23 +410,19 @@ TEST_F(MoeKernelsTest, PermuteGroupsChoicesByExpertAndCombineSumsThemBack) {
     w_d.Upload(weights.data(), choices * 4);
     out_d.Upload(testing::Encode(DType::kBF16, residual).data(), residual.size() * 2);
     MoeCombineParams cp;
+    cp.choices = choice_set;
     cp.y = y_d.get();
-    cp.rows = static_cast<const int32_t*>(rows_d.get());
     cp.weights = static_cast<const float*>(w_d.get());
     cp.x = out_d.get();
-    cp.tokens = tokens;
     cp.hidden = hidden;
-    cp.top_k = top_k;
     ASSERT_TRUE(LaunchMoeCombine(cp, stream_).ok());
     LS_ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
     std::vector<uint8_t> out_bytes(residual.size() * 2);
     out_d.Download(out_bytes.data(), out_bytes.size());
     std::vector<double> want(residual);
-    for (int64_t t = 0; t < tokens; ++t) {
-      for (int j = 0; j < top_k; ++j) {
-        const int64_t c = t * top_k + j;
-        for (int64_t i = 0; i < hidden; ++i) want[t * hidden + i] += weights[c] * y[rows[c] * hidden + i];
-      }
+    for (int64_t c = 0; c < choices; ++c) {
+      const int64_t t = c / top_k;
+      for (int64_t i = 0; i < hidden; ++i) want[t * hidden + i] += weights[c] * y[row_of[c] * hidden + i];
     }
     // One bf16 rounding of an fp32 sum.
     EXPECT_TRUE(testing::AllClose(testing::Decode(DType::kBF16, out_bytes), want, 1e-6, 1.01 / 256));

@@ -2,19 +2,18 @@
 // around the grouped GEMM (gemm.h, GemmParams::group_offsets). Over the
 // normed activations n [tokens, hidden], with k = top_k choices per token:
 //
-//   MoeRoute     logits = n routerᵀ, softmax, the top k experts of each
-//                token and their renormalised weights; tokens per expert
-//   MoePermute   each expert's first row (offsets, [experts + 1]), the row
-//                each choice (t, j) takes in expert order, and the permuted
-//                activations p [tokens k, hidden]: expert e's rows are
-//                [offsets[e], offsets[e + 1])
+//   MoeRoute     logits = n routerᵀ, softmax, the top k experts of each token
+//                and their renormalised weights; each choice's rank among
+//                its expert's choices, and each expert's first row (offsets,
+//                [experts + 1]): choice (t, j) of expert e takes row
+//                offsets[e] + rank[t, j] of the expert-ordered activations
+//   MoeGather    p [tokens k, hidden]: n's rows in that order
 //   grouped GEMM gu = p W_gate_upᵀ per expert, SiLU·mul, grouped GEMM down
 //   MoeCombine   x[t] += Σ_j weight[t, j] · y[row of (t, j)]
 //
-// Within an expert the order of its rows depends on atomics, i.e. varies from
-// run to run; it changes nothing in the result, since every row's GEMM output
-// depends on that row alone and MoeCombine sums each token's choices in
-// choice order.
+// Ranks come from atomics, so the order of an expert's rows varies from run
+// to run; the result does not, since every row's GEMM output depends on that
+// row alone and MoeCombine sums each token's choices in choice order.
 //
 // Plain C++ header: compiles without nvcc.
 #pragma once
@@ -37,7 +36,8 @@ inline constexpr int kMaxExperts = 256;
 // (highest first; of equal ones the lower index), weights = their
 // probabilities over the sum of the chosen ones. A token with a NaN logit
 // still gets valid, distinct experts (NaN ranks lowest); its weights are NaN,
-// which reach only its own output.
+// which reach only its own output. One launch: the block that finishes last
+// turns the counts into offsets.
 struct MoeRouteParams {
   const void* x = nullptr;       // [tokens, hidden]
   const void* router = nullptr;  // [experts, hidden]
@@ -48,35 +48,39 @@ struct MoeRouteParams {
   DType dtype = DType::kBF16;
   int32_t* expert_ids = nullptr;  // out [tokens, top_k]
   float* weights = nullptr;       // out [tokens, top_k]
-  int32_t* counts = nullptr;      // out [experts]: tokens per expert (zeroed by the launch)
+  int32_t* ranks = nullptr;       // out [tokens, top_k]: the choice's place among its expert's
+  int32_t* offsets = nullptr;     // out [experts + 1]
+  int32_t* scratch = nullptr;     // [experts + 1]: counts and a finished-blocks counter
 };
 absl::Status LaunchMoeRoute(const MoeRouteParams& p, cudaStream_t stream);
 
-struct MoePermuteParams {
-  const int32_t* expert_ids = nullptr;  // [tokens, top_k] (MoeRoute)
-  const int32_t* counts = nullptr;      // [experts] (MoeRoute)
-  const void* x = nullptr;              // [tokens, hidden]
+// The choices (MoeRoute's ids, ranks and offsets) of one routed batch.
+struct MoeChoices {
+  const int32_t* expert_ids = nullptr;  // [tokens, top_k]
+  const int32_t* ranks = nullptr;       // [tokens, top_k]
+  const int32_t* offsets = nullptr;     // [experts + 1]
   int64_t tokens = 0;
-  int64_t hidden = 0;  // a multiple of 8
-  int experts = 0;
   int top_k = 0;
-  DType dtype = DType::kBF16;
-  int32_t* offsets = nullptr;  // out [experts + 1]
-  int32_t* rows = nullptr;     // out [tokens, top_k]: the permuted row of choice (t, j)
-  void* permuted = nullptr;    // out [tokens top_k, hidden]
 };
-absl::Status LaunchMoePermute(const MoePermuteParams& p, cudaStream_t stream);
 
-// x[t] = x[t] + Σ_j weights[t, j] y[rows[t, j]], summed in fp32 in choice
+// permuted[offsets[e] + rank] = x[t] for every choice (t, j) of expert e.
+struct MoeGatherParams {
+  MoeChoices choices;
+  const void* x = nullptr;  // [tokens, hidden]
+  int64_t hidden = 0;       // a multiple of 8
+  DType dtype = DType::kBF16;
+  void* permuted = nullptr;  // out [tokens top_k, hidden]
+};
+absl::Status LaunchMoeGather(const MoeGatherParams& p, cudaStream_t stream);
+
+// x[t] = x[t] + Σ_j weights[t, j] y[row of (t, j)], summed in fp32 in choice
 // order and rounded once.
 struct MoeCombineParams {
-  const void* y = nullptr;         // [tokens top_k, hidden]: the experts' outputs, permuted
-  const int32_t* rows = nullptr;   // [tokens, top_k] (MoePermute)
+  MoeChoices choices;
+  const void* y = nullptr;         // [tokens top_k, hidden]: the experts' outputs, expert-ordered
   const float* weights = nullptr;  // [tokens, top_k] (MoeRoute)
   void* x = nullptr;               // [tokens, hidden]: the residual stream, in place
-  int64_t tokens = 0;
-  int64_t hidden = 0;  // a multiple of 8
-  int top_k = 0;
+  int64_t hidden = 0;              // a multiple of 8
   DType dtype = DType::kBF16;
 };
 absl::Status LaunchMoeCombine(const MoeCombineParams& p, cudaStream_t stream);
