@@ -1,15 +1,17 @@
 // The mixture-of-experts kernels around the grouped GEMM (moe.h): routing,
 // the gather into expert order, and the weighted combine.
 //
-// Routing is one warp per token, latency-bound at decode sizes, so it does
-// everything in one pass and one launch: the lanes split the hidden dimension
-// in 16-byte vectors and accumulate up to kExpertsPerPass experts' logits at
-// once (one read of the token's row per pass, independent warp sums), lane 0
-// picks the top k from the logits in shared memory (k passes of an argmax),
-// and each choice takes its rank in its expert with the same atomicAdd that
-// counts the expert. The block that finishes last (a counter after a memory
-// fence) turns the counts into offsets. The gather and the combine are one
-// thread per 16-byte vector.
+// Routing is latency-bound at decode sizes (one token's logits are 8 dot
+// products of 4096), so it is one launch that spreads each token's experts
+// over up to a block's eight warps: with few tokens every warp takes one
+// token's expert e, e + 8, ..., with many a warp takes a token's every
+// expert. A warp's lanes split the hidden dimension in 16-byte vectors,
+// several loads in flight each. Then one thread per token picks the top k
+// from the logits in shared memory (k passes of an argmax), and each choice
+// takes its rank in its expert with the same atomicAdd that counts the
+// expert. The block that finishes last (a counter after a memory fence) turns
+// the counts into offsets. The gather and the combine are one thread per
+// 16-byte vector.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,8 +29,10 @@
 namespace layerserve::kernels {
 namespace {
 
-constexpr int kRouteWarps = 8;  // tokens per routing block
-constexpr int kExpertsPerPass = 8;
+constexpr int kRouteWarps = 8;  // per routing block
+// Batches up to this many tokens route one token per block, all warps on
+// its experts; larger ones one token per warp.
+constexpr int64_t kFewTokens = 256;
 constexpr int kThreads = 256;
 
 // NaN ranks below every number, so a poisoned token still picks valid,
@@ -36,71 +40,69 @@ constexpr int kThreads = 256;
 __device__ __forceinline__ float Rank(float p) { return isnan(p) ? -INFINITY : p; }
 
 template <typename T>
-__global__ void MoeRouteKernel(const MoeRouteParams p) {
+__global__ void MoeRouteKernel(const MoeRouteParams p, int warps_per_token) {
   constexpr int kVec = kVec16<T>;
   using V = Vec<T, kVec>;
   __shared__ float logits[kRouteWarps][kMaxExperts];
   __shared__ bool last_block;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int64_t token = int64_t{blockIdx.x} * kRouteWarps + warp;
+  const int tokens_per_block = kRouteWarps / warps_per_token;
+  const int slot = warp / warps_per_token;  // this warp's token in the block
+  const int64_t token = int64_t{blockIdx.x} * tokens_per_block + slot;
   int32_t* const counts = p.scratch;
   int32_t* const finished = p.scratch + p.experts;
+  float* l = logits[slot];
   if (token < p.tokens) {
     const int64_t vecs = p.hidden / kVec;
     const V* x = static_cast<const V*>(p.x) + token * vecs;
-    const V* router = static_cast<const V*>(p.router);
-    float* l = logits[warp];
-    for (int e0 = 0; e0 < p.experts; e0 += kExpertsPerPass) {
-      float acc[kExpertsPerPass] = {};
+    for (int e = warp % warps_per_token; e < p.experts; e += warps_per_token) {
+      const V* r = static_cast<const V*>(p.router) + e * vecs;
+      float acc = 0.f;
+#pragma unroll 4
       for (int64_t i = lane; i < vecs; i += 32) {
         const V a = x[i];
+        const V b = r[i];
 #pragma unroll
-        for (int j = 0; j < kExpertsPerPass; ++j) {
-          if (e0 + j >= p.experts) break;
-          const V b = router[(e0 + j) * vecs + i];
-#pragma unroll
-          for (int v = 0; v < kVec; ++v) acc[j] += ToFloat(a.v[v]) * ToFloat(b.v[v]);
-        }
+        for (int v = 0; v < kVec; ++v) acc += ToFloat(a.v[v]) * ToFloat(b.v[v]);
       }
-#pragma unroll
-      for (int j = 0; j < kExpertsPerPass; ++j) {
-        const float sum = WarpReduceSum(acc[j]);
-        if (lane == 0 && e0 + j < p.experts) l[e0 + j] = sum;
-      }
+      acc = WarpReduceSum(acc);
+      if (lane == 0) l[e] = acc;
     }
-    if (lane == 0) {
-      float max_logit = -INFINITY;
-      for (int e = 0; e < p.experts; ++e) max_logit = fmaxf(max_logit, l[e]);
-      float sum = 0.f;
+  }
+  __syncthreads();
+  // One thread per token: softmax, top k, ranks.
+  if (token < p.tokens && warp % warps_per_token == 0 && lane == 0) {
+    float max_logit = -INFINITY;
+    for (int e = 0; e < p.experts; ++e) max_logit = fmaxf(max_logit, l[e]);
+    float sum = 0.f;
+    for (int e = 0; e < p.experts; ++e) {
+      l[e] = expf(l[e] - max_logit);
+      sum += l[e];
+    }
+    for (int e = 0; e < p.experts; ++e) l[e] /= sum;
+    int32_t* ids = p.expert_ids + token * p.top_k;
+    float* weights = p.weights + token * p.top_k;
+    float chosen_sum = 0.f;
+    for (int j = 0; j < p.top_k; ++j) {
+      int best = -1;
+      float best_rank = 0.f;
       for (int e = 0; e < p.experts; ++e) {
-        l[e] = expf(l[e] - max_logit);
-        sum += l[e];
-      }
-      for (int e = 0; e < p.experts; ++e) l[e] /= sum;
-      int32_t* ids = p.expert_ids + token * p.top_k;
-      float* weights = p.weights + token * p.top_k;
-      float chosen_sum = 0.f;
-      for (int j = 0; j < p.top_k; ++j) {
-        int best = -1;
-        float best_rank = 0.f;
-        for (int e = 0; e < p.experts; ++e) {
-          bool taken = false;
-          for (int i = 0; i < j; ++i) taken |= ids[i] == e;
-          if (taken) continue;
-          const float r = Rank(l[e]);
-          if (best < 0 || r > best_rank) {
-            best = e;
-            best_rank = r;
-          }
+        bool taken = false;
+        for (int i = 0; i < j; ++i) taken |= ids[i] == e;
+        if (taken) continue;
+        const float r = Rank(l[e]);
+        if (best < 0 || r > best_rank) {
+          best = e;
+          best_rank = r;
         }
-        ids[j] = best;
-        weights[j] = l[best];
-        chosen_sum += l[best];
-        p.ranks[token * p.top_k + j] = atomicAdd(counts + best, 1);
       }
-      for (int j = 0; j < p.top_k; ++j) weights[j] /= chosen_sum;
+      ids[j] = best;
+      weights[j] = l[best];
+      chosen_sum += l[best];
+      p.ranks[token * p.top_k + j] = atomicAdd(counts + best, 1);
     }
+    for (int j = 0; j < p.top_k; ++j) weights[j] /= chosen_sum;
   }
   // The last block to finish sees every block's counts.
   __syncthreads();
@@ -195,10 +197,13 @@ absl::Status LaunchMoeRoute(const MoeRouteParams& p, cudaStream_t stream) {
     return absl::InvalidArgumentError("moe_route: null or unaligned buffer");
   }
   LS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p.scratch, 0, sizeof(int32_t) * (p.experts + 1), stream));
+  const int warps_per_token = p.tokens <= kFewTokens ? kRouteWarps : 1;
+  const int64_t tokens_per_block = kRouteWarps / warps_per_token;
   // At least one block, so that an empty batch still gets its offsets.
-  const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, (p.tokens + kRouteWarps - 1) / kRouteWarps));
+  const unsigned blocks =
+      static_cast<unsigned>(std::max<int64_t>(1, (p.tokens + tokens_per_block - 1) / tokens_per_block));
   return LS_HALF_DTYPE_SWITCH(p.dtype, T, [&] {
-    MoeRouteKernel<T><<<blocks, kRouteWarps * 32, 0, stream>>>(p);
+    MoeRouteKernel<T><<<blocks, kRouteWarps * 32, 0, stream>>>(p, warps_per_token);
     LS_CUDA_RETURN_IF_LAUNCH_ERROR(MoeRouteKernel);
     return absl::OkStatus();
   });
