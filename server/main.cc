@@ -448,6 +448,9 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
          .bytes = served.kv_blocks * (*backend)->KvBlockBytes(served.kv_block_tokens),
          .max_sessions = served.max_sessions});
   }
+  if (served.config.IsMixtureOfExperts()) {
+    metrics.SetExperts(served.first_layer, served.num_layers, served.config.num_experts);
+  }
   metrics.SetLimits(
       {.max_queue_size = served.max_queue_size,
        .max_queue_bytes = batcher_options.max_queue_bytes,

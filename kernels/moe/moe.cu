@@ -115,8 +115,10 @@ __global__ void MoeRouteKernel(const MoeRouteParams p, int warps_per_token) {
   __threadfence();
   int32_t running = 0;
   for (int e = 0; e < p.experts; ++e) {
+    const int32_t count = __ldcg(counts + e);
     p.offsets[e] = running;
-    running += __ldcg(counts + e);
+    running += count;
+    if (p.counts_out != nullptr) p.counts_out[e] = count;
   }
   p.offsets[p.experts] = running;
 }

@@ -58,6 +58,10 @@ struct Batch {
   std::vector<SequenceKv> kv;
   bool has_sessions = false;  // any request is a session step
   BatchTimings timings;       // filled by the backend as it computes
+  // A mixture-of-experts span's routing, filled by the backend as it
+  // computes: tokens sent to each expert, [layer * experts + expert] with
+  // the layer counted from the span's first; empty for a dense span.
+  std::vector<int64_t> expert_tokens;
 
   // Fills cu_seqlens, total_tokens, kv and has_sessions from `requests`.
   void Pack();

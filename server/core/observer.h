@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,6 +44,9 @@ struct BatchRecord {
   bool ok = true;
   double input_seconds = 0;
   double output_seconds = 0;
+  // Batch::expert_tokens (empty unless the span is a mixture of experts);
+  // valid during the callback only.
+  std::span<const int64_t> expert_tokens;
 
   double infer_seconds() const {
     const double rest = compute_seconds - input_seconds - output_seconds;

@@ -221,6 +221,7 @@ class CpuBackend final : public Backend {
     if (batch.has_sessions) {
       for (const auto& seq : batch.kv) start_positions_.push_back(seq.position);
     }
+    batch.expert_tokens.assign(layers_.size() * static_cast<size_t>(config_.num_experts), 0);
     for (size_t l = 0; l < layers_.size(); ++l) {
       ForwardLayer(static_cast<int64_t>(l), batch, kv_cache);
     }
@@ -240,7 +241,7 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  void ForwardLayer(int64_t layer_index, const Batch& batch, cpu::KvCache* kv_cache) {
+  void ForwardLayer(int64_t layer_index, Batch& batch, cpu::KvCache* kv_cache) {
     const CpuLayer& layer = layers_[static_cast<size_t>(layer_index)];
     const LlamaConfig& c = config_;
     const int64_t tokens = batch.total_tokens;
@@ -288,7 +289,7 @@ class CpuBackend final : public Backend {
 
     cpu::RmsNorm(x_.data(), tokens, hidden, layer.post_norm.data(), eps, normed_.data(), &pool_);
     if (c.IsMixtureOfExperts()) {
-      ExpertsForward(layer, tokens);
+      ExpertsForward(layer_index, layer, batch);
       return;
     }
     gate_up_.resize(static_cast<size_t>(tokens * 2 * inter));
@@ -301,9 +302,11 @@ class CpuBackend final : public Backend {
   }
 
   // x_ += the mixture of experts over normed_: router logits, each token's
-  // top-k experts, and their weighted MLPs.
-  void ExpertsForward(const CpuLayer& layer, int64_t tokens) {
+  // top-k experts, and their weighted MLPs; the batch's expert_tokens count
+  // the choices.
+  void ExpertsForward(int64_t layer_index, const CpuLayer& layer, Batch& batch) {
     const LlamaConfig& c = config_;
+    const int64_t tokens = batch.total_tokens;
     const int64_t experts = c.num_experts;
     const int64_t top_k = c.experts_per_token;
     router_logits_.resize(static_cast<size_t>(tokens * experts));
@@ -313,6 +316,7 @@ class CpuBackend final : public Backend {
                 router_logits_.data(), &pool_);
     cpu::RouteTopK(router_logits_.data(), tokens, experts, top_k, expert_ids_.data(),
                    expert_weights_.data());
+    for (const int32_t e : expert_ids_) ++batch.expert_tokens[layer_index * experts + e];
     const cpu::ExpertWeights weights{.gate_up = layer.experts_gate_up.data(),
                                      .down = layer.experts_down.data(),
                                      .experts = experts,

@@ -83,6 +83,9 @@ struct StreamSlot {
   DeviceBuffer io_device;  // wire-dtype inputs, then outputs, of the batch
   PinnedBuffer io_host;
   PinnedBuffer meta_host;  // positions [tokens] then cu_seqlens [num_seqs + 1]
+  // A mixture of experts: each layer's tokens per expert, copied back with
+  // the outputs (ActivationArena::expert_tokens).
+  PinnedBuffer expert_tokens_host;
   // Copies large batches' tensors to and from io_host (ForEachRequest); the
   // stream's thread is one of its threads.
   std::unique_ptr<ThreadPool> copy_pool;
@@ -100,7 +103,12 @@ absl::StatusOr<std::unique_ptr<StreamSlot>> MakeSlot(int index, const cuda::Laye
   const size_t io_bytes = t * static_cast<size_t>(shape.hidden) * sizeof(float);
   LS_ASSIGN_OR_RETURN(slot->stream, cuda::CreateStream());
   LS_ASSIGN_OR_RETURN(slot->done, cuda::CreateEvent(cudaEventDisableTiming));
-  LS_ASSIGN_OR_RETURN(slot->arena, ActivationArena::Create(shape, max_tokens));
+  LS_ASSIGN_OR_RETURN(slot->arena, ActivationArena::Create(shape, max_tokens, num_layers));
+  if (shape.experts > 0) {
+    LS_ASSIGN_OR_RETURN(
+        slot->expert_tokens_host,
+        PinnedBuffer::Allocate(static_cast<size_t>(num_layers) * shape.experts * sizeof(int32_t)));
+  }
   LS_ASSIGN_OR_RETURN(slot->io_device, DeviceBuffer::Allocate(io_bytes));
   LS_ASSIGN_OR_RETURN(slot->io_host, PinnedBuffer::Allocate(io_bytes));
   LS_ASSIGN_OR_RETURN(slot->meta_host, PinnedBuffer::Allocate((2 * t + 1) * sizeof(int32_t)));
@@ -335,6 +343,11 @@ class CudaBackendImpl final : public CudaBackend {
       // Outputs are already correct: a timing failure must not fail the batch.
       static_cast<void>(slot.timer.Report(options_.timing_sink));
     }
+    if (slot.arena.expert_tokens != nullptr) {
+      const auto* counts = reinterpret_cast<const int32_t*>(slot.expert_tokens_host.data());
+      batch.expert_tokens.assign(counts,
+                                 counts + slot.expert_tokens_host.bytes() / sizeof(int32_t));
+    }
     const auto output_start = std::chrono::steady_clock::now();
     ForEachRequest(slot, batch, io_bytes, [&](size_t i) {
       InferRequest& request = *batch.requests[i];
@@ -438,6 +451,11 @@ class CudaBackendImpl final : public CudaBackend {
     LS_RETURN_IF_ERROR(convert(false));
     LS_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(slot.io_host.data(), io_device, io_bytes, cudaMemcpyDeviceToHost, stream));
+    if (slot.arena.expert_tokens != nullptr) {
+      LS_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(slot.expert_tokens_host.data(), slot.arena.expert_tokens,
+                          slot.expert_tokens_host.bytes(), cudaMemcpyDeviceToHost, stream));
+    }
     LS_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.done.get(), stream));
     return absl::OkStatus();
   }

@@ -39,8 +39,8 @@ LayerShape LayerShape::FromConfig(const LlamaConfig& config, kernels::DType dtyp
   return s;
 }
 
-absl::StatusOr<ActivationArena> ActivationArena::Create(const LayerShape& shape,
-                                                        int64_t max_tokens) {
+absl::StatusOr<ActivationArena> ActivationArena::Create(const LayerShape& shape, int64_t max_tokens,
+                                                        int layers) {
   if (max_tokens <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("activation arena: max_tokens must be positive, got ", max_tokens));
@@ -69,6 +69,9 @@ absl::StatusOr<ActivationArena> ActivationArena::Create(const LayerShape& shape,
     void* ranks = moe ? layout.Take(choices * sizeof(int32_t)) : nullptr;
     void* offsets = moe ? layout.Take((experts + 1) * sizeof(int32_t)) : nullptr;
     void* scratch = moe ? layout.Take((experts + 1) * sizeof(int32_t)) : nullptr;
+    void* expert_tokens =
+        moe ? layout.Take(static_cast<size_t>(std::max(layers, 1)) * experts * sizeof(int32_t))
+            : nullptr;
     if (arena != nullptr) {
       arena->x = x;
       arena->normed = normed;
@@ -83,6 +86,7 @@ absl::StatusOr<ActivationArena> ActivationArena::Create(const LayerShape& shape,
         arena->expert_ranks = static_cast<int32_t*>(ranks);
         arena->expert_offsets = static_cast<int32_t*>(offsets);
         arena->expert_scratch = static_cast<int32_t*>(scratch);
+        arena->expert_tokens = static_cast<int32_t*>(expert_tokens);
       }
     }
   };
@@ -274,7 +278,7 @@ absl::Status LayerExecutor::ForwardLayer(int layer, const ActivationArena& arena
   norm.weight = w.post_norm;
   LS_RETURN_IF_ERROR(kernels::LaunchRmsNorm(norm, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpNorm, stream));
-  if (s.experts > 0) return ExpertMlps(w, arena, tokens, workspace, stream, timer);
+  if (s.experts > 0) return ExpertMlps(layer, arena, tokens, workspace, stream, timer);
   return DenseMlp(w, arena, tokens, workspace, stream, timer);
 }
 
@@ -321,10 +325,11 @@ absl::Status LayerExecutor::DenseMlp(const LayerDeviceWeights& w, const Activati
   return MarkOp(timer, kOpGemmDown, stream);
 }
 
-absl::Status LayerExecutor::ExpertMlps(const LayerDeviceWeights& w, const ActivationArena& arena,
-                                       int64_t tokens, const kernels::GemmWorkspace& workspace,
-                                       cudaStream_t stream, OpTimer* timer) const {
+absl::Status LayerExecutor::ExpertMlps(int layer, const ActivationArena& arena, int64_t tokens,
+                                       const kernels::GemmWorkspace& workspace, cudaStream_t stream,
+                                       OpTimer* timer) const {
   const LayerShape& s = shape_;
+  const LayerDeviceWeights& w = layers_[static_cast<size_t>(layer)];
   const int64_t rows = tokens * s.top_k;
 
   kernels::MoeRouteParams route;
@@ -340,6 +345,7 @@ absl::Status LayerExecutor::ExpertMlps(const LayerDeviceWeights& w, const Activa
   route.ranks = arena.expert_ranks;
   route.offsets = arena.expert_offsets;
   route.scratch = arena.expert_scratch;
+  route.counts_out = arena.expert_tokens + int64_t{layer} * s.experts;
   LS_RETURN_IF_ERROR(kernels::LaunchMoeRoute(route, stream));
   kernels::MoeChoices choices;
   choices.expert_ids = arena.expert_ids;

@@ -101,7 +101,9 @@ struct LayerDeviceWeights {
 // with the SiLU product, the experts' outputs with gate_up.
 class ActivationArena {
  public:
-  static absl::StatusOr<ActivationArena> Create(const LayerShape& shape, int64_t max_tokens);
+  // `layers`: of the span, for the per-layer expert counts.
+  static absl::StatusOr<ActivationArena> Create(const LayerShape& shape, int64_t max_tokens,
+                                                int layers = 1);
 
   int64_t max_tokens() const { return max_tokens_; }
   size_t bytes() const { return buffer_.bytes(); }
@@ -122,6 +124,9 @@ class ActivationArena {
   int32_t* expert_ranks = nullptr;    // [tokens, top_k]: each choice's place in its expert
   int32_t* expert_offsets = nullptr;  // [experts + 1]
   int32_t* expert_scratch = nullptr;  // [experts + 1] (MoeRouteParams::scratch)
+  // Each layer's tokens per expert in the last batch, [layer * experts +
+  // expert] (MoeRouteParams::counts_out; Batch::expert_tokens).
+  int32_t* expert_tokens = nullptr;
 
  private:
   DeviceBuffer buffer_;
@@ -189,7 +194,8 @@ class LayerExecutor {
   absl::Status DenseMlp(const LayerDeviceWeights& w, const ActivationArena& arena, int64_t tokens,
                         const kernels::GemmWorkspace& workspace, cudaStream_t stream,
                         OpTimer* timer) const;
-  absl::Status ExpertMlps(const LayerDeviceWeights& w, const ActivationArena& arena, int64_t tokens,
+  // `layer`'s experts; its tokens per expert go to arena.expert_tokens.
+  absl::Status ExpertMlps(int layer, const ActivationArena& arena, int64_t tokens,
                           const kernels::GemmWorkspace& workspace, cudaStream_t stream,
                           OpTimer* timer) const;
 

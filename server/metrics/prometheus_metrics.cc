@@ -387,6 +387,9 @@ struct PrometheusMetrics::Impl {
   prometheus::Family<prometheus::Gauge>& inflight;
   prometheus::Family<prometheus::Histogram>& kernel_duration;  // series made on first use
   prometheus::Family<prometheus::Gauge>& gpu_memory_used;      // set by the CUDA backend only
+  // SetExperts' series, [layer * experts + expert]; written before serving,
+  // read-only after.
+  std::vector<prometheus::Counter*> expert_tokens;
   // The single-model series, resolved once; the families own them and every
   // metric is itself thread-safe.
   prometheus::Histogram& request_duration_model;
@@ -467,6 +470,23 @@ void PrometheusMetrics::SetKvCache(const KvCacheInfo& info) {
   s.max_sessions.Set(static_cast<double>(info.max_sessions));
 }
 
+void PrometheusMetrics::SetExperts(int64_t first_layer, int64_t layers, int64_t experts) {
+  auto& family = prometheus::BuildCounter()
+                     .Name("layerserve_expert_tokens_total")
+                     .Help(
+                         "Tokens each expert of a mixture-of-experts layer computed (a token "
+                         "counts once for each expert it is routed to), by model layer.")
+                     .Register(*impl_->registry);
+  impl_->expert_tokens.clear();
+  for (int64_t l = 0; l < layers; ++l) {
+    for (int64_t e = 0; e < experts; ++e) {
+      impl_->expert_tokens.push_back(&family.Add({{"model", impl_->model_name},
+                                                  {"layer", std::to_string(first_layer + l)},
+                                                  {"expert", std::to_string(e)}}));
+    }
+  }
+}
+
 void PrometheusMetrics::OnSessions(const SessionTableStats& stats) {
   MutexLock lock(&impl_->sessions_mu);
   if (impl_->sessions == nullptr) return;
@@ -504,6 +524,12 @@ void PrometheusMetrics::OnBatchExecuted(const BatchRecord& r) {
   impl_->batch_output_model.Observe(r.output_seconds);
   impl_->batch_size_model.Observe(static_cast<double>(r.requests));
   impl_->batch_tokens_model.Observe(static_cast<double>(r.tokens));
+  // Routing of failed batches is not counted: their results were discarded.
+  if (r.ok && r.expert_tokens.size() == impl_->expert_tokens.size()) {
+    for (size_t i = 0; i < r.expert_tokens.size(); ++i) {
+      impl_->expert_tokens[i]->Increment(static_cast<double>(r.expert_tokens[i]));
+    }
+  }
 }
 
 void PrometheusMetrics::OnQueueDepth(int64_t requests) {

@@ -55,6 +55,9 @@ struct KvCacheInfo {
 //   layerserve_max_queue_bytes{model}                   gauge (after SetLimits)
 //   layerserve_max_batch_tokens{model}                  gauge (after SetLimits)
 //   layerserve_max_queue_delay_seconds{model}           gauge (after SetLimits)
+//   layerserve_expert_tokens_total{model,layer,expert}  counter (after SetExperts): tokens
+//       each expert of a mixture-of-experts layer computed (a token counts
+//       once for each expert it is routed to); layer is the model's index
 // Sessions and their KV cache, all exported only after SetKvCache (which a
 // server calls when its backend keeps a KV cache; one that does not exports
 // none of these, so that no ratio alert or panel reads 0 / 0 or compares with
@@ -93,6 +96,11 @@ class PrometheusMetrics final : public ServerObserver {
   // configuration gauges; a later call sets them again. Call it once at start,
   // before serving, when the backend keeps a KV cache. Thread-safe.
   void SetKvCache(const KvCacheInfo& info);
+  // Creates layerserve_expert_tokens_total's series for model layers
+  // [first_layer, first_layer + layers) of `experts` experts each; batches
+  // whose BatchRecord::expert_tokens holds layers x experts counts advance
+  // them. Call once at start, before serving, for a mixture-of-experts span.
+  void SetExperts(int64_t first_layer, int64_t layers, int64_t experts);
 
   void OnRequestFinished(const RequestRecord& r) override;
   void OnDequeued(const DequeueRecord& r) override;

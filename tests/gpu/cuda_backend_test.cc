@@ -14,6 +14,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -331,6 +332,10 @@ TEST(CudaBackendTest, MixtralExpertsMatchReference) {
       std::copy_n(got.begin() + t * hidden, hidden, expected.begin() + t * hidden);
     }
     tokens += static_cast<int64_t>(margins.size());
+    // The routing's counts come back with the outputs, every choice once.
+    ASSERT_EQ(batch->expert_tokens.size(), 8u);
+    EXPECT_EQ(std::accumulate(batch->expert_tokens.begin(), batch->expert_tokens.end(), int64_t{0}),
+              2 * static_cast<int64_t>(margins.size()));
     ExpectCloseValues(got, expected, hidden, "mixtral batch of " + std::to_string(margins.size()) + " tokens");
     if (HasFailure()) return;
   }

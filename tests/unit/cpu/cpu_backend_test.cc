@@ -105,6 +105,32 @@ TEST(CpuBackendTest, MixtralExpertsMatchReference) {
   CheckModel(RandomModel(MixtralStyleConfig(), 0, 2, DType::kF32, 23), /*num_threads=*/2, 1e-5, 24);
 }
 
+// Batch::expert_tokens: per layer, every token counted once per choice.
+TEST(CpuBackendTest, MixtralCountsTokensPerExpert) {
+  const ModelSpan model = RandomModel(MixtralStyleConfig(), 0, 2, DType::kF32, 23);
+  auto backend = MakeCpuBackend(model, CpuBackendOptions{2});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  Rng rng(27);
+  const int64_t hidden = model.config.hidden_size;
+  const std::vector<float> x = RepresentableInputs(rng, static_cast<size_t>(9 * hidden));
+  BuiltBatch built = BuildBatch({{1, 4, DType::kF32}, {1, 5, DType::kBF16}}, x, hidden);
+  ASSERT_TRUE(RunSync(**backend, built.batch).ok());
+  const std::vector<int64_t>& counts = built.batch->expert_tokens;
+  ASSERT_EQ(counts.size(), 2u * 8u);
+  for (int layer = 0; layer < 2; ++layer) {
+    int64_t sum = 0;
+    for (int e = 0; e < 8; ++e) sum += counts[layer * 8 + e];
+    EXPECT_EQ(sum, 9 * 2) << "layer " << layer;
+  }
+  // A dense span reports none.
+  auto dense = MakeCpuBackend(MakeDemoModel(LayerRange{0, 1}), CpuBackendOptions{1});
+  ASSERT_TRUE(dense.ok());
+  const std::vector<float> y = RepresentableInputs(rng, 2 * 512);
+  BuiltBatch dense_batch = BuildBatch({{1, 2, DType::kF32}}, y, 512);
+  ASSERT_TRUE(RunSync(**dense, dense_batch.batch).ok());
+  EXPECT_TRUE(dense_batch.batch->expert_tokens.empty());
+}
+
 TEST(CpuBackendTest, MixtralTopOneOfManyExpertsMatchesReference) {
   // 32 experts and one per token: most experts see no token of the batch's 28.
   LlamaConfig c = MixtralStyleConfig();

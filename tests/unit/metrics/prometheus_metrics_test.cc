@@ -376,6 +376,39 @@ bool IsSessionFamily(const std::string& name) {
 
 // The families of a server whose backend keeps no KV cache: none, not zeros
 // (a max_sessions of 0 would fire any "sessions near the limit" alert).
+TEST(PrometheusMetricsTest, ExpertTokensPerLayerAfterSetExperts) {
+  PrometheusMetrics metrics(kModel);
+  // Not a mixture of experts: no family, and batches carry no counts.
+  metrics.OnBatchExecuted({.requests = 1, .tokens = 4});
+  EXPECT_FALSE(Parse(metrics).types.contains("layerserve_expert_tokens_total"));
+
+  // Model layers 5 and 6 of 3 experts each.
+  metrics.SetExperts(5, 2, 3);
+  Exposition e = Parse(metrics);
+  EXPECT_EQ(e.types["layerserve_expert_tokens_total"], "counter");
+  const auto series = [&](const Exposition& x, int layer, int expert) {
+    return x.Find(
+        "layerserve_expert_tokens_total",
+        {{"model", kModel}, {"layer", std::to_string(layer)}, {"expert", std::to_string(expert)}});
+  };
+  EXPECT_EQ(series(e, 6, 2), 0.0);  // every series from the first scrape
+  const std::vector<int64_t> first = {4, 0, 2, 1, 1, 4};
+  const std::vector<int64_t> second = {0, 3, 0, 2, 1, 0};
+  metrics.OnBatchExecuted({.requests = 2, .tokens = 3, .expert_tokens = first});
+  metrics.OnBatchExecuted({.requests = 1, .tokens = 3, .expert_tokens = second});
+  // A failed batch's routing is not counted, nor counts of the wrong size.
+  metrics.OnBatchExecuted({.requests = 1, .tokens = 3, .ok = false, .expert_tokens = first});
+  const std::vector<int64_t> wrong = {1, 1};
+  metrics.OnBatchExecuted({.requests = 1, .tokens = 1, .expert_tokens = wrong});
+  e = Parse(metrics);
+  EXPECT_EQ(series(e, 5, 0), 4.0);
+  EXPECT_EQ(series(e, 5, 1), 3.0);
+  EXPECT_EQ(series(e, 5, 2), 2.0);
+  EXPECT_EQ(series(e, 6, 0), 3.0);
+  EXPECT_EQ(series(e, 6, 1), 2.0);
+  EXPECT_EQ(series(e, 6, 2), 4.0);
+}
+
 TEST(PrometheusMetricsTest, NoSessionFamiliesWithoutAKvCache) {
   PrometheusMetrics metrics(kModel);
   metrics.OnSessions({.sessions_open = 3, .blocks_used = 5, .blocks_capacity = 8, .freed_end = 2});

@@ -51,6 +51,7 @@ struct MoeRouteParams {
   int32_t* ranks = nullptr;       // out [tokens, top_k]: the choice's place among its expert's
   int32_t* offsets = nullptr;     // out [experts + 1]
   int32_t* scratch = nullptr;     // [experts + 1]: counts and a finished-blocks counter
+  int32_t* counts_out = nullptr;  // optional out [experts]: tokens per expert, for metrics
 };
 absl::Status LaunchMoeRoute(const MoeRouteParams& p, cudaStream_t stream);
 
