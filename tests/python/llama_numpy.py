@@ -72,13 +72,23 @@ def stored_values(value, dtype):
     return np.asarray(value, dtype=_SAFETENSORS_DTYPES[dtype]).astype(np.float64)
 
 
-def make_checkpoint(directory, config, weight_dtype="F32", seed=0, extra_tensors=None):
+def make_checkpoint(directory, config, weight_dtype="F32", seed=0, extra_tensors=None,
+                    moe_layout="per_expert", omit=()):
     """Writes config.json and model.safetensors with random weights for every
     layer of `config` (a Hugging Face config dict), plus `extra_tensors`
     ({full name: array}, e.g. the embedding, final norm and LM head a client
     needs; they replace the small placeholders otherwise written). Returns the
     per-layer weights exactly as stored (float64 numpy arrays, HF names
-    without the "model.layers.{i}." prefix), for the reference."""
+    without the "model.layers.{i}." prefix), for the reference.
+
+    A mixtral config (num_local_experts) gets a mixture of experts instead of
+    the MLP, stored as published checkpoints do (moe_layout "per_expert":
+    block_sparse_moe.gate.weight, block_sparse_moe.experts.{e}.w1/w2/w3.weight)
+    or as transformers 5 holds it in memory ("fused": mlp.gate.weight,
+    mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I]);
+    the reference gets "moe.router", "moe.w1", "moe.w3" and "moe.w2" either
+    way. The router is scaled up so that routing margins are wide. Tensors
+    named in `omit` are left out of the file (for loading errors)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -101,25 +111,55 @@ def make_checkpoint(directory, config, weight_dtype="F32", seed=0, extra_tensors
             "self_attn.v_proj.weight": linear(kv_heads * head_dim, hidden),
             "self_attn.o_proj.weight": linear(hidden, heads * head_dim),
             "post_attention_layernorm.weight": 1.0 + 0.1 * rng.normal(size=hidden),
-            "mlp.gate_proj.weight": linear(inter, hidden),
-            "mlp.up_proj.weight": linear(inter, hidden),
-            "mlp.down_proj.weight": linear(hidden, inter),
         }
+        experts = config.get("num_local_experts", 0)
+        moe = {}
+        if experts:
+            moe = {"moe.router": 4 * linear(experts, hidden),
+                   "moe.w1": np.stack([linear(inter, hidden) for _ in range(experts)]),
+                   "moe.w3": np.stack([linear(inter, hidden) for _ in range(experts)]),
+                   "moe.w2": np.stack([linear(hidden, inter) for _ in range(experts)])}
+        else:
+            w["mlp.gate_proj.weight"] = linear(inter, hidden)
+            w["mlp.up_proj.weight"] = linear(inter, hidden)
+            w["mlp.down_proj.weight"] = linear(hidden, inter)
         if biases:
             w["self_attn.q_proj.bias"] = 0.1 * rng.normal(size=heads * head_dim)
             w["self_attn.k_proj.bias"] = 0.1 * rng.normal(size=kv_heads * head_dim)
             w["self_attn.v_proj.bias"] = 0.1 * rng.normal(size=kv_heads * head_dim)
         for name, value in w.items():
             tensors[f"model.layers.{i}.{name}"] = value
-        layers.append({name: stored_values(value, weight_dtype) for name, value in w.items()})
+        tensors.update(moe_tensors(i, moe, moe_layout))
+        layers.append({name: stored_values(value, weight_dtype)
+                       for name, value in {**w, **moe}.items()})
     # A checkpoint also holds what a layer span never reads.
     tensors["model.embed_tokens.weight"] = rng.normal(size=(16, hidden))
     tensors["model.norm.weight"] = np.ones(hidden)
     tensors.update(extra_tensors or {})
+    for name in omit:
+        del tensors[name]
 
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     write_safetensors(directory / "model.safetensors", tensors, weight_dtype)
     return layers
+
+
+def moe_tensors(layer, moe, layout):
+    """A layer's expert tensors under their checkpoint names (see
+    make_checkpoint); nothing for a dense layer."""
+    if not moe:
+        return {}
+    p = f"model.layers.{layer}."
+    if layout == "fused":
+        return {p + "mlp.gate.weight": moe["moe.router"],
+                p + "mlp.experts.gate_up_proj": np.concatenate([moe["moe.w1"], moe["moe.w3"]], axis=1),
+                p + "mlp.experts.down_proj": moe["moe.w2"]}
+    assert layout == "per_expert", layout
+    out = {p + "block_sparse_moe.gate.weight": moe["moe.router"]}
+    for e in range(moe["moe.router"].shape[0]):
+        for part in ("w1", "w3", "w2"):
+            out[p + f"block_sparse_moe.experts.{e}.{part}.weight"] = moe[f"moe.{part}"][e]
+    return out
 
 
 # -------------------------------------------------------------- reference
@@ -164,8 +204,9 @@ def apply_rope(x, inv_freq):
     return x * cos + rotated * sin
 
 
-def decoder_layer(x, w, config):
-    """One decoder layer. x: [B, T, hidden] float64 -> [B, T, hidden]."""
+def decoder_layer(x, w, config, margins=None):
+    """One decoder layer. x: [B, T, hidden] float64 -> [B, T, hidden]. A
+    mixture-of-experts layer appends its routing margin to `margins`."""
     b, t, hidden = x.shape
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads", heads)
@@ -194,16 +235,51 @@ def decoder_layer(x, w, config):
     h = x + proj(attn, "self_attn.o_proj")
 
     m = rms_norm(h, w["post_attention_layernorm.weight"], eps)
+    if "moe.router" in w:
+        if margins is not None:
+            margins.append(moe_routing(m, w["moe.router"], config["num_experts_per_tok"])[2])
+        return h + experts_mlp(m, w, config["num_experts_per_tok"])
     gate = proj(m, "mlp.gate_proj")
     up = proj(m, "mlp.up_proj")
     return h + proj(gate / (1.0 + np.exp(-gate)) * up, "mlp.down_proj")
 
 
-def decoder_layers(x, layers, config):
-    """Runs `layers` (a list of weight dicts) in order over x [B, T, hidden]."""
+def moe_routing(m, router, top_k):
+    """Mixtral's routing of rows m [..., hidden]: softmax over the experts,
+    the top_k by probability (highest first; ties to the lower index), and
+    their probabilities renormalised. Returns (ids, weights, margin): margin
+    is the smallest gap between a row's last chosen and best unchosen
+    probability, where a lower-precision server could choose otherwise."""
+    logits = m @ router.T
+    p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    order = np.argsort(-p, axis=-1, kind="stable")
+    ids = order[..., :top_k]
+    chosen = np.take_along_axis(p, ids, axis=-1)
+    margin = np.inf
+    if top_k < p.shape[-1]:
+        nxt = np.take_along_axis(p, order[..., top_k:top_k + 1], axis=-1)
+        margin = float(np.min(chosen[..., -1:] - nxt))
+    return ids, chosen / chosen.sum(axis=-1, keepdims=True), margin
+
+
+def experts_mlp(m, w, top_k):
+    """Σ over each row's chosen experts of weight · (silu(m W1ᵀ) · (m W3ᵀ)) W2ᵀ."""
+    ids, weights, _ = moe_routing(m, w["moe.router"], top_k)
+    out = np.zeros_like(m)
+    for e in range(w["moe.router"].shape[0]):
+        gate = m @ w["moe.w1"][e].T
+        y = (gate / (1.0 + np.exp(-gate)) * (m @ w["moe.w3"][e].T)) @ w["moe.w2"][e].T
+        out += np.sum(np.where(ids == e, weights, 0.0), axis=-1, keepdims=True) * y
+    return out
+
+
+def decoder_layers(x, layers, config, margins=None):
+    """Runs `layers` (a list of weight dicts) in order over x [B, T, hidden];
+    mixture-of-experts layers append their routing margins to `margins`."""
     out = np.asarray(x, dtype=np.float64)
     for w in layers:
-        out = decoder_layer(out, w, config)
+        out = decoder_layer(out, w, config, margins)
     return out
 
 
