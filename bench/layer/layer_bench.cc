@@ -23,13 +23,14 @@
 // for bench/layer/hf_moe.py.
 //
 //   layer_bench [--csv PATH] [--iters N] [--gemm MODE] [--no-autotune]
-//               [--compare cublaslt|untuned] [--mixtral]
+//               [--compare cublaslt|untuned|bm64|bm128] [--mixtral]
 // --gemm auto|cublaslt|custom routes the GEMMs as the server's flag does;
 // --no-autotune keeps auto's built-in table. --compare times a second
 // executor on the same weights, with every GEMM on cuBLASLt or with auto's
 // untuned table, alternating run by run with the first, and adds its median
 // and the ratio: an A/B that the machine's drift between runs (10-25% here at
-// times) cannot fake.
+// times) cannot fake. bm64 / bm128 compare grouped products (--mixtral) run
+// with that row tile everywhere against the per-call choice.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -198,9 +199,11 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
   if (!compare.empty()) {
     cuda::GemmTuningOptions untuned = tuning;
     untuned.autotune = false;
+    const bool row_tile = compare == "bm64" || compare == "bm128";
     LS_ASSIGN_OR_RETURN(
         gemm_b, cuda::MakeGemmRouter(compare == "cublaslt" ? kernels::GemmMode::kCublasLt : kernels::GemmMode::kAuto,
-                                     gemm_shapes, kMaxTokens, untuned, std::cerr));
+                                     gemm_shapes, kMaxTokens, row_tile ? tuning : untuned, std::cerr));
+    if (row_tile) gemm_b->SetGroupedBlockM(compare == "bm64" ? 64 : 128);
     executor_b = std::make_unique<cuda::LayerExecutor>(shape, std::vector<cuda::LayerDeviceWeights>{layer},
                                                        static_cast<const float*>(inv_freq_dev.data()), gemm_b.get());
   }
@@ -410,11 +413,12 @@ int main(int argc, char** argv) {
     } else if (arg == "--mixtral") {
       mixtral = true;
     } else if (arg == "--compare" && i + 1 < argc &&
-               (std::string_view(argv[i + 1]) == "cublaslt" || std::string_view(argv[i + 1]) == "untuned")) {
+               (std::string_view(argv[i + 1]) == "cublaslt" || std::string_view(argv[i + 1]) == "untuned" ||
+                std::string_view(argv[i + 1]) == "bm64" || std::string_view(argv[i + 1]) == "bm128")) {
       compare = argv[++i];
     } else {
       std::cerr << "usage: layer_bench [--csv PATH] [--iters N] [--gemm auto|cublaslt|custom] [--no-autotune] "
-                   "[--compare cublaslt|untuned] [--mixtral]\n";
+                   "[--compare cublaslt|untuned|bm64|bm128] [--mixtral]\n";
       return 2;
     }
   }

@@ -48,12 +48,16 @@ inline constexpr int kMaxSplitK = 8;
 int SplitKHeuristic(int64_t n, int64_t k, int num_sms);
 
 // Per-version launchers; the problem already checked by GemmSupported.
-absl::Status LaunchGemmV3(const DenseGemm& p, int block_n, const DeviceInfo& dev, cudaStream_t stream);
+absl::Status LaunchGemmV3(const DenseGemm& p, int block_n, int block_m, const DeviceInfo& dev, cudaStream_t stream);
 // Version 3 tile width for block_n = 0: 256 unless 128 fills the SMs' last
 // wave clearly better.
 int AutoBlockNV3(int64_t m, int64_t n, int num_sms);
-// Version 3's tiles of `p` at width block_n; for a grouped product, a bound.
-int64_t TileBound(const DenseGemm& p, int block_n);
+// Version 3's tiles of `p` at block_n x block_m; for a grouped product, a
+// bound.
+int64_t TileBound(const DenseGemm& p, int block_n, int block_m);
+// Version 3 row tile for block_m = 0: 128, or 64 for a grouped product whose
+// groups average under 512 rows.
+int AutoBlockMV3(const DenseGemm& p);
 absl::Status LaunchGemmV4(const DenseGemm& p, int splits, const DeviceInfo& dev, cudaStream_t stream);
 absl::Status LaunchGemmV5(const DenseGemm& p, const DeviceInfo& dev, cudaStream_t stream);
 

@@ -113,7 +113,8 @@ std::string GemmConfigName(const GemmConfig& config) {
     case GemmVersion::kCublasLt:
       return "v0-cublaslt";
     case GemmVersion::kWarpSpecialized:
-      return config.block_n > 0 ? absl::StrCat("v3-warp-specialized-bn", config.block_n) : "v3-warp-specialized";
+      return absl::StrCat("v3-warp-specialized", config.block_n > 0 ? absl::StrCat("-bn", config.block_n) : "",
+                          config.block_m > 0 ? absl::StrCat("-bm", config.block_m) : "");
     case GemmVersion::kSmallMSplitK:
       return config.split_k > 0 ? absl::StrCat("v4-split-k", config.split_k) : "v4-split-k";
     case GemmVersion::kClusterMulticast:
@@ -256,6 +257,9 @@ absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const 
       if (config.block_n != 0 && config.block_n != 128 && config.block_n != 256) {
         return absl::InvalidArgumentError("gemm v3: block_n must be 0, 128 or 256");
       }
+      if (config.block_m != 0 && config.block_m != 128 && (config.block_m != 64 || !p.grouped())) {
+        return absl::InvalidArgumentError("gemm v3: block_m must be 0 or 128 (or 64 for a grouped product)");
+      }
       return absl::OkStatus();
     case GemmVersion::kClusterMulticast:
       return absl::OkStatus();
@@ -314,7 +318,7 @@ absl::Status LaunchGemm(const GemmParams& p, const GemmConfig& config, const Dev
   dense.max_group_rows = p.max_group_rows;
   switch (config.version) {
     case GemmVersion::kWarpSpecialized:
-      return gemm::LaunchGemmV3(dense, config.block_n, dev, stream);
+      return gemm::LaunchGemmV3(dense, config.block_n, config.block_m, dev, stream);
     case GemmVersion::kSmallMSplitK:
       return gemm::LaunchGemmV4(dense, ResolveSplits(p, config, dev), dev, stream);
     case GemmVersion::kClusterMulticast:

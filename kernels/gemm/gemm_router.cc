@@ -246,7 +246,9 @@ size_t GemmRouter::CachedPlans() const {
 }
 
 GemmConfig GemmRouter::Route(const GemmParams& p) const {
-  return ChooseGemm(p, custom_kernels_ ? mode_ : GemmMode::kCublasLt, table_, device_);
+  GemmConfig config = ChooseGemm(p, custom_kernels_ ? mode_ : GemmMode::kCublasLt, table_, device_);
+  if (p.grouped() && config.version == GemmVersion::kWarpSpecialized) config.block_m = grouped_block_m_;
+  return config;
 }
 
 void GemmRouter::SetChoice(int64_t m, int64_t n, int64_t k, const GemmConfig& config) {

@@ -18,7 +18,11 @@
 // one): each CTA first turns them into a tile prefix in shared memory, and
 // producer and consumers map each tile index to (group, tile) from it. A
 // group's last row tile may read rows of the next group or past the end of A
-// (zero-filled by TMA); its epilogue stores only the group's own rows.
+// (zero-filled by TMA); its epilogue stores only the group's own rows. With
+// many groups of a few hundred rows, those partial tiles are much of the
+// work, so grouped products may also run 64-row tiles (kBlockM = 64): both
+// consumers then take all 64 rows and half the tile's columns each
+// (m64n128 wgmma at kBlockN = 256), the W tile as before.
 #pragma once
 
 #include <cuda.h>
@@ -32,24 +36,28 @@
 
 namespace layerserve::kernels::gemm::v3 {
 
-constexpr int kBlockM = 128;
 constexpr int kBlockK = 64;
 constexpr int kThreads = 384;
 constexpr int kConsumerWarps = 8;
 constexpr int kGroupM = 8;
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
-constexpr int kABytes = kBlockM * kBlockK * 2;
 static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
 
 // Shared memory of a grouped product's schedule: each group's first row and
 // its first tile, kMaxGemmGroups + 1 of each.
 constexpr int kScheduleBytes = 2 * (kMaxGemmGroups + 1) * 4;
 
-template <int kBlockN>
+// kBlockM: rows per tile, 128 (each consumer 64 of them) or 64 (each
+// consumer half the columns).
+template <int kBlockN, int kBlockM = 128>
 struct Config {
+  static_assert(kBlockM == 128 || kBlockM == 64, "row tiles of 128 or 64");
   static constexpr int kStages = kBlockN == 256 ? 4 : 6;
+  static constexpr int kABytes = kBlockM * kBlockK * 2;
   static constexpr int kWBytes = kBlockN * kBlockK * 2;
+  // Each consumer warpgroup's share of a tile: 64 rows and kConsumerN columns.
+  static constexpr int kConsumerN = kBlockM == 128 ? kBlockN : kBlockN / 2;
   static constexpr int kStageBytes = kABytes + kWBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + kScheduleBytes + 1024;
   static_assert(kABytes % 1024 == 0 && kWBytes % 1024 == 0, "tiles must stay 1024-byte aligned");
@@ -64,6 +72,7 @@ struct TileSite {
 };
 
 // first_row[g] and first_tile[g] for g <= groups (schedule in shared memory).
+template <int kBlockM>
 __device__ __forceinline__ TileSite LocateTile(int t, const GemmArgs& args, const int* first_row,
                                                const int* first_tile) {
   if (args.group_offsets == nullptr) {
@@ -86,13 +95,16 @@ __device__ __forceinline__ TileSite LocateTile(int t, const GemmArgs& args, cons
   return TileSite{rows, GroupedTile(t - first_tile[lo], tiles_m, args.tiles_n, kGroupM), lo * args.n};
 }
 
-template <int kBlockN>
+template <int kBlockN, int kBlockM = 128>
 __global__ void __launch_bounds__(kThreads, 1)
     GemmWarpSpecializedKernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w,
                               const GemmArgs args) {
 #if LS_GEMM_DEVICE_SM90A
-  constexpr int kStages = Config<kBlockN>::kStages;
-  constexpr int kStageBytes = Config<kBlockN>::kStageBytes;
+  using C = Config<kBlockN, kBlockM>;
+  constexpr int kStages = C::kStages;
+  constexpr int kStageBytes = C::kStageBytes;
+  constexpr int kABytes = C::kABytes;
+  constexpr int kConsumerN = C::kConsumerN;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t ring = (SmemAddr(smem_raw) + 1023) & ~1023u;
   const uint32_t full_bar = ring + kStages * kStageBytes;
@@ -131,7 +143,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       uint32_t iter = 0;
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-        const TileSite site = LocateTile(t, args, first_row, first_tile);
+        const TileSite site = LocateTile<kBlockM>(t, args, first_row, first_tile);
         for (int kb = 0; kb < num_kb; ++kb, ++iter) {
           const int slot = iter % kStages;
           // First pass over the ring: parity 1 of a fresh barrier counts as
@@ -151,20 +163,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool signals = threadIdx.x % 32 == 0;
     uint32_t iter = 0;
     for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-      const TileSite site = LocateTile(t, args, first_row, first_tile);
-      float acc[kBlockN / 2];
+      const TileSite site = LocateTile<kBlockM>(t, args, first_row, first_tile);
+      float acc[kConsumerN / 2];
 #pragma unroll
-      for (int i = 0; i < kBlockN / 2; ++i) acc[i] = 0.f;
+      for (int i = 0; i < kConsumerN / 2; ++i) acc[i] = 0.f;
 
       for (int kb = 0; kb < num_kb; ++kb, ++iter) {
         const int slot = iter % kStages;
         MbarWait(full_bar + 8 * slot, (iter / kStages) & 1);
-        const uint64_t desc_a = SmemDescSw128(ring + slot * kStageBytes + consumer * (64 * kBlockK * 2));
-        const uint64_t desc_w = SmemDescSw128(ring + slot * kStageBytes + kABytes);
+        // 128-row tiles: this consumer's 64 rows of A against all of W; 64-row
+        // tiles: all of A against this consumer's half of W's rows.
+        const uint64_t desc_a =
+            SmemDescSw128(ring + slot * kStageBytes + (kBlockM == 128 ? consumer * (64 * kBlockK * 2) : 0));
+        const uint64_t desc_w = SmemDescSw128(ring + slot * kStageBytes + kABytes +
+                                              (kBlockM == 128 ? 0 : consumer * (kConsumerN * kBlockK * 2)));
         FenceAccumulators(acc);
         WgmmaFence();
 #pragma unroll
-        for (int kk = 0; kk < kBlockK / 16; ++kk) WgmmaBf16M64<kBlockN>(acc, desc_a + 2 * kk, desc_w + 2 * kk);
+        for (int kk = 0; kk < kBlockK / 16; ++kk) WgmmaBf16M64<kConsumerN>(acc, desc_a + 2 * kk, desc_w + 2 * kk);
         WgmmaCommit();
         FenceAccumulators(acc);
         // Keep one k-block of wgmma in flight; the one before it has retired,
@@ -181,8 +197,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         __syncwarp();
         if (signals) MbarArrive(empty_bar + 8 * ((iter - 1) % kStages));
       }
-      StoreWgmmaAccumulators<kBlockN>(acc, GroupArgs(args, site.rows), site.tile.m * kBlockM + consumer * 64,
-                                      site.tile.n * kBlockN);
+      const int row0 = site.tile.m * kBlockM + (kBlockM == 128 ? consumer * 64 : 0);
+      const int col0 = site.tile.n * kBlockN + (kBlockM == 128 ? 0 : consumer * kConsumerN);
+      StoreWgmmaAccumulators<kConsumerN>(acc, GroupArgs(args, site.rows), row0, col0);
     }
   }
 #endif

@@ -1,5 +1,6 @@
 // GPU tests of the mixture-of-experts pieces: the grouped GEMM (v4 for small
-// groups, v3 at both tile widths for large ones, and the router's own route)
+// groups, v3 at both tile widths and both tile heights for large ones, and
+// the router's own route)
 // against a plain fp32 GEMM per group on the same bf16 inputs, with ragged
 // groups, empty groups and every row in one group; and the routing,
 // gather and combine kernels against float64 references on the host.
@@ -170,13 +171,16 @@ TEST_P(GroupedGemmTest, MatchesPerGroupReference) {
   Check(GroupedCases()[4], /*accumulate=*/true);
 }
 
-INSTANTIATE_TEST_SUITE_P(Versions, GroupedGemmTest,
-                         ::testing::Values(GroupedVariant{"route", true, {}},
-                                           GroupedVariant{"v4_split_auto", false, {GemmVersion::kSmallMSplitK, 0}},
-                                           GroupedVariant{"v4_split_3", false, {GemmVersion::kSmallMSplitK, 3}},
-                                           GroupedVariant{"v3_bn256", false, {GemmVersion::kWarpSpecialized, 0, 256}},
-                                           GroupedVariant{"v3_bn128", false, {GemmVersion::kWarpSpecialized, 0, 128}}),
-                         [](const ::testing::TestParamInfo<GroupedVariant>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(
+    Versions, GroupedGemmTest,
+    ::testing::Values(GroupedVariant{"route", true, {}},
+                      GroupedVariant{"v4_split_auto", false, {GemmVersion::kSmallMSplitK, 0}},
+                      GroupedVariant{"v4_split_3", false, {GemmVersion::kSmallMSplitK, 3}},
+                      GroupedVariant{"v3_bn256_bm128", false, {GemmVersion::kWarpSpecialized, 0, 256, 128}},
+                      GroupedVariant{"v3_bn128_bm128", false, {GemmVersion::kWarpSpecialized, 0, 128, 128}},
+                      GroupedVariant{"v3_bn256_bm64", false, {GemmVersion::kWarpSpecialized, 0, 256, 64}},
+                      GroupedVariant{"v3_bn128_bm64", false, {GemmVersion::kWarpSpecialized, 0, 128, 64}}),
+    [](const ::testing::TestParamInfo<GroupedVariant>& info) { return info.param.name; });
 
 TEST(GroupedGemmSupportTest, RefusesWhatTheKernelsCannotRun) {
   DeviceInfo hopper;
@@ -204,6 +208,12 @@ TEST(GroupedGemmSupportTest, RefusesWhatTheKernelsCannotRun) {
   p.groups = 8;
   p.max_group_rows = 101;
   EXPECT_FALSE(GemmSupported(p, {GemmVersion::kWarpSpecialized}, hopper).ok());
+  // 64-row tiles are for grouped products only.
+  p.max_group_rows = 100;
+  EXPECT_TRUE(GemmSupported(p, {GemmVersion::kWarpSpecialized, 0, 256, 64}, hopper).ok());
+  p.group_offsets = nullptr;
+  EXPECT_FALSE(GemmSupported(p, {GemmVersion::kWarpSpecialized, 0, 256, 64}, hopper).ok());
+  EXPECT_TRUE(GemmSupported(p, {GemmVersion::kWarpSpecialized, 0, 256, 128}, hopper).ok());
 }
 
 // ---- routing, gather, combine ---------------------------------------------

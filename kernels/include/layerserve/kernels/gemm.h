@@ -100,6 +100,10 @@ struct GemmConfig {
   int split_k = 0;
   // Version 3 only: tile width 128 or 256; 0 picks from the shape.
   int block_n = 0;
+  // Version 3, grouped products only: tile height 64 or 128; 0 picks from
+  // the rows per group. (Not part of the spec strings: grouped products are
+  // never tuned or pinned.)
+  int block_m = 0;
 };
 
 std::string GemmConfigName(const GemmConfig& config);
@@ -225,6 +229,10 @@ class GemmRouter {
   // Pins the configuration of m's bucket for (n, k), replacing any tuned one.
   void SetChoice(int64_t m, int64_t n, int64_t k, const GemmConfig& config);
   const GemmTable& table() const { return table_; }
+  // The row tile of every grouped product version 3 runs (GemmConfig::
+  // block_m; 0, the default, picks per call). For benchmarks' A/B; like
+  // SetChoice, not thread-safe against Run.
+  void SetGroupedBlockM(int block_m) { grouped_block_m_ = block_m; }
 
   GemmMode mode() const { return mode_; }
   const DeviceInfo& device() const { return device_; }
@@ -247,6 +255,7 @@ class GemmRouter {
   const size_t workspace_bytes_;
   const std::unique_ptr<CublasLt> cublaslt_;
   GemmTable table_;
+  int grouped_block_m_ = 0;
 };
 
 }  // namespace layerserve::kernels
