@@ -56,7 +56,7 @@ int AutoBlockNV3(int64_t m, int64_t n, int num_sms);
 // bound.
 int64_t TileBound(const DenseGemm& p, int block_n, int block_m);
 // Version 3 row tile for block_m = 0: 128, or 64 for a grouped product whose
-// groups average under 512 rows.
+// groups average under 128 rows.
 int AutoBlockMV3(const DenseGemm& p);
 absl::Status LaunchGemmV4(const DenseGemm& p, int splits, const DeviceInfo& dev, cudaStream_t stream);
 absl::Status LaunchGemmV5(const DenseGemm& p, const DeviceInfo& dev, cudaStream_t stream);

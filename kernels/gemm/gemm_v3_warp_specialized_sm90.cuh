@@ -19,10 +19,10 @@
 // producer and consumers map each tile index to (group, tile) from it. A
 // group's last row tile may read rows of the next group or past the end of A
 // (zero-filled by TMA); its epilogue stores only the group's own rows. With
-// many groups of a few hundred rows, those partial tiles are much of the
-// work, so grouped products may also run 64-row tiles (kBlockM = 64): both
-// consumers then take all 64 rows and half the tile's columns each
-// (m64n128 wgmma at kBlockN = 256), the W tile as before.
+// groups of a few dozen rows those partial tiles are most of the work, so
+// grouped products may also run 64-row tiles (kBlockM = 64): both consumers
+// then take all 64 rows and half the tile's columns each (m64n128 wgmma at
+// kBlockN = 256), the W tile as before.
 #pragma once
 
 #include <cuda.h>
