@@ -34,6 +34,7 @@ using cpu_test::BuiltBatch;
 using cpu_test::ExpectOutputsMatch;
 using cpu_test::Llama3StyleConfig;
 using cpu_test::MistralStyleConfig;
+using cpu_test::MixtralStyleConfig;
 using cpu_test::Qwen2StyleConfig;
 using cpu_test::RepresentableInputs;
 using cpu_test::RequestShape;
@@ -224,6 +225,18 @@ TEST(CpuSessionsTest, StepsMatchStatelessGqa4HeadDim64) {
   const Sequences in = RandomSequences(rng, 2, 17, model.config.hidden_size);
   const Sequences want = Stateless(*backend, in);
   // Five blocks per sequence out of twelve, in no order; 4 and 8 stay unused.
+  TestSession session({{7, 2, 11, 0, 5}, {3, 9, 1, 10, 6}}, 4);
+  FeedInSteps(*backend, in, want, session, kPieces, DType::kF32);
+}
+
+// Mixtral-style: the experts route each step's tokens as they would route
+// the whole sequence (a mixture of experts changes nothing about sessions).
+TEST(CpuSessionsTest, StepsMatchStatelessMixtral) {
+  const ModelSpan model = RandomModel(MixtralStyleConfig(), 0, 2, DType::kF32, 121);
+  std::unique_ptr<Backend> backend = MakeBackend(model, {12, 4});
+  Rng rng(122);
+  const Sequences in = RandomSequences(rng, 2, 17, model.config.hidden_size);
+  const Sequences want = Stateless(*backend, in);
   TestSession session({{7, 2, 11, 0, 5}, {3, 9, 1, 10, 6}}, 4);
   FeedInSteps(*backend, in, want, session, kPieces, DType::kF32);
 }
