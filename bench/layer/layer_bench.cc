@@ -84,22 +84,6 @@ double Median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-LlamaConfig Mixtral8x7BConfig() {
-  LlamaConfig c;
-  c.model_type = "mixtral";
-  c.hidden_size = 4096;
-  c.intermediate_size = 14336;
-  c.num_attention_heads = 32;
-  c.num_key_value_heads = 8;
-  c.head_dim = 128;
-  c.num_hidden_layers = 1;
-  c.rms_norm_eps = 1e-5;
-  c.rope_theta = 1e6;
-  c.num_experts = 8;
-  c.experts_per_token = 2;
-  return c;
-}
-
 LlamaConfig Llama3_8BConfig() {
   LlamaConfig c;
   c.model_type = "llama";
@@ -111,6 +95,17 @@ LlamaConfig Llama3_8BConfig() {
   c.num_hidden_layers = 1;
   c.rms_norm_eps = 1e-5;
   c.rope_theta = 500000.0;
+  return c;
+}
+
+// Mixtral-8x7B: Llama-3-8B's attention shapes, rope_theta 1e6, and 8 experts
+// of intermediate 14336 in place of the MLP, 2 per token.
+LlamaConfig Mixtral8x7BConfig() {
+  LlamaConfig c = Llama3_8BConfig();
+  c.model_type = "mixtral";
+  c.rope_theta = 1e6;
+  c.num_experts = 8;
+  c.experts_per_token = 2;
   return c;
 }
 

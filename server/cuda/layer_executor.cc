@@ -279,48 +279,52 @@ absl::Status LayerExecutor::ForwardLayer(int layer, const ActivationArena& arena
   LS_RETURN_IF_ERROR(kernels::LaunchRmsNorm(norm, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpNorm, stream));
   if (s.experts > 0) return ExpertMlps(layer, arena, tokens, workspace, stream, timer);
-  return DenseMlp(w, arena, tokens, workspace, stream, timer);
+  // The dense MLP: its output accumulates onto the residual stream.
+  return RunMlp(w, arena,
+                {.input = arena.normed, .rows = tokens, .output = arena.x, .accumulate = true},
+                workspace, stream, timer);
 }
 
-absl::Status LayerExecutor::DenseMlp(const LayerDeviceWeights& w, const ActivationArena& arena,
-                                     int64_t tokens, const kernels::GemmWorkspace& workspace,
-                                     cudaStream_t stream, OpTimer* timer) const {
+absl::Status LayerExecutor::RunMlp(const LayerDeviceWeights& w, const ActivationArena& arena,
+                                   const MlpRun& run, const kernels::GemmWorkspace& workspace,
+                                   cudaStream_t stream, OpTimer* timer) const {
   const LayerShape& s = shape_;
   kernels::GemmParams gate_up;
-  gate_up.a = arena.normed;
+  gate_up.a = run.input;
   gate_up.lda = s.hidden;
   gate_up.w = w.w_gate_up;
   gate_up.ldw = s.hidden;
   gate_up.d = arena.gate_up;
   gate_up.ldd = 2 * s.intermediate;
-  gate_up.m = tokens;
+  gate_up.m = run.rows;
   gate_up.n = 2 * s.intermediate;
   gate_up.k = s.hidden;
   gate_up.dtype = s.dtype;
+  gate_up.group_offsets = run.group_offsets;
+  gate_up.groups = run.groups;
+  gate_up.max_group_rows = run.max_group_rows;
   LS_RETURN_IF_ERROR(gemm_->Run(gate_up, workspace, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmGateUp, stream));
 
   kernels::SiluMulParams silu;
   silu.gate_up = arena.gate_up;
   silu.out = arena.mlp;
-  silu.rows = tokens;
+  silu.rows = run.rows;
   silu.width = s.intermediate;
   silu.dtype = s.dtype;
   LS_RETURN_IF_ERROR(kernels::LaunchSiluMul(silu, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpSiluMul, stream));
 
-  kernels::GemmParams down;
+  kernels::GemmParams down = gate_up;
   down.a = arena.mlp;
   down.lda = s.intermediate;
   down.w = w.w_down;
   down.ldw = s.intermediate;
-  down.d = arena.x;
+  down.d = run.output;
   down.ldd = s.hidden;
-  down.accumulate = true;
-  down.m = tokens;
+  down.accumulate = run.accumulate;
   down.n = s.hidden;
   down.k = s.intermediate;
-  down.dtype = s.dtype;
   LS_RETURN_IF_ERROR(gemm_->Run(down, workspace, stream));
   return MarkOp(timer, kOpGemmDown, stream);
 }
@@ -365,43 +369,15 @@ absl::Status LayerExecutor::ExpertMlps(int layer, const ActivationArena& arena, 
   // Both projections are one grouped GEMM each: expert e multiplies its rows
   // [offsets[e], offsets[e + 1]) by its own weights; a token picks an expert
   // at most once, so no expert has more rows than the batch has tokens.
-  kernels::GemmParams gate_up;
-  gate_up.a = arena.moe_input;
-  gate_up.lda = s.hidden;
-  gate_up.w = w.w_gate_up;
-  gate_up.ldw = s.hidden;
-  gate_up.d = arena.gate_up;
-  gate_up.ldd = 2 * s.intermediate;
-  gate_up.m = rows;
-  gate_up.n = 2 * s.intermediate;
-  gate_up.k = s.hidden;
-  gate_up.dtype = s.dtype;
-  gate_up.group_offsets = arena.expert_offsets;
-  gate_up.groups = s.experts;
-  gate_up.max_group_rows = tokens;
-  LS_RETURN_IF_ERROR(gemm_->Run(gate_up, workspace, stream));
-  LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmGateUp, stream));
-
-  kernels::SiluMulParams silu;
-  silu.gate_up = arena.gate_up;
-  silu.out = arena.mlp;
-  silu.rows = rows;
-  silu.width = s.intermediate;
-  silu.dtype = s.dtype;
-  LS_RETURN_IF_ERROR(kernels::LaunchSiluMul(silu, stream));
-  LS_RETURN_IF_ERROR(MarkOp(timer, kOpSiluMul, stream));
-
-  kernels::GemmParams down = gate_up;
-  down.a = arena.mlp;
-  down.lda = s.intermediate;
-  down.w = w.w_down;
-  down.ldw = s.intermediate;
-  down.d = arena.moe_output;
-  down.ldd = s.hidden;
-  down.n = s.hidden;
-  down.k = s.intermediate;
-  LS_RETURN_IF_ERROR(gemm_->Run(down, workspace, stream));
-  LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmDown, stream));
+  LS_RETURN_IF_ERROR(RunMlp(w, arena,
+                            {.input = arena.moe_input,
+                             .rows = rows,
+                             .output = arena.moe_output,
+                             .accumulate = false,
+                             .group_offsets = arena.expert_offsets,
+                             .groups = s.experts,
+                             .max_group_rows = tokens},
+                            workspace, stream, timer));
 
   kernels::MoeCombineParams combine;
   combine.choices = choices;

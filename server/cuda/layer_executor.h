@@ -190,10 +190,22 @@ class LayerExecutor {
   // Attention of a batch with sessions: KvAppend, then PagedAttention.
   absl::Status PagedAttend(int layer, const ActivationArena& arena, const BatchGeometry& batch,
                            cudaStream_t stream) const;
-  // The MLP after the post-attention norm: dense, or a mixture of experts.
-  absl::Status DenseMlp(const LayerDeviceWeights& w, const ActivationArena& arena, int64_t tokens,
-                        const kernels::GemmWorkspace& workspace, cudaStream_t stream,
-                        OpTimer* timer) const;
+  // The SwiGLU MLP over `rows` rows of `input`: gate/up into arena.gate_up,
+  // SiLU·mul into arena.mlp, down into `output` (onto it with accumulate,
+  // the residual add). With group_offsets, each projection is one grouped
+  // GEMM over the experts (GemmParams::group_offsets).
+  struct MlpRun {
+    const void* input = nullptr;
+    int64_t rows = 0;
+    void* output = nullptr;
+    bool accumulate = false;
+    const int32_t* group_offsets = nullptr;
+    int groups = 0;
+    int64_t max_group_rows = 0;
+  };
+  absl::Status RunMlp(const LayerDeviceWeights& w, const ActivationArena& arena, const MlpRun& run,
+                      const kernels::GemmWorkspace& workspace, cudaStream_t stream,
+                      OpTimer* timer) const;
   // `layer`'s experts; its tokens per expert go to arena.expert_tokens.
   absl::Status ExpertMlps(int layer, const ActivationArena& arena, int64_t tokens,
                           const kernels::GemmWorkspace& workspace, cudaStream_t stream,

@@ -14,11 +14,6 @@
 namespace layerserve::integration {
 namespace {
 
-std::vector<double> ToDouble(const HostTensor& tensor) {
-  const std::vector<float> values = tensor.ToFloat();
-  return std::vector<double>(values.begin(), values.end());
-}
-
 // The reference's output value as the server would return it in `datatype`.
 double RoundTo(double value, const std::string& datatype) {
   const float f = static_cast<float>(value);
@@ -33,50 +28,15 @@ DemoReference::DemoReference(int64_t first_layer, int64_t end_layer) {
   LayerRange range;
   range.begin = first_layer;
   range.end = end_layer;
-  const ModelSpan span = MakeDemoModel(range);
-  const LlamaConfig& c = span.config;
-  config_.hidden = c.hidden_size;
-  config_.intermediate = c.intermediate_size;
-  config_.heads = c.num_attention_heads;
-  config_.kv_heads = c.num_key_value_heads;
-  config_.head_dim = c.head_dim;
-  config_.rms_norm_eps = c.rms_norm_eps;
-  config_.rope_theta = c.rope_theta;
-  if (c.rope_scaling) {
-    config_.llama3 = true;
-    config_.llama3_factor = c.rope_scaling->factor;
-    config_.llama3_low_freq_factor = c.rope_scaling->low_freq_factor;
-    config_.llama3_high_freq_factor = c.rope_scaling->high_freq_factor;
-    config_.llama3_original_max_positions =
-        static_cast<double>(c.rope_scaling->original_max_position_embeddings);
-  }
-  for (const LayerWeights& w : span.layers) {
-    reference::Layer layer;
-    layer.input_norm = ToDouble(w.input_layernorm);
-    layer.wq = ToDouble(w.q_proj);
-    layer.wk = ToDouble(w.k_proj);
-    layer.wv = ToDouble(w.v_proj);
-    layer.bq = ToDouble(w.q_bias);
-    layer.bk = ToDouble(w.k_bias);
-    layer.bv = ToDouble(w.v_bias);
-    layer.wo = ToDouble(w.o_proj);
-    layer.post_norm = ToDouble(w.post_attention_layernorm);
-    layer.wgate = ToDouble(w.gate_proj);
-    layer.wup = ToDouble(w.up_proj);
-    layer.wdown = ToDouble(w.down_proj);
-    layers_.push_back(std::move(layer));
-  }
+  model_ = test_support::ToReference(MakeDemoModel(range));
 }
 
 std::vector<double> DemoReference::Run(const std::vector<float>& x, int64_t batch,
                                        int64_t seq_len) const {
   std::vector<int32_t> cu_seqlens;
   for (int64_t b = 0; b <= batch; ++b) cu_seqlens.push_back(static_cast<int32_t>(b * seq_len));
-  std::vector<double> h(x.begin(), x.end());
-  for (const reference::Layer& layer : layers_) {
-    h = reference::DecoderLayer(h, cu_seqlens, config_, layer);
-  }
-  return h;
+  return test_support::ReferenceForward(model_, std::vector<double>(x.begin(), x.end()),
+                                        cu_seqlens);
 }
 
 std::vector<float> RandomBf16ExactValues(size_t count, uint64_t seed) {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "client/tensor.h"
-#include "tests/reference/llama_reference.h"
+#include "tests/support/reference_model.h"
 
 namespace layerserve::integration {
 
@@ -21,7 +21,7 @@ class DemoReference {
   // Layers [first_layer, end_layer) of the demo model.
   DemoReference(int64_t first_layer, int64_t end_layer);
 
-  int64_t hidden() const { return config_.hidden; }
+  int64_t hidden() const { return model_.config.hidden; }
 
   // Runs x ([batch, seq_len, hidden], row-major) through the layers; each of
   // the `batch` rows is an independent sequence at positions 0..seq_len-1, as
@@ -29,8 +29,7 @@ class DemoReference {
   std::vector<double> Run(const std::vector<float>& x, int64_t batch, int64_t seq_len) const;
 
  private:
-  reference::Config config_;
-  std::vector<reference::Layer> layers_;
+  test_support::ReferenceModel model_;
 };
 
 // `count` standard-normal values rounded to BF16, so the same input is exact

@@ -17,7 +17,7 @@ namespace layerserve::test_support {
 
 // Decodes a weight tensor here rather than with HostTensor::ToFloat, so the
 // reference does not share the server's conversion code.
-std::vector<double> DecodeWeights(const HostTensor& t) {
+inline std::vector<double> DecodeWeights(const HostTensor& t) {
   std::vector<double> out;
   if (t.dtype == DType::kF32) {
     for (size_t i = 0; i < t.data.size(); i += 4) {
@@ -44,7 +44,7 @@ struct ReferenceModel {
   std::vector<int64_t> windows;  // per layer: sliding window, 0 for full causal
 };
 
-ReferenceModel ToReference(const ModelSpan& span) {
+inline ReferenceModel ToReference(const ModelSpan& span) {
   const LlamaConfig& c = span.config;
   ReferenceModel m;
   m.config.hidden = c.hidden_size;
@@ -89,8 +89,8 @@ ReferenceModel ToReference(const ModelSpan& span) {
   return m;
 }
 
-std::vector<double> ReferenceForward(const ReferenceModel& m, std::vector<double> x,
-                                     const std::vector<int32_t>& cu_seqlens) {
+inline std::vector<double> ReferenceForward(const ReferenceModel& m, std::vector<double> x,
+                                            const std::vector<int32_t>& cu_seqlens) {
   reference::Config config = m.config;
   for (size_t i = 0; i < m.layers.size(); ++i) {
     config.sliding_window = m.windows[i];
