@@ -12,7 +12,7 @@
 // it requires the launch-bounds register cap (384 threads, 1 block/SM).
 //
 // A grouped product (a mixture of experts) walks one tile sequence over all
-// groups: group g contributes ceil(rows_g / 128) x tiles_n tiles, in grouped
+// groups: group g contributes ceil(rows_g / kBlockM) x tiles_n tiles, in grouped
 // order within the group, so the CTAs running at one time share W_g in L2.
 // The rows per group come from the device (the routing kernel before this
 // one): each CTA first turns them into a tile prefix in shared memory, and
