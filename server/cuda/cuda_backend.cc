@@ -543,32 +543,6 @@ bool CudaDeviceAvailable() {
   return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
 }
 
-namespace {
-
-// A mixture of experts runs the project's grouped GEMM, which only our
-// Hopper kernels implement: refused with the reason anywhere else.
-absl::Status CheckExpertsCanRun(const LlamaConfig& c, const cudaDeviceProp& props) {
-  if (props.major != 9 || props.minor != 0 || !kernels::GemmBuiltWithSm90a()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "cuda backend: mixture-of-experts layers (", c.model_type,
-        ") run on the project's grouped GEMM, which needs a compute capability 9.0 GPU (H100, "
-        "H200) and an sm_90a build; this is ",
-        props.name, " (sm_", props.major, props.minor, "), ",
-        kernels::GemmBuiltWithSm90a() ? "built with" : "built without",
-        " sm_90a. --backend=cpu serves them"));
-  }
-  if (c.num_experts > kernels::kMaxGemmGroups || c.hidden_size % 8 != 0 ||
-      c.intermediate_size % 8 != 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        "cuda backend: mixture of experts with ", c.num_experts, " experts, hidden ", c.hidden_size,
-        ", intermediate ", c.intermediate_size, " is not supported (at most ",
-        kernels::kMaxGemmGroups, " experts; sizes multiples of 8)"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& model,
                                                              const CudaBackendOptions& options) {
   LS_RETURN_IF_ERROR(ValidateOptions(model, options));
@@ -583,7 +557,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& mo
   LS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, options.device));
 
   const bool moe = model.config.IsMixtureOfExperts();
-  if (moe) LS_RETURN_IF_ERROR(CheckExpertsCanRun(model.config, props));
+  if (moe) LS_RETURN_IF_ERROR(cuda::CheckExpertsCanRun(model.config, props));
   const kernels::DType dtype = cuda::ActivationDTypeFor(model);
   LS_ASSIGN_OR_RETURN(cuda::DeviceWeights weights, cuda::DeviceWeights::Upload(model, dtype));
   const cuda::LayerShape shape = cuda::LayerShape::FromConfig(model.config, dtype);

@@ -126,4 +126,24 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
   return out;
 }
 
+absl::Status CheckExpertsCanRun(const LlamaConfig& c, const cudaDeviceProp& props) {
+  if (props.major != 9 || props.minor != 0 || !kernels::GemmBuiltWithSm90a()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "cuda backend: mixture-of-experts layers (", c.model_type,
+        ") run on the project's grouped GEMM, which needs a compute capability 9.0 GPU (H100, "
+        "H200) and an sm_90a build; this is ",
+        props.name, " (sm_", props.major, props.minor, "), ",
+        kernels::GemmBuiltWithSm90a() ? "built with" : "built without",
+        " sm_90a. --backend=cpu serves them"));
+  }
+  if (c.num_experts > kernels::kMaxGemmGroups || c.hidden_size % 8 != 0 ||
+      c.intermediate_size % 8 != 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "cuda backend: mixture of experts with ", c.num_experts, " experts, hidden ", c.hidden_size,
+        ", intermediate ", c.intermediate_size, " is not supported (at most ",
+        kernels::kMaxGemmGroups, " experts; sizes multiples of 8)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace layerserve::cuda

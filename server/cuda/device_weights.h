@@ -7,6 +7,8 @@
 // intermediate]), which is the layout the grouped GEMM reads.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <vector>
 
@@ -22,6 +24,12 @@ namespace layerserve::cuda {
 // bf16 otherwise (fp16 has too little range for f32 checkpoints' activations),
 // and always bf16 for a mixture of experts (its grouped GEMMs take bf16).
 kernels::DType ActivationDTypeFor(const ModelSpan& model);
+
+// OK when the device (`props`) and this build can run `config`'s mixture of
+// experts: the grouped GEMM is the project's Hopper kernel only, so anything
+// but compute capability 9.0 with sm_90a code, more than kMaxGemmGroups
+// experts, or sizes not multiples of 8 are UNIMPLEMENTED, with the reason.
+absl::Status CheckExpertsCanRun(const LlamaConfig& config, const cudaDeviceProp& props);
 
 class DeviceWeights {
  public:
