@@ -104,7 +104,9 @@ def run_perf_analyzer(perf_analyzer, server, tmp_path, mode, concurrency, extra_
 def test_perf_analyzer_runs_without_errors(perf_analyzer, demo_server, tmp_path, mode,
                                            concurrency, expected_levels):
     output, rows, _ = run_perf_analyzer(perf_analyzer, demo_server, tmp_path, mode, concurrency)
-    assert [int(r["Concurrency"]) for r in rows] == expected_levels, f"{rows}\n{output}"
+    # perf_analyzer writes its CSV rows ordered by throughput, not by level:
+    # on a loaded CI machine concurrency 4 can measure below 1.
+    assert sorted(int(r["Concurrency"]) for r in rows) == expected_levels, f"{rows}\n{output}"
 
 
 @pytest.mark.parametrize("mode", ["unary", "streaming"])
