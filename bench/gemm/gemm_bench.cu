@@ -11,7 +11,7 @@
 // that serving sees.
 //
 //   gemm_bench [--versions=0,3,4,5,auto] [--shapes=6144x4096,...] [--ms=1,8,...]
-//              [--iters=5] [--rounds=5] [--csv=PATH]
+//              [--iters=5] [--rounds=5] [--csv=PATH] [--gated]
 // A version may pin a configuration: 3b128 / 3b256 (v3 tile width), 4s2
 // (v4 with 2 K splits); plain 3 and 4 use the launchers' own choice.
 // Every variant runs through one GemmRouter, the code serving runs: a
@@ -19,6 +19,12 @@
 // autotuned for the shape (as at model load, up to the largest --ms); its row
 // also gives its ratio to the fastest other variant at that M, which the
 // issue bounds at 2% slower.
+//
+// --gated times the MLP's gate/up projection with its SiLU gate instead
+// (N = 2 x the intermediate width): each version twice, as "<v>+act" (the
+// plain product, then the SiLU kernel) and "<v>:fused" (GemmParams::silu_mul,
+// the gate in the epilogue; on cuBLASLt the same two launches), validated
+// on the gated output and timed in the same interleaved rounds.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -33,6 +39,7 @@
 #include <vector>
 
 #include "layerserve/kernels/gemm.h"
+#include "layerserve/kernels/layer_ops.h"
 
 namespace layerserve::kernels {
 namespace {
@@ -78,6 +85,7 @@ struct Variant {
   std::string label;
   GemmConfig config;
   bool is_auto = false;  // the autotuned dispatcher; config unused
+  bool fused = false;    // --gated: the gate in the epilogue (else a second kernel)
 };
 
 bool ParseVariant(const std::string& text, Variant* v) {
@@ -103,6 +111,7 @@ struct Options {
   int iters = 5;   // timed graph replays per round
   int rounds = 5;  // interleaved rounds over the variants
   std::string csv;
+  bool gated = false;
 };
 
 std::vector<std::string> Split(const std::string& s, char sep) {
@@ -146,9 +155,23 @@ bool ParseOptions(int argc, char** argv, Options* opt) {
       opt->rounds = std::max(1, std::atoi(value.c_str()));
     } else if (key == "--csv") {
       opt->csv = value;
+    } else if (key == "--gated" && value.empty()) {
+      opt->gated = true;
     } else {
       return false;
     }
+  }
+  if (opt->gated) {
+    std::vector<Variant> both;
+    for (Variant v : opt->versions) {
+      const std::string label = v.label;
+      v.label = label + "+act";
+      both.push_back(v);
+      v.label = label + ":fused";
+      v.fused = true;
+      both.push_back(v);
+    }
+    opt->versions = both;
   }
   return true;
 }
@@ -181,7 +204,8 @@ class Bench {
     allocations_.push_back(p);
     return p;
   }
-  absl::Status Launch(const Variant& variant, const GemmParams& p);
+  // `act`: where --gated writes the gated output ([m, n / 2]).
+  absl::Status Launch(const Variant& variant, const GemmParams& p, void* act);
   bool RunShape(int64_t n, int64_t k);
   void Print(const Row& r) const;
 
@@ -194,20 +218,34 @@ class Bench {
   size_t l2_bytes_ = 0;
 };
 
-absl::Status Bench::Launch(const Variant& variant, const GemmParams& p) {
-  if (variant.is_auto) return router_->Run(p, workspace_, stream_);
-  return router_->RunConfig(p, variant.config, workspace_, stream_);
+absl::Status Bench::Launch(const Variant& variant, const GemmParams& plain, void* act) {
+  GemmParams p = plain;
+  if (variant.fused) {
+    p.silu_mul = true;
+    p.scratch = plain.d;  // the cuBLASLt route's plain product
+    p.d = act;
+    p.ldd = p.n / 2;
+  }
+  absl::Status st = variant.is_auto ? router_->Run(p, workspace_, stream_)
+                                    : router_->RunConfig(p, variant.config, workspace_, stream_);
+  if (!st.ok() || !opt_.gated || variant.fused) return st;
+  SiluMulParams gate;
+  gate.gate_up = plain.d;
+  gate.out = act;
+  gate.rows = p.m;
+  gate.width = p.n / 2;
+  return LaunchSiluMul(gate, stream_);
 }
 
 void Bench::Print(const Row& r) const {
   if (r.status == "ok") {
-    std::printf("%6lld %6lld %6lld  %-6s %10.1f us  %7.1f TFLOP/s  %7.0f GB/s  %5.2fx v0", static_cast<long long>(r.m),
+    std::printf("%6lld %6lld %6lld  %-9s %10.1f us  %7.1f TFLOP/s  %7.0f GB/s  %5.2fx v0", static_cast<long long>(r.m),
                 static_cast<long long>(r.n), static_cast<long long>(r.k), r.label.c_str(), r.median_us, r.tflops,
                 r.gbps, r.ratio);
     if (!r.chosen.empty()) std::printf("  [%s, %.3fx the fastest other]", r.chosen.c_str(), r.vs_best);
     std::printf("\n");
   } else {
-    std::printf("%6lld %6lld %6lld  %-6s %s\n", static_cast<long long>(r.m), static_cast<long long>(r.n),
+    std::printf("%6lld %6lld %6lld  %-9s %s\n", static_cast<long long>(r.m), static_cast<long long>(r.n),
                 static_cast<long long>(r.k), r.label.c_str(), r.status.c_str());
   }
   std::fflush(stdout);
@@ -220,12 +258,13 @@ bool Bench::RunShape(int64_t n, int64_t k) {
   const size_t c_bytes = max_m * n * 2;
   // Rotate through enough weight+activation sets to defeat the L2.
   const int sets = static_cast<int>(std::max<size_t>(2, (3 * l2_bytes_ + w_bytes - 1) / w_bytes));
-  std::vector<void*> a(sets), w(sets), c(sets);
+  std::vector<void*> a(sets), w(sets), c(sets), act(sets);
   for (int s = 0; s < sets; ++s) {
     a[s] = Alloc(a_bytes);
     w[s] = Alloc(w_bytes);
     c[s] = Alloc(c_bytes);
-    if (a[s] == nullptr || w[s] == nullptr || c[s] == nullptr) {
+    act[s] = Alloc(c_bytes / 2);
+    if (a[s] == nullptr || w[s] == nullptr || c[s] == nullptr || act[s] == nullptr) {
       std::fprintf(stderr, "out of device memory for n=%lld k=%lld\n", static_cast<long long>(n),
                    static_cast<long long>(k));
       return false;
@@ -235,9 +274,10 @@ bool Bench::RunShape(int64_t n, int64_t k) {
     BENCH_CHECK_CUDA(cudaPeekAtLastError());
   }
   void* expected = Alloc(c_bytes);
+  void* expected_act = Alloc(c_bytes / 2);
   unsigned long long* bad = static_cast<unsigned long long*>(Alloc(sizeof(unsigned long long) + sizeof(float)));
   float* worst = reinterpret_cast<float*>(bad + 1);
-  if (expected == nullptr || bad == nullptr) return false;
+  if (expected == nullptr || expected_act == nullptr || bad == nullptr) return false;
   cudaEvent_t start, stop;
   BENCH_CHECK_CUDA(cudaEventCreate(&start));
   BENCH_CHECK_CUDA(cudaEventCreate(&stop));
@@ -269,6 +309,14 @@ bool Bench::RunShape(int64_t n, int64_t k) {
       std::fprintf(stderr, "cuBLASLt reference failed: %s\n", std::string(ref_status.message()).c_str());
       return false;
     }
+    if (opt_.gated) {
+      SiluMulParams gate;
+      gate.gate_up = expected;
+      gate.out = expected_act;
+      gate.rows = m;
+      gate.width = n / 2;
+      if (!LaunchSiluMul(gate, stream_).ok()) return false;
+    }
     // Pass 1: validate each variant and capture its graph. Pass 2: time the
     // captured graphs in interleaved rounds, so clock and power drift over
     // the sweep hits every variant alike instead of whichever ran last.
@@ -279,27 +327,34 @@ bool Bench::RunShape(int64_t n, int64_t k) {
     };
     std::vector<Timed> timed;
     for (const Variant& variant : opt_.versions) {
-      const GemmConfig config = variant.is_auto ? router_->Route(params(0, c[0])) : variant.config;
+      GemmParams probe = params(0, c[0]);
+      if (variant.fused) {
+        probe.silu_mul = true;
+        probe.ldd = n / 2;
+      }
+      const GemmConfig config = variant.is_auto ? router_->Route(probe) : variant.config;
       Row row{m, n, k, variant.label, "ok"};
       if (variant.is_auto) row.chosen = GemmConfigSpec(config);
       if (!variant.is_auto && config.version == GemmVersion::kSmallMSplitK && m > 64) continue;  // small-M only
-      const absl::Status supported = config.version == GemmVersion::kCublasLt
-                                         ? absl::OkStatus()
-                                         : GemmSupported(params(0, c[0]), config, router_->device());
+      const absl::Status supported =
+          config.version == GemmVersion::kCublasLt ? absl::OkStatus() : GemmSupported(probe, config, router_->device());
       if (!supported.ok()) {
         row.status = "n/a: " + std::string(supported.message());
         timed.push_back({row});
         continue;
       }
-      // Validate against cuBLASLt on poisoned output.
+      // Validate against cuBLASLt on poisoned output (--gated: the gated
+      // output, whose operands carry the product's rounding: a looser bound).
       BENCH_CHECK_CUDA(cudaMemsetAsync(c[0], 0xFF, m * n * 2, stream_));
+      BENCH_CHECK_CUDA(cudaMemsetAsync(act[0], 0xFF, m * n, stream_));
       BENCH_CHECK_CUDA(cudaMemsetAsync(bad, 0, sizeof(unsigned long long) + sizeof(float), stream_));
-      const absl::Status st = Launch(variant, params(0, c[0]));
+      const absl::Status st = Launch(variant, params(0, c[0]), act[0]);
       if (st.ok()) {
         const float scale = std::sqrt(static_cast<float>(k)) / 3.f;  // uniform [-1, 1) inputs
-        CompareKernel<<<1024, 256, 0, stream_>>>(static_cast<const __nv_bfloat16*>(c[0]),
-                                                 static_cast<const __nv_bfloat16*>(expected), m * n, 2.02f / 256.f,
-                                                 1e-3f * scale, bad, worst);
+        CompareKernel<<<1024, 256, 0, stream_>>>(
+            static_cast<const __nv_bfloat16*>(opt_.gated ? act[0] : c[0]),
+            static_cast<const __nv_bfloat16*>(opt_.gated ? expected_act : expected), opt_.gated ? m * n / 2 : m * n,
+            opt_.gated ? 6.06f / 256.f : 2.02f / 256.f, opt_.gated ? 1e-3f * scale * scale : 1e-3f * scale, bad, worst);
         BENCH_CHECK_CUDA(cudaPeekAtLastError());
       }
       BENCH_CHECK_CUDA(cudaStreamSynchronize(stream_));
@@ -322,7 +377,7 @@ bool Bench::RunShape(int64_t n, int64_t k) {
       BENCH_CHECK_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
       bool captured = true;
       for (int i = 0; i < kGraphLaunches && captured; ++i) {
-        captured = Launch(variant, params(i % sets, c[i % sets])).ok();
+        captured = Launch(variant, params(i % sets, c[i % sets]), act[i % sets]).ok();
       }
       BENCH_CHECK_CUDA(cudaStreamEndCapture(stream_, &graph));
       if (!captured) {
@@ -361,7 +416,7 @@ bool Bench::RunShape(int64_t n, int64_t k) {
       row.median_us = 1e3 * t.times[t.times.size() / 2];
       row.tflops = 2.0 * m * n * k / (row.median_us * 1e-6) / 1e12;
       row.gbps = 2.0 * (m * k + n * k + m * n) / (row.median_us * 1e-6) / 1e9;
-      if (row.label == "v0") v0_us = row.median_us;
+      if (row.label == "v0" || row.label == "v0+act") v0_us = row.median_us;
       if (row.chosen.empty() && (best_other_us == 0 || row.median_us < best_other_us)) best_other_us = row.median_us;
     }
     for (Timed& t : timed) {
@@ -399,7 +454,7 @@ bool Bench::Run() {
   router_ = *std::move(router);
   BENCH_CHECK_CUDA(cudaMalloc(&workspace_.data, GemmRouter::kDefaultWorkspaceBytes));
   workspace_.bytes = GemmRouter::kDefaultWorkspaceBytes;
-  std::printf("%6s %6s %6s  %-6s %13s  %15s  %11s  %s\n", "M", "N", "K", "ver", "median", "rate", "A+W+C",
+  std::printf("%6s %6s %6s  %-9s %13s  %15s  %11s  %s\n", "M", "N", "K", "ver", "median", "rate", "A+W+C",
               "vs cuBLASLt");
   for (const auto& [n, k] : opt_.shapes) {
     if (!RunShape(n, k)) return false;
@@ -427,7 +482,7 @@ int main(int argc, char** argv) {
     std::fprintf(
         stderr,
         "usage: gemm_bench [--versions=0,3,3b128,4,4s2,5,auto,...] [--shapes=NxK,...] [--ms=1,8,...] [--iters=N] "
-        "[--rounds=N] [--csv=PATH]\n");
+        "[--rounds=N] [--csv=PATH] [--gated]\n");
     return 2;
   }
   layerserve::kernels::Bench bench(std::move(opt));

@@ -19,8 +19,8 @@
 // experts of intermediate 14336, 2 per token, routed by random weights): its
 // floor counts the experts a batch is expected to read, E (1 - (1 - k/E)^T)
 // of them under uniform routing, and its CSV rows add the experts' part
-// (routing through combine) and the grouped GEMMs with the SiLU between them,
-// for bench/layer/hf_moe.py.
+// (routing through combine) and the grouped GEMMs (the SiLU gate in the
+// gate/up epilogue), for bench/layer/hf_moe.py.
 //
 //   layer_bench [--csv PATH] [--iters N] [--gemm MODE] [--no-autotune]
 //               [--compare cublaslt|untuned|bm64|bm128] [--mixtral]
@@ -172,12 +172,7 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
       cudaMemcpy(inv_freq_dev.data(), inv_freq.data(), inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
   // The server's GEMM routing: auto mode, tuned at "load" for this layer's
   // shapes (the table goes to stderr).
-  std::vector<std::pair<int64_t, int64_t>> gemm_shapes = {{shape.qkv_width(), shape.hidden},
-                                                          {shape.hidden, shape.q_width()}};
-  if (!mixtral) {  // experts run grouped GEMMs, which the table does not route
-    gemm_shapes.push_back({2 * shape.intermediate, shape.hidden});
-    gemm_shapes.push_back({shape.hidden, shape.intermediate});
-  }
+  const std::vector<cuda::TunedShape> gemm_shapes = cuda::TunedShapesFor(shape);
   cuda::GemmTuningOptions tuning;
   tuning.autotune = autotune;
   LS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::GemmRouter> gemm,
@@ -345,7 +340,7 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
     std::map<std::string_view, double> op_ms;
     for (const std::string_view op :
          {cuda::kOpNorm, cuda::kOpGemmQkv, cuda::kOpRope, cuda::kOpAttention, cuda::kOpGemmO, cuda::kOpMoeRoute,
-          cuda::kOpGemmGateUp, cuda::kOpSiluMul, cuda::kOpGemmDown, cuda::kOpMoeCombine}) {
+          cuda::kOpGemmGateUp, cuda::kOpGemmDown, cuda::kOpMoeCombine}) {
       const auto& v = sink.times()[std::string(op)];
       if (v.empty()) continue;  // the MoE ops of a dense layer
       // "norm" runs twice per layer: report the per-layer total.
@@ -370,7 +365,7 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
     if (csv.is_open() && !decode) {
       csv << c.tokens << "," << c.seqs << "," << median_ms;
       if (mixtral) {
-        const double grouped = op_ms[cuda::kOpGemmGateUp] + op_ms[cuda::kOpSiluMul] + op_ms[cuda::kOpGemmDown];
+        const double grouped = op_ms[cuda::kOpGemmGateUp] + op_ms[cuda::kOpGemmDown];
         csv << "," << grouped + op_ms[cuda::kOpMoeRoute] + op_ms[cuda::kOpMoeCombine] << "," << grouped;
       }
       csv << "\n";

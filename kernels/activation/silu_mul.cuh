@@ -1,5 +1,8 @@
-// Device code of the SwiGLU gate: out = silu(gate) * up over rows laid out as
-// [gate (width) | up (width)], one 16-byte vector of 8 outputs per thread.
+// Device code of the SwiGLU gate: out = silu(gate) * up over rows whose gate
+// and up columns are interleaved in blocks of 8 (kGateUpBlock), one 16-byte
+// vector of 8 outputs per thread: vector 2c of a row is gate block c, vector
+// 2c + 1 the up block. The GEMM epilogue that fuses this (SiluMulOne in
+// kernels/gemm/gemm_sm90_epilogue.cuh) rounds the same way.
 // Rounding follows the two T ops of Hugging Face's act_fn(gate) * up: silu's
 // result is rounded to T, then the product is.
 #pragma once
@@ -25,8 +28,9 @@ __global__ void SiluMulKernel(const SiluMulParams p) {
   const int64_t row = idx / vecs_per_row;
   const int64_t col = idx % vecs_per_row;
   const V* in = static_cast<const V*>(p.gate_up) + row * 2 * vecs_per_row;
-  const V g = in[col];
-  const V u = in[vecs_per_row + col];
+  static_assert(kVec == kGateUpBlock, "one vector per interleaved block");
+  const V g = in[2 * col];
+  const V u = in[2 * col + 1];
   V out;
 #pragma unroll
   for (int e = 0; e < kVec; ++e) {

@@ -32,6 +32,9 @@ struct DenseGemm {
   const int32_t* group_offsets = nullptr;
   int groups = 0;
   int64_t max_group_rows = 0;
+  // C = silu(gate) * up of the product's interleaved columns, [m, n / 2]
+  // (GemmParams::silu_mul); no residual then.
+  bool silu_mul = false;
 };
 
 // Tensor map over a row-major bf16 matrix [rows, cols] (cols contiguous),

@@ -218,8 +218,15 @@ absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const 
   if (p.m < 1 || p.n < 1 || p.k < 1) {
     return absl::InvalidArgumentError(absl::StrCat("gemm: bad shape m=", p.m, " n=", p.n, " k=", p.k));
   }
-  if (p.lda != p.k || p.ldw != p.k || p.ldd != p.n) {
-    return absl::InvalidArgumentError("gemm v3-v5 take dense operands (lda = ldw = k, ldd = n)");
+  if (p.lda != p.k || p.ldw != p.k || p.ldd != p.out_cols()) {
+    return absl::InvalidArgumentError(
+        "gemm v3-v5 take dense operands (lda = ldw = k, ldd = n, or n / 2 with silu_mul)");
+  }
+  if (p.silu_mul && config.version == GemmVersion::kClusterMulticast) {
+    return absl::InvalidArgumentError("gemm v5 has no silu_mul epilogue");
+  }
+  if (p.silu_mul && (p.n % 16 != 0 || p.accumulate)) {
+    return absl::InvalidArgumentError("gemm: silu_mul takes n a multiple of 16 and no accumulate");
   }
   if (p.n % 8 != 0 || p.k % 8 != 0) {
     return absl::InvalidArgumentError(absl::StrCat("gemm: n and k must be multiples of 8 (n=", p.n, ", k=", p.k, ")"));
@@ -284,6 +291,7 @@ GemmConfig ChooseGemm(const GemmParams& p, GemmMode mode, const GemmTable& table
   } else {
     config.version = p.m <= 16 ? GemmVersion::kSmallMSplitK : GemmVersion::kCublasLt;
   }
+  if (p.silu_mul && config.version == GemmVersion::kClusterMulticast) config = {GemmVersion::kWarpSpecialized};
   // The per-call conditions (device, dtype, bias, strides, alignment): where
   // ours do not take the call, cuBLASLt does.
   if (config.version != GemmVersion::kCublasLt && !GemmSupported(p, config, dev).ok()) return cublaslt;
@@ -316,6 +324,7 @@ absl::Status LaunchGemm(const GemmParams& p, const GemmConfig& config, const Dev
   dense.group_offsets = p.group_offsets;
   dense.groups = p.groups;
   dense.max_group_rows = p.max_group_rows;
+  dense.silu_mul = p.silu_mul;
   switch (config.version) {
     case GemmVersion::kWarpSpecialized:
       return gemm::LaunchGemmV3(dense, config.block_n, config.block_m, dev, stream);

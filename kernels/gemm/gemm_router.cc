@@ -27,6 +27,7 @@
 #include "base/status_macros.h"
 #include "kernels/gemm/gemm_internal.h"
 #include "layerserve/kernels/gemm.h"
+#include "layerserve/kernels/layer_ops.h"
 
 namespace layerserve::kernels {
 namespace {
@@ -104,11 +105,20 @@ absl::Status Validate(const GemmParams& p) {
     return absl::InvalidArgumentError(absl::StrCat("gemm: non-positive shape m=", p.m, " n=", p.n, " k=", p.k));
   }
   if (p.a == nullptr || p.w == nullptr || p.d == nullptr) return absl::InvalidArgumentError("gemm: null operand");
-  if (p.lda < p.k || p.ldw < p.k || p.ldd < p.n) {
+  if (p.lda < p.k || p.ldw < p.k || p.ldd < p.out_cols()) {
     return absl::InvalidArgumentError(absl::StrCat("gemm: leading dimensions lda=", p.lda, " ldw=", p.ldw,
                                                    " ldd=", p.ldd, " too small for m=", p.m, " n=", p.n, " k=", p.k));
   }
   if (p.dtype == DType::kF32) return absl::InvalidArgumentError("gemm: operands must be bf16 or fp16");
+  if (p.silu_mul) {
+    if (p.n % (2 * kGateUpBlock) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("gemm: silu_mul needs n a multiple of 16, got ", p.n));
+    }
+    if (p.bias != nullptr || p.accumulate) {
+      return absl::InvalidArgumentError("gemm: silu_mul takes neither bias nor accumulate");
+    }
+    if (p.ldd != p.n / 2) return absl::InvalidArgumentError("gemm: silu_mul writes a dense output (ldd = n / 2)");
+  }
   return absl::OkStatus();
 }
 
@@ -270,6 +280,22 @@ absl::Status GemmRouter::RunConfig(const GemmParams& p, const GemmConfig& config
 }
 
 absl::Status GemmRouter::RunCublasLt(const GemmParams& p, const GemmWorkspace& workspace, cudaStream_t stream) {
+  if (p.silu_mul) {
+    // The plain product into the scratch buffer, then the activation.
+    if (p.scratch == nullptr) return absl::InvalidArgumentError("gemm: silu_mul on cuBLASLt needs a scratch buffer");
+    GemmParams plain = p;
+    plain.silu_mul = false;
+    plain.d = p.scratch;
+    plain.ldd = p.n;
+    LS_RETURN_IF_ERROR(RunCublasLt(plain, workspace, stream));
+    SiluMulParams act;
+    act.gate_up = p.scratch;
+    act.out = p.d;
+    act.rows = p.m;
+    act.width = p.n / 2;
+    act.dtype = p.dtype;
+    return LaunchSiluMul(act, stream);
+  }
   const int alignment = AlignmentOf({p.a, p.w, p.d, p.bias});
   if (alignment < 2) return absl::InvalidArgumentError("gemm: operand not 2-byte aligned");
   LS_ASSIGN_OR_RETURN(const CublasLt::Plan* plan, cublaslt_->GetPlan(p, alignment));
@@ -292,9 +318,10 @@ absl::Status GemmRouter::RunCublasLt(const GemmParams& p, const GemmWorkspace& w
 }
 
 absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int64_t k, int64_t max_m,
-                                                                 const GemmWorkspace& workspace, cudaStream_t stream) {
+                                                                 const GemmWorkspace& workspace, cudaStream_t stream,
+                                                                 bool gated) {
   std::vector<GemmTuneResult> results;
-  if (!custom_kernels_ || n % 8 != 0 || k % 8 != 0 || max_m < 1) return results;
+  if (!custom_kernels_ || n % (gated ? 16 : 8) != 0 || k % 8 != 0 || max_m < 1) return results;
   const int last_bucket = GemmMBucket(max_m);
   const int64_t rows = std::min(GemmMBucketUpperBound(last_bucket), kTuneMaxM);
   // Enough copies of W that timed launches stream it from HBM, as serving does.
@@ -303,6 +330,9 @@ absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int6
       static_cast<int>(std::max<size_t>(2, (2 * static_cast<size_t>(device_.l2_bytes) + w_bytes - 1) / w_bytes));
   LS_ASSIGN_OR_RETURN(const cuda::DeviceBuffer a, cuda::DeviceBuffer::Allocate(static_cast<size_t>(rows * k) * 2));
   LS_ASSIGN_OR_RETURN(const cuda::DeviceBuffer c, cuda::DeviceBuffer::Allocate(static_cast<size_t>(rows * n) * 2));
+  // The gated output; c is then the cuBLASLt route's scratch.
+  LS_ASSIGN_OR_RETURN(const cuda::DeviceBuffer act,
+                      cuda::DeviceBuffer::Allocate(gated ? static_cast<size_t>(rows * n) : size_t{16}));
   LS_RETURN_IF_ERROR(gemm::FillRandomBf16(a.data(), rows * k, 1, stream));
   std::vector<cuda::DeviceBuffer> w;
   for (int i = 0; i < w_sets; ++i) {
@@ -316,8 +346,10 @@ absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int6
     GemmParams p;
     p.a = a.data();
     p.lda = k;
-    p.d = c.data();
-    p.ldd = n;
+    p.d = gated ? act.data() : c.data();
+    p.ldd = gated ? n / 2 : n;
+    p.silu_mul = gated;
+    p.scratch = gated ? c.data() : nullptr;
     p.ldw = k;
     p.m = std::min(GemmMBucketUpperBound(bucket), rows);
     p.n = n;
@@ -352,7 +384,7 @@ absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int6
         LS_ASSIGN_OR_RETURN(times[i][round], graphs[i].Time(stream, start.get(), stop.get()));
       }
     }
-    GemmTuneResult result{bucket, p.m, n, k, configs.front(), -1.f, -1.f};
+    GemmTuneResult result{bucket, p.m, n, k, gated, configs.front(), -1.f, -1.f};
     for (size_t i = 0; i < graphs.size(); ++i) {
       std::sort(times[i].begin(), times[i].end());
       const float us = 1e3f * times[i][kTuneRounds / 2];

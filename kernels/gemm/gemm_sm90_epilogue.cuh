@@ -19,8 +19,10 @@ struct GemmArgs {
   const __nv_bfloat16* a;         // [m, k]
   const __nv_bfloat16* w;         // [n, k]
   const __nv_bfloat16* residual;  // [m, n] or null
-  __nv_bfloat16* c;               // [m, n]
+  __nv_bfloat16* c;               // [m, ldc]
   int m, n, k;
+  int ldc;        // n, or n / 2 with silu_mul
+  bool silu_mul;  // DenseGemm::silu_mul
   int tiles_m, tiles_n;
   int splits;  // version 4: K splits (= cluster size)
   // Grouped products (DenseGemm): null for one dense product.
@@ -38,6 +40,8 @@ inline GemmArgs MakeGemmArgs(const DenseGemm& p, int block_m, int block_n) {
   args.m = static_cast<int>(p.m);
   args.n = static_cast<int>(p.n);
   args.k = static_cast<int>(p.k);
+  args.ldc = static_cast<int>(p.silu_mul ? p.n / 2 : p.n);
+  args.silu_mul = p.silu_mul;
   args.tiles_m = static_cast<int>((p.m + block_m - 1) / block_m);
   args.tiles_n = static_cast<int>((p.n + block_n - 1) / block_n);
   args.splits = 1;
@@ -56,9 +60,8 @@ struct GroupRows {
 };
 __device__ __forceinline__ GemmArgs GroupArgs(const GemmArgs& args, GroupRows g) {
   GemmArgs out = args;
-  const int64_t offset = static_cast<int64_t>(g.row0) * args.n;
-  out.c = args.c + offset;
-  if (args.residual != nullptr) out.residual = args.residual + offset;
+  out.c = args.c + static_cast<int64_t>(g.row0) * args.ldc;
+  if (args.residual != nullptr) out.residual = args.residual + static_cast<int64_t>(g.row0) * args.n;
   out.m = g.rows;
   return out;
 }
@@ -88,8 +91,24 @@ __device__ __forceinline__ void StorePair(const GemmArgs& args, int64_t offset, 
   *reinterpret_cast<__nv_bfloat162*>(args.c + offset) = __floats2bfloat162_rn(x, y);
 }
 
+// silu(gate) * up in bf16 for one output, from fp32 accumulators, with the
+// roundings of the separate kernel (kernels/activation/silu_mul.cuh) on the
+// bf16 product it would read: gate and up to bf16, silu's result to bf16,
+// then the product. So a fused and an unfused run of one kernel agree bit
+// for bit.
+__device__ __forceinline__ float SiluMulOne(float gate, float up) {
+  const float g = __bfloat162float(__float2bfloat16_rn(gate));
+  const float silu = __bfloat162float(__float2bfloat16_rn(g / (1.f + expf(-g))));
+  return silu * __bfloat162float(__float2bfloat16_rn(up));
+}
+
 // Writes a warpgroup's m64 x kN wgmma accumulator tile whose top-left output
-// element is (row0, col0).
+// element is (row0, col0); col0 is a multiple of 16.
+//
+// Thread `lane` holds columns col0 + 2 (lane % 4) + 8 j (and the next one) for
+// every j, so with silu_mul (gate/up columns interleaved in blocks of 8) its
+// even j are gate columns and j + 1 the up columns of the same two features:
+// output columns (col0 + 8 j) / 2 + 2 (lane % 4), one bf16 pair.
 template <int kN>
 __device__ __forceinline__ void StoreWgmmaAccumulators(const float (&acc)[kN / 2], const GemmArgs& args, int row0,
                                                        int col0) {
@@ -97,6 +116,23 @@ __device__ __forceinline__ void StoreWgmmaAccumulators(const float (&acc)[kN / 2
   const int warp = (threadIdx.x / 32) % 4;
   const int row = row0 + warp * 16 + lane / 4;
   const int col = col0 + 2 * (lane % 4);
+  if (args.silu_mul) {
+#pragma unroll
+    for (int j = 0; j < kN / 8; j += 2) {
+      // n is a multiple of 16: a gate block in range has its up block too.
+      if (col + 8 * j >= args.n) continue;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (row + 8 * h < args.m) {
+          const int64_t offset = static_cast<int64_t>(row + 8 * h) * args.ldc + (col0 + 8 * j) / 2 + 2 * (lane % 4);
+          *reinterpret_cast<__nv_bfloat162*>(args.c + offset) =
+              __floats2bfloat162_rn(SiluMulOne(acc[4 * j + 2 * h], acc[4 * j + 4 + 2 * h]),
+                                    SiluMulOne(acc[4 * j + 2 * h + 1], acc[4 * j + 4 + 2 * h + 1]));
+        }
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < kN / 8; ++j) {
     // n is a multiple of 8, so col + 8j < n implies col + 8j + 1 < n.

@@ -112,6 +112,28 @@ __device__ __forceinline__ void ConsumeAndStage(uint32_t ring, uint32_t full_bar
       for (int e = 0; e < 2; ++e) staged[(8 * j + c_base + e) * kStagePitch + r_local + 8 * h] = acc[4 * j + 2 * h + e];
 }
 
+// Four consecutive fp32 columns of the staged tile at `offset`, summed over
+// the cluster's `splits` CTAs in rank order (all loads issued first).
+__device__ __forceinline__ float4 SumOverCluster(const cooperative_groups::cluster_group& cluster, float* staged,
+                                                 int offset, int splits) {
+  float4 part[kMaxSplits];
+#pragma unroll
+  for (int q = 0; q < kMaxSplits; ++q) {
+    if (q < splits) part[q] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(staged, q) + offset);
+  }
+  float4 sum = part[0];
+#pragma unroll
+  for (int q = 1; q < kMaxSplits; ++q) {
+    if (q < splits) {
+      sum.x += part[q].x;
+      sum.y += part[q].y;
+      sum.z += part[q].z;
+      sum.w += part[q].w;
+    }
+  }
+  return sum;
+}
+
 template <int kMPad>
 __global__ void __launch_bounds__(kThreads, 2)
     GemmSmallMKernel(const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_a,
@@ -211,40 +233,36 @@ __global__ void __launch_bounds__(kThreads, 2)
   // This CTA's slice of the tile's [m][128] output block, in groups of four
   // columns: group g is token g / 32, columns n0 + 4 * (g % 32) + 0..3. Each
   // thread loads its group from every CTA of the cluster at once (all loads
-  // in flight together), sums in rank order, and writes 8 bytes of C.
-  const int quads = group_args.m * (kBlockN / 4);
-  const int chunk = (quads + args.splits - 1) / args.splits;
-  const int end = min(quads, (split + 1) * chunk);
+  // in flight together), sums in rank order, and writes 8 bytes of C. With
+  // silu_mul a group is four gate columns and the four up columns 8 further
+  // (the interleaved blocks of 8), giving four outputs: 16 groups per token.
+  const int per_token = args.silu_mul ? kBlockN / 8 : kBlockN / 4;
+  const int groups = group_args.m * per_token;
+  const int chunk = (groups + args.splits - 1) / args.splits;
+  const int end = min(groups, (split + 1) * chunk);
   for (int g = split * chunk + static_cast<int>(threadIdx.x); g < end; g += kThreads) {
-    const int m = g / (kBlockN / 4);
-    const int r = 4 * (g % (kBlockN / 4));
-    if (n0 + r >= args.n) continue;  // n % 8 == 0: the group is all in or all out
-    float4 part[kMaxSplits];
-#pragma unroll
-    for (int q = 0; q < kMaxSplits; ++q) {
-      if (q < args.splits) {
-        part[q] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(staged, q) + m * kStagePitch + r);
+    const int m = g / per_token;
+    const int q = g % per_token;
+    const int r = args.silu_mul ? 16 * (q / 2) + 4 * (q % 2) : 4 * q;
+    if (n0 + r >= args.n) continue;  // n % 8 == 0 (16 with silu_mul): the group is all in or all out
+    float4 sum = SumOverCluster(cluster, staged, m * kStagePitch + r, args.splits);
+    int64_t offset;
+    if (args.silu_mul) {
+      const float4 up = SumOverCluster(cluster, staged, m * kStagePitch + r + 8, args.splits);
+      sum = make_float4(SiluMulOne(sum.x, up.x), SiluMulOne(sum.y, up.y), SiluMulOne(sum.z, up.z),
+                        SiluMulOne(sum.w, up.w));
+      offset = static_cast<int64_t>(m) * args.ldc + n0 / 2 + 8 * (q / 2) + 4 * (q % 2);
+    } else {
+      offset = static_cast<int64_t>(m) * args.n + n0 + r;
+      if (group_args.residual != nullptr) {
+        const uint2 bits = *reinterpret_cast<const uint2*>(group_args.residual + offset);
+        const float2 r01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.x));
+        const float2 r23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.y));
+        sum.x += r01.x;
+        sum.y += r01.y;
+        sum.z += r23.x;
+        sum.w += r23.y;
       }
-    }
-    float4 sum = part[0];
-#pragma unroll
-    for (int q = 1; q < kMaxSplits; ++q) {
-      if (q < args.splits) {
-        sum.x += part[q].x;
-        sum.y += part[q].y;
-        sum.z += part[q].z;
-        sum.w += part[q].w;
-      }
-    }
-    const int64_t offset = static_cast<int64_t>(m) * args.n + n0 + r;
-    if (group_args.residual != nullptr) {
-      const uint2 bits = *reinterpret_cast<const uint2*>(group_args.residual + offset);
-      const float2 r01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.x));
-      const float2 r23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.y));
-      sum.x += r01.x;
-      sum.y += r01.y;
-      sum.z += r23.x;
-      sum.w += r23.y;
     }
     const __nv_bfloat162 lo = __floats2bfloat162_rn(sum.x, sum.y);
     const __nv_bfloat162 hi = __floats2bfloat162_rn(sum.z, sum.w);

@@ -561,19 +561,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& mo
   const kernels::DType dtype = cuda::ActivationDTypeFor(model);
   LS_ASSIGN_OR_RETURN(cuda::DeviceWeights weights, cuda::DeviceWeights::Upload(model, dtype));
   const cuda::LayerShape shape = cuda::LayerShape::FromConfig(model.config, dtype);
-  std::vector<std::pair<int64_t, int64_t>> gemm_shapes;
-  if (dtype == kernels::DType::kBF16) {  // our GEMM kernels take bf16 only
-    gemm_shapes = {{shape.qkv_width(), shape.hidden}, {shape.hidden, shape.q_width()}};
-    // Experts run grouped GEMMs, which the table does not route.
-    if (!moe) {
-      gemm_shapes.push_back({2 * shape.intermediate, shape.hidden});
-      gemm_shapes.push_back({shape.hidden, shape.intermediate});
-    }
-  }
   LogStream gemm_log(LogLevel::kInfo);  // the tuning table, one record per line
-  LS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::GemmRouter> gemm,
-                      cuda::MakeGemmRouter(options.gemm_mode, gemm_shapes, options.max_batch_tokens,
-                                           options.gemm_tuning, gemm_log));
+  LS_ASSIGN_OR_RETURN(
+      std::unique_ptr<kernels::GemmRouter> gemm,
+      cuda::MakeGemmRouter(options.gemm_mode, cuda::TunedShapesFor(shape), options.max_batch_tokens,
+                           options.gemm_tuning, gemm_log));
   std::vector<std::unique_ptr<StreamSlot>> slots;
   for (int i = 0; i < options.num_streams; ++i) {
     LS_ASSIGN_OR_RETURN(

@@ -5,10 +5,12 @@
 
 #include <cstring>
 #include <string_view>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/cuda/cuda_status.h"
 #include "base/status_macros.h"
+#include "layerserve/kernels/layer_ops.h"
 
 namespace layerserve::cuda {
 namespace {
@@ -32,6 +34,25 @@ void ConvertInto(std::initializer_list<const HostTensor*> tensors, DType dtype,
   }
 }
 
+// Reorders `mlps` stacked gate/up weights at `rows`, each [gate (width rows)
+// | up (width rows)] of `row_bytes` per row, into the interleaved order the
+// fused gate (kernels::GateUpRow) reads.
+void InterleaveGateUp(unsigned char* rows, int64_t mlps, int64_t width, size_t row_bytes) {
+  const size_t mlp_bytes = static_cast<size_t>(2 * width) * row_bytes;
+  std::vector<unsigned char> stacked(mlp_bytes);
+  for (int64_t e = 0; e < mlps; ++e) {
+    unsigned char* mlp = rows + static_cast<size_t>(e) * mlp_bytes;
+    std::memcpy(stacked.data(), mlp, mlp_bytes);
+    for (int64_t i = 0; i < width; ++i) {
+      for (const bool up : {false, true}) {
+        std::memcpy(mlp + static_cast<size_t>(kernels::GateUpRow(i, up)) * row_bytes,
+                    stacked.data() + static_cast<size_t>((up ? width : 0) + i) * row_bytes,
+                    row_bytes);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 kernels::DType ActivationDTypeFor(const ModelSpan& model) {
@@ -50,6 +71,11 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
   const LlamaConfig& c = model.config;
   const bool moe = c.IsMixtureOfExperts();
   const LayerShape shape = LayerShape::FromConfig(c, dtype);
+  if (shape.intermediate % kernels::kGateUpBlock != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda backend: intermediate_size ",
+                                                   shape.intermediate, " is not a multiple of ",
+                                                   kernels::kGateUpBlock));
+  }
   const size_t e = static_cast<size_t>(kernels::DTypeBytes(dtype));
   const DType host_dtype = CoreDType(dtype);
 
@@ -103,6 +129,8 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
       ConvertInto({&w.gate_proj, &w.up_proj}, host_dtype, at(h.w_gate_up));
       ConvertInto({&w.down_proj}, host_dtype, at(h.w_down));
     }
+    InterleaveGateUp(at(h.w_gate_up), shape.mlps(), shape.intermediate,
+                     static_cast<size_t>(shape.hidden) * e);
 
     LS_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(image.size()));
     LS_CUDA_RETURN_IF_ERROR(

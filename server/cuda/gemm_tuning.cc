@@ -28,7 +28,8 @@ namespace {
 
 using kernels::GemmTuneResult;
 
-constexpr char kCacheFormat[] = "layerserve-gemm-tune-1";
+// 2: the gate/up shape is timed with its gated epilogue ("gated" entries).
+constexpr char kCacheFormat[] = "layerserve-gemm-tune-2";
 
 // A dense bf16 call of shape (m, n, k) for asking the router where such a call
 // goes: Route never dereferences, so an aligned placeholder address stands in
@@ -55,13 +56,15 @@ bool ParsePositive(absl::string_view text, int64_t* out) {
   return absl::SimpleAtoi(text, out) && *out > 0;
 }
 
-// The cache's results for (n, k) if they cover every bucket up to
+// The cache's results for `shape` if they cover every bucket up to
 // `last_bucket`, else nothing.
-std::vector<GemmTuneResult> CachedFor(const std::vector<GemmTuneResult>& cached, int64_t n,
-                                      int64_t k, int last_bucket) {
+std::vector<GemmTuneResult> CachedFor(const std::vector<GemmTuneResult>& cached,
+                                      const TunedShape& shape, int last_bucket) {
   std::map<int, GemmTuneResult> by_bucket;
   for (const GemmTuneResult& r : cached) {
-    if (r.n == n && r.k == k && r.bucket <= last_bucket) by_bucket[r.bucket] = r;
+    if (r.n == shape.n && r.k == shape.k && r.gated == shape.gated && r.bucket <= last_bucket) {
+      by_bucket[r.bucket] = r;
+    }
   }
   if (static_cast<int>(by_bucket.size()) != last_bucket + 1) return {};
   std::vector<GemmTuneResult> out;
@@ -158,6 +161,7 @@ std::string SerializeGemmTuneCache(const GemmTuneCache& cache) {
                        {"k", r.k},
                        {"m_max", kernels::GemmMBucketUpperBound(r.bucket)},
                        {"m_timed", r.m_timed},
+                       {"gated", r.gated},
                        {"config", kernels::GemmConfigSpec(r.chosen)},
                        {"us", r.chosen_us},
                        {"cublaslt_us", r.cublaslt_us}});
@@ -211,6 +215,9 @@ absl::StatusOr<GemmTuneCache> ParseGemmTuneCache(std::string_view json) {
           absl::StrCat("gemm tuning cache: ", chosen.status().message()));
     }
     r.chosen = *chosen;
+    if (const auto gated = e.find("gated"); gated != e.end() && gated->is_boolean()) {
+      r.gated = gated->get<bool>();
+    }
     if (const nlohmann::json* v = number("m_timed")) r.m_timed = v->get<int64_t>();
     if (const nlohmann::json* v = number("us")) r.chosen_us = v->get<float>();
     if (const nlohmann::json* v = number("cublaslt_us")) r.cublaslt_us = v->get<float>();
@@ -231,9 +238,20 @@ absl::StatusOr<std::string> CurrentDeviceKey(std::string_view build) {
                       "; layerserve ", ToAbsl(build));
 }
 
-absl::Status TuneGemmRouter(kernels::GemmRouter& router,
-                            const std::vector<std::pair<int64_t, int64_t>>& shapes, int64_t max_m,
-                            const GemmTuningOptions& options, std::ostream& log) {
+std::vector<TunedShape> TunedShapesFor(const LayerShape& shape) {
+  if (shape.dtype != kernels::DType::kBF16) return {};  // our GEMM kernels take bf16 only
+  std::vector<TunedShape> shapes = {{shape.qkv_width(), shape.hidden},
+                                    {shape.hidden, shape.q_width()}};
+  // Experts run grouped GEMMs, which the table does not route.
+  if (shape.experts == 0) {
+    shapes.push_back({2 * shape.intermediate, shape.hidden, /*gated=*/true});
+    shapes.push_back({shape.hidden, shape.intermediate});
+  }
+  return shapes;
+}
+
+absl::Status TuneGemmRouter(kernels::GemmRouter& router, const std::vector<TunedShape>& shapes,
+                            int64_t max_m, const GemmTuningOptions& options, std::ostream& log) {
   if (!router.custom_kernels_enabled() || router.mode() != kernels::GemmMode::kAuto) {
     return absl::OkStatus();
   }
@@ -248,11 +266,12 @@ absl::Status TuneGemmRouter(kernels::GemmRouter& router,
   bool tuned_any = false;
   // Entries for the cache file: everything read (other models' shapes
   // included) with this pass's results replacing those of their shape.
-  std::map<std::tuple<int64_t, int64_t, int>, GemmTuneResult> merged;
-  for (const GemmTuneResult& r : cached) merged[{r.n, r.k, r.bucket}] = r;
+  std::map<std::tuple<int64_t, int64_t, bool, int>, GemmTuneResult> merged;
+  for (const GemmTuneResult& r : cached) merged[{r.n, r.k, r.gated, r.bucket}] = r;
 
-  for (const auto& [n, k] : shapes) {
-    std::vector<GemmTuneResult> results = CachedFor(cached, n, k, last_bucket);
+  for (const TunedShape& tuned : shapes) {
+    const int64_t n = tuned.n, k = tuned.k;
+    std::vector<GemmTuneResult> results = CachedFor(cached, tuned, last_bucket);
     std::string source = "from the cache";
     if (results.empty() && options.autotune) {
       if (stream.get() == nullptr) {
@@ -261,13 +280,13 @@ absl::Status TuneGemmRouter(kernels::GemmRouter& router,
       }
       const auto start = std::chrono::steady_clock::now();
       LS_ASSIGN_OR_RETURN(
-          results,
-          router.Autotune(n, k, max_m, {workspace.data(), workspace.bytes()}, stream.get()));
+          results, router.Autotune(n, k, max_m, {workspace.data(), workspace.bytes()}, stream.get(),
+                                   tuned.gated));
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       source = absl::StrFormat("autotuned in %.1f s", seconds);
       tuned_any = true;
-      for (const GemmTuneResult& r : results) merged[{r.n, r.k, r.bucket}] = r;
+      for (const GemmTuneResult& r : results) merged[{r.n, r.k, r.gated, r.bucket}] = r;
     } else if (results.empty()) {
       source = "defaults, autotune off";
     } else {
@@ -275,7 +294,8 @@ absl::Status TuneGemmRouter(kernels::GemmRouter& router,
         router.SetChoice(kernels::GemmMBucketUpperBound(r.bucket), n, k, r.chosen);
       }
     }
-    std::string line = absl::StrCat("gemm ", n, "x", k, " (", source, "):");
+    std::string line =
+        absl::StrCat("gemm ", n, "x", k, tuned.gated ? " gated" : "", " (", source, "):");
     for (const GemmTuneResult& r : results) absl::StrAppend(&line, " ", DescribeResult(r));
     if (results.empty()) {
       for (int b = 0; b <= last_bucket; ++b) {
@@ -305,7 +325,7 @@ absl::Status TuneGemmRouter(kernels::GemmRouter& router,
 }
 
 absl::StatusOr<std::unique_ptr<kernels::GemmRouter>> MakeGemmRouter(
-    kernels::GemmMode mode, const std::vector<std::pair<int64_t, int64_t>>& shapes, int64_t max_m,
+    kernels::GemmMode mode, const std::vector<TunedShape>& shapes, int64_t max_m,
     const GemmTuningOptions& options, std::ostream& log) {
   LS_ASSIGN_OR_RETURN(
       std::unique_ptr<kernels::GemmRouter> router,

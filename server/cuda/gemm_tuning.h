@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "layerserve/kernels/gemm.h"
+#include "server/cuda/layer_executor.h"
 
 namespace layerserve::cuda {
 
@@ -70,21 +71,36 @@ struct GemmTuningOptions {
   std::vector<GemmPin> pins;
 };
 
-// Fills the auto-mode `router`'s table for the (n, k) `shapes` a model runs
+// One (n, k) projection shape a model runs, as the tuning times it: `gated`
+// for the MLP's gate/up projection, which runs with its SiLU gate
+// (GemmParams::silu_mul) and is timed so. The router's table is keyed by
+// (n, k) alone: a model whose gate/up shape equals another of its
+// projections gets one of the two timings for both (a choice slower for one
+// of them, never a wrong result).
+struct TunedShape {
+  int64_t n = 0;
+  int64_t k = 0;
+  bool gated = false;
+};
+// The shapes of `shape`'s layers that the table routes: none for fp16
+// (our kernels take bf16), and no MLP shapes for a mixture of experts (its
+// grouped GEMMs are not tuned).
+std::vector<TunedShape> TunedShapesFor(const LayerShape& shape);
+
+// Fills the auto-mode `router`'s table for the `shapes` a model runs
 // at up to `max_m` tokens, as the header comment says, logging to `log`
 // (whole lines, no prefix: the CUDA backend passes a LogStream); does
 // nothing in the other modes or where our kernels are not enabled. Returns an
 // error only for a failed tuning pass or an unwritable cache path; an
 // unreadable or stale cache is logged and replaced.
-absl::Status TuneGemmRouter(kernels::GemmRouter& router,
-                            const std::vector<std::pair<int64_t, int64_t>>& shapes, int64_t max_m,
-                            const GemmTuningOptions& options, std::ostream& log);
+absl::Status TuneGemmRouter(kernels::GemmRouter& router, const std::vector<TunedShape>& shapes,
+                            int64_t max_m, const GemmTuningOptions& options, std::ostream& log);
 
 // The router for the current device in `mode`, tuned as TuneGemmRouter says
 // (the CUDA backend's and layer_bench's one way to get one). Logs one line
 // when `mode` wants our kernels and they cannot run here.
 absl::StatusOr<std::unique_ptr<kernels::GemmRouter>> MakeGemmRouter(
-    kernels::GemmMode mode, const std::vector<std::pair<int64_t, int64_t>>& shapes, int64_t max_m,
+    kernels::GemmMode mode, const std::vector<TunedShape>& shapes, int64_t max_m,
     const GemmTuningOptions& options, std::ostream& log);
 
 }  // namespace layerserve::cuda

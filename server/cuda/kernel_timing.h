@@ -36,16 +36,17 @@ inline constexpr std::string_view kOpGemmQkv = "gemm_qkv";
 inline constexpr std::string_view kOpRope = "rope";
 inline constexpr std::string_view kOpAttention = "attention";
 inline constexpr std::string_view kOpGemmO = "gemm_o";
+// The gate/up projection with its SiLU gate (fused into our GEMMs' epilogue;
+// on cuBLASLt a second kernel, timed with it).
 inline constexpr std::string_view kOpGemmGateUp = "gemm_gate_up";
-inline constexpr std::string_view kOpSiluMul = "silu_mul";
 inline constexpr std::string_view kOpGemmDown = "gemm_down";
 // Mixture-of-experts layers: routing and permutation before the expert
 // GEMMs, the weighted combine after them.
 inline constexpr std::string_view kOpMoeRoute = "moe_route";
 inline constexpr std::string_view kOpMoeCombine = "moe_combine";
 // The most ops one decoder layer marks (a mixture-of-experts layer; a dense
-// one marks 9).
-inline constexpr int kOpsPerLayer = 11;
+// one marks 8).
+inline constexpr int kOpsPerLayer = 10;
 
 // Records an event after each op on one stream. Owned by one stream and used
 // by one thread at a time. Reuses its events from batch to batch.

@@ -1,6 +1,7 @@
-// The layer executor (see layer_executor.h): one decoder layer as nine
-// launches on one stream (ten with sessions; a mixture-of-experts layer adds
-// its routing, permutation and combine).
+// The layer executor (see layer_executor.h): one decoder layer as eight
+// launches on one stream (nine with sessions, one more where the gate/up
+// projection runs on cuBLASLt; a mixture-of-experts layer adds its routing,
+// permutation and combine).
 #include "server/cuda/layer_executor.h"
 
 #include <algorithm>
@@ -80,7 +81,7 @@ absl::StatusOr<ActivationArena> ActivationArena::Create(const LayerShape& shape,
       arena->meta = static_cast<int32_t*>(meta);
       if (moe) {
         arena->moe_input = mid_buffer;
-        arena->moe_output = big_buffer;
+        arena->moe_output = mid_buffer;
         arena->expert_ids = static_cast<int32_t*>(ids);
         arena->expert_weights = static_cast<float*>(weights);
         arena->expert_ranks = static_cast<int32_t*>(ranks);
@@ -280,22 +281,33 @@ absl::Status LayerExecutor::ForwardLayer(int layer, const ActivationArena& arena
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpNorm, stream));
   if (s.experts > 0) return ExpertMlps(layer, arena, tokens, workspace, stream, timer);
   // The dense MLP: its output accumulates onto the residual stream.
-  return RunMlp(w, arena,
-                {.input = arena.normed, .rows = tokens, .output = arena.x, .accumulate = true},
+  return RunMlp(w,
+                {.input = arena.normed,
+                 .rows = tokens,
+                 .activation = arena.mlp,
+                 .scratch = arena.gate_up,
+                 .output = arena.x,
+                 .accumulate = true},
                 workspace, stream, timer);
 }
 
-absl::Status LayerExecutor::RunMlp(const LayerDeviceWeights& w, const ActivationArena& arena,
-                                   const MlpRun& run, const kernels::GemmWorkspace& workspace,
-                                   cudaStream_t stream, OpTimer* timer) const {
+absl::Status LayerExecutor::RunMlp(const LayerDeviceWeights& w, const MlpRun& run,
+                                   const kernels::GemmWorkspace& workspace, cudaStream_t stream,
+                                   OpTimer* timer) const {
   const LayerShape& s = shape_;
+  // gate/up and the SiLU gate in one call: the weight's rows are interleaved
+  // (DeviceWeights), so our kernels apply the activation in their epilogue
+  // and the [rows, 2 intermediate] product stays in registers; on the
+  // cuBLASLt route it passes through run.scratch.
   kernels::GemmParams gate_up;
   gate_up.a = run.input;
   gate_up.lda = s.hidden;
   gate_up.w = w.w_gate_up;
   gate_up.ldw = s.hidden;
-  gate_up.d = arena.gate_up;
-  gate_up.ldd = 2 * s.intermediate;
+  gate_up.d = run.activation;
+  gate_up.ldd = s.intermediate;
+  gate_up.silu_mul = true;
+  gate_up.scratch = run.scratch;
   gate_up.m = run.rows;
   gate_up.n = 2 * s.intermediate;
   gate_up.k = s.hidden;
@@ -306,17 +318,10 @@ absl::Status LayerExecutor::RunMlp(const LayerDeviceWeights& w, const Activation
   LS_RETURN_IF_ERROR(gemm_->Run(gate_up, workspace, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmGateUp, stream));
 
-  kernels::SiluMulParams silu;
-  silu.gate_up = arena.gate_up;
-  silu.out = arena.mlp;
-  silu.rows = run.rows;
-  silu.width = s.intermediate;
-  silu.dtype = s.dtype;
-  LS_RETURN_IF_ERROR(kernels::LaunchSiluMul(silu, stream));
-  LS_RETURN_IF_ERROR(MarkOp(timer, kOpSiluMul, stream));
-
   kernels::GemmParams down = gate_up;
-  down.a = arena.mlp;
+  down.silu_mul = false;
+  down.scratch = nullptr;
+  down.a = run.activation;
   down.lda = s.intermediate;
   down.w = w.w_down;
   down.ldw = s.intermediate;
@@ -369,9 +374,10 @@ absl::Status LayerExecutor::ExpertMlps(int layer, const ActivationArena& arena, 
   // Both projections are one grouped GEMM each: expert e multiplies its rows
   // [offsets[e], offsets[e + 1]) by its own weights; a token picks an expert
   // at most once, so no expert has more rows than the batch has tokens.
-  LS_RETURN_IF_ERROR(RunMlp(w, arena,
+  LS_RETURN_IF_ERROR(RunMlp(w,
                             {.input = arena.moe_input,
                              .rows = rows,
+                             .activation = arena.gate_up,
                              .output = arena.moe_output,
                              .accumulate = false,
                              .group_offsets = arena.expert_offsets,

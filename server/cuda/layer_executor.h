@@ -10,13 +10,11 @@
 //     or, in a batch with sessions, KvAppend + PagedAttention (see below)
 //   x  = a · Woᵀ + x                   gemm_o     (residual fused: beta = 1)
 //   n  = RMSNorm(x)                    norm
-//   gu = n · Wguᵀ                      gemm_gate_up
-//   m  = silu(g) * u                   silu_mul
+//   m  = silu(n · Wgᵀ) * (n · Wuᵀ)     gemm_gate_up (the SiLU gate in the GEMM epilogue)
 //   x  = m · Wdᵀ + x                   gemm_down  (residual fused: beta = 1)
-// A mixture-of-experts layer (Mixtral) replaces the last three steps:
+// A mixture-of-experts layer (Mixtral) replaces the last two steps:
 //   route, gather n into expert order p     moe_route  (moe.h)
-//   gu = p · W_gate_up,eᵀ per expert        gemm_gate_up (one grouped GEMM)
-//   m  = silu(g) * u                        silu_mul
+//   m  = silu(p · W_g,eᵀ) * (p · W_u,eᵀ)    gemm_gate_up (one grouped GEMM, gated epilogue)
 //   y  = m · W_down,eᵀ per expert           gemm_down  (one grouped GEMM)
 //   x += Σ_j weight_j y[row of choice j]    moe_combine
 // Because both residual adds happen inside the GEMMs, x always holds the full
@@ -67,15 +65,14 @@ struct LayerShape {
   // Elements of each fused weight.
   int64_t qkv_weight_elements() const { return qkv_width() * hidden; }
   int64_t o_weight_elements() const { return hidden * q_width(); }
+  // MLPs per layer: one, or one per expert.
+  int64_t mlps() const { return experts > 0 ? experts : 1; }
   // The dense MLP's weights, or all experts' stacked.
   int64_t gate_up_weight_elements() const { return mlps() * 2 * intermediate * hidden; }
   int64_t down_weight_elements() const { return mlps() * hidden * intermediate; }
   int64_t router_weight_elements() const { return int64_t{experts} * hidden; }
   // Activation rows each token takes in the MLP: one, or one per chosen expert.
   int64_t mlp_rows_per_token() const { return experts > 0 ? top_k : 1; }
-
- private:
-  int64_t mlps() const { return experts > 0 ? experts : 1; }
 };
 
 // Device pointers to one layer's weights, in the activation dtype (not owned).
@@ -85,8 +82,9 @@ struct LayerDeviceWeights {
   const void* b_qkv = nullptr;       // [qkv_width] or null
   const void* w_o = nullptr;         // [hidden, q_width]
   const void* post_norm = nullptr;   // [hidden]
-  const void* w_gate_up = nullptr;   // [2 intermediate, hidden]: gate rows, then up rows
-  const void* w_down = nullptr;      // [hidden, intermediate]
+  const void* w_gate_up =
+      nullptr;  // [2 intermediate, hidden]: gate and up rows interleaved (GateUpRow)
+  const void* w_down = nullptr;  // [hidden, intermediate]
   // A mixture of experts: the router, and w_gate_up / w_down hold every
   // expert's weights stacked ([experts, 2 intermediate, hidden] and
   // [experts, hidden, intermediate]).
@@ -96,9 +94,12 @@ struct LayerDeviceWeights {
 // One stream's activations for up to max_tokens tokens, in one allocation.
 // Buffers whose live ranges never overlap share memory: qkv and gate_up
 // (qkv is dead once attention ran), attention output and the SiLU product.
+// gate_up holds the plain gate/up product only where that GEMM runs on
+// cuBLASLt (our kernels apply the gate in their epilogue).
 // A mixture-of-experts layer has top_k rows per token from the permutation
-// on, so both shared buffers grow by that factor; the permuted input shares
-// with the SiLU product, the experts' outputs with gate_up.
+// on, so both shared buffers grow by that factor; the experts' gated
+// product goes to gate_up (their input, in the other buffer, is still being
+// read), their outputs over their input.
 class ActivationArena {
  public:
   // `layers`: of the span, for the per-layer expert counts.
@@ -118,7 +119,7 @@ class ActivationArena {
   int32_t* meta = nullptr;  // capacity 2 max_tokens + 1
   // Mixture-of-experts layers only (null otherwise), R = tokens top_k rows:
   void* moe_input = nullptr;          // [R, hidden]: the normed rows in expert order (aliases attn)
-  void* moe_output = nullptr;         // [R, hidden]: the experts' outputs (aliases gate_up)
+  void* moe_output = nullptr;         // [R, hidden]: the experts' outputs (aliases attn)
   int32_t* expert_ids = nullptr;      // [tokens, top_k]
   float* expert_weights = nullptr;    // [tokens, top_k]
   int32_t* expert_ranks = nullptr;    // [tokens, top_k]: each choice's place in its expert
@@ -190,20 +191,24 @@ class LayerExecutor {
   // Attention of a batch with sessions: KvAppend, then PagedAttention.
   absl::Status PagedAttend(int layer, const ActivationArena& arena, const BatchGeometry& batch,
                            cudaStream_t stream) const;
-  // The SwiGLU MLP over `rows` rows of `input`: gate/up into arena.gate_up,
-  // SiLU·mul into arena.mlp, down into `output` (onto it with accumulate,
-  // the residual add). With group_offsets, each projection is one grouped
-  // GEMM over the experts (GemmParams::group_offsets).
+  // The SwiGLU MLP over `rows` rows of `input`: silu(gate) * up into
+  // `activation` (one GEMM; `scratch` [rows, 2 intermediate] for its
+  // cuBLASLt route), down into `output` (onto it with accumulate, the
+  // residual add). With group_offsets, each projection is one grouped GEMM
+  // over the experts (GemmParams::group_offsets). `activation` must not
+  // overlap `input`: the GEMM writes it while other tiles still read input.
   struct MlpRun {
     const void* input = nullptr;
     int64_t rows = 0;
+    void* activation = nullptr;
+    void* scratch = nullptr;
     void* output = nullptr;
     bool accumulate = false;
     const int32_t* group_offsets = nullptr;
     int groups = 0;
     int64_t max_group_rows = 0;
   };
-  absl::Status RunMlp(const LayerDeviceWeights& w, const ActivationArena& arena, const MlpRun& run,
+  absl::Status RunMlp(const LayerDeviceWeights& w, const MlpRun& run,
                       const kernels::GemmWorkspace& workspace, cudaStream_t stream,
                       OpTimer* timer) const;
   // `layer`'s experts; its tokens per expert go to arena.expert_tokens.

@@ -25,3 +25,10 @@ layerserve_add_gtest(moe_gpu_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/moe_test.cc
   LIBS layerserve_gemm layerserve_kernels layerserve_gemm_reference layerserve_gpu_test_util
   LABELS gpu)
+
+# The gated epilogue (GemmParams::silu_mul): fused against the plain product
+# plus the SiLU kernel, bit for bit, and against the fp32 reference.
+layerserve_add_gtest(gemm_silu_gpu_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/gemm_silu_test.cc
+  LIBS layerserve_gemm layerserve_kernels layerserve_gemm_reference layerserve_gpu_test_util
+  LABELS gpu)

@@ -91,7 +91,9 @@ TEST(GemmTuneCacheTest, RoundTrips) {
   cache.device_key = "NVIDIA H100 80GB HBM3; sm_90; 132 SMs; driver 13000; runtime 13000; layerserve 0.1";
   cache.results = {Result(0, 6144, 4096, {GemmVersion::kSmallMSplitK, 4, 0}, 11.5f, 12.25f),
                    Result(11, 4096, 14336, {GemmVersion::kWarpSpecialized, 0, 128}, 900.f, 880.f),
-                   Result(5, 4096, 4096, {GemmVersion::kCublasLt, 0, 0}, 20.f, 20.f)};
+                   Result(5, 4096, 4096, {GemmVersion::kCublasLt, 0, 0}, 20.f, 20.f),
+                   Result(4, 28672, 4096, {GemmVersion::kWarpSpecialized, 0, 256}, 91.f, 94.f)};
+  cache.results.back().gated = true;
   const absl::StatusOr<GemmTuneCache> back = ParseGemmTuneCache(SerializeGemmTuneCache(cache));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->device_key, cache.device_key);
@@ -103,6 +105,7 @@ TEST(GemmTuneCacheTest, RoundTrips) {
     EXPECT_EQ(b.m_timed, a.m_timed);
     EXPECT_EQ(b.n, a.n);
     EXPECT_EQ(b.k, a.k);
+    EXPECT_EQ(b.gated, a.gated);
     EXPECT_EQ(kernels::GemmConfigSpec(b.chosen), kernels::GemmConfigSpec(a.chosen));
     EXPECT_FLOAT_EQ(b.chosen_us, a.chosen_us);
     EXPECT_FLOAT_EQ(b.cublaslt_us, a.cublaslt_us);
@@ -112,12 +115,14 @@ TEST(GemmTuneCacheTest, RoundTrips) {
 TEST(GemmTuneCacheTest, RejectsWhatItDidNotWrite) {
   const std::string good_entry = R"({"n":64,"k":64,"m_max":8,"config":"v4s2"})";
   const auto doc = [](const std::string& entry) {
-    return R"({"format":"layerserve-gemm-tune-1","device_key":"d","entries":[)" + entry + "]}";
+    return R"({"format":"layerserve-gemm-tune-2","device_key":"d","entries":[)" + entry + "]}";
   };
   ASSERT_TRUE(ParseGemmTuneCache(doc(good_entry)).ok());
   for (const std::string& text :
        {std::string("not json"), std::string("[]"), std::string(R"({"format":"other","device_key":"d","entries":[]})"),
-        std::string(R"({"format":"layerserve-gemm-tune-1","entries":[]})"),
+        std::string(R"({"format":"layerserve-gemm-tune-2","entries":[]})"),
+        // The format before gated entries: its gate/up timings are of the plain product.
+        std::string(R"({"format":"layerserve-gemm-tune-1","device_key":"d","entries":[]})"),
         doc(R"({"n":64,"k":64,"m_max":100,"config":"v0"})"),  // 100 bounds no bucket
         doc(R"({"n":64,"k":64,"m_max":8,"config":"v7"})"), doc(R"({"n":0,"k":64,"m_max":8,"config":"v0"})"),
         doc(R"({"n":64,"m_max":8,"config":"v0"})")}) {
@@ -238,7 +243,7 @@ std::string Choice(const Pass& pass, int64_t m, int64_t n, int64_t k) {
   return kernels::GemmConfigSpec(pass.router->Route(Dense(m, n, k)));
 }
 
-Pass RunPass(const std::vector<std::pair<int64_t, int64_t>>& shapes, int64_t max_m, const GemmTuningOptions& options) {
+Pass RunPass(const std::vector<TunedShape>& shapes, int64_t max_m, const GemmTuningOptions& options) {
   Pass pass;
   absl::StatusOr<std::unique_ptr<GemmRouter>> router = GemmRouter::Create(GemmMode::kAuto);
   EXPECT_TRUE(router.ok()) << router.status();
@@ -263,7 +268,8 @@ TEST(GemmTuningTest, TunesWritesTheCacheAndReadsItBack) {
   }
   const std::string path = (std::filesystem::path(::testing::TempDir()) / "layerserve_gemm_tune_test.json").string();
   std::filesystem::remove(path);
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1024, 1024}, {2048, 512}};
+  // The second as a gate/up projection (timed gated), keyed apart in the cache.
+  const std::vector<TunedShape> shapes = {{1024, 1024}, {2048, 512, true}};
   const int64_t max_m = 100;  // buckets up to 128
   const int last_bucket = kernels::GemmMBucket(max_m);
   GemmTuningOptions options;
@@ -272,10 +278,12 @@ TEST(GemmTuningTest, TunesWritesTheCacheAndReadsItBack) {
 
   const Pass tuned = RunPass(shapes, max_m, options);
   EXPECT_NE(tuned.log.find("1024x1024 (autotuned"), std::string::npos) << tuned.log;
+  EXPECT_NE(tuned.log.find("2048x512 gated (autotuned"), std::string::npos) << tuned.log;
   const absl::StatusOr<GemmTuneCache> written = ParseGemmTuneCache(ReadFile(path));
   ASSERT_TRUE(written.ok()) << written.status();
   EXPECT_EQ(written->results.size(), shapes.size() * (last_bucket + 1));
   for (const GemmTuneResult& r : written->results) {
+    EXPECT_EQ(r.gated, r.n == 2048) << r.n << "x" << r.k;
     EXPECT_GT(r.chosen_us, 0.f);
     EXPECT_GT(r.cublaslt_us, 0.f);
     EXPECT_LE(r.chosen_us, r.cublaslt_us) << "the choice is the fastest candidate, cuBLASLt included";
@@ -284,12 +292,15 @@ TEST(GemmTuningTest, TunesWritesTheCacheAndReadsItBack) {
   const Pass cached = RunPass(shapes, max_m, options);
   EXPECT_NE(cached.log.find("1024x1024 (from the cache)"), std::string::npos) << cached.log;
   EXPECT_EQ(cached.log.find("autotuned"), std::string::npos) << cached.log;
-  for (const auto& [n, k] : shapes) {
+  for (const TunedShape& s : shapes) {
     for (int b = 0; b <= last_bucket; ++b) {
       const int64_t m = kernels::GemmMBucketUpperBound(b);
-      EXPECT_EQ(Choice(cached, m, n, k), Choice(tuned, m, n, k)) << n << "x" << k << " m<=" << m;
+      EXPECT_EQ(Choice(cached, m, s.n, s.k), Choice(tuned, m, s.n, s.k)) << s.n << "x" << s.k << " m<=" << m;
     }
   }
+  // The same shape timed plain is not in the cache: it is tuned.
+  const Pass plain = RunPass({{2048, 512}}, max_m, options);
+  EXPECT_NE(plain.log.find("2048x512 (autotuned"), std::string::npos) << plain.log;
 
   // A larger max_m than the cache covers re-tunes; so does another device key.
   const Pass wider = RunPass({{1024, 1024}}, 1000, options);

@@ -251,8 +251,9 @@ TEST_P(SiluMulTest, MatchesReference) {
   std::vector<double> want(c.rows * c.width);
   for (int64_t r = 0; r < c.rows; ++r)
     for (int64_t j = 0; j < c.width; ++j) {
-      const double g = gate_up[r * 2 * c.width + j];
-      const double u = gate_up[r * 2 * c.width + c.width + j];
+      // Gate and up columns interleaved in blocks of 8.
+      const double g = gate_up[r * 2 * c.width + GateUpRow(j, false)];
+      const double u = gate_up[r * 2 * c.width + GateUpRow(j, true)];
       want[r * c.width + j] = RoundToDType(c.dtype, RoundToDType(c.dtype, g / (1.0 + std::exp(-g))) * u);
     }
   const size_t in_bytes = gate_up.size() * DTypeBytes(c.dtype), out_bytes = want.size() * DTypeBytes(c.dtype);

@@ -77,6 +77,17 @@ struct GemmParams {
   const int32_t* group_offsets = nullptr;
   int groups = 0;
   int64_t max_group_rows = 0;
+  // The MLP's gated activation as the epilogue: w is a gate/up weight whose
+  // rows are interleaved as GateUpRow (layer_ops.h) says, n = 2 x the
+  // intermediate width, and D receives silu(gate) * up, [m, n / 2] (ldd
+  // counts its columns), rounded as LaunchSiluMul rounds. Our kernels (v3, v4)
+  // apply it to the fp32 accumulators, so the [m, n] product is never
+  // written; v5 gives way to v3. The cuBLASLt route writes that product to
+  // `scratch` ([m, n], dense, dtype) and then runs LaunchSiluMul. Takes
+  // neither bias nor accumulate; n is a multiple of 16.
+  bool silu_mul = false;
+  void* scratch = nullptr;
+  int64_t out_cols() const { return silu_mul ? n / 2 : n; }
   bool grouped() const { return group_offsets != nullptr; }
 };
 
@@ -151,7 +162,7 @@ bool GemmBuiltWithSm90a();
 // not: UNIMPLEMENTED for a missing architecture or feature (not a CC 9.0
 // device, no sm_90a code), INVALID_ARGUMENT for what the version does not
 // take (dtype other than bf16, a bias, strided operands, N or K not a multiple
-// of 8, operands not 16-byte aligned, M > 64 for v4, bad options). Pure: reads
+// of 8, operands not 16-byte aligned, M > 64 for v4, silu_mul on v5, bad options). Pure: reads
 // neither the device nor the operands.
 absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const DeviceInfo& dev);
 
@@ -160,7 +171,9 @@ absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const 
 // fails where they cannot run. Otherwise cuBLASLt wherever ours do not take
 // the call or `mode` is kCublasLt; kCustom: v4 for M <= 64, else v3; kAuto:
 // `table`'s entry for the call's bucket, else v4 for M <= 16 (where it matched
-// or beat cuBLASLt on every Llama-3-8B shape on the H100), else cuBLASLt.
+// or beat cuBLASLt on every Llama-3-8B shape on the H100), else cuBLASLt. A
+// silu_mul call routed to v5 runs v3 instead (v5 stores its tiles through
+// TMA, with no gated form; v3 is the same kernel without the multicast).
 GemmConfig ChooseGemm(const GemmParams& p, GemmMode mode, const GemmTable& table, const DeviceInfo& dev);
 
 // Launches our version `config` (3..5) on `stream`, after GemmSupported.
@@ -174,6 +187,7 @@ struct GemmTuneResult {
   int64_t m_timed = 0;
   int64_t n = 0;
   int64_t k = 0;
+  bool gated = false;  // timed as the gate/up projection (Autotune's `gated`)
   GemmConfig chosen;
   float chosen_us = 0;
   float cublaslt_us = 0;
@@ -223,9 +237,13 @@ class GemmRouter {
   // n, k), launches back to back in a CUDA graph with W rotating through
   // enough copies to miss in L2, and keeps the fastest in the table. Call at
   // start-up: it allocates, and synchronizes `stream`. Where our kernels are
-  // not enabled, nothing is timed and the result is empty.
+  // not enabled, nothing is timed and the result is empty. `gated` times the
+  // calls as the MLP's gate/up projection runs them (silu_mul: the gate in
+  // our epilogues, a second kernel after cuBLASLt), which is what that
+  // shape's table entries then route.
   absl::StatusOr<std::vector<GemmTuneResult>> Autotune(int64_t n, int64_t k, int64_t max_m,
-                                                       const GemmWorkspace& workspace, cudaStream_t stream);
+                                                       const GemmWorkspace& workspace, cudaStream_t stream,
+                                                       bool gated = false);
   // Pins the configuration of m's bucket for (n, k), replacing any tuned one.
   void SetChoice(int64_t m, int64_t n, int64_t k, const GemmConfig& config);
   const GemmTable& table() const { return table_; }

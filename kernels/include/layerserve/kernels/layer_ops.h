@@ -46,9 +46,23 @@ struct RopeParams {
 };
 absl::Status LaunchRope(const RopeParams& p, cudaStream_t stream);
 
-// out = silu(gate) * up, where each row of gate_up is [gate (width) | up (width)].
+// The MLP's gate and up projections share one weight matrix on the device,
+// their rows interleaved in blocks of kGateUpBlock: rows [16 b, 16 b + 8) are
+// gate features [8 b, 8 b + 8), rows [16 b + 8, 16 b + 16) the same up
+// features. A GEMM tile or a thread that holds a column of gate outputs then
+// holds the matching up outputs too, so the activation can run in the GEMM's
+// epilogue (GemmParams::silu_mul) and the gate/up product never reaches
+// memory. Widths are multiples of kGateUpBlock.
+inline constexpr int64_t kGateUpBlock = 8;
+// The interleaved row of gate (up = false) or up (up = true) feature i.
+constexpr int64_t GateUpRow(int64_t i, bool up) {
+  return (i / kGateUpBlock) * 2 * kGateUpBlock + (up ? kGateUpBlock : 0) + i % kGateUpBlock;
+}
+
+// out = silu(gate) * up, where each row of gate_up holds gate and up outputs
+// interleaved as GateUpRow says (column GateUpRow(i, false) is gate i).
 struct SiluMulParams {
-  const void* gate_up = nullptr;  // [rows, 2 * width]
+  const void* gate_up = nullptr;  // [rows, 2 * width], interleaved
   void* out = nullptr;            // [rows, width]
   int64_t rows = 0;
   int64_t width = 0;
