@@ -62,7 +62,8 @@ std::vector<GatedCase> Cases() {
   }
   cases.push_back({"v4s1_m8", GemmMode::kCustom, v4s1, 8, 1024, 512, {}});
   cases.push_back({"v4s3_m24", GemmMode::kCustom, v4s3, 24, 1024, 512, {}});
-  for (const int64_t m : {65, 300}) {
+  // v3 at 1 and 64 rows: one 128-row tile whose second half is past M.
+  for (const int64_t m : {1, 64, 65, 300}) {
     cases.push_back({"v3b128_m" + std::to_string(m), GemmMode::kCustom, v3b128, m, 400, 136, {}});
     cases.push_back({"v3b256_m" + std::to_string(m), GemmMode::kCustom, v3b256, m, 1024, 512, {}});
   }
