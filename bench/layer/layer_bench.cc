@@ -23,14 +23,17 @@
 // gate/up epilogue), for bench/layer/hf_moe.py.
 //
 //   layer_bench [--csv PATH] [--iters N] [--gemm MODE] [--no-autotune]
-//               [--compare cublaslt|untuned|bm64|bm128] [--mixtral]
+//               [--compare cublaslt|untuned|bm64|bm128|graph] [--mixtral]
 // --gemm auto|cublaslt|custom routes the GEMMs as the server's flag does;
 // --no-autotune keeps auto's built-in table. --compare times a second
 // executor on the same weights, with every GEMM on cuBLASLt or with auto's
 // untuned table, alternating run by run with the first, and adds its median
 // and the ratio: an A/B that the machine's drift between runs (10-25% here at
 // times) cannot fake. bm64 / bm128 compare grouped products (--mixtral) run
-// with that row tile everywhere against the per-call choice.
+// with that row tile everywhere against the per-call choice. graph replays
+// the same executor's launches captured once per case in a CUDA graph (what
+// the launches themselves and the gaps between kernels cost: issue 11's
+// graphs for decode batches).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -119,6 +122,25 @@ class CollectingSink final : public KernelTimingSink {
   std::map<std::string, std::vector<double>> times_;
 };
 
+using GraphExec = cuda::UniqueHandle<cudaGraphExec_t, &cudaGraphExecDestroy>;
+
+// One Forward of `executor` captured from `stream` into an instantiated graph.
+absl::StatusOr<GraphExec> CaptureForward(const cuda::LayerExecutor& executor, const ActivationArena& arena,
+                                         const cuda::BatchGeometry& geometry, const kernels::GemmWorkspace& workspace,
+                                         cudaStream_t stream) {
+  LS_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const absl::Status captured = executor.Forward(arena, geometry, workspace, stream, nullptr);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  LS_RETURN_IF_ERROR(captured);
+  LS_CUDA_RETURN_IF_ERROR(end);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  static_cast<void>(cudaGraphDestroy(graph));
+  LS_CUDA_RETURN_IF_ERROR(instantiated);
+  return GraphExec(exec);
+}
+
 absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_mode, bool autotune,
                  const std::string& compare, bool mixtral) {
   LS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
@@ -186,7 +208,7 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
   const cuda::LayerExecutor executor(shape, {layer}, static_cast<const float*>(inv_freq_dev.data()), gemm.get());
   std::unique_ptr<kernels::GemmRouter> gemm_b;
   std::unique_ptr<cuda::LayerExecutor> executor_b;
-  if (!compare.empty()) {
+  if (!compare.empty() && compare != "graph") {
     cuda::GemmTuningOptions untuned = tuning;
     untuned.autotune = false;
     const bool row_tile = compare == "bm64" || compare == "bm128";
@@ -272,13 +294,18 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
                  shape.head_dim * 2;
     }
 
-    const auto forward = [&](cuda::OpTimer* op_timer, double* ms,
-                             const cuda::LayerExecutor* which = nullptr) -> absl::Status {
+    // `graph`: replay it instead of launching (--compare graph).
+    const auto forward = [&](cuda::OpTimer* op_timer, double* ms, const cuda::LayerExecutor* which = nullptr,
+                             cudaGraphExec_t graph = nullptr) -> absl::Status {
       LS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(arena.x, x0.data(), static_cast<size_t>(c.tokens * shape.hidden) * 2,
                                               cudaMemcpyDeviceToDevice, stream.get()));
       LS_CUDA_RETURN_IF_ERROR(cudaEventRecord(start.get(), stream.get()));
-      LS_RETURN_IF_ERROR(
-          (which != nullptr ? *which : executor).Forward(arena, geometry, workspace, stream.get(), op_timer));
+      if (graph != nullptr) {
+        LS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph, stream.get()));
+      } else {
+        LS_RETURN_IF_ERROR(
+            (which != nullptr ? *which : executor).Forward(arena, geometry, workspace, stream.get(), op_timer));
+      }
       LS_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop.get(), stream.get()));
       LS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop.get()));
       float elapsed = 0;
@@ -299,14 +326,19 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
     }
 
     std::vector<double> times, times_b;
-    if (executor_b != nullptr) {
-      for (int i = 0; i < 5; ++i) LS_RETURN_IF_ERROR(forward(nullptr, &ms, executor_b.get()));
+    GraphExec graph;
+    if (compare == "graph") {
+      LS_ASSIGN_OR_RETURN(graph, CaptureForward(executor, arena, geometry, workspace, stream.get()));
+    }
+    const bool alternate = executor_b != nullptr || graph.get() != nullptr;
+    if (alternate) {
+      for (int i = 0; i < 5; ++i) LS_RETURN_IF_ERROR(forward(nullptr, &ms, executor_b.get(), graph.get()));
     }
     for (int i = 0; i < iters; ++i) {
       LS_RETURN_IF_ERROR(forward(nullptr, &ms));
       times.push_back(ms);
-      if (executor_b != nullptr) {
-        LS_RETURN_IF_ERROR(forward(nullptr, &ms, executor_b.get()));
+      if (alternate) {
+        LS_RETURN_IF_ERROR(forward(nullptr, &ms, executor_b.get(), graph.get()));
         times_b.push_back(ms);
       }
     }
@@ -404,11 +436,12 @@ int main(int argc, char** argv) {
       mixtral = true;
     } else if (arg == "--compare" && i + 1 < argc &&
                (std::string_view(argv[i + 1]) == "cublaslt" || std::string_view(argv[i + 1]) == "untuned" ||
-                std::string_view(argv[i + 1]) == "bm64" || std::string_view(argv[i + 1]) == "bm128")) {
+                std::string_view(argv[i + 1]) == "bm64" || std::string_view(argv[i + 1]) == "bm128" ||
+                std::string_view(argv[i + 1]) == "graph")) {
       compare = argv[++i];
     } else {
       std::cerr << "usage: layer_bench [--csv PATH] [--iters N] [--gemm auto|cublaslt|custom] [--no-autotune] "
-                   "[--compare cublaslt|untuned|bm64|bm128] [--mixtral]\n";
+                   "[--compare cublaslt|untuned|bm64|bm128|graph] [--mixtral]\n";
       return 2;
     }
   }
