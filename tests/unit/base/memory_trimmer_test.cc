@@ -15,8 +15,16 @@
 namespace layerserve {
 namespace {
 
+// Sanitizers bring their own allocator: nothing of glibc's heap to give back.
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitizerAllocator = true;  // not glibc's heap: nothing to give back
+#define LS_TEST_SANITIZER_ALLOCATOR 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define LS_TEST_SANITIZER_ALLOCATOR 1
+#endif
+#endif
+#ifdef LS_TEST_SANITIZER_ALLOCATOR
+constexpr bool kSanitizerAllocator = true;
 #else
 constexpr bool kSanitizerAllocator = false;
 #endif
