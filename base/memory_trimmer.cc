@@ -21,6 +21,17 @@ int64_t ResidentBytes() {
   return static_cast<int64_t>(resident_pages) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
 }
 
+int64_t FreeHeapBytes() {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+  // Summed over every arena; free chunks stay counted after a trim gave their
+  // pages back.
+  const struct mallinfo2 info = mallinfo2();
+  return static_cast<int64_t>(info.fordblks + info.fsmblks);
+#else
+  return -1;
+#endif
+}
+
 MemoryTrimmer::MemoryTrimmer(std::chrono::milliseconds period, int64_t growth_bytes)
     : period_(period), growth_bytes_(growth_bytes), thread_([this] { Loop(); }) {}
 
@@ -39,7 +50,10 @@ int64_t MemoryTrimmer::trims() const {
 }
 
 void MemoryTrimmer::Loop() {
-  int64_t reference = ResidentBytes();
+  // After the last trim (or at start): the resident set, and the bytes the
+  // heap held free. Growth of either since then makes the next trim.
+  int64_t rss_after = ResidentBytes();
+  int64_t free_after = FreeHeapBytes();
   while (true) {
     {
       MutexLock lock(&mu_);
@@ -48,15 +62,21 @@ void MemoryTrimmer::Loop() {
       if (stop_) return;
     }
     const int64_t rss = ResidentBytes();
-    if (rss < 0 || reference < 0 || rss - reference < growth_bytes_) {
-      // Shrinking on its own lowers the reference too.
-      if (rss >= 0 && (reference < 0 || rss < reference)) reference = rss;
-      continue;
-    }
+    const int64_t heap_free = FreeHeapBytes();
+    // Shrinking on its own (or reuse of free memory) lowers the references.
+    if (rss >= 0 && rss < rss_after) rss_after = rss;
+    if (heap_free >= 0 && heap_free < free_after) free_after = heap_free;
+    // `grew`: the process took memory (a trim then finds what it has freed
+    // of it so far); `freed`: live memory was freed since, even where the
+    // RSS did not grow after the last trim (one during a burst, say).
+    const bool grew = rss >= 0 && rss_after >= 0 && rss - rss_after >= growth_bytes_;
+    const bool freed = heap_free >= 0 && free_after >= 0 && heap_free - free_after >= growth_bytes_;
+    if (!grew && !freed) continue;
 #if defined(__GLIBC__)
     malloc_trim(0);
 #endif
-    reference = ResidentBytes();
+    rss_after = ResidentBytes();
+    free_after = FreeHeapBytes();
     MutexLock lock(&mu_);
     ++trims_;
   }

@@ -8,10 +8,13 @@
 // free page; calling it costs a walk of the heap's free chunks under each
 // arena's lock, so it is done only after the resident set grew.
 //
-// A MemoryTrimmer owns a thread that reads the process's RSS every `period`
-// and calls malloc_trim(0) once it exceeds the RSS after the previous trim
-// (or at start) by `growth_bytes`; the RSS after the trim becomes the new
-// reference. Where malloc_trim does not exist (not glibc), it does nothing.
+// A MemoryTrimmer owns a thread that every `period` reads the process's RSS
+// and the bytes glibc's heap holds free, and calls malloc_trim(0) once either
+// exceeds its value after the previous trim (or at start) by `growth_bytes`.
+// Both matter: a trim in the middle of a burst finds little free and sets the
+// RSS reference at the burst's height, so it is the free bytes that grow when
+// the burst is released. Where malloc_trim does not exist (not glibc), it does
+// nothing.
 #pragma once
 
 #include <chrono>
@@ -26,6 +29,8 @@ namespace layerserve {
 // This process's resident set in bytes (/proc/self/statm), or -1 where it
 // cannot be read.
 int64_t ResidentBytes();
+// Bytes glibc's heap holds in free chunks (all arenas), or -1 where unknown.
+int64_t FreeHeapBytes();
 
 class MemoryTrimmer {
  public:
