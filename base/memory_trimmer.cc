@@ -5,6 +5,9 @@
 
 #include <cstdio>
 
+#include "absl/strings/str_cat.h"
+#include "base/log.h"
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -77,6 +80,12 @@ void MemoryTrimmer::Loop() {
 #endif
     rss_after = ResidentBytes();
     free_after = FreeHeapBytes();
+    // A line only for a real give-back: trims that find little stay quiet.
+    if (rss >= 0 && rss_after >= 0 && rss - rss_after >= growth_bytes_) {
+      LogInfo(absl::StrCat("memory: gave ", (rss - rss_after) >> 20,
+                           " MiB of freed heap back to the system (resident ", rss >> 20, " -> ",
+                           rss_after >> 20, " MiB)"));
+    }
     MutexLock lock(&mu_);
     ++trims_;
   }
