@@ -17,6 +17,24 @@ absl::StatusOr<CudaEvent> CreateEvent(unsigned int flags) {
   return CudaEvent(event);
 }
 
+absl::StatusOr<CudaGraphExec> CaptureGraph(cudaStream_t stream, cudaStreamCaptureMode mode,
+                                           absl::FunctionRef<absl::Status()> record) {
+  LS_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, mode));
+  const absl::Status recorded = record();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  if (!recorded.ok()) {
+    if (graph != nullptr) static_cast<void>(cudaGraphDestroy(graph));
+    return recorded;
+  }
+  LS_CUDA_RETURN_IF_ERROR(ended);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  static_cast<void>(cudaGraphDestroy(graph));
+  LS_CUDA_RETURN_IF_ERROR(instantiated);
+  return CudaGraphExec(exec);
+}
+
 absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes) {
   DeviceBuffer buffer;
   if (bytes == 0) return buffer;

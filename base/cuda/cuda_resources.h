@@ -1,5 +1,5 @@
 // RAII owners for the CUDA objects the backend holds: device buffers, pinned
-// host buffers, streams and events. (cuBLASLt's objects have their owners in
+// host buffers, streams, events and instantiated graphs. (cuBLASLt's objects have their owners in
 // the GEMM router, the only place that uses them.)
 //
 // Each owner is move-only, created by a factory that returns absl::StatusOr
@@ -14,6 +14,8 @@
 #include <cstddef>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace layerserve::cuda {
@@ -49,11 +51,16 @@ class UniqueHandle {
 
 using CudaStream = UniqueHandle<cudaStream_t, &cudaStreamDestroy>;
 using CudaEvent = UniqueHandle<cudaEvent_t, &cudaEventDestroy>;
+using CudaGraphExec = UniqueHandle<cudaGraphExec_t, &cudaGraphExecDestroy>;
 
 // A stream that does not synchronize with the legacy default stream.
 absl::StatusOr<CudaStream> CreateStream();
 // `flags`: cudaEventDefault for timing, cudaEventDisableTiming for completion.
 absl::StatusOr<CudaEvent> CreateEvent(unsigned int flags);
+// What `record` enqueues on `stream`, captured (stream capture in `mode`)
+// and instantiated. The capture always ends; `record`'s error comes first.
+absl::StatusOr<CudaGraphExec> CaptureGraph(cudaStream_t stream, cudaStreamCaptureMode mode,
+                                           absl::FunctionRef<absl::Status()> record);
 
 // Device memory from cudaMalloc (256-byte aligned).
 class DeviceBuffer {

@@ -122,25 +122,6 @@ class CollectingSink final : public KernelTimingSink {
   std::map<std::string, std::vector<double>> times_;
 };
 
-using GraphExec = cuda::UniqueHandle<cudaGraphExec_t, &cudaGraphExecDestroy>;
-
-// One Forward of `executor` captured from `stream` into an instantiated graph.
-absl::StatusOr<GraphExec> CaptureForward(const cuda::LayerExecutor& executor, const ActivationArena& arena,
-                                         const cuda::BatchGeometry& geometry, const kernels::GemmWorkspace& workspace,
-                                         cudaStream_t stream) {
-  LS_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const absl::Status captured = executor.Forward(arena, geometry, workspace, stream, nullptr);
-  cudaGraph_t graph = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-  LS_RETURN_IF_ERROR(captured);
-  LS_CUDA_RETURN_IF_ERROR(end);
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
-  static_cast<void>(cudaGraphDestroy(graph));
-  LS_CUDA_RETURN_IF_ERROR(instantiated);
-  return GraphExec(exec);
-}
-
 absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_mode, bool autotune,
                  const std::string& compare, bool mixtral) {
   LS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
@@ -326,9 +307,11 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
     }
 
     std::vector<double> times, times_b;
-    GraphExec graph;
+    cuda::CudaGraphExec graph;
     if (compare == "graph") {
-      LS_ASSIGN_OR_RETURN(graph, CaptureForward(executor, arena, geometry, workspace, stream.get()));
+      LS_ASSIGN_OR_RETURN(graph, cuda::CaptureGraph(stream.get(), cudaStreamCaptureModeThreadLocal, [&] {
+                            return executor.Forward(arena, geometry, workspace, stream.get(), nullptr);
+                          }));
     }
     const bool alternate = executor_b != nullptr || graph.get() != nullptr;
     if (alternate) {

@@ -50,7 +50,6 @@ using LtHandle = UniqueHandle<cublasLtHandle_t, &cublasLtDestroy>;
 using MatmulDesc = UniqueHandle<cublasLtMatmulDesc_t, &cublasLtMatmulDescDestroy>;
 using MatrixLayout = UniqueHandle<cublasLtMatrixLayout_t, &cublasLtMatrixLayoutDestroy>;
 using MatmulPreference = UniqueHandle<cublasLtMatmulPreference_t, &cublasLtMatmulPreferenceDestroy>;
-using GraphExec = UniqueHandle<cudaGraphExec_t, &cudaGraphExecDestroy>;
 
 cudaDataType_t CudaType(DType t) { return t == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF; }
 
@@ -130,18 +129,10 @@ class LaunchGraph {
 
   template <typename Run>
   absl::Status Capture(Run& run, cudaStream_t stream) {
-    cudaGraph_t graph = nullptr;
-    LS_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-    absl::Status captured = absl::OkStatus();
-    for (int i = 0; i < kLaunches && captured.ok(); ++i) captured = run(i);
-    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-    LS_RETURN_IF_ERROR(captured);
-    LS_CUDA_RETURN_IF_ERROR(end);
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-    static_cast<void>(cudaGraphDestroy(graph));
-    LS_CUDA_RETURN_IF_ERROR(inst);
-    exec_ = GraphExec(exec);
+    LS_ASSIGN_OR_RETURN(exec_, cuda::CaptureGraph(stream, cudaStreamCaptureModeRelaxed, [&]() -> absl::Status {
+                          for (int i = 0; i < kLaunches; ++i) LS_RETURN_IF_ERROR(run(i));
+                          return absl::OkStatus();
+                        }));
     LS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec_.get(), stream));  // warm-up replay
     return absl::OkStatus();
   }
@@ -158,7 +149,7 @@ class LaunchGraph {
   }
 
  private:
-  GraphExec exec_;
+  cuda::CudaGraphExec exec_;
 };
 
 // Timed replays per candidate, one per round; rounds interleave the
