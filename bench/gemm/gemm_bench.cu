@@ -24,7 +24,8 @@
 // (N = 2 x the intermediate width): each version twice, as "<v>+act" (the
 // plain product, then the SiLU kernel) and "<v>:fused" (GemmParams::silu_mul,
 // the gate in the epilogue; on cuBLASLt the same two launches), validated
-// on the gated output and timed in the same interleaved rounds.
+// on the gated output and timed in the same interleaved rounds; "auto" is then
+// tuned in the gated form, as serving tunes the gate/up shape.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -218,6 +219,16 @@ class Bench {
   size_t l2_bytes_ = 0;
 };
 
+// out[m, n / 2] = silu(gate) * up of an interleaved gate/up product [m, n].
+absl::Status GateKernel(const void* gate_up, void* out, int64_t m, int64_t n, cudaStream_t stream) {
+  SiluMulParams gate;
+  gate.gate_up = gate_up;
+  gate.out = out;
+  gate.rows = m;
+  gate.width = n / 2;
+  return LaunchSiluMul(gate, stream);
+}
+
 absl::Status Bench::Launch(const Variant& variant, const GemmParams& plain, void* act) {
   GemmParams p = plain;
   if (variant.fused) {
@@ -229,12 +240,7 @@ absl::Status Bench::Launch(const Variant& variant, const GemmParams& plain, void
   absl::Status st = variant.is_auto ? router_->Run(p, workspace_, stream_)
                                     : router_->RunConfig(p, variant.config, workspace_, stream_);
   if (!st.ok() || !opt_.gated || variant.fused) return st;
-  SiluMulParams gate;
-  gate.gate_up = plain.d;
-  gate.out = act;
-  gate.rows = p.m;
-  gate.width = p.n / 2;
-  return LaunchSiluMul(gate, stream_);
+  return GateKernel(plain.d, act, p.m, p.n, stream_);
 }
 
 void Bench::Print(const Row& r) const {
@@ -282,7 +288,8 @@ bool Bench::RunShape(int64_t n, int64_t k) {
   BENCH_CHECK_CUDA(cudaEventCreate(&start));
   BENCH_CHECK_CUDA(cudaEventCreate(&stop));
   if (std::any_of(opt_.versions.begin(), opt_.versions.end(), [](const Variant& v) { return v.is_auto; })) {
-    const absl::StatusOr<std::vector<GemmTuneResult>> tuned = router_->Autotune(n, k, max_m, workspace_, stream_);
+    const absl::StatusOr<std::vector<GemmTuneResult>> tuned =
+        router_->Autotune(n, k, max_m, workspace_, stream_, opt_.gated);
     if (!tuned.ok()) {
       std::fprintf(stderr, "autotune: %s\n", std::string(tuned.status().message()).c_str());
       return false;
@@ -309,14 +316,7 @@ bool Bench::RunShape(int64_t n, int64_t k) {
       std::fprintf(stderr, "cuBLASLt reference failed: %s\n", std::string(ref_status.message()).c_str());
       return false;
     }
-    if (opt_.gated) {
-      SiluMulParams gate;
-      gate.gate_up = expected;
-      gate.out = expected_act;
-      gate.rows = m;
-      gate.width = n / 2;
-      if (!LaunchSiluMul(gate, stream_).ok()) return false;
-    }
+    if (opt_.gated && !GateKernel(expected, expected_act, m, n, stream_).ok()) return false;
     // Pass 1: validate each variant and capture its graph. Pass 2: time the
     // captured graphs in interleaved rounds, so clock and power drift over
     // the sweep hits every variant alike instead of whichever ran last.
