@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/attention/paged_attention.cuh"
 #include "kernels/common/static_switch.h"
 #include "layerserve/kernels/paged_attention.h"
@@ -50,23 +51,47 @@ bool RowsOk(const void* ptr, int64_t row_stride, int64_t width) {
   return ptr != nullptr && Aligned16(ptr) && row_stride % 8 == 0 && row_stride >= width;
 }
 
-}  // namespace
-
-absl::Status LaunchKvAppend(const KvAppendParams& p, cudaStream_t stream) {
-  if (absl::Status s =
-          ValidateCommon("kv append", p.cache, p.cu_seqlens, p.num_seqs, p.tokens, p.num_kv_heads, p.head_dim, p.dtype);
-      !s.ok()) {
-    return s;
-  }
+absl::Status ValidateAppend(const KvAppendParams& p) {
+  LS_RETURN_IF_ERROR(
+      ValidateCommon("kv append", p.cache, p.cu_seqlens, p.num_seqs, p.tokens, p.num_kv_heads, p.head_dim, p.dtype));
   const int64_t kv_width = int64_t{p.num_kv_heads} * p.head_dim;
   if (!RowsOk(p.k, p.k_row_stride, kv_width) || !RowsOk(p.v, p.v_row_stride, kv_width)) {
     return absl::InvalidArgumentError(
         "kv append: k and v must be set and 16-byte aligned, with row strides multiples of 8 covering a row");
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LaunchKvAppend(const KvAppendParams& p, cudaStream_t stream) {
+  LS_RETURN_IF_ERROR(ValidateAppend(p));
   if (p.tokens == 0) return absl::OkStatus();
   return LS_HALF_DTYPE_SWITCH(p.dtype, T, [&]() -> absl::Status {
     paged::KvAppendKernel<T><<<static_cast<unsigned>(p.tokens), paged::kAppendThreads, 0, stream>>>(p);
     LS_CUDA_RETURN_IF_LAUNCH_ERROR(KvAppendKernel);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status LaunchRopeKvAppend(const RopeParams& rope, const KvAppendParams& append, cudaStream_t stream) {
+  LS_RETURN_IF_ERROR(rope::ValidateRopeParams(rope));
+  LS_RETURN_IF_ERROR(ValidateAppend(append));
+  const int64_t qkv_width = int64_t{rope.num_heads + 2 * rope.num_kv_heads} * rope.head_dim;
+  const void* k_columns =
+      static_cast<const char*>(rope.qkv) + int64_t{rope.num_heads} * rope.head_dim * DTypeBytes(rope.dtype);
+  if (rope.tokens != append.tokens || rope.num_kv_heads != append.num_kv_heads || rope.head_dim != append.head_dim ||
+      rope.dtype != append.dtype || append.k != k_columns || append.k_row_stride != qkv_width) {
+    return absl::InvalidArgumentError(
+        "rope + kv append: the append must store the K columns of the rotated qkv rows (same tokens, KV heads, "
+        "head_dim and dtype; append.k = the K part of rope.qkv, row stride the qkv width)");
+  }
+  if (rope.tokens == 0) return absl::OkStatus();
+  return LS_HALF_DTYPE_SWITCH(rope.dtype, T, [&]() -> absl::Status {
+    paged::RopeKvAppendKernel<T>
+        <<<static_cast<unsigned>(rope.tokens), paged::kAppendThreads, rope::CosSinBytes(rope.head_dim), stream>>>(
+            rope, append);
+    LS_CUDA_RETURN_IF_LAUNCH_ERROR(RopeKvAppendKernel);
     return absl::OkStatus();
   });
 }

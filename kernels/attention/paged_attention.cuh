@@ -1,7 +1,7 @@
 // Device code of the paged KV cache's kernels (paged_attention.h): the append
-// of a step's new K/V rows, the split-KV attention over the cache and the
-// combine of split results. All address a position of a sequence the same
-// way (KvRow).
+// of a step's new K/V rows (alone, or with the rotary embedding of the step's
+// q and k), the split-KV attention over the cache and the combine of split
+// results. All address a position of a sequence the same way (KvRow).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,6 +12,7 @@
 #include "kernels/common/mma_sm80.cuh"
 #include "kernels/common/pdl.cuh"
 #include "kernels/common/reduce.cuh"
+#include "kernels/rope/rope.cuh"
 #include "layerserve/kernels/paged_attention.h"
 
 namespace layerserve::kernels::paged {
@@ -60,6 +61,60 @@ __global__ void __launch_bounds__(kAppendThreads) KvAppendKernel(const KvAppendP
   T* v_dst = static_cast<T*>(p.cache.v) + dst;
   for (int64_t i = threadIdx.x * kVec; i < kv_width; i += kAppendThreads * kVec) {
     *reinterpret_cast<V*>(k_dst + i) = *reinterpret_cast<const V*>(k_src + i);
+    *reinterpret_cast<V*>(v_dst + i) = *reinterpret_cast<const V*>(v_src + i);
+  }
+}
+
+// RoPE and the append in one launch (LaunchRopeKvAppend), one CTA per packed
+// token: the CTA computes its position's cos/sin as RopeKernel does, rotates
+// every q and k head of its qkv row in place, and, when its sequence has a
+// block table, stores each rotated k chunk at the token's cache slot from the
+// same registers, then copies the token's V row there. So the stored K is
+// bit for bit what LaunchRope then LaunchKvAppend store, without the second
+// launch or the second read of the row.
+template <typename T>
+__global__ void __launch_bounds__(kAppendThreads) RopeKvAppendKernel(const RopeParams r, const KvAppendParams a) {
+  constexpr int kVec = kVec16<T>;
+  using V = Vec<T, kVec>;
+  extern __shared__ float cos_sin[];
+  const int half = r.head_dim / 2;
+  const int token = blockIdx.x;
+  rope::ComputeCosSin<T>(r.inv_freq, r.positions[token], half, cos_sin);
+
+  const int s = SequenceOf(a.cu_seqlens, a.num_seqs, token);
+  const int32_t table_begin = a.cache.cu_blocks[s];
+  const bool keep = table_begin != a.cache.cu_blocks[s + 1];  // stateless rows are not stored
+  const int64_t kv_width = int64_t{a.num_kv_heads} * a.head_dim;
+  int64_t dst = 0;
+  if (keep) {
+    const int pos = a.cache.start[s] + (token - a.cu_seqlens[s]);
+    dst = KvRow(a.cache.block_tables + table_begin, a.cache.block_tokens, pos) * kv_width;
+  }
+  T* k_dst = static_cast<T*>(a.cache.k) + dst;
+
+  const int chunks_per_half = half / kVec;
+  const int items = (r.num_heads + r.num_kv_heads) * chunks_per_half;
+  T* row = static_cast<T*>(r.qkv) + int64_t{token} * (r.num_heads + 2 * r.num_kv_heads) * r.head_dim;
+  for (int item = threadIdx.x; item < items; item += blockDim.x) {
+    const int head = item / chunks_per_half;
+    const int i0 = (item % chunks_per_half) * kVec;
+    V* first = reinterpret_cast<V*>(row + head * r.head_dim + i0);
+    V* second = reinterpret_cast<V*>(row + head * r.head_dim + half + i0);
+    V x1 = *first;
+    V x2 = *second;
+    rope::RotateChunk(cos_sin, half, i0, x1, x2);
+    *first = x1;
+    *second = x2;
+    if (keep && head >= r.num_heads) {
+      T* k_head = k_dst + (head - r.num_heads) * r.head_dim;
+      *reinterpret_cast<V*>(k_head + i0) = x1;
+      *reinterpret_cast<V*>(k_head + half + i0) = x2;
+    }
+  }
+  if (!keep) return;
+  const T* v_src = static_cast<const T*>(a.v) + token * a.v_row_stride;
+  T* v_dst = static_cast<T*>(a.cache.v) + dst;
+  for (int64_t i = threadIdx.x * kVec; i < kv_width; i += kAppendThreads * kVec) {
     *reinterpret_cast<V*>(v_dst + i) = *reinterpret_cast<const V*>(v_src + i);
   }
 }

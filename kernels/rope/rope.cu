@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/common/static_switch.h"
 #include "kernels/rope/rope.cuh"
 #include "layerserve/kernels/layer_ops.h"
@@ -17,7 +18,7 @@ constexpr int kThreads = 128;
 
 template <typename T>
 absl::Status Launch(const RopeParams& p, cudaStream_t stream) {
-  const size_t smem_bytes = static_cast<size_t>(p.head_dim) * sizeof(float);
+  const size_t smem_bytes = rope::CosSinBytes(p.head_dim);
   rope::RopeKernel<T><<<static_cast<unsigned>(p.tokens), kThreads, smem_bytes, stream>>>(p);
   LS_CUDA_RETURN_IF_LAUNCH_ERROR(RopeKernel);
   return absl::OkStatus();
@@ -25,7 +26,7 @@ absl::Status Launch(const RopeParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-absl::Status LaunchRope(const RopeParams& p, cudaStream_t stream) {
+absl::Status rope::ValidateRopeParams(const RopeParams& p) {
   // Each half of a head is rotated in 16-byte chunks of 8 elements.
   if (p.head_dim <= 0 || p.head_dim % 16 != 0 || p.head_dim > 1024) {
     return absl::InvalidArgumentError(
@@ -40,6 +41,11 @@ absl::Status LaunchRope(const RopeParams& p, cudaStream_t stream) {
   if (reinterpret_cast<uintptr_t>(p.qkv) % 16 != 0) {
     return absl::InvalidArgumentError("rope: qkv must be 16-byte aligned");
   }
+  return absl::OkStatus();
+}
+
+absl::Status LaunchRope(const RopeParams& p, cudaStream_t stream) {
+  LS_RETURN_IF_ERROR(rope::ValidateRopeParams(p));
   if (p.tokens == 0 || p.num_heads + p.num_kv_heads == 0) return absl::OkStatus();
   return LS_HALF_DTYPE_SWITCH(p.dtype, T, [&] { return Launch<T>(p, stream); });
 }

@@ -11,32 +11,68 @@
 //   out[i + d/2] = x[i + d/2] * cos[i] + x[i] * sin[i]
 // with every product and the sum rounded to T, as the T ops of
 // q * cos + rotate_half(q) * sin are.
+//
+// The two steps are device functions of their own, so that the session
+// path's kernel (RoPE and the KV-cache write in one launch,
+// kernels/attention/paged_attention.cuh) rotates exactly as this one does.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "absl/status/status.h"
 #include "kernels/common/dtype.cuh"
 #include "layerserve/kernels/layer_ops.h"
 
 namespace layerserve::kernels::rope {
 
+// INVALID_ARGUMENT for params LaunchRope refuses (defined in rope.cu; shared
+// with the session path's launcher of RoPE and the cache write).
+absl::Status ValidateRopeParams(const RopeParams& p);
+
+// Shared memory a CTA needs: [head_dim / 2] cos, then [head_dim / 2] sin.
+inline size_t CosSinBytes(int head_dim) { return static_cast<size_t>(head_dim) * sizeof(float); }
+
+// Fills cos_sin with the rounded cos and sin of `position`'s angles; every
+// thread of the CTA calls it (it ends with a barrier).
 template <typename T>
-__global__ void RopeKernel(const RopeParams p) {
-  constexpr int kVec = kVec16<T>;
-  using V = Vec<T, kVec>;
-  extern __shared__ float cos_sin[];  // [head_dim / 2] cos, then [head_dim / 2] sin
-  const int half = p.head_dim / 2;
-  const int64_t token = blockIdx.x;
-  const float position = static_cast<float>(p.positions[token]);
+__device__ __forceinline__ void ComputeCosSin(const float* inv_freq, int32_t position, int half, float* cos_sin) {
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     float s, c;
-    sincosf(p.inv_freq[i] * position, &s, &c);
+    sincosf(inv_freq[i] * static_cast<float>(position), &s, &c);
     cos_sin[i] = RoundTo<T>(c);
     cos_sin[half + i] = RoundTo<T>(s);
   }
   __syncthreads();
+}
+
+// Rotates chunk [i0, i0 + kVec) of a head's first half (x1) with the same
+// chunk of its second half (x2), in registers.
+template <typename T, int N>
+__device__ __forceinline__ void RotateChunk(const float* cos_sin, int half, int i0, Vec<T, N>& x1, Vec<T, N>& x2) {
+  Vec<T, N> o1, o2;
+#pragma unroll
+  for (int e = 0; e < N; ++e) {
+    const float c = cos_sin[i0 + e];
+    const float s = cos_sin[half + i0 + e];
+    const float a = ToFloat(x1.v[e]);
+    const float b = ToFloat(x2.v[e]);
+    o1.v[e] = FromFloat<T>(RoundTo<T>(a * c) - RoundTo<T>(b * s));
+    o2.v[e] = FromFloat<T>(RoundTo<T>(b * c) + RoundTo<T>(a * s));
+  }
+  x1 = o1;
+  x2 = o2;
+}
+
+template <typename T>
+__global__ void RopeKernel(const RopeParams p) {
+  constexpr int kVec = kVec16<T>;
+  using V = Vec<T, kVec>;
+  extern __shared__ float cos_sin[];
+  const int half = p.head_dim / 2;
+  const int64_t token = blockIdx.x;
+  ComputeCosSin<T>(p.inv_freq, p.positions[token], half, cos_sin);
 
   const int chunks_per_half = half / kVec;
   const int items = (p.num_heads + p.num_kv_heads) * chunks_per_half;
@@ -46,20 +82,11 @@ __global__ void RopeKernel(const RopeParams p) {
     const int i0 = (item % chunks_per_half) * kVec;
     V* first = reinterpret_cast<V*>(row + head * p.head_dim + i0);
     V* second = reinterpret_cast<V*>(row + head * p.head_dim + half + i0);
-    const V x1 = *first;
-    const V x2 = *second;
-    V o1, o2;
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) {
-      const float c = cos_sin[i0 + e];
-      const float s = cos_sin[half + i0 + e];
-      const float a = ToFloat(x1.v[e]);
-      const float b = ToFloat(x2.v[e]);
-      o1.v[e] = FromFloat<T>(RoundTo<T>(a * c) - RoundTo<T>(b * s));
-      o2.v[e] = FromFloat<T>(RoundTo<T>(b * c) + RoundTo<T>(a * s));
-    }
-    *first = o1;
-    *second = o2;
+    V x1 = *first;
+    V x2 = *second;
+    RotateChunk(cos_sin, half, i0, x1, x2);
+    *first = x1;
+    *second = x2;
   }
 }
 

@@ -33,6 +33,8 @@ namespace cuda {
 // Op names, as reported to the sink and used as a metric label.
 inline constexpr std::string_view kOpNorm = "norm";
 inline constexpr std::string_view kOpGemmQkv = "gemm_qkv";
+// Rotary embedding; in a batch with sessions also the KV-cache write (one
+// kernel), so there "attention" is the attention alone.
 inline constexpr std::string_view kOpRope = "rope";
 inline constexpr std::string_view kOpAttention = "attention";
 inline constexpr std::string_view kOpGemmO = "gemm_o";

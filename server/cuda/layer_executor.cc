@@ -1,7 +1,8 @@
 // The layer executor (see layer_executor.h): one decoder layer as eight
-// launches on one stream (nine with sessions, one more where the gate/up
-// projection runs on cuBLASLt; a mixture-of-experts layer adds its routing,
-// permutation and combine).
+// launches on one stream (with sessions too: RoPE and the KV-cache write are
+// one kernel; one more where the paged attention combines split keys or the
+// gate/up projection runs on cuBLASLt; a mixture-of-experts layer adds its
+// routing, permutation and combine).
 #include "server/cuda/layer_executor.h"
 
 #include <algorithm>
@@ -129,7 +130,10 @@ absl::Status LayerExecutor::Forward(const ActivationArena& arena, const BatchGeo
 }
 
 absl::Status LayerExecutor::FlashAttend(int layer, const ActivationArena& arena,
-                                        const BatchGeometry& batch, cudaStream_t stream) const {
+                                        const BatchGeometry& batch, const kernels::RopeParams& rope,
+                                        cudaStream_t stream, OpTimer* timer) const {
+  LS_RETURN_IF_ERROR(kernels::LaunchRope(rope, stream));
+  LS_RETURN_IF_ERROR(MarkOp(timer, kOpRope, stream));
   const LayerShape& s = shape_;
   const int64_t element_bytes = kernels::DTypeBytes(s.dtype);
   const auto* qkv_bytes = static_cast<const unsigned char*>(arena.qkv);
@@ -155,7 +159,8 @@ absl::Status LayerExecutor::FlashAttend(int layer, const ActivationArena& arena,
 }
 
 absl::Status LayerExecutor::PagedAttend(int layer, const ActivationArena& arena,
-                                        const BatchGeometry& batch, cudaStream_t stream) const {
+                                        const BatchGeometry& batch, const kernels::RopeParams& rope,
+                                        cudaStream_t stream, OpTimer* timer) const {
   const LayerShape& s = shape_;
   const int64_t element_bytes = kernels::DTypeBytes(s.dtype);
   const auto* qkv_bytes = static_cast<const unsigned char*>(arena.qkv);
@@ -180,7 +185,8 @@ absl::Status LayerExecutor::PagedAttend(int layer, const ActivationArena& arena,
   append.num_kv_heads = s.num_kv_heads;
   append.head_dim = s.head_dim;
   append.dtype = s.dtype;
-  LS_RETURN_IF_ERROR(kernels::LaunchKvAppend(append, stream));
+  LS_RETURN_IF_ERROR(kernels::LaunchRopeKvAppend(rope, append, stream));
+  LS_RETURN_IF_ERROR(MarkOp(timer, kOpRope, stream));
 
   kernels::PagedAttentionParams attention;
   attention.q = arena.qkv;
@@ -251,13 +257,10 @@ absl::Status LayerExecutor::ForwardLayer(int layer, const ActivationArena& arena
   rope.num_kv_heads = s.num_kv_heads;
   rope.head_dim = s.head_dim;
   rope.dtype = s.dtype;
-  LS_RETURN_IF_ERROR(kernels::LaunchRope(rope, stream));
-  LS_RETURN_IF_ERROR(MarkOp(timer, kOpRope, stream));
-
   if (batch.kv_pool != nullptr) {
-    LS_RETURN_IF_ERROR(PagedAttend(layer, arena, batch, stream));
+    LS_RETURN_IF_ERROR(PagedAttend(layer, arena, batch, rope, stream, timer));
   } else {
-    LS_RETURN_IF_ERROR(FlashAttend(layer, arena, batch, stream));
+    LS_RETURN_IF_ERROR(FlashAttend(layer, arena, batch, rope, stream, timer));
   }
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpAttention, stream));
 

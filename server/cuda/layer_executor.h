@@ -184,13 +184,16 @@ class LayerExecutor {
   absl::Status ForwardLayer(int layer, const ActivationArena& arena, const BatchGeometry& batch,
                             const kernels::GemmWorkspace& workspace, cudaStream_t stream,
                             OpTimer* timer) const;
-  // Attention of a batch without sessions: flash attention over its own rows,
-  // through layer `layer`'s window.
+  // Attention of a batch without sessions: `rope` on the qkv rows, then
+  // flash attention over the batch's own rows, through layer `layer`'s window.
   absl::Status FlashAttend(int layer, const ActivationArena& arena, const BatchGeometry& batch,
-                           cudaStream_t stream) const;
-  // Attention of a batch with sessions: KvAppend, then PagedAttention.
+                           const kernels::RopeParams& rope, cudaStream_t stream,
+                           OpTimer* timer) const;
+  // Attention of a batch with sessions: `rope` and the KV-cache write in one
+  // launch (RopeKvAppend), then PagedAttention.
   absl::Status PagedAttend(int layer, const ActivationArena& arena, const BatchGeometry& batch,
-                           cudaStream_t stream) const;
+                           const kernels::RopeParams& rope, cudaStream_t stream,
+                           OpTimer* timer) const;
   // The SwiGLU MLP over `rows` rows of `input`: silu(gate) * up into
   // `activation` (one GEMM; `scratch` [rows, 2 intermediate] for its
   // cuBLASLt route), down into `output` (onto it with accumulate, the

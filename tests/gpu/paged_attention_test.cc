@@ -6,7 +6,8 @@
 //     GQA and MHA, head_dim 64 and 128, bf16 and fp16, blocks of 16 tokens and
 //     odd sizes (1, 5, 7), with and without sliding windows.
 //   - KvAppend: the new rows land bit-exactly at their slots and nothing else
-//     in the pool changes.
+//     in the pool changes; RopeKvAppend (RoPE and the append in one launch)
+//     leaves the rows and the pool bit for bit as LaunchRope then KvAppend do.
 //   - Validation: bad params are INVALID_ARGUMENT before any launch.
 //
 // Every pool row the attention must not read (rows past a sequence's start,
@@ -26,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <ostream>
 #include <random>
@@ -35,6 +37,7 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "layerserve/kernels/layer_ops.h"
 #include "layerserve/kernels/paged_attention.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -407,6 +410,84 @@ TEST_P(PagedAttentionTest, AppendStoresNewRowsAndNothingElse) {
   EXPECT_TRUE(AllClose(Decode(c.dtype, bytes), want_v, 0, 0, describe)) << "V pool";
 }
 
+// RoPE and the append in one launch against the two launches it replaces
+// (each tested against its reference: here and in layer_ops_test), on two
+// copies of one problem whose pool rows all hold random values: the qkv rows
+// and both pools must match bit for bit, so the fused kernel rotates exactly
+// as LaunchRope does, stores what LaunchKvAppend stores and touches nothing
+// else. Positions are each token's own (a session token's start + i).
+TEST_P(PagedAttentionTest, RopeAndAppendInOneLaunchMatchTheTwoLaunches) {
+  const PagedCase& c = GetParam();
+  const PagedProblem pr = BuildProblem(c, /*history=*/false, 9500 + c.head_dim + c.block_tokens);
+  std::vector<int32_t> positions;
+  for (size_t s = 0; s < c.seqs.size(); ++s) {
+    for (int i = 0; i < c.seqs[s].len; ++i) positions.push_back(c.seqs[s].start + i);
+  }
+  std::vector<float> inv_freq(static_cast<size_t>(c.head_dim / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    inv_freq[i] = static_cast<float>(std::pow(500000.0, -2.0 * static_cast<double>(i) / c.head_dim));
+  }
+  DeviceBuffer d_positions(std::max<size_t>(1, positions.size()) * 4), d_inv_freq(inv_freq.size() * 4);
+  if (!positions.empty()) d_positions.Upload(positions.data(), positions.size() * 4);
+  d_inv_freq.Upload(inv_freq.data(), inv_freq.size() * 4);
+
+  DeviceProblem two(c, pr), one(c, pr);
+  const auto rope_of = [&](const DeviceProblem& dp) {
+    RopeParams r;
+    r.qkv = dp.qkv.get();
+    r.positions = static_cast<const int32_t*>(d_positions.get());
+    r.inv_freq = static_cast<const float*>(d_inv_freq.get());
+    r.tokens = pr.tokens;
+    r.num_heads = c.heads;
+    r.num_kv_heads = c.kv_heads;
+    r.head_dim = c.head_dim;
+    r.dtype = c.dtype;
+    return r;
+  };
+  const auto append_of = [&](const DeviceProblem& dp) {
+    KvAppendParams a;
+    a.k = dp.k;
+    a.v = dp.v;
+    a.k_row_stride = a.v_row_stride = pr.qkv_width;
+    a.cu_seqlens = static_cast<const int32_t*>(dp.cu_seqlens.get());
+    a.num_seqs = static_cast<int>(c.seqs.size());
+    a.tokens = pr.tokens;
+    a.cache = dp.cache;
+    a.num_kv_heads = c.kv_heads;
+    a.head_dim = c.head_dim;
+    a.dtype = c.dtype;
+    return a;
+  };
+  absl::Status launched = LaunchRope(rope_of(two), nullptr);
+  ASSERT_TRUE(launched.ok()) << launched;
+  launched = LaunchKvAppend(append_of(two), nullptr);
+  ASSERT_TRUE(launched.ok()) << launched;
+  launched = LaunchRopeKvAppend(rope_of(one), append_of(one), nullptr);
+  ASSERT_TRUE(launched.ok()) << launched;
+  LS_ASSERT_CUDA_OK(cudaDeviceSynchronize());
+
+  const auto compare = [&](const DeviceBuffer& want, const DeviceBuffer& got, const char* what) {
+    std::vector<uint8_t> a(want.bytes()), b(got.bytes());
+    want.Download(a.data(), a.size());
+    got.Download(b.data(), b.size());
+    const int64_t element = DTypeBytes(c.dtype);
+    int64_t differing = 0, first = -1;
+    for (size_t i = 0; i < a.size(); i += static_cast<size_t>(element)) {
+      if (std::memcmp(&a[i], &b[i], static_cast<size_t>(element)) != 0) {
+        if (first < 0) first = static_cast<int64_t>(i) / element;
+        ++differing;
+      }
+    }
+    EXPECT_EQ(differing, 0) << what << ": " << differing << " elements differ, the first at element " << first;
+    return a;
+  };
+  const std::vector<uint8_t> rotated = compare(two.qkv, one.qkv, "qkv rows");
+  compare(two.pool_k, one.pool_k, "K pool");
+  compare(two.pool_v, one.pool_v, "V pool");
+  // Not two no-ops: the rows were rotated (some position is not 0).
+  EXPECT_NE(Decode(c.dtype, rotated), pr.qkv);
+}
+
 std::vector<PagedCase> Cases() {
   // Session sequences: {start, len, true}; stateless ones: {0, len, false}.
   const std::vector<SeqSpec> mixed = {{37, 1, true}, {0, 5, false}, {0, 20, true}, {16, 16, true}, {100, 9, true}};
@@ -526,158 +607,40 @@ TEST(PagedAttentionValidationTest, RejectsBadParams) {
           << s.what << " (append)";
     }
   }
+  // The fused launcher refuses an append that does not store the rotated K.
+  RopeParams rope;
+  rope.qkv = dummy;
+  rope.positions = dummy;
+  rope.inv_freq = reinterpret_cast<const float*>(dummy);
+  rope.tokens = 1;
+  rope.num_heads = 2;
+  rope.num_kv_heads = 1;
+  rope.head_dim = 128;
+  KvAppendParams fused = append_of(good);
+  fused.k = reinterpret_cast<const char*>(dummy) + 2 * 128 * 2;
+  fused.k_row_stride = fused.v_row_stride = 4 * 128;
+  RopeParams no_rope_tokens = rope;
+  KvAppendParams no_append_tokens = fused;
+  no_rope_tokens.tokens = no_append_tokens.tokens = 0;  // consistent, and nothing to launch
+  EXPECT_TRUE(LaunchRopeKvAppend(no_rope_tokens, no_append_tokens, nullptr).ok());
+  KvAppendParams elsewhere = fused;
+  elsewhere.k = dummy;
+  EXPECT_EQ(LaunchRopeKvAppend(rope, elsewhere, nullptr).code(), absl::StatusCode::kInvalidArgument)
+      << "append.k not the K columns of qkv";
+  KvAppendParams other_heads = fused;
+  other_heads.num_kv_heads = 2;
+  EXPECT_EQ(LaunchRopeKvAppend(rope, other_heads, nullptr).code(), absl::StatusCode::kInvalidArgument)
+      << "KV heads differ";
+  RopeParams odd_head_dim = rope;
+  odd_head_dim.head_dim = 24;
+  EXPECT_EQ(LaunchRopeKvAppend(odd_head_dim, fused, nullptr).code(), absl::StatusCode::kInvalidArgument)
+      << "rope's head_dim";
+
   // No tokens: nothing to launch, and nothing fails.
   PagedAttentionParams empty = good;
   empty.tokens = 0;
   EXPECT_TRUE(LaunchPagedAttention(empty, nullptr).ok());
   EXPECT_TRUE(LaunchKvAppend(append_of(empty), nullptr).ok());
-}
-
-// ---- The plan (host code: these run without a GPU) ----
-
-constexpr int kH100Sms = 132;
-
-std::vector<PagedSequence> Decoders(int count, int context) {
-  return std::vector<PagedSequence>(static_cast<size_t>(count), PagedSequence{1, context});
-}
-
-PagedAttentionPlan MustPlan(const std::vector<PagedSequence>& seqs, int heads, int kv_heads, int sms) {
-  int64_t tokens = 0;
-  for (const PagedSequence& s : seqs) tokens += s.new_tokens;
-  const absl::StatusOr<PagedAttentionPlan> plan = PlanPagedAttention(
-      seqs, heads, kv_heads, sms, PagedPlanCapacity(tokens, static_cast<int64_t>(seqs.size()), heads, kv_heads, sms));
-  EXPECT_TRUE(plan.ok()) << plan.status();
-  return plan.ok() ? *plan : PagedAttentionPlan{};
-}
-
-// The header's worked examples: Llama-3-8B heads on an H100.
-TEST(PagedPlanTest, WorkedExamples) {
-  const PagedAttentionPlan one = MustPlan(Decoders(1, 1024), 32, 8, kH100Sms);
-  ASSERT_EQ(one.items.size(), 17u);
-  ASSERT_EQ(one.combines.size(), 1u);
-  EXPECT_EQ(one.combines[0].splits, 17);
-  EXPECT_EQ(one.combines[0].rows, 4);
-  EXPECT_EQ(one.partial_rows, 17 * 4);
-  for (int i = 0; i < 17; ++i) {
-    EXPECT_EQ(one.items[i].kv_begin, 64 * i);
-    EXPECT_EQ(one.items[i].kv_end, std::min(64 * (i + 1), 1025));
-    EXPECT_EQ(one.items[i].partial_row0, 4 * i);
-  }
-
-  const PagedAttentionPlan sixteen = MustPlan(Decoders(16, 4096), 32, 8, kH100Sms);
-  ASSERT_EQ(sixteen.items.size(), 32u);
-  ASSERT_EQ(sixteen.combines.size(), 16u);
-  EXPECT_EQ(sixteen.items[0].kv_end, 33 * 64);
-  EXPECT_EQ(sixteen.items[1].kv_begin, 33 * 64);
-  EXPECT_EQ(sixteen.items[1].kv_end, 4097);
-  EXPECT_EQ(sixteen.items[2].seq, 1);
-
-  const PagedAttentionPlan sixty_four = MustPlan(Decoders(64, 1024), 32, 8, kH100Sms);
-  EXPECT_EQ(sixty_four.items.size(), 64u);
-  EXPECT_TRUE(sixty_four.combines.empty());
-  EXPECT_EQ(sixty_four.partial_rows, 0);
-}
-
-// Whatever the batch, every (sequence, 16-row tile) is covered, its keys
-// 0 .. its last query's position exactly once and in order, by one direct
-// item or by the splits of one combine task whose workspace rows are its own.
-TEST(PagedPlanTest, CoversEveryTileAndKeyOnce) {
-  std::mt19937 rng(11);
-  for (int round = 0; round < 200; ++round) {
-    const int heads_choice[][2] = {{32, 8}, {8, 8}, {32, 1}, {6, 2}, {40, 8}};
-    const auto& hc = heads_choice[round % 5];
-    const int group = hc[0] / hc[1];
-    std::vector<PagedSequence> seqs(1 + rng() % 40);
-    for (PagedSequence& s : seqs) {
-      s.new_tokens = static_cast<int32_t>(rng() % 4 == 0 ? rng() % 300 : 1 + rng() % 3);
-      s.start = static_cast<int32_t>(rng() % 3 == 0 ? 0 : rng() % 9000);
-    }
-    const int sms = 1 + static_cast<int>(rng() % 200);
-    const PagedAttentionPlan plan = MustPlan(seqs, hc[0], hc[1], sms);
-    SCOPED_TRACE("round " + std::to_string(round));
-    std::vector<int> partial_owner(static_cast<size_t>(plan.partial_rows), -1);
-    size_t item = 0, combine = 0;
-    for (size_t s = 0; s < seqs.size(); ++s) {
-      const int rows = seqs[s].new_tokens * group;
-      for (int row0 = 0; row0 < rows; row0 += kPagedQueryRows) {
-        const int tile_rows = std::min(kPagedQueryRows, rows - row0);
-        const int key_end = seqs[s].start + (row0 + tile_rows - 1) / group + 1;
-        ASSERT_LT(item, plan.items.size());
-        const PagedWorkItem& first = plan.items[item];
-        ASSERT_EQ(first.seq, static_cast<int32_t>(s));
-        ASSERT_EQ(first.q_row0, row0);
-        if (first.partial_row0 < 0) {
-          EXPECT_EQ(first.kv_begin, 0);
-          EXPECT_EQ(first.kv_end, key_end);
-          ++item;
-          continue;
-        }
-        ASSERT_LT(combine, plan.combines.size());
-        const PagedCombineTask& task = plan.combines[combine++];
-        EXPECT_EQ(task.seq, static_cast<int32_t>(s));
-        EXPECT_EQ(task.q_row0, row0);
-        EXPECT_EQ(task.rows, tile_rows);
-        EXPECT_GE(task.splits, 2);
-        int next_key = 0;
-        for (int split = 0; split < task.splits; ++split, ++item) {
-          ASSERT_LT(item, plan.items.size());
-          const PagedWorkItem& it = plan.items[item];
-          EXPECT_EQ(it.seq, static_cast<int32_t>(s));
-          EXPECT_EQ(it.q_row0, row0);
-          EXPECT_EQ(it.kv_begin, next_key);
-          EXPECT_EQ(it.kv_begin % kPagedKeyTile, 0);
-          EXPECT_GT(it.kv_end, it.kv_begin);
-          next_key = it.kv_end;
-          EXPECT_EQ(it.partial_row0, task.partial_row0 + split * task.rows);
-          for (int r = 0; r < task.rows; ++r) {
-            const size_t slot = static_cast<size_t>(it.partial_row0 + r);
-            ASSERT_LT(slot, partial_owner.size());
-            EXPECT_EQ(partial_owner[slot], -1) << "workspace row " << slot << " written twice";
-            partial_owner[slot] = static_cast<int>(item);
-          }
-        }
-        EXPECT_EQ(next_key, key_end);
-      }
-    }
-    EXPECT_EQ(item, plan.items.size());
-    EXPECT_EQ(combine, plan.combines.size());
-    EXPECT_TRUE(std::find(partial_owner.begin(), partial_owner.end(), -1) == partial_owner.end())
-        << "a workspace row nobody writes";
-  }
-}
-
-// Tighter limits mean fewer splits, never a failure while the unsplit
-// tiles fit; fewer items than tiles is RESOURCE_EXHAUSTED.
-TEST(PagedPlanTest, LimitsBoundTheSplits) {
-  const std::vector<PagedSequence> seqs = Decoders(1, 8191);
-  const absl::StatusOr<PagedAttentionPlan> free_plan =
-      PlanPagedAttention(seqs, 32, 8, kH100Sms, PagedPlanLimits{INT32_MAX, INT32_MAX});
-  ASSERT_TRUE(free_plan.ok());
-  // 128 key tiles: 32 splits of 4 are 256 CTAs, one wave.
-  EXPECT_EQ(free_plan->combines.at(0).splits, 32);
-  const absl::StatusOr<PagedAttentionPlan> tight = PlanPagedAttention(seqs, 32, 8, kH100Sms, PagedPlanLimits{5, 16});
-  ASSERT_TRUE(tight.ok()) << tight.status();
-  EXPECT_LE(tight->items.size(), 5u);
-  EXPECT_LE(tight->partial_rows, 16);
-  const absl::StatusOr<PagedAttentionPlan> none = PlanPagedAttention(seqs, 32, 8, kH100Sms, PagedPlanLimits{1, 0});
-  ASSERT_TRUE(none.ok()) << none.status();
-  EXPECT_EQ(none->items.size(), 1u);
-  EXPECT_TRUE(none->combines.empty());
-  EXPECT_EQ(PlanPagedAttention(Decoders(2, 10), 32, 8, kH100Sms, PagedPlanLimits{1, 0}).status().code(),
-            absl::StatusCode::kResourceExhausted);
-}
-
-TEST(PagedPlanTest, RejectsBadShapes) {
-  const PagedPlanLimits limits{100, 100};
-  EXPECT_EQ(PlanPagedAttention(Decoders(1, 5), 6, 4, kH100Sms, limits).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(PlanPagedAttention(Decoders(1, 5), 8, 0, kH100Sms, limits).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(PlanPagedAttention({{-1, 3}}, 8, 8, kH100Sms, limits).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(PlanPagedAttention({{1, -3}}, 8, 8, kH100Sms, limits).status().code(), absl::StatusCode::kInvalidArgument);
-  const absl::StatusOr<PagedAttentionPlan> empty = PlanPagedAttention({}, 8, 8, kH100Sms, limits);
-  ASSERT_TRUE(empty.ok());
-  EXPECT_TRUE(empty->items.empty());
 }
 
 }  // namespace

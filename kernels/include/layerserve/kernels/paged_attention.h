@@ -1,8 +1,9 @@
 // Attention for batches that continue sessions: the queries of a step attend
 // over the keys and values of earlier steps, kept in a paged KV cache, and
 // over the step's own new ones. Per layer KvAppend stores the new (already
-// rotated) K and V rows in the cache, then PagedAttention attends (one
-// launch, or two when its plan splits keys).
+// rotated) K and V rows in the cache, or RopeKvAppend rotates and stores them
+// in one launch, then PagedAttention attends (one launch, or two when its
+// plan splits keys).
 //
 // The cache of one layer is a K pool and a V pool of
 // [num_blocks][block_tokens][num_kv_heads * head_dim] elements: a row per
@@ -53,6 +54,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "layerserve/kernels/common.h"
+#include "layerserve/kernels/layer_ops.h"
 
 namespace layerserve::kernels {
 
@@ -84,6 +86,15 @@ struct KvAppendParams {
   DType dtype = DType::kBF16;  // bf16 or fp16, of k, v and the cache
 };
 absl::Status LaunchKvAppend(const KvAppendParams& p, cudaStream_t stream);
+
+// The session path's rotary embedding and append in one launch: rotates the q
+// and k heads of rope.qkv in place, as LaunchRope does, and stores each
+// session sequence's rotated K rows and its V rows, as LaunchKvAppend then
+// does, bit for bit: one kernel and one read of the new rows instead of two.
+// append.k must be the K columns of rope.qkv (row stride the qkv width), and
+// the two must agree on tokens, KV heads, head_dim and dtype; each is
+// validated as its own launcher validates it (INVALID_ARGUMENT).
+absl::Status LaunchRopeKvAppend(const RopeParams& rope, const KvAppendParams& append, cudaStream_t stream);
 
 // ---- The plan of a PagedAttention launch (host code, no GPU needed) ----
 
