@@ -83,10 +83,16 @@ for stage in "${stages[@]}"; do
       ;;
     bench-layer)
       # LAYER_BENCH_ARGS adds layer_bench flags (e.g. --gemm cublaslt, --no-autotune).
+      # Its decode steps go beside a PyTorch step (eager and CUDA graph) of the
+      # same layer on the same points; a failed validation there fails the run.
+      rm -f "$out/layer_decode.csv"  # never compare with a stale run
       # shellcheck disable=SC2086
-      "$bundle/bin/layer_bench" --csv "$out/layer_ours.csv" ${LAYER_BENCH_ARGS:-} > "$out/layer_ours.txt" 2>&1
+      "$bundle/bin/layer_bench" --csv "$out/layer_ours.csv" --decode-csv "$out/layer_decode.csv" \
+        ${LAYER_BENCH_ARGS:-} > "$out/layer_ours.txt" 2>&1
       python3 bench/layer/hf_layer.py --ours "$out/layer_ours.csv" > "$out/layer_vs_hf.txt" 2>&1
-      cat "$out/layer_ours.txt" "$out/layer_vs_hf.txt"
+      python3 bench/layer/torch_decode_step.py --ours "$out/layer_decode.csv" > "$out/layer_decode_vs_torch.txt" 2>&1 \
+        || failed=1
+      cat "$out/layer_ours.txt" "$out/layer_vs_hf.txt" "$out/layer_decode_vs_torch.txt"
       ;;
     bench-moe)
       # A Mixtral-8x7B layer: ours (layer_bench --mixtral) beside HF's layer

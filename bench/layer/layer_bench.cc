@@ -13,7 +13,11 @@
 // adding one token, through the KV pool and paged attention exactly as a
 // served session batch runs (block tables shuffled across a random-filled
 // pool). The floor of a step is (weight bytes + the K/V bytes it reads) at
-// the device's copy bandwidth; the table gives the step against it.
+// the device's copy bandwidth; the table gives the step against it. With
+// --decode-csv, "seqs,context,ms,min_ms,floor_ms" rows of the decode steps
+// (plus "<compare>_ms", the --compare executor's or graph's median, when
+// given) go there for bench/layer/torch_decode_step.py, which times a
+// PyTorch step (eager and CUDA graph) on the same points beside them.
 //
 // --mixtral times a Mixtral-8x7B layer instead (the same attention, then 8
 // experts of intermediate 14336, 2 per token, routed by random weights): its
@@ -22,8 +26,9 @@
 // (routing through combine) and the grouped GEMMs (the SiLU gate in the
 // gate/up epilogue), for bench/layer/hf_moe.py.
 //
-//   layer_bench [--csv PATH] [--iters N] [--gemm MODE] [--no-autotune]
-//               [--compare cublaslt|untuned|bm64|bm128|graph] [--mixtral]
+//   layer_bench [--csv PATH] [--decode-csv PATH] [--iters N] [--gemm MODE]
+//               [--no-autotune] [--compare cublaslt|untuned|bm64|bm128|graph]
+//               [--mixtral]
 // --gemm auto|cublaslt|custom routes the GEMMs as the server's flag does;
 // --no-autotune keeps auto's built-in table. --compare times a second
 // executor on the same weights, with every GEMM on cuBLASLt or with auto's
@@ -122,8 +127,8 @@ class CollectingSink final : public KernelTimingSink {
   std::map<std::string, std::vector<double>> times_;
 };
 
-absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_mode, bool autotune,
-                 const std::string& compare, bool mixtral) {
+absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path, int iters,
+                 kernels::GemmMode gemm_mode, bool autotune, const std::string& compare, bool mixtral) {
   LS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
   cudaDeviceProp props{};
   LS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, 0));
@@ -212,6 +217,13 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
   if (!csv_path.empty()) {
     csv.open(csv_path);
     csv << (mixtral ? "tokens,seqs,ms,experts_ms,grouped_gemms_ms\n" : "tokens,seqs,ms\n");
+  }
+  std::ofstream decode_csv;
+  if (!decode_csv_path.empty()) {
+    decode_csv.open(decode_csv_path);
+    if (!decode_csv) return absl::InvalidArgumentError(absl::StrCat("cannot write ", decode_csv_path));
+    decode_csv << "seqs,context,ms,min_ms,floor_ms" << (compare.empty() ? "" : absl::StrCat(",", compare, "_ms"))
+               << "\n";
   }
 
   std::vector<Case> cases;
@@ -376,7 +388,8 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
       std::printf("%13s %10.4f  (%s, alternating with the row above: %.3fx its time)\n", "", Median(times_b),
                   compare.c_str(), Median(times_b) / median_ms);
     }
-    // hf_layer.py compares the stateless rows; decode rows have no HF twin.
+    // hf_layer.py compares the stateless rows; decode rows go to --decode-csv
+    // (torch_decode_step.py's PyTorch step is their twin).
     if (csv.is_open() && !decode) {
       csv << c.tokens << "," << c.seqs << "," << median_ms;
       if (mixtral) {
@@ -384,6 +397,11 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
         csv << "," << grouped + op_ms[cuda::kOpMoeRoute] + op_ms[cuda::kOpMoeCombine] << "," << grouped;
       }
       csv << "\n";
+    }
+    if (decode_csv.is_open() && decode) {
+      decode_csv << c.seqs << "," << c.context << "," << median_ms << "," << min_ms << "," << floor_ms;
+      if (!times_b.empty()) decode_csv << "," << Median(times_b);
+      decode_csv << "\n";
     }
   }
   std::printf("gemm plans cached: %zu\n", gemm->CachedPlans());
@@ -395,6 +413,7 @@ absl::Status Run(const std::string& csv_path, int iters, kernels::GemmMode gemm_
 
 int main(int argc, char** argv) {
   std::string csv_path;
+  std::string decode_csv_path;
   int iters = 50;
   layerserve::kernels::GemmMode gemm_mode = layerserve::kernels::GemmMode::kAuto;
   bool autotune = true;
@@ -404,6 +423,8 @@ int main(int argc, char** argv) {
     const std::string_view arg = argv[i];
     if (arg == "--csv" && i + 1 < argc) {
       csv_path = argv[++i];
+    } else if (arg == "--decode-csv" && i + 1 < argc) {
+      decode_csv_path = argv[++i];
     } else if (arg == "--iters" && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--gemm" && i + 1 < argc) {
@@ -423,12 +444,13 @@ int main(int argc, char** argv) {
                 std::string_view(argv[i + 1]) == "graph")) {
       compare = argv[++i];
     } else {
-      std::cerr << "usage: layer_bench [--csv PATH] [--iters N] [--gemm auto|cublaslt|custom] [--no-autotune] "
-                   "[--compare cublaslt|untuned|bm64|bm128|graph] [--mixtral]\n";
+      std::cerr << "usage: layer_bench [--csv PATH] [--decode-csv PATH] [--iters N] [--gemm auto|cublaslt|custom] "
+                   "[--no-autotune] [--compare cublaslt|untuned|bm64|bm128|graph] [--mixtral]\n";
       return 2;
     }
   }
-  const absl::Status status = layerserve::bench::Run(csv_path, iters, gemm_mode, autotune, compare, mixtral);
+  const absl::Status status =
+      layerserve::bench::Run(csv_path, decode_csv_path, iters, gemm_mode, autotune, compare, mixtral);
   if (!status.ok()) {
     std::cerr << "layer_bench: " << status << "\n";
     return 1;
