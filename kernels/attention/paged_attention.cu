@@ -51,47 +51,17 @@ bool RowsOk(const void* ptr, int64_t row_stride, int64_t width) {
   return ptr != nullptr && Aligned16(ptr) && row_stride % 8 == 0 && row_stride >= width;
 }
 
-absl::Status ValidateAppend(const KvAppendParams& p) {
-  LS_RETURN_IF_ERROR(
-      ValidateCommon("kv append", p.cache, p.cu_seqlens, p.num_seqs, p.tokens, p.num_kv_heads, p.head_dim, p.dtype));
-  const int64_t kv_width = int64_t{p.num_kv_heads} * p.head_dim;
-  if (!RowsOk(p.k, p.k_row_stride, kv_width) || !RowsOk(p.v, p.v_row_stride, kv_width)) {
-    return absl::InvalidArgumentError(
-        "kv append: k and v must be set and 16-byte aligned, with row strides multiples of 8 covering a row");
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
-
-absl::Status LaunchKvAppend(const KvAppendParams& p, cudaStream_t stream) {
-  LS_RETURN_IF_ERROR(ValidateAppend(p));
-  if (p.tokens == 0) return absl::OkStatus();
-  return LS_HALF_DTYPE_SWITCH(p.dtype, T, [&]() -> absl::Status {
-    paged::KvAppendKernel<T><<<static_cast<unsigned>(p.tokens), paged::kAppendThreads, 0, stream>>>(p);
-    LS_CUDA_RETURN_IF_LAUNCH_ERROR(KvAppendKernel);
-    return absl::OkStatus();
-  });
-}
 
 absl::Status LaunchRopeKvAppend(const RopeParams& rope, const KvAppendParams& append, cudaStream_t stream) {
   LS_RETURN_IF_ERROR(rope::ValidateRopeParams(rope));
-  LS_RETURN_IF_ERROR(ValidateAppend(append));
-  const int64_t qkv_width = int64_t{rope.num_heads + 2 * rope.num_kv_heads} * rope.head_dim;
-  const void* k_columns =
-      static_cast<const char*>(rope.qkv) + int64_t{rope.num_heads} * rope.head_dim * DTypeBytes(rope.dtype);
-  if (rope.tokens != append.tokens || rope.num_kv_heads != append.num_kv_heads || rope.head_dim != append.head_dim ||
-      rope.dtype != append.dtype || append.k != k_columns || append.k_row_stride != qkv_width) {
-    return absl::InvalidArgumentError(
-        "rope + kv append: the append must store the K columns of the rotated qkv rows (same tokens, KV heads, "
-        "head_dim and dtype; append.k = the K part of rope.qkv, row stride the qkv width)");
-  }
+  LS_RETURN_IF_ERROR(ValidateCommon("rope + kv append", append.cache, append.cu_seqlens, append.num_seqs, rope.tokens,
+                                    rope.num_kv_heads, rope.head_dim, rope.dtype));
   if (rope.tokens == 0) return absl::OkStatus();
   return LS_HALF_DTYPE_SWITCH(rope.dtype, T, [&]() -> absl::Status {
-    paged::RopeKvAppendKernel<T>
-        <<<static_cast<unsigned>(rope.tokens), paged::kAppendThreads, rope::CosSinBytes(rope.head_dim), stream>>>(
-            rope, append);
-    LS_CUDA_RETURN_IF_LAUNCH_ERROR(RopeKvAppendKernel);
+    LS_CUDA_RETURN_IF_ERROR(LaunchDependent(paged::RopeKvAppendKernel<T>, dim3(static_cast<unsigned>(rope.tokens)),
+                                            dim3(paged::kAppendThreads), rope::CosSinBytes(rope.head_dim), stream, rope,
+                                            append));
     return absl::OkStatus();
   });
 }
@@ -140,24 +110,18 @@ absl::Status LaunchPagedAttention(const PagedAttentionParams& p, cudaStream_t st
       // Above 48 KiB a kernel must opt in to its dynamic shared memory.
       LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(paged::PagedAttentionKernel<T, kHeadDim>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+      // Both launched as programmatic dependents (kernels/common/pdl.cuh):
+      // the combine's CTAs are scheduled as the attention's last CTAs start
+      // and wait for its results on the device, instead of the stream's
+      // launch gap after it (a few us, much of a one-sequence decode step's
+      // attention).
       const dim3 grid(static_cast<unsigned>(p.num_items), static_cast<unsigned>(p.num_kv_heads));
-      paged::PagedAttentionKernel<T, kHeadDim><<<grid, paged::kPagedThreads, kSmemBytes, stream>>>(p);
-      LS_CUDA_RETURN_IF_LAUNCH_ERROR(PagedAttentionKernel);
+      LS_CUDA_RETURN_IF_ERROR(LaunchDependent(paged::PagedAttentionKernel<T, kHeadDim>, grid,
+                                              dim3(paged::kPagedThreads), kSmemBytes, stream, p));
       if (p.num_combines > 0) {
-        // Programmatic dependent launch: the combine's CTAs are scheduled as
-        // the attention's last CTAs start and wait for its results on the
-        // device, instead of the stream's launch gap after it (a few us,
-        // much of a one-sequence decode step's attention).
-        cudaLaunchAttribute attr{};
-        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr.val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t config{};
-        config.gridDim = dim3(static_cast<unsigned>(p.num_combines), static_cast<unsigned>(p.num_kv_heads));
-        config.blockDim = dim3(paged::kCombineThreads);
-        config.stream = stream;
-        config.attrs = &attr;
-        config.numAttrs = 1;
-        LS_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, paged::PagedCombineKernel<T, kHeadDim>, p));
+        const dim3 combine_grid(static_cast<unsigned>(p.num_combines), static_cast<unsigned>(p.num_kv_heads));
+        LS_CUDA_RETURN_IF_ERROR(LaunchDependent(paged::PagedCombineKernel<T, kHeadDim>, combine_grid,
+                                                dim3(paged::kCombineThreads), 0, stream, p));
       }
       return absl::OkStatus();
     });

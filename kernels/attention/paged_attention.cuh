@@ -42,41 +42,21 @@ __device__ __forceinline__ int64_t KvRow(const int32_t* table, int block_tokens,
   return int64_t{table[pos / block_tokens]} * block_tokens + pos % block_tokens;
 }
 
-// One CTA per packed token: copies its K and V rows into the cache, 16 bytes
-// per thread per step. Rows of sequences without a table are left alone.
-template <typename T>
-__global__ void __launch_bounds__(kAppendThreads) KvAppendKernel(const KvAppendParams p) {
-  constexpr int kVec = kVec16<T>;
-  using V = Vec<T, kVec>;
-  const int token = blockIdx.x;
-  const int s = SequenceOf(p.cu_seqlens, p.num_seqs, token);
-  const int32_t table_begin = p.cache.cu_blocks[s];
-  if (table_begin == p.cache.cu_blocks[s + 1]) return;  // stateless: nothing to keep
-  const int pos = p.cache.start[s] + (token - p.cu_seqlens[s]);
-  const int64_t kv_width = int64_t{p.num_kv_heads} * p.head_dim;
-  const int64_t dst = KvRow(p.cache.block_tables + table_begin, p.cache.block_tokens, pos) * kv_width;
-  const T* k_src = static_cast<const T*>(p.k) + token * p.k_row_stride;
-  const T* v_src = static_cast<const T*>(p.v) + token * p.v_row_stride;
-  T* k_dst = static_cast<T*>(p.cache.k) + dst;
-  T* v_dst = static_cast<T*>(p.cache.v) + dst;
-  for (int64_t i = threadIdx.x * kVec; i < kv_width; i += kAppendThreads * kVec) {
-    *reinterpret_cast<V*>(k_dst + i) = *reinterpret_cast<const V*>(k_src + i);
-    *reinterpret_cast<V*>(v_dst + i) = *reinterpret_cast<const V*>(v_src + i);
-  }
-}
-
 // RoPE and the append in one launch (LaunchRopeKvAppend), one CTA per packed
 // token: the CTA computes its position's cos/sin as RopeKernel does, rotates
-// every q and k head of its qkv row in place, and, when its sequence has a
+// every q and k head of its qkv row in place and, when its sequence has a
 // block table, stores each rotated k chunk at the token's cache slot from the
-// same registers, then copies the token's V row there. So the stored K is
-// bit for bit what LaunchRope then LaunchKvAppend store, without the second
-// launch or the second read of the row.
+// same registers, then copies the token's V row there (16 bytes per thread
+// per step). Launched as a programmatic dependent of the QKV GEMM: it waits
+// for the GEMM's rows before reading them, and lets the attention after it
+// be scheduled at once.
 template <typename T>
 __global__ void __launch_bounds__(kAppendThreads) RopeKvAppendKernel(const RopeParams r, const KvAppendParams a) {
   constexpr int kVec = kVec16<T>;
   using V = Vec<T, kVec>;
   extern __shared__ float cos_sin[];
+  AllowDependentLaunch();
+  WaitForPrerequisiteGrids();
   const int half = r.head_dim / 2;
   const int token = blockIdx.x;
   rope::ComputeCosSin<T>(r.inv_freq, r.positions[token], half, cos_sin);
@@ -84,7 +64,7 @@ __global__ void __launch_bounds__(kAppendThreads) RopeKvAppendKernel(const RopeP
   const int s = SequenceOf(a.cu_seqlens, a.num_seqs, token);
   const int32_t table_begin = a.cache.cu_blocks[s];
   const bool keep = table_begin != a.cache.cu_blocks[s + 1];  // stateless rows are not stored
-  const int64_t kv_width = int64_t{a.num_kv_heads} * a.head_dim;
+  const int64_t kv_width = int64_t{r.num_kv_heads} * r.head_dim;
   int64_t dst = 0;
   if (keep) {
     const int pos = a.cache.start[s] + (token - a.cu_seqlens[s]);
@@ -112,7 +92,7 @@ __global__ void __launch_bounds__(kAppendThreads) RopeKvAppendKernel(const RopeP
     }
   }
   if (!keep) return;
-  const T* v_src = static_cast<const T*>(a.v) + token * a.v_row_stride;
+  const T* v_src = row + (r.num_heads + r.num_kv_heads) * r.head_dim;
   T* v_dst = static_cast<T*>(a.cache.v) + dst;
   for (int64_t i = threadIdx.x * kVec; i < kv_width; i += kAppendThreads * kVec) {
     *reinterpret_cast<V*>(v_dst + i) = *reinterpret_cast<const V*>(v_src + i);
@@ -220,6 +200,9 @@ __global__ void __launch_bounds__(kPagedThreads, 2) PagedAttentionKernel(const P
   constexpr int kKSteps = Traits::kKSteps;
   constexpr int kDTiles = Traits::kDTiles;
   AllowDependentLaunch();  // o_proj may start streaming its weights
+  // Launched as a programmatic dependent of RopeKvAppend: its rotated rows
+  // and cache writes are complete and visible past this point.
+  WaitForPrerequisiteGrids();
 
   const PagedWorkItem item = p.items[blockIdx.x];
   const int kv_head = blockIdx.y;

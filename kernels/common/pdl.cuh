@@ -9,11 +9,42 @@
 // The layer's GEMMs (v4) are launched that way. The kernels that run just
 // before them (RMSNorm, flash attention, SiLU-mul) allow it at entry, so a
 // GEMM's CTAs take the SMs' free slots and fill their weight rings while the
-// earlier kernel still runs. Both calls are no-ops for kernels launched the
-// ordinary way and on devices before Hopper.
+// earlier kernel still runs. RMSNorm, RoPE (alone or with the KV-cache
+// write) and the paged attention are launched that way too: they have
+// nothing to do before the wait, but their launch is then processed while
+// the kernel ahead still runs, instead of in the gap after it. Both calls
+// are no-ops for kernels launched the ordinary way and on devices before
+// Hopper.
+//
+// Every kernel launched as a dependent calls WaitForPrerequisiteGrids before
+// it can finish, so "complete" stays transitive along a stream: a kernel's
+// wait covers every kernel before it, not just the one ahead.
 #pragma once
 
+#include <cuda_runtime.h>
+
+#include <utility>
+
 namespace layerserve::kernels {
+
+// Launches kernel<<<grid, block, smem_bytes, stream>>>(args...) as a
+// programmatic dependent of the kernel ahead of it on `stream` (after a copy
+// or an event it starts as an ordinary launch would).
+template <typename... Params, typename... Args>
+cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
+                            Args&&... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
 
 __device__ __forceinline__ void AllowDependentLaunch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -27,9 +27,10 @@ absl::Status Launch(const RmsNormParams& p, cudaStream_t stream) {
   constexpr int kRowsPerBlock = kWarpsPerBlock / kWarpsPerRow;
   const size_t smem_bytes = static_cast<size_t>(kRowsPerBlock) * p.cols * sizeof(T);
   const int64_t blocks = (p.rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  norm::RmsNormKernel<T, kWarpsPerRow, kWarpsPerBlock>
-      <<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, smem_bytes, stream>>>(p);
-  LS_CUDA_RETURN_IF_LAUNCH_ERROR(RmsNormKernel);
+  // A programmatic dependent of the GEMM that wrote x (kernels/common/pdl.cuh).
+  LS_CUDA_RETURN_IF_ERROR(LaunchDependent(norm::RmsNormKernel<T, kWarpsPerRow, kWarpsPerBlock>,
+                                          dim3(static_cast<unsigned>(blocks)), dim3(kWarpsPerBlock * 32), smem_bytes,
+                                          stream, p));
   return absl::OkStatus();
 }
 

@@ -24,7 +24,8 @@ namespace layerserve::kernels::norm {
 template <typename T, int kWarpsPerRow, int kWarpsPerBlock>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) RmsNormKernel(const RmsNormParams p) {
   static_assert(kWarpsPerBlock % kWarpsPerRow == 0, "a CTA holds whole row groups");
-  AllowDependentLaunch();  // the GEMM after the norm may start streaming its weights
+  AllowDependentLaunch();      // the GEMM after the norm may start streaming its weights
+  WaitForPrerequisiteGrids();  // launched as a dependent: x is complete past here
   constexpr int kRowsPerBlock = kWarpsPerBlock / kWarpsPerRow;
   constexpr int kThreadsPerRow = kWarpsPerRow * 32;
   constexpr int kVec = kVec16<T>;

@@ -19,8 +19,9 @@ constexpr int kThreads = 128;
 template <typename T>
 absl::Status Launch(const RopeParams& p, cudaStream_t stream) {
   const size_t smem_bytes = rope::CosSinBytes(p.head_dim);
-  rope::RopeKernel<T><<<static_cast<unsigned>(p.tokens), kThreads, smem_bytes, stream>>>(p);
-  LS_CUDA_RETURN_IF_LAUNCH_ERROR(RopeKernel);
+  // A programmatic dependent of the QKV GEMM (kernels/common/pdl.cuh).
+  LS_CUDA_RETURN_IF_ERROR(LaunchDependent(rope::RopeKernel<T>, dim3(static_cast<unsigned>(p.tokens)), dim3(kThreads),
+                                          smem_bytes, stream, p));
   return absl::OkStatus();
 }
 

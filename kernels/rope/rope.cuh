@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/common/dtype.cuh"
+#include "kernels/common/pdl.cuh"
 #include "layerserve/kernels/layer_ops.h"
 
 namespace layerserve::kernels::rope {
@@ -70,6 +71,8 @@ __global__ void RopeKernel(const RopeParams p) {
   constexpr int kVec = kVec16<T>;
   using V = Vec<T, kVec>;
   extern __shared__ float cos_sin[];
+  AllowDependentLaunch();
+  WaitForPrerequisiteGrids();  // launched as a dependent of the QKV GEMM
   const int half = p.head_dim / 2;
   const int64_t token = blockIdx.x;
   ComputeCosSin<T>(p.inv_freq, p.positions[token], half, cos_sin);

@@ -174,17 +174,8 @@ absl::Status LayerExecutor::PagedAttend(int layer, const ActivationArena& arena,
   cache.cu_blocks = batch.kv_cu_blocks;
   cache.block_tables = batch.kv_block_tables;
 
-  kernels::KvAppendParams append;
-  append.k = k;
-  append.v = v;
-  append.k_row_stride = append.v_row_stride = s.qkv_width();
-  append.cu_seqlens = batch.cu_seqlens;
-  append.num_seqs = batch.num_seqs;
-  append.tokens = batch.tokens;
-  append.cache = cache;
-  append.num_kv_heads = s.num_kv_heads;
-  append.head_dim = s.head_dim;
-  append.dtype = s.dtype;
+  const kernels::KvAppendParams append{
+      .cu_seqlens = batch.cu_seqlens, .num_seqs = batch.num_seqs, .cache = cache};
   LS_RETURN_IF_ERROR(kernels::LaunchRopeKvAppend(rope, append, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpRope, stream));
 

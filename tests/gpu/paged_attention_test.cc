@@ -5,9 +5,9 @@
 //     tables) with stateless ones, for decode (1 query) and multi-token steps,
 //     GQA and MHA, head_dim 64 and 128, bf16 and fp16, blocks of 16 tokens and
 //     odd sizes (1, 5, 7), with and without sliding windows.
-//   - KvAppend: the new rows land bit-exactly at their slots and nothing else
-//     in the pool changes; RopeKvAppend (RoPE and the append in one launch)
-//     leaves the rows and the pool bit for bit as LaunchRope then KvAppend do.
+//   - RopeKvAppend: q and k rotate bit for bit as LaunchRope rotates them,
+//     the new rows land bit-exactly at their slots, and nothing else in the
+//     pool changes.
 //   - Validation: bad params are INVALID_ARGUMENT before any launch.
 //
 // Every pool row the attention must not read (rows past a sequence's start,
@@ -365,63 +365,20 @@ TEST_P(PagedAttentionTest, WithinTwiceThePlainImplementationsError) {
   }
 }
 
-TEST_P(PagedAttentionTest, AppendStoresNewRowsAndNothingElse) {
+// RoPE and the cache write in one launch, on two copies of one problem whose
+// pool rows all hold random values: on one, LaunchRope alone (the stateless
+// path's kernel, tested against its reference in layer_ops_test); on the
+// other, LaunchRopeKvAppend. The qkv rows must match bit for bit (the fused
+// kernel rotates exactly as RoPE does), and the pools must hold what they
+// held with each session token's rotated K row and its V row at its slot,
+// bit for bit, and nothing else changed. Positions are each token's own (a
+// session token's start + i).
+TEST_P(PagedAttentionTest, RopeAndAppendRotateAsRopeAndStoreTheNewRowsOnly) {
   const PagedCase& c = GetParam();
   const PagedProblem pr = BuildProblem(c, /*history=*/false, 9000 + c.head_dim + c.block_tokens);
-  DeviceProblem dp(c, pr);
-
-  KvAppendParams p;
-  p.k = dp.k;
-  p.v = dp.v;
-  p.k_row_stride = p.v_row_stride = pr.qkv_width;
-  p.cu_seqlens = static_cast<const int32_t*>(dp.cu_seqlens.get());
-  p.num_seqs = static_cast<int>(c.seqs.size());
-  p.tokens = pr.tokens;
-  p.cache = dp.cache;
-  p.num_kv_heads = c.kv_heads;
-  p.head_dim = c.head_dim;
-  p.dtype = c.dtype;
-  const absl::Status launched = LaunchKvAppend(p, nullptr);
-  ASSERT_TRUE(launched.ok()) << launched;
-  LS_ASSERT_CUDA_OK(cudaDeviceSynchronize());
-
-  // The pool as it was, with each session token's K and V row at its slot.
-  std::vector<double> want_k = pr.pool_k, want_v = pr.pool_v;
-  for (size_t s = 0; s < c.seqs.size(); ++s) {
-    if (!c.seqs[s].session) continue;
-    for (int i = 0; i < c.seqs[s].len; ++i) {
-      const int pos = c.seqs[s].start + i;
-      const int64_t slot =
-          int64_t{pr.block_tables[pr.cu_blocks[s] + pos / c.block_tokens]} * c.block_tokens + pos % c.block_tokens;
-      const double* row = &pr.qkv[(pr.cu_seqlens[s] + i) * pr.qkv_width + int64_t{c.heads} * c.head_dim];
-      std::copy_n(row, pr.kv_width, &want_k[slot * pr.kv_width]);
-      std::copy_n(row + pr.kv_width, pr.kv_width, &want_v[slot * pr.kv_width]);
-    }
-  }
-  const auto describe = [&](size_t i) {
-    const int64_t row = static_cast<int64_t>(i) / pr.kv_width;
-    return "block " + std::to_string(row / c.block_tokens) + " row " + std::to_string(row % c.block_tokens) +
-           " element " + std::to_string(static_cast<int64_t>(i) % pr.kv_width);
-  };
-  std::vector<uint8_t> bytes(dp.pool_k.bytes());
-  dp.pool_k.Download(bytes.data(), bytes.size());
-  EXPECT_TRUE(AllClose(Decode(c.dtype, bytes), want_k, 0, 0, describe)) << "K pool";
-  dp.pool_v.Download(bytes.data(), bytes.size());
-  EXPECT_TRUE(AllClose(Decode(c.dtype, bytes), want_v, 0, 0, describe)) << "V pool";
-}
-
-// RoPE and the append in one launch against the two launches it replaces
-// (each tested against its reference: here and in layer_ops_test), on two
-// copies of one problem whose pool rows all hold random values: the qkv rows
-// and both pools must match bit for bit, so the fused kernel rotates exactly
-// as LaunchRope does, stores what LaunchKvAppend stores and touches nothing
-// else. Positions are each token's own (a session token's start + i).
-TEST_P(PagedAttentionTest, RopeAndAppendInOneLaunchMatchTheTwoLaunches) {
-  const PagedCase& c = GetParam();
-  const PagedProblem pr = BuildProblem(c, /*history=*/false, 9500 + c.head_dim + c.block_tokens);
   std::vector<int32_t> positions;
-  for (size_t s = 0; s < c.seqs.size(); ++s) {
-    for (int i = 0; i < c.seqs[s].len; ++i) positions.push_back(c.seqs[s].start + i);
+  for (const SeqSpec& spec : c.seqs) {
+    for (int i = 0; i < spec.len; ++i) positions.push_back(spec.start + i);
   }
   std::vector<float> inv_freq(static_cast<size_t>(c.head_dim / 2));
   for (size_t i = 0; i < inv_freq.size(); ++i) {
@@ -431,7 +388,7 @@ TEST_P(PagedAttentionTest, RopeAndAppendInOneLaunchMatchTheTwoLaunches) {
   if (!positions.empty()) d_positions.Upload(positions.data(), positions.size() * 4);
   d_inv_freq.Upload(inv_freq.data(), inv_freq.size() * 4);
 
-  DeviceProblem two(c, pr), one(c, pr);
+  DeviceProblem rope_only(c, pr), fused(c, pr);
   const auto rope_of = [&](const DeviceProblem& dp) {
     RopeParams r;
     r.qkv = dp.qkv.get();
@@ -444,48 +401,48 @@ TEST_P(PagedAttentionTest, RopeAndAppendInOneLaunchMatchTheTwoLaunches) {
     r.dtype = c.dtype;
     return r;
   };
-  const auto append_of = [&](const DeviceProblem& dp) {
-    KvAppendParams a;
-    a.k = dp.k;
-    a.v = dp.v;
-    a.k_row_stride = a.v_row_stride = pr.qkv_width;
-    a.cu_seqlens = static_cast<const int32_t*>(dp.cu_seqlens.get());
-    a.num_seqs = static_cast<int>(c.seqs.size());
-    a.tokens = pr.tokens;
-    a.cache = dp.cache;
-    a.num_kv_heads = c.kv_heads;
-    a.head_dim = c.head_dim;
-    a.dtype = c.dtype;
-    return a;
-  };
-  absl::Status launched = LaunchRope(rope_of(two), nullptr);
+  absl::Status launched = LaunchRope(rope_of(rope_only), nullptr);
   ASSERT_TRUE(launched.ok()) << launched;
-  launched = LaunchKvAppend(append_of(two), nullptr);
-  ASSERT_TRUE(launched.ok()) << launched;
-  launched = LaunchRopeKvAppend(rope_of(one), append_of(one), nullptr);
+  const KvAppendParams append{static_cast<const int32_t*>(fused.cu_seqlens.get()), static_cast<int>(c.seqs.size()),
+                              fused.cache};
+  launched = LaunchRopeKvAppend(rope_of(fused), append, nullptr);
   ASSERT_TRUE(launched.ok()) << launched;
   LS_ASSERT_CUDA_OK(cudaDeviceSynchronize());
 
-  const auto compare = [&](const DeviceBuffer& want, const DeviceBuffer& got, const char* what) {
-    std::vector<uint8_t> a(want.bytes()), b(got.bytes());
-    want.Download(a.data(), a.size());
-    got.Download(b.data(), b.size());
-    const int64_t element = DTypeBytes(c.dtype);
-    int64_t differing = 0, first = -1;
-    for (size_t i = 0; i < a.size(); i += static_cast<size_t>(element)) {
-      if (std::memcmp(&a[i], &b[i], static_cast<size_t>(element)) != 0) {
-        if (first < 0) first = static_cast<int64_t>(i) / element;
-        ++differing;
-      }
-    }
-    EXPECT_EQ(differing, 0) << what << ": " << differing << " elements differ, the first at element " << first;
-    return a;
+  std::vector<uint8_t> bytes(rope_only.qkv.bytes());
+  rope_only.qkv.Download(bytes.data(), bytes.size());
+  const std::vector<double> rotated = Decode(c.dtype, bytes);
+  fused.qkv.Download(bytes.data(), bytes.size());
+  const auto describe_qkv = [&](size_t i) {
+    return "token " + std::to_string(static_cast<int64_t>(i) / pr.qkv_width) + " column " +
+           std::to_string(static_cast<int64_t>(i) % pr.qkv_width);
   };
-  const std::vector<uint8_t> rotated = compare(two.qkv, one.qkv, "qkv rows");
-  compare(two.pool_k, one.pool_k, "K pool");
-  compare(two.pool_v, one.pool_v, "V pool");
-  // Not two no-ops: the rows were rotated (some position is not 0).
-  EXPECT_NE(Decode(c.dtype, rotated), pr.qkv);
+  EXPECT_TRUE(AllClose(Decode(c.dtype, bytes), rotated, 0, 0, describe_qkv)) << "qkv rows";
+  EXPECT_NE(rotated, pr.qkv) << "nothing was rotated: the test would prove nothing";
+
+  // The pool as it was, with each session token's K and V row at its slot.
+  std::vector<double> want_k = pr.pool_k, want_v = pr.pool_v;
+  for (size_t s = 0; s < c.seqs.size(); ++s) {
+    if (!c.seqs[s].session) continue;
+    for (int i = 0; i < c.seqs[s].len; ++i) {
+      const int pos = c.seqs[s].start + i;
+      const int64_t slot =
+          int64_t{pr.block_tables[pr.cu_blocks[s] + pos / c.block_tokens]} * c.block_tokens + pos % c.block_tokens;
+      const double* row = &rotated[(pr.cu_seqlens[s] + i) * pr.qkv_width + int64_t{c.heads} * c.head_dim];
+      std::copy_n(row, pr.kv_width, &want_k[slot * pr.kv_width]);
+      std::copy_n(row + pr.kv_width, pr.kv_width, &want_v[slot * pr.kv_width]);
+    }
+  }
+  const auto describe = [&](size_t i) {
+    const int64_t row = static_cast<int64_t>(i) / pr.kv_width;
+    return "block " + std::to_string(row / c.block_tokens) + " row " + std::to_string(row % c.block_tokens) +
+           " element " + std::to_string(static_cast<int64_t>(i) % pr.kv_width);
+  };
+  bytes.resize(fused.pool_k.bytes());
+  fused.pool_k.Download(bytes.data(), bytes.size());
+  EXPECT_TRUE(AllClose(Decode(c.dtype, bytes), want_k, 0, 0, describe)) << "K pool";
+  fused.pool_v.Download(bytes.data(), bytes.size());
+  EXPECT_TRUE(AllClose(Decode(c.dtype, bytes), want_v, 0, 0, describe)) << "V pool";
 }
 
 std::vector<PagedCase> Cases() {
@@ -549,26 +506,26 @@ TEST(PagedAttentionValidationTest, RejectsBadParams) {
   good.softmax_scale = 0.088f;
   good.items = reinterpret_cast<const PagedWorkItem*>(dummy);
   good.num_items = 1;
-  // The append's params are the attention's shared ones.
+  // RoPE and the append take the attention's packing, cache and head shape.
+  const auto rope_of = [](const PagedAttentionParams& p) {
+    RopeParams r;
+    r.qkv = const_cast<void*>(p.q);  // never dereferenced: validation fails, or there are no tokens
+    r.positions = p.cu_seqlens;
+    r.inv_freq = reinterpret_cast<const float*>(p.cu_seqlens);
+    r.tokens = p.tokens;
+    r.num_heads = p.num_heads;
+    r.num_kv_heads = p.num_kv_heads;
+    r.head_dim = p.head_dim;
+    r.dtype = p.dtype;
+    return r;
+  };
   const auto append_of = [](const PagedAttentionParams& p) {
-    KvAppendParams a;
-    a.k = p.k;
-    a.v = p.v;
-    a.k_row_stride = p.k_row_stride;
-    a.v_row_stride = p.v_row_stride;
-    a.cu_seqlens = p.cu_seqlens;
-    a.num_seqs = p.num_seqs;
-    a.tokens = p.tokens;
-    a.cache = p.cache;
-    a.num_kv_heads = p.num_kv_heads;
-    a.head_dim = p.head_dim;
-    a.dtype = p.dtype;
-    return a;
+    return KvAppendParams{p.cu_seqlens, p.num_seqs, p.cache};
   };
   struct Spoiler {
     const char* what;
     void (*spoil)(PagedAttentionParams&);
-    bool shared;  // a param the append takes too
+    bool shared;  // a param RoPE + append takes too
   };
   const Spoiler spoilers[] = {
       {"head_dim 96", [](PagedAttentionParams& p) { p.head_dim = 96; }, true},
@@ -577,9 +534,9 @@ TEST(PagedAttentionValidationTest, RejectsBadParams) {
       {"no block tables", [](PagedAttentionParams& p) { p.cache.block_tables = nullptr; }, true},
       {"no start positions", [](PagedAttentionParams& p) { p.cache.start = nullptr; }, true},
       {"tokens without sequences", [](PagedAttentionParams& p) { p.num_seqs = 0; }, true},
-      {"misaligned k", [](PagedAttentionParams& p) { p.k = reinterpret_cast<const char*>(p.k) + 2; }, true},
-      {"k stride not a multiple of 8", [](PagedAttentionParams& p) { p.k_row_stride = 100; }, true},
-      {"v stride shorter than a row", [](PagedAttentionParams& p) { p.v_row_stride = 64; }, true},
+      {"misaligned k", [](PagedAttentionParams& p) { p.k = reinterpret_cast<const char*>(p.k) + 2; }, false},
+      {"k stride not a multiple of 8", [](PagedAttentionParams& p) { p.k_row_stride = 100; }, false},
+      {"v stride shorter than a row", [](PagedAttentionParams& p) { p.v_row_stride = 64; }, false},
       {"heads not a multiple of kv heads",
        [](PagedAttentionParams& p) {
          p.num_heads = 3;
@@ -603,44 +560,20 @@ TEST(PagedAttentionValidationTest, RejectsBadParams) {
     s.spoil(p);
     EXPECT_EQ(LaunchPagedAttention(p, nullptr).code(), absl::StatusCode::kInvalidArgument) << s.what;
     if (s.shared) {
-      EXPECT_EQ(LaunchKvAppend(append_of(p), nullptr).code(), absl::StatusCode::kInvalidArgument)
-          << s.what << " (append)";
+      EXPECT_EQ(LaunchRopeKvAppend(rope_of(p), append_of(p), nullptr).code(), absl::StatusCode::kInvalidArgument)
+          << s.what << " (rope + append)";
     }
   }
-  // The fused launcher refuses an append that does not store the rotated K.
-  RopeParams rope;
-  rope.qkv = dummy;
-  rope.positions = dummy;
-  rope.inv_freq = reinterpret_cast<const float*>(dummy);
-  rope.tokens = 1;
-  rope.num_heads = 2;
-  rope.num_kv_heads = 1;
-  rope.head_dim = 128;
-  KvAppendParams fused = append_of(good);
-  fused.k = reinterpret_cast<const char*>(dummy) + 2 * 128 * 2;
-  fused.k_row_stride = fused.v_row_stride = 4 * 128;
-  RopeParams no_rope_tokens = rope;
-  KvAppendParams no_append_tokens = fused;
-  no_rope_tokens.tokens = no_append_tokens.tokens = 0;  // consistent, and nothing to launch
-  EXPECT_TRUE(LaunchRopeKvAppend(no_rope_tokens, no_append_tokens, nullptr).ok());
-  KvAppendParams elsewhere = fused;
-  elsewhere.k = dummy;
-  EXPECT_EQ(LaunchRopeKvAppend(rope, elsewhere, nullptr).code(), absl::StatusCode::kInvalidArgument)
-      << "append.k not the K columns of qkv";
-  KvAppendParams other_heads = fused;
-  other_heads.num_kv_heads = 2;
-  EXPECT_EQ(LaunchRopeKvAppend(rope, other_heads, nullptr).code(), absl::StatusCode::kInvalidArgument)
-      << "KV heads differ";
-  RopeParams odd_head_dim = rope;
-  odd_head_dim.head_dim = 24;
-  EXPECT_EQ(LaunchRopeKvAppend(odd_head_dim, fused, nullptr).code(), absl::StatusCode::kInvalidArgument)
-      << "rope's head_dim";
+  RopeParams misaligned_qkv = rope_of(good);
+  misaligned_qkv.qkv = reinterpret_cast<char*>(dummy) + 2;
+  EXPECT_EQ(LaunchRopeKvAppend(misaligned_qkv, append_of(good), nullptr).code(), absl::StatusCode::kInvalidArgument)
+      << "misaligned qkv (rope + append)";
 
   // No tokens: nothing to launch, and nothing fails.
   PagedAttentionParams empty = good;
   empty.tokens = 0;
   EXPECT_TRUE(LaunchPagedAttention(empty, nullptr).ok());
-  EXPECT_TRUE(LaunchKvAppend(append_of(empty), nullptr).ok());
+  EXPECT_TRUE(LaunchRopeKvAppend(rope_of(empty), append_of(empty), nullptr).ok());
 }
 
 }  // namespace

@@ -1,9 +1,8 @@
 // Attention for batches that continue sessions: the queries of a step attend
 // over the keys and values of earlier steps, kept in a paged KV cache, and
-// over the step's own new ones. Per layer KvAppend stores the new (already
-// rotated) K and V rows in the cache, or RopeKvAppend rotates and stores them
-// in one launch, then PagedAttention attends (one launch, or two when its
-// plan splits keys).
+// over the step's own new ones. Per layer RopeKvAppend rotates the step's q
+// and k and stores the new K and V rows in the cache, then PagedAttention
+// attends (one launch, or two when its plan splits keys).
 //
 // The cache of one layer is a K pool and a V pool of
 // [num_blocks][block_tokens][num_kv_heads * head_dim] elements: a row per
@@ -69,31 +68,23 @@ struct PagedKv {
   const int32_t* block_tables = nullptr;  // every sequence's table, concatenated
 };
 
-// Stores the new K and V rows of every sequence that has a block table at its
-// positions start[s] .. start[s] + len - 1; rows of sequences without one are
-// not stored. Sequences must not share blocks.
+// Where RopeKvAppend stores a batch's new K and V rows: every sequence that
+// has a block table, at its positions start[s] .. start[s] + len - 1; rows of
+// sequences without one are not stored. Sequences must not share blocks.
 struct KvAppendParams {
-  const void* k = nullptr;  // [tokens, num_kv_heads * head_dim], row stride k_row_stride
-  const void* v = nullptr;  // [tokens, num_kv_heads * head_dim], row stride v_row_stride
-  int64_t k_row_stride = 0;
-  int64_t v_row_stride = 0;
   const int32_t* cu_seqlens = nullptr;  // [num_seqs + 1], device
   int num_seqs = 0;
-  int64_t tokens = 0;  // cu_seqlens[num_seqs]
   PagedKv cache;
-  int num_kv_heads = 0;
-  int head_dim = 0;            // 64 or 128
-  DType dtype = DType::kBF16;  // bf16 or fp16, of k, v and the cache
 };
-absl::Status LaunchKvAppend(const KvAppendParams& p, cudaStream_t stream);
 
-// The session path's rotary embedding and append in one launch: rotates the q
-// and k heads of rope.qkv in place, as LaunchRope does, and stores each
-// session sequence's rotated K rows and its V rows, as LaunchKvAppend then
-// does, bit for bit: one kernel and one read of the new rows instead of two.
-// append.k must be the K columns of rope.qkv (row stride the qkv width), and
-// the two must agree on tokens, KV heads, head_dim and dtype; each is
-// validated as its own launcher validates it (INVALID_ARGUMENT).
+// A session batch's rotary embedding and cache write, in one launch: rotates
+// the q and k heads of rope.qkv in place, bit for bit as LaunchRope does
+// (its positions are each token's own), then stores each session sequence's
+// rotated K rows and its V rows (the K and V columns of the same qkv rows)
+// in the cache, one CTA per token: the K it stores comes from the registers
+// that rotated it. INVALID_ARGUMENT for params LaunchRope refuses, head_dim
+// other than 64 or 128, a dtype other than bf16 or fp16, or a cache or
+// packing not set.
 absl::Status LaunchRopeKvAppend(const RopeParams& rope, const KvAppendParams& append, cudaStream_t stream);
 
 // ---- The plan of a PagedAttention launch (host code, no GPU needed) ----
