@@ -63,7 +63,9 @@ absl::Status CheckBenchDatatype(const std::string& datatype);
 absl::StatusOr<int64_t> HiddenFromMetadata(Client& client, const std::string& model);
 
 // `count` tensors of `shape` and `datatype` (FP32, FP16 or BF16) filled with
-// standard normal values drawn from `seed`.
+// standard normal values drawn from `seed`: up to kRandomInputPool of them
+// per tensor, which a larger tensor repeats from random starting points.
+inline constexpr size_t kRandomInputPool = size_t{1} << 20;
 std::vector<Tensor> RandomInputs(const std::vector<int64_t>& shape, const std::string& datatype,
                                  uint64_t seed, size_t count);
 

@@ -1,4 +1,5 @@
-// Tests of the bench (client/bench.h): nearest-rank percentiles, the option
+// Tests of the bench (client/bench.h): nearest-rank percentiles, its random
+// inputs (bench_common.h), the option
 // checks that run before any request is sent, and how a run treats failing
 // requests (back-off, stop on a fatal status, the first message of each
 // code kept) against an in-process fake
@@ -16,8 +17,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/bench_common.h"
 #include "client/client.h"
 #include "client/layerctl_cli.h"
+#include "client/tensor.h"
 #include "grpc_service.grpc.pb.h"
 
 namespace layerserve::client {
@@ -35,6 +38,37 @@ TEST(PercentileTest, NearestRank) {
   EXPECT_EQ(Percentile({}, 50), 0);
   EXPECT_EQ(Percentile({1.0, 2.0, 3.0}, 50), 2);
   EXPECT_EQ(Percentile({1.0, 2.0, 3.0, 4.0}, 50), 2);
+}
+
+// Inputs larger than the pool of drawn values still look standard normal,
+// differ from tensor to tensor and from repeat to repeat, and follow the seed.
+TEST(RandomInputsTest, LargeTensorsAreStandardNormalAndDistinct) {
+  const int64_t rows =
+      3 * static_cast<int64_t>(kRandomInputPool) / 1024 + 5;  // three repeats and a part
+  const std::vector<Tensor> inputs = RandomInputs({1, rows, 1024}, "FP32", 7, 2);
+  ASSERT_EQ(inputs.size(), 2u);
+  const absl::StatusOr<std::vector<float>> a = TensorToFloats(inputs[0]);
+  const absl::StatusOr<std::vector<float>> b = TensorToFloats(inputs[1]);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->size(), static_cast<size_t>(rows * 1024));
+  double sum = 0, squares = 0;
+  for (float v : *a) {
+    sum += v;
+    squares += double{v} * v;
+  }
+  const double mean = sum / static_cast<double>(a->size());
+  EXPECT_NEAR(mean, 0.0, 0.01);
+  EXPECT_NEAR(squares / static_cast<double>(a->size()) - mean * mean, 1.0, 0.01);
+  EXPECT_NE(*a, *b);
+  // The second repeat of the pool does not restart where the first did.
+  const std::vector<float> first(a->begin(), a->begin() + 64);
+  const std::vector<float> second(a->begin() + kRandomInputPool,
+                                  a->begin() + kRandomInputPool + 64);
+  EXPECT_NE(first, second);
+  const absl::StatusOr<std::vector<float>> again =
+      TensorToFloats(RandomInputs({1, rows, 1024}, "FP32", 7, 1)[0]);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *a);
 }
 
 TEST(BenchOptionsTest, InconsistentOptionsFailBeforeConnecting) {
