@@ -5,7 +5,7 @@
 # (default ./gpu-out); the exit status is non-zero if any test failed.
 #   usage: scripts/gpu-run.sh [tests] [bench-kernels] [bench-layer] [bench-server]
 #          [bench-sessions] [bench-decode] [bench-probe] [bench-pipeline]
-#          [bench-perf-analyzer] [bench-moe]
+#          [bench-perf-analyzer] [bench-moe] [bench-interference]
 #          (no argument: the first four)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -128,6 +128,17 @@ for stage in "${stages[@]}"; do
       # shellcheck disable=SC2086
       python3 bench/server/session_matrix.py "$bundle/bin" "$out/sessions" \
         --model-dir="$ckpt" --model-name=llama3-8b-4l --backend=cuda ${SESSION_ARGS:-} ${LOAD_SERVER_ARGS:-}
+      ;;
+    bench-interference)
+      # A long prefill among 64 decoding sessions, per --prefill-chunk-tokens
+      # (bench/server/prefill_interference.py: a chunk's time alone, the decode
+      # load alone, the decode load beside long prefills, and the verdict).
+      # INTERFERENCE_ARGS overrides, e.g. "--chunks 0,512 --steps 1000 --rounds 3".
+      span_checkpoint
+      # shellcheck disable=SC2086
+      python3 bench/server/prefill_interference.py "$bundle/bin" "$out/interference" \
+        --model-dir="$ckpt" --model-name=llama3-8b-4l --backend=cuda --kv-cache-memory=8GiB \
+        ${INTERFERENCE_ARGS:-} ${LOAD_SERVER_ARGS:-}
       ;;
     bench-decode)
       # Paged decode attention vs PyTorch SDPA (flash, cuDNN) on the same

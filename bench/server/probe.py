@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"
 from layerserve_process import (LayerserveProcess, ServerStartError,  # noqa: E402
                                 parse_samples, total)
 from bench_errors import merged_error_lines  # noqa: E402
+from metrics_delta import gpu_ms_per_batch  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 READY_TIMEOUT_S = 60
@@ -147,13 +148,8 @@ def summary_line(label, d, layers):
     batch_tok = mean_of("layerserve_batch_tokens")
     served_ok = delta(before, after, "layerserve_requests_total", code="OK")
     served_all = delta(before, after, "layerserve_requests_total")
-    # Sampled batches report gemm_down once per layer; their per-op device
-    # times summed give the GPU time of one batch (with any overlap of the
-    # other streams' kernels). CPU backend: no kernel series, "-".
-    sampled = delta(before, after, "layerserve_kernel_duration_seconds_count", op="gemm_down")
-    gpu = None
-    if sampled > 0 and layers > 0:
-        gpu = 1e3 * delta(before, after, "layerserve_kernel_duration_seconds_sum") / (sampled / layers)
+    # GPU time per sampled batch (metrics_delta.py). CPU backend: no kernel series, "-".
+    gpu = gpu_ms_per_batch(before, after, layers)[0]
     # Server CPU over the measured window; client CPU over its whole run
     # (warm-up included), per request the server answered in that span.
     cpu = open(f"{d}/server_cpu.txt").read().split()

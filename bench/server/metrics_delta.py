@@ -1,0 +1,24 @@
+"""What a layerserve's /metrics say about the batches run between two scrapes
+(each parsed by tests/support/layerserve_process.parse_samples, whose
+directory the caller has put on sys.path). Shared by probe.py and
+prefill_interference.py, so both compute a batch's GPU time the same way.
+"""
+
+from layerserve_process import total
+
+
+def delta(before, after, name, **labels):
+    """The growth of the series of `name` with these labels (summed)."""
+    return total(after, name, **labels) - total(before, name, **labels)
+
+
+def gpu_ms_per_batch(before, after, layers):
+    """(GPU ms per sampled batch, sampled batches) between the scrapes; (None,
+    0) where no batch was sampled (the CPU backend has no kernel series).
+    A sampled batch reports gemm_down once per layer; its per-op device times
+    summed are its GPU time (with any overlap of the other streams' kernels)."""
+    sampled = delta(before, after, "layerserve_kernel_duration_seconds_count", op="gemm_down")
+    if sampled <= 0 or layers <= 0:
+        return None, 0
+    batches = sampled / layers
+    return 1e3 * delta(before, after, "layerserve_kernel_duration_seconds_sum") / batches, batches
