@@ -4,7 +4,9 @@ latency by more than one chunk's compute time? (issue 11, item 4: chunked
 prefill, --prefill-chunk-tokens, puts one piece of a long session request in
 each batch beside the other sessions' decode steps.)
 
-For each value of --chunks, one layerserve, and in it three phases:
+For each value of --chunks, one layerserve, warmed up (one long prefill and
+a short decode load, unmeasured, so that no phase counts a first batch's
+cuBLASLt planning and kernel loading), and in it three phases:
   (a) chunk time: long prefills alone for --chunk-seconds (on CUDA, until 2
       batches were sampled, at most 12x that); /metrics before and after give
       the batches' mean tokens (one piece each: the chunk, or the whole prompt
@@ -124,6 +126,21 @@ def decode_bench(layerctl, server, args, out, label):
     return json.loads(report.read_text()), end
 
 
+def warm_up(server, layerctl, args, out, name):
+    """One long prefill, then a short decode load, unmeasured: the first batch
+    of each new size plans its cuBLASLt GEMMs and loads their kernels (up to
+    ~100 ms on the H100, seen as an 8 ms mean "gemm_qkv" over a phase (a)
+    without this), which no later phase should count."""
+    longs = LongPrefills(layerctl, server, args, out, f"{name}_warmup")
+    while not longs.done and not longs.error:
+        time.sleep(0.2)
+    longs.stop()
+    if longs.error:
+        sys.exit(f"warm-up: {longs.error}")
+    decode_bench(layerctl, server, argparse.Namespace(**{**vars(args), "steps": 20}), out,
+                 f"{name}_warmup")
+
+
 def chunk_time(server, layerctl, args, out, name):
     """Phase (a): long prefills alone; their batches from /metrics."""
     def scrape(when):
@@ -185,6 +202,7 @@ def in_window(done, r, end):
 def run_setting(server, layerctl, args, out, chunk, emit):
     """Phases (a), then (b, c) x rounds, and the verdict, on one server."""
     name, tag = f"chunk{chunk}", f"chunk={chunk:<5}"
+    warm_up(server, layerctl, args, out, name)
     a = chunk_time(server, layerctl, args, out, name)
     emit(f"{tag} (a) long alone  {a['prefills']} prefills in {a['seconds']:.1f} s (latency p50 "
          f"{fmt(median(a['latency_ms']), '.1f')} ms), {a['batches']:.0f} batches of "
