@@ -22,6 +22,7 @@ void AttachKv(const KvPool* pool, const BatchKvMeta& meta, BatchGeometry* geomet
   geometry->kv_start = meta.start;
   geometry->kv_cu_blocks = meta.cu_blocks;
   geometry->kv_block_tables = meta.block_tables;
+  geometry->kv_history = meta.history;
   geometry->paged_items = meta.items;
   geometry->num_paged_items = meta.num_items;
   geometry->paged_combines = meta.combines;
@@ -131,16 +132,21 @@ absl::StatusOr<BatchKvMeta> KvPool::Upload(const Batch& batch, int stream,
     }
     cu_blocks[s + 1] = static_cast<int32_t>(ids);
   }
-  // The attention plan: the same for every layer of the span.
-  std::vector<kernels::PagedSequence> seqs(static_cast<size_t>(num_seqs));
-  for (int64_t s = 0; s < num_seqs; ++s) {
-    seqs[static_cast<size_t>(s)] = {
-        batch.cu_seqlens[static_cast<size_t>(s) + 1] - batch.cu_seqlens[static_cast<size_t>(s)],
-        start[s]};
+  // The attention plan, the same for every layer of the span; none where no
+  // sequence has cached keys (the executor runs flash attention then).
+  const bool history = std::any_of(start, start + num_seqs, [](int32_t s) { return s > 0; });
+  kernels::PagedAttentionPlan plan;
+  if (history) {
+    std::vector<kernels::PagedSequence> seqs(static_cast<size_t>(num_seqs));
+    for (int64_t s = 0; s < num_seqs; ++s) {
+      seqs[static_cast<size_t>(s)] = {
+          batch.cu_seqlens[static_cast<size_t>(s) + 1] - batch.cu_seqlens[static_cast<size_t>(s)],
+          start[s]};
+    }
+    LS_ASSIGN_OR_RETURN(
+        plan, kernels::PlanPagedAttention(seqs, layer_.num_heads, layer_.num_kv_heads, num_sms_,
+                                          plan_limits_));
   }
-  LS_ASSIGN_OR_RETURN(const kernels::PagedAttentionPlan plan,
-                      kernels::PlanPagedAttention(seqs, layer_.num_heads, layer_.num_kv_heads,
-                                                  num_sms_, plan_limits_));
   const size_t meta_bytes = static_cast<size_t>(2 * num_seqs + 1 + ids) * sizeof(int32_t);
   // Work items are 4-byte aligned structs of int32, so they follow the ids.
   auto* host_bytes = static_cast<unsigned char*>(staging.host.data());
@@ -154,6 +160,7 @@ absl::StatusOr<BatchKvMeta> KvPool::Upload(const Batch& batch, int stream,
   const auto* device = static_cast<const int32_t*>(staging.device.data());
   const auto* device_bytes = static_cast<const unsigned char*>(staging.device.data());
   BatchKvMeta meta;
+  meta.history = history;
   meta.start = device;
   meta.cu_blocks = device + num_seqs;
   meta.block_tables = device + 2 * num_seqs + 1;

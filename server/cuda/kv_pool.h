@@ -42,6 +42,9 @@ struct BatchKvMeta {
   const int32_t* cu_blocks = nullptr;  // [num_seqs + 1]: offsets of the tables in block_tables
   const int32_t* block_tables =
       nullptr;  // the tables, concatenated (a stateless sequence's is empty)
+  // Whether some sequence starts past 0 (has cached keys); only then is
+  // there a plan.
+  bool history = false;
   // The attention plan of the batch, and the stream's split workspace.
   const kernels::PagedWorkItem* items = nullptr;
   int num_items = 0;

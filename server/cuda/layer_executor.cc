@@ -1,6 +1,7 @@
 // The layer executor (see layer_executor.h): one decoder layer as eight
 // launches on one stream (with sessions too: RoPE and the KV-cache write are
-// one kernel; one more where the paged attention combines split keys or the
+// one kernel, and the attention is flash attention unless some sequence has
+// cached keys; one more where the paged attention combines split keys or the
 // gate/up projection runs on cuBLASLt; a mixture-of-experts layer adds its
 // routing, permutation and combine).
 #include "server/cuda/layer_executor.h"
@@ -130,10 +131,7 @@ absl::Status LayerExecutor::Forward(const ActivationArena& arena, const BatchGeo
 }
 
 absl::Status LayerExecutor::FlashAttend(int layer, const ActivationArena& arena,
-                                        const BatchGeometry& batch, const kernels::RopeParams& rope,
-                                        cudaStream_t stream, OpTimer* timer) const {
-  LS_RETURN_IF_ERROR(kernels::LaunchRope(rope, stream));
-  LS_RETURN_IF_ERROR(MarkOp(timer, kOpRope, stream));
+                                        const BatchGeometry& batch, cudaStream_t stream) const {
   const LayerShape& s = shape_;
   const int64_t element_bytes = kernels::DTypeBytes(s.dtype);
   const auto* qkv_bytes = static_cast<const unsigned char*>(arena.qkv);
@@ -158,14 +156,7 @@ absl::Status LayerExecutor::FlashAttend(int layer, const ActivationArena& arena,
   return kernels::LaunchFlashAttention(attention, gemm_->device(), stream);
 }
 
-absl::Status LayerExecutor::PagedAttend(int layer, const ActivationArena& arena,
-                                        const BatchGeometry& batch, const kernels::RopeParams& rope,
-                                        cudaStream_t stream, OpTimer* timer) const {
-  const LayerShape& s = shape_;
-  const int64_t element_bytes = kernels::DTypeBytes(s.dtype);
-  const auto* qkv_bytes = static_cast<const unsigned char*>(arena.qkv);
-  const void* k = qkv_bytes + s.q_width() * element_bytes;
-  const void* v = qkv_bytes + (s.q_width() + int64_t{s.num_kv_heads} * s.head_dim) * element_bytes;
+kernels::PagedKv LayerExecutor::CacheOf(int layer, const BatchGeometry& batch) const {
   kernels::PagedKv cache;
   cache.k = batch.kv_pool->k(layer);
   cache.v = batch.kv_pool->v(layer);
@@ -173,12 +164,16 @@ absl::Status LayerExecutor::PagedAttend(int layer, const ActivationArena& arena,
   cache.start = batch.kv_start;
   cache.cu_blocks = batch.kv_cu_blocks;
   cache.block_tables = batch.kv_block_tables;
+  return cache;
+}
 
-  const kernels::KvAppendParams append{
-      .cu_seqlens = batch.cu_seqlens, .num_seqs = batch.num_seqs, .cache = cache};
-  LS_RETURN_IF_ERROR(kernels::LaunchRopeKvAppend(rope, append, stream));
-  LS_RETURN_IF_ERROR(MarkOp(timer, kOpRope, stream));
-
+absl::Status LayerExecutor::PagedAttend(int layer, const ActivationArena& arena,
+                                        const BatchGeometry& batch, cudaStream_t stream) const {
+  const LayerShape& s = shape_;
+  const int64_t element_bytes = kernels::DTypeBytes(s.dtype);
+  const auto* qkv_bytes = static_cast<const unsigned char*>(arena.qkv);
+  const void* k = qkv_bytes + s.q_width() * element_bytes;
+  const void* v = qkv_bytes + (s.q_width() + int64_t{s.num_kv_heads} * s.head_dim) * element_bytes;
   kernels::PagedAttentionParams attention;
   attention.q = arena.qkv;
   attention.k = k;
@@ -189,7 +184,7 @@ absl::Status LayerExecutor::PagedAttend(int layer, const ActivationArena& arena,
   attention.cu_seqlens = batch.cu_seqlens;
   attention.num_seqs = batch.num_seqs;
   attention.tokens = batch.tokens;
-  attention.cache = cache;
+  attention.cache = CacheOf(layer, batch);
   attention.num_heads = s.num_heads;
   attention.num_kv_heads = s.num_kv_heads;
   attention.head_dim = s.head_dim;
@@ -249,9 +244,23 @@ absl::Status LayerExecutor::ForwardLayer(int layer, const ActivationArena& arena
   rope.head_dim = s.head_dim;
   rope.dtype = s.dtype;
   if (batch.kv_pool != nullptr) {
-    LS_RETURN_IF_ERROR(PagedAttend(layer, arena, batch, rope, stream, timer));
+    // Sessions: RoPE and the cache write in one launch.
+    const kernels::KvAppendParams append{
+        .cu_seqlens = batch.cu_seqlens, .num_seqs = batch.num_seqs, .cache = CacheOf(layer, batch)};
+    LS_RETURN_IF_ERROR(kernels::LaunchRopeKvAppend(rope, append, stream));
   } else {
-    LS_RETURN_IF_ERROR(FlashAttend(layer, arena, batch, rope, stream, timer));
+    LS_RETURN_IF_ERROR(kernels::LaunchRope(rope, stream));
+  }
+  LS_RETURN_IF_ERROR(MarkOp(timer, kOpRope, stream));
+  // The paged kernel attends over the cache; a batch with nothing cached
+  // (every sequence starts at 0: first prefills, stateless rows) attends
+  // over its own rows only, which flash attention does reading K/V once per
+  // 64-128 queries, where the paged kernel's decode-shaped tiles read them
+  // once per 16 rows (4 tokens of a GQA group).
+  if (batch.kv_pool != nullptr && batch.kv_history) {
+    LS_RETURN_IF_ERROR(PagedAttend(layer, arena, batch, stream));
+  } else {
+    LS_RETURN_IF_ERROR(FlashAttend(layer, arena, batch, stream));
   }
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpAttention, stream));
 

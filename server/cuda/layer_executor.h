@@ -152,6 +152,10 @@ struct BatchGeometry {
   const int32_t* kv_start = nullptr;      // [num_seqs]
   const int32_t* kv_cu_blocks = nullptr;  // [num_seqs + 1]
   const int32_t* kv_block_tables = nullptr;
+  // Whether some sequence starts past 0, so has keys in the cache to attend
+  // over; without any, the batch's attention is over its own rows (flash
+  // attention) and it has no plan.
+  bool kv_history = false;
   // The batch's attention plan and the stream's split workspace (see
   // PagedAttentionParams).
   const kernels::PagedWorkItem* paged_items = nullptr;
@@ -184,16 +188,17 @@ class LayerExecutor {
   absl::Status ForwardLayer(int layer, const ActivationArena& arena, const BatchGeometry& batch,
                             const kernels::GemmWorkspace& workspace, cudaStream_t stream,
                             OpTimer* timer) const;
-  // Attention of a batch without sessions: `rope` on the qkv rows, then
-  // flash attention over the batch's own rows, through layer `layer`'s window.
+  // Attention over the batch's own rows only (a batch without sessions, or
+  // one whose sequences all start at 0): flash attention, through layer
+  // `layer`'s window.
   absl::Status FlashAttend(int layer, const ActivationArena& arena, const BatchGeometry& batch,
-                           const kernels::RopeParams& rope, cudaStream_t stream,
-                           OpTimer* timer) const;
-  // Attention of a batch with sessions: `rope` and the KV-cache write in one
-  // launch (RopeKvAppend), then PagedAttention.
+                           cudaStream_t stream) const;
+  // Attention of a batch with sessions over their cached keys and the new
+  // ones: PagedAttention.
   absl::Status PagedAttend(int layer, const ActivationArena& arena, const BatchGeometry& batch,
-                           const kernels::RopeParams& rope, cudaStream_t stream,
-                           OpTimer* timer) const;
+                           cudaStream_t stream) const;
+  // Layer `layer`'s cache and where the batch's sequences sit in it.
+  kernels::PagedKv CacheOf(int layer, const BatchGeometry& batch) const;
   // The SwiGLU MLP over `rows` rows of `input`: silu(gate) * up into
   // `activation` (one GEMM; `scratch` [rows, 2 intermediate] for its
   // cuBLASLt route), down into `output` (onto it with accumulate, the
