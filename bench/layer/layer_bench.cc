@@ -13,7 +13,10 @@
 // adding one token, through the KV pool and paged attention exactly as a
 // served session batch runs (block tables shuffled across a random-filled
 // pool). The floor of a step is (weight bytes + the K/V bytes it reads) at
-// the device's copy bandwidth; the table gives the step against it. With
+// the device's copy bandwidth; the table gives the step against it. Two
+// prefill pieces follow them: the last piece of an 8192-token prompt cut
+// into 2048- and into 512-token pieces (--prefill-chunk-tokens), T new
+// tokens over 8192 - T cached, through the same paged attention. With
 // --decode-csv, "seqs,context,ms,min_ms,floor_ms" rows of the decode steps
 // (plus "<compare>_ms", the --compare executor's or graph's median, when
 // given) go there for bench/layer/torch_decode_step.py, which times a
@@ -78,8 +81,9 @@ constexpr double kHbmBytesPerSecond = 3.0e12;   // measured device-to-device cop
 constexpr double kBf16FlopsPerSecond = 8.0e14;  // measured 8192^3 bf16 GEMM, H100 SXM
 
 // A stateless batch of `tokens` tokens in `seqs` equal sequences, or (with
-// context > 0) a decode step: `seqs` sessions of one new token each, every
-// one over `context` cached tokens.
+// context > 0) a session step: `seqs` sessions of tokens / seqs new tokens
+// each (one: a decode step; more: a prefill piece), every one over `context`
+// cached tokens.
 struct Case {
   int64_t tokens;
   int seqs;
@@ -234,12 +238,13 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
   for (const int b : {1, 16, 64}) {
     for (const int64_t l : {1024, 4096}) cases.push_back({b, b, l});
   }
+  for (const int64_t piece : {2048, 512}) cases.push_back({piece, 1, kMaxTokens - piece});
   // The KV pool for the decode steps: one layer, blocks for the largest,
   // filled with random bf16 (a step reads only rows of its own tables).
   constexpr int64_t kBlockTokens = 16;
   int64_t pool_blocks = 0;
   for (const Case& c : cases) {
-    pool_blocks = std::max(pool_blocks, c.seqs * ((c.context + 1 + kBlockTokens - 1) / kBlockTokens));
+    pool_blocks = std::max(pool_blocks, c.seqs * ((c.context + c.tokens / c.seqs + kBlockTokens - 1) / kBlockTokens));
   }
   LS_ASSIGN_OR_RETURN(
       std::unique_ptr<cuda::KvPool> kv_pool,
@@ -255,9 +260,9 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
   std::vector<int32_t> meta(2 * kMaxTokens + 1);
   for (const Case& c : cases) {
     const int64_t len = c.tokens / c.seqs;
-    const bool decode = c.context > 0;
+    const bool session = c.context > 0;  // a decode step or a prefill piece
     for (int64_t t = 0; t < c.tokens; ++t) {
-      meta[static_cast<size_t>(t)] = static_cast<int32_t>(decode ? c.context : t % len);
+      meta[static_cast<size_t>(t)] = static_cast<int32_t>(c.context + t % len);
     }
     for (int s = 0; s <= c.seqs; ++s) {
       meta[static_cast<size_t>(c.tokens + s)] = static_cast<int32_t>(s * len);
@@ -270,12 +275,12 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
     geometry.max_seqlen = static_cast<int>(len);
     geometry.positions = arena.meta;
     geometry.cu_seqlens = arena.meta + c.tokens;
-    // A decode step's sessions: consecutive slices of the shuffled ids.
+    // A session step's sessions: consecutive slices of the shuffled ids.
     Batch batch;
     std::vector<std::vector<KvBlockId>> tables;
     double kv_bytes = 0;
-    if (decode) {
-      const int64_t blocks = (c.context + 1 + kBlockTokens - 1) / kBlockTokens;
+    if (session) {
+      const int64_t blocks = (c.context + len + kBlockTokens - 1) / kBlockTokens;
       for (int s = 0; s < c.seqs; ++s) {
         tables.emplace_back(block_ids.begin() + s * blocks, block_ids.begin() + (s + 1) * blocks);
       }
@@ -283,7 +288,7 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
       for (const std::vector<KvBlockId>& table : tables) batch.kv.push_back(SequenceKv{c.context, &table});
       LS_ASSIGN_OR_RETURN(const cuda::BatchKvMeta kv, kv_pool->Upload(batch, 0, stream.get()));
       cuda::AttachKv(kv_pool.get(), kv, &geometry);
-      kv_bytes = 2.0 * static_cast<double>(c.seqs) * static_cast<double>(c.context + 1) * shape.num_kv_heads *
+      kv_bytes = 2.0 * static_cast<double>(c.seqs) * static_cast<double>(c.context + len) * shape.num_kv_heads *
                  shape.head_dim * 2;
     }
 
@@ -357,10 +362,11 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
       multiplied = static_cast<double>(weight_elements) - (e - k) * expert_bytes / 2.0;
     }
     const double gemm_flops = 2.0 * static_cast<double>(c.tokens) * multiplied;
-    const double attn_flops = decode ? 4.0 * shape.num_heads * shape.head_dim * static_cast<double>(c.seqs) *
-                                           static_cast<double>(c.context + 1)
-                                     : 2.0 * shape.num_heads * shape.head_dim * static_cast<double>(c.seqs) *
-                                           static_cast<double>(len) * static_cast<double>(len + 1);
+    // Each new token i (0-based) of a sequence attends over context + i + 1
+    // keys: QK^T and PV, 2 flops per multiply-add each.
+    const double keys_attended = static_cast<double>(len) * static_cast<double>(c.context) +
+                                 0.5 * static_cast<double>(len) * static_cast<double>(len + 1);
+    const double attn_flops = 4.0 * shape.num_heads * shape.head_dim * static_cast<double>(c.seqs) * keys_attended;
     const double floor_ms =
         1e3 * std::max((read_bytes + kv_bytes) / kHbmBytesPerSecond, (gemm_flops + attn_flops) / kBf16FlopsPerSecond);
     std::string ops;
@@ -375,12 +381,14 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
       op_ms[op] = per_layer * 1e3;
       absl::StrAppend(&ops, std::string(op), "=", static_cast<int64_t>(per_layer * 1e6 + 0.5), " ");
     }
-    if (decode && !printed_decode_header) {
-      std::printf("decode steps: one new token per session over L cached tokens; the floor includes the K/V read\n");
+    if (session && !printed_decode_header) {
+      std::printf(
+          "session steps: tokens / seqs new tokens per session (1: decode; more: a prefill piece) over L cached "
+          "tokens; the floor includes the K/V read\n");
       printed_decode_header = true;
     }
     const std::string label =
-        decode ? absl::StrCat(c.tokens, " ", c.seqs, " L=", c.context) : absl::StrCat(c.tokens, " ", c.seqs);
+        session ? absl::StrCat(c.tokens, " ", c.seqs, " L=", c.context) : absl::StrCat(c.tokens, " ", c.seqs);
     std::printf("%13s %10.4f %10.4f %10.4f %10.2f %9.1f %9.0f  %s\n", label.c_str(), median_ms, min_ms, floor_ms,
                 floor_ms / median_ms, (gemm_flops + attn_flops) / (median_ms * 1e-3) / 1e12,
                 read_bytes / (median_ms * 1e-3) / 1e9, ops.c_str());
@@ -390,7 +398,7 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
     }
     // hf_layer.py compares the stateless rows; decode rows go to --decode-csv
     // (torch_decode_step.py's PyTorch step is their twin).
-    if (csv.is_open() && !decode) {
+    if (csv.is_open() && !session) {
       csv << c.tokens << "," << c.seqs << "," << median_ms;
       if (mixtral) {
         const double grouped = op_ms[cuda::kOpGemmGateUp] + op_ms[cuda::kOpGemmDown];
@@ -398,7 +406,7 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
       }
       csv << "\n";
     }
-    if (decode_csv.is_open() && decode) {
+    if (decode_csv.is_open() && session && len == 1) {
       decode_csv << c.seqs << "," << c.context << "," << median_ms << "," << min_ms << "," << floor_ms;
       if (!times_b.empty()) decode_csv << "," << Median(times_b);
       decode_csv << "\n";
