@@ -71,26 +71,14 @@ __global__ void __launch_bounds__(kAppendThreads) RopeKvAppendKernel(const RopeP
     dst = KvRow(a.cache.block_tables + table_begin, a.cache.block_tokens, pos) * kv_width;
   }
   T* k_dst = static_cast<T*>(a.cache.k) + dst;
-
-  const int chunks_per_half = half / kVec;
-  const int items = (r.num_heads + r.num_kv_heads) * chunks_per_half;
   T* row = static_cast<T*>(r.qkv) + int64_t{token} * (r.num_heads + 2 * r.num_kv_heads) * r.head_dim;
-  for (int item = threadIdx.x; item < items; item += blockDim.x) {
-    const int head = item / chunks_per_half;
-    const int i0 = (item % chunks_per_half) * kVec;
-    V* first = reinterpret_cast<V*>(row + head * r.head_dim + i0);
-    V* second = reinterpret_cast<V*>(row + head * r.head_dim + half + i0);
-    V x1 = *first;
-    V x2 = *second;
-    rope::RotateChunk(cos_sin, half, i0, x1, x2);
-    *first = x1;
-    *second = x2;
-    if (keep && head >= r.num_heads) {
-      T* k_head = k_dst + (head - r.num_heads) * r.head_dim;
-      *reinterpret_cast<V*>(k_head + i0) = x1;
-      *reinterpret_cast<V*>(k_head + half + i0) = x2;
-    }
-  }
+  rope::RotateRow(row, cos_sin, r.num_heads, r.num_kv_heads, r.head_dim,
+                  [&](int kv_head, int i0, const V& x1, const V& x2) {
+                    if (!keep) return;
+                    T* k_head = k_dst + kv_head * r.head_dim;
+                    *reinterpret_cast<V*>(k_head + i0) = x1;
+                    *reinterpret_cast<V*>(k_head + half + i0) = x2;
+                  });
   if (!keep) return;
   const T* v_src = row + (r.num_heads + r.num_kv_heads) * r.head_dim;
   T* v_dst = static_cast<T*>(a.cache.v) + dst;

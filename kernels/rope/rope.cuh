@@ -12,9 +12,10 @@
 // with every product and the sum rounded to T, as the T ops of
 // q * cos + rotate_half(q) * sin are.
 //
-// The two steps are device functions of their own, so that the session
-// path's kernel (RoPE and the KV-cache write in one launch,
-// kernels/attention/paged_attention.cuh) rotates exactly as this one does.
+// Both steps are device functions of their own (ComputeCosSin, RotateRow),
+// so that the session path's kernel (RoPE and the KV-cache write in one
+// launch, kernels/attention/paged_attention.cuh) rotates exactly as this one
+// does.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -66,31 +67,42 @@ __device__ __forceinline__ void RotateChunk(const float* cos_sin, int half, int 
   x2 = o2;
 }
 
-template <typename T>
-__global__ void RopeKernel(const RopeParams p) {
+// Rotates every q and k head of one token's fused qkv row in place, the
+// CTA's threads taking 16-byte chunks of both halves of a head together.
+// on_k_chunk(kv_head, i0, x1, x2) sees each rotated k chunk pair (elements
+// [i0, i0 + kVec) and [i0 + d/2, i0 + d/2 + kVec) of that head) while it is
+// still in registers.
+template <typename T, typename OnKChunk>
+__device__ __forceinline__ void RotateRow(T* row, const float* cos_sin, int num_heads, int num_kv_heads, int head_dim,
+                                          OnKChunk on_k_chunk) {
   constexpr int kVec = kVec16<T>;
   using V = Vec<T, kVec>;
-  extern __shared__ float cos_sin[];
-  AllowDependentLaunch();
-  WaitForPrerequisiteGrids();  // launched as a dependent of the QKV GEMM
-  const int half = p.head_dim / 2;
-  const int64_t token = blockIdx.x;
-  ComputeCosSin<T>(p.inv_freq, p.positions[token], half, cos_sin);
-
+  const int half = head_dim / 2;
   const int chunks_per_half = half / kVec;
-  const int items = (p.num_heads + p.num_kv_heads) * chunks_per_half;
-  T* row = static_cast<T*>(p.qkv) + token * (p.num_heads + 2 * p.num_kv_heads) * p.head_dim;
+  const int items = (num_heads + num_kv_heads) * chunks_per_half;
   for (int item = threadIdx.x; item < items; item += blockDim.x) {
     const int head = item / chunks_per_half;
     const int i0 = (item % chunks_per_half) * kVec;
-    V* first = reinterpret_cast<V*>(row + head * p.head_dim + i0);
-    V* second = reinterpret_cast<V*>(row + head * p.head_dim + half + i0);
+    V* first = reinterpret_cast<V*>(row + head * head_dim + i0);
+    V* second = reinterpret_cast<V*>(row + head * head_dim + half + i0);
     V x1 = *first;
     V x2 = *second;
     RotateChunk(cos_sin, half, i0, x1, x2);
     *first = x1;
     *second = x2;
+    if (head >= num_heads) on_k_chunk(head - num_heads, i0, x1, x2);
   }
+}
+
+template <typename T>
+__global__ void RopeKernel(const RopeParams p) {
+  extern __shared__ float cos_sin[];
+  AllowDependentLaunch();
+  WaitForPrerequisiteGrids();  // launched as a dependent of the QKV GEMM
+  const int64_t token = blockIdx.x;
+  ComputeCosSin<T>(p.inv_freq, p.positions[token], p.head_dim / 2, cos_sin);
+  T* row = static_cast<T*>(p.qkv) + token * (p.num_heads + 2 * p.num_kv_heads) * p.head_dim;
+  RotateRow(row, cos_sin, p.num_heads, p.num_kv_heads, p.head_dim, [](int, int, const auto&, const auto&) {});
 }
 
 }  // namespace layerserve::kernels::rope
