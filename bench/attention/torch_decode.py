@@ -37,7 +37,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch_timing import median_ms, num_sets
+from torch_timing import median_ms, num_sets, parse_points
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 POINTS = [(1, 1024), (1, 4096), (1, 16384), (1, 32768), (16, 1024), (16, 4096), (64, 1024), (64, 4096),
@@ -123,14 +123,6 @@ def read_ours(path):
         return {}
     with open(path, newline="") as f:
         return {(int(r["B"]), int(r["L"]), int(r["q_tokens"])): float(r["us"]) for r in csv.DictReader(f)}
-
-
-def parse_points(text):
-    points = []
-    for item in text.split(","):
-        b, l = item.lower().split("x")
-        points.append((int(b), int(l)))
-    return points
 
 
 def main():

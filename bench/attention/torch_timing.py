@@ -1,7 +1,10 @@
-"""The timing method of the PyTorch baselines (torch_sdpa.py, torch_decode.py),
-the same as the CUDA benchmarks': CUDA events around each call after a
-warm-up, input sets rotated so their total is at least twice the L2, median
-reported."""
+"""The timing methods of the PyTorch baselines, the same as the CUDA
+benchmarks': CUDA events around each call after a warm-up, median reported.
+median_ms (torch_sdpa.py, torch_decode.py, the kernel-only column of
+bench/layer/torch_decode_step.py) rotates input sets whose total is at least
+twice the L2 and queues its calls back to back; synced_median_ms
+(bench/layer/torch_decode_step.py, hf_moe.py) synchronizes after each call,
+as layer_bench does. parse_points reads the decode benches' BxL points."""
 
 import math
 import statistics
@@ -32,3 +35,31 @@ def median_ms(sets, warmup, iters, fn, spin_cycles=0):
 def num_sets(bytes_per_set, l2_bytes):
     """Input sets to rotate so that together they hold at least twice the L2."""
     return max(2, math.ceil(2 * l2_bytes / bytes_per_set))
+
+
+def synced_median_ms(fn, warmup, iters):
+    """Median milliseconds of fn() over `iters` calls, each between two events
+    and synchronized after, following `warmup` untimed calls: what a caller
+    that waits for every step sees, Python's launch latency included."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    stop = torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+def parse_points(text):
+    """"1x1024,64x4096" -> [(1, 1024), (64, 4096)]: B sequences at context L."""
+    points = []
+    for item in text.split(","):
+        b, l = item.lower().split("x")
+        points.append((int(b), int(l)))
+    return points

@@ -22,11 +22,15 @@ Timing: warm-up, CUDA events around each call, median of --iters.
 """
 import argparse
 import csv
-import statistics
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 import transformers
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "attention"))
+from torch_timing import synced_median_ms  # noqa: E402  (bench/attention/torch_timing.py)
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM = 4096, 14336, 32, 8, 128
 EXPERTS, TOP_K = 8, 2
@@ -37,19 +41,7 @@ TOKENS = [1, 16, 128, 1024, 4096, 8192]
 
 def median_ms(fn, iters):
     with torch.inference_mode():
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(iters):
-            start = torch.cuda.Event(enable_timing=True)
-            stop = torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            stop.record()
-            stop.synchronize()
-            times.append(start.elapsed_time(stop))
-    return statistics.median(times)
+        return synced_median_ms(fn, 3, iters)
 
 
 def make_layer():

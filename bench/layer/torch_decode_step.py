@@ -71,7 +71,6 @@ import argparse
 import csv
 import math
 import os
-import statistics
 import sys
 import warnings
 
@@ -80,7 +79,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "attention"))
-from torch_timing import median_ms  # noqa: E402  (bench/attention/torch_timing.py)
+from torch_timing import median_ms, parse_points, synced_median_ms  # noqa: E402  (bench/attention/torch_timing.py)
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM = 4096, 14336, 32, 8, 128
 Q_WIDTH, KV_WIDTH = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
@@ -264,23 +263,6 @@ def check(label, got, want, point):
     return err.max().item() / max(want.abs().max().item(), 1e-30)
 
 
-def synced_ms(fn, warmup, iters):
-    """layer_bench's method: events around each call, synchronized after it; median."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)
-    stop = torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
-
-
 def capture(step):
     """The step captured in a CUDA graph after warm-up on a side stream: (graph, its output tensor)."""
     side = torch.cuda.Stream()
@@ -324,9 +306,9 @@ def bench_point(weights, batch, context, norm, gqa, warmup, iters):
         sys.exit(f"torch_decode_step: {point}: graph replay differs from eager: worst element {worst} "
                  f"graph {graph_out.flatten()[worst].item():.5g}, eager {eager_out.flatten()[worst].item():.5g}")
 
-    eager = synced_ms(step, warmup, iters)
+    eager = synced_median_ms(step, warmup, iters)
     kernels = median_ms([None], warmup, QUEUED_CALLS, lambda _: step(), spin_cycles=SPIN_CYCLES)
-    replay = synced_ms(graph.replay, warmup, iters)
+    replay = synced_median_ms(graph.replay, warmup, iters)
     del graph, graph_out, step
     torch.cuda.empty_cache()
     return eager, kernels, replay, errors
@@ -339,14 +321,6 @@ def read_ours(path):
         return {}
     with open(path, newline="") as f:
         return {(int(r["seqs"]), int(r["context"])): r for r in csv.DictReader(f)}
-
-
-def parse_points(text):
-    points = []
-    for item in text.split(","):
-        b, l = item.lower().split("x")
-        points.append((int(b), int(l)))
-    return points
 
 
 def fmt(value, spec, width):
