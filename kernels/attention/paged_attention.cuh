@@ -124,8 +124,9 @@ struct PagedTraits {
   static constexpr int kKSteps = kHeadDim / 16;       // k16 steps of Q K^T
   static constexpr int kDTiles = kHeadDim / 8;        // n8 tiles of the output
   static constexpr int kTileElems = kBlockN * kHeadDim;
-  // Q, then kStages (K, V) tile pairs; the merge reuses the ring.
-  static constexpr int kSmemBytes = (kPagedQueryRows * kHeadDim + 2 * kPagedStages * kTileElems) * 2;
+  // Q (a wide item's 64 rows; a narrow one uses the first 16), then kStages
+  // (K, V) tile pairs; the narrow merge reuses the ring.
+  static constexpr int kSmemBytes = (kPagedWideRows * kHeadDim + 2 * kPagedStages * kTileElems) * 2;
   static constexpr int kMergeBytes = kPagedWarps * kPagedQueryRows * (kHeadDim + 2) * 4;
   static_assert(kMergeBytes <= kSmemBytes, "the merge fits in the ring");
   static_assert(kHeadDim % 64 == 0, "the swizzle permutes 8 chunks of 16 bytes");
@@ -181,18 +182,14 @@ __device__ __forceinline__ void LoadKvTile(T* sK, T* sV, const PagedAttentionPar
   }
 }
 
+// A narrow item: 16 rows, the warps splitting each key tile (above).
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kPagedThreads, 2) PagedAttentionKernel(const PagedAttentionParams p) {
+__device__ __forceinline__ void PagedNarrowTile(const PagedAttentionParams& p, const PagedWorkItem& item,
+                                                unsigned char* smem_raw) {
   using Traits = PagedTraits<kHeadDim>;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kKSteps = Traits::kKSteps;
   constexpr int kDTiles = Traits::kDTiles;
-  AllowDependentLaunch();  // o_proj may start streaming its weights
-  // Launched as a programmatic dependent of RopeKvAppend: its rotated rows
-  // and cache writes are complete and visible past this point.
-  WaitForPrerequisiteGrids();
-
-  const PagedWorkItem item = p.items[blockIdx.x];
   const int kv_head = blockIdx.y;
   const int group = p.num_heads / p.num_kv_heads;
   const int first_row = p.cu_seqlens[item.seq];
@@ -200,7 +197,6 @@ __global__ void __launch_bounds__(kPagedThreads, 2) PagedAttentionKernel(const P
   const int start = p.cache.start[item.seq];
   const SeqKeys seq{p.cache.block_tables + p.cache.cu_blocks[item.seq], start, first_row};
 
-  extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sK = sQ + kPagedQueryRows * kHeadDim;         // [kStages][kBlockN][kHeadDim]
   T* sV = sK + kPagedStages * Traits::kTileElems;  // [kStages][kBlockN][kHeadDim]
@@ -416,6 +412,212 @@ __global__ void __launch_bounds__(kPagedThreads, 2) PagedAttentionKernel(const P
           make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
       if (col == 0) p.partial_lse[slot] = l_all > 0.f ? m_all + __log2f(l_all) : -INFINITY;
     }
+  }
+}
+
+// A wide item (a prefill piece): 64 query rows, warp w owning rows
+// 16w .. 16w + 15 and every key of each tile, as flash attention's warps do:
+// S = Q K^T is 8 n8 score tiles per warp, each warp keeps the online softmax
+// of its own rows, and O needs no merge between warps. Never split, so it
+// writes the output directly. Same K/V ring, loader, swizzle and masks as
+// the narrow tile.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void PagedWideTile(const PagedAttentionParams& p, const PagedWorkItem& item,
+                                              unsigned char* smem_raw) {
+  using Traits = PagedTraits<kHeadDim>;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kKSteps = Traits::kKSteps;
+  constexpr int kDTiles = Traits::kDTiles;
+  constexpr int kNTiles = kBlockN / 8;  // n8 score tiles per key tile
+  static_assert(kPagedWideRows == kPagedWarps * 16, "each warp owns one m16 row tile");
+  const int kv_head = blockIdx.y;
+  const int group = p.num_heads / p.num_kv_heads;
+  const int first_row = p.cu_seqlens[item.seq];
+  const int q_rows = (p.cu_seqlens[item.seq + 1] - first_row) * group;
+  const int start = p.cache.start[item.seq];
+  const SeqKeys seq{p.cache.block_tables + p.cache.cu_blocks[item.seq], start, first_row};
+
+  T* sQ = reinterpret_cast<T*>(smem_raw);          // [64][kHeadDim]
+  T* sK = sQ + kPagedWideRows * kHeadDim;          // [kStages][kBlockN][kHeadDim]
+  T* sV = sK + kPagedStages * Traits::kTileElems;  // [kStages][kBlockN][kHeadDim]
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int quad_row = lane >> 2;
+  const int quad_col = (lane & 3) * 2;
+
+  for (int idx = tid; idx < kPagedWideRows * Traits::kChunksPerRow; idx += kPagedThreads) {
+    const int r = idx / Traits::kChunksPerRow;
+    const int chunk = idx % Traits::kChunksPerRow;
+    const int row = item.q_row0 + r;
+    const bool valid = row < q_rows;
+    const T* src = static_cast<const T*>(p.q);
+    if (valid) {
+      src += int64_t{first_row + row / group} * p.q_row_stride + int64_t{kv_head * group + row % group} * kHeadDim +
+             chunk * 8;
+    }
+    CpAsync16(sQ + PagedSwizzle<kHeadDim>(r, chunk), src, valid);
+  }
+
+  // This thread's two rows (g and g + 8 of its warp's 16) and the bounds of
+  // the warp's and of the CTA's valid rows.
+  const int warp_row0 = item.q_row0 + warp * 16;
+  int q_pos[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) q_pos[h] = start + (warp_row0 + quad_row + 8 * h) / group;
+  const int last_row = min(item.q_row0 + kPagedWideRows, q_rows) - 1;
+  const int warp_min_pos = start + warp_row0 / group;
+  const int warp_max_pos = start + min(warp_row0 + 15, last_row) / group;
+  int key_begin = item.kv_begin;
+  if (p.window > 0) {
+    const int lo = start + item.q_row0 / group - p.window + 1;
+    if (lo > key_begin) key_begin += (lo - key_begin) / kBlockN * kBlockN;
+  }
+  const int key_end = item.kv_end;
+  const int n_tiles = key_end > key_begin ? (key_end - key_begin + kBlockN - 1) / kBlockN : 0;
+
+#pragma unroll
+  for (int t = 0; t < kPagedStages - 1; ++t) {
+    if (t < n_tiles) {
+      LoadKvTile<T, kHeadDim>(sK + t * Traits::kTileElems, sV + t * Traits::kTileElems, p, seq, kv_head,
+                              key_begin + t * kBlockN, key_end, tid);
+    }
+    CpAsyncCommit();
+  }
+
+  float acc_o[kDTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_o[dt][e] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};
+  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  uint32_t q_frag[kKSteps][4];
+
+  for (int t = 0; t < n_tiles; ++t) {
+    CpAsyncWait<kPagedStages - 2>();
+    __syncthreads();
+    if (t + kPagedStages - 1 < n_tiles) {
+      const int stage = (t + kPagedStages - 1) % kPagedStages;
+      LoadKvTile<T, kHeadDim>(sK + stage * Traits::kTileElems, sV + stage * Traits::kTileElems, p, seq, kv_head,
+                              key_begin + (t + kPagedStages - 1) * kBlockN, key_end, tid);
+    }
+    CpAsyncCommit();
+    if (t == 0) {
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        LdMatrixX4(q_frag[kk], sQ + PagedSwizzle<kHeadDim>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+      }
+    }
+    const T* sKs = sK + (t % kPagedStages) * Traits::kTileElems;
+    const T* sVs = sV + (t % kPagedStages) * Traits::kTileElems;
+    const int key0 = key_begin + t * kBlockN;
+    // A warp whose rows all start past the tile's keys (causally) or end
+    // below its window has nothing to do with it; the loads above and the
+    // barrier still involve it.
+    if (key0 > warp_max_pos || (p.window > 0 && key0 + kBlockN - 1 <= warp_min_pos - p.window)) continue;
+
+    float acc_s[kNTiles][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+#pragma unroll
+      for (int n16 = 0; n16 < kNTiles / 2; ++n16) {
+        uint32_t b[4];
+        const int row = n16 * 16 + (lane & 7) + ((lane >> 4) << 3);
+        LdMatrixX4(b, sKs + PagedSwizzle<kHeadDim>(row, kk * 2 + ((lane >> 3) & 1)));
+        MmaM16N8K16<T>(acc_s[2 * n16], q_frag[kk], b[0], b[1]);
+        MmaM16N8K16<T>(acc_s[2 * n16 + 1], q_frag[kk], b[2], b[3]);
+      }
+    }
+
+    const bool need_mask = key0 + kBlockN - 1 > warp_min_pos || key0 + kBlockN - 1 >= key_end ||
+                           (p.window > 0 && key0 <= warp_max_pos - p.window);
+    if (need_mask) {
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int pos = q_pos[e >> 1];
+          const int key = key0 + nt * 8 + quad_col + (e & 1);
+          if (key >= key_end || key > pos || (p.window > 0 && pos - key >= p.window)) acc_s[nt][e] = -INFINITY;
+        }
+    }
+
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = row_max[h];
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) mx = fmaxf(mx, fmaxf(acc_s[nt][2 * h], acc_s[nt][2 * h + 1]));
+      mx = QuadReduceMax(mx);
+      const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
+      const float correction = FastExp2(row_max[h] * scale_log2 - base);
+      row_max[h] = mx;
+      row_sum[h] *= correction;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        acc_o[dt][2 * h] *= correction;
+        acc_o[dt][2 * h + 1] *= correction;
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+          const float prob = FastExp2(acc_s[nt][e] * scale_log2 - base);
+          acc_s[nt][e] = prob;
+          row_sum[h] += prob;
+        }
+    }
+
+    // O += P V, one k16 step per 16 keys of the tile.
+#pragma unroll
+    for (int k16 = 0; k16 < kNTiles / 2; ++k16) {
+      uint32_t a[4];
+      a[0] = PackPair<T>(acc_s[2 * k16][0], acc_s[2 * k16][1]);
+      a[1] = PackPair<T>(acc_s[2 * k16][2], acc_s[2 * k16][3]);
+      a[2] = PackPair<T>(acc_s[2 * k16 + 1][0], acc_s[2 * k16 + 1][1]);
+      a[3] = PackPair<T>(acc_s[2 * k16 + 1][2], acc_s[2 * k16 + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < kDTiles / 2; ++dp) {
+        uint32_t b[4];
+        const int row = k16 * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+        LdMatrixX4Trans(b, sVs + PagedSwizzle<kHeadDim>(row, dp * 2 + (lane >> 4)));
+        MmaM16N8K16<T>(acc_o[2 * dp], a, b[0], b[1]);
+        MmaM16N8K16<T>(acc_o[2 * dp + 1], a, b[2], b[3]);
+      }
+    }
+  }
+  CpAsyncWait<0>();
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = warp_row0 + quad_row + 8 * h;
+    const float sum = QuadReduceSum(row_sum[h]);
+    if (row >= q_rows) continue;
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    T* out = static_cast<T*>(p.out) + int64_t{first_row + row / group} * p.out_row_stride +
+             int64_t{kv_head * group + row % group} * kHeadDim;
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) {
+      *reinterpret_cast<uint32_t*>(out + dt * 8 + quad_col) =
+          PackPair<T>(acc_o[dt][2 * h] * inv, acc_o[dt][2 * h + 1] * inv);
+    }
+  }
+}
+
+// One CTA per (work item, KV head): the item's width picks the tile.
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kPagedThreads, 2) PagedAttentionKernel(const PagedAttentionParams p) {
+  AllowDependentLaunch();  // o_proj may start streaming its weights
+  // Launched as a programmatic dependent of RopeKvAppend: its rotated rows
+  // and cache writes are complete and visible past this point.
+  WaitForPrerequisiteGrids();
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const PagedWorkItem item = p.items[blockIdx.x];
+  if (item.rows == kPagedWideRows) {
+    PagedWideTile<T, kHeadDim>(p, item, smem_raw);
+  } else {
+    PagedNarrowTile<T, kHeadDim>(p, item, smem_raw);
   }
 }
 

@@ -23,14 +23,16 @@ constexpr int64_t kCtaOverheadTiles = 2;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// One 16-row tile before splitting: its sequence, first row, valid rows and
-// the number of key tiles up to its last query's position.
+// One query tile before splitting: its sequence, first row, valid rows, the
+// number of key tiles up to its last query's position, and whether it is a
+// wide one (kPagedWideRows rows, never split).
 struct Tile {
   int32_t seq;
   int32_t q_row0;
   int32_t rows;
   int32_t key_end;
   int64_t key_tiles;
+  bool wide;
 };
 
 }  // namespace
@@ -56,7 +58,7 @@ absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const std::vector<PagedSeq
   }
   const int64_t group = num_heads / num_kv_heads;
   std::vector<Tile> tiles;
-  int64_t total_key_tiles = 0;
+  bool has_wide = false;
   for (size_t s = 0; s < seqs.size(); ++s) {
     const PagedSequence& seq = seqs[s];
     if (seq.new_tokens < 0 || seq.start < 0) {
@@ -67,14 +69,16 @@ absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const std::vector<PagedSeq
     if (rows > INT32_MAX || int64_t{seq.start} + seq.new_tokens > INT32_MAX) {
       return absl::InvalidArgumentError(absl::StrCat("paged attention plan: sequence ", s, " is too long"));
     }
-    for (int64_t row0 = 0; row0 < rows; row0 += kPagedQueryRows) {
-      const int64_t tile_rows = std::min<int64_t>(kPagedQueryRows, rows - row0);
+    const bool wide = seq.new_tokens >= kPagedWideMinTokens;
+    const int64_t step = wide ? kPagedWideRows : kPagedQueryRows;
+    has_wide = has_wide || wide;
+    for (int64_t row0 = 0; row0 < rows; row0 += step) {
+      const int64_t tile_rows = std::min<int64_t>(step, rows - row0);
       // Keys 0 .. the tile's last query's position.
       const int64_t key_end = seq.start + (row0 + tile_rows - 1) / group + 1;
       const int64_t key_tiles = CeilDiv(key_end, kPagedKeyTile);
       tiles.push_back({static_cast<int32_t>(s), static_cast<int32_t>(row0), static_cast<int32_t>(tile_rows),
-                       static_cast<int32_t>(key_end), key_tiles});
-      total_key_tiles += key_tiles;
+                       static_cast<int32_t>(key_end), key_tiles, wide});
     }
   }
   if (static_cast<int64_t>(tiles.size()) > limits.items) {
@@ -84,7 +88,8 @@ absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const std::vector<PagedSeq
   }
 
   // Key tiles per split (chunk): none while the unsplit items fill the
-  // GPU's CTA slots; else the chunk that finishes soonest, modelled as
+  // GPU's CTA slots (or a prefill piece's wide tiles are there to fill
+  // them); else the chunk that finishes soonest, modelled as
   // waves x (chunk + kCtaOverheadTiles): every CTA of a wave reads `chunk`
   // tiles after a fixed cost (its query load, the pipeline's first latency,
   // the merge and the partial write; the combine), the smaller grid winning
@@ -95,7 +100,7 @@ absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const std::vector<PagedSeq
   int64_t max_key_tiles = 1;
   for (const Tile& t : tiles) max_key_tiles = std::max(max_key_tiles, t.key_tiles);
   int64_t chunk = max_key_tiles;
-  if (static_cast<int64_t>(tiles.size()) * num_kv_heads < slots) {
+  if (!has_wide && static_cast<int64_t>(tiles.size()) * num_kv_heads < slots) {
     int64_t best_cost = INT64_MAX, best_ctas = INT64_MAX;
     const int64_t max_splits = std::min(max_key_tiles, slots);
     for (int64_t splits = 1; splits <= max_splits; ++splits) {
@@ -114,8 +119,8 @@ absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const std::vector<PagedSeq
     PagedAttentionPlan plan;
     for (const Tile& t : tiles) {
       const int64_t splits = CeilDiv(t.key_tiles, chunk);
-      if (splits <= 1) {
-        plan.items.push_back({t.seq, t.q_row0, 0, t.key_end, -1});
+      if (splits <= 1 || t.wide) {
+        plan.items.push_back({t.seq, t.q_row0, 0, t.key_end, -1, t.wide ? kPagedWideRows : kPagedQueryRows});
         continue;
       }
       // Evened out: splits of per_split key tiles, the last one shorter.
@@ -126,7 +131,7 @@ absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const std::vector<PagedSeq
         const int64_t begin = i * per_split * kPagedKeyTile;
         const int64_t end = std::min<int64_t>(t.key_end, (i + 1) * per_split * kPagedKeyTile);
         plan.items.push_back({t.seq, t.q_row0, static_cast<int32_t>(begin), static_cast<int32_t>(end),
-                              static_cast<int32_t>(row0 + i * t.rows)});
+                              static_cast<int32_t>(row0 + i * t.rows), kPagedQueryRows});
       }
       plan.combines.push_back({t.seq, t.q_row0, t.rows, static_cast<int32_t>(row0), static_cast<int32_t>(used_splits)});
       plan.partial_rows += used_splits * t.rows;

@@ -4,7 +4,8 @@
 //     sequences (keys below their start in the cache, through shuffled block
 //     tables) with stateless ones, for decode (1 query) and multi-token steps,
 //     GQA and MHA, head_dim 64 and 128, bf16 and fp16, blocks of 16 tokens and
-//     odd sizes (1, 5, 7), with and without sliding windows.
+//     odd sizes (1, 5, 7), with and without sliding windows; decode-shaped
+//     (narrow) and prefill-shaped (wide) items.
 //   - RopeKvAppend: q and k rotate bit for bit as LaunchRope rotates them,
 //     the new rows land bit-exactly at their slots, and nothing else in the
 //     pool changes.
@@ -478,9 +479,15 @@ std::vector<PagedCase> Cases() {
       make("bf16_d64_mqa32_window100", DType::kBF16, 64, 32, 1, 16, 100, {{700, 3, true}, {90, 2, true}}),
       // One sequence at a 32k context: the longest the plan is tested at.
       make("bf16_d128_gqa4_32k", DType::kBF16, 128, 8, 2, 16, 0, {{32767, 1, true}}),
-      // A prefill chunk after an earlier one, beside decoders.
+      // A prefill chunk after an earlier one, beside decoders (200 and 130
+      // new tokens: wide items, the decoder a narrow one).
       make("bf16_d128_llama3_prefill_chunk", DType::kBF16, 128, 32, 8, 16, 0,
            {{256, 200, true}, {900, 1, true}, {0, 130, true}}),
+      // Wide items through a window, with head_dim 64, and MHA (a group of
+      // one: 64 tokens a wide item), each beside a narrow sequence.
+      make("fp16_d64_gqa4_window40_wide", DType::kF16, 64, 8, 2, 16, 40,
+           {{300, 100, true}, {0, 90, false}, {5, 1, true}}),
+      make("bf16_d64_mha_block7_wide", DType::kBF16, 64, 4, 4, 7, 0, {{50, 80, true}, {3, 1, true}, {0, 63, false}}),
   };
 }
 

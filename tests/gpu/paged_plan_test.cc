@@ -59,9 +59,11 @@ TEST(PagedPlanTest, WorkedExamples) {
   EXPECT_EQ(sixty_four.partial_rows, 0);
 }
 
-// Whatever the batch, every (sequence, 16-row tile) is covered, its keys
+// Whatever the batch, every (sequence, query tile) is covered, its keys
 // 0 .. its last query's position exactly once and in order, by one direct
 // item or by the splits of one combine task whose workspace rows are its own.
+// A sequence of kPagedWideMinTokens new tokens or more has wide tiles of
+// kPagedWideRows rows, each one direct item; the others 16-row tiles.
 TEST(PagedPlanTest, CoversEveryTileAndKeyOnce) {
   std::mt19937 rng(11);
   for (int round = 0; round < 200; ++round) {
@@ -71,6 +73,7 @@ TEST(PagedPlanTest, CoversEveryTileAndKeyOnce) {
     std::vector<PagedSequence> seqs(1 + rng() % 40);
     for (PagedSequence& s : seqs) {
       s.new_tokens = static_cast<int32_t>(rng() % 4 == 0 ? rng() % 300 : 1 + rng() % 3);
+      if (rng() % 10 == 0) s.new_tokens = kPagedWideMinTokens - 1 + static_cast<int32_t>(rng() % 2);
       s.start = static_cast<int32_t>(rng() % 3 == 0 ? 0 : rng() % 9000);
     }
     const int sms = 1 + static_cast<int>(rng() % 200);
@@ -80,13 +83,17 @@ TEST(PagedPlanTest, CoversEveryTileAndKeyOnce) {
     size_t item = 0, combine = 0;
     for (size_t s = 0; s < seqs.size(); ++s) {
       const int rows = seqs[s].new_tokens * group;
-      for (int row0 = 0; row0 < rows; row0 += kPagedQueryRows) {
-        const int tile_rows = std::min(kPagedQueryRows, rows - row0);
+      const bool wide = seqs[s].new_tokens >= kPagedWideMinTokens;
+      const int step = wide ? kPagedWideRows : kPagedQueryRows;
+      for (int row0 = 0; row0 < rows; row0 += step) {
+        const int tile_rows = std::min(step, rows - row0);
         const int key_end = seqs[s].start + (row0 + tile_rows - 1) / group + 1;
         ASSERT_LT(item, plan.items.size());
         const PagedWorkItem& first = plan.items[item];
         ASSERT_EQ(first.seq, static_cast<int32_t>(s));
         ASSERT_EQ(first.q_row0, row0);
+        ASSERT_EQ(first.rows, step);
+        if (wide) EXPECT_LT(first.partial_row0, 0) << "a wide item is never split";
         if (first.partial_row0 < 0) {
           EXPECT_EQ(first.kv_begin, 0);
           EXPECT_EQ(first.kv_end, key_end);

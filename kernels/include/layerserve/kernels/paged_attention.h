@@ -93,6 +93,13 @@ absl::Status LaunchRopeKvAppend(const RopeParams& rope, const KvAppendParams& ap
 // key ranges of split items start at multiples of kPagedKeyTile.
 inline constexpr int kPagedQueryRows = 16;
 inline constexpr int kPagedKeyTile = 64;
+// A sequence with at least kPagedWideMinTokens new tokens (a prefill piece)
+// is cut into wide items of kPagedWideRows query rows instead, never split:
+// each of a CTA's 4 warps then owns 16 of the rows and every key of a tile,
+// so a K/V tile is read once per 64 rows (16 tokens of a 4-head group)
+// rather than once per 16, as flash attention reads its tiles.
+inline constexpr int kPagedWideRows = 64;
+inline constexpr int kPagedWideMinTokens = 64;
 
 // One sequence of the batch as the plan sees it: `new_tokens` queries at
 // positions start .. start + new_tokens - 1.
@@ -101,18 +108,20 @@ struct PagedSequence {
   int32_t start = 0;
 };
 
-// One CTA's work (per KV head): query rows [q_row0, q_row0 + 16) of sequence
-// `seq` (row r is new token r / G and query head r % G of the KV head's group
-// of G = num_heads / num_kv_heads), over keys [kv_begin, kv_end). With
+// One CTA's work (per KV head): query rows [q_row0, q_row0 + rows) of
+// sequence `seq` (row r is new token r / G and query head r % G of the KV
+// head's group of G = num_heads / num_kv_heads), over keys [kv_begin,
+// kv_end); rows is kPagedQueryRows, or kPagedWideRows for a wide item. With
 // partial_row0 < 0 the item covers every key its rows see and writes the
-// output; otherwise it writes its rows' partial results at workspace rows
-// partial_row0 + r, for a combine task to merge.
+// output; otherwise (never for a wide item) it writes its rows' partial
+// results at workspace rows partial_row0 + r, for a combine task to merge.
 struct PagedWorkItem {
   int32_t seq = 0;
   int32_t q_row0 = 0;
   int32_t kv_begin = 0;
   int32_t kv_end = 0;
   int32_t partial_row0 = -1;
+  int32_t rows = kPagedQueryRows;
 };
 
 // Merges the `splits` partial results of rows [q_row0, q_row0 + rows) of
