@@ -182,74 +182,213 @@ __device__ __forceinline__ void LoadKvTile(T* sK, T* sV, const PagedAttentionPar
   }
 }
 
+// ---- Pieces both tiles share ----
+
+// What a work item attends: its sequence's packing, cache position and
+// table, and the key range it reads, [begin, end) in tiles of kBlockN (the
+// tiles wholly below the window of the item's first query skipped).
+struct ItemContext {
+  int group;      // query heads per KV head
+  int first_row;  // the sequence's first packed row
+  int q_rows;     // its valid query rows (new tokens x group)
+  int start;      // position of its first new token
+  SeqKeys seq;
+  int key_begin;
+  int key_end;
+  int n_tiles;
+};
+
+__device__ __forceinline__ ItemContext ContextOf(const PagedAttentionParams& p, const PagedWorkItem& item) {
+  ItemContext c;
+  c.group = p.num_heads / p.num_kv_heads;
+  c.first_row = p.cu_seqlens[item.seq];
+  c.q_rows = (p.cu_seqlens[item.seq + 1] - c.first_row) * c.group;
+  c.start = p.cache.start[item.seq];
+  c.seq = SeqKeys{p.cache.block_tables + p.cache.cu_blocks[item.seq], c.start, c.first_row};
+  c.key_begin = item.kv_begin;
+  if (p.window > 0) {
+    const int lo = c.start + item.q_row0 / c.group - p.window + 1;
+    if (lo > c.key_begin) c.key_begin += (lo - c.key_begin) / kPagedKeyTile * kPagedKeyTile;
+  }
+  c.key_end = item.kv_end;
+  c.n_tiles = c.key_end > c.key_begin ? (c.key_end - c.key_begin + kPagedKeyTile - 1) / kPagedKeyTile : 0;
+  return c;
+}
+
+// Starts the async copy of kRows query rows from item.q_row0 (row r is token
+// r / G, head r % G of the KV head's group); rows past the sequence's are
+// zero-filled and never written back.
+template <typename T, int kHeadDim, int kRows>
+__device__ __forceinline__ void LoadQueryRows(T* sQ, const PagedAttentionParams& p, const PagedWorkItem& item,
+                                              const ItemContext& c, int kv_head, int tid) {
+  constexpr int kChunksPerRow = PagedTraits<kHeadDim>::kChunksPerRow;
+  for (int idx = tid; idx < kRows * kChunksPerRow; idx += kPagedThreads) {
+    const int r = idx / kChunksPerRow;
+    const int chunk = idx % kChunksPerRow;
+    const int row = item.q_row0 + r;
+    const bool valid = row < c.q_rows;
+    const T* src = static_cast<const T*>(p.q);
+    if (valid) {
+      src += int64_t{c.first_row + row / c.group} * p.q_row_stride +
+             int64_t{kv_head * c.group + row % c.group} * kHeadDim + chunk * 8;
+    }
+    CpAsync16(sQ + PagedSwizzle<kHeadDim>(r, chunk), src, valid);
+  }
+}
+
+// The K/V ring. Prologue: the first kStages - 1 tiles (with the query rows
+// in the first group), one commit group each (empty groups keep the count
+// uniform). Then, before tile t: it has landed once at most kStages - 2
+// younger groups are pending; the barrier also says every warp is done with
+// tile t - 1's stage, which the next prefetch refills.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void StartKvRing(T* sK, T* sV, const PagedAttentionParams& p, const ItemContext& c,
+                                            int kv_head, int tid) {
+  constexpr int kTileElems = PagedTraits<kHeadDim>::kTileElems;
+#pragma unroll
+  for (int t = 0; t < kPagedStages - 1; ++t) {
+    if (t < c.n_tiles) {
+      LoadKvTile<T, kHeadDim>(sK + t * kTileElems, sV + t * kTileElems, p, c.seq, kv_head,
+                              c.key_begin + t * kPagedKeyTile, c.key_end, tid);
+    }
+    CpAsyncCommit();
+  }
+}
+
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void AdvanceKvRing(T* sK, T* sV, const PagedAttentionParams& p, const ItemContext& c,
+                                              int kv_head, int t, int tid) {
+  constexpr int kTileElems = PagedTraits<kHeadDim>::kTileElems;
+  CpAsyncWait<kPagedStages - 2>();
+  __syncthreads();
+  if (t + kPagedStages - 1 < c.n_tiles) {
+    const int stage = (t + kPagedStages - 1) % kPagedStages;
+    LoadKvTile<T, kHeadDim>(sK + stage * kTileElems, sV + stage * kTileElems, p, c.seq, kv_head,
+                            c.key_begin + (t + kPagedStages - 1) * kPagedKeyTile, c.key_end, tid);
+  }
+  CpAsyncCommit();
+}
+
+// S = Q K^T over kN16 groups of 16 keys from stage row key_row0: n8 score
+// tiles 2g (keys 16g .. 16g + 7) and 2g + 1 (16g + 8 .. 16g + 15).
+template <typename T, int kHeadDim, int kN16>
+__device__ __forceinline__ void ScoreKeys(float (&acc_s)[2 * kN16][4],
+                                          const uint32_t (&q_frag)[PagedTraits<kHeadDim>::kKSteps][4], const T* sKs,
+                                          int key_row0, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < PagedTraits<kHeadDim>::kKSteps; ++kk) {
+#pragma unroll
+    for (int g = 0; g < kN16; ++g) {
+      uint32_t b[4];
+      const int row = key_row0 + g * 16 + (lane & 7) + ((lane >> 4) << 3);
+      LdMatrixX4(b, sKs + PagedSwizzle<kHeadDim>(row, kk * 2 + ((lane >> 3) & 1)));
+      MmaM16N8K16<T>(acc_s[2 * g], q_frag[kk], b[0], b[1]);
+      MmaM16N8K16<T>(acc_s[2 * g + 1], q_frag[kk], b[2], b[3]);
+    }
+  }
+}
+
+// -inf for every score of keys key0 .. key0 + 8 kNTiles - 1 past the range,
+// after its row's query (positions q_pos of the thread's rows g and g + 8),
+// or below its window.
+template <int kNTiles>
+__device__ __forceinline__ void MaskScores(float (&acc_s)[kNTiles][4], int key0, int quad_col, const int (&q_pos)[2],
+                                           int key_end, int window) {
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int pos = q_pos[e >> 1];
+      const int key = key0 + nt * 8 + quad_col + (e & 1);
+      if (key >= key_end || key > pos || (window > 0 && pos - key >= window)) acc_s[nt][e] = -INFINITY;
+    }
+}
+
+// The online softmax over new scores (rows g and g + 8 of the thread): the
+// running max and sum, the output rescaled, the scores turned into
+// probabilities in place. A row that has seen no key yet keeps max -inf; its
+// scale base is 0 so that 2^(-inf - base) = 0 rather than NaN.
+template <int kNTiles, int kDTiles>
+__device__ __forceinline__ void SoftmaxStep(float (&acc_s)[kNTiles][4], float (&acc_o)[kDTiles][4], float (&row_max)[2],
+                                            float (&row_sum)[2], float scale_log2) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = row_max[h];
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) mx = fmaxf(mx, fmaxf(acc_s[nt][2 * h], acc_s[nt][2 * h + 1]));
+    mx = QuadReduceMax(mx);
+    const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
+    const float correction = FastExp2(row_max[h] * scale_log2 - base);
+    row_max[h] = mx;
+    row_sum[h] *= correction;
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) {
+      acc_o[dt][2 * h] *= correction;
+      acc_o[dt][2 * h + 1] *= correction;
+    }
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 2 * h; e < 2 * h + 2; ++e) {
+        const float prob = FastExp2(acc_s[nt][e] * scale_log2 - base);
+        acc_s[nt][e] = prob;
+        row_sum[h] += prob;
+      }
+  }
+}
+
+// O += P V over the kN16 groups of 16 keys ScoreKeys scored: each pair of n8
+// probability tiles is one k16 A fragment.
+template <typename T, int kHeadDim, int kN16>
+__device__ __forceinline__ void AccumulateValues(float (&acc_o)[PagedTraits<kHeadDim>::kDTiles][4],
+                                                 const float (&acc_s)[2 * kN16][4], const T* sVs, int key_row0,
+                                                 int lane) {
+#pragma unroll
+  for (int g = 0; g < kN16; ++g) {
+    uint32_t a[4];
+    a[0] = PackPair<T>(acc_s[2 * g][0], acc_s[2 * g][1]);
+    a[1] = PackPair<T>(acc_s[2 * g][2], acc_s[2 * g][3]);
+    a[2] = PackPair<T>(acc_s[2 * g + 1][0], acc_s[2 * g + 1][1]);
+    a[3] = PackPair<T>(acc_s[2 * g + 1][2], acc_s[2 * g + 1][3]);
+#pragma unroll
+    for (int dp = 0; dp < PagedTraits<kHeadDim>::kDTiles / 2; ++dp) {
+      uint32_t b[4];
+      const int row = key_row0 + g * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+      LdMatrixX4Trans(b, sVs + PagedSwizzle<kHeadDim>(row, dp * 2 + (lane >> 4)));
+      MmaM16N8K16<T>(acc_o[2 * dp], a, b[0], b[1]);
+      MmaM16N8K16<T>(acc_o[2 * dp + 1], a, b[2], b[3]);
+    }
+  }
+}
+
 // A narrow item: 16 rows, the warps splitting each key tile (above).
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void PagedNarrowTile(const PagedAttentionParams& p, const PagedWorkItem& item,
                                                 unsigned char* smem_raw) {
   using Traits = PagedTraits<kHeadDim>;
-  constexpr int kBlockN = Traits::kBlockN;
   constexpr int kKSteps = Traits::kKSteps;
   constexpr int kDTiles = Traits::kDTiles;
   const int kv_head = blockIdx.y;
-  const int group = p.num_heads / p.num_kv_heads;
-  const int first_row = p.cu_seqlens[item.seq];
-  const int q_rows = (p.cu_seqlens[item.seq + 1] - first_row) * group;  // valid rows of the sequence
-  const int start = p.cache.start[item.seq];
-  const SeqKeys seq{p.cache.block_tables + p.cache.cu_blocks[item.seq], start, first_row};
-
+  const ItemContext c = ContextOf(p, item);
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sK = sQ + kPagedQueryRows * kHeadDim;         // [kStages][kBlockN][kHeadDim]
   T* sV = sK + kPagedStages * Traits::kTileElems;  // [kStages][kBlockN][kHeadDim]
-
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
   const int quad_row = lane >> 2;
   const int quad_col = (lane & 3) * 2;
 
-  // The 16 query rows: row r is token (q_row0 + r) / G, head (q_row0 + r) % G
-  // of the group; rows past the sequence's are zero-filled and never written.
-  for (int idx = tid; idx < kPagedQueryRows * Traits::kChunksPerRow; idx += kPagedThreads) {
-    const int r = idx / Traits::kChunksPerRow;
-    const int chunk = idx % Traits::kChunksPerRow;
-    const int row = item.q_row0 + r;
-    const bool valid = row < q_rows;
-    const T* src = static_cast<const T*>(p.q);
-    if (valid) {
-      src += int64_t{first_row + row / group} * p.q_row_stride + int64_t{kv_head * group + row % group} * kHeadDim +
-             chunk * 8;
-    }
-    CpAsync16(sQ + PagedSwizzle<kHeadDim>(r, chunk), src, valid);
-  }
-
+  LoadQueryRows<T, kHeadDim, kPagedQueryRows>(sQ, p, item, c, kv_head, tid);
   // Positions of this thread's two rows (g and g + 8) and of the CTA's first
   // and last valid row: the causal and window bounds of every score.
   int q_pos[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) q_pos[h] = start + (item.q_row0 + quad_row + 8 * h) / group;
-  const int last_row = min(item.q_row0 + kPagedQueryRows, q_rows) - 1;
-  const int min_pos = start + item.q_row0 / group;
-  const int max_pos = start + last_row / group;
-  // Keys below the window of the CTA's first query are skipped whole tiles
-  // at a time (kv_begin is a multiple of kBlockN).
-  int key_begin = item.kv_begin;
-  if (p.window > 0) {
-    const int lo = min_pos - p.window + 1;
-    if (lo > key_begin) key_begin += (lo - key_begin) / kBlockN * kBlockN;
-  }
-  const int key_end = item.kv_end;
-  const int n_tiles = key_end > key_begin ? (key_end - key_begin + kBlockN - 1) / kBlockN : 0;
-
-  // Prologue: Q with the first tile, then up to kStages - 2 more tiles, one
-  // commit group each (empty groups keep the count uniform).
-#pragma unroll
-  for (int t = 0; t < kPagedStages - 1; ++t) {
-    if (t < n_tiles) {
-      LoadKvTile<T, kHeadDim>(sK + t * Traits::kTileElems, sV + t * Traits::kTileElems, p, seq, kv_head,
-                              key_begin + t * kBlockN, key_end, tid);
-    }
-    CpAsyncCommit();
-  }
+  for (int h = 0; h < 2; ++h) q_pos[h] = c.start + (item.q_row0 + quad_row + 8 * h) / c.group;
+  const int last_row = min(item.q_row0 + kPagedQueryRows, c.q_rows) - 1;
+  const int min_pos = c.start + item.q_row0 / c.group;
+  const int max_pos = c.start + last_row / c.group;
+  StartKvRing<T, kHeadDim>(sK, sV, p, c, kv_head, tid);
 
   float acc_o[kDTiles][4];
 #pragma unroll
@@ -261,18 +400,8 @@ __device__ __forceinline__ void PagedNarrowTile(const PagedAttentionParams& p, c
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   uint32_t q_frag[kKSteps][4];
 
-  for (int t = 0; t < n_tiles; ++t) {
-    // Tile t has landed once at most kStages - 2 younger groups are pending;
-    // the barrier also says every warp is done with tile t - 1's stage, which
-    // the load below refills.
-    CpAsyncWait<kPagedStages - 2>();
-    __syncthreads();
-    if (t + kPagedStages - 1 < n_tiles) {
-      const int stage = (t + kPagedStages - 1) % kPagedStages;
-      LoadKvTile<T, kHeadDim>(sK + stage * Traits::kTileElems, sV + stage * Traits::kTileElems, p, seq, kv_head,
-                              key_begin + (t + kPagedStages - 1) * kBlockN, key_end, tid);
-    }
-    CpAsyncCommit();
+  for (int t = 0; t < c.n_tiles; ++t) {
+    AdvanceKvRing<T, kHeadDim>(sK, sV, p, c, kv_head, t, tid);
     if (t == 0) {
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
@@ -281,73 +410,17 @@ __device__ __forceinline__ void PagedNarrowTile(const PagedAttentionParams& p, c
     }
     const T* sKs = sK + (t % kPagedStages) * Traits::kTileElems;
     const T* sVs = sV + (t % kPagedStages) * Traits::kTileElems;
-    const int key0 = key_begin + t * kBlockN + warp * 16;  // this warp's first key
+    const int key0 = c.key_begin + t * kPagedKeyTile + warp * 16;  // this warp's first key
 
-    // S = Q K^T over this warp's 16 keys: n8 tiles 0 (keys 0-7) and 1 (8-15).
     float acc_s[2][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) {
-      uint32_t b[4];
-      const int row = warp * 16 + (lane & 7) + ((lane >> 4) << 3);
-      LdMatrixX4(b, sKs + PagedSwizzle<kHeadDim>(row, kk * 2 + ((lane >> 3) & 1)));
-      MmaM16N8K16<T>(acc_s[0], q_frag[kk], b[0], b[1]);
-      MmaM16N8K16<T>(acc_s[1], q_frag[kk], b[2], b[3]);
+    ScoreKeys<T, kHeadDim, 1>(acc_s, q_frag, sKs, warp * 16, lane);
+    // Only tiles that reach past the first query or the range, or below the
+    // last query's window, need the mask.
+    if (key0 + 15 > min_pos || key0 + 15 >= c.key_end || (p.window > 0 && key0 <= max_pos - p.window)) {
+      MaskScores(acc_s, key0, quad_col, q_pos, c.key_end, p.window);
     }
-
-    // Mask keys past the item's range, after the query, or below its window;
-    // only tiles that reach past the first query or the range need it.
-    const bool need_mask = key0 + 15 > min_pos || key0 + 15 >= key_end || (p.window > 0 && key0 <= max_pos - p.window);
-    if (need_mask) {
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int pos = q_pos[e >> 1];
-          const int key = key0 + nt * 8 + quad_col + (e & 1);
-          if (key >= key_end || key > pos || (p.window > 0 && pos - key >= p.window)) acc_s[nt][e] = -INFINITY;
-        }
-    }
-
-    // Online softmax over this warp's keys (rows g and g + 8 of the thread).
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = fmaxf(fmaxf(acc_s[0][2 * h], acc_s[0][2 * h + 1]), fmaxf(acc_s[1][2 * h], acc_s[1][2 * h + 1]));
-      mx = fmaxf(QuadReduceMax(mx), row_max[h]);
-      // A row that has seen no key yet keeps max -inf; its scale base is 0
-      // so that 2^(-inf - base) = 0 rather than NaN.
-      const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
-      const float correction = FastExp2(row_max[h] * scale_log2 - base);
-      row_max[h] = mx;
-      row_sum[h] *= correction;
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) {
-        acc_o[dt][2 * h] *= correction;
-        acc_o[dt][2 * h + 1] *= correction;
-      }
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          const float prob = FastExp2(acc_s[nt][e] * scale_log2 - base);
-          acc_s[nt][e] = prob;
-          row_sum[h] += prob;
-        }
-    }
-
-    // O += P V: the two n8 score tiles are one k16 A fragment.
-    uint32_t a[4];
-    a[0] = PackPair<T>(acc_s[0][0], acc_s[0][1]);
-    a[1] = PackPair<T>(acc_s[0][2], acc_s[0][3]);
-    a[2] = PackPair<T>(acc_s[1][0], acc_s[1][1]);
-    a[3] = PackPair<T>(acc_s[1][2], acc_s[1][3]);
-#pragma unroll
-    for (int dp = 0; dp < kDTiles / 2; ++dp) {
-      uint32_t b[4];
-      const int row = warp * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-      LdMatrixX4Trans(b, sVs + PagedSwizzle<kHeadDim>(row, dp * 2 + (lane >> 4)));
-      MmaM16N8K16<T>(acc_o[2 * dp], a, b[0], b[1]);
-      MmaM16N8K16<T>(acc_o[2 * dp + 1], a, b[2], b[3]);
-    }
+    SoftmaxStep(acc_s, acc_o, row_max, row_sum, scale_log2);
+    AccumulateValues<T, kHeadDim, 1>(acc_o, acc_s, sVs, warp * 16, lane);
   }
 
   // Merge the warps through shared memory (the ring is free once every copy
@@ -379,7 +452,7 @@ __device__ __forceinline__ void PagedNarrowTile(const PagedAttentionParams& p, c
     const int r = g / (kHeadDim / 4);
     const int col = (g % (kHeadDim / 4)) * 4;
     const int row = item.q_row0 + r;
-    if (row >= q_rows) continue;
+    if (row >= c.q_rows) continue;
     float m_all = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kPagedWarps; ++w) m_all = fmaxf(m_all, sM[w * kPagedQueryRows + r]);
@@ -400,8 +473,8 @@ __device__ __forceinline__ void PagedNarrowTile(const PagedAttentionParams& p, c
     // window): it contributes l = 0 and log-sum-exp -inf.
     const float inv = l_all > 0.f ? 1.f / l_all : 0.f;
     if (item.partial_row0 < 0) {
-      T* out = static_cast<T*>(p.out) + int64_t{first_row + row / group} * p.out_row_stride +
-               int64_t{kv_head * group + row % group} * kHeadDim + col;
+      T* out = static_cast<T*>(p.out) + int64_t{c.first_row + row / c.group} * p.out_row_stride +
+               int64_t{kv_head * c.group + row % c.group} * kHeadDim + col;
       uint2 packed;
       packed.x = PackPair<T>(o[0] * inv, o[1] * inv);
       packed.y = PackPair<T>(o[2] * inv, o[3] * inv);
@@ -419,24 +492,17 @@ __device__ __forceinline__ void PagedNarrowTile(const PagedAttentionParams& p, c
 // 16w .. 16w + 15 and every key of each tile, as flash attention's warps do:
 // S = Q K^T is 8 n8 score tiles per warp, each warp keeps the online softmax
 // of its own rows, and O needs no merge between warps. Never split, so it
-// writes the output directly. Same K/V ring, loader, swizzle and masks as
-// the narrow tile.
+// writes the output directly.
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void PagedWideTile(const PagedAttentionParams& p, const PagedWorkItem& item,
                                               unsigned char* smem_raw) {
   using Traits = PagedTraits<kHeadDim>;
-  constexpr int kBlockN = Traits::kBlockN;
   constexpr int kKSteps = Traits::kKSteps;
   constexpr int kDTiles = Traits::kDTiles;
-  constexpr int kNTiles = kBlockN / 8;  // n8 score tiles per key tile
+  constexpr int kN16 = kPagedKeyTile / 16;  // 16-key groups per tile
   static_assert(kPagedWideRows == kPagedWarps * 16, "each warp owns one m16 row tile");
   const int kv_head = blockIdx.y;
-  const int group = p.num_heads / p.num_kv_heads;
-  const int first_row = p.cu_seqlens[item.seq];
-  const int q_rows = (p.cu_seqlens[item.seq + 1] - first_row) * group;
-  const int start = p.cache.start[item.seq];
-  const SeqKeys seq{p.cache.block_tables + p.cache.cu_blocks[item.seq], start, first_row};
-
+  const ItemContext c = ContextOf(p, item);
   T* sQ = reinterpret_cast<T*>(smem_raw);          // [64][kHeadDim]
   T* sK = sQ + kPagedWideRows * kHeadDim;          // [kStages][kBlockN][kHeadDim]
   T* sV = sK + kPagedStages * Traits::kTileElems;  // [kStages][kBlockN][kHeadDim]
@@ -446,44 +512,17 @@ __device__ __forceinline__ void PagedWideTile(const PagedAttentionParams& p, con
   const int quad_row = lane >> 2;
   const int quad_col = (lane & 3) * 2;
 
-  for (int idx = tid; idx < kPagedWideRows * Traits::kChunksPerRow; idx += kPagedThreads) {
-    const int r = idx / Traits::kChunksPerRow;
-    const int chunk = idx % Traits::kChunksPerRow;
-    const int row = item.q_row0 + r;
-    const bool valid = row < q_rows;
-    const T* src = static_cast<const T*>(p.q);
-    if (valid) {
-      src += int64_t{first_row + row / group} * p.q_row_stride + int64_t{kv_head * group + row % group} * kHeadDim +
-             chunk * 8;
-    }
-    CpAsync16(sQ + PagedSwizzle<kHeadDim>(r, chunk), src, valid);
-  }
-
+  LoadQueryRows<T, kHeadDim, kPagedWideRows>(sQ, p, item, c, kv_head, tid);
   // This thread's two rows (g and g + 8 of its warp's 16) and the bounds of
-  // the warp's and of the CTA's valid rows.
+  // the warp's valid rows.
   const int warp_row0 = item.q_row0 + warp * 16;
   int q_pos[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) q_pos[h] = start + (warp_row0 + quad_row + 8 * h) / group;
-  const int last_row = min(item.q_row0 + kPagedWideRows, q_rows) - 1;
-  const int warp_min_pos = start + warp_row0 / group;
-  const int warp_max_pos = start + min(warp_row0 + 15, last_row) / group;
-  int key_begin = item.kv_begin;
-  if (p.window > 0) {
-    const int lo = start + item.q_row0 / group - p.window + 1;
-    if (lo > key_begin) key_begin += (lo - key_begin) / kBlockN * kBlockN;
-  }
-  const int key_end = item.kv_end;
-  const int n_tiles = key_end > key_begin ? (key_end - key_begin + kBlockN - 1) / kBlockN : 0;
-
-#pragma unroll
-  for (int t = 0; t < kPagedStages - 1; ++t) {
-    if (t < n_tiles) {
-      LoadKvTile<T, kHeadDim>(sK + t * Traits::kTileElems, sV + t * Traits::kTileElems, p, seq, kv_head,
-                              key_begin + t * kBlockN, key_end, tid);
-    }
-    CpAsyncCommit();
-  }
+  for (int h = 0; h < 2; ++h) q_pos[h] = c.start + (warp_row0 + quad_row + 8 * h) / c.group;
+  const int last_row = min(item.q_row0 + kPagedWideRows, c.q_rows) - 1;
+  const int warp_min_pos = c.start + warp_row0 / c.group;
+  const int warp_max_pos = c.start + min(warp_row0 + 15, last_row) / c.group;
+  StartKvRing<T, kHeadDim>(sK, sV, p, c, kv_head, tid);
 
   float acc_o[kDTiles][4];
 #pragma unroll
@@ -495,97 +534,30 @@ __device__ __forceinline__ void PagedWideTile(const PagedAttentionParams& p, con
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   uint32_t q_frag[kKSteps][4];
 
-  for (int t = 0; t < n_tiles; ++t) {
-    CpAsyncWait<kPagedStages - 2>();
-    __syncthreads();
-    if (t + kPagedStages - 1 < n_tiles) {
-      const int stage = (t + kPagedStages - 1) % kPagedStages;
-      LoadKvTile<T, kHeadDim>(sK + stage * Traits::kTileElems, sV + stage * Traits::kTileElems, p, seq, kv_head,
-                              key_begin + (t + kPagedStages - 1) * kBlockN, key_end, tid);
-    }
-    CpAsyncCommit();
+  for (int t = 0; t < c.n_tiles; ++t) {
+    AdvanceKvRing<T, kHeadDim>(sK, sV, p, c, kv_head, t, tid);
     if (t == 0) {
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
         LdMatrixX4(q_frag[kk], sQ + PagedSwizzle<kHeadDim>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
       }
     }
+    const int key0 = c.key_begin + t * kPagedKeyTile;
+    // A warp whose rows all come before the tile's keys, or whose window
+    // ends below them, has nothing to do with it (it still took part in the
+    // loads and the barrier above).
+    if (key0 > warp_max_pos || (p.window > 0 && key0 + kPagedKeyTile - 1 <= warp_min_pos - p.window)) continue;
     const T* sKs = sK + (t % kPagedStages) * Traits::kTileElems;
     const T* sVs = sV + (t % kPagedStages) * Traits::kTileElems;
-    const int key0 = key_begin + t * kBlockN;
-    // A warp whose rows all start past the tile's keys (causally) or end
-    // below its window has nothing to do with it; the loads above and the
-    // barrier still involve it.
-    if (key0 > warp_max_pos || (p.window > 0 && key0 + kBlockN - 1 <= warp_min_pos - p.window)) continue;
 
-    float acc_s[kNTiles][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) {
-#pragma unroll
-      for (int n16 = 0; n16 < kNTiles / 2; ++n16) {
-        uint32_t b[4];
-        const int row = n16 * 16 + (lane & 7) + ((lane >> 4) << 3);
-        LdMatrixX4(b, sKs + PagedSwizzle<kHeadDim>(row, kk * 2 + ((lane >> 3) & 1)));
-        MmaM16N8K16<T>(acc_s[2 * n16], q_frag[kk], b[0], b[1]);
-        MmaM16N8K16<T>(acc_s[2 * n16 + 1], q_frag[kk], b[2], b[3]);
-      }
+    float acc_s[2 * kN16][4] = {};
+    ScoreKeys<T, kHeadDim, kN16>(acc_s, q_frag, sKs, 0, lane);
+    if (key0 + kPagedKeyTile - 1 > warp_min_pos || key0 + kPagedKeyTile - 1 >= c.key_end ||
+        (p.window > 0 && key0 <= warp_max_pos - p.window)) {
+      MaskScores(acc_s, key0, quad_col, q_pos, c.key_end, p.window);
     }
-
-    const bool need_mask = key0 + kBlockN - 1 > warp_min_pos || key0 + kBlockN - 1 >= key_end ||
-                           (p.window > 0 && key0 <= warp_max_pos - p.window);
-    if (need_mask) {
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int pos = q_pos[e >> 1];
-          const int key = key0 + nt * 8 + quad_col + (e & 1);
-          if (key >= key_end || key > pos || (p.window > 0 && pos - key >= p.window)) acc_s[nt][e] = -INFINITY;
-        }
-    }
-
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = row_max[h];
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) mx = fmaxf(mx, fmaxf(acc_s[nt][2 * h], acc_s[nt][2 * h + 1]));
-      mx = QuadReduceMax(mx);
-      const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
-      const float correction = FastExp2(row_max[h] * scale_log2 - base);
-      row_max[h] = mx;
-      row_sum[h] *= correction;
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) {
-        acc_o[dt][2 * h] *= correction;
-        acc_o[dt][2 * h + 1] *= correction;
-      }
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          const float prob = FastExp2(acc_s[nt][e] * scale_log2 - base);
-          acc_s[nt][e] = prob;
-          row_sum[h] += prob;
-        }
-    }
-
-    // O += P V, one k16 step per 16 keys of the tile.
-#pragma unroll
-    for (int k16 = 0; k16 < kNTiles / 2; ++k16) {
-      uint32_t a[4];
-      a[0] = PackPair<T>(acc_s[2 * k16][0], acc_s[2 * k16][1]);
-      a[1] = PackPair<T>(acc_s[2 * k16][2], acc_s[2 * k16][3]);
-      a[2] = PackPair<T>(acc_s[2 * k16 + 1][0], acc_s[2 * k16 + 1][1]);
-      a[3] = PackPair<T>(acc_s[2 * k16 + 1][2], acc_s[2 * k16 + 1][3]);
-#pragma unroll
-      for (int dp = 0; dp < kDTiles / 2; ++dp) {
-        uint32_t b[4];
-        const int row = k16 * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-        LdMatrixX4Trans(b, sVs + PagedSwizzle<kHeadDim>(row, dp * 2 + (lane >> 4)));
-        MmaM16N8K16<T>(acc_o[2 * dp], a, b[0], b[1]);
-        MmaM16N8K16<T>(acc_o[2 * dp + 1], a, b[2], b[3]);
-      }
-    }
+    SoftmaxStep(acc_s, acc_o, row_max, row_sum, scale_log2);
+    AccumulateValues<T, kHeadDim, kN16>(acc_o, acc_s, sVs, 0, lane);
   }
   CpAsyncWait<0>();
 
@@ -593,10 +565,10 @@ __device__ __forceinline__ void PagedWideTile(const PagedAttentionParams& p, con
   for (int h = 0; h < 2; ++h) {
     const int row = warp_row0 + quad_row + 8 * h;
     const float sum = QuadReduceSum(row_sum[h]);
-    if (row >= q_rows) continue;
+    if (row >= c.q_rows) continue;
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    T* out = static_cast<T*>(p.out) + int64_t{first_row + row / group} * p.out_row_stride +
-             int64_t{kv_head * group + row % group} * kHeadDim;
+    T* out = static_cast<T*>(p.out) + int64_t{c.first_row + row / c.group} * p.out_row_stride +
+             int64_t{kv_head * c.group + row % c.group} * kHeadDim;
 #pragma unroll
     for (int dt = 0; dt < kDTiles; ++dt) {
       *reinterpret_cast<uint32_t*>(out + dt * 8 + quad_col) =
