@@ -22,10 +22,12 @@
 //
 // PagedAttention is a split-KV ("flash-decoding") kernel on tensor cores,
 // built for decode steps (one to a few new tokens per sequence over a long
-// cache) and correct for prefill chunks too:
+// cache), with wider tiles for prefill pieces:
 // - GQA-aware: a CTA takes 16 query rows that share one KV head, a row being
 //   one (new token, query head of the group) pair, so each K/V byte it reads
-//   serves every query head of the group (4 for Llama-3-8B).
+//   serves every query head of the group (4 for Llama-3-8B). A sequence of
+//   kPagedWideMinTokens new tokens or more (a piece of a long prompt) gets
+//   wide tiles of 64 rows instead, one warp per 16 of them.
 // - Split over the keys: the work of a (sequence, 16-row tile) can be cut
 //   into key ranges computed by different CTAs, whose partial results (fp32
 //   outputs and log-sum-exps, in a caller-provided workspace) a second launch
