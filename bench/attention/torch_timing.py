@@ -3,7 +3,7 @@ benchmarks': CUDA events around each call after a warm-up, median reported.
 median_ms (torch_sdpa.py, torch_decode.py, the kernel-only column of
 bench/layer/torch_decode_step.py) rotates input sets whose total is at least
 twice the L2 and queues its calls back to back; synced_median_ms
-(bench/layer/torch_decode_step.py, hf_moe.py) synchronizes after each call,
+(bench/layer/torch_decode_step.py, hf_layer.py, hf_moe.py) synchronizes after each call,
 as layer_bench does. parse_points reads the decode benches' BxL points."""
 
 import math

@@ -17,13 +17,16 @@ the speedup and the roofline floor.
 import argparse
 import csv
 import inspect
-import statistics
+import os
 import sys
 
 import torch
 import transformers
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "attention"))
+from torch_timing import synced_median_ms  # noqa: E402  (bench/attention/torch_timing.py)
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM = 4096, 14336, 32, 8, 128
 HBM_BYTES_PER_S = 3.0e12  # measured device-to-device copy on the H100 SXM
@@ -78,19 +81,7 @@ def time_case(layer, rotary, tokens, seqs, iters):
     pos = torch.arange(length, device="cuda").unsqueeze(0).expand(seqs, -1)
     pe = rotary(x, pos)
     with torch.inference_mode():
-        for _ in range(5):
-            call_layer(layer, x, pos, pe)
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(iters):
-            start = torch.cuda.Event(enable_timing=True)
-            stop = torch.cuda.Event(enable_timing=True)
-            start.record()
-            call_layer(layer, x, pos, pe)
-            stop.record()
-            stop.synchronize()
-            times.append(start.elapsed_time(stop))
-    return statistics.median(times)
+        return synced_median_ms(lambda: call_layer(layer, x, pos, pe), 5, iters)
 
 
 def floor_ms(tokens, seqs, weight_params):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from layerserve_process import LayerserveProcess, ServerStartError  # noqa: E402
+from summary_log import summary_emitter  # noqa: E402
 
 READY_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 10
@@ -40,8 +41,7 @@ def main():
     duration_s = os.environ.get("LOAD_DURATION_S", "5")
     client_args = os.environ.get("LOAD_CLIENT_ARGS", "").split()
     out.mkdir(parents=True, exist_ok=True)
-    summary = out / "load_summary.txt"
-    summary.write_text("")
+    emit = summary_emitter(out / "load_summary.txt")
 
     for tokens in (1, 128):
         for batching in ("on", "off"):
@@ -68,10 +68,7 @@ def main():
                         sys.exit(f"load_matrix.py: layerctl bench exited with {bench.returncode} "
                                  f"(see {out / f'{run}.txt'})")
                     report = (out / f"{run}.json").read_text().replace("\n", "")
-                    line = f"tokens={tokens:<4} concurrency={concurrency:<3} batching={batching:<3} {report}"
-                    print(line, flush=True)
-                    with open(summary, "a") as f:
-                        f.write(line + "\n")
+                    emit(f"tokens={tokens:<4} concurrency={concurrency:<3} batching={batching:<3} {report}")
                 # The server's own view of the three runs: batch sizes, queue
                 # and compute time. A failed scrape loses only this file.
                 try:

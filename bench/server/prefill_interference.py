@@ -64,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"
 from layerserve_process import LayerserveProcess, ServerStartError, parse_samples  # noqa: E402
 from bench_errors import error_lines  # noqa: E402
 from metrics_delta import delta, gpu_ms_per_batch  # noqa: E402
+from summary_log import summary_emitter  # noqa: E402
 
 READY_TIMEOUT_S = 180       # model load and GEMM autotuning on a cold cache
 MIN_SAMPLED_BATCHES = 2     # CUDA samples one batch in 16 (timing_sample_every)
@@ -280,13 +281,7 @@ def main():
     # One autotune cache keeps later servers' starts short and their kernels alike.
     if not re.search(r"gemm.tune.cache", " ".join(server_args)):
         server_args.append(f"--gemm-tune-cache={out / 'gemm_tune_cache.json'}")
-    summary = out / "summary.txt"
-    summary.write_text("")
-
-    def emit(text):
-        print(text, flush=True)
-        with open(summary, "a") as f:
-            f.write(text + "\n")
+    emit = summary_emitter(out / "summary.txt")
 
     emit(f"# {args.sessions} sessions x ({args.prefill}-token prefill, {args.steps} steps) "
          f"beside {args.long_tokens}-token prefills, {args.datatype}, {args.rounds} round(s); "

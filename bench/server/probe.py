@@ -49,6 +49,7 @@ from layerserve_process import (LayerserveProcess, ServerStartError,  # noqa: E4
                                 parse_samples, total)
 from bench_errors import merged_error_lines  # noqa: E402
 from metrics_delta import gpu_ms_per_batch  # noqa: E402
+from summary_log import summary_emitter  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 READY_TIMEOUT_S = 60
@@ -182,14 +183,8 @@ class Probe:
         self.concurrency = int(os.environ.get("PROBE_CONCURRENCY", "64"))
         self.tokens = int(os.environ.get("PROBE_TOKENS", "1"))
         self.open_rate = os.environ.get("PROBE_OPEN_RATE", "40000")
-        self.summary = self.out / "summary.txt"
+        self.emit = summary_emitter(self.out / "summary.txt")
         self.server = None
-
-    def emit(self, text):
-        """Prints text and appends it to summary.txt."""
-        print(text, flush=True)
-        with open(self.summary, "a") as f:
-            f.write(text + "\n")
 
     def scrape(self, path):
         try:
@@ -348,7 +343,6 @@ def main():
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     probe = Probe(args.bin_dir, out, server_args)
-    probe.summary.write_text("")
     try:
         probe.run()
     finally:

@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from layerserve_process import LayerserveProcess, ServerStartError  # noqa: E402
 from bench_errors import error_lines  # noqa: E402
+from summary_log import summary_emitter  # noqa: E402
 
 
 def run_bench(bin_dir, server, out, name, flags):
@@ -67,13 +68,7 @@ def main():
     args, server_args = parser.parse_known_args()
     bin_dir, out = Path(args.bin_dir), Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    summary = out / "session_summary.txt"
-    summary.write_text("")
-
-    def emit(line):
-        print(line, flush=True)
-        with open(summary, "a") as f:
-            f.write(line + "\n")
+    emit = summary_emitter(out / "session_summary.txt")
 
     try:
         server = LayerserveProcess(bin_dir / "layerserve", server_args, out / "server.log",
