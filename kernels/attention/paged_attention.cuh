@@ -269,6 +269,17 @@ __device__ __forceinline__ void AdvanceKvRing(T* sK, T* sV, const PagedAttention
   CpAsyncCommit();
 }
 
+// The A fragments of the m16 query tile at rows row0 .. row0 + 15 of sQ, for
+// every k16 step of the head dimension (once the query rows have landed).
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void LoadQueryFragments(uint32_t (&q_frag)[PagedTraits<kHeadDim>::kKSteps][4], const T* sQ,
+                                                   int row0, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < PagedTraits<kHeadDim>::kKSteps; ++kk) {
+    LdMatrixX4(q_frag[kk], sQ + PagedSwizzle<kHeadDim>(row0 + (lane & 15), kk * 2 + (lane >> 4)));
+  }
+}
+
 // S = Q K^T over kN16 groups of 16 keys from stage row key_row0: n8 score
 // tiles 2g (keys 16g .. 16g + 7) and 2g + 1 (16g + 8 .. 16g + 15).
 template <typename T, int kHeadDim, int kN16>
@@ -390,11 +401,7 @@ __device__ __forceinline__ void PagedNarrowTile(const PagedAttentionParams& p, c
   const int max_pos = c.start + last_row / c.group;
   StartKvRing<T, kHeadDim>(sK, sV, p, c, kv_head, tid);
 
-  float acc_o[kDTiles][4];
-#pragma unroll
-  for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc_o[dt][e] = 0.f;
+  float acc_o[kDTiles][4] = {};
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
@@ -402,12 +409,7 @@ __device__ __forceinline__ void PagedNarrowTile(const PagedAttentionParams& p, c
 
   for (int t = 0; t < c.n_tiles; ++t) {
     AdvanceKvRing<T, kHeadDim>(sK, sV, p, c, kv_head, t, tid);
-    if (t == 0) {
-#pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk) {
-        LdMatrixX4(q_frag[kk], sQ + PagedSwizzle<kHeadDim>(lane & 15, kk * 2 + (lane >> 4)));
-      }
-    }
+    if (t == 0) LoadQueryFragments<T, kHeadDim>(q_frag, sQ, 0, lane);
     const T* sKs = sK + (t % kPagedStages) * Traits::kTileElems;
     const T* sVs = sV + (t % kPagedStages) * Traits::kTileElems;
     const int key0 = c.key_begin + t * kPagedKeyTile + warp * 16;  // this warp's first key
@@ -524,11 +526,7 @@ __device__ __forceinline__ void PagedWideTile(const PagedAttentionParams& p, con
   const int warp_max_pos = c.start + min(warp_row0 + 15, last_row) / c.group;
   StartKvRing<T, kHeadDim>(sK, sV, p, c, kv_head, tid);
 
-  float acc_o[kDTiles][4];
-#pragma unroll
-  for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc_o[dt][e] = 0.f;
+  float acc_o[kDTiles][4] = {};
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
@@ -536,12 +534,7 @@ __device__ __forceinline__ void PagedWideTile(const PagedAttentionParams& p, con
 
   for (int t = 0; t < c.n_tiles; ++t) {
     AdvanceKvRing<T, kHeadDim>(sK, sV, p, c, kv_head, t, tid);
-    if (t == 0) {
-#pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk) {
-        LdMatrixX4(q_frag[kk], sQ + PagedSwizzle<kHeadDim>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
-      }
-    }
+    if (t == 0) LoadQueryFragments<T, kHeadDim>(q_frag, sQ, warp * 16, lane);
     const int key0 = c.key_begin + t * kPagedKeyTile;
     // A warp whose rows all come before the tile's keys, or whose window
     // ends below them, has nothing to do with it (it still took part in the
