@@ -579,6 +579,7 @@ __global__ void __launch_bounds__(kPagedThreads, 2) PagedAttentionKernel(const P
   WaitForPrerequisiteGrids();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const PagedWorkItem item = p.items[blockIdx.x];
+  if (item.rows == 0) return;  // idle: padding of a plan sized for a CUDA graph
   if (item.rows == kPagedWideRows) {
     PagedWideTile<T, kHeadDim>(p, item, smem_raw);
   } else {

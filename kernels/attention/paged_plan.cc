@@ -143,4 +143,15 @@ absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const std::vector<PagedSeq
   }
 }
 
+absl::Status PadPagedPlan(int64_t items, int64_t combines, PagedAttentionPlan* plan) {
+  if (static_cast<int64_t>(plan->items.size()) > items || static_cast<int64_t>(plan->combines.size()) > combines) {
+    return absl::InvalidArgumentError(absl::StrCat("paged attention plan: ", plan->items.size(), " items and ",
+                                                   plan->combines.size(), " combine tasks do not pad to ", items,
+                                                   " and ", combines));
+  }
+  plan->items.resize(static_cast<size_t>(items), PagedWorkItem{.rows = 0});
+  plan->combines.resize(static_cast<size_t>(combines), PagedCombineTask{});
+  return absl::OkStatus();
+}
+
 }  // namespace layerserve::kernels

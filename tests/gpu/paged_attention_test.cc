@@ -16,8 +16,10 @@
 // launch: a key read from the wrong row, or an output never written, fails.
 //
 // Every case runs under three plans: the device's own, one that splits every
-// tile's keys as finely as it can (one 64-key tile per split) and one that
-// never splits, so the direct and the split-and-combine paths both see it.
+// tile's keys as finely as it can (one 64-key tile per split), padded with
+// idle items and combine tasks as the server's CUDA graphs pad their plans,
+// and one that never splits, so the direct and the split-and-combine paths
+// both see it.
 //
 // Tolerance (STYLE rule 2): attention is a reduction over up to 32k keys
 // here, so the kernel's error against the float64 reference must stay within
@@ -326,19 +328,25 @@ TEST_P(PagedAttentionTest, WithinTwiceThePlainImplementationsError) {
     const char* name;
     int num_sms;
     PagedPlanLimits limits;
+    bool padded = false;
   };
   const PagedPlanLimits unlimited{INT32_MAX, INT32_MAX};
   const PlanRun runs[] = {
       {"device plan", dev->num_sms,
        PagedPlanCapacity(pr.tokens, static_cast<int64_t>(c.seqs.size()), c.heads, c.kv_heads, dev->num_sms)},
-      {"finest splits", 100000, unlimited},
+      {"finest splits, padded", 100000, unlimited, true},
       {"no splits", 1, unlimited},
   };
   for (const PlanRun& run : runs) {
     SCOPED_TRACE(run.name);
-    const absl::StatusOr<PagedAttentionPlan> plan =
-        PlanPagedAttention(seqs, c.heads, c.kv_heads, run.num_sms, run.limits);
+    absl::StatusOr<PagedAttentionPlan> plan = PlanPagedAttention(seqs, c.heads, c.kv_heads, run.num_sms, run.limits);
     ASSERT_TRUE(plan.ok()) << plan.status();
+    if (run.padded) {
+      // Idle items and combine tasks after the real ones.
+      const absl::Status padded = PadPagedPlan(static_cast<int64_t>(plan->items.size()) + 5,
+                                               static_cast<int64_t>(plan->combines.size()) + 3, &*plan);
+      ASSERT_TRUE(padded.ok()) << padded;
+    }
     DevicePlan device_plan(*plan, c.kv_heads, c.head_dim);
     device_plan.Apply(*plan, p);
     out.Poison();

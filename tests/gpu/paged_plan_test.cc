@@ -155,6 +155,25 @@ TEST(PagedPlanTest, LimitsBoundTheSplits) {
             absl::StatusCode::kResourceExhausted);
 }
 
+// Padding appends idle items and tasks (0 rows) and keeps the plan's own.
+TEST(PagedPlanTest, PaddingAppendsIdleWork) {
+  PagedAttentionPlan plan = MustPlan(Decoders(1, 1024), 32, 8, kH100Sms);
+  const PagedAttentionPlan original = plan;
+  ASSERT_TRUE(PadPagedPlan(20, 2, &plan).ok());
+  ASSERT_EQ(plan.items.size(), 20u);
+  ASSERT_EQ(plan.combines.size(), 2u);
+  EXPECT_EQ(plan.partial_rows, original.partial_rows);
+  for (size_t i = 0; i < original.items.size(); ++i) {
+    EXPECT_EQ(plan.items[i].kv_begin, original.items[i].kv_begin);
+    EXPECT_EQ(plan.items[i].rows, original.items[i].rows);
+  }
+  for (size_t i = original.items.size(); i < 20; ++i) EXPECT_EQ(plan.items[i].rows, 0);
+  EXPECT_EQ(plan.combines[0].splits, 17);
+  EXPECT_EQ(plan.combines[1].rows, 0);
+  EXPECT_EQ(PadPagedPlan(19, 2, &plan).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PadPagedPlan(20, 1, &plan).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(PagedPlanTest, RejectsBadShapes) {
   const PagedPlanLimits limits{100, 100};
   EXPECT_EQ(PlanPagedAttention(Decoders(1, 5), 6, 4, kH100Sms, limits).status().code(),

@@ -113,10 +113,11 @@ struct PagedSequence {
 // One CTA's work (per KV head): query rows [q_row0, q_row0 + rows) of
 // sequence `seq` (row r is new token r / G and query head r % G of the KV
 // head's group of G = num_heads / num_kv_heads), over keys [kv_begin,
-// kv_end); rows is kPagedQueryRows, or kPagedWideRows for a wide item. With
-// partial_row0 < 0 the item covers every key its rows see and writes the
-// output; otherwise (never for a wide item) it writes its rows' partial
-// results at workspace rows partial_row0 + r, for a combine task to merge.
+// kv_end); rows is kPagedQueryRows, or kPagedWideRows for a wide item, or 0
+// for an idle one (PadPagedPlan), which does nothing. With partial_row0 < 0
+// the item covers every key its rows see and writes the output; otherwise
+// (never for a wide item) it writes its rows' partial results at workspace
+// rows partial_row0 + r, for a combine task to merge.
 struct PagedWorkItem {
   int32_t seq = 0;
   int32_t q_row0 = 0;
@@ -128,7 +129,7 @@ struct PagedWorkItem {
 
 // Merges the `splits` partial results of rows [q_row0, q_row0 + rows) of
 // sequence `seq`: split s of row r sits at workspace row
-// partial_row0 + s * rows + r.
+// partial_row0 + s * rows + r. A task of 0 rows (PadPagedPlan) does nothing.
 struct PagedCombineTask {
   int32_t seq = 0;
   int32_t q_row0 = 0;
@@ -175,6 +176,14 @@ PagedPlanLimits PagedPlanCapacity(int64_t max_tokens, int64_t max_seqs, int num_
 // or start; RESOURCE_EXHAUSTED when even the unsplit items exceed `limits`.
 absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const std::vector<PagedSequence>& seqs, int num_heads,
                                                       int num_kv_heads, int num_sms, const PagedPlanLimits& limits);
+
+// Appends idle work items and combine tasks (0 rows) to `plan` until it has
+// `items` and `combines` of them. A launch's grid is its counts, so a CUDA
+// graph captured for a padded plan serves every plan that pads to the same
+// counts, its contents uploaded before each replay (the CUDA backend's
+// graphs, server/cuda/forward_graphs.h). INVALID_ARGUMENT when the plan
+// already has more than either count.
+absl::Status PadPagedPlan(int64_t items, int64_t combines, PagedAttentionPlan* plan);
 
 // Causal grouped-query attention of every new token over its sequence's keys:
 // query i of sequence s sits at position q = start[s] + i and sees key j iff
