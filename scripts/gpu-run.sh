@@ -51,6 +51,7 @@ for stage in "${stages[@]}"; do
       # gemm_test"), without the integration suite.
       for t in ${GPU_TESTS:-layer_ops_gpu_test attention_gpu_test gemm_test gemm_pdl_test gemm_tuning_test \
                gemm_router_test gemm_silu_gpu_test moe_gpu_test cuda_backend_test paged_attention_gpu_test cuda_sessions_test \
+               cuda_graphs_test \
                metrics_cublaslt_test}; do
         [[ $t == hf_mixtral_check ]] || run_test "$t"
       done

@@ -155,6 +155,10 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
               ->group(cuda));
   integer(
       app.add_option(FlagNames("cuda-device"), flags.cuda_device, "device ordinal")->group(cuda));
+  integer(app.add_option(FlagNames("cuda-graph-max-tokens"), flags.cuda_graph_max_tokens,
+                         "batches of up to this many tokens run as CUDA graphs, captured per "
+                         "batch shape on its second batch and replayed after; 0: never")
+              ->group(cuda));
   app.add_option(FlagNames("gemm"), flags.gemm,
                  "GEMMs: auto (per shape, the project's kernels where measured faster), "
                  "cublaslt, or custom (the project's kernels wherever they apply)")
@@ -275,6 +279,9 @@ absl::Status CheckFlags(const ServerFlags& flags) {
   }
   if (flags.streams < 1) {
     return absl::InvalidArgumentError("--streams must be >= 1");
+  }
+  if (flags.cuda_graph_max_tokens < 0) {
+    return absl::InvalidArgumentError("--cuda-graph-max-tokens must be >= 0");
   }
   if (flags.cpu_threads < 0) {
     return absl::InvalidArgumentError("--cpu-threads must be >= 0");

@@ -46,6 +46,7 @@ struct ServerFlags {
   // one command line serves both builds.
   int streams = 2;
   int cuda_device = 0;
+  int64_t cuda_graph_max_tokens = 256;
   std::string gemm = "auto";
   bool gemm_autotune = true;
   std::string gemm_tune_cache;

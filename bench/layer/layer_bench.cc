@@ -39,9 +39,10 @@
 // and the ratio: an A/B that the machine's drift between runs (10-25% here at
 // times) cannot fake. bm64 / bm128 compare grouped products (--mixtral) run
 // with that row tile everywhere against the per-call choice. graph replays
-// the same executor's launches captured once per case in a CUDA graph (what
-// the launches themselves and the gaps between kernels cost: issue 11's
-// graphs for decode batches).
+// the same executor's launches captured once per case in a CUDA graph, with
+// the paged plan padded as the server pads it for its graphs
+// (server/cuda/forward_graphs.h): what the launches themselves and the gaps
+// between kernels cost, against what the server's graphs save.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -248,7 +249,7 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
   }
   LS_ASSIGN_OR_RETURN(
       std::unique_ptr<cuda::KvPool> kv_pool,
-      cuda::KvPool::Create(shape, 1, KvCacheShape{static_cast<int32_t>(pool_blocks), kBlockTokens}, 1, kMaxTokens));
+      cuda::KvPool::Create(shape, 1, KvCacheShape{static_cast<int32_t>(pool_blocks), kBlockTokens}, 2, kMaxTokens));
   const int64_t pool_elements = static_cast<int64_t>(kv_pool->bytes() / 4);  // of K (or V), bf16
   LS_RETURN_IF_ERROR(FillUniformBf16(kv_pool->k(0), pool_elements, 7, 0.0f, 1.0f, stream.get()));
   LS_RETURN_IF_ERROR(FillUniformBf16(kv_pool->v(0), pool_elements, 8, 0.0f, 1.0f, stream.get()));
@@ -276,6 +277,9 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
     geometry.positions = arena.meta;
     geometry.cu_seqlens = arena.meta + c.tokens;
     // A session step's sessions: consecutive slices of the shuffled ids.
+    // --compare graph replays what serving captures: the plan padded as the
+    // backend pads it for a graph (its own staging, the pool's second).
+    cuda::BatchGeometry graph_geometry = geometry;
     Batch batch;
     std::vector<std::vector<KvBlockId>> tables;
     double kv_bytes = 0;
@@ -286,8 +290,10 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
       }
       batch.cu_seqlens.assign(meta.begin() + c.tokens, meta.begin() + c.tokens + c.seqs + 1);
       for (const std::vector<KvBlockId>& table : tables) batch.kv.push_back(SequenceKv{c.context, &table});
-      LS_ASSIGN_OR_RETURN(const cuda::BatchKvMeta kv, kv_pool->Upload(batch, 0, stream.get()));
+      LS_ASSIGN_OR_RETURN(const cuda::BatchKvMeta kv, kv_pool->Upload(batch, 0, stream.get(), /*pad_plan=*/false));
       cuda::AttachKv(kv_pool.get(), kv, &geometry);
+      LS_ASSIGN_OR_RETURN(const cuda::BatchKvMeta padded, kv_pool->Upload(batch, 1, stream.get(), /*pad_plan=*/true));
+      cuda::AttachKv(kv_pool.get(), padded, &graph_geometry);
       kv_bytes = 2.0 * static_cast<double>(c.seqs) * static_cast<double>(c.context + len) * shape.num_kv_heads *
                  shape.head_dim * 2;
     }
@@ -327,7 +333,7 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
     cuda::CudaGraphExec graph;
     if (compare == "graph") {
       LS_ASSIGN_OR_RETURN(graph, cuda::CaptureGraph(stream.get(), cudaStreamCaptureModeThreadLocal, [&] {
-                            return executor.Forward(arena, geometry, workspace, stream.get(), nullptr);
+                            return executor.Forward(arena, graph_geometry, workspace, stream.get(), nullptr);
                           }));
     }
     const bool alternate = executor_b != nullptr || graph.get() != nullptr;

@@ -48,6 +48,10 @@ struct SequenceKv {
 struct BatchTimings {
   double input_seconds = 0;
   double output_seconds = 0;
+  // How the CUDA backend launched the batch's layers: "direct" (kernel by
+  // kernel), "captured" (into a CUDA graph, then launched) or "replayed" (a
+  // graph captured before); empty for a backend without graphs.
+  std::string_view launch;
 };
 
 struct Batch {

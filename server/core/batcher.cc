@@ -368,6 +368,7 @@ void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
                               .ok = status.ok(),
                               .input_seconds = batch->timings.input_seconds,
                               .output_seconds = batch->timings.output_seconds,
+                              .launch = batch->timings.launch,
                               .expert_tokens = batch->expert_tokens});
   for (auto& r : batch->requests) r->compute_seconds += compute_seconds;
   // Sessions step forward (or back) before any reply, so that a client's

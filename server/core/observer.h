@@ -44,6 +44,7 @@ struct BatchRecord {
   bool ok = true;
   double input_seconds = 0;
   double output_seconds = 0;
+  std::string_view launch;  // BatchTimings::launch
   // Batch::expert_tokens (empty unless the span is a mixture of experts);
   // valid during the callback only.
   std::span<const int64_t> expert_tokens;

@@ -41,6 +41,7 @@
 #include "base/thread_pool.h"
 #include "layerserve/kernels/layer_ops.h"
 #include "server/cuda/device_weights.h"
+#include "server/cuda/forward_graphs.h"
 #include "server/cuda/gemm_tuning.h"
 #include "server/cuda/kv_pool.h"
 #include "server/cuda/layer_executor.h"
@@ -91,7 +92,14 @@ struct StreamSlot {
   std::unique_ptr<ThreadPool> copy_pool;
   DeviceBuffer workspace;  // cuBLASLt
   OpTimer timer;
+  // Captured Forwards of small batches (forward_graphs.h).
+  std::unique_ptr<cuda::ForwardGraphs> graphs;
 };
+
+// Graphs each stream keeps (its most recently used batch keys). A decode
+// load meets one key per batch size it forms, at most a few dozen below
+// 256 tokens, each graph a few kilobytes of driver state.
+constexpr size_t kGraphsPerStream = 128;
 
 absl::StatusOr<std::unique_ptr<StreamSlot>> MakeSlot(int index, const cuda::LayerShape& shape,
                                                      int64_t max_tokens, int num_layers,
@@ -99,6 +107,7 @@ absl::StatusOr<std::unique_ptr<StreamSlot>> MakeSlot(int index, const cuda::Laye
   auto slot = std::make_unique<StreamSlot>();
   slot->index = index;
   slot->copy_pool = std::make_unique<ThreadPool>(std::max(1, copy_threads));
+  slot->graphs = std::make_unique<cuda::ForwardGraphs>(kGraphsPerStream);
   const size_t t = static_cast<size_t>(max_tokens);
   const size_t io_bytes = t * static_cast<size_t>(shape.hidden) * sizeof(float);
   LS_ASSIGN_OR_RETURN(slot->stream, cuda::CreateStream());
@@ -387,7 +396,7 @@ class CudaBackendImpl final : public CudaBackend {
 
   // Enqueues the whole batch on the slot's stream (with sessions, after the
   // KV metadata's upload, which completes `geometry`).
-  absl::Status Enqueue(StreamSlot& slot, const Batch& batch, const std::vector<size_t>& offsets,
+  absl::Status Enqueue(StreamSlot& slot, Batch& batch, const std::vector<size_t>& offsets,
                        size_t io_bytes, cuda::KvPool* kv_pool, cuda::BatchGeometry geometry,
                        bool sampled) {
     const cudaStream_t stream = slot.stream.get();
@@ -402,8 +411,11 @@ class CudaBackendImpl final : public CudaBackend {
         slot.arena.meta, slot.meta_host.data(),
         (static_cast<size_t>(geometry.tokens) + geometry.num_seqs + 1) * sizeof(int32_t),
         cudaMemcpyHostToDevice, stream));
+    // Small batches run as CUDA graphs, except those timed per op.
+    const bool graph = geometry.tokens <= options_.cuda_graph_max_tokens && !sampled;
     if (batch.has_sessions) {
-      LS_ASSIGN_OR_RETURN(const cuda::BatchKvMeta kv, kv_pool->Upload(batch, slot.index, stream));
+      LS_ASSIGN_OR_RETURN(const cuda::BatchKvMeta kv,
+                          kv_pool->Upload(batch, slot.index, stream, /*pad_plan=*/graph));
       cuda::AttachKv(kv_pool, kv, &geometry);
     }
     // Wire dtype <-> activation dtype. Requests are packed in order on both
@@ -446,8 +458,18 @@ class CudaBackendImpl final : public CudaBackend {
     };
     LS_RETURN_IF_ERROR(convert(true));
     const kernels::GemmWorkspace workspace{slot.workspace.data(), slot.workspace.bytes()};
-    LS_RETURN_IF_ERROR(executor_.Forward(slot.arena, geometry, workspace, stream,
-                                         sampled ? &slot.timer : nullptr));
+    const auto forward = [&] {
+      return executor_.Forward(slot.arena, geometry, workspace, stream,
+                               sampled ? &slot.timer : nullptr);
+    };
+    if (graph) {
+      LS_ASSIGN_OR_RETURN(const cuda::GraphLaunch launch,
+                          slot.graphs->Run(cuda::GraphKeyOf(geometry), stream, forward));
+      batch.timings.launch = cuda::GraphLaunchName(launch);
+    } else {
+      LS_RETURN_IF_ERROR(forward());
+      batch.timings.launch = cuda::GraphLaunchName(cuda::GraphLaunch::kDirect);
+    }
     LS_RETURN_IF_ERROR(convert(false));
     LS_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(slot.io_host.data(), io_device, io_bytes, cudaMemcpyDeviceToHost, stream));
@@ -530,6 +552,9 @@ absl::Status ValidateOptions(const ModelSpan& model, const CudaBackendOptions& o
     return absl::InvalidArgumentError(absl::StrCat(
         "cuda backend: max_batch_tokens must be in [1, 16777216], got ", options.max_batch_tokens));
   }
+  if (options.cuda_graph_max_tokens < 0) {
+    return absl::InvalidArgumentError("cuda backend: cuda_graph_max_tokens must be >= 0");
+  }
   if (options.timing_sample_every < 0) {
     return absl::InvalidArgumentError("cuda backend: timing_sample_every must be >= 0");
   }
@@ -590,8 +615,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& mo
       ", ", props.multiProcessorCount, " SMs); ", ToAbsl(KernelDTypeName(dtype)), " weights, ",
       backend->WeightBytes(), " bytes uploaded for ", model.layers.size(), " layers; ",
       options.num_streams, " streams, ", backend->ActivationBytes(),
-      " activation bytes for max_batch_tokens=", options.max_batch_tokens, "; device memory used ",
-      used.ok() ? absl::StrCat(*used) : "unknown", " bytes"));
+      " activation bytes for max_batch_tokens=", options.max_batch_tokens,
+      "; CUDA graphs for batches of up to ", options.cuda_graph_max_tokens,
+      " tokens; device memory used ", used.ok() ? absl::StrCat(*used) : "unknown", " bytes"));
   return std::unique_ptr<CudaBackend>(std::move(backend));
 }
 

@@ -8,7 +8,9 @@
 // packs its inputs into pinned memory, enqueues copy-in, the layers and
 // copy-out, waits for the stream's event, fills the outputs and calls `done`.
 // Execute only queues, so it never blocks its caller; with num_streams
-// streams, that many batches overlap (MaxInflightBatches).
+// streams, that many batches overlap (MaxInflightBatches). Small batches
+// replay their layers as CUDA graphs, one per batch shape and stream
+// (forward_graphs.h).
 //
 // Sessions (README: Sessions): AllocateKvCache makes one paged KV pool on the
 // device (kv_pool.h), shared by the streams; a batch with session steps
@@ -42,6 +44,9 @@ struct CudaBackendOptions {
   int host_copy_threads = 4;
   // Largest batch (sum of B*T over its requests); sizes each stream's arena.
   int64_t max_batch_tokens = 8192;
+  // Batches of up to this many tokens run as CUDA graphs (forward_graphs.h),
+  // except those timed per op; 0: none.
+  int64_t cuda_graph_max_tokens = 256;
   // Receives per-op device times of sampled batches; not owned, must outlive
   // the backend. Null: no timing.
   KernelTimingSink* timing_sink = nullptr;

@@ -14,6 +14,7 @@
 #include "base/cuda/cuda_status.h"
 #include "base/saturating.h"
 #include "base/status_macros.h"
+#include "server/cuda/forward_graphs.h"
 
 namespace layerserve::cuda {
 
@@ -103,32 +104,31 @@ KvPool::KvPool(const LayerShape& layer, const KvCacheShape& shape, size_t layer_
       storage_(std::move(storage)),
       staging_(std::move(staging)) {}
 
-absl::StatusOr<BatchKvMeta> KvPool::Upload(const Batch& batch, int stream,
-                                           cudaStream_t cuda_stream) {
+absl::StatusOr<BatchKvMeta> KvPool::Upload(const Batch& batch, int stream, cudaStream_t cuda_stream,
+                                           bool pad_plan) {
   const int64_t num_seqs = static_cast<int64_t>(batch.kv.size());
   if (num_seqs > max_tokens_) {
     return absl::InvalidArgumentError(absl::StrCat("cuda backend: a batch of ", num_seqs,
                                                    " sequences, more than max_batch_tokens (",
                                                    max_tokens_, ")"));
   }
+  // The starts and table offsets first, then the plan, then the tables: every
+  // pointer handed out depends on the sequence count and the plan's size
+  // only, never on the tables' lengths, so a CUDA graph captured for one
+  // batch reads the next one's metadata from the same addresses.
   Staging& staging = staging_[static_cast<size_t>(stream)];
   auto* start = reinterpret_cast<int32_t*>(staging.host.data());
   int32_t* cu_blocks = start + num_seqs;
-  int32_t* tables = cu_blocks + num_seqs + 1;
   int64_t ids = 0;
   cu_blocks[0] = 0;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const SequenceKv& seq = batch.kv[static_cast<size_t>(s)];
     start[s] = static_cast<int32_t>(seq.position);
-    if (seq.block_table != nullptr) {
-      const std::vector<KvBlockId>& table = *seq.block_table;
-      if (ids + static_cast<int64_t>(table.size()) > shape_.num_blocks) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("cuda backend: the batch's block tables list more than the pool's ",
-                         shape_.num_blocks, " blocks, so sequences share blocks"));
-      }
-      std::copy(table.begin(), table.end(), tables + ids);
-      ids += static_cast<int64_t>(table.size());
+    if (seq.block_table != nullptr) ids += static_cast<int64_t>(seq.block_table->size());
+    if (ids > shape_.num_blocks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cuda backend: the batch's block tables list more than the pool's ",
+                       shape_.num_blocks, " blocks, so sequences share blocks"));
     }
     cu_blocks[s + 1] = static_cast<int32_t>(ids);
   }
@@ -146,28 +146,44 @@ absl::StatusOr<BatchKvMeta> KvPool::Upload(const Batch& batch, int stream,
     LS_ASSIGN_OR_RETURN(
         plan, kernels::PlanPagedAttention(seqs, layer_.num_heads, layer_.num_kv_heads, num_sms_,
                                           plan_limits_));
+    if (pad_plan) {
+      const int64_t items = GraphPlanCount(static_cast<int64_t>(plan.items.size()));
+      const int64_t combines = GraphPlanCount(static_cast<int64_t>(plan.combines.size()));
+      // Past the staging's room the plan stays as it is (a graph of its own).
+      if (items <= plan_limits_.items && combines <= plan_limits_.items) {
+        LS_RETURN_IF_ERROR(kernels::PadPagedPlan(items, combines, &plan));
+      }
+    }
   }
-  const size_t meta_bytes = static_cast<size_t>(2 * num_seqs + 1 + ids) * sizeof(int32_t);
-  // Work items are 4-byte aligned structs of int32, so they follow the ids.
+  // Work items and combine tasks are 4-byte aligned structs of int32.
   auto* host_bytes = static_cast<unsigned char*>(staging.host.data());
+  const size_t items_offset = static_cast<size_t>(2 * num_seqs + 1) * sizeof(int32_t);
   const size_t items_bytes = plan.items.size() * sizeof(kernels::PagedWorkItem);
+  const size_t combines_offset = items_offset + items_bytes;
   const size_t combines_bytes = plan.combines.size() * sizeof(kernels::PagedCombineTask);
-  std::memcpy(host_bytes + meta_bytes, plan.items.data(), items_bytes);
-  std::memcpy(host_bytes + meta_bytes + items_bytes, plan.combines.data(), combines_bytes);
-  LS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging.device.data(), staging.host.data(),
-                                          meta_bytes + items_bytes + combines_bytes,
-                                          cudaMemcpyHostToDevice, cuda_stream));
+  const size_t tables_offset = combines_offset + combines_bytes;
+  std::memcpy(host_bytes + items_offset, plan.items.data(), items_bytes);
+  std::memcpy(host_bytes + combines_offset, plan.combines.data(), combines_bytes);
+  auto* tables = reinterpret_cast<int32_t*>(host_bytes + tables_offset);
+  for (const SequenceKv& seq : batch.kv) {
+    if (seq.block_table == nullptr) continue;
+    tables = std::copy(seq.block_table->begin(), seq.block_table->end(), tables);
+  }
+  LS_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(staging.device.data(), staging.host.data(),
+                      tables_offset + static_cast<size_t>(ids) * sizeof(int32_t),
+                      cudaMemcpyHostToDevice, cuda_stream));
   const auto* device = static_cast<const int32_t*>(staging.device.data());
   const auto* device_bytes = static_cast<const unsigned char*>(staging.device.data());
   BatchKvMeta meta;
   meta.history = history;
   meta.start = device;
   meta.cu_blocks = device + num_seqs;
-  meta.block_tables = device + 2 * num_seqs + 1;
-  meta.items = reinterpret_cast<const kernels::PagedWorkItem*>(device_bytes + meta_bytes);
+  meta.block_tables = reinterpret_cast<const int32_t*>(device_bytes + tables_offset);
+  meta.items = reinterpret_cast<const kernels::PagedWorkItem*>(device_bytes + items_offset);
   meta.num_items = static_cast<int>(plan.items.size());
   meta.combines =
-      reinterpret_cast<const kernels::PagedCombineTask*>(device_bytes + meta_bytes + items_bytes);
+      reinterpret_cast<const kernels::PagedCombineTask*>(device_bytes + combines_offset);
   meta.num_combines = static_cast<int>(plan.combines.size());
   auto* partials = static_cast<float*>(staging.partials.data());
   meta.partial_out = partials;

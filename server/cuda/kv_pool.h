@@ -89,12 +89,16 @@ class KvPool {
 
   // Packs `batch`'s start positions, block tables and attention plan into
   // stream `stream`'s pinned staging and enqueues their copy to the device
-  // on `cuda_stream`.
+  // on `cuda_stream`. With `pad_plan`, the plan is padded with idle work to
+  // GraphPlanCount of its counts (forward_graphs.h), so that the batch's
+  // key, and its captured graph, serve the nearby plans too. The pointers
+  // returned depend on the batch's sequence count and plan counts only.
   // The staging must not be in use by an earlier batch of that stream (its
   // thread waits for each batch before the next). INVALID_ARGUMENT when the
   // batch has more sequences than max_tokens or its tables more ids than the
   // pool has blocks (they would share blocks).
-  absl::StatusOr<BatchKvMeta> Upload(const Batch& batch, int stream, cudaStream_t cuda_stream);
+  absl::StatusOr<BatchKvMeta> Upload(const Batch& batch, int stream, cudaStream_t cuda_stream,
+                                     bool pad_plan);
 
  private:
   struct Staging {
@@ -119,7 +123,7 @@ class KvPool {
   const int num_sms_;
   const kernels::PagedPlanLimits plan_limits_;
   DeviceBuffer storage_;  // [num_layers][K, V][num_blocks][block_tokens][kv_width]
-  // per stream: [start | cu_blocks | block_tables | items | combines] int32
+  // per stream: [start | cu_blocks | items | combines | block_tables]
   std::vector<Staging> staging_;
 };
 

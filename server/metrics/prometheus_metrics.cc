@@ -338,6 +338,12 @@ struct PrometheusMetrics::Impl {
                             .Name("layerserve_kernel_duration_seconds")
                             .Help("GPU time of one kernel launch, by op (sampled batches).")
                             .Register(*registry)),
+        batch_launches(prometheus::BuildCounter()
+                           .Name("layerserve_batch_launches_total")
+                           .Help("Batches the CUDA backend ran, by how it launched their layers: "
+                                 "direct (kernel by kernel), captured (into a CUDA graph, then "
+                                 "launched) or replayed (a graph captured before).")
+                           .Register(*registry)),
         gpu_memory_used(prometheus::BuildGauge()
                             .Name("layerserve_gpu_memory_used_bytes")
                             .Help("GPU memory in use on the serving device.")
@@ -386,6 +392,7 @@ struct PrometheusMetrics::Impl {
   prometheus::Family<prometheus::Gauge>& queue_depth;
   prometheus::Family<prometheus::Gauge>& inflight;
   prometheus::Family<prometheus::Histogram>& kernel_duration;  // series made on first use
+  prometheus::Family<prometheus::Counter>& batch_launches;     // series made on first use
   prometheus::Family<prometheus::Gauge>& gpu_memory_used;      // set by the CUDA backend only
   // SetExperts' series, [layer * experts + expert]; written before serving,
   // read-only after.
@@ -524,6 +531,10 @@ void PrometheusMetrics::OnBatchExecuted(const BatchRecord& r) {
   impl_->batch_output_model.Observe(r.output_seconds);
   impl_->batch_size_model.Observe(static_cast<double>(r.requests));
   impl_->batch_tokens_model.Observe(static_cast<double>(r.tokens));
+  if (!r.launch.empty()) {
+    impl_->batch_launches.Add({{"model", impl_->model_name}, {"launch", std::string(r.launch)}})
+        .Increment();
+  }
   // Routing of failed batches is not counted: their results were discarded.
   if (r.ok && r.expert_tokens.size() == impl_->expert_tokens.size()) {
     for (size_t i = 0; i < r.expert_tokens.size(); ++i) {

@@ -11,6 +11,11 @@ if(TARGET layerserve_cuda AND TARGET layerserve_cpu)
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_sessions_test.cc
     LIBS layerserve_cuda layerserve_cpu GTest::gmock
     LABELS gpu)
+  # CUDA graphs: replays against direct launches, bit for bit.
+  layerserve_add_gtest(cuda_graphs_test
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_graphs_test.cc
+    LIBS layerserve_cuda
+    LABELS gpu)
   layerserve_add_gtest(gemm_tuning_test
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/gemm_tuning_test.cc
     LIBS layerserve_cuda layerserve_gpu_test_util

@@ -340,6 +340,24 @@ TEST(PrometheusMetricsTest, KernelTimesAndGpuMemoryFromTheCudaBackend) {
             static_cast<double>(int64_t{3} << 30));
 }
 
+// Batches by how the CUDA backend launched them (BatchTimings::launch); a
+// backend that does not say (the CPU backend) counts under no launch.
+TEST(PrometheusMetricsTest, BatchLaunchesFromTheCudaBackend) {
+  PrometheusMetrics metrics(kModel);
+  for (const char* launch : {"direct", "captured", "replayed", "replayed", ""}) {
+    metrics.OnBatchExecuted(
+        {.requests = 1, .tokens = 1, .compute_seconds = 1e-3, .launch = launch});
+  }
+  const Exposition e = Parse(metrics);
+  const auto launches = [&](const std::string& launch) {
+    return e.Find("layerserve_batch_launches_total", {{"model", kModel}, {"launch", launch}});
+  };
+  EXPECT_EQ(launches("direct"), 1.0);
+  EXPECT_EQ(launches("captured"), 1.0);
+  EXPECT_EQ(launches("replayed"), 2.0);
+  EXPECT_EQ(e.Find("layerserve_batch_tokens_count", {{"model", kModel}}), 5.0);
+}
+
 TEST(PrometheusMetricsTest, ConcurrentCallbacksLoseNothing) {
   PrometheusMetrics metrics(kModel);
   constexpr int kThreads = 4;

@@ -1,0 +1,76 @@
+// CUDA graphs for small batches (see forward_graphs.h).
+#include "server/cuda/forward_graphs.h"
+
+#include <bit>
+
+#include "absl/strings/str_cat.h"
+#include "base/cuda/cuda_status.h"
+#include "base/log.h"
+#include "base/status_macros.h"
+
+namespace layerserve::cuda {
+
+ForwardGraphKey GraphKeyOf(const BatchGeometry& batch) {
+  return {.tokens = batch.tokens,
+          .num_seqs = batch.num_seqs,
+          .max_seqlen = batch.max_seqlen,
+          .sessions = batch.kv_pool != nullptr,
+          .paged = batch.kv_pool != nullptr && batch.kv_history,
+          .items = batch.num_paged_items,
+          .combines = batch.num_paged_combines};
+}
+
+int64_t GraphPlanCount(int64_t n) {
+  if (n <= 4) return n;
+  const int64_t step = static_cast<int64_t>(std::bit_floor(static_cast<uint64_t>(n))) / 4;
+  return (n + step - 1) / step * step;
+}
+
+std::string_view GraphLaunchName(GraphLaunch launch) {
+  switch (launch) {
+    case GraphLaunch::kDirect:
+      return "direct";
+    case GraphLaunch::kCaptured:
+      return "captured";
+    case GraphLaunch::kReplayed:
+      return "replayed";
+  }
+  return "direct";
+}
+
+absl::StatusOr<GraphLaunch> ForwardGraphs::Run(const ForwardGraphKey& key, cudaStream_t stream,
+                                               absl::FunctionRef<absl::Status()> forward) {
+  CudaGraphExec* graph = disabled_ ? nullptr : graphs_.Find(key);
+  if (graph == nullptr) {
+    LS_RETURN_IF_ERROR(forward());
+    if (!disabled_) graphs_.Insert(key, CudaGraphExec());
+    return GraphLaunch::kDirect;
+  }
+  if (graph->get() != nullptr) {
+    LS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph->get(), stream));
+    return GraphLaunch::kReplayed;
+  }
+  // Thread-local capture: the other streams' threads launch on as usual.
+  absl::Status recorded;
+  absl::StatusOr<CudaGraphExec> captured =
+      CaptureGraph(stream, cudaStreamCaptureModeThreadLocal, [&] {
+        recorded = forward();
+        return recorded;
+      });
+  if (!recorded.ok()) return recorded;
+  if (!captured.ok()) {
+    // The capture enqueued nothing: clear its error and launch directly.
+    static_cast<void>(cudaGetLastError());
+    disabled_ = true;
+    LogWarning(absl::StrCat("cuda backend: capturing a CUDA graph failed (",
+                            captured.status().message(),
+                            "); this stream launches its batches directly from now on"));
+    LS_RETURN_IF_ERROR(forward());
+    return GraphLaunch::kDirect;
+  }
+  *graph = *std::move(captured);
+  LS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph->get(), stream));
+  return GraphLaunch::kCaptured;
+}
+
+}  // namespace layerserve::cuda

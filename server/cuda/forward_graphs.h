@@ -1,0 +1,91 @@
+// CUDA graphs for small batches: a stream captures the launches of a batch's
+// Forward (layer_executor.h) once and replays them for later batches of the
+// same key, instead of enqueueing each layer's eight to ten kernels one at a
+// time. The gaps between kernels shrink (the work is submitted as one
+// graph) and the stream's thread spends one launch per batch, not ~40.
+//
+// What a capture bakes in, besides pointers, is the batch's key
+// (ForwardGraphKey): the token and sequence counts that size the grids and
+// pick the GEMM routes, the attention path, and the paged plan's counts. The
+// pointers are the stream's own: its activation arena (with the positions
+// and cu_seqlens in arena.meta), its KV staging (starts, block tables, the
+// plan), its split and cuBLASLt workspaces, and the KV pool. Each batch
+// refills them before its launch, so one graph serves any sessions and any
+// inputs of its key; the graphs belong to their stream.
+//
+// A key's life on one stream: its first batch launches directly, which also
+// loads what the runtime loads lazily (kernel modules, cuBLASLt's plans) and
+// must not load inside a capture; the second is captured, instantiated and
+// launched; the later ones replay. A stream keeps its `capacity` most
+// recently used keys. Should a capture fail, the stream logs why and
+// launches every batch directly from then on. The backend sends only
+// batches of up to --cuda-graph-max-tokens tokens here, and never a batch it
+// times per op (those events belong to direct launches).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <utility>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "base/cuda/cuda_resources.h"
+#include "base/lru_cache.h"
+#include "server/cuda/layer_executor.h"
+
+namespace layerserve::cuda {
+
+// What a captured Forward depends on besides the stream's fixed pointers.
+struct ForwardGraphKey {
+  int64_t tokens = 0;
+  int num_seqs = 0;
+  int max_seqlen = 0;     // flash attention's grid
+  bool sessions = false;  // RoPE writes the KV cache
+  bool paged = false;     // attention over cached keys
+  int items = 0;          // the paged plan's work items
+  int combines = 0;       // and combine tasks
+
+  friend bool operator==(const ForwardGraphKey&, const ForwardGraphKey&) = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const ForwardGraphKey& k) {
+    return H::combine(std::move(h), k.tokens, k.num_seqs, k.max_seqlen, k.sessions, k.paged,
+                      k.items, k.combines);
+  }
+};
+
+ForwardGraphKey GraphKeyOf(const BatchGeometry& batch);
+
+// A paged plan's item (or combine task) count rounded up so that nearby
+// plans share a key: to a multiple of a quarter of its largest power of two,
+// so at most a fifth of the padded work is idle. 0..4 stay, 17 -> 20,
+// 33 -> 40, 64 -> 64, 66 -> 80. A one-sequence decode step's plan changes
+// as its context grows; rounded, it takes a few keys rather than dozens.
+int64_t GraphPlanCount(int64_t n);
+
+enum class GraphLaunch { kDirect, kCaptured, kReplayed };
+std::string_view GraphLaunchName(GraphLaunch launch);  // "direct", "captured", "replayed"
+
+// One stream's graphs. Used by that stream's thread only.
+class ForwardGraphs {
+ public:
+  explicit ForwardGraphs(size_t capacity) : graphs_(capacity) {}
+
+  // Enqueues `forward`'s launches on `stream` for a batch of `key`: directly,
+  // or through the key's graph (captured now, or replayed). `forward` must
+  // enqueue the same launches for every batch of a key, on `stream` only,
+  // and must not synchronize. Its own errors come back as they are.
+  absl::StatusOr<GraphLaunch> Run(const ForwardGraphKey& key, cudaStream_t stream,
+                                  absl::FunctionRef<absl::Status()> forward);
+
+  size_t size() const { return graphs_.size(); }
+
+ private:
+  // An empty exec: a key seen once, not captured yet.
+  LruCache<ForwardGraphKey, CudaGraphExec> graphs_;
+  bool disabled_ = false;  // a capture failed
+};
+
+}  // namespace layerserve::cuda
