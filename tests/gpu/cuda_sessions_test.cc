@@ -9,7 +9,7 @@
 //
 // Steps cover a prefill, single tokens and multi-token steps that cross
 // blocks of 16 and of 5 tokens, B > 1 sequences, head_dim 64 and 128 with GQA,
-// bf16 and fp16 checkpoints, FP32/BF16/FP16 on the wire; a batch mixing a
+// bf16 and fp16 checkpoints, a mixture of experts, FP32/BF16/FP16 on the wire; a batch mixing a
 // stateless request with two sessions' steps; a long request computed in
 // chunked pieces; sliding-window models stepped far past their window;
 // rollbacks that overwrite rows already written; sessions on several streams
@@ -309,6 +309,29 @@ TEST(CudaSessionsTest, StepsMatchStatelessQwen2Fp16) {
 TEST(CudaSessionsTest, StepsMatchStatelessLlama3HeadDim128Block5) {
   SKIP_WITHOUT_GPU();
   CheckSteps(MakeLlama3Model(205), {64, 5}, 3, {7, 1, 3, 1, 1, 9, 2}, DType::kBF16, 206);
+}
+
+// A Mixtral-style span (8 experts, 2 per token; the grouped GEMMs and the
+// routing kernels) stepped like the dense ones. The router is scaled up
+// tenfold over RandomModel's, so that no token's top two are nearly tied:
+// the session path's attention rounds differently from the stateless one's,
+// and a near tie could then pick another expert, which the dense oracle's
+// tolerance cannot excuse (cuda_backend_test checks routing near ties).
+TEST(CudaSessionsTest, StepsMatchStatelessMixtral) {
+  SKIP_WITHOUT_GPU();
+  LlamaConfig c = MakeQwenModel(DType::kBF16, 1).config;
+  c.model_type = "mixtral";
+  c.attention_bias = false;
+  c.intermediate_size = 384;
+  c.num_experts = 8;
+  c.experts_per_token = 2;
+  ModelSpan model = test_support::RandomModel(c, 0, c.num_hidden_layers, DType::kBF16, 209);
+  for (LayerWeights& layer : model.layers) {
+    std::vector<float> router = layer.router.ToFloat();
+    for (float& w : router) w *= 10.0f;
+    ConvertFromFloat(router.data(), router.size(), DType::kBF16, layer.router.data.data());
+  }
+  CheckSteps(model, {64, 16}, 2, kPieces, DType::kF32, 210);
 }
 
 // One batch: a step of session A (B = 2, at position 9), a stateless request,
