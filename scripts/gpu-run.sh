@@ -5,7 +5,7 @@
 # (default ./gpu-out); the exit status is non-zero if any test failed.
 #   usage: scripts/gpu-run.sh [tests] [bench-kernels] [bench-layer] [bench-server]
 #          [bench-sessions] [bench-decode] [bench-probe] [bench-pipeline]
-#          [bench-perf-analyzer] [bench-moe] [bench-interference]
+#          [bench-perf-analyzer] [bench-moe] [bench-interference] [bench-first-batch]
 #          (no argument: the first four)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -140,6 +140,16 @@ for stage in "${stages[@]}"; do
       python3 bench/server/prefill_interference.py "$bundle/bin" "$out/interference" \
         --model-dir="$ckpt" --model-name=llama3-8b-4l --backend=cuda --kv-cache-memory=8GiB \
         ${INTERFERENCE_ARGS:-} ${LOAD_SERVER_ARGS:-}
+      ;;
+    bench-first-batch)
+      # The first request of each size against the next two, with the
+      # start-up warm-up and without (bench/server/first_batch.py;
+      # FIRST_BATCH_ARGS e.g. "--tokens 1,64,4096").
+      span_checkpoint
+      # shellcheck disable=SC2086
+      python3 bench/server/first_batch.py "$bundle/bin" "$out/first-batch" \
+        --model-dir="$ckpt" --model-name=llama3-8b-4l --backend=cuda ${FIRST_BATCH_ARGS:-} \
+        ${LOAD_SERVER_ARGS:-} || failed=1
       ;;
     bench-decode)
       # Paged decode attention vs PyTorch SDPA (flash, cuDNN) on the same

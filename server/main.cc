@@ -119,6 +119,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackendFromFlags(const ServerFl
   options.device = flags.cuda_device;
   options.num_streams = flags.streams;
   options.cuda_graph_max_tokens = flags.cuda_graph_max_tokens;
+  options.warm_up = flags.cuda_warmup;
   options.max_batch_tokens = flags.max_batch_tokens;
   options.timing_sink = kernel_times;
   absl::StatusOr<kernels::GemmMode> gemm_mode = kernels::ParseGemmMode(flags.gemm);

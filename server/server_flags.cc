@@ -159,6 +159,10 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
                          "batches of up to this many tokens run as CUDA graphs, captured per "
                          "batch shape on its second batch and replayed after; 0: never")
               ->group(cuda));
+  app.add_flag(FlagNames("cuda-warmup", /*boolean=*/true), flags.cuda_warmup,
+               "before serving, run one batch of zeros per GEMM token-count bucket and one "
+               "session step, so that no request waits for a kernel to load (default true)")
+      ->group(cuda);
   app.add_option(FlagNames("gemm"), flags.gemm,
                  "GEMMs: auto (per shape, the project's kernels where measured faster), "
                  "cublaslt, or custom (the project's kernels wherever they apply)")

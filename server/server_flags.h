@@ -47,6 +47,7 @@ struct ServerFlags {
   int streams = 2;
   int cuda_device = 0;
   int64_t cuda_graph_max_tokens = 256;
+  bool cuda_warmup = true;
   std::string gemm = "auto";
   bool gemm_autotune = true;
   std::string gemm_tune_cache;

@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <future>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -232,13 +233,100 @@ class CudaBackendImpl final : public CudaBackend {
         std::unique_ptr<cuda::KvPool> pool,
         cuda::KvPool::Create(executor_.shape(), executor_.num_layers(), shape,
                              static_cast<int>(slots_.size()), options_.max_batch_tokens));
-    MutexLock lock(&kv_mu_);
-    if (kv_pool_ != nullptr) return already();
-    kv_pool_ = std::move(pool);
+    {
+      MutexLock lock(&kv_mu_);
+      if (kv_pool_ != nullptr) return already();
+      kv_pool_ = std::move(pool);
+    }
+    return options_.warm_up ? WarmUpSessions() : absl::OkStatus();
+  }
+
+  // The first launch of each kernel loads its module, and cuBLASLt plans
+  // each GEMM shape on its first use: up to ~100 ms for the first batch of
+  // a new size on the H100 (docs/perf.md), which that batch's requests would
+  // wait for. So, before serving, one batch of zeros per GEMM bucket (a
+  // sequence of the bucket's largest size, up to max_batch_tokens; FP32 on
+  // the wire, so the casts load too) runs through Execute like any batch.
+  // Logs what it ran and how long it took.
+  absl::Status WarmUp() {
+    std::vector<int64_t> sizes = {1};
+    for (const int64_t upper : kernels::kGemmBucketUpper) {
+      sizes.push_back(std::min(upper, options_.max_batch_tokens));
+      if (upper >= options_.max_batch_tokens) break;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    const std::string zeros(static_cast<size_t>(sizes.back() * config_.hidden_size) * sizeof(float),
+                            '\0');
+    for (const int64_t tokens : sizes) {
+      auto batch = std::make_shared<Batch>();
+      batch->requests.push_back(WarmUpRequest(zeros, tokens));
+      LS_RETURN_IF_ERROR(RunWarmUpBatch(std::move(batch)));
+    }
+    LogInfo(absl::StrCat(
+        "cuda backend: warmed up with ", sizes.size(), " batches of 1 to ", sizes.back(),
+        " tokens in ",
+        absl::FormatDuration(absl::FromChrono(std::chrono::steady_clock::now() - start))));
     return absl::OkStatus();
   }
 
  private:
+  // WarmUp for a batch with sessions, once the pool exists: one step of one
+  // token after 128 cached (blocks 0.. of the pool, which the step writes
+  // before any session holds them), whose plan splits its keys, so that
+  // the RoPE + cache write, the paged attention and its combine load.
+  absl::Status WarmUpSessions() {
+    cuda::KvPool* pool;
+    {
+      MutexLock lock(&kv_mu_);
+      pool = kv_pool_.get();
+    }
+    const KvCacheShape& shape = pool->shape();
+    const int64_t position =
+        std::min<int64_t>(128, int64_t{shape.num_blocks} * shape.block_tokens - 1);
+    if (position < 1) return absl::OkStatus();  // no room for a step with history
+    const std::string zeros(static_cast<size_t>(config_.hidden_size) * sizeof(float), '\0');
+    auto batch = std::make_shared<Batch>();
+    std::unique_ptr<InferRequest> request = WarmUpRequest(zeros, 1);
+    request->session = SessionParams{SessionId(int64_t{0})};
+    request->step.position = position;
+    request->step.tokens = 1;
+    request->step.block_tokens = shape.block_tokens;
+    std::vector<KvBlockId>& table = request->step.block_tables.emplace_back();
+    for (int64_t b = 0; b * shape.block_tokens <= position; ++b) {
+      table.push_back(static_cast<KvBlockId>(b));
+    }
+    batch->requests.push_back(std::move(request));
+    return RunWarmUpBatch(std::move(batch));
+  }
+
+  // One FP32 sequence of `tokens` rows of `zeros` (which outlives the batch).
+  std::unique_ptr<InferRequest> WarmUpRequest(std::string_view zeros, int64_t tokens) const {
+    auto request = std::make_unique<InferRequest>();
+    request->id = "warm-up";
+    request->dtype = DType::kF32;
+    request->batch = 1;
+    request->seq_len = tokens;
+    request->hidden = config_.hidden_size;
+    request->input = zeros.substr(0, static_cast<size_t>(tokens * config_.hidden_size) * 4);
+    return request;
+  }
+
+  // Executes `batch` as any batch and waits for it.
+  absl::Status RunWarmUpBatch(std::shared_ptr<Batch> batch) {
+    warming_up_ = true;
+    batch->Pack();
+    std::promise<absl::Status> done;
+    std::future<absl::Status> status = done.get_future();
+    Execute(std::move(batch), [&done](absl::Status s) { done.set_value(std::move(s)); });
+    absl::Status result = status.get();
+    warming_up_ = false;
+    if (!result.ok()) {
+      return absl::Status(result.code(),
+                          absl::StrCat("cuda backend: warm-up batch failed: ", result.message()));
+    }
+    return absl::OkStatus();
+  }
+
   struct Job {
     std::shared_ptr<Batch> batch;
     std::function<void(absl::Status)> done;
@@ -336,8 +424,9 @@ class CudaBackendImpl final : public CudaBackend {
 
     const auto input_end = std::chrono::steady_clock::now();
     batch.timings.input_seconds = std::chrono::duration<double>(input_end - input_start).count();
+    // Warm-up batches stay out of the kernel-time metrics.
     const bool sampled =
-        options_.timing_sink != nullptr && options_.timing_sample_every > 0 &&
+        options_.timing_sink != nullptr && options_.timing_sample_every > 0 && !warming_up_ &&
         batches_.fetch_add(1, std::memory_order_relaxed) % options_.timing_sample_every == 0;
     absl::Status status = Enqueue(slot, batch, offsets, io_bytes, kv_pool, geometry, sampled);
     if (status.ok()) {
@@ -513,6 +602,7 @@ class CudaBackendImpl final : public CudaBackend {
   const std::vector<std::unique_ptr<StreamSlot>> slots_;
   size_t activation_bytes_ = 0;
   std::atomic<uint64_t> batches_{0};
+  std::atomic<bool> warming_up_{false};  // a warm-up batch is running (before serving)
 
   // Set once by AllocateKvCache, never replaced (see there).
   Mutex kv_mu_;
@@ -609,6 +699,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& mo
   auto backend = std::make_unique<CudaBackendImpl>(options, model.config, std::move(windows),
                                                    props.name, std::move(weights), std::move(gemm),
                                                    dtype, std::move(slots));
+  if (options.warm_up) LS_RETURN_IF_ERROR(backend->WarmUp());
   const absl::StatusOr<int64_t> used = backend->DeviceMemoryUsedBytes();
   LogInfo(absl::StrCat(
       "cuda backend: device ", options.device, " (", props.name, ", sm_", props.major, props.minor,

@@ -10,7 +10,10 @@
 // Execute only queues, so it never blocks its caller; with num_streams
 // streams, that many batches overlap (MaxInflightBatches). Small batches
 // replay their layers as CUDA graphs, one per batch shape and stream
-// (forward_graphs.h).
+// (forward_graphs.h). Before serving, the backend warms up: a batch of zeros
+// per GEMM token-count bucket, and a session step once the KV cache exists,
+// so that kernel loading and cuBLASLt's planning happen then, not on the
+// first requests of each size.
 //
 // Sessions (README: Sessions): AllocateKvCache makes one paged KV pool on the
 // device (kv_pool.h), shared by the streams; a batch with session steps
@@ -47,6 +50,10 @@ struct CudaBackendOptions {
   // Batches of up to this many tokens run as CUDA graphs (forward_graphs.h),
   // except those timed per op; 0: none.
   int64_t cuda_graph_max_tokens = 256;
+  // Before serving, run a batch of zeros per GEMM bucket (and, once the KV
+  // cache exists, a session step), so that no request waits for a kernel
+  // module to load or cuBLASLt to plan a shape.
+  bool warm_up = true;
   // Receives per-op device times of sampled batches; not owned, must outlive
   // the backend. Null: no timing.
   KernelTimingSink* timing_sink = nullptr;

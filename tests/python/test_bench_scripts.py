@@ -1,7 +1,8 @@
 """The server benchmark scripts' reading of `layerctl bench` reports
 (bench/server/bench_errors.py): each error code's count and first message,
 and bench/server/session_matrix.py end to end on the CPU demo model, with
---streaming and a server that refuses some sessions, printing why.
+--streaming and a server that refuses some sessions, printing why; and
+bench/server/first_batch.py's table on the same model.
 
 Needs LAYERSERVE_BIN and LAYERCTL_BIN (ctest sets both).
 """
@@ -37,7 +38,8 @@ def test_merged_error_lines_sum_over_clients():
     assert merged_error_lines(runs, indent="") == ["CANCELLED x1: gone", "INTERNAL x3: first"]
 
 
-def test_session_matrix_with_streaming_prints_why_sessions_failed(tmp_path):
+def bin_dir_of(tmp_path):
+    """A directory holding layerserve and layerctl, as the scripts take them."""
     binaries = {"layerserve": os.environ.get("LAYERSERVE_BIN"),
                 "layerctl": os.environ.get("LAYERCTL_BIN")}
     if not all(binaries.values()):
@@ -46,6 +48,11 @@ def test_session_matrix_with_streaming_prints_why_sessions_failed(tmp_path):
     bin_dir.mkdir()
     for name, path in binaries.items():
         (bin_dir / name).symlink_to(path)
+    return bin_dir
+
+
+def test_session_matrix_with_streaming_prints_why_sessions_failed(tmp_path):
+    bin_dir = bin_dir_of(tmp_path)
     out = tmp_path / "out"
     # 4 sessions against a server that allows 2: two are refused at their
     # prefill, on either transport.
@@ -66,3 +73,19 @@ def test_session_matrix_with_streaming_prints_why_sessions_failed(tmp_path):
         assert why.endswith("the most allowed is 2"), lines
     assert lines[rows["stateless=4"]].endswith("failed 0"), lines
     assert (out / "sessions_stream_4.json").exists()
+
+
+def test_first_batch_prints_three_latencies_per_size_and_setting(tmp_path):
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, str(BENCH_SERVER / "first_batch.py"), str(bin_dir_of(tmp_path)), str(out),
+         "--tokens=1,4", "--setting=warm=", "--setting=cold=--cuda-warmup=false"],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = (out / "first_batch.txt").read_text().splitlines()
+    assert [line.split(":")[0] for line in lines if "ready in" in line] == ["warm", "cold"], lines
+    rows = [line.split() for line in lines if "tokens=" in line]
+    assert [(row[0], row[1]) for row in rows] == [
+        ("warm", "tokens=1"), ("warm", "tokens=4"), ("cold", "tokens=1"), ("cold", "tokens=4")], lines
+    for row in rows:
+        assert all(float(ms) > 0 for ms in row[3:6]), row
