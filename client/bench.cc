@@ -122,18 +122,12 @@ class ProgressLine {
   std::thread thread_;
 };
 
+// `requests`: built once, before the clock starts (see RunBench). With
+// options.requests, the workers stop after issuing that many in all.
 void RunClosedLoop(const std::vector<Client*>& clients, const BenchOptions& options,
-                   const std::vector<Tensor>& inputs, absl::Time measure_end, Recorder& recorder,
-                   FatalStop& fatal) {
-  // The requests are built once: copying a tensor into a new request for
-  // every call costs the client as much as the server's own copies (2 MiB
-  // per 128-token FP32 request), and made the bench, not the server, the
-  // limit at large requests (docs/perf.md, perf_analyzer_check.py).
-  std::vector<inference::ModelInferRequest> requests;
-  requests.reserve(inputs.size());
-  for (const Tensor& input : inputs) {
-    requests.push_back(Client::MakeInferRequest(options.model, input));
-  }
+                   const std::vector<inference::ModelInferRequest>& requests,
+                   absl::Time measure_end, Recorder& recorder, FatalStop& fatal) {
+  std::atomic<int64_t> issued_count{0};
   std::vector<std::thread> workers;
   for (int w = 0; w < options.concurrency; ++w) {
     workers.emplace_back([&, w] {
@@ -142,6 +136,7 @@ void RunClosedLoop(const std::vector<Client*>& clients, const BenchOptions& opti
       for (size_t i = static_cast<size_t>(w);; ++i) {
         const absl::Time issued = absl::Now();
         if (issued >= measure_end || fatal.stopped()) break;
+        if (options.requests > 0 && issued_count.fetch_add(1) >= options.requests) break;
         absl::StatusOr<inference::ModelInferResponse> response = client.InferRaw(
             requests[i % requests.size()], issued + absl::Seconds(options.timeout_seconds));
         // The reply counts only if it holds a well-formed output, as Infer checks.
@@ -277,9 +272,9 @@ absl::StatusOr<BenchReport> RunBench(const std::vector<Client*>& clients, BenchO
     return absl::InvalidArgumentError("--concurrency and --rate must be positive");
   }
   if (!(options.duration_seconds > 0) || options.warmup_seconds < 0 ||
-      !(options.timeout_seconds > 0) || options.max_in_flight < 1) {
+      !(options.timeout_seconds > 0) || options.max_in_flight < 1 || options.requests < 0) {
     return absl::InvalidArgumentError(
-        "--duration-s and the timeout must be positive, --warmup-s non-negative, "
+        "--duration-s and the timeout must be positive, --warmup-s and --requests non-negative, "
         "--max-in-flight at least 1");
   }
   if (absl::Status datatype = CheckBenchDatatype(options.datatype); !datatype.ok()) {
@@ -293,6 +288,18 @@ absl::StatusOr<BenchReport> RunBench(const std::vector<Client*>& clients, BenchO
 
   const std::vector<Tensor> inputs = RandomInputs({options.batch, options.tokens, options.hidden},
                                                   options.datatype, options.seed, 4);
+  // The closed loop's requests are built once, before the clock starts:
+  // copying a tensor into a new request for every call costs the client as
+  // much as the server's own copies (2 MiB per 128-token FP32 request) and
+  // made the bench, not the server, the limit at large requests
+  // (docs/perf.md, perf_analyzer_check.py); and four copies of a large input
+  // (32 MiB each at 2048 FP32 tokens) can take longer than a short run.
+  std::vector<inference::ModelInferRequest> requests;
+  if (options.concurrency > 0) {
+    for (const Tensor& input : inputs) {
+      requests.push_back(Client::MakeInferRequest(options.model, input));
+    }
+  }
   BenchReport report;
   report.options = options;
   const absl::Time start = absl::Now();
@@ -303,7 +310,7 @@ absl::StatusOr<BenchReport> RunBench(const std::vector<Client*>& clients, BenchO
   {
     ProgressLine progress(recorder.get(), start, measure_start, options.progress);
     if (options.concurrency > 0) {
-      RunClosedLoop(clients, options, inputs, measure_end, *recorder, *fatal);
+      RunClosedLoop(clients, options, requests, measure_end, *recorder, *fatal);
     } else {
       absl::Status status = RunOpenLoop(clients, options, inputs, start, measure_start, measure_end,
                                         recorder, fatal, report);

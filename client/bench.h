@@ -45,6 +45,10 @@ struct BenchOptions {
   Arrivals arrivals = Arrivals::kPoisson;
   double duration_seconds = 10;
   double warmup_seconds = 0;
+  // Closed loop: stop after issuing this many requests in all (warm-up ones
+  // included), or at the end of the time, whichever comes first; 0: no
+  // limit.
+  int64_t requests = 0;
   int max_in_flight = 512;      // open loop: arrivals beyond it are skipped and counted
   double timeout_seconds = 30;  // per-request deadline
   uint64_t seed = 1;

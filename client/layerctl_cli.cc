@@ -179,6 +179,10 @@ ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv)
   CLI::Option* warmup_flag =
       add_number(bench, "--warmup-s", options.warmup_seconds,
                  "time before the measurement, seconds (sent, not recorded)");
+  CLI::Option* requests_flag =
+      add_number(bench, "--requests", options.requests,
+                 "closed loop: stop after this many requests (or --duration-s); 0: no limit")
+          ->check(CLI::NonNegativeNumber);
   bench->add_option("--datatype", options.datatype, "FP32, FP16 or BF16 on the wire");
   add_number(bench, "--hidden", options.hidden, "hidden size; 0: from the model's metadata");
   CLI::Option* max_in_flight_flag =
@@ -214,8 +218,9 @@ ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv)
   for (CLI::Option* flag : {prefill_flag, steps_flag, step_tokens_flag, streaming_flag}) {
     flag->needs(sessions_flag);
   }
+  requests_flag->needs(concurrency_flag);
   for (CLI::Option* flag : {tokens_flag, concurrency_flag, rate_flag, arrivals_flag, duration_flag,
-                            warmup_flag, max_in_flight_flag}) {
+                            warmup_flag, max_in_flight_flag, requests_flag}) {
     sessions_flag->excludes(flag);
   }
 

@@ -4,10 +4,9 @@ setting: what a request pays when its batch is the first of its size. On the
 CUDA backend that first batch loads kernel modules and has cuBLASLt plan its
 shapes, up to ~100 ms on the H100, unless the server warmed up at start
 (--cuda-warmup, the default). Each setting starts its own server (timing the
-start, where the warm-up is paid), then for each size runs `layerctl bench`
-three times for 50 ms at concurrency 1, and prints one line per size: each
-run's slowest request (in the first run, the first request, which meets any
-cold kernel) and first / third.
+start, where the warm-up is paid), then for each size sends three single
+requests one after another (`layerctl bench --requests=1`), and prints one
+line per size: the three latencies and first / third.
 
   python3 bench/server/first_batch.py BIN_DIR OUT_DIR [--tokens 1,8,...]
       [--setting LABEL=FLAGS ...] [layerserve args...]
@@ -33,12 +32,10 @@ REPEATS = 3
 
 
 def one_request_ms(layerctl, server, tokens, out_json):
-    """The slowest FP32 request of `tokens` tokens in a 50 ms closed-loop run at
-    concurrency 1 (in a server's first run of a size, its first request: the
-    one that meets a cold kernel), in ms."""
+    """Latency of one FP32 request of `tokens` tokens, in ms."""
     subprocess.run([str(layerctl), "bench", f"--url=127.0.0.1:{server.grpc_port}",
                     f"--model={server.model}", f"--tokens={tokens}", "--concurrency=1",
-                    "--duration-s=0.05", "--no-progress", f"--json={out_json}"],
+                    "--requests=1", "--duration-s=600", "--no-progress", f"--json={out_json}"],
                    check=True, stdout=subprocess.DEVNULL, timeout=120)
     report = json.loads(Path(out_json).read_text())
     if report["requests_ok"] < 1:

@@ -232,6 +232,22 @@ TEST(BenchFailureTest, KeepsTheFirstMessageOfEachCode) {
   }
 }
 
+// --requests stops the closed loop after that many calls in all, long
+// before the time is up.
+TEST(BenchRequestsTest, TheClosedLoopStopsAfterTheRequestsAsked) {
+  FakeServer server(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "queue full"));
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server.address());
+  ASSERT_TRUE(client.ok());
+  BenchOptions options = ClosedLoop(2, 30.0);
+  options.requests = 3;
+  const absl::Time start = absl::Now();
+  absl::StatusOr<BenchReport> report = RunBench(**client, options);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "the run did not stop";
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(server.calls(), 3);
+  EXPECT_EQ(report->requests_failed, 3);
+}
+
 // A Client may be destroyed as soon as its last AsyncInfer callback has been
 // called: the destructor waits for completions still finishing, and each
 // completion releases its gRPC state before calling back.
