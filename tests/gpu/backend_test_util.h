@@ -1,7 +1,7 @@
 // Shared helpers of the CUDA backend tests (cuda_backend_test.cc,
 // cuda_sessions_test.cc): the visible skip without a GPU, a small qwen2-style
-// model, and the comparison at the backend's precision (running a batch to
-// completion is tests/support/run_batch.h's, shared with the CPU tests).
+// model and a Mixtral-style configuration on its shapes, and the comparison at the backend's precision (running a batch
+// to completion is tests/support/run_batch.h's, shared with the CPU tests).
 //
 // The CUDA backend computes in bf16 (fp16 for fp16 checkpoints) with fp32
 // accumulation, so elements are compared relative to the output's scale:
@@ -52,6 +52,18 @@ inline ModelSpan MakeQwenModel(DType dtype, uint64_t seed) {
   ModelSpan m = test_support::RandomModel(c, /*first_layer=*/0, c.num_hidden_layers, dtype, seed);
   m.name = "qwen-test";
   return m;
+}
+
+// A Mixtral-style span's configuration on MakeQwenModel's attention shapes
+// (without its biases): 8 experts of intermediate 384, 2 per token.
+inline LlamaConfig MixtralTestConfig() {
+  LlamaConfig c = MakeQwenModel(DType::kBF16, 1).config;
+  c.model_type = "mixtral";
+  c.attention_bias = false;
+  c.intermediate_size = 384;
+  c.num_experts = 8;
+  c.experts_per_token = 2;
+  return c;
 }
 
 using test_support::RunSync;

@@ -282,12 +282,7 @@ TEST(CudaBackendTest, WindowInSomeLayersMatchesCpuPastTheWindow) {
 // margin is known; deeper spans run the same code.
 TEST(CudaBackendTest, MixtralExpertsMatchReference) {
   SKIP_WITHOUT_GPU();
-  LlamaConfig c = MakeQwenModel(DType::kBF16, 1).config;
-  c.model_type = "mixtral";
-  c.attention_bias = false;
-  c.intermediate_size = 384;
-  c.num_experts = 8;
-  c.experts_per_token = 2;
+  LlamaConfig c = cuda_test::MixtralTestConfig();
   c.num_hidden_layers = 1;
   const ModelSpan model = test_support::RandomModel(c, 0, 1, DType::kBF16, 29);
   CudaBackendOptions options;

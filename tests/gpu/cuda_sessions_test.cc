@@ -319,12 +319,7 @@ TEST(CudaSessionsTest, StepsMatchStatelessLlama3HeadDim128Block5) {
 // tolerance cannot excuse (cuda_backend_test checks routing near ties).
 TEST(CudaSessionsTest, StepsMatchStatelessMixtral) {
   SKIP_WITHOUT_GPU();
-  LlamaConfig c = MakeQwenModel(DType::kBF16, 1).config;
-  c.model_type = "mixtral";
-  c.attention_bias = false;
-  c.intermediate_size = 384;
-  c.num_experts = 8;
-  c.experts_per_token = 2;
+  const LlamaConfig c = cuda_test::MixtralTestConfig();
   ModelSpan model = test_support::RandomModel(c, 0, c.num_hidden_layers, DType::kBF16, 209);
   for (LayerWeights& layer : model.layers) {
     std::vector<float> router = layer.router.ToFloat();
