@@ -1,7 +1,8 @@
 // Shared helpers of the CUDA backend tests (cuda_backend_test.cc,
 // cuda_sessions_test.cc): the visible skip without a GPU, a small qwen2-style
-// model and a Mixtral-style configuration on its shapes, and the comparison at the backend's precision (running a batch
-// to completion is tests/support/run_batch.h's, shared with the CPU tests).
+// model and a Mixtral-style configuration on its shapes, and the comparison
+// at the backend's precision (running a batch to completion is
+// tests/support/run_batch.h's, shared with the CPU tests).
 //
 // The CUDA backend computes in bf16 (fp16 for fp16 checkpoints) with fp32
 // accumulation, so elements are compared relative to the output's scale:
