@@ -242,9 +242,9 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   // The first launch of each kernel loads its module, and cuBLASLt plans
-  // each GEMM shape on its first use: up to ~100 ms for the first batch of
-  // a new size on the H100 (docs/perf.md), which that batch's requests would
-  // wait for. So, before serving, one batch of zeros per GEMM bucket (a
+  // each GEMM shape on its first use: 3-9 ms more for the first small batch
+  // of a size on the H100 (docs/perf.md, "A warm-up before serving"), which
+  // that batch's requests would wait for. So, before serving, one batch of zeros per GEMM bucket (a
   // sequence of the bucket's largest size, up to max_batch_tokens; FP32 on
   // the wire, so the casts load too) runs through Execute like any batch.
   // Logs what it ran and how long it took.
@@ -271,9 +271,10 @@ class CudaBackendImpl final : public CudaBackend {
 
  private:
   // WarmUp for a batch with sessions, once the pool exists: one step of one
-  // token after 128 cached (blocks 0.. of the pool, which the step writes
-  // before any session holds them), whose plan splits its keys, so that
-  // the RoPE + cache write, the paged attention and its combine load.
+  // token after 128 cached, whose plan splits its keys, so that the RoPE +
+  // cache write, the paged attention and its combine load. Its table is
+  // blocks 0.. of the pool: it reads whatever they hold and writes one row,
+  // which a session, writing its rows before it reads them, never sees.
   absl::Status WarmUpSessions() {
     cuda::KvPool* pool;
     {

@@ -6,12 +6,14 @@
 // contexts cross key tiles, so that the paged plan under one graph changes
 // from step to step; over prefills, through flash attention; and over
 // stateless batches of repeating sizes. The launches must go direct (first
-// batch of a shape), captured (second), then replayed.
+// batch of a shape), captured (second), then replayed. And the plan counts'
+// rounding, on the host.
 #include <cstdint>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +24,7 @@
 #include "server/core/backend.h"
 #include "server/core/sessions.h"
 #include "server/cuda/cuda_backend.h"
+#include "server/cuda/forward_graphs.h"
 #include "tests/gpu/backend_test_util.h"
 #include "tests/support/random_model.h"
 
@@ -43,6 +46,27 @@ std::unique_ptr<InferRequest> Copy(const InferRequest& r) {
   copy->session = r.session;
   copy->step = r.step;
   return copy;
+}
+
+// The rounding that lets nearby plans share a graph (host code: runs
+// without a GPU): never below the count, at most a fifth idle, and few
+// distinct values.
+TEST(GraphPlanCountTest, RoundsUpToAQuarterOfTheLargestPowerOfTwo) {
+  EXPECT_EQ(cuda::GraphPlanCount(0), 0);
+  EXPECT_EQ(cuda::GraphPlanCount(4), 4);
+  EXPECT_EQ(cuda::GraphPlanCount(5), 5);
+  EXPECT_EQ(cuda::GraphPlanCount(17), 20);
+  EXPECT_EQ(cuda::GraphPlanCount(33), 40);
+  EXPECT_EQ(cuda::GraphPlanCount(64), 64);
+  EXPECT_EQ(cuda::GraphPlanCount(66), 80);
+  std::set<int64_t> distinct;
+  for (int64_t n = 1; n <= 1024; ++n) {
+    const int64_t padded = cuda::GraphPlanCount(n);
+    ASSERT_GE(padded, n);
+    ASSERT_LE(5 * (padded - n), padded) << n << " pads to " << padded;
+    distinct.insert(padded);
+  }
+  EXPECT_LE(distinct.size(), 4u + 4u * 9u);  // 1..4, then four per octave up to 1024
 }
 
 class CudaGraphsTest : public ::testing::Test {
