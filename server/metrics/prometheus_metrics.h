@@ -50,6 +50,9 @@ struct KvCacheInfo {
 //   layerserve_inflight_requests{model}                 gauge
 //   layerserve_kernel_duration_seconds{model,op}        histogram (CUDA backend, sampled)
 //   layerserve_gpu_memory_used_bytes{model}             gauge (CUDA backend)
+//   layerserve_batch_launches_total{model,launch}       counter (CUDA backend): batches
+//       by how their layers were launched, direct, captured or replayed
+//       (BatchTimings::launch)
 //   layerserve_build_info{version,backend,device}       gauge, 1 (after SetBuildInfo)
 //   layerserve_max_queue_size{model}                    gauge (after SetLimits)
 //   layerserve_max_queue_bytes{model}                   gauge (after SetLimits)
