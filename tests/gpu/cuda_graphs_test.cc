@@ -7,7 +7,7 @@
 // from step to step; over prefills, through flash attention; and over
 // stateless batches of repeating sizes. The launches must go direct (first
 // batch of a shape), captured (second), then replayed. And the plan counts'
-// rounding, on the host.
+// rounding, on the host, and the fallback when a capture fails.
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/cuda/cuda_resources.h"
 #include "base/dtype.h"
 #include "gtest/gtest.h"
 #include "server/core/backend.h"
@@ -216,6 +217,38 @@ TEST_F(CudaGraphsTest, StatelessBatchesReplayBitForBit) {
     big.push_back(RandomRequest(1, 300));
     EXPECT_EQ(RunBoth(std::move(big), "300 tokens"), "direct");
   }
+}
+
+// A capture that fails (here: the recorded work queries its stream, which a
+// thread-local capture forbids) costs the batch nothing: its work runs
+// directly, and the stream launches directly from then on.
+TEST(ForwardGraphsTest, AFailedCaptureFallsBackToDirectLaunches) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  absl::StatusOr<cuda::CudaStream> stream = cuda::CreateStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  absl::StatusOr<cuda::DeviceBuffer> word = cuda::DeviceBuffer::Allocate(sizeof(int32_t));
+  ASSERT_TRUE(word.ok()) << word.status();
+  cuda::ForwardGraphs graphs(4);
+  const cuda::ForwardGraphKey key{.tokens = 1, .num_seqs = 1, .max_seqlen = 1};
+  for (int batch = 1; batch <= 3; ++batch) {
+    // The batch's "work": fill the word with its number's byte.
+    const auto forward = [&]() -> absl::Status {
+      if (cudaMemsetAsync(word->data(), batch, sizeof(int32_t), stream->get()) != cudaSuccess) {
+        return absl::InternalError("cudaMemsetAsync failed");
+      }
+      static_cast<void>(cudaStreamQuery(stream->get()));  // legal unless capturing
+      return absl::OkStatus();
+    };
+    absl::StatusOr<cuda::GraphLaunch> launch = graphs.Run(key, stream->get(), forward);
+    ASSERT_TRUE(launch.ok()) << "batch " << batch << ": " << launch.status();
+    EXPECT_EQ(*launch, cuda::GraphLaunch::kDirect) << "batch " << batch;
+    ASSERT_EQ(cudaStreamSynchronize(stream->get()), cudaSuccess);
+    int32_t got = 0;
+    ASSERT_EQ(cudaMemcpy(&got, word->data(), sizeof(got), cudaMemcpyDeviceToHost), cudaSuccess);
+    const int32_t byte = batch;
+    EXPECT_EQ(got, byte | byte << 8 | byte << 16 | byte << 24) << "batch " << batch << "'s work did not run";
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 }  // namespace
