@@ -26,7 +26,6 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
-#include <future>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -41,6 +40,7 @@
 #include "base/status_macros.h"
 #include "base/thread_pool.h"
 #include "layerserve/kernels/layer_ops.h"
+#include "server/core/warm_up.h"
 #include "server/cuda/device_weights.h"
 #include "server/cuda/forward_graphs.h"
 #include "server/cuda/gemm_tuning.h"
@@ -238,16 +238,16 @@ class CudaBackendImpl final : public CudaBackend {
       if (kv_pool_ != nullptr) return already();
       kv_pool_ = std::move(pool);
     }
-    return options_.warm_up ? WarmUpSessions() : absl::OkStatus();
+    return options_.warm_up ? WarmUpSessions(shape) : absl::OkStatus();
   }
 
   // The first launch of each kernel loads its module, and cuBLASLt plans
   // each GEMM shape on its first use: 3-9 ms more for the first small batch
   // of a size on the H100 (docs/perf.md, "A warm-up before serving"), which
-  // that batch's requests would wait for. So, before serving, one batch of zeros per GEMM bucket (a
-  // sequence of the bucket's largest size, up to max_batch_tokens; FP32 on
-  // the wire, so the casts load too) runs through Execute like any batch.
-  // Logs what it ran and how long it took.
+  // that batch's requests would wait for. So, before serving, a batch of
+  // zeros per GEMM token-count bucket, up to max_batch_tokens, runs through
+  // Execute like any batch (server/core/warm_up.h), outside the kernel-time
+  // metrics. Logs what it ran and how long it took.
   absl::Status WarmUp() {
     std::vector<int64_t> sizes = {1};
     for (const int64_t upper : kernels::kGemmBucketUpper) {
@@ -255,13 +255,10 @@ class CudaBackendImpl final : public CudaBackend {
       if (upper >= options_.max_batch_tokens) break;
     }
     const auto start = std::chrono::steady_clock::now();
-    const std::string zeros(static_cast<size_t>(sizes.back() * config_.hidden_size) * sizeof(float),
-                            '\0');
-    for (const int64_t tokens : sizes) {
-      auto batch = std::make_shared<Batch>();
-      batch->requests.push_back(WarmUpRequest(zeros, tokens));
-      LS_RETURN_IF_ERROR(RunWarmUpBatch(std::move(batch)));
-    }
+    warming_up_ = true;
+    const absl::Status status = WarmUpStateless(*this, config_.hidden_size, sizes);
+    warming_up_ = false;
+    LS_RETURN_IF_ERROR(status);
     LogInfo(absl::StrCat(
         "cuda backend: warmed up with ", sizes.size(), " batches of 1 to ", sizes.back(),
         " tokens in ",
@@ -270,62 +267,13 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
  private:
-  // WarmUp for a batch with sessions, once the pool exists: one step of one
-  // token after 128 cached, whose plan splits its keys, so that the RoPE +
-  // cache write, the paged attention and its combine load. Its table is
-  // blocks 0.. of the pool: it reads whatever they hold and writes one row,
-  // which a session, writing its rows before it reads them, never sees.
-  absl::Status WarmUpSessions() {
-    cuda::KvPool* pool;
-    {
-      MutexLock lock(&kv_mu_);
-      pool = kv_pool_.get();
-    }
-    const KvCacheShape& shape = pool->shape();
-    const int64_t position =
-        std::min<int64_t>(128, int64_t{shape.num_blocks} * shape.block_tokens - 1);
-    if (position < 1) return absl::OkStatus();  // no room for a step with history
-    const std::string zeros(static_cast<size_t>(config_.hidden_size) * sizeof(float), '\0');
-    auto batch = std::make_shared<Batch>();
-    std::unique_ptr<InferRequest> request = WarmUpRequest(zeros, 1);
-    request->session = SessionParams{SessionId(int64_t{0})};
-    request->step.position = position;
-    request->step.tokens = 1;
-    request->step.block_tokens = shape.block_tokens;
-    std::vector<KvBlockId>& table = request->step.block_tables.emplace_back();
-    for (int64_t b = 0; b * shape.block_tokens <= position; ++b) {
-      table.push_back(static_cast<KvBlockId>(b));
-    }
-    batch->requests.push_back(std::move(request));
-    return RunWarmUpBatch(std::move(batch));
-  }
-
-  // One FP32 sequence of `tokens` rows of `zeros` (which outlives the batch).
-  std::unique_ptr<InferRequest> WarmUpRequest(std::string_view zeros, int64_t tokens) const {
-    auto request = std::make_unique<InferRequest>();
-    request->id = "warm-up";
-    request->dtype = DType::kF32;
-    request->batch = 1;
-    request->seq_len = tokens;
-    request->hidden = config_.hidden_size;
-    request->input = zeros.substr(0, static_cast<size_t>(tokens * config_.hidden_size) * 4);
-    return request;
-  }
-
-  // Executes `batch` as any batch and waits for it.
-  absl::Status RunWarmUpBatch(std::shared_ptr<Batch> batch) {
+  // WarmUp's session step, once the pool exists: the RoPE + cache write,
+  // the paged attention and its combine load.
+  absl::Status WarmUpSessions(const KvCacheShape& shape) {
     warming_up_ = true;
-    batch->Pack();
-    std::promise<absl::Status> done;
-    std::future<absl::Status> status = done.get_future();
-    Execute(std::move(batch), [&done](absl::Status s) { done.set_value(std::move(s)); });
-    absl::Status result = status.get();
+    const absl::Status status = WarmUpSessionStep(*this, config_.hidden_size, shape);
     warming_up_ = false;
-    if (!result.ok()) {
-      return absl::Status(result.code(),
-                          absl::StrCat("cuda backend: warm-up batch failed: ", result.message()));
-    }
-    return absl::OkStatus();
+    return status;
   }
 
   struct Job {
