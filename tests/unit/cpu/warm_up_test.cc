@@ -19,8 +19,8 @@ namespace layerserve {
 namespace {
 
 std::unique_ptr<Backend> MakeBackend(const LlamaConfig& config) {
-  auto backend =
-      MakeCpuBackend(test_support::RandomModel(config, 0, 2, DType::kF32, 41), CpuBackendOptions{2});
+  auto backend = MakeCpuBackend(test_support::RandomModel(config, 0, 2, DType::kF32, 41),
+                                CpuBackendOptions{2});
   EXPECT_TRUE(backend.ok()) << backend.status();
   return backend.ok() ? *std::move(backend) : nullptr;
 }
