@@ -13,6 +13,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/server_interceptor.h"
+#include "server/grpc/async_infer.h"
 #include "server/grpc/call_auth.h"
 #include "server/grpc/infer_handler.h"
 #include "server/grpc/inference_service.h"
@@ -195,6 +197,11 @@ void PortReservation::Release() {
   fds_.clear();
 }
 
+int DefaultInferThreads() {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(cores / 4, 2, 8);
+}
+
 int DefaultMaxMessageBytes(const ServedModel& model) {
   constexpr int64_t kHeadroomBytes = int64_t{1} << 20;
   int64_t bytes = 0;
@@ -215,7 +222,9 @@ struct GrpcFrontend::Impl {
         infer(this->model, batcher, observer, &state,
               static_cast<size_t>(options.max_send_message_bytes) - kStreamEnvelopeBytes),
         service(this->model, options.server_version, &state, &infer, stats, &auth),
-        health(&state, &auth) {}
+        health(&state, &auth),
+        async_infer(&service, &infer, &auth,
+                    options.infer_threads > 0 ? options.infer_threads : DefaultInferThreads()) {}
 
   const ServedModel model;
   ServingState state;
@@ -223,6 +232,9 @@ struct GrpcFrontend::Impl {
   InferHandler infer;
   InferenceService service;
   HealthService health;
+  // Declared after the server's services and before the server: it is shut
+  // down (explicitly, or here by its destructor) after the server is.
+  AsyncInfer async_infer;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
   bool shut_down = false;  // touched only by the owner's thread
@@ -293,12 +305,14 @@ absl::StatusOr<std::unique_ptr<GrpcFrontend>> GrpcFrontend::Start(
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> noters;
   noters.push_back(std::make_unique<CallArrivalNoter>(&impl->state));
   builder.experimental().SetInterceptorCreators(std::move(noters));
+  impl->async_infer.AddQueues(builder);
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || impl->port == 0) {
     return absl::UnavailableError(
         absl::StrCat("could not start the gRPC server on ", address,
                      " (is the port in use, or the host not a local address?)"));
   }
+  impl->async_infer.Start();
   return std::unique_ptr<GrpcFrontend>(new GrpcFrontend(std::move(impl)));
 }
 
@@ -325,6 +339,8 @@ void GrpcFrontend::Shutdown(absl::Time deadline) {
   impl_->state.AwaitQuiet(kQuietPeriod, std::min(deadline, absl::Now() + kMaxRefusalPeriod));
   impl_->server->Shutdown(absl::ToChronoTime(deadline));
   impl_->server->Wait();
+  // Only now, with no call open, may the completion queues close.
+  impl_->async_infer.Shutdown();
 }
 
 }  // namespace layerserve

@@ -29,7 +29,8 @@ InferHandler::InferHandler(const ServedModel& model, Batcher* batcher, ServerObs
       state_(state),
       max_reply_bytes_(max_reply_bytes) {}
 
-void InferHandler::Submit(grpc::CallbackServerContext* context,
+void InferHandler::Submit(const grpc::ServerContextBase& context,
+                          std::function<bool()> is_cancelled,
                           const inference::ModelInferRequest* request,
                           inference::ModelInferResponse* response, Reply reply) {
   const SteadyTime receipt = SteadyClock::Get()->Now();
@@ -50,7 +51,7 @@ void InferHandler::Submit(grpc::CallbackServerContext* context,
 
   // raw_deadline(), not deadline(): gRPC's conversion to system_clock
   // overflows for deadlines past 2262 (see SteadyDeadline).
-  const gpr_timespec raw_deadline = context->raw_deadline();
+  const gpr_timespec raw_deadline = context.raw_deadline();
   const std::optional<SteadyTime> transport_deadline =
       SteadyDeadline(raw_deadline, gpr_now(raw_deadline.clock_type), receipt);
   absl::StatusOr<std::unique_ptr<InferRequest>> made =
@@ -60,7 +61,7 @@ void InferHandler::Submit(grpc::CallbackServerContext* context,
   std::unique_ptr<InferRequest> infer = *std::move(made);
   InferRequest* const raw = infer.get();  // owned by the core until on_done returns
   const int64_t tokens = raw->tokens();
-  raw->is_cancelled = [context] { return context->IsCancelled(); };
+  raw->is_cancelled = std::move(is_cancelled);
   raw->on_done = [this, raw, response, reply, receipt, tokens](absl::Status done) {
     if (done.ok()) done = FillInferResponse(model_, *raw, response);
     if (done.ok() && response->ByteSizeLong() > max_reply_bytes_) {

@@ -3,7 +3,8 @@
 // enqueue on the Batcher, and when the core is done build the response, check
 // its size, report the outcome to the observer and reply.
 //
-// Threading: Submit() runs on a gRPC reaction and never blocks (the batcher's
+// Threading: Submit() runs on a gRPC thread (a stream's reaction, or the
+// completion-queue thread of a unary call) and never blocks (the batcher's
 // Enqueue only takes its queue lock). The reply runs on that same thread when
 // the request is rejected up front, otherwise on the batcher's or backend's
 // completion thread.
@@ -44,9 +45,13 @@ class InferHandler {
   InferHandler& operator=(const InferHandler&) = delete;
 
   // `context`, `request` and `response` must stay valid until `reply` runs;
-  // the core reads the tensor straight out of `request`.
-  void Submit(grpc::CallbackServerContext* context, const inference::ModelInferRequest* request,
-              inference::ModelInferResponse* response, Reply reply);
+  // the core reads the tensor straight out of `request`. `is_cancelled`
+  // (called while the request waits in the queue) tells whether the client
+  // has gone: the context's own answer on the callback API, a flag the done
+  // notification sets on the completion-queue API.
+  void Submit(const grpc::ServerContextBase& context, std::function<bool()> is_cancelled,
+              const inference::ModelInferRequest* request, inference::ModelInferResponse* response,
+              Reply reply);
 
  private:
   // Reports the finished request, then replies.

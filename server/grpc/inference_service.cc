@@ -74,8 +74,10 @@ class StreamInferReactor final
     // already in the batcher's queue (the ordering guarantee above). Submit
     // never blocks; the reactor cannot finish in between, since reads are
     // not done.
-    infer_->Submit(context_, call->request.get(), call->response.mutable_infer_response(),
-                   [this, call](const absl::Status& status) { Answer(call, status); });
+    infer_->Submit(
+        *context_, [context = context_] { return context->IsCancelled(); }, call->request.get(),
+        call->response.mutable_infer_response(),
+        [this, call](const absl::Status& status) { Answer(call, status); });
     reading_ = std::make_unique<ModelInferRequest>();
     StartRead(reading_.get());
   }
@@ -274,20 +276,6 @@ grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
   }
   FillModelStatistics(model_, stats_->Snapshot(), response->add_model_stats());
   return FinishNow(context, absl::OkStatus());
-}
-
-grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerContext* context,
-                                                       const inference::ModelInferRequest* request,
-                                                       inference::ModelInferResponse* response) {
-  if (absl::Status refused = auth_->Check(*context, AuthRpc::kInference); !refused.ok()) {
-    return FinishNow(context, refused);
-  }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  // gRPC keeps `request` alive until the reactor is finished, which is what
-  // lets the core read the tensor in place.
-  infer_->Submit(context, request, response,
-                 [reactor](const absl::Status& status) { reactor->Finish(ToGrpcStatus(status)); });
-  return reactor;
 }
 
 grpc::ServerBidiReactor<ModelInferRequest, ModelStreamInferResponse>*

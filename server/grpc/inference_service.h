@@ -1,6 +1,7 @@
-// inference.GRPCInferenceService on gRPC's callback API: the health and
-// metadata RPCs answer inline; ModelInfer and ModelStreamInfer hand each
-// request to the InferHandler and reply from its completion. Every RPC first
+// inference.GRPCInferenceService: the health and metadata RPCs answer inline
+// on gRPC's callback API; ModelStreamInfer (callback API too) and unary
+// ModelInfer (the completion-queue API, async_infer.h) hand each request to
+// the InferHandler and reply from its completion. Every RPC first
 // asks the CallAuthenticator (--auth-token-file), which refuses a call
 // without the token (UNAUTHENTICATED) unless --auth-open leaves it open.
 //
@@ -12,6 +13,7 @@
 
 #include "grpc_service.grpc.pb.h"
 #include "server/core/stats.h"
+#include "server/grpc/async_infer.h"
 #include "server/grpc/call_auth.h"
 #include "server/grpc/infer_handler.h"
 #include "server/grpc/served_model.h"
@@ -19,7 +21,7 @@
 
 namespace layerserve {
 
-class InferenceService final : public inference::GRPCInferenceService::CallbackService {
+class InferenceService final : public InferenceServiceBase {
  public:
   // All pointers must outlive the service (and the gRPC server it is
   // registered with).
@@ -47,9 +49,6 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext* context,
                                             const inference::ModelStatisticsRequest* request,
                                             inference::ModelStatisticsResponse* response) override;
-  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
-                                       const inference::ModelInferRequest* request,
-                                       inference::ModelInferResponse* response) override;
   grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
   ModelStreamInfer(grpc::CallbackServerContext* context) override;
 

@@ -1,16 +1,21 @@
 // Overload behaviour: with --max-queue-size 1 and a 1 s queue delay, a burst
 // of concurrent requests is partly refused with RESOURCE_EXHAUSTED; a request
 // whose client deadline passes while it waits in the queue fails with
-// DEADLINE_EXCEEDED and is dropped without being computed; a deadline
-// centuries away is no deadline at all; and the server keeps serving correct
-// answers afterwards.
+// DEADLINE_EXCEEDED and is dropped without being computed, as is one its
+// client cancels (CANCELLED); a deadline centuries away is no deadline at
+// all; and the server keeps serving correct answers afterwards.
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "client/client.h"
+#include "grpc_service.grpc.pb.h"
 #include "tests/integration/async_results.h"
 #include "tests/integration/raw_grpc.h"
 #include "tests/integration/reference_check.h"
@@ -170,6 +175,52 @@ TEST_F(OverloadTest, DeadlineExpiresWhileQueued) {
   ASSERT_TRUE(executed_after.ok()) << executed_after.status();
   EXPECT_EQ(*executed_after - *executed_before, 1)
       << "only the good request should have been computed; the expired one must be dropped";
+}
+
+// A call the client cancels while it waits in the queue is dropped there
+// (the server sees the cancellation before the batch forms) and counted as
+// CANCELLED, not computed.
+TEST_F(OverloadTest, CancelledWhileQueuedIsDropped) {
+  absl::StatusOr<double> executed_before = ExecutedRequests();
+  ASSERT_TRUE(executed_before.ok()) << executed_before.status();
+
+  auto stub = inference::GRPCInferenceService::NewStub(
+      grpc::CreateChannel(server_->grpc_target(), grpc::InsecureChannelCredentials()));
+  const std::vector<float> x = RandomBf16ExactValues(kHidden, 5);
+  absl::StatusOr<Tensor> input = client::FloatsToTensor(x, {1, 1, kHidden}, "FP32");
+  ASSERT_TRUE(input.ok());
+  const inference::ModelInferRequest request = Client::MakeInferRequest("demo", *input);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  inference::ModelInferResponse response;
+  grpc::Status status;
+  absl::Notification done;
+  stub->async()->ModelInfer(&context, &request, &response, [&](grpc::Status s) {
+    status = std::move(s);
+    done.Notify();
+  });
+  absl::SleepFor(absl::Milliseconds(100));  // well inside the 1 s queue delay
+  context.TryCancel();
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED) << status.error_message();
+
+  // As above: past the batching time the queue is free again, and only the
+  // good request has been computed.
+  absl::SleepFor(kQueueDelay + absl::Milliseconds(300));
+  ExpectGoodRequestServed();
+  absl::StatusOr<double> executed_after = ExecutedRequests();
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(2);
+       executed_after.ok() && *executed_after < *executed_before + 1 && absl::Now() < give_up;
+       executed_after = ExecutedRequests()) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(executed_after.ok()) << executed_after.status();
+  EXPECT_EQ(*executed_after - *executed_before, 1)
+      << "the cancelled request must be dropped from the queue, not computed";
+  absl::StatusOr<std::string> metrics = HttpGet(server_->metrics_port(), "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_NE(metrics->find("code=\"CANCELLED\""), std::string::npos)
+      << "the server should count the dropped call as CANCELLED";
 }
 
 // A legal grpc-timeout far in the future (grpc-java's largest, 2562047H,
