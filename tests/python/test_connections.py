@@ -145,9 +145,9 @@ def test_an_idle_connection_gets_a_goaway(start_server):
     assert 0x7 in types, f"no GOAWAY within 10 s; frame types seen: {types}"
 
 
-def reset_flood(port, streams):
+def reset_flood(port, streams, method="ModelInfer"):
     """The HTTP/2 rapid-reset pattern (CVE-2023-44487) on one connection:
-    HEADERS of a ModelInfer call, then RST_STREAM(CANCEL), on `streams` new
+    HEADERS of a `method` call, then RST_STREAM(CANCEL), on `streams` new
     streams, written as fast as the server reads them while another thread
     drains what it sends."""
     def frame(kind, flags, stream, payload):
@@ -159,7 +159,7 @@ def reset_flood(port, streams):
 
     block = b"".join(literal(n, v) for n, v in [
         (b":method", b"POST"), (b":scheme", b"http"),
-        (b":path", b"/inference.GRPCInferenceService/ModelInfer"),
+        (b":path", b"/inference.GRPCInferenceService/" + method.encode()),
         (b":authority", b"127.0.0.1"), (b"content-type", b"application/grpc"),
         (b"te", b"trailers")])
     flood = bytearray(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(0x4, 0, 0, b""))
@@ -194,15 +194,31 @@ def resident_mib(pid):
     raise AssertionError("no VmRSS")
 
 
-def test_the_memory_of_a_reset_stream_flood_is_given_back(start_server):
-    """gRPC 1.51 holds ~10 KB of call arena per reset stream until its executor
-    catches up (40 000 streams: 0.4 GB, heaptrack), then frees it, and glibc
-    kept it all resident (6 GB after 300 000 streams). The server stays live
-    through the flood, and its memory trimmer gives the heap back."""
+def test_a_reset_stream_flood_of_unary_calls_takes_no_memory(start_server):
+    """Unary ModelInfer runs on the completion-queue API (async_infer.h): a
+    stream reset before the server has matched it with a requested call is
+    dropped with it, so the flood never allocates what the callback API did
+    (below)."""
     server = start_server()
     assert live(server)
     before = resident_mib(server.proc.pid)
     reset_flood(server.grpc_port, 50_000)
+    peak = resident_mib(server.proc.pid)
+    assert live(server), "the server stopped answering after the flood"
+    print(f"RSS {before:.0f} MiB before a flood of 50 000 reset ModelInfer streams, {peak:.0f} after")
+    assert peak < before + 64, f"RSS {before:.0f} -> {peak:.0f} MiB after 50 000 reset ModelInfer streams"
+
+
+def test_the_memory_of_a_reset_stream_flood_is_given_back(start_server):
+    """ModelStreamInfer is on the callback API, where gRPC 1.51 holds ~10 KB of
+    call arena per reset stream until its executor catches up (40 000 streams:
+    0.4 GB, heaptrack), then frees it, and glibc kept it all resident (6 GB
+    after 300 000 streams). The server stays live through the flood, and its
+    memory trimmer gives the heap back."""
+    server = start_server()
+    assert live(server)
+    before = resident_mib(server.proc.pid)
+    reset_flood(server.grpc_port, 50_000, method="ModelStreamInfer")
     peak = resident_mib(server.proc.pid)
     assert live(server), "the server stopped answering after the flood"
     # The flood must have been felt for the rest to mean anything.
