@@ -120,6 +120,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackendFromFlags(const ServerFl
   options.num_streams = flags.streams;
   options.cuda_graph_max_tokens = flags.cuda_graph_max_tokens;
   options.warm_up = flags.cuda_warmup;
+  options.blocking_wait = flags.cuda_wait == "block";
   options.max_batch_tokens = flags.max_batch_tokens;
   options.timing_sink = kernel_times;
   absl::StatusOr<kernels::GemmMode> gemm_mode = kernels::ParseGemmMode(flags.gemm);

@@ -166,6 +166,11 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
                "before serving, run one batch of zeros per GEMM token-count bucket and one "
                "session step, so that no request waits for a kernel to load (default true)")
       ->group(cuda);
+  app.add_option(FlagNames("cuda-wait"), flags.cuda_wait,
+                 "how a stream's thread waits for its batch: spin (the quickest wake-up, a core "
+                 "busy meanwhile) or block (the driver wakes it; the core is free for gRPC)")
+      ->check(CLI::IsMember({"spin", "block"}))
+      ->group(cuda);
   app.add_option(FlagNames("gemm"), flags.gemm,
                  "GEMMs: auto (per shape, the project's kernels where measured faster), "
                  "cublaslt, or custom (the project's kernels wherever they apply)")

@@ -49,6 +49,7 @@ struct ServerFlags {
   int cuda_device = 0;
   int64_t cuda_graph_max_tokens = 256;
   bool cuda_warmup = true;
+  std::string cuda_wait = "spin";  // CudaBackendOptions::blocking_wait: spin or block
   std::string gemm = "auto";
   bool gemm_autotune = true;
   std::string gemm_tune_cache;

@@ -104,7 +104,8 @@ constexpr size_t kGraphsPerStream = 128;
 
 absl::StatusOr<std::unique_ptr<StreamSlot>> MakeSlot(int index, const cuda::LayerShape& shape,
                                                      int64_t max_tokens, int num_layers,
-                                                     size_t workspace_bytes, int copy_threads) {
+                                                     size_t workspace_bytes, int copy_threads,
+                                                     bool blocking_wait) {
   auto slot = std::make_unique<StreamSlot>();
   slot->index = index;
   slot->copy_pool = std::make_unique<ThreadPool>(std::max(1, copy_threads));
@@ -112,7 +113,8 @@ absl::StatusOr<std::unique_ptr<StreamSlot>> MakeSlot(int index, const cuda::Laye
   const size_t t = static_cast<size_t>(max_tokens);
   const size_t io_bytes = t * static_cast<size_t>(shape.hidden) * sizeof(float);
   LS_ASSIGN_OR_RETURN(slot->stream, cuda::CreateStream());
-  LS_ASSIGN_OR_RETURN(slot->done, cuda::CreateEvent(cudaEventDisableTiming));
+  LS_ASSIGN_OR_RETURN(slot->done, cuda::CreateEvent(cudaEventDisableTiming |
+                                                    (blocking_wait ? cudaEventBlockingSync : 0u)));
   LS_ASSIGN_OR_RETURN(slot->arena, ActivationArena::Create(shape, max_tokens, num_layers));
   if (shape.experts > 0) {
     LS_ASSIGN_OR_RETURN(
@@ -635,7 +637,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& mo
     LS_ASSIGN_OR_RETURN(
         std::unique_ptr<StreamSlot> slot,
         MakeSlot(i, shape, options.max_batch_tokens, static_cast<int>(model.layers.size()),
-                 gemm->workspace_bytes(), options.host_copy_threads));
+                 gemm->workspace_bytes(), options.host_copy_threads, options.blocking_wait));
     slots.push_back(std::move(slot));
   }
   // Each layer's sliding window, for flash and paged attention alike; windows

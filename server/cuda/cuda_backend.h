@@ -54,6 +54,11 @@ struct CudaBackendOptions {
   // cache exists, a session step), so that no request waits for a kernel
   // module to load or cuBLASLt to plan a shape.
   bool warm_up = true;
+  // How a stream's thread waits for its batch: false spins on the event
+  // (the CUDA default with a single context: the fastest wake-up, but a core
+  // busy for the whole batch); true blocks on it (cudaEventBlockingSync:
+  // the driver wakes the thread, which leaves the core to gRPC meanwhile).
+  bool blocking_wait = false;
   // Receives per-op device times of sampled batches; not owned, must outlive
   // the backend. Null: no timing.
   KernelTimingSink* timing_sink = nullptr;
