@@ -1,5 +1,6 @@
-// Load generator (see bench.h). Closed loop: one std::thread per concurrent
-// stream calling the blocking InferRaw with requests built once. Open loop: this thread sleeps
+// Load generator (see bench.h). Closed loop: a few threads, each polling its
+// own completion queue, keep `concurrency` calls in flight with requests built
+// once (RunClosedLoop). Open loop: this thread sleeps
 // until each arrival time and fires AsyncInfer; completions are recorded from gRPC's callback
 // threads, so everything they touch is shared-owned and locked.
 #include "client/bench.h"
@@ -19,7 +20,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "client/bench_common.h"
+#include "grpcpp/alarm.h"
+#include "grpcpp/completion_queue.h"
+#include "grpcpp/support/async_unary_call.h"
 
 namespace layerserve::client {
 namespace {
@@ -122,38 +127,92 @@ class ProgressLine {
   std::thread thread_;
 };
 
+// Threads of the closed loop; each polls its own completion queue and drives
+// its share of the concurrent slots. Like perf_analyzer's few worker threads
+// (and unlike a thread per slot blocked in its call), completions are taken
+// where they arrive, so the bench spends less CPU per request than the server
+// it measures on a shared machine (docs/perf.md, "The request path on the
+// completion-queue API").
+inline constexpr int kClosedLoopThreads = 4;
+
+// One concurrent stream of the closed loop: its call in flight, or its
+// backoff after a failure.
+struct Slot {
+  Client* client = nullptr;
+  size_t next = 0;  // index of its next request (slot w starts at w, then rotates)
+  absl::Time issued;
+  std::unique_ptr<grpc::ClientContext> context;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<inference::ModelInferResponse>> reader;
+  inference::ModelInferResponse response;
+  grpc::Status status;
+  std::unique_ptr<grpc::Alarm> backoff;  // set while waiting to retry
+  int consecutive_failures = 0;
+};
+
 // `requests`: built once, before the clock starts (see RunBench). With
-// options.requests, the workers stop after issuing that many in all.
+// options.requests, the slots stop after issuing that many in all.
 void RunClosedLoop(const std::vector<Client*>& clients, const BenchOptions& options,
                    const std::vector<inference::ModelInferRequest>& requests,
                    absl::Time measure_end, Recorder& recorder, FatalStop& fatal) {
   std::atomic<int64_t> issued_count{0};
+  // Starts the slot's next call on `cq`; false when the run is over for it.
+  const auto issue = [&](Slot& slot, grpc::CompletionQueue* cq) {
+    slot.issued = absl::Now();
+    if (slot.issued >= measure_end || fatal.stopped()) return false;
+    if (options.requests > 0 && issued_count.fetch_add(1) >= options.requests) return false;
+    slot.context = std::make_unique<grpc::ClientContext>();
+    slot.reader = slot.client->StartInfer(*slot.context, requests[slot.next % requests.size()],
+                                          slot.issued + absl::Seconds(options.timeout_seconds), cq);
+    ++slot.next;
+    slot.reader->Finish(&slot.response, &slot.status, &slot);
+    return true;
+  };
+  const int threads = std::min(options.concurrency, kClosedLoopThreads);
   std::vector<std::thread> workers;
-  for (int w = 0; w < options.concurrency; ++w) {
-    workers.emplace_back([&, w] {
-      Client& client = *clients[static_cast<size_t>(w) % clients.size()];
-      int consecutive_failures = 0;
-      for (size_t i = static_cast<size_t>(w);; ++i) {
-        const absl::Time issued = absl::Now();
-        if (issued >= measure_end || fatal.stopped()) break;
-        if (options.requests > 0 && issued_count.fetch_add(1) >= options.requests) break;
-        absl::StatusOr<inference::ModelInferResponse> response = client.InferRaw(
-            requests[i % requests.size()], issued + absl::Seconds(options.timeout_seconds));
-        // The reply counts only if it holds a well-formed output, as Infer checks.
-        const absl::Status status = response.ok()
-                                        ? Client::OutputFromResponse(*std::move(response)).status()
-                                        : response.status();
-        recorder.Record(issued, absl::Now(), status);
-        if (status.ok()) {
-          consecutive_failures = 0;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      grpc::CompletionQueue cq;
+      std::vector<std::unique_ptr<Slot>> slots;
+      int active = 0;  // slots with a call or a backoff outstanding on `cq`
+      for (int w = t; w < options.concurrency; w += threads) {
+        auto slot = std::make_unique<Slot>();
+        slot->client = clients[static_cast<size_t>(w) % clients.size()];
+        slot->next = static_cast<size_t>(w);
+        if (issue(*slot, &cq)) ++active;
+        slots.push_back(std::move(slot));
+      }
+      void* tag = nullptr;
+      bool ok = false;
+      while (active > 0 && cq.Next(&tag, &ok)) {
+        Slot& slot = *static_cast<Slot*>(tag);
+        if (slot.backoff != nullptr) {  // the retry is due
+          slot.backoff.reset();
+          if (!issue(slot, &cq)) --active;
           continue;
         }
+        // The reply counts only if it holds a well-formed output, as Infer checks.
+        absl::Status status = FromGrpcStatus(slot.status);
+        if (status.ok()) status = Client::OutputFromResponse(std::move(slot.response)).status();
+        slot.response.Clear();
+        recorder.Record(slot.issued, absl::Now(), status);
         if (IsFatalBenchStatus(status.code())) {
           fatal.Set(status);
-          break;
+          --active;
+          continue;
         }
-        ++consecutive_failures;
-        fatal.WaitUntil(std::min(absl::Now() + BenchBackoff(consecutive_failures), measure_end));
+        if (!status.ok()) {
+          ++slot.consecutive_failures;
+          const absl::Time retry =
+              std::min(absl::Now() + BenchBackoff(slot.consecutive_failures), measure_end);
+          slot.backoff = std::make_unique<grpc::Alarm>();
+          slot.backoff->Set(&cq, absl::ToChronoTime(retry), &slot);
+          continue;
+        }
+        slot.consecutive_failures = 0;
+        if (!issue(slot, &cq)) --active;
+      }
+      cq.Shutdown();
+      while (cq.Next(&tag, &ok)) {
       }
     });
   }

@@ -288,6 +288,13 @@ absl::StatusOr<inference::ModelInferResponse> Client::InferRaw(
   return response;
 }
 
+std::unique_ptr<grpc::ClientAsyncResponseReader<inference::ModelInferResponse>> Client::StartInfer(
+    grpc::ClientContext& context, const inference::ModelInferRequest& request, absl::Time deadline,
+    grpc::CompletionQueue* cq) {
+  PrepareContext(context, deadline);
+  return inference_->AsyncModelInfer(&context, request, cq);
+}
+
 absl::StatusOr<Tensor> Client::Infer(std::string_view model, const Tensor& input,
                                      absl::Time deadline, const InferOptions& options) {
   absl::StatusOr<inference::ModelInferResponse> response =

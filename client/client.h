@@ -180,6 +180,15 @@ class Client {
   absl::StatusOr<inference::ModelInferResponse> InferRaw(
       const inference::ModelInferRequest& request, absl::Time deadline);
 
+  // Starts a hand-built request on gRPC's completion-queue API, for load
+  // generators that poll their own queues (layerctl bench's closed loop):
+  // the caller calls Finish on the returned reader with its own tag, and
+  // keeps `context` (fresh for each call), `request` and the reader alive
+  // until that tag comes back on `cq`.
+  std::unique_ptr<grpc::ClientAsyncResponseReader<inference::ModelInferResponse>> StartInfer(
+      grpc::ClientContext& context, const inference::ModelInferRequest& request,
+      absl::Time deadline, grpc::CompletionQueue* cq);
+
   // The request Infer sends.
   static inference::ModelInferRequest MakeInferRequest(std::string_view model, const Tensor& input,
                                                        const InferOptions& options = {});
