@@ -5,7 +5,8 @@ and 128-token figures within 10%"). On one layerserve, for each request size
 T in --tokens: `layerctl bench` over each of --layerctl-connections and
 `perf_analyzer -i grpc` (its own threads and channels) at the same
 concurrency, interleaved, twice, FP32 [1, T, hidden] requests. One line per
-run with tokens/s and latency (also OUT_DIR/perf_analyzer_check.txt), then
+run with tokens/s, latency and the client's CPU time per request answered
+(also OUT_DIR/perf_analyzer_check.txt), then
 the ratio of perf_analyzer's median to each layerctl setting's.
 
 First, the span's device-bound rate from the same server: one request of
@@ -29,6 +30,7 @@ announces sequence_batching and perf_analyzer would run in sequence mode.
 import argparse
 import csv
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -38,12 +40,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"
 from layerserve_process import LayerserveProcess, total  # noqa: E402
 
 
+def children_cpu_s():
+    """CPU seconds (user + system) of the waited-for children so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def layerctl_run(bin_dir, server, out, tokens, concurrency, duration_s, connections, name):
     report = out / f"{name}.json"
+    # One second of warm-up, as perf_analyzer measures only once its windows
+    # are stable: neither counts the connections being set up.
     subprocess.run([bin_dir / "layerctl", "bench", f"--url={server.grpc_url}",
                     f"--model={server.model}", f"--tokens={tokens}",
                     f"--concurrency={concurrency}", f"--duration-s={duration_s}",
-                    f"--connections={connections}",
+                    f"--connections={connections}", "--warmup-s=1",
                     f"--json={report}"], stdout=open(out / f"{name}.txt", "w"),
                    stderr=subprocess.STDOUT, check=True)
     r = json.loads(report.read_text())
@@ -138,17 +148,26 @@ def main():
                 for client in results:
                     name = f"{client}-t{tokens}-{i}"
                     before = server.samples()
+                    cpu_before = children_cpu_s()
                     if client == "perf_analyzer":
                         r = perf_analyzer_run(args.perf_analyzer, server, out, hidden, tokens,
                                               args.concurrency, args.duration_s, name)
                     else:
                         r = layerctl_run(bin_dir, server, out, tokens, args.concurrency,
                                          args.duration_s, int(client.split("-x")[1]), name)
-                    server_view = server_view_of(before, server.samples())
+                    after = server.samples()
+                    server_view = server_view_of(before, after)
+                    # Client CPU per request the server answered during the
+                    # client's whole run (its warm-up and windows included).
+                    answered = (total(after, "layerserve_requests_total")
+                                - total(before, "layerserve_requests_total"))
+                    client_us = (1e6 * (children_cpu_s() - cpu_before) / answered
+                                 if answered else 0.0)
                     results[client].append(r[0])
                     share = f" ({r[0] / bound:5.1%} of bound)" if bound else ""
                     emit(f"{name:26s} {r[0]:10.0f} tok/s{share}  "
-                         f"p50 {r[1]:7.2f} ms  p99 {r[2]:7.2f} ms | {server_view}")
+                         f"p50 {r[1]:7.2f} ms  p99 {r[2]:7.2f} ms | client CPU "
+                         f"{client_us:5.0f} us/req | {server_view}")
             pa = statistics.median(results["perf_analyzer"])
             for client, rates in results.items():
                 if client != "perf_analyzer":
