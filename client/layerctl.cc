@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/bench.h"
 #include "client/client.h"
@@ -197,4 +198,13 @@ int Main(int argc, char** argv) {
 
 }  // namespace layerserve::client
 
-int main(int argc, char** argv) { return layerserve::client::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // Debian's Abseil is built without NDEBUG, so by default every absl::Mutex
+  // lock (gRPC's own included, several per call) also updates a global
+  // lock-order graph to detect deadlocks. The server turns it off for the
+  // same reason (server/main.cc); in `layerctl bench` it had doubled the
+  // client's CPU per request, which shares the machine with the server it
+  // measures (docs/perf.md).
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  return layerserve::client::Main(argc, argv);
+}
