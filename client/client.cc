@@ -253,7 +253,7 @@ inference::ModelInferRequest Client::MakeInferRequest(std::string_view model, co
   return request;
 }
 
-absl::StatusOr<Tensor> Client::OutputFromResponse(inference::ModelInferResponse&& response) {
+absl::StatusOr<int> Client::CheckOutput(const inference::ModelInferResponse& response) {
   for (int i = 0; i < response.outputs_size(); ++i) {
     const inference::ModelInferResponse::InferOutputTensor& output = response.outputs(i);
     if (output.name() != kHiddenStates) continue;
@@ -262,20 +262,27 @@ absl::StatusOr<Tensor> Client::OutputFromResponse(inference::ModelInferResponse&
                                               " but only ", response.raw_output_contents_size(),
                                               " raw_output_contents entries"));
     }
-    Tensor tensor{output.datatype(),
-                  {output.shape().begin(), output.shape().end()},
-                  std::move(*response.mutable_raw_output_contents(i))};
-    const std::optional<int64_t> count = tensor.NumElements();
-    const std::optional<size_t> element_size = DatatypeByteSize(tensor.datatype);
-    if (!count || !element_size ||
-        tensor.data.size() != static_cast<size_t>(*count) * *element_size) {
-      return absl::InternalError(absl::StrCat(
-          "reply output '", output.name(), "' has ", tensor.data.size(), " raw bytes for shape [",
-          absl::StrJoin(tensor.shape, ","), "] of datatype ", tensor.datatype));
+    const std::vector<int64_t> shape(output.shape().begin(), output.shape().end());
+    const std::optional<int64_t> count = Tensor{output.datatype(), shape, {}}.NumElements();
+    const std::optional<size_t> element_size = DatatypeByteSize(output.datatype());
+    const size_t bytes = response.raw_output_contents(i).size();
+    if (!count || !element_size || bytes != static_cast<size_t>(*count) * *element_size) {
+      return absl::InternalError(absl::StrCat("reply output '", output.name(), "' has ", bytes,
+                                              " raw bytes for shape [", absl::StrJoin(shape, ","),
+                                              "] of datatype ", output.datatype()));
     }
-    return tensor;
+    return i;
   }
   return absl::InternalError(absl::StrCat("reply has no output named '", kHiddenStates, "'"));
+}
+
+absl::StatusOr<Tensor> Client::OutputFromResponse(inference::ModelInferResponse&& response) {
+  absl::StatusOr<int> index = CheckOutput(response);
+  if (!index.ok()) return index.status();
+  const inference::ModelInferResponse::InferOutputTensor& output = response.outputs(*index);
+  return Tensor{output.datatype(),
+                {output.shape().begin(), output.shape().end()},
+                std::move(*response.mutable_raw_output_contents(*index))};
 }
 
 absl::StatusOr<inference::ModelInferResponse> Client::InferRaw(

@@ -195,6 +195,11 @@ class Client {
   // The output tensor Infer returns from a reply, whose bytes it takes
   // (moved, not copied: a 128-token FP32 reply of Llama-3-8B is 2 MiB).
   static absl::StatusOr<Tensor> OutputFromResponse(inference::ModelInferResponse&& response);
+  // The index of the reply's "hidden_states" output once checked as
+  // OutputFromResponse checks it (present, with the bytes its shape and
+  // datatype need), leaving the reply as it is: a caller that parses the
+  // next reply into the same message keeps its buffers.
+  static absl::StatusOr<int> CheckOutput(const inference::ModelInferResponse& response);
 
   ~Client();
 
