@@ -87,6 +87,23 @@ class OverloadTest : public ::testing::Test {
     return sum;
   }
 
+  // After a request was dropped from the queue unrun (its batching time
+  // passed): a good request is served, and exactly one request, that one,
+  // has been computed since `executed_before` (ExecutedRequests()).
+  static void ExpectOnlyAGoodRequestComputedSince(double executed_before, const char* why) {
+    absl::SleepFor(kQueueDelay + absl::Milliseconds(300));
+    ExpectGoodRequestServed();
+    // Metrics may be recorded just after the reply is sent: allow a moment.
+    absl::StatusOr<double> executed_after = ExecutedRequests();
+    for (const absl::Time give_up = absl::Now() + absl::Seconds(2);
+         executed_after.ok() && *executed_after < executed_before + 1 && absl::Now() < give_up;
+         executed_after = ExecutedRequests()) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    ASSERT_TRUE(executed_after.ok()) << executed_after.status();
+    EXPECT_EQ(*executed_after - executed_before, 1) << why;
+  }
+
   static ServerProcess* server_;
   static Client* client_;
 };
@@ -163,18 +180,9 @@ TEST_F(OverloadTest, DeadlineExpiresWhileQueued) {
 
   // Let the server reach the doomed request's batching time, when it must
   // drop it instead of computing it; the queue (size 1) is free afterwards.
-  absl::SleepFor(kQueueDelay + absl::Milliseconds(300));
-  ExpectGoodRequestServed();
-  // Metrics may be recorded just after the reply is sent: allow a moment.
-  absl::StatusOr<double> executed_after = ExecutedRequests();
-  for (const absl::Time give_up = absl::Now() + absl::Seconds(2);
-       executed_after.ok() && *executed_after < *executed_before + 1 && absl::Now() < give_up;
-       executed_after = ExecutedRequests()) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  ASSERT_TRUE(executed_after.ok()) << executed_after.status();
-  EXPECT_EQ(*executed_after - *executed_before, 1)
-      << "only the good request should have been computed; the expired one must be dropped";
+  ExpectOnlyAGoodRequestComputedSince(
+      *executed_before,
+      "only the good request should have been computed; the expired one must be dropped");
 }
 
 // A call the client cancels while it waits in the queue is dropped there
@@ -204,19 +212,8 @@ TEST_F(OverloadTest, CancelledWhileQueuedIsDropped) {
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20)));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED) << status.error_message();
 
-  // As above: past the batching time the queue is free again, and only the
-  // good request has been computed.
-  absl::SleepFor(kQueueDelay + absl::Milliseconds(300));
-  ExpectGoodRequestServed();
-  absl::StatusOr<double> executed_after = ExecutedRequests();
-  for (const absl::Time give_up = absl::Now() + absl::Seconds(2);
-       executed_after.ok() && *executed_after < *executed_before + 1 && absl::Now() < give_up;
-       executed_after = ExecutedRequests()) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  ASSERT_TRUE(executed_after.ok()) << executed_after.status();
-  EXPECT_EQ(*executed_after - *executed_before, 1)
-      << "the cancelled request must be dropped from the queue, not computed";
+  ExpectOnlyAGoodRequestComputedSince(
+      *executed_before, "the cancelled request must be dropped from the queue, not computed");
   absl::StatusOr<std::string> metrics = HttpGet(server_->metrics_port(), "/metrics");
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   EXPECT_NE(metrics->find("code=\"CANCELLED\""), std::string::npos)
