@@ -130,9 +130,9 @@ class ProgressLine {
 // Threads of the closed loop; each polls its own completion queue and drives
 // its share of the concurrent slots. Like perf_analyzer's few worker threads
 // (and unlike a thread per slot blocked in its call), completions are taken
-// where they arrive, so the bench spends less CPU per request than the server
-// it measures on a shared machine (docs/perf.md, "The request path on the
-// completion-queue API").
+// where they arrive, and a concurrency of hundreds needs no more threads.
+// The bench's CPU matters: it shares the machine with the server it measures
+// (docs/perf.md, "The request path on the completion-queue API").
 inline constexpr int kClosedLoopThreads = 4;
 
 // One concurrent stream of the closed loop: its call in flight, or its
@@ -191,9 +191,9 @@ void RunClosedLoop(const std::vector<Client*>& clients, const BenchOptions& opti
           continue;
         }
         // The reply counts only if it holds a well-formed output, as Infer
-        // checks. The slot's response keeps its buffers for the next reply:
-        // a fresh 2 MiB string per 128-token FP32 reply cost the bench a
-        // page fault per 4 KiB.
+        // checks. Checked in place, the slot's response keeps its buffers for
+        // the next reply, rather than a fresh 2 MiB string (to be faulted in
+        // page by page) for every 128-token FP32 reply.
         absl::Status status = FromGrpcStatus(slot.status);
         if (status.ok()) status = Client::CheckOutput(slot.response).status();
         recorder.Record(slot.issued, absl::Now(), status);
