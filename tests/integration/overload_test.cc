@@ -7,16 +7,15 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <memory>
-#include <utility>
+#include <optional>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "client/client.h"
 #include "grpc_service.grpc.pb.h"
 #include "tests/integration/async_results.h"
+#include "tests/integration/cancelled_call.h"
 #include "tests/integration/raw_grpc.h"
 #include "tests/integration/reference_check.h"
 #include "tests/integration/server_process.h"
@@ -198,19 +197,11 @@ TEST_F(OverloadTest, CancelledWhileQueuedIsDropped) {
   absl::StatusOr<Tensor> input = client::FloatsToTensor(x, {1, 1, kHidden}, "FP32");
   ASSERT_TRUE(input.ok());
   const inference::ModelInferRequest request = Client::MakeInferRequest("demo", *input);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-  inference::ModelInferResponse response;
-  grpc::Status status;
-  absl::Notification done;
-  stub->async()->ModelInfer(&context, &request, &response, [&](grpc::Status s) {
-    status = std::move(s);
-    done.Notify();
-  });
-  absl::SleepFor(absl::Milliseconds(100));  // well inside the 1 s queue delay
-  context.TryCancel();
-  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20)));
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED) << status.error_message();
+  // Cancelled well inside the 1 s queue delay.
+  const std::optional<grpc::Status> status =
+      InferCancelledAfter(*stub, request, absl::Milliseconds(100), absl::Seconds(20));
+  ASSERT_TRUE(status.has_value()) << "the cancelled call never completed";
+  EXPECT_EQ(status->error_code(), grpc::StatusCode::CANCELLED) << status->error_message();
 
   ExpectOnlyAGoodRequestComputedSince(
       *executed_before, "the cancelled request must be dropped from the queue, not computed");

@@ -19,13 +19,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -37,12 +37,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "grpc_service.grpc.pb.h"
 #include "tests/integration/async_results.h"
+#include "tests/integration/cancelled_call.h"
 #include "tests/integration/reference_check.h"
 #include "tests/integration/server_process.h"
 
@@ -323,22 +323,13 @@ class Soak {
         grpc::CreateChannel(server_.grpc_target(), grpc::InsecureChannelCredentials()));
     const ModelInferRequest request = Client::MakeInferRequest(kModel, MakeInput(1, 16, "BF16", 4));
     while (absl::Now() < stop_) {
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-      inference::ModelInferResponse response;
-      grpc::Status status;
-      absl::Notification done;
-      stub->async()->ModelInfer(&context, &request, &response, [&](grpc::Status s) {
-        status = std::move(s);
-        done.Notify();
-      });
-      absl::SleepFor(absl::Milliseconds(rng() % 16));
-      context.TryCancel();
-      if (!done.WaitForNotificationWithTimeout(absl::Seconds(60))) {
+      const std::optional<grpc::Status> status =
+          InferCancelledAfter(*stub, request, absl::Milliseconds(rng() % 16), absl::Seconds(60));
+      if (!status) {
         tally_.Unexpected("a cancelled call never completed");
-        done.WaitForNotification();  // `context` must outlive the call
+        continue;
       }
-      tally_.Count("cancel", client::FromGrpcStatus(status),
+      tally_.Count("cancel", client::FromGrpcStatus(*status),
                    {absl::StatusCode::kOk, absl::StatusCode::kCancelled});
     }
   }
