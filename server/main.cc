@@ -42,6 +42,7 @@
 #include "server/core/sessions.h"
 #include "server/core/stats.h"
 #include "server/cpu/cpu_backend.h"
+#include "server/grpc/completion_queues.h"
 #include "server/grpc/grpc_frontend.h"
 #include "server/grpc/served_model.h"
 #include "server/metrics/metrics_http.h"
@@ -476,7 +477,7 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   grpc_options.server_version = kVersion;
   grpc_options.max_connection_age_s = flags.grpc_max_connection_age_s;
   grpc_options.max_connection_idle_s = flags.grpc_max_connection_idle_s;
-  grpc_options.infer_threads = flags.grpc_infer_threads;
+  grpc_options.queue_threads = flags.grpc_threads;
   grpc_options.max_connection_age_grace_s = flags.drain_timeout_s;
   grpc_options.tls = security->grpc_tls;
   grpc_options.auth_token = security->auth_token;
@@ -486,16 +487,16 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
       GrpcFrontend::Start(grpc_options, served, &batcher, backend->get(), &observers, &stats);
   if (!frontend.ok()) return Fail(frontend.status());
 
-  Log(absl::StrCat("max_batch_tokens=", served.max_batch_tokens,
-                   " max_queue_delay_us=", served.max_queue_delay_us,
-                   batcher_options.policy.delay_when_idle ? " (also when idle)" : " (while busy)",
-                   " max_device_wait_us=", flags.max_device_wait_us, " device_lead_us=",
-                   flags.device_lead_us, " max_queue_size=", served.max_queue_size,
-                   " max_queue_bytes=", batcher_options.max_queue_bytes,
-                   " cpu_threads=", flags.cpu_threads, " streams=", flags.streams,
-                   " max_message_bytes=", DefaultMaxMessageBytes(served), " grpc_infer_threads=",
-                   flags.grpc_infer_threads > 0 ? flags.grpc_infer_threads : DefaultInferThreads(),
-                   " drain_timeout_s=", flags.drain_timeout_s));
+  Log(absl::StrCat(
+      "max_batch_tokens=", served.max_batch_tokens,
+      " max_queue_delay_us=", served.max_queue_delay_us,
+      batcher_options.policy.delay_when_idle ? " (also when idle)" : " (while busy)",
+      " max_device_wait_us=", flags.max_device_wait_us, " device_lead_us=", flags.device_lead_us,
+      " max_queue_size=", served.max_queue_size,
+      " max_queue_bytes=", batcher_options.max_queue_bytes, " cpu_threads=", flags.cpu_threads,
+      " streams=", flags.streams, " max_message_bytes=", DefaultMaxMessageBytes(served),
+      " grpc_threads=", flags.grpc_threads > 0 ? flags.grpc_threads : DefaultQueueThreads(),
+      " drain_timeout_s=", flags.drain_timeout_s));
   std::cout << "layerserve ready: model=" << served.name << " layers=" << first_layer << ":"
             << end_layer << " backend=" << served.backend << " grpc_port=" << (*frontend)->port()
             << " metrics_port=" << (*metrics_server)->port() << std::endl;

@@ -116,9 +116,9 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
   integer(app.add_option(FlagNames("grpc-max-connection-idle-s"), flags.grpc_max_connection_idle_s,
                          "close a gRPC connection that has had no call for this many seconds "
                          "(clients reconnect at their next call); 0: never"));
-  integer(app.add_option(FlagNames("grpc-infer-threads"), flags.grpc_infer_threads,
-                         "threads receiving unary ModelInfer calls, each polling its own gRPC "
-                         "completion queue; 0: a quarter of the cores, 2 to 8"));
+  integer(app.add_option(FlagNames("grpc-threads"), flags.grpc_threads,
+                         "threads receiving gRPC calls and running their handlers, each polling "
+                         "its own completion queue; 0: a quarter of the cores, 2 to 8"));
   integer(app.add_option(FlagNames("drain-timeout-s"), flags.drain_timeout_s,
                          "on SIGTERM/SIGINT, how long queued and open calls may take to finish"));
   app.add_option(FlagNames("log-format"), flags.log_format,
@@ -301,8 +301,8 @@ absl::Status CheckFlags(const ServerFlags& flags) {
   if (flags.grpc_max_connection_age_s < 0 || flags.grpc_max_connection_age_s > INT32_MAX / 1000) {
     return absl::InvalidArgumentError("--grpc-max-connection-age-s must be in [0, 2147483]");
   }
-  if (flags.grpc_infer_threads < 0 || flags.grpc_infer_threads > 64) {
-    return absl::InvalidArgumentError("--grpc-infer-threads must be in [0, 64]");
+  if (flags.grpc_threads < 0 || flags.grpc_threads > 64) {
+    return absl::InvalidArgumentError("--grpc-threads must be in [0, 64]");
   }
   if (flags.grpc_max_connection_idle_s < 0 || flags.grpc_max_connection_idle_s > INT32_MAX / 1000) {
     return absl::InvalidArgumentError("--grpc-max-connection-idle-s must be in [0, 2147483]");

@@ -8,7 +8,7 @@
 // also work on a plaintext port behind a TLS-terminating proxy or mesh; its
 // server interceptors cannot fail a call. A handler also knows exactly which
 // RPC it serves, so --auth-open needs no parsing of the :path. The price: the
-// callback API calls a unary handler only once the request message is in, so
+// completion-queue API hands over a unary call only once its request is in, so
 // an unauthenticated ModelInfer is refused after gRPC has received and parsed
 // its message (at most the receive limit); a ModelStreamInfer is refused
 // before its first message is read. README.md's Security section says so.

@@ -21,13 +21,13 @@
 #include "absl/strings/str_cat.h"
 #include "base/echo.h"
 #include "grpc/grpc.h"
-#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/server_interceptor.h"
-#include "server/grpc/async_infer.h"
 #include "server/grpc/call_auth.h"
+#include "server/grpc/completion_queues.h"
+#include "server/grpc/health_service.h"
 #include "server/grpc/infer_handler.h"
 #include "server/grpc/inference_service.h"
 #include "server/grpc/protobuf_log.h"
@@ -37,47 +37,9 @@
 namespace layerserve {
 namespace {
 
-using grpc::health::v1::HealthCheckRequest;
-using grpc::health::v1::HealthCheckResponse;
-
 // A ModelStreamInferResponse wraps the ModelInferResponse in a few bytes of
 // framing (tag and length); the reply-size check leaves room for it.
 constexpr size_t kStreamEnvelopeBytes = 16;
-
-// grpc.health.v1.Health, answered from the live serving state rather than
-// gRPC's default service (whose status would have to be pushed on every
-// change of backend health). "" is the whole server; the inference service's
-// full name is accepted too. Watch is not implemented (UNIMPLEMENTED, which
-// the protocol tells clients to treat as "not supported").
-class HealthService final : public grpc::health::v1::Health::CallbackService {
- public:
-  HealthService(const ServingState* state, const CallAuthenticator* auth)
-      : state_(state), auth_(auth) {}
-
-  grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* context,
-                                  const HealthCheckRequest* request,
-                                  HealthCheckResponse* response) override {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    if (absl::Status refused = auth_->Check(*context, AuthRpc::kHealth); !refused.ok()) {
-      reactor->Finish(ToGrpcStatus(refused));
-      return reactor;
-    }
-    if (!request->service().empty() &&
-        request->service() != inference::GRPCInferenceService::service_full_name()) {
-      reactor->Finish(ToGrpcStatus(absl::NotFoundError(
-          absl::StrCat("unknown service '", EchoForMessage(request->service()), "'"))));
-      return reactor;
-    }
-    response->set_status(state_->Readiness().ok() ? HealthCheckResponse::SERVING
-                                                  : HealthCheckResponse::NOT_SERVING);
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-
- private:
-  const ServingState* const state_;
-  const CallAuthenticator* const auth_;
-};
 
 // Notes the arrival of every call, of every method, in the serving state,
 // for the drain's quiet period (see serving_state.h). It adds no interceptor
@@ -197,11 +159,6 @@ void PortReservation::Release() {
   fds_.clear();
 }
 
-int DefaultInferThreads() {
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  return std::clamp(cores / 4, 2, 8);
-}
-
 int DefaultMaxMessageBytes(const ServedModel& model) {
   constexpr int64_t kHeadroomBytes = int64_t{1} << 20;
   int64_t bytes = 0;
@@ -221,20 +178,20 @@ struct GrpcFrontend::Impl {
         auth(options.auth_token, options.auth_open, observer),
         infer(this->model, batcher, observer, &state,
               static_cast<size_t>(options.max_send_message_bytes) - kStreamEnvelopeBytes),
-        service(this->model, options.server_version, &state, &infer, stats, &auth),
-        health(&state, &auth),
-        async_infer(&service, &infer, &auth,
-                    options.infer_threads > 0 ? options.infer_threads : DefaultInferThreads()) {}
+        queues(options.queue_threads > 0 ? options.queue_threads : DefaultQueueThreads()),
+        service(this->model, options.server_version, &state, &infer, stats, &auth, &queues),
+        health(&state, &auth, &queues) {}
 
   const ServedModel model;
   ServingState state;
   const CallAuthenticator auth;
   InferHandler infer;
+  // Declared before the services that request calls on them and before the
+  // server: shut down (explicitly, or here by the destructor) after the
+  // server is, and destroyed after it.
+  CompletionQueues queues;
   InferenceService service;
   HealthService health;
-  // Declared after the server's services and before the server: it is shut
-  // down (explicitly, or here by its destructor) after the server is.
-  AsyncInfer async_infer;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
   bool shut_down = false;  // touched only by the owner's thread
@@ -300,19 +257,22 @@ absl::StatusOr<std::unique_ptr<GrpcFrontend>> GrpcFrontend::Start(
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms(kKeepaliveTimeout));
   builder.SetMaxReceiveMessageSize(resolved.max_receive_message_bytes);
   builder.SetMaxSendMessageSize(resolved.max_send_message_bytes);
-  builder.RegisterService(&impl->service);
-  builder.RegisterService(&impl->health);
+  builder.RegisterService(impl->service.service());
+  builder.RegisterService(impl->health.service());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> noters;
   noters.push_back(std::make_unique<CallArrivalNoter>(&impl->state));
   builder.experimental().SetInterceptorCreators(std::move(noters));
-  impl->async_infer.AddQueues(builder);
+  impl->queues.AddTo(builder);
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || impl->port == 0) {
     return absl::UnavailableError(
         absl::StrCat("could not start the gRPC server on ", address,
                      " (is the port in use, or the host not a local address?)"));
   }
-  impl->async_infer.Start();
+  impl->queues.Start([&impl](int q) {
+    impl->service.RequestCalls(q);
+    impl->health.RequestCalls(q);
+  });
   return std::unique_ptr<GrpcFrontend>(new GrpcFrontend(std::move(impl)));
 }
 
@@ -340,7 +300,7 @@ void GrpcFrontend::Shutdown(absl::Time deadline) {
   impl_->server->Shutdown(absl::ToChronoTime(deadline));
   impl_->server->Wait();
   // Only now, with no call open, may the completion queues close.
-  impl_->async_infer.Shutdown();
+  impl_->queues.Shutdown();
 }
 
 }  // namespace layerserve

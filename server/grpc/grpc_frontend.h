@@ -1,7 +1,6 @@
 // The gRPC edge of layerserve: one grpc::Server serving
 // inference.GRPCInferenceService and grpc.health.v1.Health for the one
-// served model, on gRPC's callback API except for unary ModelInfer, which
-// has threads and completion queues of its own (async_infer.h).
+// served model, on gRPC's completion-queue API (completion_queues.h).
 //
 // Life cycle (driven by main): Start() binds and serves; BeginDrain() turns
 // readiness and health to NOT_SERVING and makes new inferences UNAVAILABLE
@@ -61,14 +60,10 @@ struct GrpcFrontendOptions {
   // and reach `observer` as calls of no model.
   std::string auth_token;
   OpenWithoutToken auth_open;
-  // Threads that receive unary ModelInfer calls and run their handlers, each
-  // polling its own completion queue (async_infer.h); 0: DefaultInferThreads().
-  int infer_threads = 0;
+  // Threads that receive calls and run their handlers, each polling its own
+  // completion queue (completion_queues.h); 0: DefaultQueueThreads().
+  int queue_threads = 0;
 };
-
-// A quarter of the machine's cores, at least 2 and at most 8: the threads
-// only parse, validate and enqueue (compute and replies run elsewhere).
-int DefaultInferThreads();
 
 // Connection bounds that need no flag (besides max_connection_idle_s): a
 // connection must finish its handshake (TLS, and the client's HTTP/2

@@ -3,11 +3,10 @@
 // enqueue on the Batcher, and when the core is done build the response, check
 // its size, report the outcome to the observer and reply.
 //
-// Threading: Submit() runs on a gRPC thread (a stream's reaction, or the
-// completion-queue thread of a unary call) and never blocks (the batcher's
-// Enqueue only takes its queue lock). The reply runs on that same thread when
-// the request is rejected up front, otherwise on the batcher's or backend's
-// completion thread.
+// Threading: Submit() runs on a completion-queue thread (completion_queues.h)
+// and never blocks (the batcher's Enqueue only takes its queue lock). The reply runs on that same
+// thread when the request is rejected up front, otherwise on the batcher's or backend's completion
+// thread.
 #pragma once
 
 #include <cstddef>
@@ -46,9 +45,9 @@ class InferHandler {
 
   // `context`, `request` and `response` must stay valid until `reply` runs;
   // the core reads the tensor straight out of `request`. `is_cancelled`
-  // (called while the request waits in the queue) tells whether the client
-  // has gone: the context's own answer on the callback API, a flag the done
-  // notification sets on the completion-queue API.
+  // (called while the request waits in the queue, from the batcher's thread)
+  // tells whether the client has gone: a flag that the call's "done"
+  // notification sets.
   void Submit(const grpc::ServerContextBase& context, std::function<bool()> is_cancelled,
               const inference::ModelInferRequest* request, inference::ModelInferResponse* response,
               Reply reply);

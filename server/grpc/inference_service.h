@@ -1,11 +1,11 @@
-// inference.GRPCInferenceService: the health and metadata RPCs answer inline
-// on gRPC's callback API; ModelStreamInfer (callback API too) and unary
-// ModelInfer (the completion-queue API, async_infer.h) hand each request to
-// the InferHandler and reply from its completion. Every RPC first
-// asks the CallAuthenticator (--auth-token-file), which refuses a call
-// without the token (UNAUTHENTICATED) unless --auth-open leaves it open.
+// inference.GRPCInferenceService on gRPC's completion-queue API
+// (completion_queues.h): the health and metadata RPCs answer on the queue's
+// thread; ModelInfer and ModelStreamInfer hand each request to the
+// InferHandler and reply from its completion. Every RPC first asks the
+// CallAuthenticator (--auth-token-file), which refuses a call without the
+// token (UNAUTHENTICATED) unless --auth-open leaves it open.
 //
-// Every reaction returns without blocking: nothing here waits on compute, and
+// Every handler returns without blocking: nothing here waits on compute, and
 // the only lock (a stream's write queue) guards a few pointer moves.
 #pragma once
 
@@ -13,52 +13,59 @@
 
 #include "grpc_service.grpc.pb.h"
 #include "server/core/stats.h"
-#include "server/grpc/async_infer.h"
 #include "server/grpc/call_auth.h"
+#include "server/grpc/completion_queues.h"
 #include "server/grpc/infer_handler.h"
 #include "server/grpc/served_model.h"
 #include "server/grpc/serving_state.h"
+#include "server/grpc/stream_infer_call.h"
+#include "server/grpc/unary_call.h"
 
 namespace layerserve {
 
-class InferenceService final : public InferenceServiceBase {
+// ModelInfer calls each queue keeps requested, so a burst of arrivals finds
+// one waiting (the other RPCs keep one each).
+inline constexpr int kInferCallsPerQueue = 16;
+
+class InferenceService {
  public:
   // All pointers must outlive the service (and the gRPC server it is
   // registered with).
   InferenceService(const ServedModel& model, std::string server_version, ServingState* state,
-                   InferHandler* infer, const StatsRecorder* stats, const CallAuthenticator* auth);
+                   InferHandler* infer, const StatsRecorder* stats, const CallAuthenticator* auth,
+                   CompletionQueues* queues);
 
-  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
-                                       const inference::ServerLiveRequest* request,
-                                       inference::ServerLiveResponse* response) override;
-  grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* context,
-                                        const inference::ServerReadyRequest* request,
-                                        inference::ServerReadyResponse* response) override;
-  grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* context,
-                                       const inference::ModelReadyRequest* request,
-                                       inference::ModelReadyResponse* response) override;
-  grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* context,
-                                           const inference::ServerMetadataRequest* request,
-                                           inference::ServerMetadataResponse* response) override;
-  grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* context,
-                                          const inference::ModelMetadataRequest* request,
-                                          inference::ModelMetadataResponse* response) override;
-  grpc::ServerUnaryReactor* ModelConfig(grpc::CallbackServerContext* context,
-                                        const inference::ModelConfigRequest* request,
-                                        inference::ModelConfigResponse* response) override;
-  grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext* context,
-                                            const inference::ModelStatisticsRequest* request,
-                                            inference::ModelStatisticsResponse* response) override;
-  grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
-  ModelStreamInfer(grpc::CallbackServerContext* context) override;
+  InferenceService(const InferenceService&) = delete;
+  InferenceService& operator=(const InferenceService&) = delete;
+
+  // The generated service, for ServerBuilder::RegisterService.
+  grpc::Service* service() { return &service_; }
+  // Requests each RPC's first calls on queue q (CompletionQueues::Start).
+  void RequestCalls(int q);
 
  private:
+  using Service = inference::GRPCInferenceService::AsyncService;
+  template <typename Request, typename Response>
+  using Method = UnaryMethod<Request, Response>;
+
   const ServedModel& model_;
   const std::string server_version_;
-  ServingState* const state_;  // also counts open streams
+  ServingState* const state_;
   InferHandler* const infer_;
   const StatsRecorder* const stats_;
   const CallAuthenticator* const auth_;
+  CompletionQueues* const queues_;
+  Service service_;
+
+  Method<inference::ServerLiveRequest, inference::ServerLiveResponse> server_live_;
+  Method<inference::ServerReadyRequest, inference::ServerReadyResponse> server_ready_;
+  Method<inference::ModelReadyRequest, inference::ModelReadyResponse> model_ready_;
+  Method<inference::ServerMetadataRequest, inference::ServerMetadataResponse> server_metadata_;
+  Method<inference::ModelMetadataRequest, inference::ModelMetadataResponse> model_metadata_;
+  Method<inference::ModelConfigRequest, inference::ModelConfigResponse> model_config_;
+  Method<inference::ModelStatisticsRequest, inference::ModelStatisticsResponse> model_statistics_;
+  Method<inference::ModelInferRequest, inference::ModelInferResponse> model_infer_;
+  StreamInferCall::Deps stream_deps_;
 };
 
 }  // namespace layerserve

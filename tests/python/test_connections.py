@@ -194,35 +194,25 @@ def resident_mib(pid):
     raise AssertionError("no VmRSS")
 
 
-def test_a_reset_stream_flood_of_unary_calls_takes_no_memory(start_server):
-    """Unary ModelInfer runs on the completion-queue API (async_infer.h): a
+@pytest.mark.parametrize("method", ["ModelInfer", "ModelStreamInfer", "ServerLive"])
+def test_a_reset_stream_flood_leaves_no_memory_behind(start_server, method):
+    """Every RPC runs on gRPC's completion-queue API (completion_queues.h): a
     stream reset before the server has matched it with a requested call is
-    dropped with it, so the flood never allocates what the callback API did
-    (below)."""
+    dropped with it. With its cores to itself the server then takes no memory
+    from a flood (50 000 streams: 266 -> 269 MiB for each method here); with
+    other processes taking the CPU, its queue threads fall behind and the
+    backlog of matched calls holds memory (+100 to +500 MiB seen with the test
+    suite running beside it), until the queues catch up and the memory trimmer
+    gives the heap back. On the callback API, gRPC 1.51 held ~10 KB of call
+    arena per reset stream until its executor caught up, whatever the CPU
+    (+0.9 GB), and glibc kept it resident. The server stays live throughout,
+    and its memory comes back."""
     server = start_server()
     assert live(server)
     before = resident_mib(server.proc.pid)
-    reset_flood(server.grpc_port, 50_000)
+    reset_flood(server.grpc_port, 50_000, method=method)
     peak = resident_mib(server.proc.pid)
     assert live(server), "the server stopped answering after the flood"
-    print(f"RSS {before:.0f} MiB before a flood of 50 000 reset ModelInfer streams, {peak:.0f} after")
-    assert peak < before + 64, f"RSS {before:.0f} -> {peak:.0f} MiB after 50 000 reset ModelInfer streams"
-
-
-def test_the_memory_of_a_reset_stream_flood_is_given_back(start_server):
-    """ModelStreamInfer is on the callback API, where gRPC 1.51 holds ~10 KB of
-    call arena per reset stream until its executor catches up (40 000 streams:
-    0.4 GB, heaptrack), then frees it, and glibc kept it all resident (6 GB
-    after 300 000 streams). The server stays live through the flood, and its
-    memory trimmer gives the heap back."""
-    server = start_server()
-    assert live(server)
-    before = resident_mib(server.proc.pid)
-    reset_flood(server.grpc_port, 50_000, method="ModelStreamInfer")
-    peak = resident_mib(server.proc.pid)
-    assert live(server), "the server stopped answering after the flood"
-    # The flood must have been felt for the rest to mean anything.
-    assert peak > before + 200, f"RSS {before:.0f} -> {peak:.0f} MiB: the flood did not take memory"
     deadline = time.monotonic() + 40
     now = peak
     while time.monotonic() < deadline:
@@ -230,7 +220,8 @@ def test_the_memory_of_a_reset_stream_flood_is_given_back(start_server):
         if now < before + 128:
             break
         time.sleep(0.5)
-    print(f"RSS {before:.0f} MiB before the flood, {peak:.0f} MiB after it, {now:.0f} MiB at the end")
+    print(f"RSS {before:.0f} MiB before a flood of 50 000 reset {method} streams, "
+          f"{peak:.0f} MiB after it, {now:.0f} MiB at the end")
     assert now < before + 128, (
-        f"RSS {now:.0f} MiB, {before:.0f} MiB before a flood of 50 000 reset streams "
-        f"({peak:.0f} MiB right after it): the freed memory stayed resident")
+        f"RSS {now:.0f} MiB, {before:.0f} MiB before a flood of 50 000 reset {method} streams "
+        f"({peak:.0f} MiB right after it): the memory stayed")

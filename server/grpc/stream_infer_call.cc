@@ -1,0 +1,147 @@
+// ModelStreamInfer on the completion-queue API (see stream_infer_call.h).
+#include "server/grpc/stream_infer_call.h"
+
+#include <utility>
+
+#include "server/grpc/status_convert.h"
+
+namespace layerserve {
+
+void StreamInferCall::Await(const Deps& deps, int q) {
+  deps.queues->Request(q, [&](grpc::ServerCompletionQueue* cq) {
+    auto* call = new StreamInferCall(deps, q);
+    // Before the call starts, as gRPC requires.
+    call->context_.AsyncNotifyWhenDone(&call->done_op_);
+    deps.service->RequestModelStreamInfer(&call->context_, &call->stream_, cq, cq,
+                                          &call->accepted_op_);
+  });
+}
+
+StreamInferCall::StreamInferCall(const Deps& deps, int q)
+    : deps_(deps), queue_(q), stream_(&context_) {}
+
+void StreamInferCall::Accepted(bool ok) {
+  // Not ok: the server is shutting down and the request was never matched
+  // with a call; no other tag of this call will come back.
+  if (!ok) {
+    delete this;
+    return;
+  }
+  Await(deps_, queue_);  // the successor waits for the next arrival
+  // Refused before the first read: no request of an unauthenticated stream
+  // is received.
+  if (absl::Status refused = deps_.auth->Check(context_, AuthRpc::kInference); !refused.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      finished_ = true;
+    }
+    stream_.Finish(ToGrpcStatus(refused), &finish_op_);
+    return;
+  }
+  deps_.state->StreamOpened();
+  opened_ = true;
+  reading_ = std::make_unique<inference::ModelInferRequest>();
+  stream_.Read(reading_.get(), &read_op_);
+}
+
+void StreamInferCall::ReadDone(bool ok) {
+  if (!ok) {  // half-close, cancellation or a broken connection
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      reads_done_ = true;
+      finish = ShouldFinishLocked();
+    }
+    if (finish) stream_.Finish(grpc::Status::OK, &finish_op_);
+    return;
+  }
+  auto* pending = new Pending{std::move(reading_), {}};
+  {
+    absl::MutexLock lock(&mu_);
+    ++unanswered_;  // keeps the call from finishing until Answer
+  }
+  // Submit before the next read starts (the ordering guarantee). Submit
+  // never blocks; the call cannot finish in between, since reads are not
+  // done.
+  deps_.infer->Submit(
+      context_, [this] { return cancelled_.load(std::memory_order_acquire); },
+      pending->request.get(), pending->response.mutable_infer_response(),
+      [this, pending](const absl::Status& status) { Answer(pending, status); });
+  reading_ = std::make_unique<inference::ModelInferRequest>();
+  stream_.Read(reading_.get(), &read_op_);
+}
+
+void StreamInferCall::Answer(Pending* raw_pending, const absl::Status& status) {
+  std::unique_ptr<Pending> pending(raw_pending);
+  if (!status.ok()) {
+    auto* infer_response = pending->response.mutable_infer_response();
+    infer_response->Clear();
+    // The id lets the client tell which of its requests failed.
+    infer_response->set_id(pending->request->id());
+    infer_response->set_model_name(pending->request->model_name());
+    pending->response.set_error_message(StreamErrorMessage(status));
+  }
+  pending->request.reset();  // the core is done with the tensor
+  const inference::ModelStreamInferResponse* write = nullptr;
+  bool finish = false;
+  {
+    absl::MutexLock lock(&mu_);
+    --unanswered_;
+    if (broken_) {
+      pending.reset();
+    } else if (writing_ == nullptr) {
+      writing_ = std::move(pending);
+      write = &writing_->response;
+    } else {
+      pending_writes_.push_back(std::move(pending));
+    }
+    finish = ShouldFinishLocked();
+  }
+  if (write != nullptr) stream_.Write(*write, &write_op_);
+  if (finish) stream_.Finish(grpc::Status::OK, &finish_op_);
+}
+
+void StreamInferCall::WriteDone(bool ok) {
+  const inference::ModelStreamInferResponse* next = nullptr;
+  bool finish = false;
+  {
+    absl::MutexLock lock(&mu_);
+    writing_.reset();
+    if (!ok) {
+      broken_ = true;  // the client is gone: later answers are dropped
+      pending_writes_.clear();
+    } else if (!pending_writes_.empty()) {
+      writing_ = std::move(pending_writes_.front());
+      pending_writes_.pop_front();
+      next = &writing_->response;
+    }
+    finish = ShouldFinishLocked();
+  }
+  if (next != nullptr) stream_.Write(*next, &write_op_);
+  if (finish) stream_.Finish(grpc::Status::OK, &finish_op_);
+}
+
+bool StreamInferCall::ShouldFinishLocked() {
+  if (finished_ || !reads_done_ || unanswered_ > 0 || writing_ != nullptr ||
+      !pending_writes_.empty()) {
+    return false;
+  }
+  finished_ = true;
+  return true;
+}
+
+void StreamInferCall::Finished(bool) { Release(); }
+
+void StreamInferCall::Done(bool) {
+  cancelled_.store(context_.IsCancelled(), std::memory_order_release);
+  if (opened_) deps_.state->StreamClosed();
+  Release();
+}
+
+void StreamInferCall::Release() {
+  // The finish and the done notification are both back: gRPC holds no
+  // reference to this call any more.
+  if (outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+}
+
+}  // namespace layerserve

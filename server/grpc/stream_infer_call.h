@@ -1,0 +1,109 @@
+// One ModelStreamInfer call on the completion-queue API (completion_queues.h).
+//
+// Reads requests one after another, submits each as it arrives (so a stream
+// keeps many requests in the batcher at once), and writes each reply when it
+// is ready, in completion order. Errors for one request travel in
+// error_message and leave the stream open. The call finishes once the client
+// has half-closed (or gone) and every submitted request has been answered:
+// the requests' tensors live in this object, so it must outlive them.
+//
+// Ordering guarantee: the requests of one stream reach the batcher in the
+// order the client sent them. Each is submitted (validated and enqueued, or
+// refused) before the next read is started, and reads complete on the
+// stream's queue one at a time, so request k+1 cannot overtake request k. A
+// client may thus pipeline a session's steps on one stream and have them
+// enqueued in order (whether a step may be enqueued while an earlier one of
+// its session is still in flight is the batcher's and the session table's
+// business). Replies carry no such guarantee: they are written as requests
+// complete, and the client matches them by request id. Separate calls (unary
+// ModelInfer, or two streams) are not ordered with respect to each other.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "grpc_service.grpc.pb.h"
+#include "grpcpp/server_context.h"
+#include "grpcpp/support/async_stream.h"
+#include "server/grpc/call_auth.h"
+#include "server/grpc/completion_queues.h"
+#include "server/grpc/infer_handler.h"
+#include "server/grpc/serving_state.h"
+
+namespace layerserve {
+
+class StreamInferCall {
+ public:
+  // What the stream calls share; must outlive every call.
+  struct Deps {
+    inference::GRPCInferenceService::AsyncService* service;
+    InferHandler* infer;
+    ServingState* state;  // counts open streams
+    const CallAuthenticator* auth;
+    CompletionQueues* queues;
+  };
+  // Calls each queue keeps requested.
+  static constexpr int kCallsPerQueue = 4;
+
+  // Requests one call on queue q.
+  static void Await(const Deps& deps, int q);
+
+  StreamInferCall(const StreamInferCall&) = delete;
+  StreamInferCall& operator=(const StreamInferCall&) = delete;
+
+ private:
+  // A request read from the stream and its eventual response.
+  struct Pending {
+    std::unique_ptr<inference::ModelInferRequest> request;
+    inference::ModelStreamInferResponse response;
+  };
+
+  StreamInferCall(const Deps& deps, int q);
+
+  void Accepted(bool ok);
+  void ReadDone(bool ok);
+  void WriteDone(bool ok);
+  void Finished(bool ok);
+  void Done(bool ok);
+  // Runs once per submitted request, on any thread.
+  void Answer(Pending* raw_pending, const absl::Status& status);
+  // True exactly once: when the client has stopped sending and every answer
+  // has been written (or dropped). Each event decides this in the same
+  // critical section that changes the state, so exactly one of them
+  // finishes and no write is outstanding when it does.
+  bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Release();
+
+  const Deps& deps_;
+  const int queue_;
+  grpc::ServerContext context_;
+  grpc::ServerAsyncReaderWriter<inference::ModelStreamInferResponse, inference::ModelInferRequest>
+      stream_;
+  // Only touched by ReadDone, and reads never overlap.
+  std::unique_ptr<inference::ModelInferRequest> reading_;
+  bool opened_ = false;  // counted as an open stream (set before any read)
+  std::atomic<bool> cancelled_{false};
+  std::atomic<int> outstanding_{2};  // of an accepted call: finished and done
+
+  absl::Mutex mu_;
+  int64_t unanswered_ ABSL_GUARDED_BY(mu_) = 0;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  // The response being written (gRPC allows one outstanding write) and those
+  // waiting their turn.
+  std::unique_ptr<Pending> writing_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::unique_ptr<Pending>> pending_writes_ ABSL_GUARDED_BY(mu_);
+
+  MemberOp<StreamInferCall> accepted_op_{this, &StreamInferCall::Accepted};
+  MemberOp<StreamInferCall> read_op_{this, &StreamInferCall::ReadDone};
+  MemberOp<StreamInferCall> write_op_{this, &StreamInferCall::WriteDone};
+  MemberOp<StreamInferCall> finish_op_{this, &StreamInferCall::Finished};
+  MemberOp<StreamInferCall> done_op_{this, &StreamInferCall::Done};
+};
+
+}  // namespace layerserve

@@ -1,0 +1,118 @@
+// One unary RPC on the completion-queue API (completion_queues.h), from the
+// moment it is requested from gRPC until gRPC is done with it: ModelInfer,
+// the metadata and readiness RPCs, and the health check.
+//
+// A method is a UnaryMethod: how to request its next call from gRPC (the
+// generated RequestX, bound to its service), how many calls each queue keeps
+// requested, and the handler. The handler runs on the queue's thread when a
+// call arrives and must lead to exactly one Reply, at once or later from any
+// thread (ModelInfer replies from the batcher's). The call object lives until
+// its reply and its "done" notification (which also says whether the client
+// cancelled) are both back from the queue.
+#pragma once
+
+#include <atomic>
+#include <functional>
+
+#include "absl/status/status.h"
+#include "grpcpp/completion_queue.h"
+#include "grpcpp/server_context.h"
+#include "grpcpp/support/async_unary_call.h"
+#include "server/grpc/completion_queues.h"
+#include "server/grpc/status_convert.h"
+
+namespace layerserve {
+
+template <typename Request, typename Response>
+class UnaryCall;
+
+template <typename Request, typename Response>
+struct UnaryMethod {
+  using Call = UnaryCall<Request, Response>;
+  std::function<void(grpc::ServerContext*, Request*, grpc::ServerAsyncResponseWriter<Response>*,
+                     grpc::ServerCompletionQueue*, void*)>
+      request;
+  std::function<void(Call&)> handle;
+  int calls_per_queue = 1;
+
+  // Requests calls_per_queue calls on queue q; Start() does it per queue.
+  void RequestCalls(CompletionQueues& queues, int q) const {
+    for (int i = 0; i < calls_per_queue; ++i) Call::Await(*this, queues, q);
+  }
+};
+
+template <typename Request, typename Response>
+class UnaryCall {
+ public:
+  using Method = UnaryMethod<Request, Response>;
+
+  // Requests one call of `method` on queue q (both must outlive it).
+  static void Await(const Method& method, CompletionQueues& queues, int q) {
+    queues.Request(q, [&](grpc::ServerCompletionQueue* cq) {
+      auto* call = new UnaryCall(method, queues, q);
+      // Before the call starts, as gRPC requires: the "done" tag is how a
+      // cancellation becomes visible (cancelled()).
+      call->context_.AsyncNotifyWhenDone(&call->done_);
+      method.request(&call->context_, &call->request_, &call->responder_, cq, &call->accepted_);
+    });
+  }
+
+  UnaryCall(const UnaryCall&) = delete;
+  UnaryCall& operator=(const UnaryCall&) = delete;
+
+  const grpc::ServerContext& context() const { return context_; }
+  const Request& request() const { return request_; }
+  Response* response() { return &response_; }
+  // Whether the client has cancelled; safe from any thread.
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+
+  // Sends the response (OK) or the error alone; exactly once, from any
+  // thread. Nothing of the call may be touched after it.
+  void Reply(const absl::Status& status) {
+    if (status.ok()) {
+      responder_.Finish(response_, grpc::Status::OK, &finished_);
+    } else {
+      responder_.FinishWithError(ToGrpcStatus(status), &finished_);
+    }
+  }
+
+ private:
+  UnaryCall(const Method& method, CompletionQueues& queues, int q)
+      : method_(method), queues_(queues), queue_(q), responder_(&context_) {}
+
+  void Accepted(bool ok) {
+    // Not ok: the server is shutting down and the request was never matched
+    // with a call; no other tag of this call will come back.
+    if (!ok) {
+      delete this;
+      return;
+    }
+    Await(method_, queues_, queue_);  // the successor waits for the next arrival
+    method_.handle(*this);
+  }
+  void Done(bool) {
+    cancelled_.store(context_.IsCancelled(), std::memory_order_release);
+    Release();
+  }
+  void Finished(bool) { Release(); }
+  // The reply and the done notification are both back: gRPC holds no
+  // reference to this call any more.
+  void Release() {
+    if (outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+
+  const Method& method_;
+  CompletionQueues& queues_;
+  const int queue_;
+  grpc::ServerContext context_;
+  Request request_;
+  Response response_;
+  grpc::ServerAsyncResponseWriter<Response> responder_;
+  std::atomic<bool> cancelled_{false};
+  std::atomic<int> outstanding_{2};  // of an accepted call: finished and done
+  MemberOp<UnaryCall> accepted_{this, &UnaryCall::Accepted};
+  MemberOp<UnaryCall> finished_{this, &UnaryCall::Finished};
+  MemberOp<UnaryCall> done_{this, &UnaryCall::Done};
+};
+
+}  // namespace layerserve
