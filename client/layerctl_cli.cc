@@ -150,7 +150,8 @@ ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv)
 
   CLI::App* bench = app.add_subcommand(
       "bench",
-      "Random inputs. Closed loop (--concurrency C): C threads, one request each at a time. "
+      "Random inputs. Closed loop (--concurrency C): C requests in flight, each answered one "
+      "followed at once by the next. "
       "Open loop (--rate R): R requests/s whatever the latency; arrivals beyond "
       "--max-in-flight outstanding requests are skipped and reported. Sessions (--sessions N "
       "--prefill P --steps S): N sessions at once, each a prefill of P tokens with "
