@@ -13,13 +13,11 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "base/echo.h"
 #include "grpc/grpc.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
@@ -32,7 +30,6 @@
 #include "server/grpc/inference_service.h"
 #include "server/grpc/protobuf_log.h"
 #include "server/grpc/serving_state.h"
-#include "server/grpc/status_convert.h"
 
 namespace layerserve {
 namespace {

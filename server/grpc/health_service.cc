@@ -5,7 +5,6 @@
 #include "base/echo.h"
 #include "grpc_service.grpc.pb.h"
 #include "grpcpp/support/async_stream.h"
-#include "server/grpc/status_convert.h"
 
 namespace layerserve {
 namespace {
@@ -55,24 +54,19 @@ class RefusedWatch {
 HealthService::HealthService(const ServingState* state, const CallAuthenticator* auth,
                              CompletionQueues* queues)
     : queues_(queues) {
-  check_.request = [this](grpc::ServerContext* context, HealthCheckRequest* request,
-                          grpc::ServerAsyncResponseWriter<HealthCheckResponse>* writer,
-                          grpc::ServerCompletionQueue* cq, void* tag) {
-    service_.RequestCheck(context, request, writer, cq, cq, tag);
-  };
-  check_.handle = [state, auth](decltype(check_)::Call& call) {
-    if (absl::Status refused = auth->Check(call.context(), AuthRpc::kHealth); !refused.ok()) {
-      return call.Reply(refused);
-    }
-    const std::string& service = call.request().service();
-    if (!service.empty() && service != inference::GRPCInferenceService::service_full_name()) {
-      return call.Reply(
-          absl::NotFoundError(absl::StrCat("unknown service '", EchoForMessage(service), "'")));
-    }
-    call.response()->set_status(state->Readiness().ok() ? HealthCheckResponse::SERVING
-                                                        : HealthCheckResponse::NOT_SERVING);
-    call.Reply(absl::OkStatus());
-  };
+  check_.request = RequestOf(&service_, &grpc::health::v1::Health::AsyncService::RequestCheck);
+  check_.handle = AnswerNow<decltype(check_)::Call>(
+      auth, AuthRpc::kHealth,
+      [state](const HealthCheckRequest& request, HealthCheckResponse* response) {
+        const std::string& service = request.service();
+        if (!service.empty() && service != inference::GRPCInferenceService::service_full_name()) {
+          return absl::NotFoundError(
+              absl::StrCat("unknown service '", EchoForMessage(service), "'"));
+        }
+        response->set_status(state->Readiness().ok() ? HealthCheckResponse::SERVING
+                                                     : HealthCheckResponse::NOT_SERVING);
+        return absl::OkStatus();
+      });
 }
 
 void HealthService::RequestCalls(int q) {

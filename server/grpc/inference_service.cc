@@ -6,36 +6,6 @@
 #include "server/grpc/model_info.h"
 
 namespace layerserve {
-namespace {
-
-// The request function of a generated RequestX method of `service`, in the
-// form UnaryMethod keeps.
-template <typename Service, typename Base, typename Request, typename Response>
-auto Requester(Service* service, void (Base::*request_x)(grpc::ServerContext*, Request*,
-                                                         grpc::ServerAsyncResponseWriter<Response>*,
-                                                         grpc::CompletionQueue*,
-                                                         grpc::ServerCompletionQueue*, void*)) {
-  return [service, request_x](grpc::ServerContext* context, Request* request,
-                              grpc::ServerAsyncResponseWriter<Response>* writer,
-                              grpc::ServerCompletionQueue* cq, void* tag) {
-    (service->*request_x)(context, request, writer, cq, cq, tag);
-  };
-}
-
-// A handler that answers at once: the auth check for `rpc`, then `answer`
-// (which fills the response and returns the call's status).
-template <typename Call, typename Answer>
-std::function<void(Call&)> AnswerNow(const CallAuthenticator* auth, AuthRpc rpc, Answer answer) {
-  return [auth, rpc, answer = std::move(answer)](Call& call) {
-    if (absl::Status refused = auth->Check(call.context(), rpc); !refused.ok()) {
-      return call.Reply(refused);
-    }
-    call.Reply(answer(call.request(), call.response()));
-  };
-}
-
-}  // namespace
-
 InferenceService::InferenceService(const ServedModel& model, std::string server_version,
                                    ServingState* state, InferHandler* infer,
                                    const StatsRecorder* stats, const CallAuthenticator* auth,
@@ -48,7 +18,7 @@ InferenceService::InferenceService(const ServedModel& model, std::string server_
       auth_(auth),
       queues_(queues),
       stream_deps_{&service_, infer, state, auth, queues} {
-  server_live_ = {Requester(&service_, &Service::RequestServerLive),
+  server_live_ = {RequestOf(&service_, &Service::RequestServerLive),
                   AnswerNow<decltype(server_live_)::Call>(
                       auth_, AuthRpc::kLive,
                       [](const inference::ServerLiveRequest&, inference::ServerLiveResponse* r) {
@@ -57,7 +27,7 @@ InferenceService::InferenceService(const ServedModel& model, std::string server_
                         return absl::OkStatus();
                       })};
   server_ready_ = {
-      Requester(&service_, &Service::RequestServerReady),
+      RequestOf(&service_, &Service::RequestServerReady),
       AnswerNow<decltype(server_ready_)::Call>(
           auth_, AuthRpc::kReady,
           [this](const inference::ServerReadyRequest&, inference::ServerReadyResponse* r) {
@@ -65,7 +35,7 @@ InferenceService::InferenceService(const ServedModel& model, std::string server_
             return absl::OkStatus();
           })};
   model_ready_ = {
-      Requester(&service_, &Service::RequestModelReady),
+      RequestOf(&service_, &Service::RequestModelReady),
       AnswerNow<decltype(model_ready_)::Call>(
           auth_, AuthRpc::kReady,
           [this](const inference::ModelReadyRequest& q, inference::ModelReadyResponse* r) {
@@ -77,7 +47,7 @@ InferenceService::InferenceService(const ServedModel& model, std::string server_
             return absl::OkStatus();
           })};
   server_metadata_ = {
-      Requester(&service_, &Service::RequestServerMetadata),
+      RequestOf(&service_, &Service::RequestServerMetadata),
       AnswerNow<decltype(server_metadata_)::Call>(
           auth_, AuthRpc::kMetadata,
           [this](const inference::ServerMetadataRequest&, inference::ServerMetadataResponse* r) {
@@ -85,7 +55,7 @@ InferenceService::InferenceService(const ServedModel& model, std::string server_
             return absl::OkStatus();
           })};
   model_metadata_ = {
-      Requester(&service_, &Service::RequestModelMetadata),
+      RequestOf(&service_, &Service::RequestModelMetadata),
       AnswerNow<decltype(model_metadata_)::Call>(
           auth_, AuthRpc::kMetadata,
           [this](const inference::ModelMetadataRequest& q, inference::ModelMetadataResponse* r) {
@@ -94,7 +64,7 @@ InferenceService::InferenceService(const ServedModel& model, std::string server_
             return known;
           })};
   model_config_ = {
-      Requester(&service_, &Service::RequestModelConfig),
+      RequestOf(&service_, &Service::RequestModelConfig),
       AnswerNow<decltype(model_config_)::Call>(
           auth_, AuthRpc::kMetadata,
           [this](const inference::ModelConfigRequest& q, inference::ModelConfigResponse* r) {
@@ -102,7 +72,7 @@ InferenceService::InferenceService(const ServedModel& model, std::string server_
             if (known.ok()) FillModelConfig(model_, r->mutable_config());
             return known;
           })};
-  model_statistics_ = {Requester(&service_, &Service::RequestModelStatistics),
+  model_statistics_ = {RequestOf(&service_, &Service::RequestModelStatistics),
                        AnswerNow<decltype(model_statistics_)::Call>(
                            auth_, AuthRpc::kStatistics,
                            [this](const inference::ModelStatisticsRequest& q,
@@ -115,7 +85,7 @@ InferenceService::InferenceService(const ServedModel& model, std::string server_
                              FillModelStatistics(model_, stats_->Snapshot(), r->add_model_stats());
                              return absl::OkStatus();
                            })};
-  model_infer_ = {Requester(&service_, &Service::RequestModelInfer),
+  model_infer_ = {RequestOf(&service_, &Service::RequestModelInfer),
                   [this](decltype(model_infer_)::Call& call) {
                     if (absl::Status refused = auth_->Check(call.context(), AuthRpc::kInference);
                         !refused.ok()) {

@@ -13,11 +13,13 @@
 
 #include <atomic>
 #include <functional>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "grpcpp/completion_queue.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/async_unary_call.h"
+#include "server/grpc/call_auth.h"
 #include "server/grpc/completion_queues.h"
 #include "server/grpc/status_convert.h"
 
@@ -114,5 +116,32 @@ class UnaryCall {
   MemberOp<UnaryCall> finished_{this, &UnaryCall::Finished};
   MemberOp<UnaryCall> done_{this, &UnaryCall::Done};
 };
+
+// The request function of a generated RequestX method of `service` (declared
+// in one of its generated bases), in the form UnaryMethod keeps: the call's
+// events come back on the queue it arrived on.
+template <typename Service, typename Base, typename Request, typename Response>
+auto RequestOf(Service* service, void (Base::*request_x)(grpc::ServerContext*, Request*,
+                                                         grpc::ServerAsyncResponseWriter<Response>*,
+                                                         grpc::CompletionQueue*,
+                                                         grpc::ServerCompletionQueue*, void*)) {
+  return [service, request_x](grpc::ServerContext* context, Request* request,
+                              grpc::ServerAsyncResponseWriter<Response>* writer,
+                              grpc::ServerCompletionQueue* cq, void* tag) {
+    (service->*request_x)(context, request, writer, cq, cq, tag);
+  };
+}
+
+// A handler that answers at once: the auth check for `rpc`, then `answer`
+// (which fills the response and returns the call's status).
+template <typename Call, typename Answer>
+std::function<void(Call&)> AnswerNow(const CallAuthenticator* auth, AuthRpc rpc, Answer answer) {
+  return [auth, rpc, answer = std::move(answer)](Call& call) {
+    if (absl::Status refused = auth->Check(call.context(), rpc); !refused.ok()) {
+      return call.Reply(refused);
+    }
+    call.Reply(answer(call.request(), call.response()));
+  };
+}
 
 }  // namespace layerserve
