@@ -477,7 +477,7 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   grpc_options.server_version = kVersion;
   grpc_options.max_connection_age_s = flags.grpc_max_connection_age_s;
   grpc_options.max_connection_idle_s = flags.grpc_max_connection_idle_s;
-  grpc_options.queue_threads = flags.grpc_threads;
+  grpc_options.queue_threads = flags.grpc_threads > 0 ? flags.grpc_threads : DefaultQueueThreads();
   grpc_options.max_connection_age_grace_s = flags.drain_timeout_s;
   grpc_options.tls = security->grpc_tls;
   grpc_options.auth_token = security->auth_token;
@@ -495,8 +495,7 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
       " max_queue_size=", served.max_queue_size,
       " max_queue_bytes=", batcher_options.max_queue_bytes, " cpu_threads=", flags.cpu_threads,
       " streams=", flags.streams, " max_message_bytes=", DefaultMaxMessageBytes(served),
-      " grpc_threads=", flags.grpc_threads > 0 ? flags.grpc_threads : DefaultQueueThreads(),
-      " drain_timeout_s=", flags.drain_timeout_s));
+      " grpc_threads=", grpc_options.queue_threads, " drain_timeout_s=", flags.drain_timeout_s));
   std::cout << "layerserve ready: model=" << served.name << " layers=" << first_layer << ":"
             << end_layer << " backend=" << served.backend << " grpc_port=" << (*frontend)->port()
             << " metrics_port=" << (*metrics_server)->port() << std::endl;
