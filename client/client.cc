@@ -263,7 +263,7 @@ absl::StatusOr<int> Client::CheckOutput(const inference::ModelInferResponse& res
                                               " raw_output_contents entries"));
     }
     const std::vector<int64_t> shape(output.shape().begin(), output.shape().end());
-    const std::optional<int64_t> count = Tensor{output.datatype(), shape, {}}.NumElements();
+    const std::optional<int64_t> count = NumElementsOf(shape);
     const std::optional<size_t> element_size = DatatypeByteSize(output.datatype());
     const size_t bytes = response.raw_output_contents(i).size();
     if (!count || !element_size || bytes != static_cast<size_t>(*count) * *element_size) {

@@ -12,7 +12,9 @@
 
 namespace layerserve::client {
 
-std::optional<int64_t> Tensor::NumElements() const {
+std::optional<int64_t> Tensor::NumElements() const { return NumElementsOf(shape); }
+
+std::optional<int64_t> NumElementsOf(const std::vector<int64_t>& shape) {
   int64_t count = 1;
   for (int64_t dim : shape) {
     if (dim < 0) return std::nullopt;

@@ -23,10 +23,13 @@ struct Tensor {
   std::vector<int64_t> shape;  // row-major
   std::string data;            // NumElements() * element size bytes, no padding
 
-  // Product of `shape`; nullopt if a dimension is negative or it overflows
-  // int64.
+  // NumElementsOf(shape).
   std::optional<int64_t> NumElements() const;
 };
+
+// Product of `shape`; nullopt if a dimension is negative or it overflows
+// int64.
+std::optional<int64_t> NumElementsOf(const std::vector<int64_t>& shape);
 
 // Bytes per element of a protocol datatype ("FP32" -> 4, "BF16" -> 2, ...);
 // nullopt for BYTES (variable length) and unknown names.
