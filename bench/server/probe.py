@@ -21,7 +21,7 @@ PROBE_WARMUP_S (1), PROBE_CONCURRENCY (64), PROBE_TOKENS (1), PROBE_OPEN_RATE
 with settings of your own, run in the order given (repeat labels to
 interleave an A/B): 'label=server flags;...', e.g. 'jit=;no-jit=--max-device-wait-us=0;
 jit=;no-jit=--max-device-wait-us=0', each client with PROBE_CLIENT_ARGS (e.g.
---connections=8).
+--connections=8; with --rate=R there, an open loop instead of the concurrency).
 
 A setting whose clients had failures gets, under its line, one line per
 error code with the first message a client kept (bench_errors.py).
@@ -274,11 +274,14 @@ class Probe:
         that order, each on its own server (a label may repeat, to interleave
         A/B runs), every client with PROBE_CLIENT_ARGS."""
         client_args = os.environ.get("PROBE_CLIENT_ARGS", "").split()
+        # An open loop (--rate in the client args) sets its own load.
+        load = ([] if any(a.startswith("--rate") for a in client_args)
+                else [f"--concurrency={self.concurrency}"])
         for i, entry in enumerate(e for e in spec.split(";") if e.strip()):
             label, _, flags = entry.partition("=")
             label = f"{i + 1:02d}-{label.strip()}"
             if self.start_server(label, *flags.split()):
-                self.run_setting(label, 1, f"--concurrency={self.concurrency}", *client_args)
+                self.run_setting(label, 1, *load, *client_args)
                 self.stop_server()
 
     def run(self):

@@ -8,7 +8,7 @@ namespace layerserve {
 
 BatchDecision DecideBatch(const BatchPolicy& policy, std::span<const int64_t> queued_tokens,
                           SteadyTime oldest_enqueue, SteadyTime now, bool device_idle,
-                          std::optional<SteadyTime> device_free_at) {
+                          std::optional<SteadyTime> device_free_at, Cohort cohort) {
   BatchDecision decision;
   if (queued_tokens.empty()) return decision;
 
@@ -23,8 +23,18 @@ BatchDecision DecideBatch(const BatchPolicy& policy, std::span<const int64_t> qu
   }
 
   const bool full = tokens >= policy.max_batch_tokens || take < queued_tokens.size();
-  if (full || (device_idle && !policy.delay_when_idle)) {
+  const bool hold = policy.cohort_wait.count() > 0 && !policy.delay_when_idle;
+  if (full) {
     decision.take = take;
+    return decision;
+  }
+  if (device_idle && !policy.delay_when_idle) {
+    const SteadyTime hold_until = cohort.answered_at + policy.cohort_wait;
+    if (hold && cohort.awaited > 0 && now < hold_until) {
+      decision.wake_at = hold_until;  // or sooner, when the cohort is back
+    } else {
+      decision.take = take;
+    }
     return decision;
   }
   SteadyTime due = oldest_enqueue + policy.max_queue_delay;
@@ -33,10 +43,12 @@ BatchDecision DecideBatch(const BatchPolicy& policy, std::span<const int64_t> qu
   if (just_in_time) {
     // Earlier than `due` when the running batch ends first; later, up to the
     // wait bound, when it ends after. Both bounds count from the oldest
-    // request, so a request never waits more than the larger of them.
+    // request, so a request never waits more than the larger of them. With
+    // the cohort hold, only the bound: the running batch's end wakes the
+    // scheduler, and the idle rule above decides from there.
     const SteadyTime bound =
         oldest_enqueue + std::max(policy.max_device_wait, policy.max_queue_delay);
-    due = std::min(*device_free_at - policy.device_lead, bound);
+    due = hold ? bound : std::min(*device_free_at - policy.device_lead, bound);
   }
   if (now >= due) {
     decision.take = take;

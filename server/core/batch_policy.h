@@ -21,6 +21,20 @@
 // the running one ends, with its host work (copies, launches) done during
 // the running one's last device_lead. A request waits for a running batch at
 // most max_device_wait (a long prefill chunk); past that it runs beside it.
+//
+// Cohort hold (BatchPolicy::cohort_wait > 0): built for closed loops, where
+// every answered request comes back as a new one a round trip later (a
+// client's next call, a session's next decode step). Run back to back, such
+// clients split into cohorts that alternate on the device, each a fraction of
+// the whole; no rule that looks only at the queue can merge them, since two
+// equal cohorts look just like a steady stream of arrivals. So with the hold
+// on, the next batch waits for the running one to end, and then until as many
+// requests have arrived since that end as it answered (its cohort is back),
+// for at most cohort_wait. The cohorts merge into one, the device idles one
+// round trip per batch instead of computing two half batches, and each
+// request's latency falls with the queueing. At low load nothing changes: a
+// batch of one awaits one arrival, and the first that comes runs at once.
+// What it costs is latency under open-loop load, at most cohort_wait.
 #pragma once
 
 #include <array>
@@ -48,6 +62,16 @@ struct BatchPolicy {
   // formed, so that its host work overlaps the running batch's tail
   // (--device-lead-us).
   std::chrono::microseconds device_lead{100};
+  // Cohort hold (see the file comment): the longest the device stays idle
+  // after a batch, waiting for its requests to come back; 0 turns it off
+  // (--cohort-wait-us). Ignored with delay_when_idle.
+  std::chrono::microseconds cohort_wait{0};
+};
+
+// The requests the last batch to end answered, for the cohort hold.
+struct Cohort {
+  SteadyTime answered_at{};  // when that batch ended
+  int64_t awaited = 0;       // its answered requests not yet matched by an arrival since
 };
 
 struct BatchDecision {
@@ -64,9 +88,11 @@ struct BatchDecision {
 // first one was queued. `device_idle`: no batch is in flight.
 // `device_free_at`: when the batches in flight are predicted to have ended
 // (unset: idle, or no prediction yet, and then max_queue_delay alone decides).
+// `cohort`: what the last batch to end is still owed, for the cohort hold.
 BatchDecision DecideBatch(const BatchPolicy& policy, std::span<const int64_t> queued_tokens,
                           SteadyTime oldest_enqueue, SteadyTime now, bool device_idle,
-                          std::optional<SteadyTime> device_free_at = std::nullopt);
+                          std::optional<SteadyTime> device_free_at = std::nullopt,
+                          Cohort cohort = {});
 
 // How long a batch computes, learned from the batches that ran: an
 // exponential moving average per size class, the classes being powers of two

@@ -84,6 +84,7 @@ absl::Status Batcher::Enqueue(std::unique_ptr<InferRequest>& request) {
     options_.sessions->Touch(request->session->id, request->enqueue_time);
   }
   queued_bytes_ += bytes;
+  ++arrivals_;
   queue_.push_back(std::move(request));
   observer_->OnQueueDepth(static_cast<int64_t>(queue_.size()));
   if (MayChangeDecisionLocked(*queue_.back())) cv_.Signal();
@@ -98,6 +99,8 @@ bool Batcher::MayChangeDecisionLocked(const InferRequest& r) const {
   if (!sleep_.slot_free) return false;
   // No request could run: this one may be the first that can.
   if (sleep_.eligible_tokens < 0) return true;
+  // Holding for a cohort: this arrival may be the one that completes it.
+  if (sleep_.cohort_back_at > 0 && arrivals_ >= sleep_.cohort_back_at) return true;
   // Waiting for the oldest to be due: only a full batch runs sooner.
   return sleep_.eligible_tokens + r.batch * NextPiece(r) >= options_.policy.max_batch_tokens;
 }
@@ -171,7 +174,7 @@ void Batcher::DropDeadLocked(SteadyTime now, std::vector<Refused>& refused) {
 }
 
 std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<SteadyTime>* wake_at,
-                                                int64_t* eligible_tokens,
+                                                int64_t* eligible_tokens, int64_t* cohort_back_at,
                                                 std::vector<Refused>& refused) {
   // The requests that may run now, in arrival order: all but those of a
   // session whose step is in flight or that has an earlier request queued.
@@ -193,9 +196,12 @@ std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<St
   if (eligible.empty()) return nullptr;  // a batch in flight will wake us
   *eligible_tokens = std::accumulate(tokens.begin(), tokens.end(), int64_t{0});
   const SteadyTime oldest = queue_[eligible.front()]->enqueue_time;
+  const Cohort cohort{.answered_at = last_answered_.at,
+                      .awaited = std::max<int64_t>(
+                          0, last_answered_.requests - (arrivals_ - last_answered_.arrivals))};
   BatchDecision decision =
       DecideBatch(options_.policy, tokens, oldest, now,
-                  /*device_idle=*/inflight_batches_ == 0, DeviceFreeAtLocked());
+                  /*device_idle=*/inflight_batches_ == 0, DeviceFreeAtLocked(), cohort);
   // Draining: run what is queued without waiting for more to arrive.
   if (decision.take == 0 && stopping_) {
     decision = DecideBatch(options_.policy, tokens, now - options_.policy.max_queue_delay, now,
@@ -203,6 +209,8 @@ std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<St
   }
   if (decision.take == 0) {
     *wake_at = decision.wake_at;
+    const bool holding = options_.policy.cohort_wait.count() > 0 && cohort.awaited > 0;
+    *cohort_back_at = holding ? arrivals_ + cohort.awaited : 0;
     return nullptr;
   }
   auto batch = std::make_shared<Batch>();
@@ -287,9 +295,10 @@ void Batcher::Run() {
       sessions_changed = SweepIdleLocked(now, &wake_at);
       const bool slot_free = inflight_batches_ < max_inflight;
       int64_t eligible_tokens = -1;
+      int64_t cohort_back_at = 0;
       if (!queue_.empty() && slot_free) {
         std::optional<SteadyTime> batch_wake;
-        batch = FormBatchLocked(now, &batch_wake, &eligible_tokens, refused);
+        batch = FormBatchLocked(now, &batch_wake, &eligible_tokens, &cohort_back_at, refused);
         if (batch) {
           ++inflight_batches_;
           sessions_changed =
@@ -310,6 +319,7 @@ void Batcher::Run() {
           sleep_ = {.asleep = true,
                     .slot_free = slot_free,
                     .eligible_tokens = eligible_tokens,
+                    .cohort_back_at = cohort_back_at,
                     .until = wake_at};
           if (wake_at) {
             const auto wait = std::max(*wake_at - now, SteadyTime::duration::zero());
@@ -409,6 +419,11 @@ void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
   // need not wait for this one's replies.
   MutexLock lock(&mu_);
   std::erase_if(inflight_ends_, [&](const auto& e) { return e.first == batch.get(); });
+  // Its answered requests (not the pieces going back to the queue) are the
+  // cohort the hold waits for.
+  last_answered_ = {.at = clock_->Now(),
+                    .requests = static_cast<int64_t>(batch->requests.size() - next_pieces.size()),
+                    .arrivals = arrivals_};
   if (status.ok() && batch->total_tokens > 0) {
     durations_.Observe(batch->total_tokens, compute);
   }

@@ -176,6 +176,70 @@ TEST(BatchPolicyTest, JustInTimeOffKeepsTheDelay) {
   EXPECT_EQ(*DecideBatch(triton, q, kT0, kT0, kBusy, free_at).wake_at, kT0 + microseconds(500));
 }
 
+BatchPolicy HoldPolicy(int64_t cohort_wait_us) {
+  BatchPolicy policy = Policy(64, 500);
+  policy.cohort_wait = microseconds(cohort_wait_us);
+  return policy;
+}
+
+TEST(BatchPolicyTest, CohortHoldKeepsAnIdleDeviceWaitingForTheAnsweredRequests) {
+  // The last batch answered 3 requests at kT0; one came back, two are owed.
+  const std::vector<int64_t> q = {1, 1};
+  const Cohort owed{.answered_at = kT0, .awaited = 2};
+  const BatchDecision d =
+      DecideBatch(HoldPolicy(800), q, kT0, kT0 + microseconds(50), kIdle, std::nullopt, owed);
+  EXPECT_EQ(d.take, 0u);
+  ASSERT_TRUE(d.wake_at.has_value());
+  // Measured from the batch's end, not from the oldest request.
+  EXPECT_EQ(*d.wake_at, kT0 + microseconds(800));
+}
+
+TEST(BatchPolicyTest, CohortBackRunsAtOnce) {
+  const std::vector<int64_t> q = {1, 1, 1};
+  const Cohort back{.answered_at = kT0, .awaited = 0};
+  EXPECT_EQ(
+      DecideBatch(HoldPolicy(800), q, kT0, kT0 + microseconds(50), kIdle, std::nullopt, back).take,
+      3u);
+}
+
+TEST(BatchPolicyTest, CohortHoldIsBounded) {
+  // Whoever is owed and not back by then is not waited for.
+  const std::vector<int64_t> q = {1};
+  const Cohort owed{.answered_at = kT0, .awaited = 5};
+  EXPECT_EQ(
+      DecideBatch(HoldPolicy(800), q, kT0, kT0 + microseconds(800), kIdle, std::nullopt, owed).take,
+      1u);
+}
+
+TEST(BatchPolicyTest, CohortHoldOffRunsAnIdleDeviceAtOnce) {
+  const std::vector<int64_t> q = {1};
+  const Cohort owed{.answered_at = kT0, .awaited = 5};
+  EXPECT_EQ(DecideBatch(HoldPolicy(0), q, kT0, kT0, kIdle, std::nullopt, owed).take, 1u);
+  // Triton's rule replaces it: the delay, counted from the oldest request.
+  BatchPolicy triton = HoldPolicy(800);
+  triton.delay_when_idle = true;
+  EXPECT_EQ(*DecideBatch(triton, q, kT0, kT0, kIdle, std::nullopt, owed).wake_at,
+            kT0 + microseconds(500));
+}
+
+TEST(BatchPolicyTest, CohortHoldStillRunsAFullBatchAtOnce) {
+  const std::vector<int64_t> q = {40, 30};
+  const Cohort owed{.answered_at = kT0, .awaited = 64};
+  EXPECT_EQ(DecideBatch(HoldPolicy(800), q, kT0, kT0, kIdle, std::nullopt, owed).take, 1u);
+}
+
+TEST(BatchPolicyTest, CohortHoldWaitsForTheRunningBatchToEnd) {
+  // Just in time would form at free_at - lead (kT0 + 200 us); with the hold,
+  // the running batch's own cohort is owed too, so only the bound wakes the
+  // scheduler (the batch's end does, through the batcher).
+  const std::vector<int64_t> q = {1};
+  const SteadyTime free_at = kT0 + microseconds(300);
+  const BatchDecision d = DecideBatch(HoldPolicy(800), q, kT0, kT0, kBusy, free_at);
+  EXPECT_EQ(d.take, 0u);
+  ASSERT_TRUE(d.wake_at.has_value());
+  EXPECT_EQ(*d.wake_at, kT0 + microseconds(2000));
+}
+
 TEST(BatchDurationModelTest, PredictsNothingForAClassNotSeen) {
   BatchDurationModel model;
   EXPECT_FALSE(model.Predict(1).has_value());

@@ -106,6 +106,65 @@ TEST(BatcherTest, JustInTimeTheNextBatchFormsAsTheRunningOneEnds) {
   ASSERT_TRUE(plug.done.WaitFor(milliseconds(10000)));
 }
 
+// Two closed-loop clients out of phase: A computes while B waits. With the
+// cohort hold, B is not run alone when A's batch ends; it waits for A's
+// client to come back, and the two run as one batch from then on.
+TEST(BatcherTest, CohortHoldMergesClientsThatWaitOnTheirReplies) {
+  FakeClock clock;
+  FakeBackend backend(2);
+  ServerObserver observer;
+  BatcherOptions options = Options(64, 1'000'000);
+  options.policy.cohort_wait = microseconds(1000);
+  Batcher batcher(options, &backend, &observer, &clock);
+  const std::string payload = "a";
+  Outcome a, b, a_again;
+  backend.SetOpen(false);
+  auto ra = MakeRequest(payload, 1, &a);
+  ASSERT_TRUE(batcher.Enqueue(ra).ok());  // nothing answered yet: runs at once
+  ASSERT_TRUE(backend.AwaitBatches(1));
+  auto rb = MakeRequest(payload, 1, &b);
+  ASSERT_TRUE(batcher.Enqueue(rb).ok());  // busy: waits
+  backend.SetOpen(true);
+  ASSERT_TRUE(a.done.WaitFor(milliseconds(10000)));
+  // A's batch ended and answered one request; none arrived since. B waits.
+  std::this_thread::sleep_for(milliseconds(30));
+  EXPECT_EQ(backend.batch_sizes().size(), 1u);
+  auto ra2 = MakeRequest(payload, 1, &a_again);
+  ASSERT_TRUE(batcher.Enqueue(ra2).ok());
+  ASSERT_TRUE(b.done.WaitFor(milliseconds(10000)));
+  ASSERT_TRUE(a_again.done.WaitFor(milliseconds(10000)));
+  EXPECT_EQ(backend.batch_sizes(), (std::vector<size_t>{1, 2}));
+}
+
+TEST(BatcherTest, CohortHoldEndsAfterTheWait) {
+  FakeClock clock;
+  FakeBackend backend(2);
+  ServerObserver observer;
+  BatcherOptions options = Options(64, 1'000'000);
+  options.policy.cohort_wait = microseconds(1000);
+  Batcher batcher(options, &backend, &observer, &clock);
+  const std::string payload = "a";
+  Outcome a, b;
+  backend.SetOpen(false);
+  auto ra = MakeRequest(payload, 1, &a);
+  ASSERT_TRUE(batcher.Enqueue(ra).ok());
+  ASSERT_TRUE(backend.AwaitBatches(1));
+  auto rb = MakeRequest(payload, 1, &b);
+  ASSERT_TRUE(batcher.Enqueue(rb).ok());
+  backend.SetOpen(true);
+  ASSERT_TRUE(a.done.WaitFor(milliseconds(10000)));
+  clock.Advance(microseconds(999));
+  batcher.Wake();
+  std::this_thread::sleep_for(milliseconds(30));
+  EXPECT_EQ(backend.batch_sizes().size(), 1u);
+  // A's client never comes back: B runs alone once the wait is over.
+  clock.Advance(microseconds(1));
+  batcher.Wake();
+  ASSERT_TRUE(b.done.WaitFor(milliseconds(10000)));
+  EXPECT_TRUE(b.status.ok()) << b.status;
+  EXPECT_EQ(backend.batch_sizes(), (std::vector<size_t>{1, 1}));
+}
+
 TEST(BatcherTest, FullBatchRunsWithoutWaiting) {
   FakeClock clock;         // never advanced: only fullness can trigger the batch
   FakeBackend backend(2);  // one slot for the plug, one free
