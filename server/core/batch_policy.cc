@@ -5,10 +5,38 @@
 #include <bit>
 
 namespace layerserve {
+namespace {
+
+// Whether holding the device for `cohort` finishes the queued tokens and the
+// cohort's sooner than computing the queued ones as soon as the device is
+// free (at `start`) and the cohort after them. With the merged batch's cost
+// not known yet, holding is tried, so that the next decision knows it.
+bool HoldPays(const BatchPolicy& policy, int64_t queued, const Cohort& cohort, SteadyTime start,
+              const BatchDurationModel* compute) {
+  if (policy.cohort_wait.count() <= 0 || policy.delay_when_idle || cohort.awaited <= 0 ||
+      !cohort.back_after || *cohort.back_after > policy.cohort_wait || compute == nullptr ||
+      queued + cohort.awaited_tokens > policy.max_batch_tokens) {
+    return false;  // also when the two would not fit one batch
+  }
+  const SteadyTime back = cohort.answered_at + *cohort.back_after;
+  const std::optional<SteadyTime::duration> merged =
+      compute->Predict(queued + cohort.awaited_tokens);
+  const std::optional<SteadyTime::duration> alone = compute->Predict(queued);
+  const std::optional<SteadyTime::duration> after = compute->Predict(cohort.awaited_tokens);
+  if (!merged || !alone || !after) return true;
+  // Not holding, the cohort's batch starts when the queued one ends or when
+  // the cohort is back, whichever is later.
+  const SteadyTime held = std::max(back, start) + *merged;
+  const SteadyTime in_turns = std::max(start + *alone, back) + *after;
+  return held < in_turns;
+}
+
+}  // namespace
 
 BatchDecision DecideBatch(const BatchPolicy& policy, std::span<const int64_t> queued_tokens,
                           SteadyTime oldest_enqueue, SteadyTime now, bool device_idle,
-                          std::optional<SteadyTime> device_free_at, Cohort cohort) {
+                          std::optional<SteadyTime> device_free_at, const Cohort& cohort,
+                          const BatchDurationModel* compute) {
   BatchDecision decision;
   if (queued_tokens.empty()) return decision;
 
@@ -23,14 +51,13 @@ BatchDecision DecideBatch(const BatchPolicy& policy, std::span<const int64_t> qu
   }
 
   const bool full = tokens >= policy.max_batch_tokens || take < queued_tokens.size();
-  const bool hold = policy.cohort_wait.count() > 0 && !policy.delay_when_idle;
   if (full) {
     decision.take = take;
     return decision;
   }
   if (device_idle && !policy.delay_when_idle) {
     const SteadyTime hold_until = cohort.answered_at + policy.cohort_wait;
-    if (hold && cohort.awaited > 0 && now < hold_until) {
+    if (now < hold_until && HoldPays(policy, tokens, cohort, now, compute)) {
       decision.wake_at = hold_until;  // or sooner, when the cohort is back
     } else {
       decision.take = take;
@@ -43,12 +70,14 @@ BatchDecision DecideBatch(const BatchPolicy& policy, std::span<const int64_t> qu
   if (just_in_time) {
     // Earlier than `due` when the running batch ends first; later, up to the
     // wait bound, when it ends after. Both bounds count from the oldest
-    // request, so a request never waits more than the larger of them. With
-    // the cohort hold, only the bound: the running batch's end wakes the
-    // scheduler, and the idle rule above decides from there.
+    // request, so a request never waits more than the larger of them. When
+    // the running batch's cohort is worth holding for, only the bound: the
+    // batch's end wakes the scheduler, and the idle rule above decides again.
     const SteadyTime bound =
         oldest_enqueue + std::max(policy.max_device_wait, policy.max_queue_delay);
-    due = hold ? bound : std::min(*device_free_at - policy.device_lead, bound);
+    due = HoldPays(policy, tokens, cohort, *device_free_at, compute)
+              ? bound
+              : std::min(*device_free_at - policy.device_lead, bound);
   }
   if (now >= due) {
     decision.take = take;
@@ -58,18 +87,22 @@ BatchDecision DecideBatch(const BatchPolicy& policy, std::span<const int64_t> qu
   return decision;
 }
 
-size_t BatchDurationModel::Class(int64_t tokens) {
-  return std::min<size_t>(std::bit_width(static_cast<uint64_t>(std::max<int64_t>(tokens, 1))), 63);
+size_t BatchDurationModel::Class(int64_t size) {
+  const auto n = static_cast<uint64_t>(std::max<int64_t>(size, 1));
+  const int octave = std::bit_width(n) - 1;  // floor(log2 n)
+  if (octave < 2) return n;                  // 1, 2, 3
+  // Four classes per doubling, by the two bits below the leading one.
+  return 4 * static_cast<size_t>(octave) + ((n >> (octave - 2)) & 3);
 }
 
-void BatchDurationModel::Observe(int64_t tokens, SteadyTime::duration duration) {
+void BatchDurationModel::Observe(int64_t size, SteadyTime::duration duration) {
   const double seconds = std::max(std::chrono::duration<double>(duration).count(), 1e-9);
-  double& average = seconds_[Class(tokens)];
+  double& average = seconds_[Class(size)];
   average = average == 0 ? seconds : average + kSmoothing * (seconds - average);
 }
 
-std::optional<SteadyTime::duration> BatchDurationModel::Predict(int64_t tokens) const {
-  const double seconds = seconds_[Class(tokens)];
+std::optional<SteadyTime::duration> BatchDurationModel::Predict(int64_t size) const {
+  const double seconds = seconds_[Class(size)];
   if (seconds == 0) return std::nullopt;
   return std::chrono::duration_cast<SteadyTime::duration>(std::chrono::duration<double>(seconds));
 }

@@ -22,19 +22,23 @@
 // the running one's last device_lead. A request waits for a running batch at
 // most max_device_wait (a long prefill chunk); past that it runs beside it.
 //
-// Cohort hold (BatchPolicy::cohort_wait > 0): built for closed loops, where
-// every answered request comes back as a new one a round trip later (a
-// client's next call, a session's next decode step). Run back to back, such
-// clients split into cohorts that alternate on the device, each a fraction of
-// the whole; no rule that looks only at the queue can merge them, since two
-// equal cohorts look just like a steady stream of arrivals. So with the hold
-// on, the next batch waits for the running one to end, and then until as many
-// requests have arrived since that end as it answered (its cohort is back),
-// for at most cohort_wait. The cohorts merge into one, the device idles one
-// round trip per batch instead of computing two half batches, and each
-// request's latency falls with the queueing. At low load nothing changes: a
-// batch of one awaits one arrival, and the first that comes runs at once.
-// What it costs is latency under open-loop load, at most cohort_wait.
+// Cohort hold (BatchPolicy::cohort_wait > 0): for closed loops, where every
+// answered request comes back as a new one a round trip later (a client's
+// next call, a session's next decode step). Run back to back, such clients
+// split into cohorts that take turns on the device; no rule that looks only
+// at the queue can tell them from a steady stream of arrivals. Whether to
+// merge them is a trade the batcher can price from what it has measured:
+// holding idles the device until the last batch's requests are back (their
+// return time, learned per cohort size), then computes one batch of both;
+// not holding computes the queued requests now and the cohort after them,
+// the round trip hidden behind the first batch. The hold is taken when it
+// finishes both sooner (HoldPays in batch_policy.cc), so it merges small
+// memory-bound batches, where a batch of 8 costs what one of 4 does, and
+// leaves alone the large ones and the long round trips (a pipeline stage
+// waiting on the next), where taking turns keeps the device busy. A hold
+// lasts at most cohort_wait after the batch's end; a cohort size whose
+// merged batch has never run is tried once, to learn its cost. Open-loop
+// arrivals look like a cohort that comes back slowly: the same price rules.
 #pragma once
 
 #include <array>
@@ -68,10 +72,40 @@ struct BatchPolicy {
   std::chrono::microseconds cohort_wait{0};
 };
 
-// The requests the last batch to end answered, for the cohort hold.
+// A duration learned per size, from what happened: an exponential moving
+// average per size class, four classes per doubling (1, 2, ..., 7, 8-9,
+// 10-11, ..., 32-39, 40-47, ...), fine enough to price 32 tokens against 63
+// and coarse enough to learn fast. The batcher keeps two: how long a batch
+// of N tokens computes (a memory-bound batch of 40 tokens costs about what
+// one of 32 does, a 4096-token one far more), and how long the N requests a
+// batch answered take to come back. Not thread-safe: the batcher holds them
+// under its lock.
+class BatchDurationModel {
+ public:
+  // Weight of the newest sample in the average.
+  static constexpr double kSmoothing = 0.2;
+
+  // Records that something of `size` (>= 1) took `duration`.
+  void Observe(int64_t size, SteadyTime::duration duration);
+  // The average for `size`'s class; unset before one of that class has been
+  // observed (a first prefill must not be predicted from decode steps).
+  std::optional<SteadyTime::duration> Predict(int64_t size) const;
+
+ private:
+  static size_t Class(int64_t size);
+  std::array<double, 256> seconds_{};  // 0: no sample yet
+};
+
+// The requests of the last batch to end, or of the running one (then
+// answered_at is its predicted end), which a closed loop will send back: for
+// the cohort hold.
 struct Cohort {
-  SteadyTime answered_at{};  // when that batch ended
-  int64_t awaited = 0;       // its answered requests not yet matched by an arrival since
+  SteadyTime answered_at{};
+  int64_t awaited = 0;         // its requests not yet matched by an arrival since
+  int64_t awaited_tokens = 0;  // their tokens, as that batch held them
+  // How long after their answer that many requests have come back (unset:
+  // not learned yet, and then the device does not wait for them).
+  std::optional<SteadyTime::duration> back_after;
 };
 
 struct BatchDecision {
@@ -88,32 +122,11 @@ struct BatchDecision {
 // first one was queued. `device_idle`: no batch is in flight.
 // `device_free_at`: when the batches in flight are predicted to have ended
 // (unset: idle, or no prediction yet, and then max_queue_delay alone decides).
-// `cohort`: what the last batch to end is still owed, for the cohort hold.
+// `cohort` and `compute` (batch compute times; null: none known) price the
+// cohort hold.
 BatchDecision DecideBatch(const BatchPolicy& policy, std::span<const int64_t> queued_tokens,
                           SteadyTime oldest_enqueue, SteadyTime now, bool device_idle,
                           std::optional<SteadyTime> device_free_at = std::nullopt,
-                          Cohort cohort = {});
-
-// How long a batch computes, learned from the batches that ran: an
-// exponential moving average per size class, the classes being powers of two
-// of tokens (1, 2-3, 4-7, ...), since on a GPU a memory-bound batch of 3
-// tokens costs what one of 2 does and a 4096-token one far more. Not
-// thread-safe: the batcher holds it under its lock.
-class BatchDurationModel {
- public:
-  // Weight of the newest sample in the average.
-  static constexpr double kSmoothing = 0.2;
-
-  // Records that a batch of `tokens` (>= 1) computed for `duration`.
-  void Observe(int64_t tokens, SteadyTime::duration duration);
-  // The average for batches of `tokens`'s class; unset before one of that
-  // class has been observed (a first prefill must not be predicted from
-  // decode steps).
-  std::optional<SteadyTime::duration> Predict(int64_t tokens) const;
-
- private:
-  static size_t Class(int64_t tokens);
-  std::array<double, 64> seconds_{};  // 0: no sample yet
-};
+                          const Cohort& cohort = {}, const BatchDurationModel* compute = nullptr);
 
 }  // namespace layerserve

@@ -84,11 +84,43 @@ absl::Status Batcher::Enqueue(std::unique_ptr<InferRequest>& request) {
     options_.sessions->Touch(request->session->id, request->enqueue_time);
   }
   queued_bytes_ += bytes;
-  ++arrivals_;
+  CountArrivalLocked(request->enqueue_time);
   queue_.push_back(std::move(request));
   observer_->OnQueueDepth(static_cast<int64_t>(queue_.size()));
   if (MayChangeDecisionLocked(*queue_.back())) cv_.Signal();
   return absl::OkStatus();
+}
+
+void Batcher::CountArrivalLocked(SteadyTime now) {
+  ++arrivals_;
+  while (!awaiting_return_.empty() && awaiting_return_.front().arrivals <= arrivals_) {
+    const Answered& a = awaiting_return_.front();
+    // A return slower than the hold's bound only says "too slow to wait
+    // for": clamped, so one long pause in the traffic is soon forgotten.
+    const auto bound =
+        2 * std::chrono::duration_cast<SteadyTime::duration>(options_.policy.cohort_wait);
+    returns_.Observe(a.requests, std::min<SteadyTime::duration>(now - a.at, bound));
+    awaiting_return_.pop_front();
+  }
+}
+
+Cohort Batcher::CohortLocked() const {
+  if (!inflight_.empty()) {
+    const InFlight& newest = inflight_.back();
+    if (!newest.end) return {};
+    return {.answered_at = *newest.end,
+            .awaited = newest.requests,
+            .awaited_tokens = newest.tokens,
+            .back_after = returns_.Predict(newest.requests)};
+  }
+  const int64_t back = arrivals_ - last_answered_.arrivals;
+  const int64_t awaited = std::max<int64_t>(0, last_answered_.requests - back);
+  if (awaited == 0) return {};
+  return {.answered_at = last_answered_.at,
+          .awaited = awaited,
+          // Tokens in the proportion of the requests still owed.
+          .awaited_tokens = last_answered_.tokens * awaited / last_answered_.requests,
+          .back_after = returns_.Predict(last_answered_.requests)};
 }
 
 bool Batcher::MayChangeDecisionLocked(const InferRequest& r) const {
@@ -196,12 +228,10 @@ std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<St
   if (eligible.empty()) return nullptr;  // a batch in flight will wake us
   *eligible_tokens = std::accumulate(tokens.begin(), tokens.end(), int64_t{0});
   const SteadyTime oldest = queue_[eligible.front()]->enqueue_time;
-  const Cohort cohort{.answered_at = last_answered_.at,
-                      .awaited = std::max<int64_t>(
-                          0, last_answered_.requests - (arrivals_ - last_answered_.arrivals))};
-  BatchDecision decision =
-      DecideBatch(options_.policy, tokens, oldest, now,
-                  /*device_idle=*/inflight_batches_ == 0, DeviceFreeAtLocked(), cohort);
+  const Cohort cohort = CohortLocked();
+  BatchDecision decision = DecideBatch(options_.policy, tokens, oldest, now,
+                                       /*device_idle=*/inflight_batches_ == 0, DeviceFreeAtLocked(),
+                                       cohort, &durations_);
   // Draining: run what is queued without waiting for more to arrive.
   if (decision.take == 0 && stopping_) {
     decision = DecideBatch(options_.policy, tokens, now - options_.policy.max_queue_delay, now,
@@ -209,7 +239,9 @@ std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<St
   }
   if (decision.take == 0) {
     *wake_at = decision.wake_at;
-    const bool holding = options_.policy.cohort_wait.count() > 0 && cohort.awaited > 0;
+    // Idle and waiting with a cohort owed: the hold. Its last arrival wakes
+    // the scheduler.
+    const bool holding = inflight_batches_ == 0 && cohort.awaited > 0;
     *cohort_back_at = holding ? arrivals_ + cohort.awaited : 0;
     return nullptr;
   }
@@ -253,9 +285,9 @@ std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<St
 
 std::optional<SteadyTime> Batcher::DeviceFreeAtLocked() const {
   std::optional<SteadyTime> free_at;
-  for (const auto& [batch, end] : inflight_ends_) {
-    if (!end) return std::nullopt;  // a batch of a size not seen before
-    if (!free_at || *end > *free_at) free_at = end;
+  for (const InFlight& f : inflight_) {
+    if (!f.end) return std::nullopt;  // a batch of a size not seen before
+    if (!free_at || *f.end > *free_at) free_at = f.end;
   }
   return free_at;
 }
@@ -357,8 +389,11 @@ void Batcher::Run() {
         MutexLock lock(&mu_);
         const std::optional<SteadyTime::duration> duration =
             durations_.Predict(batch->total_tokens);
-        inflight_ends_.push_back(
-            {batch.get(), duration ? std::optional<SteadyTime>(start + *duration) : std::nullopt});
+        inflight_.push_back(
+            {.batch = batch.get(),
+             .end = duration ? std::optional<SteadyTime>(start + *duration) : std::nullopt,
+             .requests = static_cast<int64_t>(batch->requests.size()),
+             .tokens = batch->total_tokens});
       }
       backend_->Execute(batch, [this, batch, start](absl::Status status) {
         OnBatchDone(batch, start, std::move(status));
@@ -385,6 +420,7 @@ void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
   // next request sees this one's effect.
   std::vector<absl::Status> statuses(batch->requests.size(), status);
   std::vector<std::unique_ptr<InferRequest>> next_pieces;  // in batch order
+  int64_t next_piece_tokens = 0;  // this batch's tokens of those (not answered yet)
   if (batch->has_sessions && options_.sessions != nullptr) {
     const SteadyTime now = clock_->Now();
     for (size_t i = 0; i < batch->requests.size(); ++i) {
@@ -396,6 +432,7 @@ void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
       if (!finished.ok()) {
         statuses[i] = std::move(finished);  // a bug: never hide it
       } else if (status.ok() && !last_piece) {
+        next_piece_tokens += r.batch_tokens();
         r.chunk_begin += r.piece_tokens();
         r.chunk_tokens = 0;
         next_pieces.push_back(std::move(batch->requests[i]));
@@ -418,12 +455,21 @@ void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
   // The slot is free as soon as the results are on the host; the next batch
   // need not wait for this one's replies.
   MutexLock lock(&mu_);
-  std::erase_if(inflight_ends_, [&](const auto& e) { return e.first == batch.get(); });
+  std::erase_if(inflight_, [&](const InFlight& f) { return f.batch == batch.get(); });
   // Its answered requests (not the pieces going back to the queue) are the
-  // cohort the hold waits for.
-  last_answered_ = {.at = clock_->Now(),
-                    .requests = static_cast<int64_t>(batch->requests.size() - next_pieces.size()),
-                    .arrivals = arrivals_};
+  // cohort a closed loop sends back.
+  const int64_t answered = static_cast<int64_t>(batch->requests.size() - next_pieces.size());
+  if (answered > 0 && options_.policy.cohort_wait.count() > 0) {
+    last_answered_ = {.at = clock_->Now(),
+                      .requests = answered,
+                      .tokens = batch->total_tokens - next_piece_tokens,
+                      .arrivals = arrivals_};
+    awaiting_return_.push_back(last_answered_);
+    awaiting_return_.back().arrivals += answered;  // the count that brings them back
+    // Batches whose requests never come back (an open loop that stops) are
+    // not watched forever.
+    if (awaiting_return_.size() > kMaxAwaitedReturns) awaiting_return_.pop_front();
+  }
   if (status.ok() && batch->total_tokens > 0) {
     durations_.Observe(batch->total_tokens, compute);
   }

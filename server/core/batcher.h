@@ -172,18 +172,35 @@ class Batcher {
   // flight (unset: no prediction for its size yet), for just-in-time
   // formation (BatchPolicy::max_device_wait).
   BatchDurationModel durations_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<const Batch*, std::optional<SteadyTime>>> inflight_ends_
-      ABSL_GUARDED_BY(mu_);
+  struct InFlight {
+    const Batch* batch = nullptr;
+    std::optional<SteadyTime> end;
+    int64_t requests = 0;
+    int64_t tokens = 0;
+  };
+  std::vector<InFlight> inflight_ ABSL_GUARDED_BY(mu_);  // in start order
   // For the cohort hold (BatchPolicy::cohort_wait): requests enqueued since
-  // the start (chunk pieces put back are not arrivals), and the last batch
-  // to end: when, how many requests it answered, and the arrivals count then.
+  // the start (chunk pieces put back are not arrivals); the last batch to
+  // end (when, the requests and tokens it answered, the arrivals count
+  // then); and how long answered requests take to come back, learned per
+  // count from every batch: its end, and the arrivals count that matches it.
   int64_t arrivals_ ABSL_GUARDED_BY(mu_) = 0;
-  struct LastAnswered {
+  struct Answered {
     SteadyTime at{};
     int64_t requests = 0;
+    int64_t tokens = 0;
     int64_t arrivals = 0;
   };
-  LastAnswered last_answered_ ABSL_GUARDED_BY(mu_);
+  Answered last_answered_ ABSL_GUARDED_BY(mu_);
+  BatchDurationModel returns_ ABSL_GUARDED_BY(mu_);
+  std::deque<Answered> awaiting_return_ ABSL_GUARDED_BY(mu_);
+  static constexpr size_t kMaxAwaitedReturns = 64;
+  // The cohort DecideBatch prices: the newest batch in flight's, or else
+  // what the last one to end is still owed.
+  Cohort CohortLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts an arrival, and learns the return time of the batches it
+  // completes.
+  void CountArrivalLocked(SteadyTime now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   // What the scheduler knew when it last went to sleep: whether a slot was

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <vector>
 
 namespace layerserve {
@@ -182,62 +183,133 @@ BatchPolicy HoldPolicy(int64_t cohort_wait_us) {
   return policy;
 }
 
-TEST(BatchPolicyTest, CohortHoldKeepsAnIdleDeviceWaitingForTheAnsweredRequests) {
-  // The last batch answered 3 requests at kT0; one came back, two are owed.
-  const std::vector<int64_t> q = {1, 1};
-  const Cohort owed{.answered_at = kT0, .awaited = 2};
+// Batch compute times as the 4-layer span measured them on an H100: 4 tokens
+// 810 us, 8 tokens 860, 31 tokens 1120, 33 tokens 1130, 64 tokens 1410.
+BatchDurationModel SpanTimes() {
+  BatchDurationModel model;
+  for (const auto [tokens, us] :
+       {std::pair{4, 810}, {8, 860}, {31, 1120}, {33, 1130}, {64, 1410}}) {
+    model.Observe(tokens, microseconds(us));
+  }
+  return model;
+}
+
+Cohort Owed(int64_t requests, int64_t back_after_us) {
+  return {.answered_at = kT0,
+          .awaited = requests,
+          .awaited_tokens = requests,
+          .back_after = microseconds(back_after_us)};
+}
+
+TEST(BatchPolicyTest, CohortHoldMergesSmallBatches) {
+  // Eight clients in two cohorts of four, 450 us round trips: one batch of 8
+  // after the wait (450 + 860 us) ends before two of 4 in turns (810 + 810).
+  const BatchDurationModel times = SpanTimes();
+  const std::vector<int64_t> q(4, 1);
   const BatchDecision d =
-      DecideBatch(HoldPolicy(800), q, kT0, kT0 + microseconds(50), kIdle, std::nullopt, owed);
+      DecideBatch(HoldPolicy(1000), q, kT0, kT0, kIdle, std::nullopt, Owed(4, 450), &times);
   EXPECT_EQ(d.take, 0u);
   ASSERT_TRUE(d.wake_at.has_value());
-  // Measured from the batch's end, not from the oldest request.
-  EXPECT_EQ(*d.wake_at, kT0 + microseconds(800));
+  // The bound, counted from the batch's end; the cohort's return wakes the
+  // batcher sooner.
+  EXPECT_EQ(*d.wake_at, kT0 + microseconds(1000));
+}
+
+TEST(BatchPolicyTest, CohortHoldLeavesLargeBatchesTakingTurns) {
+  // 64 clients in cohorts of 31 and 33, 900 us round trips: in turns the
+  // device stays busy (1120 + 1130 us); waiting would idle it 900 us before
+  // a 1410 us batch.
+  const BatchDurationModel times = SpanTimes();
+  const std::vector<int64_t> q(31, 1);
+  EXPECT_EQ(
+      DecideBatch(HoldPolicy(1000), q, kT0, kT0, kIdle, std::nullopt, Owed(33, 900), &times).take,
+      31u);
+}
+
+TEST(BatchPolicyTest, CohortHoldNeverWaitsForALongRoundTrip) {
+  // Returns slower than the bound (a pipeline stage waiting on the next).
+  const BatchDurationModel times = SpanTimes();
+  const std::vector<int64_t> q(4, 1);
+  EXPECT_EQ(
+      DecideBatch(HoldPolicy(1000), q, kT0, kT0, kIdle, std::nullopt, Owed(4, 1200), &times).take,
+      4u);
+  // Nor before a return time has been learned.
+  Cohort unknown = Owed(4, 0);
+  unknown.back_after.reset();
+  EXPECT_EQ(DecideBatch(HoldPolicy(1000), q, kT0, kT0, kIdle, std::nullopt, unknown, &times).take,
+            4u);
+}
+
+TEST(BatchPolicyTest, CohortHoldTriesAMergedSizeNotSeenYet) {
+  BatchDurationModel times;
+  times.Observe(4, microseconds(810));
+  const std::vector<int64_t> q(4, 1);
+  EXPECT_EQ(
+      DecideBatch(HoldPolicy(1000), q, kT0, kT0, kIdle, std::nullopt, Owed(4, 450), &times).take,
+      0u);
 }
 
 TEST(BatchPolicyTest, CohortBackRunsAtOnce) {
-  const std::vector<int64_t> q = {1, 1, 1};
-  const Cohort back{.answered_at = kT0, .awaited = 0};
+  const BatchDurationModel times = SpanTimes();
+  const std::vector<int64_t> q(8, 1);
   EXPECT_EQ(
-      DecideBatch(HoldPolicy(800), q, kT0, kT0 + microseconds(50), kIdle, std::nullopt, back).take,
-      3u);
+      DecideBatch(HoldPolicy(1000), q, kT0, kT0, kIdle, std::nullopt, Owed(0, 450), &times).take,
+      8u);
 }
 
 TEST(BatchPolicyTest, CohortHoldIsBounded) {
   // Whoever is owed and not back by then is not waited for.
-  const std::vector<int64_t> q = {1};
-  const Cohort owed{.answered_at = kT0, .awaited = 5};
-  EXPECT_EQ(
-      DecideBatch(HoldPolicy(800), q, kT0, kT0 + microseconds(800), kIdle, std::nullopt, owed).take,
-      1u);
+  const BatchDurationModel times = SpanTimes();
+  const std::vector<int64_t> q(4, 1);
+  EXPECT_EQ(DecideBatch(HoldPolicy(1000), q, kT0, kT0 + microseconds(1000), kIdle, std::nullopt,
+                        Owed(4, 450), &times)
+                .take,
+            4u);
 }
 
 TEST(BatchPolicyTest, CohortHoldOffRunsAnIdleDeviceAtOnce) {
-  const std::vector<int64_t> q = {1};
-  const Cohort owed{.answered_at = kT0, .awaited = 5};
-  EXPECT_EQ(DecideBatch(HoldPolicy(0), q, kT0, kT0, kIdle, std::nullopt, owed).take, 1u);
+  const BatchDurationModel times = SpanTimes();
+  const std::vector<int64_t> q(4, 1);
+  EXPECT_EQ(DecideBatch(HoldPolicy(0), q, kT0, kT0, kIdle, std::nullopt, Owed(4, 450), &times).take,
+            4u);
   // Triton's rule replaces it: the delay, counted from the oldest request.
-  BatchPolicy triton = HoldPolicy(800);
+  BatchPolicy triton = HoldPolicy(1000);
   triton.delay_when_idle = true;
-  EXPECT_EQ(*DecideBatch(triton, q, kT0, kT0, kIdle, std::nullopt, owed).wake_at,
+  EXPECT_EQ(*DecideBatch(triton, q, kT0, kT0, kIdle, std::nullopt, Owed(4, 450), &times).wake_at,
             kT0 + microseconds(500));
 }
 
 TEST(BatchPolicyTest, CohortHoldStillRunsAFullBatchAtOnce) {
+  const BatchDurationModel times = SpanTimes();
   const std::vector<int64_t> q = {40, 30};
-  const Cohort owed{.answered_at = kT0, .awaited = 64};
-  EXPECT_EQ(DecideBatch(HoldPolicy(800), q, kT0, kT0, kIdle, std::nullopt, owed).take, 1u);
+  EXPECT_EQ(
+      DecideBatch(HoldPolicy(1000), q, kT0, kT0, kIdle, std::nullopt, Owed(4, 450), &times).take,
+      1u);
+  // Nor does it wait for a cohort that would not fit one batch with the queue.
+  const std::vector<int64_t> big = {60};
+  EXPECT_EQ(
+      DecideBatch(HoldPolicy(1000), big, kT0, kT0, kIdle, std::nullopt, Owed(8, 450), &times).take,
+      1u);
 }
 
 TEST(BatchPolicyTest, CohortHoldWaitsForTheRunningBatchToEnd) {
-  // Just in time would form at free_at - lead (kT0 + 200 us); with the hold,
-  // the running batch's own cohort is owed too, so only the bound wakes the
-  // scheduler (the batch's end does, through the batcher).
-  const std::vector<int64_t> q = {1};
-  const SteadyTime free_at = kT0 + microseconds(300);
-  const BatchDecision d = DecideBatch(HoldPolicy(800), q, kT0, kT0, kBusy, free_at);
-  EXPECT_EQ(d.take, 0u);
-  ASSERT_TRUE(d.wake_at.has_value());
-  EXPECT_EQ(*d.wake_at, kT0 + microseconds(2000));
+  // A batch of 4 runs until kT0; four more requests are queued. Worth holding
+  // for its cohort: not formed just in time (kT0 - 100 us); only the bound
+  // wakes the scheduler, and the batch's end does, through the batcher.
+  const BatchDurationModel times = SpanTimes();
+  const std::vector<int64_t> q(4, 1);
+  const SteadyTime queued = kT0 - microseconds(500);
+  const BatchDecision held = DecideBatch(HoldPolicy(1000), q, queued, kT0 - microseconds(200),
+                                         kBusy, kT0, Owed(4, 450), &times);
+  EXPECT_EQ(held.take, 0u);
+  ASSERT_TRUE(held.wake_at.has_value());
+  EXPECT_EQ(*held.wake_at, queued + microseconds(2000));
+  // Not worth it: just in time as without the hold.
+  const std::vector<int64_t> q31(31, 1);
+  const BatchDecision in_time = DecideBatch(HoldPolicy(1000), q31, queued, kT0 - microseconds(200),
+                                            kBusy, kT0, Owed(33, 900), &times);
+  ASSERT_TRUE(in_time.wake_at.has_value());
+  EXPECT_EQ(*in_time.wake_at, kT0 - microseconds(100));
 }
 
 TEST(BatchDurationModelTest, PredictsNothingForAClassNotSeen) {
@@ -246,11 +318,15 @@ TEST(BatchDurationModelTest, PredictsNothingForAClassNotSeen) {
   model.Observe(1, microseconds(800));
   ASSERT_TRUE(model.Predict(1).has_value());
   EXPECT_EQ(*model.Predict(1), microseconds(800));
-  // 2 and 3 tokens share a class; 1 is its own, as is 4-7.
+  // Below 8 every size is its own class; from there, four per doubling.
   EXPECT_FALSE(model.Predict(2).has_value());
-  model.Observe(3, microseconds(900));
-  EXPECT_EQ(*model.Predict(2), microseconds(900));
-  EXPECT_FALSE(model.Predict(4).has_value());
+  model.Observe(33, microseconds(900));
+  EXPECT_EQ(*model.Predict(32), microseconds(900));
+  EXPECT_EQ(*model.Predict(39), microseconds(900));
+  EXPECT_FALSE(model.Predict(31).has_value());
+  EXPECT_FALSE(model.Predict(40).has_value());
+  model.Observe(std::numeric_limits<int64_t>::max(), microseconds(5));
+  EXPECT_EQ(*model.Predict(std::numeric_limits<int64_t>::max()), microseconds(5));
   EXPECT_FALSE(model.Predict(4096).has_value());
 }
 

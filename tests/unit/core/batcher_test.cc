@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <deque>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -106,63 +107,75 @@ TEST(BatcherTest, JustInTimeTheNextBatchFormsAsTheRunningOneEnds) {
   ASSERT_TRUE(plug.done.WaitFor(milliseconds(10000)));
 }
 
-// Two closed-loop clients out of phase: A computes while B waits. With the
-// cohort hold, B is not run alone when A's batch ends; it waits for A's
-// client to come back, and the two run as one batch from then on.
-TEST(BatcherTest, CohortHoldMergesClientsThatWaitOnTheirReplies) {
-  FakeClock clock;
-  FakeBackend backend(2);
-  ServerObserver observer;
-  BatcherOptions options = Options(64, 1'000'000);
-  options.policy.cohort_wait = microseconds(1000);
-  Batcher batcher(options, &backend, &observer, &clock);
-  const std::string payload = "a";
-  Outcome a, b, a_again;
-  backend.SetOpen(false);
-  auto ra = MakeRequest(payload, 1, &a);
-  ASSERT_TRUE(batcher.Enqueue(ra).ok());  // nothing answered yet: runs at once
-  ASSERT_TRUE(backend.AwaitBatches(1));
-  auto rb = MakeRequest(payload, 1, &b);
-  ASSERT_TRUE(batcher.Enqueue(rb).ok());  // busy: waits
-  backend.SetOpen(true);
-  ASSERT_TRUE(a.done.WaitFor(milliseconds(10000)));
-  // A's batch ended and answered one request; none arrived since. B waits.
-  std::this_thread::sleep_for(milliseconds(30));
-  EXPECT_EQ(backend.batch_sizes().size(), 1u);
-  auto ra2 = MakeRequest(payload, 1, &a_again);
-  ASSERT_TRUE(batcher.Enqueue(ra2).ok());
-  ASSERT_TRUE(b.done.WaitFor(milliseconds(10000)));
-  ASSERT_TRUE(a_again.done.WaitFor(milliseconds(10000)));
-  EXPECT_EQ(backend.batch_sizes(), (std::vector<size_t>{1, 2}));
+// Two closed-loop clients out of phase, each answered in 800 us and back
+// 300 us later: A computes while B waits. The batcher first learns a batch's
+// time and a return's from A alone; then, as A's next batch ends, it holds B
+// for A's return (a batch of two has never run: trying it is how its cost is
+// learned), and the two run as one batch.
+class CohortHoldTest : public ::testing::Test {
+ protected:
+  CohortHoldTest() {
+    BatcherOptions options = Options(64, 1'000'000);
+    options.policy.cohort_wait = microseconds(1000);
+    batcher_.emplace(options, &backend_, &observer_, &clock_);
+  }
+
+  // A's first batch and its return, then B queued behind A's second batch,
+  // which then ends: the hold starts.
+  void ReachTheHold() {
+    backend_.SetOpen(false);
+    Enqueue(a_[0]);
+    ASSERT_TRUE(backend_.AwaitBatches(1));
+    clock_.Advance(microseconds(800));
+    backend_.SetOpen(true);
+    ASSERT_TRUE(a_[0].done.WaitFor(milliseconds(10000)));
+    clock_.Advance(microseconds(300));
+    backend_.SetOpen(false);
+    Enqueue(a_[1]);  // A is back: runs at once
+    ASSERT_TRUE(backend_.AwaitBatches(2));
+    Enqueue(b_);  // the device is busy: waits
+    clock_.Advance(microseconds(800));
+    backend_.SetOpen(true);
+    ASSERT_TRUE(a_[1].done.WaitFor(milliseconds(10000)));
+    // A's second batch ended and A is not back: B is held.
+    std::this_thread::sleep_for(milliseconds(30));
+    EXPECT_EQ(backend_.batch_sizes().size(), 2u);
+  }
+
+  void Enqueue(Outcome& out) {
+    auto r = MakeRequest(payload_, 1, &out);
+    ASSERT_TRUE(batcher_->Enqueue(r).ok());
+  }
+
+  const std::string payload_ = "a";
+  FakeClock clock_;
+  FakeBackend backend_{2};
+  ServerObserver observer_;
+  Outcome a_[3], b_;  // outlive the batcher's reply threads
+  std::optional<Batcher> batcher_;
+};
+
+TEST_F(CohortHoldTest, MergesClientsThatWaitOnTheirReplies) {
+  ReachTheHold();
+  Enqueue(a_[2]);  // A is back: B and A run together
+  ASSERT_TRUE(b_.done.WaitFor(milliseconds(10000)));
+  ASSERT_TRUE(a_[2].done.WaitFor(milliseconds(10000)));
+  EXPECT_TRUE(b_.status.ok()) << b_.status;
+  EXPECT_EQ(backend_.batch_sizes(), (std::vector<size_t>{1, 1, 2}));
 }
 
-TEST(BatcherTest, CohortHoldEndsAfterTheWait) {
-  FakeClock clock;
-  FakeBackend backend(2);
-  ServerObserver observer;
-  BatcherOptions options = Options(64, 1'000'000);
-  options.policy.cohort_wait = microseconds(1000);
-  Batcher batcher(options, &backend, &observer, &clock);
-  const std::string payload = "a";
-  Outcome a, b;
-  backend.SetOpen(false);
-  auto ra = MakeRequest(payload, 1, &a);
-  ASSERT_TRUE(batcher.Enqueue(ra).ok());
-  ASSERT_TRUE(backend.AwaitBatches(1));
-  auto rb = MakeRequest(payload, 1, &b);
-  ASSERT_TRUE(batcher.Enqueue(rb).ok());
-  backend.SetOpen(true);
-  ASSERT_TRUE(a.done.WaitFor(milliseconds(10000)));
-  clock.Advance(microseconds(999));
-  batcher.Wake();
+TEST_F(CohortHoldTest, EndsAfterTheWait) {
+  ReachTheHold();
+  clock_.Advance(microseconds(999));
+  batcher_->Wake();
   std::this_thread::sleep_for(milliseconds(30));
-  EXPECT_EQ(backend.batch_sizes().size(), 1u);
-  // A's client never comes back: B runs alone once the wait is over.
-  clock.Advance(microseconds(1));
-  batcher.Wake();
-  ASSERT_TRUE(b.done.WaitFor(milliseconds(10000)));
-  EXPECT_TRUE(b.status.ok()) << b.status;
-  EXPECT_EQ(backend.batch_sizes(), (std::vector<size_t>{1, 1}));
+  EXPECT_EQ(backend_.batch_sizes().size(), 2u);
+  // A never comes back: B runs alone once the wait is over.
+  clock_.Advance(microseconds(1));
+  batcher_->Wake();
+  ASSERT_TRUE(b_.done.WaitFor(milliseconds(10000)));
+  EXPECT_TRUE(b_.status.ok()) << b_.status;
+  EXPECT_EQ(backend_.batch_sizes(), (std::vector<size_t>{1, 1, 1}));
 }
 
 TEST(BatcherTest, FullBatchRunsWithoutWaiting) {
