@@ -7,28 +7,38 @@
 namespace layerserve {
 namespace {
 
-// Whether holding the device for `cohort` finishes the queued tokens and the
-// cohort's sooner than computing the queued ones as soon as the device is
-// free (at `start`) and the cohort after them. With the merged batch's cost
-// not known yet, holding is tried, so that the next decision knows it.
-bool HoldPays(const BatchPolicy& policy, int64_t queued, const Cohort& cohort, SteadyTime start,
-              const BatchDurationModel* compute) {
+// Whether the closed loop of the queued requests and the cohort owed (its
+// population: n requests, all of which come back each round) runs faster as
+// one batch per round, waiting for everyone, than as two halves taking
+// turns, each half's round trip hidden behind the other's compute:
+//
+//   one batch:   a round is compute(n) + return(n);
+//   two halves:  a round is max(2 compute(n/2), compute(n/2) + return(n/2)).
+//
+// Priced on the population, not on the queue at hand, so the answer does not
+// flip with how the requests happen to be split at this moment (with one
+// request queued and the rest owed, running it alone always looks free).
+// With a merged batch's times not learned yet, holding is tried once.
+bool HoldPays(const BatchPolicy& policy, int64_t queued_requests, int64_t queued_tokens,
+              const Cohort& cohort, const LearnedTimes& learned) {
   if (policy.cohort_wait.count() <= 0 || policy.delay_when_idle || cohort.awaited <= 0 ||
-      !cohort.back_after || *cohort.back_after > policy.cohort_wait || compute == nullptr ||
-      queued + cohort.awaited_tokens > policy.max_batch_tokens) {
-    return false;  // also when the two would not fit one batch
+      learned.compute == nullptr || learned.returns == nullptr) {
+    return false;
   }
-  const SteadyTime back = cohort.answered_at + *cohort.back_after;
-  const std::optional<SteadyTime::duration> merged =
-      compute->Predict(queued + cohort.awaited_tokens);
-  const std::optional<SteadyTime::duration> alone = compute->Predict(queued);
-  const std::optional<SteadyTime::duration> after = compute->Predict(cohort.awaited_tokens);
-  if (!merged || !alone || !after) return true;
-  // Not holding, the cohort's batch starts when the queued one ends or when
-  // the cohort is back, whichever is later.
-  const SteadyTime held = std::max(back, start) + *merged;
-  const SteadyTime in_turns = std::max(start + *alone, back) + *after;
-  return held < in_turns;
+  const int64_t tokens = queued_tokens + cohort.awaited_tokens;
+  const int64_t requests = queued_requests + cohort.awaited;
+  if (tokens > policy.max_batch_tokens) return false;  // not one batch anyway
+  const std::optional<SteadyTime::duration> half_back =
+      learned.returns->Predict((requests + 1) / 2);
+  // Nothing known of the loop yet, or it is slower than the hold's bound (a
+  // pipeline stage waiting on the next): take turns.
+  if (!half_back || *half_back > policy.cohort_wait) return false;
+  const std::optional<SteadyTime::duration> all_back = learned.returns->Predict(requests);
+  const std::optional<SteadyTime::duration> all = learned.compute->Predict(tokens);
+  const std::optional<SteadyTime::duration> half = learned.compute->Predict((tokens + 1) / 2);
+  if (!all_back || !all || !half) return true;
+  if (*all_back > policy.cohort_wait) return false;
+  return *all + *all_back < std::max(2 * *half, *half + *half_back);
 }
 
 }  // namespace
@@ -36,7 +46,7 @@ bool HoldPays(const BatchPolicy& policy, int64_t queued, const Cohort& cohort, S
 BatchDecision DecideBatch(const BatchPolicy& policy, std::span<const int64_t> queued_tokens,
                           SteadyTime oldest_enqueue, SteadyTime now, bool device_idle,
                           std::optional<SteadyTime> device_free_at, const Cohort& cohort,
-                          const BatchDurationModel* compute) {
+                          const LearnedTimes& learned) {
   BatchDecision decision;
   if (queued_tokens.empty()) return decision;
 
@@ -57,7 +67,7 @@ BatchDecision DecideBatch(const BatchPolicy& policy, std::span<const int64_t> qu
   }
   if (device_idle && !policy.delay_when_idle) {
     const SteadyTime hold_until = cohort.answered_at + policy.cohort_wait;
-    if (now < hold_until && HoldPays(policy, tokens, cohort, now, compute)) {
+    if (now < hold_until && HoldPays(policy, static_cast<int64_t>(take), tokens, cohort, learned)) {
       decision.wake_at = hold_until;  // or sooner, when the cohort is back
     } else {
       decision.take = take;
@@ -75,7 +85,7 @@ BatchDecision DecideBatch(const BatchPolicy& policy, std::span<const int64_t> qu
     // batch's end wakes the scheduler, and the idle rule above decides again.
     const SteadyTime bound =
         oldest_enqueue + std::max(policy.max_device_wait, policy.max_queue_delay);
-    due = HoldPays(policy, tokens, cohort, *device_free_at, compute)
+    due = HoldPays(policy, static_cast<int64_t>(take), tokens, cohort, learned)
               ? bound
               : std::min(*device_free_at - policy.device_lead, bound);
   }

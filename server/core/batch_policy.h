@@ -27,18 +27,16 @@
 // next call, a session's next decode step). Run back to back, such clients
 // split into cohorts that take turns on the device; no rule that looks only
 // at the queue can tell them from a steady stream of arrivals. Whether to
-// merge them is a trade the batcher can price from what it has measured:
-// holding idles the device until the last batch's requests are back (their
-// return time, learned per cohort size), then computes one batch of both;
-// not holding computes the queued requests now and the cohort after them,
-// the round trip hidden behind the first batch. The hold is taken when it
-// finishes both sooner (HoldPays in batch_policy.cc), so it merges small
-// memory-bound batches, where a batch of 8 costs what one of 4 does, and
-// leaves alone the large ones and the long round trips (a pipeline stage
-// waiting on the next), where taking turns keeps the device busy. A hold
-// lasts at most cohort_wait after the batch's end; a cohort size whose
-// merged batch has never run is tried once, to learn its cost. Open-loop
-// arrivals look like a cohort that comes back slowly: the same price rules.
+// merge them is a trade the batcher prices from what it has measured (how
+// long batches compute and how long answered requests take to come back,
+// each per size): one batch per round idles the device for the round trip;
+// two halves taking turns hide each one's round trip behind the other's
+// compute, but compute twice. Where one batch wins (small, memory-bound
+// batches: 8 tokens cost about what 4 do), the batcher holds the device
+// after a batch until its requests are back, for at most cohort_wait; where
+// turns win (large batches, long round trips such as a pipeline stage
+// waiting on the next, open-loop traffic) it forms batches as without the
+// hold. See HoldPays in batch_policy.cc for the arithmetic.
 #pragma once
 
 #include <array>
@@ -103,9 +101,12 @@ struct Cohort {
   SteadyTime answered_at{};
   int64_t awaited = 0;         // its requests not yet matched by an arrival since
   int64_t awaited_tokens = 0;  // their tokens, as that batch held them
-  // How long after their answer that many requests have come back (unset:
-  // not learned yet, and then the device does not wait for them).
-  std::optional<SteadyTime::duration> back_after;
+};
+
+// What the batcher has learned, to price the cohort hold (null: nothing).
+struct LearnedTimes {
+  const BatchDurationModel* compute = nullptr;  // a batch's compute time, by tokens
+  const BatchDurationModel* returns = nullptr;  // answered requests' return, by requests
 };
 
 struct BatchDecision {
@@ -122,11 +123,10 @@ struct BatchDecision {
 // first one was queued. `device_idle`: no batch is in flight.
 // `device_free_at`: when the batches in flight are predicted to have ended
 // (unset: idle, or no prediction yet, and then max_queue_delay alone decides).
-// `cohort` and `compute` (batch compute times; null: none known) price the
-// cohort hold.
+// `cohort` and `learned` price the cohort hold.
 BatchDecision DecideBatch(const BatchPolicy& policy, std::span<const int64_t> queued_tokens,
                           SteadyTime oldest_enqueue, SteadyTime now, bool device_idle,
                           std::optional<SteadyTime> device_free_at = std::nullopt,
-                          const Cohort& cohort = {}, const BatchDurationModel* compute = nullptr);
+                          const Cohort& cohort = {}, const LearnedTimes& learned = {});
 
 }  // namespace layerserve

@@ -108,10 +108,8 @@ Cohort Batcher::CohortLocked() const {
   if (!inflight_.empty()) {
     const InFlight& newest = inflight_.back();
     if (!newest.end) return {};
-    return {.answered_at = *newest.end,
-            .awaited = newest.requests,
-            .awaited_tokens = newest.tokens,
-            .back_after = returns_.Predict(newest.requests)};
+    return {
+        .answered_at = *newest.end, .awaited = newest.requests, .awaited_tokens = newest.tokens};
   }
   const int64_t back = arrivals_ - last_answered_.arrivals;
   const int64_t awaited = std::max<int64_t>(0, last_answered_.requests - back);
@@ -119,8 +117,7 @@ Cohort Batcher::CohortLocked() const {
   return {.answered_at = last_answered_.at,
           .awaited = awaited,
           // Tokens in the proportion of the requests still owed.
-          .awaited_tokens = last_answered_.tokens * awaited / last_answered_.requests,
-          .back_after = returns_.Predict(last_answered_.requests)};
+          .awaited_tokens = last_answered_.tokens * awaited / last_answered_.requests};
 }
 
 bool Batcher::MayChangeDecisionLocked(const InferRequest& r) const {
@@ -231,7 +228,7 @@ std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<St
   const Cohort cohort = CohortLocked();
   BatchDecision decision = DecideBatch(options_.policy, tokens, oldest, now,
                                        /*device_idle=*/inflight_batches_ == 0, DeviceFreeAtLocked(),
-                                       cohort, &durations_);
+                                       cohort, {.compute = &durations_, .returns = &returns_});
   // Draining: run what is queued without waiting for more to arrive.
   if (decision.take == 0 && stopping_) {
     decision = DecideBatch(options_.policy, tokens, now - options_.policy.max_queue_delay, now,

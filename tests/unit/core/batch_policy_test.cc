@@ -183,31 +183,39 @@ BatchPolicy HoldPolicy(int64_t cohort_wait_us) {
   return policy;
 }
 
-// Batch compute times as the 4-layer span measured them on an H100: 4 tokens
-// 810 us, 8 tokens 860, 31 tokens 1120, 33 tokens 1130, 64 tokens 1410.
-BatchDurationModel SpanTimes() {
-  BatchDurationModel model;
-  for (const auto [tokens, us] :
-       {std::pair{4, 810}, {8, 860}, {31, 1120}, {33, 1130}, {64, 1410}}) {
-    model.Observe(tokens, microseconds(us));
+// What the batcher would have learned from the 4-layer span on an H100 with
+// closed-loop clients on the same machine: batch compute times by tokens,
+// and how long that many answered requests took to come back.
+struct SpanLearned {
+  SpanLearned() {
+    for (const auto [tokens, us] :
+         {std::pair{4, 810}, {8, 860}, {16, 910}, {32, 1120}, {33, 1130}, {64, 1410}}) {
+      compute.Observe(tokens, microseconds(us));
+    }
+    for (const auto [requests, us] :
+         {std::pair{4, 420}, {8, 450}, {16, 500}, {32, 900}, {64, 1150}}) {
+      returns.Observe(requests, microseconds(us));
+    }
   }
-  return model;
+  LearnedTimes times() const { return {.compute = &compute, .returns = &returns}; }
+  BatchDurationModel compute;
+  BatchDurationModel returns;
+};
+
+Cohort Owed(int64_t requests) {
+  return {.answered_at = kT0, .awaited = requests, .awaited_tokens = requests};
 }
 
-Cohort Owed(int64_t requests, int64_t back_after_us) {
-  return {.answered_at = kT0,
-          .awaited = requests,
-          .awaited_tokens = requests,
-          .back_after = microseconds(back_after_us)};
+BatchDecision Idle(const SpanLearned& learned, size_t queued, int64_t owed, SteadyTime now = kT0) {
+  const std::vector<int64_t> q(queued, 1);
+  return DecideBatch(HoldPolicy(1000), q, kT0, now, kIdle, std::nullopt, Owed(owed),
+                     learned.times());
 }
 
 TEST(BatchPolicyTest, CohortHoldMergesSmallBatches) {
-  // Eight clients in two cohorts of four, 450 us round trips: one batch of 8
-  // after the wait (450 + 860 us) ends before two of 4 in turns (810 + 810).
-  const BatchDurationModel times = SpanTimes();
-  const std::vector<int64_t> q(4, 1);
-  const BatchDecision d =
-      DecideBatch(HoldPolicy(1000), q, kT0, kT0, kIdle, std::nullopt, Owed(4, 450), &times);
+  // Eight clients, four queued and four owed: a round of one batch of 8
+  // (860 + 450 us) is shorter than two of 4 in turns (810 + 810).
+  const BatchDecision d = Idle(SpanLearned(), 4, 4);
   EXPECT_EQ(d.take, 0u);
   ASSERT_TRUE(d.wake_at.has_value());
   // The bound, counted from the batch's end; the cohort's return wakes the
@@ -216,79 +224,74 @@ TEST(BatchPolicyTest, CohortHoldMergesSmallBatches) {
 }
 
 TEST(BatchPolicyTest, CohortHoldLeavesLargeBatchesTakingTurns) {
-  // 64 clients in cohorts of 31 and 33, 900 us round trips: in turns the
-  // device stays busy (1120 + 1130 us); waiting would idle it 900 us before
-  // a 1410 us batch.
-  const BatchDurationModel times = SpanTimes();
-  const std::vector<int64_t> q(31, 1);
-  EXPECT_EQ(
-      DecideBatch(HoldPolicy(1000), q, kT0, kT0, kIdle, std::nullopt, Owed(33, 900), &times).take,
-      31u);
+  // 64 clients: one batch of 64 a round (1410 + 1150 us) is slower than two
+  // of 32 keeping the device busy (1120 + 1120).
+  EXPECT_EQ(Idle(SpanLearned(), 31, 33).take, 31u);
+}
+
+TEST(BatchPolicyTest, CohortHoldPricesThePopulationNotTheSplit) {
+  // However the clients are split when the batch ends, the answer is the
+  // same: with one back early, running it alone would look free.
+  const SpanLearned learned;
+  EXPECT_EQ(Idle(learned, 1, 7).take, 0u);
+  EXPECT_EQ(Idle(learned, 7, 1).take, 0u);
+  EXPECT_EQ(Idle(learned, 1, 63).take, 1u);
+  EXPECT_EQ(Idle(learned, 63, 1).take, 63u);
 }
 
 TEST(BatchPolicyTest, CohortHoldNeverWaitsForALongRoundTrip) {
   // Returns slower than the bound (a pipeline stage waiting on the next).
-  const BatchDurationModel times = SpanTimes();
-  const std::vector<int64_t> q(4, 1);
-  EXPECT_EQ(
-      DecideBatch(HoldPolicy(1000), q, kT0, kT0, kIdle, std::nullopt, Owed(4, 1200), &times).take,
-      4u);
+  SpanLearned slow;
+  slow.returns = BatchDurationModel();
+  slow.returns.Observe(4, microseconds(1200));
+  slow.returns.Observe(8, microseconds(1200));
+  EXPECT_EQ(Idle(slow, 4, 4).take, 4u);
   // Nor before a return time has been learned.
-  Cohort unknown = Owed(4, 0);
-  unknown.back_after.reset();
-  EXPECT_EQ(DecideBatch(HoldPolicy(1000), q, kT0, kT0, kIdle, std::nullopt, unknown, &times).take,
-            4u);
+  SpanLearned unknown;
+  unknown.returns = BatchDurationModel();
+  EXPECT_EQ(Idle(unknown, 4, 4).take, 4u);
 }
 
 TEST(BatchPolicyTest, CohortHoldTriesAMergedSizeNotSeenYet) {
-  BatchDurationModel times;
-  times.Observe(4, microseconds(810));
-  const std::vector<int64_t> q(4, 1);
-  EXPECT_EQ(
-      DecideBatch(HoldPolicy(1000), q, kT0, kT0, kIdle, std::nullopt, Owed(4, 450), &times).take,
-      0u);
+  SpanLearned learned;
+  learned.compute = BatchDurationModel();
+  learned.compute.Observe(4, microseconds(810));
+  EXPECT_EQ(Idle(learned, 4, 4).take, 0u);
 }
 
-TEST(BatchPolicyTest, CohortBackRunsAtOnce) {
-  const BatchDurationModel times = SpanTimes();
-  const std::vector<int64_t> q(8, 1);
-  EXPECT_EQ(
-      DecideBatch(HoldPolicy(1000), q, kT0, kT0, kIdle, std::nullopt, Owed(0, 450), &times).take,
-      8u);
-}
+TEST(BatchPolicyTest, CohortBackRunsAtOnce) { EXPECT_EQ(Idle(SpanLearned(), 8, 0).take, 8u); }
 
 TEST(BatchPolicyTest, CohortHoldIsBounded) {
   // Whoever is owed and not back by then is not waited for.
-  const BatchDurationModel times = SpanTimes();
-  const std::vector<int64_t> q(4, 1);
-  EXPECT_EQ(DecideBatch(HoldPolicy(1000), q, kT0, kT0 + microseconds(1000), kIdle, std::nullopt,
-                        Owed(4, 450), &times)
-                .take,
-            4u);
+  EXPECT_EQ(Idle(SpanLearned(), 4, 4, kT0 + microseconds(1000)).take, 4u);
 }
 
 TEST(BatchPolicyTest, CohortHoldOffRunsAnIdleDeviceAtOnce) {
-  const BatchDurationModel times = SpanTimes();
+  const SpanLearned learned;
   const std::vector<int64_t> q(4, 1);
-  EXPECT_EQ(DecideBatch(HoldPolicy(0), q, kT0, kT0, kIdle, std::nullopt, Owed(4, 450), &times).take,
-            4u);
+  EXPECT_EQ(
+      DecideBatch(HoldPolicy(0), q, kT0, kT0, kIdle, std::nullopt, Owed(4), learned.times()).take,
+      4u);
   // Triton's rule replaces it: the delay, counted from the oldest request.
   BatchPolicy triton = HoldPolicy(1000);
   triton.delay_when_idle = true;
-  EXPECT_EQ(*DecideBatch(triton, q, kT0, kT0, kIdle, std::nullopt, Owed(4, 450), &times).wake_at,
-            kT0 + microseconds(500));
+  EXPECT_EQ(
+      *DecideBatch(triton, q, kT0, kT0, kIdle, std::nullopt, Owed(4), learned.times()).wake_at,
+      kT0 + microseconds(500));
 }
 
 TEST(BatchPolicyTest, CohortHoldStillRunsAFullBatchAtOnce) {
-  const BatchDurationModel times = SpanTimes();
+  const SpanLearned learned;
   const std::vector<int64_t> q = {40, 30};
   EXPECT_EQ(
-      DecideBatch(HoldPolicy(1000), q, kT0, kT0, kIdle, std::nullopt, Owed(4, 450), &times).take,
+      DecideBatch(HoldPolicy(1000), q, kT0, kT0, kIdle, std::nullopt, Owed(4), learned.times())
+          .take,
       1u);
   // Nor does it wait for a cohort that would not fit one batch with the queue.
   const std::vector<int64_t> big = {60};
   EXPECT_EQ(
-      DecideBatch(HoldPolicy(1000), big, kT0, kT0, kIdle, std::nullopt, Owed(8, 450), &times).take,
+      DecideBatch(HoldPolicy(1000), big, kT0, kT0, kIdle, std::nullopt, Owed(8), learned.times())
+          .take,
       1u);
 }
 
@@ -296,18 +299,18 @@ TEST(BatchPolicyTest, CohortHoldWaitsForTheRunningBatchToEnd) {
   // A batch of 4 runs until kT0; four more requests are queued. Worth holding
   // for its cohort: not formed just in time (kT0 - 100 us); only the bound
   // wakes the scheduler, and the batch's end does, through the batcher.
-  const BatchDurationModel times = SpanTimes();
+  const SpanLearned learned;
   const std::vector<int64_t> q(4, 1);
   const SteadyTime queued = kT0 - microseconds(500);
   const BatchDecision held = DecideBatch(HoldPolicy(1000), q, queued, kT0 - microseconds(200),
-                                         kBusy, kT0, Owed(4, 450), &times);
+                                         kBusy, kT0, Owed(4), learned.times());
   EXPECT_EQ(held.take, 0u);
   ASSERT_TRUE(held.wake_at.has_value());
   EXPECT_EQ(*held.wake_at, queued + microseconds(2000));
   // Not worth it: just in time as without the hold.
   const std::vector<int64_t> q31(31, 1);
   const BatchDecision in_time = DecideBatch(HoldPolicy(1000), q31, queued, kT0 - microseconds(200),
-                                            kBusy, kT0, Owed(33, 900), &times);
+                                            kBusy, kT0, Owed(33), learned.times());
   ASSERT_TRUE(in_time.wake_at.has_value());
   EXPECT_EQ(*in_time.wake_at, kT0 - microseconds(100));
 }
