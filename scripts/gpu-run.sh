@@ -4,7 +4,7 @@
 # `layerserve --backend=cuda`, and the benchmarks. Logs and tables go to $OUT
 # (default ./gpu-out); the exit status is non-zero if any test failed.
 #   usage: scripts/gpu-run.sh [tests] [bench-kernels] [bench-layer] [bench-server]
-#          [bench-sessions] [bench-decode] [bench-probe] [bench-pipeline]
+#          [bench-sessions] [bench-decode] [bench-probe] [bench-probe-specs] [bench-pipeline]
 #          [bench-perf-analyzer] [bench-moe] [bench-interference] [bench-first-batch]
 #          (no argument: the first four)
 set -uo pipefail
@@ -171,6 +171,23 @@ for stage in "${stages[@]}"; do
       # shellcheck disable=SC2086
       python3 bench/server/probe.py "$bundle/bin" "$out/probe" \
         --model-dir="$ckpt" --model-name=llama3-8b-4l --backend=cuda ${LOAD_SERVER_ARGS:-}
+      ;;
+    bench-probe-specs)
+      # One probe.py setting per PROBE_SPECS entry, in order, each at its own
+      # load: "label|concurrency|client args|span or demo|server flags",
+      # entries separated by ';' (e.g. A/B pairs of a batching flag at several
+      # concurrencies, docs/perf.md "The cohort hold").
+      span_checkpoint
+      IFS=';' read -ra specs <<< "${PROBE_SPECS:?set PROBE_SPECS}"
+      for spec in "${specs[@]}"; do
+        IFS='|' read -r label conc cargs model sflags <<< "$spec"
+        margs=(--model-dir="$ckpt" --model-name=llama3-8b-4l)
+        [[ $model == demo ]] && margs=(--model-name=demo)
+        # shellcheck disable=SC2086
+        PROBE_CONCURRENCY=$conc PROBE_CLIENT_ARGS="$cargs" PROBE_SETTINGS="$label=$sflags" \
+          python3 bench/server/probe.py "$bundle/bin" "$out/probe-specs/$label" "${margs[@]}" \
+          --backend=cuda ${LOAD_SERVER_ARGS:-} | grep -E "tok/s|FAILED" | sed "s/^/c=$conc $cargs /"
+      done
       ;;
     bench-pipeline)
       # examples/pipeline_generate.py over two servers (layers 0:4 and 4:8 of

@@ -18,7 +18,8 @@ namespace {
 // Priced on the population, not on the queue at hand, so the answer does not
 // flip with how the requests happen to be split at this moment (with one
 // request queued and the rest owed, running it alone always looks free).
-// With a merged batch's times not learned yet, holding is tried once.
+// With a merged batch's times not learned yet (and the halves' known),
+// holding is tried once.
 bool HoldPays(const BatchPolicy& policy, int64_t queued_requests, int64_t queued_tokens,
               const Cohort& cohort, const LearnedTimes& learned) {
   if (policy.cohort_wait.count() <= 0 || policy.delay_when_idle || cohort.awaited <= 0 ||
@@ -33,10 +34,14 @@ bool HoldPays(const BatchPolicy& policy, int64_t queued_requests, int64_t queued
   // Nothing known of the loop yet, or it is slower than the hold's bound (a
   // pipeline stage waiting on the next): take turns.
   if (!half_back || *half_back > policy.cohort_wait) return false;
+  const std::optional<SteadyTime::duration> half = learned.compute->Predict((tokens + 1) / 2);
+  // Turns are what runs without the hold, so their times come by themselves;
+  // trying the hold before they are known would merge every batch from then
+  // on, and the halves would never be learned.
+  if (!half) return false;
   const std::optional<SteadyTime::duration> all_back = learned.returns->Predict(requests);
   const std::optional<SteadyTime::duration> all = learned.compute->Predict(tokens);
-  const std::optional<SteadyTime::duration> half = learned.compute->Predict((tokens + 1) / 2);
-  if (!all_back || !all || !half) return true;
+  if (!all_back || !all) return true;
   if (*all_back > policy.cohort_wait) return false;
   return *all + *all_back < std::max(2 * *half, *half + *half_back);
 }

@@ -257,6 +257,11 @@ TEST(BatchPolicyTest, CohortHoldTriesAMergedSizeNotSeenYet) {
   learned.compute = BatchDurationModel();
   learned.compute.Observe(4, microseconds(810));
   EXPECT_EQ(Idle(learned, 4, 4).take, 0u);
+  // But not before the halves' own batches have run: once merged, they
+  // would never run to be learned.
+  learned.compute = BatchDurationModel();
+  learned.compute.Observe(8, microseconds(860));
+  EXPECT_EQ(Idle(learned, 4, 4).take, 4u);
 }
 
 TEST(BatchPolicyTest, CohortBackRunsAtOnce) { EXPECT_EQ(Idle(SpanLearned(), 8, 0).take, 8u); }
