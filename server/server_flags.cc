@@ -102,8 +102,9 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
                          "one is predicted to end, so its copies and launches overlap it"));
   integer(app.add_option(
       FlagNames("cohort-wait-us"), flags.cohort_wait_us,
-      "closed-loop clients: after a batch ends, wait up to this long for as many requests as it "
-      "answered to arrive, so clients that wait on their replies run as one batch (0: off)"));
+      "experimental, for closed-loop clients: after a batch ends, hold the idle device up to this "
+      "long for its requests to come back, where the learned batch and return times say one "
+      "merged batch per round beats two taking turns (0: off; measure first, docs/perf.md)"));
   integer(
       app.add_option(FlagNames("max-queue-size"), flags.max_queue_size,
                      "most requests waiting; beyond it ModelInfer fails with RESOURCE_EXHAUSTED"));
