@@ -127,14 +127,6 @@ class ProgressLine {
   std::thread thread_;
 };
 
-// Threads of the closed loop; each polls its own completion queue and drives
-// its share of the concurrent slots. Like perf_analyzer's few worker threads
-// (and unlike a thread per slot blocked in its call), completions are taken
-// where they arrive, and a concurrency of hundreds needs no more threads.
-// The bench's CPU matters: it shares the machine with the server it measures
-// (docs/perf.md, "The request path on the completion-queue API").
-inline constexpr int kClosedLoopThreads = 4;
-
 // One concurrent stream of the closed loop: its call in flight, or its
 // backoff after a failure.
 struct Slot {

@@ -1,6 +1,7 @@
-// Session load generator (see session_bench.h): one std::thread per session
-// over the blocking Infer or an InferStream, a barrier between the prefill
-// and decode phases, and one locked sink for the samples.
+// Session load generator (see session_bench.h): unary sessions on a few
+// threads polling completion queues, or one std::thread per session over an
+// InferStream; a barrier between the prefill and decode phases, and one
+// locked sink for the samples.
 #include "client/session_bench.h"
 
 #include <algorithm>
@@ -18,6 +19,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "client/bench_common.h"
+#include "grpcpp/completion_queue.h"
+#include "grpcpp/support/async_unary_call.h"
 
 namespace layerserve::client {
 namespace {
@@ -26,11 +29,13 @@ namespace {
 // counters the progress line reads.
 class SessionRun {
  public:
-  SessionRun(int64_t sessions, absl::Time start) : prefill_pending_(sessions), start_(start) {}
+  // `participants`: the threads that meet at the barrier.
+  SessionRun(int64_t participants, absl::Time start)
+      : prefill_pending_(participants), start_(start) {}
 
-  // Called once per session after its prefill (answered or not); blocks
-  // until every session has called it. The last call starts the decode
-  // phase.
+  // Called once per participant after its sessions' prefills (answered or
+  // not); blocks until every participant has called it. The last call starts
+  // the decode phase.
   void FinishPrefillPhase() {
     absl::MutexLock lock(&mu_);
     if (--prefill_pending_ == 0) decode_start_ = absl::Now();
@@ -155,60 +160,158 @@ class SessionProgressLine {
   std::thread thread_;
 };
 
-// One session's life: prefill, barrier, steps, over unary calls or its own
-// stream. Returns once it is done, abandoned or the run is stopped.
-void RunSession(Client& client, const BenchOptions& options, int64_t index,
-                const std::vector<SessionRequestPlan>& plan,
-                const std::vector<Tensor>& prefill_inputs, const std::vector<Tensor>& step_inputs,
-                SessionRun& run, FatalStop& fatal) {
-  InferOptions infer_options;
-  infer_options.sequence_id = SessionBenchId(options.session_id_prefix, index);
-  std::unique_ptr<InferStream> stream;
-  if (options.streaming) {
-    // One deadline for the whole stream: a share per request and one for
-    // the barrier (session_bench.h).
-    stream = client.OpenStream(absl::Now() + absl::Seconds(options.timeout_seconds *
-                                                           static_cast<double>(plan.size() + 1)));
+// What every transport sends: session `index`'s request `i` of the plan,
+// its input picked by rotation.
+struct SessionRequests {
+  const BenchOptions& options;
+  const std::vector<SessionRequestPlan>& plan;
+  const std::vector<Tensor>& prefill_inputs;
+  const std::vector<Tensor>& step_inputs;
+
+  const Tensor& Input(int64_t index, size_t i) const {
+    const size_t pick = static_cast<size_t>(index);
+    return i == 0 ? prefill_inputs[pick % prefill_inputs.size()]
+                  : step_inputs[(pick + i) % step_inputs.size()];
   }
-  const auto send = [&](size_t i, const Tensor& input) {
-    infer_options.sequence_start = plan[i].start;
-    infer_options.sequence_end = plan[i].end;
+  InferOptions Options(int64_t index, size_t i) const {
+    return {.sequence_id = SessionBenchId(options.session_id_prefix, index),
+            .sequence_start = plan[i].start,
+            .sequence_end = plan[i].end};
+  }
+};
+
+// One session's life over its own stream: prefill, barrier, steps. Returns
+// once it is done, abandoned or the run is stopped.
+void RunStreamSession(Client& client, const SessionRequests& requests, int64_t index,
+                      SessionRun& run, FatalStop& fatal) {
+  const BenchOptions& options = requests.options;
+  const size_t plan_size = requests.plan.size();
+  // One deadline for the whole stream: a share per request and one for the
+  // barrier (session_bench.h).
+  std::unique_ptr<InferStream> stream = client.OpenStream(
+      absl::Now() + absl::Seconds(options.timeout_seconds * static_cast<double>(plan_size + 1)));
+  const auto send = [&](size_t i) {
     const absl::Time issued = absl::Now();
     absl::Status status =
-        stream != nullptr
-            ? stream->Infer(options.model, input, infer_options).status()
-            : client
-                  .Infer(options.model, input, issued + absl::Seconds(options.timeout_seconds),
-                         infer_options)
-                  .status();
+        stream->Infer(options.model, requests.Input(index, i), requests.Options(index, i)).status();
     if (IsFatalBenchStatus(status.code())) fatal.Set(status);
     return std::make_pair(issued, status);
   };
-  const size_t pick = static_cast<size_t>(index);
 
   bool alive = !fatal.stopped();
   if (alive) {
-    const auto [issued, status] = send(0, prefill_inputs[pick % prefill_inputs.size()]);
+    const auto [issued, status] = send(0);
     run.RecordPrefill(issued, absl::Now(), status);
     alive = status.ok();
   }
   run.FinishPrefillPhase();
-  for (size_t i = 1; i < plan.size() && alive; ++i) {
+  for (size_t i = 1; i < plan_size && alive; ++i) {
     if (fatal.stopped()) {
       alive = false;
       break;
     }
-    const auto [issued, status] = send(i, step_inputs[(pick + i) % step_inputs.size()]);
+    const auto [issued, status] = send(i);
     run.RecordStep(issued, absl::Now(), status);
     alive = status.ok();
   }
-  if (stream != nullptr) {
-    // After a failed request the session is abandoned and its stream's
-    // failure (if any) already counted.
-    const absl::Status closed = stream->Close();
-    if (alive && !closed.ok()) run.RecordCloseError(closed);
-  }
+  // After a failed request the session is abandoned and its stream's failure
+  // (if any) already counted.
+  const absl::Status closed = stream->Close();
+  if (alive && !closed.ok()) run.RecordCloseError(closed);
   run.RecordSession(alive);
+}
+
+// A unary session of the completion-queue runner: where it is in the plan,
+// and its call in flight (whose request, context and reply live here until
+// the call's tag comes back).
+struct UnarySession {
+  int64_t index = 0;
+  Client* client = nullptr;
+  size_t next = 0;  // the plan index of its next request
+  bool alive = true;
+  absl::Time issued;
+  inference::ModelInferRequest request;
+  std::unique_ptr<grpc::ClientContext> context;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<inference::ModelInferResponse>> reader;
+  inference::ModelInferResponse response;
+  grpc::Status status;
+};
+
+// The sessions whose index is `first` modulo `threads`, over unary calls on
+// this thread's completion queue, as the stateless closed loop runs its
+// slots (so session rows and stateless rows cost the bench the same CPU per
+// request): every session's prefill, the barrier once all of them are
+// answered, then every session's steps, each sent as the one before is
+// answered.
+void RunUnarySessions(const std::vector<Client*>& clients, const SessionRequests& requests,
+                      int64_t first, int64_t threads, SessionRun& run, FatalStop& fatal) {
+  const BenchOptions& options = requests.options;
+  const size_t plan_size = requests.plan.size();
+  grpc::CompletionQueue cq;
+  const auto issue = [&](UnarySession& s) {
+    s.request = Client::MakeInferRequest(options.model, requests.Input(s.index, s.next),
+                                         requests.Options(s.index, s.next));
+    s.issued = absl::Now();
+    s.context = std::make_unique<grpc::ClientContext>();
+    s.reader = s.client->StartInfer(*s.context, s.request,
+                                    s.issued + absl::Seconds(options.timeout_seconds), &cq);
+    s.reader->Finish(&s.response, &s.status, &s);
+  };
+  // Takes completions until none is outstanding; in the decode phase each
+  // answered step sends the session's next.
+  const auto run_phase = [&](int active, bool prefill) {
+    void* tag = nullptr;
+    bool ok = false;
+    while (active > 0 && cq.Next(&tag, &ok)) {
+      UnarySession& s = *static_cast<UnarySession*>(tag);
+      absl::Status status = FromGrpcStatus(s.status);
+      if (status.ok()) status = Client::CheckOutput(s.response).status();
+      if (prefill) {
+        run.RecordPrefill(s.issued, absl::Now(), status);
+        s.request = {};  // a prefill's input is large; steps build their own
+      } else {
+        run.RecordStep(s.issued, absl::Now(), status);
+      }
+      if (IsFatalBenchStatus(status.code())) fatal.Set(status);
+      s.alive = status.ok();
+      if (s.alive) ++s.next;
+      if (prefill || !s.alive || s.next >= plan_size || fatal.stopped()) {
+        --active;
+        continue;
+      }
+      issue(s);
+    }
+  };
+
+  std::vector<std::unique_ptr<UnarySession>> sessions;
+  for (int64_t i = first; i < options.sessions; i += threads) {
+    auto s = std::make_unique<UnarySession>();
+    s->index = i;
+    s->client = clients[static_cast<size_t>(i) % clients.size()];
+    sessions.push_back(std::move(s));
+  }
+  const auto start_all = [&] {
+    int active = 0;
+    for (auto& s : sessions) {
+      if (!s->alive || s->next >= plan_size) continue;
+      if (fatal.stopped()) {
+        s->alive = false;
+        continue;
+      }
+      issue(*s);
+      ++active;
+    }
+    return active;
+  };
+  run_phase(start_all(), /*prefill=*/true);
+  run.FinishPrefillPhase();
+  run_phase(start_all(), /*prefill=*/false);
+  for (const auto& s : sessions) run.RecordSession(s->alive && s->next >= plan_size);
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
+  }
 }
 
 }  // namespace
@@ -303,20 +406,29 @@ absl::StatusOr<SessionBenchReport> RunSessionBench(const std::vector<Client*>& c
       {options.batch, options.step_tokens, options.hidden}, options.datatype, options.seed + 1, 4);
   SessionBenchReport report;
   report.options = options;
+  const SessionRequests requests{options, plan, prefill_inputs, step_inputs};
   const absl::Time start = absl::Now();
-  SessionRun run(options.sessions, start);
+  // Streams: a thread per session; unary calls: kClosedLoopThreads threads.
+  const int64_t threads = options.streaming
+                              ? options.sessions
+                              : std::min<int64_t>(options.sessions, kClosedLoopThreads);
+  SessionRun run(threads, start);
   FatalStop fatal;
   {
     SessionProgressLine progress(&run, options, start, options.progress);
-    std::vector<std::thread> sessions;
-    sessions.reserve(static_cast<size_t>(options.sessions));
-    for (int64_t i = 0; i < options.sessions; ++i) {
-      sessions.emplace_back([&, i] {
-        RunSession(*clients[static_cast<size_t>(i) % clients.size()], options, i, plan,
-                   prefill_inputs, step_inputs, run, fatal);
+    std::vector<std::thread> workers;
+    workers.reserve(static_cast<size_t>(threads));
+    for (int64_t t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        if (options.streaming) {
+          RunStreamSession(*clients[static_cast<size_t>(t) % clients.size()], requests, t, run,
+                           fatal);
+        } else {
+          RunUnarySessions(clients, requests, t, threads, run, fatal);
+        }
       });
     }
-    for (std::thread& session : sessions) session.join();
+    for (std::thread& worker : workers) worker.join();
   }
   if (fatal.stopped()) return StoppedBy(fatal.status());
   run.Fill(report);

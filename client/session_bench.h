@@ -1,10 +1,12 @@
 // Session load behind `layerctl bench --sessions N --prefill P --steps S
 // [--step-tokens K]`: what decoding through the server's KV cache costs.
 //
-// N sessions run at once, one thread each over the blocking unary Infer
-// (session i on clients[i % n]), or with `streaming` over an InferStream of
-// its own (Client::OpenStream on the same client), each request written once
-// the one before is answered. Each sends a prefill of [B, P, hidden] with
+// N sessions run at once (session i on clients[i % n]), over unary calls
+// driven from kClosedLoopThreads threads that poll completion queues, as the
+// stateless closed loop's are (so both cost the bench the same CPU per
+// request), or with `streaming` one thread each over an InferStream of its
+// own (Client::OpenStream on the same client); each request is sent once the
+// one before is answered. Each sends a prefill of [B, P, hidden] with
 // sequence_start, then S steps of [B, K, hidden], the last with sequence_end
 // (with S = 0 the prefill carries it). The run has two phases: every session
 // prefills; once the last prefill is answered (a barrier), every session
