@@ -103,8 +103,9 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
   integer(app.add_option(
       FlagNames("cohort-wait-us"), flags.cohort_wait_us,
       "experimental, for closed-loop clients: after a batch ends, hold the idle device up to this "
-      "long for its requests to come back, where the learned batch and return times say one "
-      "merged batch per round beats two taking turns (0: off; measure first, docs/perf.md)"));
+      "long for its requests to come back, so that they run as one batch, while requests spend "
+      "less time in the server that way than without (measured, tried again every second; 0: "
+      "off; docs/perf.md)"));
   integer(
       app.add_option(FlagNames("max-queue-size"), flags.max_queue_size,
                      "most requests waiting; beyond it ModelInfer fails with RESOURCE_EXHAUSTED"));

@@ -33,7 +33,11 @@ int64_t DefaultMaxQueueBytes(const BatchPolicy& policy, int64_t hidden) {
 
 Batcher::Batcher(BatcherOptions options, Backend* backend, ServerObserver* observer,
                  const Clock* clock)
-    : options_(options), backend_(backend), observer_(observer), clock_(clock) {
+    : options_(options),
+      backend_(backend),
+      observer_(observer),
+      clock_(clock),
+      cohort_modes_(options.policy) {
   for (int i = 0; i < std::max(1, options_.reply_threads); ++i) {
     reply_threads_.emplace_back([this] { RunReplies(); });
   }
@@ -84,24 +88,11 @@ absl::Status Batcher::Enqueue(std::unique_ptr<InferRequest>& request) {
     options_.sessions->Touch(request->session->id, request->enqueue_time);
   }
   queued_bytes_ += bytes;
-  CountArrivalLocked(request->enqueue_time);
+  ++arrivals_;
   queue_.push_back(std::move(request));
   observer_->OnQueueDepth(static_cast<int64_t>(queue_.size()));
   if (MayChangeDecisionLocked(*queue_.back())) cv_.Signal();
   return absl::OkStatus();
-}
-
-void Batcher::CountArrivalLocked(SteadyTime now) {
-  ++arrivals_;
-  while (!awaiting_return_.empty() && awaiting_return_.front().arrivals <= arrivals_) {
-    const Answered& a = awaiting_return_.front();
-    // A return slower than the hold's bound only says "too slow to wait
-    // for": clamped, so one long pause in the traffic is soon forgotten.
-    const auto bound =
-        2 * std::chrono::duration_cast<SteadyTime::duration>(options_.policy.cohort_wait);
-    returns_.Observe(a.requests, std::min<SteadyTime::duration>(now - a.at, bound));
-    awaiting_return_.pop_front();
-  }
 }
 
 Cohort Batcher::CohortLocked() const {
@@ -228,7 +219,7 @@ std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<St
   const Cohort cohort = CohortLocked();
   BatchDecision decision = DecideBatch(options_.policy, tokens, oldest, now,
                                        /*device_idle=*/inflight_batches_ == 0, DeviceFreeAtLocked(),
-                                       cohort, {.compute = &durations_, .returns = &returns_});
+                                       cohort, cohort_modes_.merge());
   // Draining: run what is queued without waiting for more to arrive.
   if (decision.take == 0 && stopping_) {
     decision = DecideBatch(options_.policy, tokens, now - options_.policy.max_queue_delay, now,
@@ -417,7 +408,6 @@ void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
   // next request sees this one's effect.
   std::vector<absl::Status> statuses(batch->requests.size(), status);
   std::vector<std::unique_ptr<InferRequest>> next_pieces;  // in batch order
-  int64_t next_piece_tokens = 0;  // this batch's tokens of those (not answered yet)
   if (batch->has_sessions && options_.sessions != nullptr) {
     const SteadyTime now = clock_->Now();
     for (size_t i = 0; i < batch->requests.size(); ++i) {
@@ -429,7 +419,6 @@ void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
       if (!finished.ok()) {
         statuses[i] = std::move(finished);  // a bug: never hide it
       } else if (status.ok() && !last_piece) {
-        next_piece_tokens += r.batch_tokens();
         r.chunk_begin += r.piece_tokens();
         r.chunk_tokens = 0;
         next_pieces.push_back(std::move(batch->requests[i]));
@@ -440,6 +429,18 @@ void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
       }
     }
     observer_->OnSessions(options_.sessions->Stats());
+  }
+  // What the answered requests (not the pieces going back to the queue) say
+  // for the cohort hold: their count and tokens, and how long they spent in
+  // the server.
+  const SteadyTime done = clock_->Now();
+  int64_t answered = 0, answered_tokens = 0;
+  double in_server_seconds = 0;
+  for (const auto& r : batch->requests) {
+    if (r == nullptr) continue;  // its next piece is queued
+    ++answered;
+    answered_tokens += r->batch_tokens();
+    in_server_seconds += Seconds(done - r->enqueue_time);
   }
   {
     MutexLock lock(&reply_mu_);
@@ -454,18 +455,11 @@ void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
   MutexLock lock(&mu_);
   std::erase_if(inflight_, [&](const InFlight& f) { return f.batch == batch.get(); });
   // Its answered requests (not the pieces going back to the queue) are the
-  // cohort a closed loop sends back.
-  const int64_t answered = static_cast<int64_t>(batch->requests.size() - next_pieces.size());
-  if (answered > 0 && options_.policy.cohort_wait.count() > 0) {
-    last_answered_ = {.at = clock_->Now(),
-                      .requests = answered,
-                      .tokens = batch->total_tokens - next_piece_tokens,
-                      .arrivals = arrivals_};
-    awaiting_return_.push_back(last_answered_);
-    awaiting_return_.back().arrivals += answered;  // the count that brings them back
-    // Batches whose requests never come back (an open loop that stops) are
-    // not watched forever.
-    if (awaiting_return_.size() > kMaxAwaitedReturns) awaiting_return_.pop_front();
+  // cohort a closed loop sends back, and what the modes are compared by.
+  if (options_.policy.cohort_wait.count() > 0 && answered > 0) {
+    last_answered_ = {
+        .at = done, .requests = answered, .tokens = answered_tokens, .arrivals = arrivals_};
+    cohort_modes_.OnBatch(answered, in_server_seconds / static_cast<double>(answered), done);
   }
   if (status.ok() && batch->total_tokens > 0) {
     durations_.Observe(batch->total_tokens, compute);

@@ -182,8 +182,7 @@ class Batcher {
   // For the cohort hold (BatchPolicy::cohort_wait): requests enqueued since
   // the start (chunk pieces put back are not arrivals); the last batch to
   // end (when, the requests and tokens it answered, the arrivals count
-  // then); and how long answered requests take to come back, learned per
-  // count from every batch: its end, and the arrivals count that matches it.
+  // then); and which mode is on.
   int64_t arrivals_ ABSL_GUARDED_BY(mu_) = 0;
   struct Answered {
     SteadyTime at{};
@@ -192,15 +191,10 @@ class Batcher {
     int64_t arrivals = 0;
   };
   Answered last_answered_ ABSL_GUARDED_BY(mu_);
-  BatchDurationModel returns_ ABSL_GUARDED_BY(mu_);
-  std::deque<Answered> awaiting_return_ ABSL_GUARDED_BY(mu_);
-  static constexpr size_t kMaxAwaitedReturns = 64;
-  // The cohort DecideBatch prices: the newest batch in flight's, or else
-  // what the last one to end is still owed.
+  CohortModes cohort_modes_ ABSL_GUARDED_BY(mu_);
+  // The cohort DecideBatch waits for in merge mode: the newest batch in
+  // flight's, or else what the last one to end is still owed.
   Cohort CohortLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Counts an arrival, and learns the return time of the batches it
-  // completes.
-  void CountArrivalLocked(SteadyTime now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   // What the scheduler knew when it last went to sleep: whether a slot was

@@ -108,20 +108,23 @@ TEST(BatcherTest, JustInTimeTheNextBatchFormsAsTheRunningOneEnds) {
 }
 
 // Two closed-loop clients out of phase, each answered in 800 us and back
-// 300 us later: A computes while B waits. The batcher first learns a batch's
-// time and a return's from A alone; then, as A's next batch ends, it holds B
-// for A's return (a batch of two has never run: trying it is how its cost is
-// learned), and the two run as one batch.
+// 300 us later: A computes while B waits. Merging is put on trial from the
+// first batch on (CohortModes, tested in batch_policy_test.cc, chooses the
+// mode); then, as A's next batch ends, the batcher holds B for A's return,
+// and the two run as one batch.
 class CohortHoldTest : public ::testing::Test {
  protected:
   CohortHoldTest() {
     BatcherOptions options = Options(64, 1'000'000);
     options.policy.cohort_wait = microseconds(1000);
+    options.policy.cohort_trial_every = milliseconds(0);
+    options.policy.cohort_settle_batches = 0;
+    options.policy.cohort_trial_batches = 1000;
     batcher_.emplace(options, &backend_, &observer_, &clock_);
   }
 
-  // A's first batch and its return, then B queued behind A's second batch,
-  // which then ends: the hold starts.
+  // A's first batch (after which merging is on trial) and its return, then
+  // B queued behind A's second batch, which then ends: the hold starts.
   void ReachTheHold() {
     backend_.SetOpen(false);
     Enqueue(a_[0]);
