@@ -104,7 +104,7 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
       FlagNames("cohort-wait-us"), flags.cohort_wait_us,
       "experimental, for closed-loop clients: after a batch ends, hold the idle device up to this "
       "long for its requests to come back, so that they run as one batch, while requests spend "
-      "less time in the server that way than without (measured, tried again every second; 0: "
+      "less time in the server that way than without (measured, tried again every 250 ms; 0: "
       "off; docs/perf.md)"));
   integer(
       app.add_option(FlagNames("max-queue-size"), flags.max_queue_size,

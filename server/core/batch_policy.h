@@ -73,8 +73,10 @@ struct BatchPolicy {
   // How CohortModes compares the modes: the chosen one runs this long, then
   // the other is tried for cohort_trial_batches batches, of which the first
   // cohort_settle_batches (the switch's own transient) are not counted.
-  std::chrono::milliseconds cohort_trial_every{1000};
-  int64_t cohort_trial_batches = 32;
+  // Every quarter second, so that a change of load (a prefill phase giving
+  // way to decoding) is followed within a few trials.
+  std::chrono::milliseconds cohort_trial_every{250};
+  int64_t cohort_trial_batches = 16;
   int64_t cohort_settle_batches = 4;
 };
 
