@@ -444,7 +444,6 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   batcher_options.policy.delay_when_idle = flags.batch_delay_when_idle;
   batcher_options.policy.max_device_wait = std::chrono::microseconds(flags.max_device_wait_us);
   batcher_options.policy.device_lead = std::chrono::microseconds(flags.device_lead_us);
-  batcher_options.policy.cohort_wait = std::chrono::microseconds(flags.cohort_wait_us);
   batcher_options.max_queue_size = served.max_queue_size;
   batcher_options.max_queue_bytes =
       flags.max_queue_bytes > 0
@@ -493,7 +492,7 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
       " max_queue_delay_us=", served.max_queue_delay_us,
       batcher_options.policy.delay_when_idle ? " (also when idle)" : " (while busy)",
       " max_device_wait_us=", flags.max_device_wait_us, " device_lead_us=", flags.device_lead_us,
-      " cohort_wait_us=", flags.cohort_wait_us, " max_queue_size=", served.max_queue_size,
+      " max_queue_size=", served.max_queue_size,
       " max_queue_bytes=", batcher_options.max_queue_bytes, " cpu_threads=", flags.cpu_threads,
       " streams=", flags.streams, " max_message_bytes=", DefaultMaxMessageBytes(served),
       " grpc_threads=", grpc_options.queue_threads, " drain_timeout_s=", flags.drain_timeout_s));

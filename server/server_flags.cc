@@ -100,12 +100,6 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
   integer(app.add_option(FlagNames("device-lead-us"), flags.device_lead_us,
                          "just-in-time batches: form the next batch this long before the running "
                          "one is predicted to end, so its copies and launches overlap it"));
-  integer(app.add_option(
-      FlagNames("cohort-wait-us"), flags.cohort_wait_us,
-      "experimental, for closed-loop clients: after a batch ends, hold the idle device up to this "
-      "long for its requests to come back, so that they run as one batch, while requests spend "
-      "less time in the server that way than without (measured, tried again every 250 ms; 0: "
-      "off; docs/perf.md)"));
   integer(
       app.add_option(FlagNames("max-queue-size"), flags.max_queue_size,
                      "most requests waiting; beyond it ModelInfer fails with RESOURCE_EXHAUSTED"));
@@ -281,14 +275,8 @@ absl::Status CheckFlags(const ServerFlags& flags) {
   if (flags.max_queue_delay_us < 0) {
     return absl::InvalidArgumentError("--max-queue-delay-us must be >= 0");
   }
-  if (flags.max_device_wait_us < 0 || flags.device_lead_us < 0 || flags.cohort_wait_us < 0) {
-    return absl::InvalidArgumentError(
-        "--max-device-wait-us, --device-lead-us and --cohort-wait-us must be >= 0");
-  }
-  if (flags.cohort_wait_us > 0 && flags.batch_delay_when_idle) {
-    return absl::InvalidArgumentError(
-        "--cohort-wait-us and --batch-delay-when-idle both hold an idle device for more requests; "
-        "give one");
+  if (flags.max_device_wait_us < 0 || flags.device_lead_us < 0) {
+    return absl::InvalidArgumentError("--max-device-wait-us and --device-lead-us must be >= 0");
   }
   if (flags.max_queue_size <= 0 || flags.max_queue_size > int64_t{UINT32_MAX}) {
     return absl::InvalidArgumentError("--max-queue-size must be in [1, 4294967295]");

@@ -28,7 +28,6 @@ struct ServerFlags {
   bool batch_delay_when_idle = false;  // BatchPolicy::delay_when_idle
   int64_t max_device_wait_us = 2000;   // BatchPolicy::max_device_wait (0: off)
   int64_t device_lead_us = 100;        // BatchPolicy::device_lead
-  int64_t cohort_wait_us = 0;          // BatchPolicy::cohort_wait (0: off)
   int64_t max_queue_size = 1024;
   int64_t max_queue_bytes = 0;  // 0: DefaultMaxQueueBytes
   int cpu_threads = 0;

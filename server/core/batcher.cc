@@ -33,11 +33,7 @@ int64_t DefaultMaxQueueBytes(const BatchPolicy& policy, int64_t hidden) {
 
 Batcher::Batcher(BatcherOptions options, Backend* backend, ServerObserver* observer,
                  const Clock* clock)
-    : options_(options),
-      backend_(backend),
-      observer_(observer),
-      clock_(clock),
-      cohort_modes_(options.policy) {
+    : options_(options), backend_(backend), observer_(observer), clock_(clock) {
   for (int i = 0; i < std::max(1, options_.reply_threads); ++i) {
     reply_threads_.emplace_back([this] { RunReplies(); });
   }
@@ -88,27 +84,10 @@ absl::Status Batcher::Enqueue(std::unique_ptr<InferRequest>& request) {
     options_.sessions->Touch(request->session->id, request->enqueue_time);
   }
   queued_bytes_ += bytes;
-  ++arrivals_;
   queue_.push_back(std::move(request));
   observer_->OnQueueDepth(static_cast<int64_t>(queue_.size()));
   if (MayChangeDecisionLocked(*queue_.back())) cv_.Signal();
   return absl::OkStatus();
-}
-
-Cohort Batcher::CohortLocked() const {
-  if (!inflight_.empty()) {
-    const InFlight& newest = inflight_.back();
-    if (!newest.end) return {};
-    return {
-        .answered_at = *newest.end, .awaited = newest.requests, .awaited_tokens = newest.tokens};
-  }
-  const int64_t back = arrivals_ - last_answered_.arrivals;
-  const int64_t awaited = std::max<int64_t>(0, last_answered_.requests - back);
-  if (awaited == 0) return {};
-  return {.answered_at = last_answered_.at,
-          .awaited = awaited,
-          // Tokens in the proportion of the requests still owed.
-          .awaited_tokens = last_answered_.tokens * awaited / last_answered_.requests};
 }
 
 bool Batcher::MayChangeDecisionLocked(const InferRequest& r) const {
@@ -119,8 +98,6 @@ bool Batcher::MayChangeDecisionLocked(const InferRequest& r) const {
   if (!sleep_.slot_free) return false;
   // No request could run: this one may be the first that can.
   if (sleep_.eligible_tokens < 0) return true;
-  // Holding for a cohort: this arrival may be the one that completes it.
-  if (sleep_.cohort_back_at > 0 && arrivals_ >= sleep_.cohort_back_at) return true;
   // Waiting for the oldest to be due: only a full batch runs sooner.
   return sleep_.eligible_tokens + r.batch * NextPiece(r) >= options_.policy.max_batch_tokens;
 }
@@ -194,7 +171,7 @@ void Batcher::DropDeadLocked(SteadyTime now, std::vector<Refused>& refused) {
 }
 
 std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<SteadyTime>* wake_at,
-                                                int64_t* eligible_tokens, int64_t* cohort_back_at,
+                                                int64_t* eligible_tokens,
                                                 std::vector<Refused>& refused) {
   // The requests that may run now, in arrival order: all but those of a
   // session whose step is in flight or that has an earlier request queued.
@@ -216,10 +193,9 @@ std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<St
   if (eligible.empty()) return nullptr;  // a batch in flight will wake us
   *eligible_tokens = std::accumulate(tokens.begin(), tokens.end(), int64_t{0});
   const SteadyTime oldest = queue_[eligible.front()]->enqueue_time;
-  const Cohort cohort = CohortLocked();
-  BatchDecision decision = DecideBatch(options_.policy, tokens, oldest, now,
-                                       /*device_idle=*/inflight_batches_ == 0, DeviceFreeAtLocked(),
-                                       cohort, cohort_modes_.merge());
+  BatchDecision decision =
+      DecideBatch(options_.policy, tokens, oldest, now,
+                  /*device_idle=*/inflight_batches_ == 0, DeviceFreeAtLocked());
   // Draining: run what is queued without waiting for more to arrive.
   if (decision.take == 0 && stopping_) {
     decision = DecideBatch(options_.policy, tokens, now - options_.policy.max_queue_delay, now,
@@ -227,10 +203,6 @@ std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<St
   }
   if (decision.take == 0) {
     *wake_at = decision.wake_at;
-    // Idle and waiting with a cohort owed: the hold. Its last arrival wakes
-    // the scheduler.
-    const bool holding = inflight_batches_ == 0 && cohort.awaited > 0;
-    *cohort_back_at = holding ? arrivals_ + cohort.awaited : 0;
     return nullptr;
   }
   auto batch = std::make_shared<Batch>();
@@ -273,9 +245,9 @@ std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<St
 
 std::optional<SteadyTime> Batcher::DeviceFreeAtLocked() const {
   std::optional<SteadyTime> free_at;
-  for (const InFlight& f : inflight_) {
-    if (!f.end) return std::nullopt;  // a batch of a size not seen before
-    if (!free_at || *f.end > *free_at) free_at = f.end;
+  for (const auto& [batch, end] : inflight_ends_) {
+    if (!end) return std::nullopt;  // a batch of a size not seen before
+    if (!free_at || *end > *free_at) free_at = end;
   }
   return free_at;
 }
@@ -315,10 +287,9 @@ void Batcher::Run() {
       sessions_changed = SweepIdleLocked(now, &wake_at);
       const bool slot_free = inflight_batches_ < max_inflight;
       int64_t eligible_tokens = -1;
-      int64_t cohort_back_at = 0;
       if (!queue_.empty() && slot_free) {
         std::optional<SteadyTime> batch_wake;
-        batch = FormBatchLocked(now, &batch_wake, &eligible_tokens, &cohort_back_at, refused);
+        batch = FormBatchLocked(now, &batch_wake, &eligible_tokens, refused);
         if (batch) {
           ++inflight_batches_;
           sessions_changed =
@@ -339,7 +310,6 @@ void Batcher::Run() {
           sleep_ = {.asleep = true,
                     .slot_free = slot_free,
                     .eligible_tokens = eligible_tokens,
-                    .cohort_back_at = cohort_back_at,
                     .until = wake_at};
           if (wake_at) {
             const auto wait = std::max(*wake_at - now, SteadyTime::duration::zero());
@@ -377,11 +347,8 @@ void Batcher::Run() {
         MutexLock lock(&mu_);
         const std::optional<SteadyTime::duration> duration =
             durations_.Predict(batch->total_tokens);
-        inflight_.push_back(
-            {.batch = batch.get(),
-             .end = duration ? std::optional<SteadyTime>(start + *duration) : std::nullopt,
-             .requests = static_cast<int64_t>(batch->requests.size()),
-             .tokens = batch->total_tokens});
+        inflight_ends_.push_back(
+            {batch.get(), duration ? std::optional<SteadyTime>(start + *duration) : std::nullopt});
       }
       backend_->Execute(batch, [this, batch, start](absl::Status status) {
         OnBatchDone(batch, start, std::move(status));
@@ -430,18 +397,6 @@ void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
     }
     observer_->OnSessions(options_.sessions->Stats());
   }
-  // What the answered requests (not the pieces going back to the queue) say
-  // for the cohort hold: their count and tokens, and how long they spent in
-  // the server.
-  const SteadyTime done = clock_->Now();
-  int64_t answered = 0, answered_tokens = 0;
-  double in_server_seconds = 0;
-  for (const auto& r : batch->requests) {
-    if (r == nullptr) continue;  // its next piece is queued
-    ++answered;
-    answered_tokens += r->batch_tokens();
-    in_server_seconds += Seconds(done - r->enqueue_time);
-  }
   {
     MutexLock lock(&reply_mu_);
     for (size_t i = 0; i < batch->requests.size(); ++i) {
@@ -453,14 +408,7 @@ void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
   // The slot is free as soon as the results are on the host; the next batch
   // need not wait for this one's replies.
   MutexLock lock(&mu_);
-  std::erase_if(inflight_, [&](const InFlight& f) { return f.batch == batch.get(); });
-  // Its answered requests (not the pieces going back to the queue) are the
-  // cohort a closed loop sends back, and what the modes are compared by.
-  if (options_.policy.cohort_wait.count() > 0 && answered > 0) {
-    last_answered_ = {
-        .at = done, .requests = answered, .tokens = answered_tokens, .arrivals = arrivals_};
-    cohort_modes_.OnBatch(answered, in_server_seconds / static_cast<double>(answered), done);
-  }
+  std::erase_if(inflight_ends_, [&](const auto& e) { return e.first == batch.get(); });
   if (status.ok() && batch->total_tokens > 0) {
     durations_.Observe(batch->total_tokens, compute);
   }

@@ -125,11 +125,9 @@ class Batcher {
   // BeginStep fails go to `refused`. Returns null with nothing refused when
   // no queued request may run yet.
   // *eligible_tokens: the tokens of the requests that could run (-1: none),
-  // and *cohort_back_at: the arrivals count that ends a cohort hold (0: none),
-  // both for MayChangeDecisionLocked.
+  // for MayChangeDecisionLocked.
   std::shared_ptr<Batch> FormBatchLocked(SteadyTime now, std::optional<SteadyTime>* wake_at,
-                                         int64_t* eligible_tokens, int64_t* cohort_back_at,
-                                         std::vector<Refused>& refused)
+                                         int64_t* eligible_tokens, std::vector<Refused>& refused)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees idle sessions when a sweep is due; returns whether any was freed
   // and lowers *wake_at to the next sweep.
@@ -172,40 +170,17 @@ class Batcher {
   // flight (unset: no prediction for its size yet), for just-in-time
   // formation (BatchPolicy::max_device_wait).
   BatchDurationModel durations_ ABSL_GUARDED_BY(mu_);
-  struct InFlight {
-    const Batch* batch = nullptr;
-    std::optional<SteadyTime> end;
-    int64_t requests = 0;
-    int64_t tokens = 0;
-  };
-  std::vector<InFlight> inflight_ ABSL_GUARDED_BY(mu_);  // in start order
-  // For the cohort hold (BatchPolicy::cohort_wait): requests enqueued since
-  // the start (chunk pieces put back are not arrivals); the last batch to
-  // end (when, the requests and tokens it answered, the arrivals count
-  // then); and which mode is on.
-  int64_t arrivals_ ABSL_GUARDED_BY(mu_) = 0;
-  struct Answered {
-    SteadyTime at{};
-    int64_t requests = 0;
-    int64_t tokens = 0;
-    int64_t arrivals = 0;
-  };
-  Answered last_answered_ ABSL_GUARDED_BY(mu_);
-  CohortModes cohort_modes_ ABSL_GUARDED_BY(mu_);
-  // The cohort DecideBatch waits for in merge mode: the newest batch in
-  // flight's, or else what the last one to end is still owed.
-  Cohort CohortLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<std::pair<const Batch*, std::optional<SteadyTime>>> inflight_ends_
+      ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   // What the scheduler knew when it last went to sleep: whether a slot was
-  // free, the tokens of the requests that could run (-1: none), the arrivals
-  // count that brings a held cohort back (0: not holding), and when it wakes
-  // by itself (unset: only when signalled).
+  // free, the tokens of the requests that could run (-1: none), and when it
+  // wakes by itself (unset: only when signalled).
   struct Sleep {
     bool asleep = false;
     bool slot_free = false;
     int64_t eligible_tokens = -1;
-    int64_t cohort_back_at = 0;
     std::optional<SteadyTime> until;
   };
   Sleep sleep_ ABSL_GUARDED_BY(mu_);

@@ -3,7 +3,6 @@
 
 #include <gtest/gtest.h>
 
-#include <limits>
 #include <vector>
 
 namespace layerserve {
@@ -177,149 +176,17 @@ TEST(BatchPolicyTest, JustInTimeOffKeepsTheDelay) {
   EXPECT_EQ(*DecideBatch(triton, q, kT0, kT0, kBusy, free_at).wake_at, kT0 + microseconds(500));
 }
 
-BatchPolicy HoldPolicy(int64_t cohort_wait_us) {
-  BatchPolicy policy = Policy(64, 500);
-  policy.cohort_wait = microseconds(cohort_wait_us);
-  return policy;
-}
-
-Cohort Owed(int64_t requests) {
-  return {.answered_at = kT0, .awaited = requests, .awaited_tokens = requests};
-}
-
-constexpr bool kMerge = true;
-constexpr bool kTurns = false;
-
-BatchDecision Idle(size_t queued, int64_t owed, bool merge, SteadyTime now = kT0) {
-  const std::vector<int64_t> q(queued, 1);
-  return DecideBatch(HoldPolicy(1000), q, kT0, now, kIdle, std::nullopt, Owed(owed), merge);
-}
-
-TEST(BatchPolicyTest, CohortHoldWaitsForTheAnsweredRequestsWhenMerging) {
-  const BatchDecision d = Idle(4, 4, kMerge);
-  EXPECT_EQ(d.take, 0u);
-  ASSERT_TRUE(d.wake_at.has_value());
-  // The bound, counted from the batch's end; the cohort's return wakes the
-  // batcher sooner.
-  EXPECT_EQ(*d.wake_at, kT0 + microseconds(1000));
-  // However the clients are split when the batch ends.
-  EXPECT_EQ(Idle(1, 63, kMerge).take, 0u);
-}
-
-TEST(BatchPolicyTest, CohortHoldTakingTurnsRunsAtOnce) { EXPECT_EQ(Idle(4, 4, kTurns).take, 4u); }
-
-TEST(BatchPolicyTest, CohortBackRunsAtOnce) { EXPECT_EQ(Idle(8, 0, kMerge).take, 8u); }
-
-TEST(BatchPolicyTest, CohortHoldIsBounded) {
-  // Whoever is owed and not back by then is not waited for.
-  EXPECT_EQ(Idle(4, 4, kMerge, kT0 + microseconds(1000)).take, 4u);
-}
-
-TEST(BatchPolicyTest, CohortHoldOffRunsAnIdleDeviceAtOnce) {
-  const std::vector<int64_t> q(4, 1);
-  EXPECT_EQ(DecideBatch(HoldPolicy(0), q, kT0, kT0, kIdle, std::nullopt, Owed(4), kMerge).take, 4u);
-  // Triton's rule replaces it: the delay, counted from the oldest request.
-  BatchPolicy triton = HoldPolicy(1000);
-  triton.delay_when_idle = true;
-  EXPECT_EQ(*DecideBatch(triton, q, kT0, kT0, kIdle, std::nullopt, Owed(4), kMerge).wake_at,
-            kT0 + microseconds(500));
-}
-
-TEST(BatchPolicyTest, CohortHoldStillRunsAFullBatchAtOnce) {
-  const std::vector<int64_t> q = {40, 30};
-  EXPECT_EQ(DecideBatch(HoldPolicy(1000), q, kT0, kT0, kIdle, std::nullopt, Owed(4), kMerge).take,
-            1u);
-  // Nor does it wait for a cohort that would not fit one batch with the queue.
-  const std::vector<int64_t> big = {60};
-  EXPECT_EQ(
-      DecideBatch(HoldPolicy(1000), big, kT0, kT0, kIdle, std::nullopt, Owed(8), kMerge).take, 1u);
-}
-
-TEST(BatchPolicyTest, CohortHoldWaitsForTheRunningBatchToEnd) {
-  // A batch of 4 runs until kT0; four more requests are queued. Merging: not
-  // formed just in time (kT0 - 100 us); only the bound wakes the scheduler,
-  // and the batch's end does, through the batcher.
-  const std::vector<int64_t> q(4, 1);
-  const SteadyTime queued = kT0 - microseconds(500);
-  const BatchDecision held = DecideBatch(HoldPolicy(1000), q, queued, kT0 - microseconds(200),
-                                         kBusy, kT0, Owed(4), kMerge);
-  EXPECT_EQ(held.take, 0u);
-  ASSERT_TRUE(held.wake_at.has_value());
-  EXPECT_EQ(*held.wake_at, queued + microseconds(2000));
-  // Taking turns: just in time as without the hold.
-  const BatchDecision in_time = DecideBatch(HoldPolicy(1000), q, queued, kT0 - microseconds(200),
-                                            kBusy, kT0, Owed(4), kTurns);
-  ASSERT_TRUE(in_time.wake_at.has_value());
-  EXPECT_EQ(*in_time.wake_at, kT0 - microseconds(100));
-}
-
-// CohortModes with a trial of 4 counted batches after 1 settling one, every
-// 10 ms.
-BatchPolicy TrialPolicy() {
-  BatchPolicy policy = HoldPolicy(1000);
-  policy.cohort_trial_every = std::chrono::milliseconds(10);
-  policy.cohort_trial_batches = 4;
-  policy.cohort_settle_batches = 1;
-  return policy;
-}
-
-// Feeds `batches` batches of 8 requests that spent `ms` each in the server,
-// 1 ms apart, starting at *now.
-void Feed(CohortModes& modes, int batches, double ms, SteadyTime* now) {
-  for (int i = 0; i < batches; ++i) {
-    *now += std::chrono::milliseconds(1);
-    modes.OnBatch(8, ms / 1e3, *now);
-  }
-}
-
-TEST(CohortModesTest, TakesTurnsThenTriesMergingAndKeepsTheFaster) {
-  CohortModes modes(TrialPolicy());
-  SteadyTime now = kT0;
-  EXPECT_FALSE(modes.merge());  // without a measurement: as without the hold
-  Feed(modes, 10, 2.0, &now);   // 10 ms of turns
-  EXPECT_FALSE(modes.merge());
-  Feed(modes, 1, 2.0, &now);  // the phase is over: merging on trial
-  EXPECT_TRUE(modes.merge());
-  // The first batch of the trial settles and does not count (a slow one).
-  Feed(modes, 1, 50.0, &now);
-  Feed(modes, 3, 1.5, &now);
-  EXPECT_TRUE(modes.merge());
-  Feed(modes, 1, 1.5, &now);  // trial over: 1.5 ms against 2.0
-  EXPECT_TRUE(modes.merge());
-  // Merging is now the chosen mode; after its 10 ms, taking turns is tried
-  // again, and wins back when it is faster.
-  Feed(modes, 10, 1.5, &now);
-  EXPECT_FALSE(modes.merge());
-  Feed(modes, 5, 1.0, &now);
-  EXPECT_FALSE(modes.merge());
-  Feed(modes, 10, 1.0, &now);  // turns chosen; merging on trial again
-  EXPECT_TRUE(modes.merge());
-}
-
-TEST(CohortModesTest, MergingMustWinByTheMargin) {
-  CohortModes modes(TrialPolicy());
-  SteadyTime now = kT0;
-  Feed(modes, 11, 2.0, &now);
-  ASSERT_TRUE(modes.merge());
-  Feed(modes, 5, 2.0 * (1 - CohortModes::kMergeMargin / 2), &now);  // 1.5% better: not enough
-  EXPECT_FALSE(modes.merge());
-}
-
 TEST(BatchDurationModelTest, PredictsNothingForAClassNotSeen) {
   BatchDurationModel model;
   EXPECT_FALSE(model.Predict(1).has_value());
   model.Observe(1, microseconds(800));
   ASSERT_TRUE(model.Predict(1).has_value());
   EXPECT_EQ(*model.Predict(1), microseconds(800));
-  // Below 8 every size is its own class; from there, four per doubling.
+  // 2 and 3 tokens share a class; 1 is its own, as is 4-7.
   EXPECT_FALSE(model.Predict(2).has_value());
-  model.Observe(33, microseconds(900));
-  EXPECT_EQ(*model.Predict(32), microseconds(900));
-  EXPECT_EQ(*model.Predict(39), microseconds(900));
-  EXPECT_FALSE(model.Predict(31).has_value());
-  EXPECT_FALSE(model.Predict(40).has_value());
-  model.Observe(std::numeric_limits<int64_t>::max(), microseconds(5));
-  EXPECT_EQ(*model.Predict(std::numeric_limits<int64_t>::max()), microseconds(5));
+  model.Observe(3, microseconds(900));
+  EXPECT_EQ(*model.Predict(2), microseconds(900));
+  EXPECT_FALSE(model.Predict(4).has_value());
   EXPECT_FALSE(model.Predict(4096).has_value());
 }
 

@@ -7,7 +7,6 @@
 
 #include <atomic>
 #include <deque>
-#include <optional>
 #include <thread>
 #include <vector>
 
@@ -105,80 +104,6 @@ TEST(BatcherTest, JustInTimeTheNextBatchFormsAsTheRunningOneEnds) {
   ASSERT_TRUE(second.done.WaitFor(milliseconds(10000)));
   EXPECT_TRUE(second.status.ok()) << second.status;
   ASSERT_TRUE(plug.done.WaitFor(milliseconds(10000)));
-}
-
-// Two closed-loop clients out of phase, each answered in 800 us and back
-// 300 us later: A computes while B waits. Merging is put on trial from the
-// first batch on (CohortModes, tested in batch_policy_test.cc, chooses the
-// mode); then, as A's next batch ends, the batcher holds B for A's return,
-// and the two run as one batch.
-class CohortHoldTest : public ::testing::Test {
- protected:
-  CohortHoldTest() {
-    BatcherOptions options = Options(64, 1'000'000);
-    options.policy.cohort_wait = microseconds(1000);
-    options.policy.cohort_trial_every = milliseconds(0);
-    options.policy.cohort_settle_batches = 0;
-    options.policy.cohort_trial_batches = 1000;
-    batcher_.emplace(options, &backend_, &observer_, &clock_);
-  }
-
-  // A's first batch (after which merging is on trial) and its return, then
-  // B queued behind A's second batch, which then ends: the hold starts.
-  void ReachTheHold() {
-    backend_.SetOpen(false);
-    Enqueue(a_[0]);
-    ASSERT_TRUE(backend_.AwaitBatches(1));
-    clock_.Advance(microseconds(800));
-    backend_.SetOpen(true);
-    ASSERT_TRUE(a_[0].done.WaitFor(milliseconds(10000)));
-    clock_.Advance(microseconds(300));
-    backend_.SetOpen(false);
-    Enqueue(a_[1]);  // A is back: runs at once
-    ASSERT_TRUE(backend_.AwaitBatches(2));
-    Enqueue(b_);  // the device is busy: waits
-    clock_.Advance(microseconds(800));
-    backend_.SetOpen(true);
-    ASSERT_TRUE(a_[1].done.WaitFor(milliseconds(10000)));
-    // A's second batch ended and A is not back: B is held.
-    std::this_thread::sleep_for(milliseconds(30));
-    EXPECT_EQ(backend_.batch_sizes().size(), 2u);
-  }
-
-  void Enqueue(Outcome& out) {
-    auto r = MakeRequest(payload_, 1, &out);
-    ASSERT_TRUE(batcher_->Enqueue(r).ok());
-  }
-
-  const std::string payload_ = "a";
-  FakeClock clock_;
-  FakeBackend backend_{2};
-  ServerObserver observer_;
-  Outcome a_[3], b_;  // outlive the batcher's reply threads
-  std::optional<Batcher> batcher_;
-};
-
-TEST_F(CohortHoldTest, MergesClientsThatWaitOnTheirReplies) {
-  ReachTheHold();
-  Enqueue(a_[2]);  // A is back: B and A run together
-  ASSERT_TRUE(b_.done.WaitFor(milliseconds(10000)));
-  ASSERT_TRUE(a_[2].done.WaitFor(milliseconds(10000)));
-  EXPECT_TRUE(b_.status.ok()) << b_.status;
-  EXPECT_EQ(backend_.batch_sizes(), (std::vector<size_t>{1, 1, 2}));
-}
-
-TEST_F(CohortHoldTest, EndsAfterTheWait) {
-  ReachTheHold();
-  clock_.Advance(microseconds(999));
-  batcher_->Wake();
-  std::this_thread::sleep_for(milliseconds(30));
-  EXPECT_EQ(backend_.batch_sizes().size(), 2u);
-  // A never comes back: B runs alone once the wait is over.
-  clock_.Advance(microseconds(1));
-  batcher_->Wake();
-  ASSERT_TRUE(b_.done.WaitFor(milliseconds(10000)));
-  EXPECT_TRUE(b_.status.ok()) << b_.status;
-  EXPECT_EQ(backend_.batch_sizes(), (std::vector<size_t>{1, 1, 1}));
 }
 
 TEST(BatcherTest, FullBatchRunsWithoutWaiting) {
