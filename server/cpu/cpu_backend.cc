@@ -10,7 +10,8 @@
 //   x += a Wo^T; n = RMSNorm(x); gu = n Wgu^T; x += (silu(g) * u) Wd^T.
 // In a mixture-of-experts layer the last two steps are the router's top-k
 // choice per token and x += the weighted sum of the chosen experts' MLPs
-// (cpu::RouteTopK, cpu::ExpertMlps).
+// (cpu::RouteTopK, cpu::ExpertMlps), plus, with a shared expert (Qwen2-MoE),
+// x += sigmoid(n w_gate^T) * the shared expert's own SiLU-gated MLP of n.
 //
 // Sessions (server/core/sessions.h): a session step's tokens continue their
 // sequences at `position`, so RoPE rotates them at position..position+T-1.
@@ -25,6 +26,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <deque>
 #include <limits>
 #include <new>
@@ -54,7 +56,11 @@ struct CpuLayer {
   std::vector<float> router;           // [experts, hidden]
   std::vector<float> experts_gate_up;  // [experts, 2 intermediate, hidden]
   std::vector<float> experts_down;     // [experts, hidden, intermediate]
-  int64_t window = 0;                  // sliding attention window; 0: full causal
+  // Its shared expert (config.HasSharedExpert()):
+  std::vector<float> shared_gate_up;  // [2 shared intermediate, hidden]: gate rows, then up rows
+  std::vector<float> shared_down;     // [hidden, shared intermediate]
+  std::vector<float> shared_gate;     // [1, hidden]
+  int64_t window = 0;                 // sliding attention window; 0: full causal
 };
 
 void Append(std::vector<float>& dst, const HostTensor& t) {
@@ -81,6 +87,12 @@ absl::StatusOr<CpuLayer> ConvertLayer(const LayerWeights& w, const LlamaConfig& 
     out.router = w.router.ToFloat();
     out.experts_gate_up = w.experts_gate_up.ToFloat();
     out.experts_down = w.experts_down.ToFloat();
+    if (c.HasSharedExpert()) {
+      Append(out.shared_gate_up, w.shared_gate_proj);
+      Append(out.shared_gate_up, w.shared_up_proj);
+      out.shared_down = w.shared_down_proj.ToFloat();
+      out.shared_gate = w.shared_expert_gate.ToFloat();
+    }
   } else {
     Append(out.w_gate_up, w.gate_proj);
     Append(out.w_gate_up, w.up_proj);
@@ -314,8 +326,8 @@ class CpuBackend final : public Backend {
     expert_weights_.resize(static_cast<size_t>(tokens * top_k));
     cpu::Linear(normed_.data(), tokens, c.hidden_size, layer.router.data(), experts, nullptr,
                 router_logits_.data(), &pool_);
-    cpu::RouteTopK(router_logits_.data(), tokens, experts, top_k, expert_ids_.data(),
-                   expert_weights_.data());
+    cpu::RouteTopK(router_logits_.data(), tokens, experts, top_k, c.normalize_top_k,
+                   expert_ids_.data(), expert_weights_.data());
     for (const int32_t e : expert_ids_) ++batch.expert_tokens[layer_index * experts + e];
     const cpu::ExpertWeights weights{.gate_up = layer.experts_gate_up.data(),
                                      .down = layer.experts_down.data(),
@@ -324,6 +336,30 @@ class CpuBackend final : public Backend {
                                      .intermediate = c.intermediate_size};
     cpu::ExpertMlps(normed_.data(), tokens, expert_ids_.data(), expert_weights_.data(), top_k,
                     weights, x_.data(), &pool_);
+    if (c.HasSharedExpert()) SharedExpertForward(layer, tokens);
+  }
+
+  // x_ += sigmoid(normed_ shared_gate^T) * the shared expert's MLP of normed_
+  // (Qwen2-MoE), token by token.
+  void SharedExpertForward(const CpuLayer& layer, int64_t tokens) {
+    const int64_t hidden = config_.hidden_size;
+    const int64_t inter = config_.shared_expert_intermediate_size;
+    gate_up_.resize(static_cast<size_t>(tokens * 2 * inter));
+    act_.resize(static_cast<size_t>(tokens * inter));
+    shared_out_.resize(static_cast<size_t>(tokens * hidden));
+    shared_gate_.resize(static_cast<size_t>(tokens));
+    cpu::Linear(normed_.data(), tokens, hidden, layer.shared_gate_up.data(), 2 * inter, nullptr,
+                gate_up_.data(), &pool_);
+    cpu::SiluMul(gate_up_.data(), tokens, inter, act_.data(), &pool_);
+    cpu::Linear(act_.data(), tokens, inter, layer.shared_down.data(), hidden, nullptr,
+                shared_out_.data(), &pool_);
+    cpu::Linear(normed_.data(), tokens, hidden, layer.shared_gate.data(), 1, nullptr,
+                shared_gate_.data(), &pool_);
+    for (int64_t t = 0; t < tokens; ++t) {
+      const float scale = 1.0f / (1.0f + std::exp(-shared_gate_[t]));
+      for (int64_t i = 0; i < hidden; ++i)
+        x_[t * hidden + i] += scale * shared_out_[t * hidden + i];
+    }
   }
 
   // Stores the session sequences' new K and V rows (already rotated) in the
@@ -392,6 +428,8 @@ class CpuBackend final : public Backend {
   // Mixture-of-experts layers only: router logits and each token's choices.
   std::vector<float> router_logits_, expert_weights_;
   std::vector<int32_t> expert_ids_;
+  // And with a shared expert: its output and its gate's logit per token.
+  std::vector<float> shared_out_, shared_gate_;
   // Session batches only: per-sequence start positions, and the keys and
   // values attention reads (GatherKv).
   std::vector<int64_t> start_positions_;

@@ -261,8 +261,8 @@ void SiluMul(const float* gate_up, int64_t rows, int64_t intermediate, float* ou
   });
 }
 
-void RouteTopK(const float* logits, int64_t rows, int64_t experts, int64_t top_k, int32_t* ids,
-               float* weights) {
+void RouteTopK(const float* logits, int64_t rows, int64_t experts, int64_t top_k, bool normalize,
+               int32_t* ids, float* weights) {
   std::vector<float> probs(static_cast<size_t>(experts));
   std::vector<int32_t> order(static_cast<size_t>(experts));
   for (int64_t r = 0; r < rows; ++r) {
@@ -282,8 +282,11 @@ void RouteTopK(const float* logits, int64_t rows, int64_t experts, int64_t top_k
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
                      [&](int32_t a, int32_t b) { return rank(a) > rank(b); });
-    float chosen = 0;
-    for (int64_t j = 0; j < top_k; ++j) chosen += probs[order[j]];
+    float chosen = 1;
+    if (normalize) {
+      chosen = 0;
+      for (int64_t j = 0; j < top_k; ++j) chosen += probs[order[j]];
+    }
     for (int64_t j = 0; j < top_k; ++j) {
       ids[r * top_k + j] = order[j];
       weights[r * top_k + j] = probs[order[j]] / chosen;

@@ -86,11 +86,12 @@ void SiluMul(const float* gate_up, int64_t rows, int64_t intermediate, float* ou
 // Mixture-of-experts routing as Hugging Face's MixtralSparseMoeBlock: for each
 // row of `logits` [rows, experts], the softmax over all experts, the top_k
 // experts by probability (highest first; of equal ones the lower index), and
-// their probabilities divided by the sum of the chosen ones. Writes ids and
+// their probabilities, divided by the sum of the chosen ones when
+// `normalize` (Qwen2-MoE's norm_topk_prob; Mixtral always). Writes ids and
 // weights, both [rows, top_k]. A row with a NaN logit still gets valid expert
 // ids (its weights are NaN), so a poisoned token cannot index out of bounds.
-void RouteTopK(const float* logits, int64_t rows, int64_t experts, int64_t top_k, int32_t* ids,
-               float* weights);
+void RouteTopK(const float* logits, int64_t rows, int64_t experts, int64_t top_k, bool normalize,
+               int32_t* ids, float* weights);
 
 // Stacked expert MLP weights (LayerWeights::experts_gate_up / experts_down).
 struct ExpertWeights {

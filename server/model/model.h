@@ -27,7 +27,7 @@ struct Llama3RopeScaling {
 
 // The subset of a Hugging Face config.json that defines one decoder layer.
 struct LlamaConfig {
-  std::string model_type;  // "llama", "mistral", "qwen2" or "mixtral"
+  std::string model_type;  // "llama", "mistral", "qwen2", "mixtral" or "qwen2_moe"
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
   int64_t num_attention_heads = 0;
@@ -55,6 +55,15 @@ struct LlamaConfig {
   int64_t num_experts = 0;
   int64_t experts_per_token = 0;
   bool IsMixtureOfExperts() const { return num_experts > 0; }
+  // Qwen2-MoE's variations (qwen2_moe, where intermediate_size holds its
+  // moe_intermediate_size): the chosen experts' probabilities are divided by
+  // their sum only with normalize_top_k (its norm_topk_prob; mixtral always
+  // does); and a shared expert, a SiLU-gated MLP of
+  // shared_expert_intermediate_size that every token passes through, scaled
+  // by sigmoid(m shared_expert_gate^T), is added to the experts' sum (0: none).
+  bool normalize_top_k = true;
+  int64_t shared_expert_intermediate_size = 0;
+  bool HasSharedExpert() const { return shared_expert_intermediate_size > 0; }
 
   // The attention window of model layer `layer` (an index into the whole
   // model, not the span), or 0 for full causal attention.
@@ -71,7 +80,7 @@ struct LlamaConfig {
 // `sliding_window` (4096 when absent, null for none) applies to every layer,
 // as does mixtral's (none when absent);
 // qwen2's applies only with `use_sliding_window`, to layers >=
-// `max_window_layers`; an explicit `layer_types` list
+// `max_window_layers` (qwen2_moe's likewise); an explicit `layer_types` list
 // ("full_attention"/"sliding_attention") overrides both. llama has none.
 absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::string_view source);
 
@@ -113,6 +122,10 @@ struct LayerWeights {
   HostTensor router;           // [experts, hidden]: the gate's logits are n router^T
   HostTensor experts_gate_up;  // [experts, 2 intermediate, hidden]: each expert's w1 rows, then w3
   HostTensor experts_down;     // [experts, hidden, intermediate]: each expert's w2
+  // Its shared expert, when config.HasSharedExpert() (empty otherwise):
+  HostTensor shared_gate_proj, shared_up_proj;  // [shared intermediate, hidden]
+  HostTensor shared_down_proj;                  // [hidden, shared intermediate]
+  HostTensor shared_expert_gate;                // [1, hidden]
 
   // Every tensor, absent ones included (for byte counts and dtype lists).
   std::vector<const HostTensor*> All() const;
@@ -158,8 +171,11 @@ absl::StatusOr<LayerRange> ParseLayerRange(std::string_view text);
 // either layout: the published one (block_sparse_moe.gate.weight and
 // block_sparse_moe.experts.{e}.w1/w2/w3.weight) or the one transformers 5
 // holds in memory (mlp.gate.weight, mlp.experts.gate_up_proj [experts,
-// 2 intermediate, hidden] and mlp.experts.down_proj). Errors name the file and
-// the tensor.
+// 2 intermediate, hidden] and mlp.experts.down_proj). A qwen2_moe layer's
+// router is mlp.gate.weight and its experts are either that fused pair or
+// mlp.experts.{e}.gate_proj/up_proj/down_proj.weight; its shared expert is
+// mlp.shared_expert.gate_proj/up_proj/down_proj.weight and
+// mlp.shared_expert_gate.weight. Errors name the file and the tensor.
 absl::StatusOr<ModelSpan> LoadModelSpan(const std::filesystem::path& dir, const LayerRange& range,
                                         std::string model_name);
 

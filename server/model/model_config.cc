@@ -137,10 +137,10 @@ absl::Status ParseSlidingWindow(const json& root, const FieldReader& reader, Lla
   // use_sliding_window, and then windows layers >= max_window_layers; llama
   // has no window at all.
   std::optional<int64_t> window;
-  if (config.model_type == "mistral" || config.model_type == "qwen2" ||
-      config.model_type == "mixtral") {
+  const bool qwen = config.model_type == "qwen2" || config.model_type == "qwen2_moe";
+  if (config.model_type == "mistral" || qwen || config.model_type == "mixtral") {
     bool enabled = true;
-    if (config.model_type == "qwen2") {
+    if (qwen) {
       LS_ASSIGN_OR_RETURN(std::optional<bool> use, reader.OptionalBool("use_sliding_window"));
       enabled = use.value_or(false);
     }
@@ -174,7 +174,7 @@ absl::Status ParseSlidingWindow(const json& root, const FieldReader& reader, Lla
                          "; supported: \"full_attention\", \"sliding_attention\""));
       }
     }
-  } else if (window && config.model_type == "qwen2") {
+  } else if (window && qwen) {
     LS_ASSIGN_OR_RETURN(std::optional<int64_t> max_window_layers,
                         reader.OptionalInt("max_window_layers"));
     const int64_t first_windowed = max_window_layers.value_or(28);
@@ -199,6 +199,45 @@ absl::Status ParseExperts(const FieldReader& reader, LlamaConfig& config) {
         "num_experts_per_tok",
         absl::StrCat("(", config.experts_per_token, ") must be between 1 and num_local_experts (",
                      config.num_experts, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// Qwen2-MoE's experts (Qwen2MoeConfig): num_experts of moe_intermediate_size
+// each, num_experts_per_tok per token, weights renormalised only with
+// norm_topk_prob, and a shared expert. A layer is sparse when it is not in
+// mlp_only_layers and (layer + 1) % decoder_sparse_step == 0; the backends
+// hold one kind of MLP per span, so a model with dense layers is refused.
+absl::Status ParseQwen2MoeExperts(const FieldReader& reader, LlamaConfig& config) {
+  LS_ASSIGN_OR_RETURN(config.num_experts, reader.PositiveInt("num_experts"));
+  LS_ASSIGN_OR_RETURN(std::optional<int64_t> top_k, reader.OptionalInt("num_experts_per_tok"));
+  config.experts_per_token = top_k.value_or(4);  // Qwen2MoeConfig's default
+  if (config.experts_per_token <= 0 || config.experts_per_token > config.num_experts) {
+    return reader.Error("num_experts_per_tok", absl::StrCat("(", config.experts_per_token,
+                                                            ") must be between 1 and num_experts (",
+                                                            config.num_experts, ")"));
+  }
+  LS_ASSIGN_OR_RETURN(config.intermediate_size, reader.PositiveInt("moe_intermediate_size"));
+  LS_ASSIGN_OR_RETURN(std::optional<int64_t> shared,
+                      reader.OptionalInt("shared_expert_intermediate_size"));
+  config.shared_expert_intermediate_size = shared.value_or(5632);  // Qwen2MoeConfig's default
+  if (config.shared_expert_intermediate_size < 0) {
+    return reader.Error("shared_expert_intermediate_size", "must be >= 0");
+  }
+  LS_ASSIGN_OR_RETURN(std::optional<bool> norm, reader.OptionalBool("norm_topk_prob"));
+  config.normalize_top_k = norm.value_or(false);
+  LS_ASSIGN_OR_RETURN(std::optional<int64_t> step, reader.OptionalInt("decoder_sparse_step"));
+  const json* dense = reader.Find("mlp_only_layers");
+  const bool some_dense = dense != nullptr && !(dense->is_array() && dense->empty());
+  if (step.value_or(1) != 1 || some_dense) {
+    return absl::UnimplementedError(
+        reader
+            .Error("decoder_sparse_step",
+                   absl::StrCat("(", step.value_or(1), ") and mlp_only_layers (",
+                                dense != nullptr ? dense->dump() : "[]",
+                                ") give some layers a dense MLP; only models whose every layer is "
+                                "sparse are supported (decoder_sparse_step 1, no mlp_only_layers)"))
+            .message());
   }
   return absl::OkStatus();
 }
@@ -235,10 +274,10 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::st
   LS_ASSIGN_OR_RETURN(std::optional<std::string> model_type, reader.OptionalString("model_type"));
   if (!model_type) return reader.Error("model_type", "is missing");
   if (*model_type != "llama" && *model_type != "mistral" && *model_type != "qwen2" &&
-      *model_type != "mixtral") {
+      *model_type != "mixtral" && *model_type != "qwen2_moe") {
     return absl::InvalidArgumentError(
         absl::StrCat(ToAbsl(source), ": model_type '", *model_type,
-                     "' is not supported (llama, mistral, qwen2, mixtral)"));
+                     "' is not supported (llama, mistral, qwen2, mixtral, qwen2_moe)"));
   }
   config.model_type = *model_type;
 
@@ -300,6 +339,10 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::st
   LS_ASSIGN_OR_RETURN(std::optional<bool> attention_bias, reader.OptionalBool("attention_bias"));
   if (config.model_type == "qwen2") {
     config.attention_bias = true;  // Qwen2Attention: q/k/v biased, o_proj not
+  } else if (config.model_type == "qwen2_moe") {
+    // Qwen2MoeAttention: q/k/v biased by qkv_bias (default true), o_proj not.
+    LS_ASSIGN_OR_RETURN(std::optional<bool> qkv_bias, reader.OptionalBool("qkv_bias"));
+    config.attention_bias = qkv_bias.value_or(true);
   } else if (config.model_type == "llama" && attention_bias.value_or(false)) {
     // LlamaAttention's attention_bias also gives o_proj a bias, which
     // LayerWeights has no slot for; serving without it would be silently wrong.
@@ -309,6 +352,8 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::st
 
   if (config.model_type == "mixtral") {
     LS_RETURN_IF_ERROR(ParseExperts(reader, config));
+  } else if (config.model_type == "qwen2_moe") {
+    LS_RETURN_IF_ERROR(ParseQwen2MoeExperts(reader, config));
   }
 
   LS_ASSIGN_OR_RETURN(std::optional<std::string> torch_dtype, reader.OptionalString("torch_dtype"));

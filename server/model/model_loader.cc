@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -192,6 +193,60 @@ absl::Status AppendPart(HostTensor& dst, const HostTensor& part, const std::stri
   return absl::OkStatus();
 }
 
+// Expert e's gate and up rows, then its down projection, appended to the
+// stacked tensors from per-expert tensors named <expert><gate>, <up>, <down>.
+absl::Status AppendExpert(CheckpointFiles& files, const LlamaConfig& c, const std::string& expert,
+                          const std::array<const char*, 3>& parts, LayerWeights& w) {
+  const int64_t hidden = c.hidden_size;
+  const int64_t inter = c.intermediate_size;
+  for (const char* part : {parts[0], parts[1]}) {
+    const std::string name = expert + part;
+    LS_ASSIGN_OR_RETURN(const HostTensor t, LoadTensor(files, name, {inter, hidden}));
+    LS_RETURN_IF_ERROR(AppendPart(w.experts_gate_up, t, name));
+  }
+  const std::string name = expert + parts[2];
+  LS_ASSIGN_OR_RETURN(const HostTensor t, LoadTensor(files, name, {hidden, inter}));
+  return AppendPart(w.experts_down, t, name);
+}
+
+// A qwen2_moe layer's router, experts (fused as transformers 5 holds them, or
+// one module per expert as the published checkpoints store them) and shared
+// expert.
+absl::Status LoadQwen2MoeExperts(CheckpointFiles& files, const LlamaConfig& c,
+                                 const std::string& prefix, LayerWeights& w) {
+  const int64_t experts = c.num_experts;
+  const int64_t hidden = c.hidden_size;
+  const int64_t inter = c.intermediate_size;
+  const std::string mlp = prefix + "mlp.";
+  LS_ASSIGN_OR_RETURN(w.router, LoadTensor(files, mlp + "gate.weight", {experts, hidden}));
+  if (files.Contains(mlp + "experts.gate_up_proj")) {
+    LS_ASSIGN_OR_RETURN(w.experts_gate_up, LoadTensor(files, mlp + "experts.gate_up_proj",
+                                                      {experts, 2 * inter, hidden}));
+    LS_ASSIGN_OR_RETURN(w.experts_down,
+                        LoadTensor(files, mlp + "experts.down_proj", {experts, hidden, inter}));
+  } else {
+    w.experts_gate_up.shape = {experts, 2 * inter, hidden};
+    w.experts_down.shape = {experts, hidden, inter};
+    for (int64_t e = 0; e < experts; ++e) {
+      LS_RETURN_IF_ERROR(AppendExpert(files, c, absl::StrCat(mlp, "experts.", e, "."),
+                                      {"gate_proj.weight", "up_proj.weight", "down_proj.weight"},
+                                      w));
+    }
+  }
+  if (!c.HasSharedExpert()) return absl::OkStatus();
+  const int64_t shared = c.shared_expert_intermediate_size;
+  const std::string expert = mlp + "shared_expert.";
+  LS_ASSIGN_OR_RETURN(w.shared_gate_proj,
+                      LoadTensor(files, expert + "gate_proj.weight", {shared, hidden}));
+  LS_ASSIGN_OR_RETURN(w.shared_up_proj,
+                      LoadTensor(files, expert + "up_proj.weight", {shared, hidden}));
+  LS_ASSIGN_OR_RETURN(w.shared_down_proj,
+                      LoadTensor(files, expert + "down_proj.weight", {hidden, shared}));
+  LS_ASSIGN_OR_RETURN(w.shared_expert_gate,
+                      LoadTensor(files, mlp + "shared_expert_gate.weight", {1, hidden}));
+  return absl::OkStatus();
+}
+
 // A mixtral layer's router and stacked experts (LayerWeights), from either
 // layout LoadModelSpan accepts: transformers 5's when the layer has its
 // mlp.gate.weight, else the published one (whose errors a checkpoint missing
@@ -201,6 +256,7 @@ absl::Status LoadExperts(CheckpointFiles& files, const LlamaConfig& c, const std
   const int64_t experts = c.num_experts;
   const int64_t hidden = c.hidden_size;
   const int64_t inter = c.intermediate_size;
+  if (c.model_type == "qwen2_moe") return LoadQwen2MoeExperts(files, c, prefix, w);
   const std::string published = absl::StrCat(prefix, "block_sparse_moe.");
   if (files.Contains(prefix + "mlp.gate.weight")) {
     LS_ASSIGN_OR_RETURN(w.router, LoadTensor(files, prefix + "mlp.gate.weight", {experts, hidden}));
@@ -214,16 +270,9 @@ absl::Status LoadExperts(CheckpointFiles& files, const LlamaConfig& c, const std
   w.experts_gate_up.shape = {experts, 2 * inter, hidden};
   w.experts_down.shape = {experts, hidden, inter};
   for (int64_t e = 0; e < experts; ++e) {
-    const std::string expert = absl::StrCat(published, "experts.", e, ".");
     // Per expert: w1 (gate) rows, then w3 (up) rows, as gate_up_proj holds them.
-    for (const char* part : {"w1.weight", "w3.weight"}) {
-      const std::string name = expert + part;
-      LS_ASSIGN_OR_RETURN(const HostTensor t, LoadTensor(files, name, {inter, hidden}));
-      LS_RETURN_IF_ERROR(AppendPart(w.experts_gate_up, t, name));
-    }
-    const std::string name = expert + "w2.weight";
-    LS_ASSIGN_OR_RETURN(const HostTensor t, LoadTensor(files, name, {hidden, inter}));
-    LS_RETURN_IF_ERROR(AppendPart(w.experts_down, t, name));
+    LS_RETURN_IF_ERROR(AppendExpert(files, c, absl::StrCat(published, "experts.", e, "."),
+                                    {"w1.weight", "w3.weight", "w2.weight"}, w));
   }
   return absl::OkStatus();
 }
@@ -284,11 +333,25 @@ std::vector<float> HostTensor::ToFloat() const {
 }
 
 std::vector<const HostTensor*> LayerWeights::All() const {
-  return {&input_layernorm, &q_proj,          &k_proj,
-          &v_proj,          &q_bias,          &k_bias,
-          &v_bias,          &o_proj,          &post_attention_layernorm,
-          &gate_proj,       &up_proj,         &down_proj,
-          &router,          &experts_gate_up, &experts_down};
+  return {&input_layernorm,
+          &q_proj,
+          &k_proj,
+          &v_proj,
+          &q_bias,
+          &k_bias,
+          &v_bias,
+          &o_proj,
+          &post_attention_layernorm,
+          &gate_proj,
+          &up_proj,
+          &down_proj,
+          &router,
+          &experts_gate_up,
+          &experts_down,
+          &shared_gate_proj,
+          &shared_up_proj,
+          &shared_down_proj,
+          &shared_expert_gate};
 }
 
 size_t ModelSpan::WeightBytes() const {
@@ -315,7 +378,11 @@ std::string ModelSpan::Summary() const {
   const std::string dtypes = WeightDTypes();
   const std::string experts =
       config.IsMixtureOfExperts()
-          ? absl::StrCat(", ", config.num_experts, " experts, top ", config.experts_per_token)
+          ? absl::StrCat(
+                ", ", config.num_experts, " experts, top ", config.experts_per_token,
+                config.HasSharedExpert()
+                    ? absl::StrCat(", shared expert ", config.shared_expert_intermediate_size)
+                    : "")
           : "";
   return absl::StrCat(
       name, " (", config.model_type, ", hidden ", config.hidden_size, ", ",
@@ -376,6 +443,7 @@ absl::Status CheckLayerWeights(const LayerWeights& w, const LlamaConfig& c, int6
   const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
   const int64_t inter = c.intermediate_size;
   const int64_t experts = c.num_experts;
+  const int64_t shared = c.shared_expert_intermediate_size;
   const bool dense = !c.IsMixtureOfExperts();
   const struct {
     const HostTensor& tensor;
@@ -397,6 +465,10 @@ absl::Status CheckLayerWeights(const LayerWeights& w, const LlamaConfig& c, int6
       {w.router, experts * hidden, "router"},
       {w.experts_gate_up, experts * 2 * inter * hidden, "experts_gate_up"},
       {w.experts_down, experts * hidden * inter, "experts_down"},
+      {w.shared_gate_proj, shared * hidden, "shared_gate_proj"},
+      {w.shared_up_proj, shared * hidden, "shared_up_proj"},
+      {w.shared_down_proj, hidden * shared, "shared_down_proj"},
+      {w.shared_expert_gate, c.HasSharedExpert() ? hidden : 0, "shared_expert_gate"},
   };
   for (const auto& e : expected) {
     LS_RETURN_IF_ERROR(CheckElements(e.tensor, e.elements, layer, e.name));

@@ -419,6 +419,18 @@ TEST(CudaBackendTest, RejectsBadOptionsAndShapes) {
   ModelSpan empty = MakeDemoModel(LayerRange{0, 1});
   empty.layers.clear();
   EXPECT_EQ(MakeCudaBackend(empty, CudaBackendOptions{}).status().code(), absl::StatusCode::kInvalidArgument);
+  // Qwen2-MoE's shared expert and unnormalised routing weights are CPU-only
+  // for now: refused with a line that says so, never served half right.
+  for (const bool shared : {true, false}) {
+    ModelSpan qwen = MakeDemoModel(LayerRange{0, 1});
+    qwen.config = cuda_test::MixtralTestConfig();
+    qwen.config.model_type = "qwen2_moe";
+    qwen.config.shared_expert_intermediate_size = shared ? 512 : 0;
+    qwen.config.normalize_top_k = shared;
+    const absl::Status status = MakeCudaBackend(qwen, CudaBackendOptions{}).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
+    EXPECT_NE(status.message().find("--backend=cpu serves them"), std::string::npos) << status;
+  }
 }
 
 TEST(CudaCheckTest, ClassifiesStickyErrors) {

@@ -148,7 +148,7 @@ std::vector<double> SiluMul(const std::vector<double>& gate, const std::vector<d
 }
 
 std::vector<Routing> RouteTopK(const std::vector<double>& logits, int64_t rows, int64_t experts,
-                               int64_t top_k) {
+                               int64_t top_k, bool normalize) {
   std::vector<Routing> out(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) {
     const double* l = logits.data() + r * experts;
@@ -163,6 +163,7 @@ std::vector<Routing> RouteTopK(const std::vector<double>& logits, int64_t rows, 
     Routing& routing = out[static_cast<size_t>(r)];
     double chosen = 0;
     for (int64_t j = 0; j < top_k; ++j) chosen += p[order[j]];
+    if (!normalize) chosen = 1;
     for (int64_t j = 0; j < top_k; ++j) {
       routing.experts.push_back(order[j]);
       routing.weights.push_back(p[order[j]] / chosen);
@@ -178,7 +179,8 @@ std::vector<double> ExpertMlps(const std::vector<double>& m, int64_t rows, const
   const int64_t hidden = config.hidden;
   const int64_t inter = config.intermediate;
   const std::vector<double> logits = Linear(m, rows, hidden, layer.router, config.experts, {});
-  const std::vector<Routing> routing = RouteTopK(logits, rows, config.experts, config.top_k);
+  const std::vector<Routing> routing =
+      RouteTopK(logits, rows, config.experts, config.top_k, config.normalize_top_k);
   std::vector<double> out(static_cast<size_t>(rows * hidden), 0.0);
   for (int64_t r = 0; r < rows; ++r) {
     const std::vector<double> row(m.begin() + r * hidden, m.begin() + (r + 1) * hidden);
@@ -194,6 +196,17 @@ std::vector<double> ExpertMlps(const std::vector<double>& m, int64_t rows, const
           SiluMul(Linear(row, 1, hidden, wgate, inter, {}), Linear(row, 1, hidden, wup, inter, {}));
       const std::vector<double> y = Linear(act, 1, inter, wdown, hidden, {});
       for (int64_t i = 0; i < hidden; ++i) out[r * hidden + i] += route.weights[j] * y[i];
+    }
+  }
+  if (config.shared_intermediate > 0) {
+    const int64_t shared = config.shared_intermediate;
+    const std::vector<double> act = SiluMul(Linear(m, rows, hidden, layer.shared_wgate, shared, {}),
+                                            Linear(m, rows, hidden, layer.shared_wup, shared, {}));
+    const std::vector<double> y = Linear(act, rows, shared, layer.shared_wdown, hidden, {});
+    const std::vector<double> g = Linear(m, rows, hidden, layer.shared_gate, 1, {});
+    for (int64_t r = 0; r < rows; ++r) {
+      const double scale = 1.0 / (1.0 + std::exp(-g[r]));
+      for (int64_t i = 0; i < hidden; ++i) out[r * hidden + i] += scale * y[r * hidden + i];
     }
   }
   return out;

@@ -12,7 +12,8 @@
 //   h = x + a Wo^T;  m = RMSNorm(h);  out = h + (silu(m Wg^T) * (m Wu^T)) Wd^T
 // or, in a mixture-of-experts layer (Mixtral's sparse MoE block), out = h +
 // the router's top-k experts' MLPs of m, weighted by their renormalised
-// softmax probabilities.
+// softmax probabilities (Qwen2-MoE's: renormalised or not, plus a shared
+// expert's MLP of m scaled by sigmoid(m Wsg^T)).
 #pragma once
 
 #include <cstdint>
@@ -41,6 +42,11 @@ struct Config {
   // token. 0 experts: one dense MLP.
   int64_t experts = 0;
   int64_t top_k = 0;
+  // Qwen2-MoE: the chosen experts' probabilities are divided by their sum
+  // only when normalize_top_k; a shared expert of shared_intermediate (0:
+  // none) adds sigmoid(m shared_gate^T) * its SiLU-gated MLP of m.
+  bool normalize_top_k = true;
+  int64_t shared_intermediate = 0;
 };
 
 // One layer's weights, row-major; linear weights are [out, in] (y = x W^T).
@@ -57,6 +63,10 @@ struct Layer {
   std::vector<double> router;           // [experts, hidden]
   std::vector<double> experts_gate_up;  // [experts, 2 intermediate, hidden]: gate rows, then up
   std::vector<double> experts_down;     // [experts, hidden, intermediate]
+  // and a shared expert (config.shared_intermediate > 0):
+  std::vector<double> shared_wgate, shared_wup;  // [shared_intermediate, hidden]
+  std::vector<double> shared_wdown;              // [hidden, shared_intermediate]
+  std::vector<double> shared_gate;               // [1, hidden]
 };
 
 // head_dim/2 inverse frequencies theta^(-2i/d), with llama3 scaling if set.
@@ -89,8 +99,8 @@ std::vector<double> Attention(const std::vector<double>& q, const std::vector<do
 std::vector<double> SiluMul(const std::vector<double>& gate, const std::vector<double>& up);
 
 // A token's routing: the experts it uses (highest probability first; of
-// equal ones the lower index), their weights (softmax probabilities divided
-// by the sum of the chosen ones), and the gap between the last chosen
+// equal ones the lower index), their weights (softmax probabilities, divided
+// by the sum of the chosen ones when `normalize`), and the gap between the last chosen
 // probability and the best unchosen one (infinity when every expert is
 // chosen). A test whose inputs leave a tiny gap could see a lower-precision
 // backend choose differently; tests assert a margin.
@@ -101,7 +111,7 @@ struct Routing {
 };
 // logits: [rows, experts]. One Routing per row.
 std::vector<Routing> RouteTopK(const std::vector<double>& logits, int64_t rows, int64_t experts,
-                               int64_t top_k);
+                               int64_t top_k, bool normalize = true);
 
 // The mixture-of-experts MLP of a layer (config.experts > 0) over m [rows,
 // hidden]: the sum over each row's routing of weight * (silu(m G_e^T) *

@@ -86,6 +86,13 @@ inline ModelSpan RandomModel(const LlamaConfig& c, int64_t first_layer, int64_t 
       const double sd = 1.0 / std::sqrt(static_cast<double>(c.intermediate_size));
       w.experts_down = RandomTensor(rng, {c.num_experts, c.hidden_size, c.intermediate_size}, -sd,
                                     sd, weight_dtype);
+      if (c.HasSharedExpert()) {
+        const int64_t shared = c.shared_expert_intermediate_size;
+        w.shared_gate_proj = linear(shared, c.hidden_size);
+        w.shared_up_proj = linear(shared, c.hidden_size);
+        w.shared_down_proj = linear(c.hidden_size, shared);
+        w.shared_expert_gate = linear(1, c.hidden_size);
+      }
     } else {
       w.gate_proj = linear(c.intermediate_size, c.hidden_size);
       w.up_proj = linear(c.intermediate_size, c.hidden_size);

@@ -57,6 +57,8 @@ inline ReferenceModel ToReference(const ModelSpan& span) {
   m.config.rope_theta = c.rope_theta;
   m.config.experts = c.num_experts;
   m.config.top_k = c.experts_per_token;
+  m.config.normalize_top_k = c.normalize_top_k;
+  m.config.shared_intermediate = c.shared_expert_intermediate_size;
   if (c.rope_scaling) {
     m.config.llama3 = true;
     m.config.llama3_factor = c.rope_scaling->factor;
@@ -84,6 +86,10 @@ inline ReferenceModel ToReference(const ModelSpan& span) {
     l.router = DecodeWeights(w.router);
     l.experts_gate_up = DecodeWeights(w.experts_gate_up);
     l.experts_down = DecodeWeights(w.experts_down);
+    l.shared_wgate = DecodeWeights(w.shared_gate_proj);
+    l.shared_wup = DecodeWeights(w.shared_up_proj);
+    l.shared_wdown = DecodeWeights(w.shared_down_proj);
+    l.shared_gate = DecodeWeights(w.shared_expert_gate);
     m.layers.push_back(std::move(l));
   }
   return m;

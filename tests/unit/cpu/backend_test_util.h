@@ -84,6 +84,20 @@ inline LlamaConfig MixtralStyleConfig() {
   return c;
 }
 
+// Qwen2-MoE-shaped, small: 12 experts of intermediate 64, 4 per token whose
+// weights are not renormalised (norm_topk_prob false, the default), a shared
+// expert of intermediate 160, q/k/v biases.
+inline LlamaConfig Qwen2MoeStyleConfig() {
+  LlamaConfig c = Qwen2StyleConfig();
+  c.model_type = "qwen2_moe";
+  c.intermediate_size = 64;
+  c.num_experts = 12;
+  c.experts_per_token = 4;
+  c.normalize_top_k = false;
+  c.shared_expert_intermediate_size = 160;
+  return c;
+}
+
 // ---- batches ------------------------------------------------------------
 
 struct RequestShape {

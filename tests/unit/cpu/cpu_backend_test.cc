@@ -28,6 +28,7 @@ using cpu_test::ExpectOutputsMatch;
 using cpu_test::Llama3StyleConfig;
 using cpu_test::MistralStyleConfig;
 using cpu_test::MixtralStyleConfig;
+using cpu_test::Qwen2MoeStyleConfig;
 using cpu_test::Qwen2StyleConfig;
 using cpu_test::RepresentableInputs;
 using cpu_test::RequestShape;
@@ -103,6 +104,16 @@ TEST(CpuBackendTest, Qwen2WindowOnlyInLaterLayersMatchesReference) {
 
 TEST(CpuBackendTest, MixtralExpertsMatchReference) {
   CheckModel(RandomModel(MixtralStyleConfig(), 0, 2, DType::kF32, 23), /*num_threads=*/2, 1e-5, 24);
+}
+
+TEST(CpuBackendTest, Qwen2MoeSharedExpertMatchesReference) {
+  CheckModel(RandomModel(Qwen2MoeStyleConfig(), 0, 2, DType::kF32, 25), /*num_threads=*/2, 1e-5,
+             26);
+  // norm_topk_prob true, BF16 weights, a span from the middle.
+  LlamaConfig c = Qwen2MoeStyleConfig();
+  c.num_hidden_layers = 4;
+  c.normalize_top_k = true;
+  CheckModel(RandomModel(c, 1, 2, DType::kBF16, 27), /*num_threads=*/1, 1e-5, 28);
 }
 
 // Batch::expert_tokens: per layer, every token counted once per choice.

@@ -352,15 +352,21 @@ TEST(CpuOpsTest, SiluMul) {
 
 TEST(CpuOpsTest, RouteTopKMatchesReference) {
   Rng rng(6);
-  for (const auto& [experts, top_k] : {std::pair{8, 2}, {4, 1}, {16, 4}, {3, 3}}) {
-    SCOPED_TRACE(::testing::Message() << experts << " experts, top " << top_k);
+  for (const auto& [experts, top_k, normalize] : {std::tuple{8, 2, true},
+                                                  {4, 1, true},
+                                                  {16, 4, true},
+                                                  {3, 3, true},
+                                                  {60, 4, false},
+                                                  {8, 2, false}}) {
+    SCOPED_TRACE(::testing::Message() << experts << " experts, top " << top_k
+                                      << (normalize ? ", renormalised" : ", as they are"));
     const int64_t rows = 25;
     const std::vector<float> logits = RandomFloats(rng, rows * experts, -4, 4);
     std::vector<int32_t> ids(rows * top_k, -1);
     std::vector<float> weights(rows * top_k, NAN);
-    RouteTopK(logits.data(), rows, experts, top_k, ids.data(), weights.data());
+    RouteTopK(logits.data(), rows, experts, top_k, normalize, ids.data(), weights.data());
     const std::vector<reference::Routing> want =
-        reference::RouteTopK(ToDouble(logits), rows, experts, top_k);
+        reference::RouteTopK(ToDouble(logits), rows, experts, top_k, normalize);
     for (int64_t r = 0; r < rows; ++r) {
       const reference::Routing& w = want[r];
       // Only a margin wider than float32 rounding fixes the expected order.
@@ -378,7 +384,7 @@ TEST(CpuOpsTest, RouteTopKTiesAndPoisonedRows) {
   const std::vector<float> ties = {1, 3, 3, 0};
   std::vector<int32_t> ids(2);
   std::vector<float> weights(2);
-  RouteTopK(ties.data(), 1, 4, 2, ids.data(), weights.data());
+  RouteTopK(ties.data(), 1, 4, 2, /*normalize=*/true, ids.data(), weights.data());
   EXPECT_EQ(ids, (std::vector<int32_t>{1, 2}));
   EXPECT_FLOAT_EQ(weights[0], 0.5f);
   EXPECT_FLOAT_EQ(weights[1], 0.5f);
@@ -387,7 +393,7 @@ TEST(CpuOpsTest, RouteTopKTiesAndPoisonedRows) {
   const std::vector<float> poisoned = {0, NAN, 2, 1, INFINITY, 0, -INFINITY, 5, 1, 2, 3, 4};
   std::vector<int32_t> pids(3 * 2, -1);
   std::vector<float> pweights(3 * 2);
-  RouteTopK(poisoned.data(), 3, 4, 2, pids.data(), pweights.data());
+  RouteTopK(poisoned.data(), 3, 4, 2, /*normalize=*/true, pids.data(), pweights.data());
   for (int64_t r = 0; r < 2; ++r) {
     EXPECT_GE(pids[2 * r], 0);
     EXPECT_LT(pids[2 * r], 4);
@@ -428,7 +434,7 @@ TEST(CpuOpsTest, ExpertMlpsMatchReference) {
     Linear(x.data(), rows, hidden, router.data(), experts, nullptr, logits.data(), &pool);
     std::vector<int32_t> ids(rows * top_k);
     std::vector<float> weights(rows * top_k);
-    RouteTopK(logits.data(), rows, experts, top_k, ids.data(), weights.data());
+    RouteTopK(logits.data(), rows, experts, top_k, /*normalize=*/true, ids.data(), weights.data());
     // The output accumulates onto what it holds (the residual).
     const std::vector<float> residual = RandomFloats(rng, rows * hidden);
     std::vector<float> out = residual;

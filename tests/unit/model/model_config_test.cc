@@ -197,6 +197,10 @@ TEST(ModelConfigTest, ParsesMixtralExperts) {
   ASSERT_TRUE(windowed.ok()) << windowed.status();
   EXPECT_EQ(windowed->AttentionWindow(1), 32);
 
+  // Mixtral renormalises its routing weights and has no shared expert.
+  EXPECT_TRUE(c->normalize_top_k);
+  EXPECT_FALSE(c->HasSharedExpert());
+
   // Dense models have no experts.
   auto llama = ParseLlamaConfig(kLlama31, "llama.json");
   ASSERT_TRUE(llama.ok());
@@ -259,6 +263,53 @@ TEST(ModelConfigTest, RopeParametersCarryThetaAndScaling) {
   EXPECT_DOUBLE_EQ(c->rope_scaling->factor, 32.0);
 }
 
+// Shaped like Qwen/Qwen1.5-MoE-A2.7B's config.json.
+constexpr char kQwen2Moe[] = R"({
+  "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 2048,
+  "intermediate_size": 5632, "moe_intermediate_size": 1408,
+  "shared_expert_intermediate_size": 5632, "num_attention_heads": 16,
+  "num_key_value_heads": 16, "num_hidden_layers": 24, "num_experts": 60,
+  "num_experts_per_tok": 4, "norm_topk_prob": false, "decoder_sparse_step": 1,
+  "mlp_only_layers": [], "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+  "use_sliding_window": false, "sliding_window": 32768, "max_window_layers": 21,
+  "hidden_act": "silu", "torch_dtype": "bfloat16"
+})";
+
+TEST(ModelConfigTest, ParsesQwen2MoeExpertsAndSharedExpert) {
+  auto c = ParseLlamaConfig(kQwen2Moe, "qwen2_moe.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_experts, 60);
+  EXPECT_EQ(c->experts_per_token, 4);
+  EXPECT_EQ(c->intermediate_size, 1408);  // each expert's: moe_intermediate_size
+  EXPECT_EQ(c->shared_expert_intermediate_size, 5632);
+  EXPECT_FALSE(c->normalize_top_k);
+  EXPECT_TRUE(c->attention_bias);   // qkv_bias defaults to true
+  EXPECT_EQ(c->sliding_window, 0);  // use_sliding_window false
+
+  // Qwen2MoeConfig's defaults: top 4, a shared expert of 5632, weights as
+  // they are; norm_topk_prob and qkv_bias as given; a window as qwen2's.
+  auto other = ParseLlamaConfig(R"({"model_type": "qwen2_moe", "hidden_size": 64,
+      "intermediate_size": 96, "moe_intermediate_size": 32, "num_attention_heads": 4,
+      "num_hidden_layers": 4, "num_experts": 8, "norm_topk_prob": true, "qkv_bias": false,
+      "use_sliding_window": true, "sliding_window": 16, "max_window_layers": 2})",
+                                "other.json");
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->experts_per_token, 4);
+  EXPECT_EQ(other->shared_expert_intermediate_size, 5632);
+  EXPECT_TRUE(other->normalize_top_k);
+  EXPECT_FALSE(other->attention_bias);
+  EXPECT_EQ(other->AttentionWindow(1), 0);
+  EXPECT_EQ(other->AttentionWindow(2), 16);
+
+  // A shared expert of 0: none.
+  auto unshared = ParseLlamaConfig(R"({"model_type": "qwen2_moe", "hidden_size": 64,
+      "intermediate_size": 96, "moe_intermediate_size": 32, "num_attention_heads": 4,
+      "num_hidden_layers": 2, "num_experts": 8, "shared_expert_intermediate_size": 0})",
+                                   "unshared.json");
+  ASSERT_TRUE(unshared.ok()) << unshared.status();
+  EXPECT_FALSE(unshared->HasSharedExpert());
+}
+
 struct BadConfig {
   std::string label;
   std::string json;
@@ -282,8 +333,25 @@ TEST(ModelConfigTest, RejectsBadConfigs) {
        R"({"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 5, )" + base +
            "}",
        absl::StatusCode::kInvalidArgument, "between 1 and num_local_experts (4)"},
-      {"qwen2_moe", R"({"model_type": "qwen2_moe", )" + base + "}",
-       absl::StatusCode::kInvalidArgument, "'qwen2_moe' is not supported"},
+      {"qwen2_moe without experts", R"({"model_type": "qwen2_moe", )" + base + "}",
+       absl::StatusCode::kInvalidArgument, "'num_experts' is missing"},
+      {"qwen2_moe without the experts' size",
+       R"({"model_type": "qwen2_moe", "num_experts": 4, )" + base + "}",
+       absl::StatusCode::kInvalidArgument, "'moe_intermediate_size' is missing"},
+      {"qwen2_moe with dense layers",
+       R"({"model_type": "qwen2_moe", "num_experts": 4, "moe_intermediate_size": 32,
+           "decoder_sparse_step": 2, )" +
+           base + "}",
+       absl::StatusCode::kUnimplemented, "(2) and mlp_only_layers ([]) give some layers a dense"},
+      {"qwen2_moe with mlp-only layers",
+       R"({"model_type": "qwen2_moe", "num_experts": 4, "moe_intermediate_size": 32,
+           "mlp_only_layers": [1], )" +
+           base + "}",
+       absl::StatusCode::kUnimplemented, "(1) and mlp_only_layers ([1])"},
+      {"qwen2_moe with fewer experts than its default 4 per token",
+       R"({"model_type": "qwen2_moe", "num_experts": 3, "moe_intermediate_size": 32, )" + base +
+           "}",
+       absl::StatusCode::kInvalidArgument, "(4) must be between 1 and num_experts (3)"},
       {"missing hidden_size",
        R"({"model_type": "llama", "intermediate_size": 128, "num_attention_heads": 4,
            "num_hidden_layers": 2})",

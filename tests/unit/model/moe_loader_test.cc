@@ -1,6 +1,7 @@
-// LoadModelSpan on tiny mixtral checkpoints: the published per-expert layout
-// and transformers 5's fused one load into the same stacked tensors, and each
-// way an expert can be missing or mismatched is one clear error.
+// LoadModelSpan on tiny mixtral and qwen2_moe checkpoints: the published
+// per-expert layouts and transformers 5's fused one load into the same
+// stacked tensors, and each way an expert can be missing or mismatched is one
+// clear error.
 #include <string>
 #include <vector>
 
@@ -139,8 +140,9 @@ std::vector<TensorSpec> FusedCheckpoint() {
   return out;
 }
 
-absl::StatusOr<ModelSpan> Load(const std::vector<TensorSpec>& tensors, const ScratchDir& dir) {
-  WriteFile(dir.path() / "config.json", kConfig);
+absl::StatusOr<ModelSpan> Load(const std::vector<TensorSpec>& tensors, const ScratchDir& dir,
+                               const char* config = kConfig) {
+  WriteFile(dir.path() / "config.json", config);
   WriteFile(dir.path() / "model.safetensors", SafetensorsBytes(tensors));
   return LoadModelSpan(dir.path(), LayerRange{}, "tiny-mixtral");
 }
@@ -237,6 +239,122 @@ TEST(MoeLoaderTest, ExpertShapeAndDTypeMismatchesAreNamed) {
                 HasSubstr("'model.layers.0.block_sparse_moe.experts.2.w1.weight' is BF16 but the "
                           "experts before it are FP32"));
   }
+}
+
+// ---- qwen2_moe ----------------------------------------------------------
+
+// The same experts under Qwen2-MoE's names, weights used as they are (its
+// default), and a shared expert of intermediate 6; no q/k/v biases, so the
+// attention tensors above serve.
+constexpr int64_t kShared = 6;
+constexpr char kQwen2MoeConfig[] = R"({"model_type": "qwen2_moe", "hidden_size": 8,
+    "intermediate_size": 32, "moe_intermediate_size": 4, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "num_hidden_layers": 2, "num_experts": 3,
+    "num_experts_per_tok": 2, "shared_expert_intermediate_size": 6, "qkv_bias": false,
+    "torch_dtype": "float32"})";
+
+// The shared expert's tensors of `layer`: gate, up, down, then its gate.
+std::vector<TensorSpec> SharedExpert(int64_t layer) {
+  return {{Name(layer, "mlp.shared_expert.gate_proj.weight"),
+           "F32",
+           {kShared, kHidden},
+           F32Bytes(Values(layer, 10, 0, kShared * kHidden))},
+          {Name(layer, "mlp.shared_expert.up_proj.weight"),
+           "F32",
+           {kShared, kHidden},
+           F32Bytes(Values(layer, 10, 1, kShared * kHidden))},
+          {Name(layer, "mlp.shared_expert.down_proj.weight"),
+           "F32",
+           {kHidden, kShared},
+           F32Bytes(Values(layer, 10, 2, kHidden * kShared))},
+          {Name(layer, "mlp.shared_expert_gate.weight"),
+           "F32",
+           {1, kHidden},
+           F32Bytes(Values(layer, 10, 3, kHidden))}};
+}
+
+// mlp.gate.weight and mlp.experts.{e}.gate_proj/up_proj/down_proj.weight, as
+// the published Qwen checkpoints store them; or, with `fused`, the experts
+// as transformers 5 holds them.
+std::vector<TensorSpec> Qwen2MoeCheckpoint(bool fused) {
+  if (fused) {
+    std::vector<TensorSpec> out = FusedCheckpoint();
+    for (int64_t layer = 0; layer < 2; ++layer) {
+      for (TensorSpec& t : SharedExpert(layer)) out.push_back(std::move(t));
+    }
+    return out;
+  }
+  std::vector<TensorSpec> out;
+  for (int64_t layer = 0; layer < 2; ++layer) {
+    for (TensorSpec& t : AttentionTensors(layer)) out.push_back(std::move(t));
+    out.push_back({Name(layer, "mlp.gate.weight"),
+                   "F32",
+                   {kExperts, kHidden},
+                   F32Bytes(RouterValues(layer))});
+    for (int64_t e = 0; e < kExperts; ++e) {
+      const std::string p = "mlp.experts." + std::to_string(e) + ".";
+      out.push_back({Name(layer, p + "gate_proj.weight"),
+                     "F32",
+                     {kInter, kHidden},
+                     F32Bytes(Values(layer, e, 0, kInter * kHidden))});
+      out.push_back({Name(layer, p + "up_proj.weight"),
+                     "F32",
+                     {kInter, kHidden},
+                     F32Bytes(Values(layer, e, 1, kInter * kHidden))});
+      out.push_back({Name(layer, p + "down_proj.weight"),
+                     "F32",
+                     {kHidden, kInter},
+                     F32Bytes(Values(layer, e, 2, kHidden * kInter))});
+    }
+    for (TensorSpec& t : SharedExpert(layer)) out.push_back(std::move(t));
+  }
+  return out;
+}
+
+TEST(MoeLoaderTest, Qwen2MoeLoadsItsExpertsAndSharedExpertInEitherLayout) {
+  for (const bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "transformers 5 layout" : "published layout");
+    ScratchDir dir;
+    auto span = Load(Qwen2MoeCheckpoint(fused), dir, kQwen2MoeConfig);
+    ASSERT_TRUE(span.ok()) << span.status();
+    ExpectStackedExperts(*span);
+    const LlamaConfig& c = span->config;
+    EXPECT_EQ(c.intermediate_size, kInter);  // moe_intermediate_size
+    EXPECT_EQ(c.shared_expert_intermediate_size, kShared);
+    EXPECT_FALSE(c.normalize_top_k);
+    for (int64_t layer = 0; layer < 2; ++layer) {
+      const LayerWeights& w = span->layers[static_cast<size_t>(layer)];
+      EXPECT_EQ(w.shared_gate_proj.ToFloat(), Values(layer, 10, 0, kShared * kHidden));
+      EXPECT_EQ(w.shared_up_proj.ToFloat(), Values(layer, 10, 1, kShared * kHidden));
+      EXPECT_EQ(w.shared_down_proj.ToFloat(), Values(layer, 10, 2, kHidden * kShared));
+      EXPECT_EQ(w.shared_expert_gate.shape, (std::vector<int64_t>{1, kHidden}));
+      EXPECT_EQ(w.shared_expert_gate.ToFloat(), Values(layer, 10, 3, kHidden));
+    }
+    EXPECT_THAT(span->Summary(), HasSubstr("3 experts, top 2, shared expert 6, fp32 weights"));
+  }
+}
+
+TEST(MoeLoaderTest, Qwen2MoeMissingSharedExpertGateIsNamed) {
+  ScratchDir dir;
+  std::vector<TensorSpec> tensors = Qwen2MoeCheckpoint(/*fused=*/false);
+  std::erase_if(tensors, [](const TensorSpec& t) {
+    return t.name == "model.layers.1.mlp.shared_expert_gate.weight";
+  });
+  auto span = Load(tensors, dir, kQwen2MoeConfig);
+  ASSERT_FALSE(span.ok());
+  EXPECT_THAT(span.status().message(),
+              HasSubstr("'model.layers.1.mlp.shared_expert_gate.weight' is missing"));
+}
+
+// A layer's MLP holds the shared expert only when the config names one.
+TEST(MoeLoaderTest, SharedExpertTensorsAreCheckedAgainstTheConfig) {
+  ScratchDir dir;
+  auto span = Load(Qwen2MoeCheckpoint(/*fused=*/false), dir, kQwen2MoeConfig);
+  ASSERT_TRUE(span.ok()) << span.status();
+  LlamaConfig without = span->config;
+  without.shared_expert_intermediate_size = 0;
+  const absl::Status status = CheckLayerWeights(span->layers[0], without, 0);
+  EXPECT_THAT(status.message(), HasSubstr("shared_gate_proj")) << status;
 }
 
 }  // namespace
