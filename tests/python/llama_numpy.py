@@ -87,8 +87,14 @@ def make_checkpoint(directory, config, weight_dtype="F32", seed=0, extra_tensors
     or as transformers 5 holds it in memory ("fused": mlp.gate.weight,
     mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I]);
     the reference gets "moe.router", "moe.w1", "moe.w3" and "moe.w2" either
-    way. The router is scaled up so that routing margins are wide. Tensors
-    named in `omit` are left out of the file (for loading errors)."""
+    way. A qwen2_moe config (num_experts) stores the same under Qwen's names
+    (mlp.gate.weight, mlp.experts.{e}.gate_proj/up_proj/down_proj.weight, or
+    fused as above), its experts of moe_intermediate_size, plus its shared
+    expert (mlp.shared_expert.gate_proj/up_proj/down_proj.weight,
+    mlp.shared_expert_gate.weight; for the reference "moe.shared_w1",
+    "moe.shared_w3", "moe.shared_w2", "moe.shared_gate"). The router is scaled
+    up so that routing margins are wide. Tensors named in `omit` are left out
+    of the file (for loading errors)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -97,7 +103,9 @@ def make_checkpoint(directory, config, weight_dtype="F32", seed=0, extra_tensors
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads", heads)
     head_dim = config.get("head_dim", hidden // heads)
-    biases = config["model_type"] == "qwen2" or config.get("attention_bias", False)
+    qwen_moe = config["model_type"] == "qwen2_moe"
+    biases = (config["model_type"] == "qwen2" or config.get("attention_bias", False)
+              or (qwen_moe and config.get("qkv_bias", True)))
 
     def linear(out_features, in_features):
         return rng.normal(0.0, 1.0 / math.sqrt(in_features), (out_features, in_features))
@@ -112,13 +120,20 @@ def make_checkpoint(directory, config, weight_dtype="F32", seed=0, extra_tensors
             "self_attn.o_proj.weight": linear(hidden, heads * head_dim),
             "post_attention_layernorm.weight": 1.0 + 0.1 * rng.normal(size=hidden),
         }
-        experts = config.get("num_local_experts", 0)
+        experts = num_experts(config)
         moe = {}
         if experts:
+            e_inter = config.get("moe_intermediate_size", inter)
             moe = {"moe.router": 4 * linear(experts, hidden),
-                   "moe.w1": np.stack([linear(inter, hidden) for _ in range(experts)]),
-                   "moe.w3": np.stack([linear(inter, hidden) for _ in range(experts)]),
-                   "moe.w2": np.stack([linear(hidden, inter) for _ in range(experts)])}
+                   "moe.w1": np.stack([linear(e_inter, hidden) for _ in range(experts)]),
+                   "moe.w3": np.stack([linear(e_inter, hidden) for _ in range(experts)]),
+                   "moe.w2": np.stack([linear(hidden, e_inter) for _ in range(experts)])}
+            shared = config.get("shared_expert_intermediate_size", 5632) if qwen_moe else 0
+            if shared:
+                moe.update({"moe.shared_w1": linear(shared, hidden),
+                            "moe.shared_w3": linear(shared, hidden),
+                            "moe.shared_w2": linear(hidden, shared),
+                            "moe.shared_gate": linear(1, hidden)})
         else:
             w["mlp.gate_proj.weight"] = linear(inter, hidden)
             w["mlp.up_proj.weight"] = linear(inter, hidden)
@@ -129,7 +144,7 @@ def make_checkpoint(directory, config, weight_dtype="F32", seed=0, extra_tensors
             w["self_attn.v_proj.bias"] = 0.1 * rng.normal(size=kv_heads * head_dim)
         for name, value in w.items():
             tensors[f"model.layers.{i}.{name}"] = value
-        tensors.update(moe_tensors(i, moe, moe_layout))
+        tensors.update(moe_tensors(i, moe, moe_layout, qwen=qwen_moe))
         layers.append({name: stored_values(value, weight_dtype)
                        for name, value in {**w, **moe}.items()})
     # A checkpoint also holds what a layer span never reads.
@@ -144,18 +159,37 @@ def make_checkpoint(directory, config, weight_dtype="F32", seed=0, extra_tensors
     return layers
 
 
-def moe_tensors(layer, moe, layout):
+def num_experts(config):
+    """Mixtral's num_local_experts or Qwen2-MoE's num_experts; 0: dense."""
+    return config.get("num_local_experts", config.get("num_experts", 0))
+
+
+def moe_tensors(layer, moe, layout, qwen=False):
     """A layer's expert tensors under their checkpoint names (see
     make_checkpoint); nothing for a dense layer."""
     if not moe:
         return {}
     p = f"model.layers.{layer}."
+    out = {}
+    if "moe.shared_w1" in moe:
+        for part, name in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+            out[p + f"mlp.shared_expert.{name}.weight"] = moe[f"moe.shared_{part}"]
+        out[p + "mlp.shared_expert_gate.weight"] = moe["moe.shared_gate"]
     if layout == "fused":
-        return {p + "mlp.gate.weight": moe["moe.router"],
-                p + "mlp.experts.gate_up_proj": np.concatenate([moe["moe.w1"], moe["moe.w3"]], axis=1),
-                p + "mlp.experts.down_proj": moe["moe.w2"]}
+        out.update({p + "mlp.gate.weight": moe["moe.router"],
+                    p + "mlp.experts.gate_up_proj":
+                        np.concatenate([moe["moe.w1"], moe["moe.w3"]], axis=1),
+                    p + "mlp.experts.down_proj": moe["moe.w2"]})
+        return out
     assert layout == "per_expert", layout
-    out = {p + "block_sparse_moe.gate.weight": moe["moe.router"]}
+    if qwen:
+        out[p + "mlp.gate.weight"] = moe["moe.router"]
+        names = (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj"))
+        for e in range(moe["moe.router"].shape[0]):
+            for part, name in names:
+                out[p + f"mlp.experts.{e}.{name}.weight"] = moe[f"moe.{part}"][e]
+        return out
+    out[p + "block_sparse_moe.gate.weight"] = moe["moe.router"]
     for e in range(moe["moe.router"].shape[0]):
         for part in ("w1", "w3", "w2"):
             out[p + f"block_sparse_moe.experts.{e}.{part}.weight"] = moe[f"moe.{part}"][e]
@@ -236,18 +270,33 @@ def decoder_layer(x, w, config, margins=None):
 
     m = rms_norm(h, w["post_attention_layernorm.weight"], eps)
     if "moe.router" in w:
+        top_k, normalize = routing_of(config)
         if margins is not None:
-            margins.append(moe_routing(m, w["moe.router"], config["num_experts_per_tok"])[2])
-        return h + experts_mlp(m, w, config["num_experts_per_tok"])
+            margins.append(moe_routing(m, w["moe.router"], top_k, normalize)[2])
+        out = h + experts_mlp(m, w, top_k, normalize)
+        if "moe.shared_w1" in w:  # Qwen2-MoE's shared expert, gated by a sigmoid
+            gate = m @ w["moe.shared_w1"].T
+            y = (gate / (1.0 + np.exp(-gate)) * (m @ w["moe.shared_w3"].T)) @ w["moe.shared_w2"].T
+            out += y / (1.0 + np.exp(-(m @ w["moe.shared_gate"].T)))
+        return out
     gate = proj(m, "mlp.gate_proj")
     up = proj(m, "mlp.up_proj")
     return h + proj(gate / (1.0 + np.exp(-gate)) * up, "mlp.down_proj")
 
 
-def moe_routing(m, router, top_k):
+def routing_of(config):
+    """(top_k, normalize): Mixtral always renormalises the chosen experts'
+    probabilities, Qwen2-MoE only with norm_topk_prob (default false)."""
+    if config["model_type"] == "qwen2_moe":
+        return config.get("num_experts_per_tok", 4), config.get("norm_topk_prob", False)
+    return config.get("num_experts_per_tok", 2), True
+
+
+def moe_routing(m, router, top_k, normalize=True):
     """Mixtral's routing of rows m [..., hidden]: softmax over the experts,
     the top_k by probability (highest first; ties to the lower index), and
-    their probabilities renormalised. Returns (ids, weights, margin): margin
+    their probabilities, renormalised if `normalize`. Returns (ids, weights,
+    margin): margin
     is the smallest gap between a row's last chosen and best unchosen
     probability, where a lower-precision server could choose otherwise."""
     logits = m @ router.T
@@ -260,12 +309,13 @@ def moe_routing(m, router, top_k):
     if top_k < p.shape[-1]:
         nxt = np.take_along_axis(p, order[..., top_k:top_k + 1], axis=-1)
         margin = float(np.min(chosen[..., -1:] - nxt))
-    return ids, chosen / chosen.sum(axis=-1, keepdims=True), margin
+    weights = chosen / chosen.sum(axis=-1, keepdims=True) if normalize else chosen
+    return ids, weights, margin
 
 
-def experts_mlp(m, w, top_k):
+def experts_mlp(m, w, top_k, normalize=True):
     """Σ over each row's chosen experts of weight · (silu(m W1ᵀ) · (m W3ᵀ)) W2ᵀ."""
-    ids, weights, _ = moe_routing(m, w["moe.router"], top_k)
+    ids, weights, _ = moe_routing(m, w["moe.router"], top_k, normalize)
     out = np.zeros_like(m)
     for e in range(w["moe.router"].shape[0]):
         gate = m @ w["moe.w1"][e].T

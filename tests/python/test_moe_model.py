@@ -5,8 +5,9 @@ with --model-dir, run through tritonclient, and compared with llama_numpy's
 float64 layers; plus the routing metric and a checkpoint missing an expert.
 
 The variants: 8 experts with 2 per token; 4 experts with 1 per token, fused,
-bf16 weights, a served sub-span; and 16 experts with 1 per token, where a
-short request leaves most experts without a token. Each comparison
+bf16 weights, a served sub-span; 16 experts with 1 per token, where a short
+request leaves most experts without a token; and Qwen2-MoE's (qwen2_moe)
+experts, weights used as they are, with a shared expert, in both layouts. Each comparison
 uses inputs whose routing does not nearly tie in the reference (a float32
 server could then choose another expert, and the comparison would test the
 inputs, not the server).
@@ -21,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import layerserve_bin
 from layerserve_client import RPC_TIMEOUT_S, infer, io_names
-from llama_numpy import (assert_close, decoder_layers, make_checkpoint, moe_routing, rms_norm,
-                         round_to_bf16)
+from llama_numpy import (assert_close, decoder_layers, make_checkpoint, moe_routing, num_experts,
+                         rms_norm, round_to_bf16, routing_of)
 
 BASE = dict(model_type="mixtral", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
             num_hidden_layers=2, rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=None)
@@ -40,6 +41,18 @@ VARIANTS = {
                     torch_dtype="float32"),
         weight_dtype="F32", layout="per_expert", layers=":"),
 }
+QWEN2_MOE = dict(model_type="qwen2_moe", hidden_size=64, intermediate_size=96,
+                 moe_intermediate_size=48, shared_expert_intermediate_size=80,
+                 num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+                 num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, rms_norm_eps=1e-6,
+                 rope_theta=1000000.0, torch_dtype="float32")
+VARIANTS.update({
+    "tiny-qwen2-moe": dict(config=QWEN2_MOE, weight_dtype="F32", layout="per_expert",
+                           layers=":"),
+    "tiny-qwen2-moe-fused": dict(config=dict(QWEN2_MOE, num_experts_per_tok=3,
+                                             norm_topk_prob=True, torch_dtype="bfloat16"),
+                                 weight_dtype="BF16", layout="fused", layers="1:2"),
+})
 # Routing gaps (in probability) below this could flip in float32.
 MIN_MARGIN = 1e-4
 
@@ -117,11 +130,13 @@ def expert_tokens(server):
 def layer_routing(h, w, config):
     """The experts layer w picks for input h [B, T, hidden], as the
     reference computes them: its attention half is the layer's output with
-    every expert silenced (w2 zero), normed as the experts' input."""
-    silent = dict(w, **{"moe.w2": np.zeros_like(w["moe.w2"])})
+    every expert (and a shared one) silenced (w2 zero), normed as the
+    experts' input."""
+    silent = dict(w, **{name: np.zeros_like(w[name])
+                        for name in ("moe.w2", "moe.shared_w2") if name in w})
     residual = decoder_layers(h, [silent], config)
     m = rms_norm(residual, w["post_attention_layernorm.weight"], config["rms_norm_eps"])
-    ids, _, margin = moe_routing(m, w["moe.router"], config["num_experts_per_tok"])
+    ids, _, margin = moe_routing(m, w["moe.router"], *routing_of(config))
     assert margin > MIN_MARGIN, f"inputs route ambiguously (margin {margin:.2g})"
     return ids
 
@@ -132,7 +147,7 @@ def test_tokens_per_expert_metric_counts_the_routing(served):
     16-expert model leaves most experts idle."""
     server, config, layers = served
     x, _ = routable_input((1, 3, config["hidden_size"]), layers, config, seed=77)
-    experts = config["num_local_experts"]
+    experts = num_experts(config)
     first = int(VARIANTS[server.model]["layers"].partition(":")[0] or 0)
     want = {}
     h = np.asarray(x, np.float64)
