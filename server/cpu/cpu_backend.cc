@@ -5,7 +5,8 @@
 // single-threaded inside each piece, so the two never oversubscribe the cores.
 //
 // Per layer, over the packed activation x [tokens, hidden]:
-//   n = RMSNorm(x); qkv = n Wqkv^T (+ b); RoPE on q and k;
+//   n = RMSNorm(x); qkv = n Wqkv^T (+ b); (Qwen3: RMSNorm per q and k head;)
+//   RoPE on q and k;
 //   a = causal attention (through the layer's sliding window, if it has one);
 //   x += a Wo^T; n = RMSNorm(x); gu = n Wgu^T; x += (silu(g) * u) Wd^T.
 // In a mixture-of-experts layer the last two steps are the router's top-k
@@ -45,13 +46,14 @@ namespace layerserve {
 namespace {
 
 struct CpuLayer {
-  std::vector<float> input_norm;  // [hidden]
-  std::vector<float> w_qkv;       // [(heads + 2 kv_heads) head_dim, hidden]: q, k, v rows
-  std::vector<float> b_qkv;       // same order; empty without attention_bias
-  std::vector<float> w_o;         // [hidden, heads head_dim]
-  std::vector<float> post_norm;   // [hidden]
-  std::vector<float> w_gate_up;   // [2 intermediate, hidden]: gate rows, then up rows
-  std::vector<float> w_down;      // [hidden, intermediate]
+  std::vector<float> input_norm;      // [hidden]
+  std::vector<float> w_qkv;           // [(heads + 2 kv_heads) head_dim, hidden]: q, k, v rows
+  std::vector<float> b_qkv;           // same order; empty without attention_bias
+  std::vector<float> q_norm, k_norm;  // [head_dim]; empty without config.qk_norm
+  std::vector<float> w_o;             // [hidden, heads head_dim]
+  std::vector<float> post_norm;       // [hidden]
+  std::vector<float> w_gate_up;       // [2 intermediate, hidden]: gate rows, then up rows
+  std::vector<float> w_down;          // [hidden, intermediate]
   // A mixture-of-experts layer instead of w_gate_up / w_down:
   std::vector<float> router;           // [experts, hidden]
   std::vector<float> experts_gate_up;  // [experts, 2 intermediate, hidden]
@@ -80,6 +82,10 @@ absl::StatusOr<CpuLayer> ConvertLayer(const LayerWeights& w, const LlamaConfig& 
     Append(out.b_qkv, w.q_bias);
     Append(out.b_qkv, w.k_bias);
     Append(out.b_qkv, w.v_bias);
+  }
+  if (c.qk_norm) {
+    out.q_norm = w.q_norm.ToFloat();
+    out.k_norm = w.k_norm.ToFloat();
   }
   out.w_o = w.o_proj.ToFloat();
   out.post_norm = w.post_attention_layernorm.ToFloat();
@@ -272,6 +278,11 @@ class CpuBackend final : public Backend {
     cpu::RmsNorm(x_.data(), tokens, hidden, layer.input_norm.data(), eps, normed_.data(), &pool_);
     cpu::Linear(normed_.data(), tokens, hidden, layer.w_qkv.data(), qkv_width,
                 layer.b_qkv.empty() ? nullptr : layer.b_qkv.data(), qkv_.data(), &pool_);
+    // Qwen3 normalises each q and k head before rotating it.
+    if (c.qk_norm) {
+      cpu::HeadRmsNorm(qkv_.data(), tokens, qkv_width, heads, kv_heads, d, layer.q_norm.data(),
+                       layer.k_norm.data(), eps, &pool_);
+    }
     // q and k heads are adjacent in each qkv row, so one pass rotates both.
     cpu::ApplyRope(qkv_.data(), qkv_width, heads + kv_heads, d, cu_seqlens, start_positions_,
                    inv_freq_, &pool_);

@@ -85,6 +85,24 @@ void RmsNorm(const float* x, int64_t rows, int64_t cols, const float* weight, fl
   });
 }
 
+void HeadRmsNorm(float* x, int64_t rows, int64_t stride, int64_t q_heads, int64_t k_heads,
+                 int64_t head_dim, const float* q_weight, const float* k_weight, float eps,
+                 ThreadPool* pool) {
+  ParallelRows(pool, rows, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t h = 0; h < q_heads + k_heads; ++h) {
+        float* v = x + r * stride + h * head_dim;
+        const float* weight = h < q_heads ? q_weight : k_weight;
+        double sum_sq = 0;
+        for (int64_t c = 0; c < head_dim; ++c) sum_sq += static_cast<double>(v[c]) * v[c];
+        const float variance = static_cast<float>(sum_sq / static_cast<double>(head_dim));
+        const float inv_rms = 1.0f / std::sqrt(variance + eps);
+        for (int64_t c = 0; c < head_dim; ++c) v[c] = weight[c] * (v[c] * inv_rms);
+      }
+    }
+  });
+}
+
 void Linear(const float* x, int64_t rows, int64_t in_features, const float* weight,
             int64_t out_features, const float* bias, float* y, ThreadPool* pool) {
   if (rows == 0) return;

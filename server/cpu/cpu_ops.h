@@ -28,6 +28,13 @@ void UseSingleThreadedBlas();
 void RmsNorm(const float* x, int64_t rows, int64_t cols, const float* weight, float eps, float* out,
              ThreadPool* pool);
 
+// Qwen3's q/k norm, in place: RMSNorm over each head_dim-wide head of each
+// row of x (rows `stride` floats apart), its first q_heads heads with
+// q_weight and the k_heads after them with k_weight (both [head_dim]).
+void HeadRmsNorm(float* x, int64_t rows, int64_t stride, int64_t q_heads, int64_t k_heads,
+                 int64_t head_dim, const float* q_weight, const float* k_weight, float eps,
+                 ThreadPool* pool);
+
 // y[rows, out] = x[rows, in] W^T + bias, W: [out, in]; bias may be null.
 // Split by output columns over `pool` (null: the calling thread only).
 void Linear(const float* x, int64_t rows, int64_t in_features, const float* weight,

@@ -581,6 +581,12 @@ absl::Status ValidateOptions(const ModelSpan& model, const CudaBackendOptions& o
     return absl::InvalidArgumentError(
         absl::StrCat("cuda backend: model '", model.name, "' has an inconsistent configuration"));
   }
+  if (c.qk_norm) {
+    return absl::UnimplementedError(absl::StrCat(
+        "cuda backend: ", c.model_type,
+        " normalises each q and k head (q_norm, k_norm), which does not run on the GPU yet; "
+        "--backend=cpu serves it"));
+  }
   if (c.HasSharedExpert() || (c.IsMixtureOfExperts() && !c.normalize_top_k)) {
     return absl::UnimplementedError(absl::StrCat(
         "cuda backend: ", c.model_type,

@@ -27,7 +27,8 @@ struct Llama3RopeScaling {
 
 // The subset of a Hugging Face config.json that defines one decoder layer.
 struct LlamaConfig {
-  std::string model_type;  // "llama", "mistral", "qwen2", "mixtral" or "qwen2_moe"
+  // "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe" or "qwen3_moe"
+  std::string model_type;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
   int64_t num_attention_heads = 0;
@@ -38,7 +39,10 @@ struct LlamaConfig {
   double rope_theta = 10000.0;
   std::optional<Llama3RopeScaling> rope_scaling;
   bool attention_bias = false;  // q/k/v biases (qwen2 always; llama if set)
-  std::string torch_dtype;      // informational
+  // Qwen3: each q and k head is RMS-normalised (weights [head_dim], eps
+  // rms_norm_eps) before RoPE.
+  bool qk_norm = false;
+  std::string torch_dtype;  // informational
 
   // Sliding-window attention, with Hugging Face's semantics: in a windowed
   // layer query i sees key j iff 0 <= i - j < sliding_window. 0: no layer is
@@ -80,7 +84,8 @@ struct LlamaConfig {
 // `sliding_window` (4096 when absent, null for none) applies to every layer,
 // as does mixtral's (none when absent);
 // qwen2's applies only with `use_sliding_window`, to layers >=
-// `max_window_layers` (qwen2_moe's likewise); an explicit `layer_types` list
+// `max_window_layers` (qwen2_moe's, qwen3's and qwen3_moe's likewise); an
+// explicit `layer_types` list
 // ("full_attention"/"sliding_attention") overrides both. llama has none.
 absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::string_view source);
 
@@ -111,6 +116,7 @@ struct LayerWeights {
   HostTensor input_layernorm;           // [hidden]
   HostTensor q_proj, k_proj, v_proj;    // [heads*head_dim, hidden], [kv_heads*head_dim, hidden] x2
   HostTensor q_bias, k_bias, v_bias;    // empty unless config.attention_bias
+  HostTensor q_norm, k_norm;            // [head_dim] each; empty unless config.qk_norm
   HostTensor o_proj;                    // [hidden, heads*head_dim]
   HostTensor post_attention_layernorm;  // [hidden]
   // A dense MLP (empty in a mixture-of-experts layer):
@@ -175,7 +181,8 @@ absl::StatusOr<LayerRange> ParseLayerRange(std::string_view text);
 // router is mlp.gate.weight and its experts are either that fused pair or
 // mlp.experts.{e}.gate_proj/up_proj/down_proj.weight; its shared expert is
 // mlp.shared_expert.gate_proj/up_proj/down_proj.weight and
-// mlp.shared_expert_gate.weight. Errors name the file and the tensor.
+// mlp.shared_expert_gate.weight (qwen3_moe: the same without a shared
+// expert). Errors name the file and the tensor.
 absl::StatusOr<ModelSpan> LoadModelSpan(const std::filesystem::path& dir, const LayerRange& range,
                                         std::string model_name);
 

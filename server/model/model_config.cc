@@ -8,6 +8,7 @@
 // AttentionWindow), which both backends compute.
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <numbers>
 #include <optional>
 #include <string>
@@ -137,7 +138,8 @@ absl::Status ParseSlidingWindow(const json& root, const FieldReader& reader, Lla
   // use_sliding_window, and then windows layers >= max_window_layers; llama
   // has no window at all.
   std::optional<int64_t> window;
-  const bool qwen = config.model_type == "qwen2" || config.model_type == "qwen2_moe";
+  const bool qwen = config.model_type == "qwen2" || config.model_type == "qwen2_moe" ||
+                    config.model_type == "qwen3" || config.model_type == "qwen3_moe";
   if (config.model_type == "mistral" || qwen || config.model_type == "mixtral") {
     bool enabled = true;
     if (qwen) {
@@ -203,24 +205,28 @@ absl::Status ParseExperts(const FieldReader& reader, LlamaConfig& config) {
   return absl::OkStatus();
 }
 
-// Qwen2-MoE's experts (Qwen2MoeConfig): num_experts of moe_intermediate_size
-// each, num_experts_per_tok per token, weights renormalised only with
-// norm_topk_prob, and a shared expert. A layer is sparse when it is not in
+// Qwen2-MoE's and Qwen3-MoE's experts (Qwen2MoeConfig, Qwen3MoeConfig):
+// num_experts of moe_intermediate_size each, num_experts_per_tok per token
+// (default 4 and 8), weights renormalised only with norm_topk_prob, and for
+// Qwen2-MoE a shared expert. A layer is sparse when it is not in
 // mlp_only_layers and (layer + 1) % decoder_sparse_step == 0; the backends
 // hold one kind of MLP per span, so a model with dense layers is refused.
-absl::Status ParseQwen2MoeExperts(const FieldReader& reader, LlamaConfig& config) {
+absl::Status ParseQwenMoeExperts(const FieldReader& reader, LlamaConfig& config) {
+  const bool qwen3 = config.model_type == "qwen3_moe";
   LS_ASSIGN_OR_RETURN(config.num_experts, reader.PositiveInt("num_experts"));
   LS_ASSIGN_OR_RETURN(std::optional<int64_t> top_k, reader.OptionalInt("num_experts_per_tok"));
-  config.experts_per_token = top_k.value_or(4);  // Qwen2MoeConfig's default
+  config.experts_per_token = top_k.value_or(qwen3 ? 8 : 4);
   if (config.experts_per_token <= 0 || config.experts_per_token > config.num_experts) {
     return reader.Error("num_experts_per_tok", absl::StrCat("(", config.experts_per_token,
                                                             ") must be between 1 and num_experts (",
                                                             config.num_experts, ")"));
   }
   LS_ASSIGN_OR_RETURN(config.intermediate_size, reader.PositiveInt("moe_intermediate_size"));
-  LS_ASSIGN_OR_RETURN(std::optional<int64_t> shared,
-                      reader.OptionalInt("shared_expert_intermediate_size"));
-  config.shared_expert_intermediate_size = shared.value_or(5632);  // Qwen2MoeConfig's default
+  if (!qwen3) {
+    LS_ASSIGN_OR_RETURN(std::optional<int64_t> shared,
+                        reader.OptionalInt("shared_expert_intermediate_size"));
+    config.shared_expert_intermediate_size = shared.value_or(5632);  // Qwen2MoeConfig's default
+  }
   if (config.shared_expert_intermediate_size < 0) {
     return reader.Error("shared_expert_intermediate_size", "must be >= 0");
   }
@@ -273,11 +279,13 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::st
 
   LS_ASSIGN_OR_RETURN(std::optional<std::string> model_type, reader.OptionalString("model_type"));
   if (!model_type) return reader.Error("model_type", "is missing");
-  if (*model_type != "llama" && *model_type != "mistral" && *model_type != "qwen2" &&
-      *model_type != "mixtral" && *model_type != "qwen2_moe") {
+  static constexpr std::string_view kTypes[] = {"llama",   "mistral",   "qwen2",    "qwen3",
+                                                "mixtral", "qwen2_moe", "qwen3_moe"};
+  if (std::find(std::begin(kTypes), std::end(kTypes), *model_type) == std::end(kTypes)) {
     return absl::InvalidArgumentError(
         absl::StrCat(ToAbsl(source), ": model_type '", *model_type,
-                     "' is not supported (llama, mistral, qwen2, mixtral, qwen2_moe)"));
+                     "' is not supported (llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, "
+                     "qwen3_moe)"));
   }
   config.model_type = *model_type;
 
@@ -343,17 +351,23 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::st
     // Qwen2MoeAttention: q/k/v biased by qkv_bias (default true), o_proj not.
     LS_ASSIGN_OR_RETURN(std::optional<bool> qkv_bias, reader.OptionalBool("qkv_bias"));
     config.attention_bias = qkv_bias.value_or(true);
-  } else if (config.model_type == "llama" && attention_bias.value_or(false)) {
-    // LlamaAttention's attention_bias also gives o_proj a bias, which
-    // LayerWeights has no slot for; serving without it would be silently wrong.
+  } else if (config.model_type == "qwen3" || config.model_type == "qwen3_moe") {
+    config.qk_norm = true;  // Qwen3Attention: q_norm and k_norm over each head
+  }
+  if ((config.model_type == "llama" || config.model_type == "qwen3" ||
+       config.model_type == "qwen3_moe") &&
+      attention_bias.value_or(false)) {
+    // LlamaAttention's attention_bias (and Qwen3Attention's) also gives o_proj
+    // a bias, which LayerWeights has no slot for; serving without it would be
+    // silently wrong.
     return absl::UnimplementedError(absl::StrCat(
         ToAbsl(source), ": attention_bias=true (q/k/v/o_proj biases) is not supported"));
   }
 
   if (config.model_type == "mixtral") {
     LS_RETURN_IF_ERROR(ParseExperts(reader, config));
-  } else if (config.model_type == "qwen2_moe") {
-    LS_RETURN_IF_ERROR(ParseQwen2MoeExperts(reader, config));
+  } else if (config.model_type == "qwen2_moe" || config.model_type == "qwen3_moe") {
+    LS_RETURN_IF_ERROR(ParseQwenMoeExperts(reader, config));
   }
 
   LS_ASSIGN_OR_RETURN(std::optional<std::string> torch_dtype, reader.OptionalString("torch_dtype"));

@@ -209,11 +209,11 @@ absl::Status AppendExpert(CheckpointFiles& files, const LlamaConfig& c, const st
   return AppendPart(w.experts_down, t, name);
 }
 
-// A qwen2_moe layer's router, experts (fused as transformers 5 holds them, or
-// one module per expert as the published checkpoints store them) and shared
-// expert.
-absl::Status LoadQwen2MoeExperts(CheckpointFiles& files, const LlamaConfig& c,
-                                 const std::string& prefix, LayerWeights& w) {
+// A qwen2_moe or qwen3_moe layer's router, experts (fused as transformers 5
+// holds them, or one module per expert as the published checkpoints store
+// them) and shared expert (qwen2_moe).
+absl::Status LoadQwenMoeExperts(CheckpointFiles& files, const LlamaConfig& c,
+                                const std::string& prefix, LayerWeights& w) {
   const int64_t experts = c.num_experts;
   const int64_t hidden = c.hidden_size;
   const int64_t inter = c.intermediate_size;
@@ -256,7 +256,9 @@ absl::Status LoadExperts(CheckpointFiles& files, const LlamaConfig& c, const std
   const int64_t experts = c.num_experts;
   const int64_t hidden = c.hidden_size;
   const int64_t inter = c.intermediate_size;
-  if (c.model_type == "qwen2_moe") return LoadQwen2MoeExperts(files, c, prefix, w);
+  if (c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe") {
+    return LoadQwenMoeExperts(files, c, prefix, w);
+  }
   const std::string published = absl::StrCat(prefix, "block_sparse_moe.");
   if (files.Contains(prefix + "mlp.gate.weight")) {
     LS_ASSIGN_OR_RETURN(w.router, LoadTensor(files, prefix + "mlp.gate.weight", {experts, hidden}));
@@ -296,6 +298,10 @@ absl::StatusOr<LayerWeights> LoadLayer(CheckpointFiles& files, const LlamaConfig
     LS_RETURN_IF_ERROR(load(w.q_bias, "self_attn.q_proj.bias", {q_dim}));
     LS_RETURN_IF_ERROR(load(w.k_bias, "self_attn.k_proj.bias", {kv_dim}));
     LS_RETURN_IF_ERROR(load(w.v_bias, "self_attn.v_proj.bias", {kv_dim}));
+  }
+  if (c.qk_norm) {
+    LS_RETURN_IF_ERROR(load(w.q_norm, "self_attn.q_norm.weight", {c.head_dim}));
+    LS_RETURN_IF_ERROR(load(w.k_norm, "self_attn.k_norm.weight", {c.head_dim}));
   }
   LS_RETURN_IF_ERROR(load(w.o_proj, "self_attn.o_proj.weight", {c.hidden_size, q_dim}));
   LS_RETURN_IF_ERROR(
@@ -351,7 +357,9 @@ std::vector<const HostTensor*> LayerWeights::All() const {
           &shared_gate_proj,
           &shared_up_proj,
           &shared_down_proj,
-          &shared_expert_gate};
+          &shared_expert_gate,
+          &q_norm,
+          &k_norm};
 }
 
 size_t ModelSpan::WeightBytes() const {
@@ -457,6 +465,8 @@ absl::Status CheckLayerWeights(const LayerWeights& w, const LlamaConfig& c, int6
       {w.q_bias, c.attention_bias ? q_dim : 0, "q_bias"},
       {w.k_bias, c.attention_bias ? kv_dim : 0, "k_bias"},
       {w.v_bias, c.attention_bias ? kv_dim : 0, "v_bias"},
+      {w.q_norm, c.qk_norm ? c.head_dim : 0, "q_norm"},
+      {w.k_norm, c.qk_norm ? c.head_dim : 0, "k_norm"},
       {w.o_proj, hidden * q_dim, "o_proj"},
       {w.post_attention_layernorm, hidden, "post_attention_layernorm"},
       {w.gate_proj, dense ? inter * hidden : 0, "gate_proj"},

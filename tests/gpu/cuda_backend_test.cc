@@ -431,6 +431,13 @@ TEST(CudaBackendTest, RejectsBadOptionsAndShapes) {
     EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
     EXPECT_NE(status.message().find("--backend=cpu serves them"), std::string::npos) << status;
   }
+  // Qwen3's q/k head norms likewise.
+  ModelSpan qwen3 = MakeDemoModel(LayerRange{0, 1});
+  qwen3.config.model_type = "qwen3";
+  qwen3.config.qk_norm = true;
+  const absl::Status status = MakeCudaBackend(qwen3, CudaBackendOptions{}).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
+  EXPECT_NE(status.message().find("q_norm, k_norm"), std::string::npos) << status;
 }
 
 TEST(CudaCheckTest, ClassifiesStickyErrors) {

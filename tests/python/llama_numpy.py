@@ -87,7 +87,8 @@ def make_checkpoint(directory, config, weight_dtype="F32", seed=0, extra_tensors
     or as transformers 5 holds it in memory ("fused": mlp.gate.weight,
     mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I]);
     the reference gets "moe.router", "moe.w1", "moe.w3" and "moe.w2" either
-    way. A qwen2_moe config (num_experts) stores the same under Qwen's names
+    way. A qwen2_moe or qwen3_moe config (num_experts) stores the same under
+    Qwen's names
     (mlp.gate.weight, mlp.experts.{e}.gate_proj/up_proj/down_proj.weight, or
     fused as above), its experts of moe_intermediate_size, plus its shared
     expert (mlp.shared_expert.gate_proj/up_proj/down_proj.weight,
@@ -103,9 +104,10 @@ def make_checkpoint(directory, config, weight_dtype="F32", seed=0, extra_tensors
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads", heads)
     head_dim = config.get("head_dim", hidden // heads)
-    qwen_moe = config["model_type"] == "qwen2_moe"
+    qwen_moe = config["model_type"] in ("qwen2_moe", "qwen3_moe")
+    qk_norm = config["model_type"] in ("qwen3", "qwen3_moe")
     biases = (config["model_type"] == "qwen2" or config.get("attention_bias", False)
-              or (qwen_moe and config.get("qkv_bias", True)))
+              or (config["model_type"] == "qwen2_moe" and config.get("qkv_bias", True)))
 
     def linear(out_features, in_features):
         return rng.normal(0.0, 1.0 / math.sqrt(in_features), (out_features, in_features))
@@ -128,7 +130,8 @@ def make_checkpoint(directory, config, weight_dtype="F32", seed=0, extra_tensors
                    "moe.w1": np.stack([linear(e_inter, hidden) for _ in range(experts)]),
                    "moe.w3": np.stack([linear(e_inter, hidden) for _ in range(experts)]),
                    "moe.w2": np.stack([linear(hidden, e_inter) for _ in range(experts)])}
-            shared = config.get("shared_expert_intermediate_size", 5632) if qwen_moe else 0
+            shared = (config.get("shared_expert_intermediate_size", 5632)
+                      if config["model_type"] == "qwen2_moe" else 0)
             if shared:
                 moe.update({"moe.shared_w1": linear(shared, hidden),
                             "moe.shared_w3": linear(shared, hidden),
@@ -138,6 +141,9 @@ def make_checkpoint(directory, config, weight_dtype="F32", seed=0, extra_tensors
             w["mlp.gate_proj.weight"] = linear(inter, hidden)
             w["mlp.up_proj.weight"] = linear(inter, hidden)
             w["mlp.down_proj.weight"] = linear(hidden, inter)
+        if qk_norm:
+            w["self_attn.q_norm.weight"] = 1.0 + 0.1 * rng.normal(size=head_dim)
+            w["self_attn.k_norm.weight"] = 1.0 + 0.1 * rng.normal(size=head_dim)
         if biases:
             w["self_attn.q_proj.bias"] = 0.1 * rng.normal(size=heads * head_dim)
             w["self_attn.k_proj.bias"] = 0.1 * rng.normal(size=kv_heads * head_dim)
@@ -256,6 +262,9 @@ def decoder_layer(x, w, config, margins=None):
     q = proj(n, "self_attn.q_proj").reshape(b, t, heads, head_dim)
     k = proj(n, "self_attn.k_proj").reshape(b, t, kv_heads, head_dim)
     v = proj(n, "self_attn.v_proj").reshape(b, t, kv_heads, head_dim)
+    if "self_attn.q_norm.weight" in w:  # Qwen3: each q and k head normalised before RoPE
+        q = rms_norm(q, w["self_attn.q_norm.weight"], eps)
+        k = rms_norm(k, w["self_attn.k_norm.weight"], eps)
     inv_freq = rope_inv_freq(config)
     q, k = apply_rope(q, inv_freq), apply_rope(k, inv_freq)
     group = heads // kv_heads
@@ -287,8 +296,9 @@ def decoder_layer(x, w, config, margins=None):
 def routing_of(config):
     """(top_k, normalize): Mixtral always renormalises the chosen experts'
     probabilities, Qwen2-MoE only with norm_topk_prob (default false)."""
-    if config["model_type"] == "qwen2_moe":
-        return config.get("num_experts_per_tok", 4), config.get("norm_topk_prob", False)
+    if config["model_type"] in ("qwen2_moe", "qwen3_moe"):
+        default = 4 if config["model_type"] == "qwen2_moe" else 8
+        return config.get("num_experts_per_tok", default), config.get("norm_topk_prob", False)
     return config.get("num_experts_per_tok", 2), True
 
 

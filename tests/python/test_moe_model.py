@@ -6,8 +6,9 @@ float64 layers; plus the routing metric and a checkpoint missing an expert.
 
 The variants: 8 experts with 2 per token; 4 experts with 1 per token, fused,
 bf16 weights, a served sub-span; 16 experts with 1 per token, where a short
-request leaves most experts without a token; and Qwen2-MoE's (qwen2_moe)
-experts, weights used as they are, with a shared expert, in both layouts. Each comparison
+request leaves most experts without a token; Qwen2-MoE's (qwen2_moe)
+experts, weights used as they are, with a shared expert, in both layouts;
+and Qwen3-MoE's, behind Qwen3's q/k head norms. Each comparison
 uses inputs whose routing does not nearly tie in the reference (a float32
 server could then choose another expert, and the comparison would test the
 inputs, not the server).
@@ -52,6 +53,16 @@ VARIANTS.update({
     "tiny-qwen2-moe-fused": dict(config=dict(QWEN2_MOE, num_experts_per_tok=3,
                                              norm_topk_prob=True, torch_dtype="bfloat16"),
                                  weight_dtype="BF16", layout="fused", layers="1:2"),
+    # Qwen3-MoE: q/k head norms, head_dim 32 over hidden 64 with 4 heads, no
+    # shared expert, weights renormalised.
+    "tiny-qwen3-moe": dict(config=dict(model_type="qwen3_moe", hidden_size=64,
+                                       intermediate_size=96, moe_intermediate_size=48,
+                                       num_attention_heads=4, num_key_value_heads=2,
+                                       head_dim=32, num_hidden_layers=2, num_experts=8,
+                                       num_experts_per_tok=2, norm_topk_prob=True,
+                                       rms_norm_eps=1e-6, rope_theta=1000000.0,
+                                       torch_dtype="float32"),
+                           weight_dtype="F32", layout="per_expert", layers=":"),
 })
 # Routing gaps (in probability) below this could flip in float32.
 MIN_MARGIN = 1e-4

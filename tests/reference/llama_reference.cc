@@ -228,6 +228,11 @@ std::vector<double> AttentionBlock(const std::vector<double>& x,
   std::vector<double> k = Linear(n, tokens, hidden, layer.wk, kv_width, layer.bk);
   const std::vector<double> v = Linear(n, tokens, hidden, layer.wv, kv_width, layer.bv);
   const std::vector<double> inv_freq = RopeInvFreq(config);
+  if (config.qk_norm) {
+    // Each head is a row of head_dim values.
+    q = RmsNorm(q, tokens * config.heads, config.head_dim, layer.q_norm, config.rms_norm_eps);
+    k = RmsNorm(k, tokens * config.kv_heads, config.head_dim, layer.k_norm, config.rms_norm_eps);
+  }
   Rope(q, config.heads, config.head_dim, cu_seqlens, inv_freq);
   Rope(k, config.kv_heads, config.head_dim, cu_seqlens, inv_freq);
   const std::vector<double> a = Attention(q, k, v, cu_seqlens, config.heads, config.kv_heads,

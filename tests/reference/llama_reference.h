@@ -6,7 +6,8 @@
 // shared with the reference. Everything is written for clarity, not speed:
 // straight loops in double, matrices row-major in std::vector<double>.
 //
-// Semantics follow Hugging Face's LlamaDecoderLayer (and Qwen2's q/k/v biases):
+// Semantics follow Hugging Face's LlamaDecoderLayer (and Qwen2's q/k/v biases,
+// Qwen3's RMSNorm of each q and k head before RoPE):
 //   n = RMSNorm(x);  q, k, v = n Wq^T + bq, n Wk^T + bk, n Wv^T + bv
 //   q, k = rope(q), rope(k);  a = causal GQA softmax(q k^T / sqrt(d)) v
 //   h = x + a Wo^T;  m = RMSNorm(h);  out = h + (silu(m Wg^T) * (m Wu^T)) Wd^T
@@ -47,18 +48,22 @@ struct Config {
   // none) adds sigmoid(m shared_gate^T) * its SiLU-gated MLP of m.
   bool normalize_top_k = true;
   int64_t shared_intermediate = 0;
+  // Qwen3: RMSNorm (weights q_norm / k_norm, eps rms_norm_eps) over each q
+  // and k head, before RoPE.
+  bool qk_norm = false;
 };
 
 // One layer's weights, row-major; linear weights are [out, in] (y = x W^T).
 // Biases are empty when the model has none.
 struct Layer {
-  std::vector<double> input_norm;  // [hidden]
-  std::vector<double> wq, wk, wv;  // [heads*head_dim, hidden], [kv_heads*head_dim, hidden] x2
-  std::vector<double> bq, bk, bv;  // [heads*head_dim], [kv_heads*head_dim] x2, or empty
-  std::vector<double> wo;          // [hidden, heads*head_dim]
-  std::vector<double> post_norm;   // [hidden]
-  std::vector<double> wgate, wup;  // [intermediate, hidden] (dense layers)
-  std::vector<double> wdown;       // [hidden, intermediate]
+  std::vector<double> input_norm;      // [hidden]
+  std::vector<double> wq, wk, wv;      // [heads*head_dim, hidden], [kv_heads*head_dim, hidden] x2
+  std::vector<double> bq, bk, bv;      // [heads*head_dim], [kv_heads*head_dim] x2, or empty
+  std::vector<double> q_norm, k_norm;  // [head_dim] each (config.qk_norm)
+  std::vector<double> wo;              // [hidden, heads*head_dim]
+  std::vector<double> post_norm;       // [hidden]
+  std::vector<double> wgate, wup;      // [intermediate, hidden] (dense layers)
+  std::vector<double> wdown;           // [hidden, intermediate]
   // Mixture-of-experts layers instead:
   std::vector<double> router;           // [experts, hidden]
   std::vector<double> experts_gate_up;  // [experts, 2 intermediate, hidden]: gate rows, then up

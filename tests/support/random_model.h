@@ -75,6 +75,10 @@ inline ModelSpan RandomModel(const LlamaConfig& c, int64_t first_layer, int64_t 
       w.k_bias = RandomTensor(rng, {kv}, -0.5, 0.5, weight_dtype);
       w.v_bias = RandomTensor(rng, {kv}, -0.5, 0.5, weight_dtype);
     }
+    if (c.qk_norm) {
+      w.q_norm = RandomTensor(rng, {c.head_dim}, 0.8, 1.2, weight_dtype);
+      w.k_norm = RandomTensor(rng, {c.head_dim}, 0.8, 1.2, weight_dtype);
+    }
     w.o_proj = linear(c.hidden_size, q);
     w.post_attention_layernorm = RandomTensor(rng, {c.hidden_size}, 0.8, 1.2, weight_dtype);
     if (c.IsMixtureOfExperts()) {

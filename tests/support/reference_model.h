@@ -59,6 +59,7 @@ inline ReferenceModel ToReference(const ModelSpan& span) {
   m.config.top_k = c.experts_per_token;
   m.config.normalize_top_k = c.normalize_top_k;
   m.config.shared_intermediate = c.shared_expert_intermediate_size;
+  m.config.qk_norm = c.qk_norm;
   if (c.rope_scaling) {
     m.config.llama3 = true;
     m.config.llama3_factor = c.rope_scaling->factor;
@@ -78,6 +79,8 @@ inline ReferenceModel ToReference(const ModelSpan& span) {
     l.bq = DecodeWeights(w.q_bias);
     l.bk = DecodeWeights(w.k_bias);
     l.bv = DecodeWeights(w.v_bias);
+    l.q_norm = DecodeWeights(w.q_norm);
+    l.k_norm = DecodeWeights(w.k_norm);
     l.wo = DecodeWeights(w.o_proj);
     l.post_norm = DecodeWeights(w.post_attention_layernorm);
     l.wgate = DecodeWeights(w.gate_proj);

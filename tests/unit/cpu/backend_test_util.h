@@ -98,6 +98,34 @@ inline LlamaConfig Qwen2MoeStyleConfig() {
   return c;
 }
 
+// Qwen3-style: RMSNorm over each q and k head before RoPE, head_dim 128
+// (not hidden / heads), 2 query heads per KV head, no biases.
+inline LlamaConfig Qwen3StyleConfig() {
+  LlamaConfig c;
+  c.model_type = "qwen3";
+  c.hidden_size = 192;
+  c.intermediate_size = 256;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 128;
+  c.num_hidden_layers = 2;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 1e6;
+  c.qk_norm = true;
+  return c;
+}
+
+// Qwen3-MoE-style: the above with 8 experts of intermediate 64, 3 per token,
+// weights renormalised (Qwen3-30B-A3B's norm_topk_prob), no shared expert.
+inline LlamaConfig Qwen3MoeStyleConfig() {
+  LlamaConfig c = Qwen3StyleConfig();
+  c.model_type = "qwen3_moe";
+  c.intermediate_size = 64;
+  c.num_experts = 8;
+  c.experts_per_token = 3;
+  return c;
+}
+
 // ---- batches ------------------------------------------------------------
 
 struct RequestShape {

@@ -116,6 +116,13 @@ TEST(CpuBackendTest, Qwen2MoeSharedExpertMatchesReference) {
   CheckModel(RandomModel(c, 1, 2, DType::kBF16, 27), /*num_threads=*/1, 1e-5, 28);
 }
 
+TEST(CpuBackendTest, Qwen3HeadNormsMatchReference) {
+  CheckModel(RandomModel(cpu_test::Qwen3StyleConfig(), 0, 2, DType::kF32, 29), /*num_threads=*/2,
+             1e-5, 30);
+  CheckModel(RandomModel(cpu_test::Qwen3MoeStyleConfig(), 0, 2, DType::kBF16, 31),
+             /*num_threads=*/2, 1e-5, 32);
+}
+
 // Batch::expert_tokens: per layer, every token counted once per choice.
 TEST(CpuBackendTest, MixtralCountsTokensPerExpert) {
   const ModelSpan model = RandomModel(MixtralStyleConfig(), 0, 2, DType::kF32, 23);

@@ -46,6 +46,35 @@ TEST(CpuOpsTest, RmsNorm) {
   }
 }
 
+// Qwen3's q/k norm: each q head with one weight, each k head with the other,
+// and the v heads after them untouched.
+TEST(CpuOpsTest, HeadRmsNormNormalisesEachQAndKHead) {
+  ThreadPool pool(2);
+  Rng rng(9);
+  const int64_t rows = 5, q_heads = 4, k_heads = 2, v_heads = 2, d = 64;
+  const int64_t stride = (q_heads + k_heads + v_heads) * d;
+  const std::vector<float> x = RandomFloats(rng, rows * stride, -3, 3);
+  const std::vector<float> qw = RandomFloats(rng, d, 0.5, 1.5);
+  const std::vector<float> kw = RandomFloats(rng, d, 0.5, 1.5);
+  std::vector<float> got = x;
+  HeadRmsNorm(got.data(), rows, stride, q_heads, k_heads, d, qw.data(), kw.data(), 1e-6f, &pool);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t h = 0; h < q_heads + k_heads + v_heads; ++h) {
+      SCOPED_TRACE(::testing::Message() << "row " << r << " head " << h);
+      const size_t at = static_cast<size_t>(r * stride + h * d);
+      const std::vector<float> head(x.begin() + at, x.begin() + at + d);
+      const std::vector<float> out(got.begin() + at, got.begin() + at + d);
+      if (h >= q_heads + k_heads) {
+        EXPECT_EQ(out, head);
+        continue;
+      }
+      const std::vector<double> want = reference::RmsNorm(
+          ToDouble(head), 1, d, ToDouble(h < q_heads ? qw : kw), static_cast<double>(1e-6f));
+      EXPECT_TRUE(AllClose(out, want, kFp32Tol));
+    }
+  }
+}
+
 TEST(CpuOpsTest, LinearWithAndWithoutBias) {
   ThreadPool pool(3);
   Rng rng(2);

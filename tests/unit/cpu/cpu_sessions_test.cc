@@ -252,6 +252,17 @@ TEST(CpuSessionsTest, StepsMatchStatelessQwen2Moe) {
   FeedInSteps(*backend, in, want, session, kPieces, DType::kF32);
 }
 
+// Qwen3-style: the cached keys are the normalised, rotated ones.
+TEST(CpuSessionsTest, StepsMatchStatelessQwen3) {
+  const ModelSpan model = RandomModel(cpu_test::Qwen3StyleConfig(), 0, 2, DType::kF32, 125);
+  std::unique_ptr<Backend> backend = MakeBackend(model, {12, 4});
+  Rng rng(126);
+  const Sequences in = RandomSequences(rng, 2, 17, model.config.hidden_size);
+  const Sequences want = Stateless(*backend, in);
+  TestSession session({{7, 2, 11, 0, 5}, {3, 9, 1, 10, 6}}, 4);
+  FeedInSteps(*backend, in, want, session, kPieces, DType::kF32);
+}
+
 // llama3-scaled RoPE (positions matter), head_dim 128, 2 query heads per KV
 // head, three sequences; then the same blocks reused by a second session in
 // BF16, which overwrites every row from position 0.

@@ -310,6 +310,56 @@ TEST(ModelConfigTest, ParsesQwen2MoeExpertsAndSharedExpert) {
   EXPECT_FALSE(unshared->HasSharedExpert());
 }
 
+// Shaped like Qwen/Qwen3-30B-A3B's config.json (and, without its experts,
+// a dense Qwen3's).
+constexpr char kQwen3Moe[] = R"({
+  "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+  "intermediate_size": 6144, "moe_intermediate_size": 768, "num_attention_heads": 32,
+  "num_key_value_heads": 4, "head_dim": 128, "num_hidden_layers": 48, "num_experts": 128,
+  "num_experts_per_tok": 8, "norm_topk_prob": true, "decoder_sparse_step": 1,
+  "mlp_only_layers": [], "attention_bias": false, "rms_norm_eps": 1e-06,
+  "rope_theta": 1000000.0, "use_sliding_window": false, "sliding_window": null,
+  "max_window_layers": 48, "hidden_act": "silu", "torch_dtype": "bfloat16"
+})";
+
+TEST(ModelConfigTest, ParsesQwen3HeadNormsAndExperts) {
+  auto moe = ParseLlamaConfig(kQwen3Moe, "qwen3_moe.json");
+  ASSERT_TRUE(moe.ok()) << moe.status();
+  EXPECT_TRUE(moe->qk_norm);
+  EXPECT_FALSE(moe->attention_bias);
+  EXPECT_EQ(moe->head_dim, 128);  // not hidden / heads (64)
+  EXPECT_EQ(moe->num_experts, 128);
+  EXPECT_EQ(moe->experts_per_token, 8);
+  EXPECT_EQ(moe->intermediate_size, 768);
+  EXPECT_TRUE(moe->normalize_top_k);
+  EXPECT_FALSE(moe->HasSharedExpert());
+
+  auto dense = ParseLlamaConfig(R"({"model_type": "qwen3", "hidden_size": 64,
+      "intermediate_size": 96, "num_attention_heads": 4, "num_hidden_layers": 2,
+      "head_dim": 32})",
+                                "qwen3.json");
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  EXPECT_TRUE(dense->qk_norm);
+  EXPECT_FALSE(dense->IsMixtureOfExperts());
+  EXPECT_FALSE(dense->attention_bias);
+
+  // Qwen3MoeConfig's defaults: 8 experts per token, weights as they are.
+  auto defaults = ParseLlamaConfig(R"({"model_type": "qwen3_moe", "hidden_size": 64,
+      "intermediate_size": 96, "moe_intermediate_size": 32, "num_attention_heads": 4,
+      "num_hidden_layers": 2, "num_experts": 16})",
+                                   "defaults.json");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->experts_per_token, 8);
+  EXPECT_FALSE(defaults->normalize_top_k);
+
+  // Qwen3Attention's attention_bias also biases o_proj, which has no slot.
+  auto biased = ParseLlamaConfig(R"({"model_type": "qwen3", "hidden_size": 64,
+      "intermediate_size": 96, "num_attention_heads": 4, "num_hidden_layers": 2,
+      "attention_bias": true})",
+                                 "biased.json");
+  EXPECT_EQ(biased.status().code(), absl::StatusCode::kUnimplemented);
+}
+
 struct BadConfig {
   std::string label;
   std::string json;

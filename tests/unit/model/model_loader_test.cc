@@ -245,6 +245,42 @@ TEST(LoadModelSpanTest, MissingTensorNamesFileAndTensor) {
                 ": tensor 'model.layers.1.mlp.down_proj.weight' is missing");
 }
 
+// Qwen3: each layer's q_norm and k_norm ([head_dim]) beside the Llama tensors.
+std::vector<TensorSpec> Qwen3Layers() {
+  std::vector<TensorSpec> out = AllLayers(false);
+  for (int64_t layer = 0; layer < 3; ++layer) {
+    out.push_back(MakeTensor(layer, 20, {"self_attn.q_norm.weight", {4}}, "F32"));
+    out.push_back(MakeTensor(layer, 21, {"self_attn.k_norm.weight", {4}}, "F32"));
+  }
+  return out;
+}
+
+TEST(LoadModelSpanTest, Qwen3LoadsHeadNorms) {
+  ScratchDir dir;
+  WriteSingleFile(dir.path(), "qwen3", Qwen3Layers());
+  auto span = LoadModelSpan(dir.path(), LayerRange{1, 3}, "tiny");
+  ASSERT_TRUE(span.ok()) << span.status();
+  EXPECT_TRUE(span->config.qk_norm);
+  ExpectLayersMatch(*span, 1, 2, false, DType::kF32);
+  for (int64_t l = 0; l < 2; ++l) {
+    const LayerWeights& w = span->layers[static_cast<size_t>(l)];
+    for (int64_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(w.q_norm.ToFloat()[i], Pattern(1 + l, 20, i));
+      EXPECT_EQ(w.k_norm.ToFloat()[i], Pattern(1 + l, 21, i));
+    }
+    EXPECT_TRUE(CheckLayerWeights(w, span->config, 1 + l).ok());
+  }
+  std::vector<TensorSpec> missing = Qwen3Layers();
+  std::erase_if(missing, [](const TensorSpec& t) {
+    return t.name == "model.layers.2.self_attn.k_norm.weight";
+  });
+  ScratchDir other;
+  WriteSingleFile(other.path(), "qwen3", missing);
+  auto refused = LoadModelSpan(other.path(), LayerRange{}, "tiny");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(refused.status().message(), HasSubstr("'model.layers.2.self_attn.k_norm.weight'"));
+}
+
 TEST(LoadModelSpanTest, MissingBiasForQwen2) {
   ScratchDir dir;
   WriteSingleFile(dir.path(), "qwen2", AllLayers(false));
