@@ -229,38 +229,33 @@ TEST(CpuSessionsTest, StepsMatchStatelessGqa4HeadDim64) {
   FeedInSteps(*backend, in, want, session, kPieces, DType::kF32);
 }
 
-// Mixtral-style: the experts route each step's tokens as they would route
-// the whole sequence (a mixture of experts changes nothing about sessions).
-TEST(CpuSessionsTest, StepsMatchStatelessMixtral) {
-  const ModelSpan model = RandomModel(MixtralStyleConfig(), 0, 2, DType::kF32, 121);
+// Two sequences of 17 tokens of a 2-layer model with config `c` (weights and
+// inputs from `seed`), fed in pieces through 5 of 12 blocks each, in no
+// order: each piece's outputs equal the stateless run's.
+void ExpectStepsMatchStateless(const LlamaConfig& c, uint64_t seed) {
+  const ModelSpan model = RandomModel(c, 0, 2, DType::kF32, seed);
   std::unique_ptr<Backend> backend = MakeBackend(model, {12, 4});
-  Rng rng(122);
+  Rng rng(seed + 1);
   const Sequences in = RandomSequences(rng, 2, 17, model.config.hidden_size);
   const Sequences want = Stateless(*backend, in);
   TestSession session({{7, 2, 11, 0, 5}, {3, 9, 1, 10, 6}}, 4);
   FeedInSteps(*backend, in, want, session, kPieces, DType::kF32);
+}
+
+// Mixtral-style: the experts route each step's tokens as they would route
+// the whole sequence (a mixture of experts changes nothing about sessions).
+TEST(CpuSessionsTest, StepsMatchStatelessMixtral) {
+  ExpectStepsMatchStateless(MixtralStyleConfig(), 121);
 }
 
 // Qwen2-MoE-style: weights not renormalised, and a shared expert.
 TEST(CpuSessionsTest, StepsMatchStatelessQwen2Moe) {
-  const ModelSpan model = RandomModel(cpu_test::Qwen2MoeStyleConfig(), 0, 2, DType::kF32, 123);
-  std::unique_ptr<Backend> backend = MakeBackend(model, {12, 4});
-  Rng rng(124);
-  const Sequences in = RandomSequences(rng, 2, 17, model.config.hidden_size);
-  const Sequences want = Stateless(*backend, in);
-  TestSession session({{7, 2, 11, 0, 5}, {3, 9, 1, 10, 6}}, 4);
-  FeedInSteps(*backend, in, want, session, kPieces, DType::kF32);
+  ExpectStepsMatchStateless(cpu_test::Qwen2MoeStyleConfig(), 123);
 }
 
 // Qwen3-style: the cached keys are the normalised, rotated ones.
 TEST(CpuSessionsTest, StepsMatchStatelessQwen3) {
-  const ModelSpan model = RandomModel(cpu_test::Qwen3StyleConfig(), 0, 2, DType::kF32, 125);
-  std::unique_ptr<Backend> backend = MakeBackend(model, {12, 4});
-  Rng rng(126);
-  const Sequences in = RandomSequences(rng, 2, 17, model.config.hidden_size);
-  const Sequences want = Stateless(*backend, in);
-  TestSession session({{7, 2, 11, 0, 5}, {3, 9, 1, 10, 6}}, 4);
-  FeedInSteps(*backend, in, want, session, kPieces, DType::kF32);
+  ExpectStepsMatchStateless(cpu_test::Qwen3StyleConfig(), 125);
 }
 
 // llama3-scaled RoPE (positions matter), head_dim 128, 2 query heads per KV

@@ -2,6 +2,7 @@
 // per-expert layouts and transformers 5's fused one load into the same
 // stacked tensors, and each way an expert can be missing or mismatched is one
 // clear error.
+#include <array>
 #include <string>
 #include <vector>
 
@@ -68,32 +69,29 @@ std::vector<float> RouterValues(int64_t layer) {
   return v;
 }
 
-// block_sparse_moe.gate.weight and experts.{e}.w1/w2/w3.weight.
-std::vector<TensorSpec> PublishedCheckpoint() {
+// One tensor per expert and part, as published checkpoints store them: the
+// router `router`, and `experts`{e}.`parts` (gate, up, down) for each e.
+std::vector<TensorSpec> PerExpertCheckpoint(const std::string& router, const std::string& experts,
+                                            const std::array<std::string, 3>& parts) {
+  const std::vector<int64_t> shapes[3] = {{kInter, kHidden}, {kInter, kHidden}, {kHidden, kInter}};
   std::vector<TensorSpec> out;
   for (int64_t layer = 0; layer < 2; ++layer) {
     for (TensorSpec& t : AttentionTensors(layer)) out.push_back(std::move(t));
-    out.push_back({Name(layer, "block_sparse_moe.gate.weight"),
-                   "F32",
-                   {kExperts, kHidden},
-                   F32Bytes(RouterValues(layer))});
+    out.push_back({Name(layer, router), "F32", {kExperts, kHidden}, F32Bytes(RouterValues(layer))});
     for (int64_t e = 0; e < kExperts; ++e) {
-      const std::string p = "block_sparse_moe.experts." + std::to_string(e) + ".";
-      out.push_back({Name(layer, p + "w1.weight"),
-                     "F32",
-                     {kInter, kHidden},
-                     F32Bytes(Values(layer, e, 0, kInter * kHidden))});
-      out.push_back({Name(layer, p + "w3.weight"),
-                     "F32",
-                     {kInter, kHidden},
-                     F32Bytes(Values(layer, e, 1, kInter * kHidden))});
-      out.push_back({Name(layer, p + "w2.weight"),
-                     "F32",
-                     {kHidden, kInter},
-                     F32Bytes(Values(layer, e, 2, kHidden * kInter))});
+      for (int part = 0; part < 3; ++part) {
+        out.push_back({Name(layer, experts + std::to_string(e) + "." + parts[part]), "F32",
+                       shapes[part], F32Bytes(Values(layer, e, part, kInter * kHidden))});
+      }
     }
   }
   return out;
+}
+
+// block_sparse_moe.gate.weight and experts.{e}.w1/w2/w3.weight.
+std::vector<TensorSpec> PublishedCheckpoint() {
+  return PerExpertCheckpoint("block_sparse_moe.gate.weight", "block_sparse_moe.experts.",
+                             {"w1.weight", "w3.weight", "w2.weight"});
 }
 
 // What the loader must build: per expert its w1 rows then its w3 rows, and
@@ -284,28 +282,10 @@ std::vector<TensorSpec> Qwen2MoeCheckpoint(bool fused) {
     }
     return out;
   }
-  std::vector<TensorSpec> out;
+  std::vector<TensorSpec> out =
+      PerExpertCheckpoint("mlp.gate.weight", "mlp.experts.",
+                          {"gate_proj.weight", "up_proj.weight", "down_proj.weight"});
   for (int64_t layer = 0; layer < 2; ++layer) {
-    for (TensorSpec& t : AttentionTensors(layer)) out.push_back(std::move(t));
-    out.push_back({Name(layer, "mlp.gate.weight"),
-                   "F32",
-                   {kExperts, kHidden},
-                   F32Bytes(RouterValues(layer))});
-    for (int64_t e = 0; e < kExperts; ++e) {
-      const std::string p = "mlp.experts." + std::to_string(e) + ".";
-      out.push_back({Name(layer, p + "gate_proj.weight"),
-                     "F32",
-                     {kInter, kHidden},
-                     F32Bytes(Values(layer, e, 0, kInter * kHidden))});
-      out.push_back({Name(layer, p + "up_proj.weight"),
-                     "F32",
-                     {kInter, kHidden},
-                     F32Bytes(Values(layer, e, 1, kInter * kHidden))});
-      out.push_back({Name(layer, p + "down_proj.weight"),
-                     "F32",
-                     {kHidden, kInter},
-                     F32Bytes(Values(layer, e, 2, kHidden * kInter))});
-    }
     for (TensorSpec& t : SharedExpert(layer)) out.push_back(std::move(t));
   }
   return out;
