@@ -59,10 +59,10 @@ struct LlamaConfig {
   int64_t num_experts = 0;
   int64_t experts_per_token = 0;
   bool IsMixtureOfExperts() const { return num_experts > 0; }
-  // Qwen2-MoE's variations (qwen2_moe, where intermediate_size holds its
-  // moe_intermediate_size): the chosen experts' probabilities are divided by
-  // their sum only with normalize_top_k (its norm_topk_prob; mixtral always
-  // does); and a shared expert, a SiLU-gated MLP of
+  // Qwen's variations (qwen2_moe and qwen3_moe, where intermediate_size holds
+  // their moe_intermediate_size): the chosen experts' probabilities are
+  // divided by their sum only with normalize_top_k (norm_topk_prob; mixtral
+  // always does); and, in qwen2_moe, a shared expert, a SiLU-gated MLP of
   // shared_expert_intermediate_size that every token passes through, scaled
   // by sigmoid(m shared_expert_gate^T), is added to the experts' sum (0: none).
   bool normalize_top_k = true;
