@@ -132,11 +132,7 @@ class ProgressLine {
 struct Slot {
   Client* client = nullptr;
   size_t next = 0;  // index of its next request (slot w starts at w, then rotates)
-  absl::Time issued;
-  std::unique_ptr<grpc::ClientContext> context;
-  std::unique_ptr<grpc::ClientAsyncResponseReader<inference::ModelInferResponse>> reader;
-  inference::ModelInferResponse response;
-  grpc::Status status;
+  QueuedInfer call;
   std::unique_ptr<grpc::Alarm> backoff;  // set while waiting to retry
   int consecutive_failures = 0;
 };
@@ -149,14 +145,12 @@ void RunClosedLoop(const std::vector<Client*>& clients, const BenchOptions& opti
   std::atomic<int64_t> issued_count{0};
   // Starts the slot's next call on `cq`; false when the run is over for it.
   const auto issue = [&](Slot& slot, grpc::CompletionQueue* cq) {
-    slot.issued = absl::Now();
-    if (slot.issued >= measure_end || fatal.stopped()) return false;
+    const absl::Time now = absl::Now();
+    if (now >= measure_end || fatal.stopped()) return false;
     if (options.requests > 0 && issued_count.fetch_add(1) >= options.requests) return false;
-    slot.context = std::make_unique<grpc::ClientContext>();
-    slot.reader = slot.client->StartInfer(*slot.context, requests[slot.next % requests.size()],
-                                          slot.issued + absl::Seconds(options.timeout_seconds), cq);
+    slot.call.Start(*slot.client, requests[slot.next % requests.size()], now,
+                    absl::Seconds(options.timeout_seconds), cq, &slot);
     ++slot.next;
-    slot.reader->Finish(&slot.response, &slot.status, &slot);
     return true;
   };
   const int threads = std::min(options.concurrency, kClosedLoopThreads);
@@ -182,13 +176,8 @@ void RunClosedLoop(const std::vector<Client*>& clients, const BenchOptions& opti
           if (!issue(slot, &cq)) --active;
           continue;
         }
-        // The reply counts only if it holds a well-formed output, as Infer
-        // checks. Checked in place, the slot's response keeps its buffers for
-        // the next reply, rather than a fresh 2 MiB string (to be faulted in
-        // page by page) for every 128-token FP32 reply.
-        absl::Status status = FromGrpcStatus(slot.status);
-        if (status.ok()) status = Client::CheckOutput(slot.response).status();
-        recorder.Record(slot.issued, absl::Now(), status);
+        const absl::Status status = slot.call.Outcome();
+        recorder.Record(slot.call.issued, absl::Now(), status);
         if (IsFatalBenchStatus(status.code())) {
           fatal.Set(status);
           --active;
@@ -205,9 +194,7 @@ void RunClosedLoop(const std::vector<Client*>& clients, const BenchOptions& opti
         slot.consecutive_failures = 0;
         if (!issue(slot, &cq)) --active;
       }
-      cq.Shutdown();
-      while (cq.Next(&tag, &ok)) {
-      }
+      ShutDownQueue(cq);
     });
   }
   for (std::thread& worker : workers) worker.join();

@@ -20,6 +20,29 @@ absl::Status StoppedBy(const absl::Status& fatal) {
   return out;
 }
 
+void QueuedInfer::Start(Client& client, const inference::ModelInferRequest& request,
+                        absl::Time sent, absl::Duration timeout, grpc::CompletionQueue* cq,
+                        void* tag) {
+  issued = sent;
+  context = std::make_unique<grpc::ClientContext>();
+  reader = client.StartInfer(*context, request, issued + timeout, cq);
+  reader->Finish(&response, &status, tag);
+}
+
+absl::Status QueuedInfer::Outcome() const {
+  absl::Status outcome = FromGrpcStatus(status);
+  if (outcome.ok()) outcome = Client::CheckOutput(response).status();
+  return outcome;
+}
+
+void ShutDownQueue(grpc::CompletionQueue& cq) {
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
 absl::Status CheckBenchDatatype(const std::string& datatype) {
   if (datatype == "FP32" || datatype == "FP16" || datatype == "BF16") return absl::OkStatus();
   return absl::InvalidArgumentError(

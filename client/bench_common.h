@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,8 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/tensor.h"
+#include "grpcpp/completion_queue.h"
+#include "grpcpp/support/async_unary_call.h"
 
 namespace layerserve::client {
 
@@ -28,6 +31,29 @@ namespace layerserve::client {
 // matters: it shares the machine with the server it measures (docs/perf.md,
 // "The request path on the completion-queue API").
 inline constexpr int kClosedLoopThreads = 4;
+
+// One ModelInfer call of those loops on a completion queue: what must stay
+// alive until its tag comes back, and when it was sent.
+struct QueuedInfer {
+  absl::Time issued;
+  std::unique_ptr<grpc::ClientContext> context;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<inference::ModelInferResponse>> reader;
+  inference::ModelInferResponse response;
+  grpc::Status status;
+
+  // Sends `request` (kept alive by the caller until `tag` comes back on
+  // `cq`) through `client` at `sent`, due `timeout` after it.
+  void Start(Client& client, const inference::ModelInferRequest& request, absl::Time sent,
+             absl::Duration timeout, grpc::CompletionQueue* cq, void* tag);
+  // Once the tag is back: the call's status, and when that is OK whether the
+  // reply holds a well-formed output, as Infer checks. Checked in place, the
+  // response keeps its buffers for the next reply, rather than a fresh 2 MiB
+  // string (to be faulted in page by page) for every 128-token FP32 reply.
+  absl::Status Outcome() const;
+};
+
+// Shuts a loop's completion queue down and drains what is left on it.
+void ShutDownQueue(grpc::CompletionQueue& cq);
 
 // The first fatal status any request got (IsFatalBenchStatus); once set,
 // every loop stops issuing requests and waits that watch it end early.

@@ -19,8 +19,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "client/bench_common.h"
-#include "grpcpp/completion_queue.h"
-#include "grpcpp/support/async_unary_call.h"
 
 namespace layerserve::client {
 namespace {
@@ -222,19 +220,14 @@ void RunStreamSession(Client& client, const SessionRequests& requests, int64_t i
 }
 
 // A unary session of the completion-queue runner: where it is in the plan,
-// and its call in flight (whose request, context and reply live here until
-// the call's tag comes back).
+// and its call in flight with the request it sends.
 struct UnarySession {
   int64_t index = 0;
   Client* client = nullptr;
   size_t next = 0;  // the plan index of its next request
   bool alive = true;
-  absl::Time issued;
   inference::ModelInferRequest request;
-  std::unique_ptr<grpc::ClientContext> context;
-  std::unique_ptr<grpc::ClientAsyncResponseReader<inference::ModelInferResponse>> reader;
-  inference::ModelInferResponse response;
-  grpc::Status status;
+  QueuedInfer call;
 };
 
 // The sessions whose index is `first` modulo `threads`, over unary calls on
@@ -251,11 +244,8 @@ void RunUnarySessions(const std::vector<Client*>& clients, const SessionRequests
   const auto issue = [&](UnarySession& s) {
     s.request = Client::MakeInferRequest(options.model, requests.Input(s.index, s.next),
                                          requests.Options(s.index, s.next));
-    s.issued = absl::Now();
-    s.context = std::make_unique<grpc::ClientContext>();
-    s.reader = s.client->StartInfer(*s.context, s.request,
-                                    s.issued + absl::Seconds(options.timeout_seconds), &cq);
-    s.reader->Finish(&s.response, &s.status, &s);
+    s.call.Start(*s.client, s.request, absl::Now(), absl::Seconds(options.timeout_seconds), &cq,
+                 &s);
   };
   // Takes completions until none is outstanding; in the decode phase each
   // answered step sends the session's next.
@@ -264,13 +254,12 @@ void RunUnarySessions(const std::vector<Client*>& clients, const SessionRequests
     bool ok = false;
     while (active > 0 && cq.Next(&tag, &ok)) {
       UnarySession& s = *static_cast<UnarySession*>(tag);
-      absl::Status status = FromGrpcStatus(s.status);
-      if (status.ok()) status = Client::CheckOutput(s.response).status();
+      const absl::Status status = s.call.Outcome();
       if (prefill) {
-        run.RecordPrefill(s.issued, absl::Now(), status);
+        run.RecordPrefill(s.call.issued, absl::Now(), status);
         s.request = {};  // a prefill's input is large; steps build their own
       } else {
-        run.RecordStep(s.issued, absl::Now(), status);
+        run.RecordStep(s.call.issued, absl::Now(), status);
       }
       if (IsFatalBenchStatus(status.code())) fatal.Set(status);
       s.alive = status.ok();
@@ -307,11 +296,7 @@ void RunUnarySessions(const std::vector<Client*>& clients, const SessionRequests
   run.FinishPrefillPhase();
   run_phase(start_all(), /*prefill=*/false);
   for (const auto& s : sessions) run.RecordSession(s->alive && s->next >= plan_size);
-  cq.Shutdown();
-  void* tag = nullptr;
-  bool ok = false;
-  while (cq.Next(&tag, &ok)) {
-  }
+  ShutDownQueue(cq);
 }
 
 }  // namespace
