@@ -284,8 +284,7 @@ def decoder_layer(x, w, config, margins=None):
             margins.append(moe_routing(m, w["moe.router"], top_k, normalize)[2])
         out = h + experts_mlp(m, w, top_k, normalize)
         if "moe.shared_w1" in w:  # Qwen2-MoE's shared expert, gated by a sigmoid
-            gate = m @ w["moe.shared_w1"].T
-            y = (gate / (1.0 + np.exp(-gate)) * (m @ w["moe.shared_w3"].T)) @ w["moe.shared_w2"].T
+            y = gated_mlp(m, w["moe.shared_w1"], w["moe.shared_w3"], w["moe.shared_w2"])
             out += y / (1.0 + np.exp(-(m @ w["moe.shared_gate"].T)))
         return out
     gate = proj(m, "mlp.gate_proj")
@@ -323,13 +322,18 @@ def moe_routing(m, router, top_k, normalize=True):
     return ids, weights, margin
 
 
+def gated_mlp(m, w1, w3, w2):
+    """(silu(m W1ᵀ) · (m W3ᵀ)) W2ᵀ: an expert's (or the shared expert's) MLP."""
+    gate = m @ w1.T
+    return (gate / (1.0 + np.exp(-gate)) * (m @ w3.T)) @ w2.T
+
+
 def experts_mlp(m, w, top_k, normalize=True):
     """Σ over each row's chosen experts of weight · (silu(m W1ᵀ) · (m W3ᵀ)) W2ᵀ."""
     ids, weights, _ = moe_routing(m, w["moe.router"], top_k, normalize)
     out = np.zeros_like(m)
     for e in range(w["moe.router"].shape[0]):
-        gate = m @ w["moe.w1"][e].T
-        y = (gate / (1.0 + np.exp(-gate)) * (m @ w["moe.w3"][e].T)) @ w["moe.w2"][e].T
+        y = gated_mlp(m, w["moe.w1"][e], w["moe.w3"][e], w["moe.w2"][e])
         out += np.sum(np.where(ids == e, weights, 0.0), axis=-1, keepdims=True) * y
     return out
 
