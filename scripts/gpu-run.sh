@@ -53,17 +53,19 @@ for stage in "${stages[@]}"; do
                gemm_router_test gemm_silu_gpu_test moe_gpu_test cuda_backend_test paged_attention_gpu_test cuda_sessions_test \
                cuda_graphs_test \
                metrics_cublaslt_test}; do
-        [[ $t == hf_mixtral_check ]] || run_test "$t"
+        [[ $t == hf_check ]] || run_test "$t"
       done
-      # Mixtral end to end against transformers' own layers (needs torch).
-      if [[ -z ${GPU_TESTS:-} || ${GPU_TESTS} == *hf_mixtral_check* ]]; then
+      # Each model family end to end against transformers' own layers (needs
+      # torch); HF_FAMILIES narrows it (e.g. "qwen3_moe").
+      if [[ -z ${GPU_TESTS:-} || ${GPU_TESTS} == *hf_check* ]]; then
         start=$SECONDS
-        python3 tests/gpu/hf_mixtral_check.py "$bundle/bin" "$out/hf_mixtral" > "$out/hf_mixtral_check.log" 2>&1
+        # shellcheck disable=SC2086
+        python3 tests/gpu/hf_check.py "$bundle/bin" "$out/hf" ${HF_FAMILIES:-} > "$out/hf_check.log" 2>&1
         rc=$?
         [[ $rc -ne 0 ]] && failed=1
-        printf '%-34s rc=%d %4ds %s\n' hf_mixtral_check.py "$rc" "$((SECONDS - start))" \
-          "$(grep -E '^(cuda|cpu):' "$out/hf_mixtral_check.log" | tr '\n' ' ')" | tee -a "$out/tests.txt"
-        [[ $rc -ne 0 ]] && tail -n 20 "$out/hf_mixtral_check.log"
+        printf '%-34s rc=%d %4ds\n' hf_check.py "$rc" "$((SECONDS - start))" | tee -a "$out/tests.txt"
+        grep -E '^[a-z0-9_]+ (cuda|cpu):' "$out/hf_check.log" | sed 's/^/  /' | tee -a "$out/tests.txt"
+        [[ $rc -ne 0 ]] && tail -n 20 "$out/hf_check.log"
       fi
       [[ -n ${GPU_TESTS:-} ]] && continue
       # The foundation issue's integration suite, unchanged, against the CUDA

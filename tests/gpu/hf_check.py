@@ -1,0 +1,151 @@
+"""End to end against Hugging Face itself, on the GPU machine: for each model
+family named, a random small ...ForCausalLM saved with save_pretrained
+(whatever layout the installed transformers writes), layers 1:3 of it served
+by layerserve, and the same layers run by transformers' own decoder layers.
+
+The truth is HF in float32. HF in bf16 shows what bf16 costs on this model
+(routing included: a token whose top-k nearly ties can pick other experts in
+bf16); the CUDA backend, which computes in bf16, must be no further from the
+truth than 1.5x that, and the CPU backend (float32) must agree closely.
+
+    python3 tests/gpu/hf_check.py BIN_DIR OUT_DIR [FAMILY ...]
+
+FAMILY is one of FAMILIES below (default: all). Exit status 0 when every
+family passes on every backend it lists. Needs torch and transformers.
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from layerserve_process import LayerserveProcess  # noqa: E402
+
+SPAN = (1, 3)
+HIDDEN = 512
+# Shapes every family shares: 8 heads of 64 over 4 KV heads, three layers.
+COMMON = dict(hidden_size=HIDDEN, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+              num_hidden_layers=3, vocab_size=64, rms_norm_eps=1e-5, max_position_embeddings=4096)
+
+
+def config_of(family):
+    """The family's transformers config class and its arguments. Routing is
+    covered both ways: qwen2_moe keeps the raw top-k softmax weights (its
+    default norm_topk_prob=False), qwen3_moe renormalises them (as the
+    published Qwen3-30B-A3B does), Mixtral always renormalises."""
+    t = transformers
+    if family == "mixtral":
+        return t.MixtralConfig, dict(intermediate_size=768, num_local_experts=8,
+                                     num_experts_per_tok=2, sliding_window=None)
+    if family == "qwen2_moe":
+        return t.Qwen2MoeConfig, dict(intermediate_size=1024, moe_intermediate_size=256,
+                                      shared_expert_intermediate_size=512, num_experts=8,
+                                      num_experts_per_tok=2, norm_topk_prob=False)
+    if family == "qwen3":
+        return t.Qwen3Config, dict(intermediate_size=768)
+    if family == "qwen3_moe":
+        return t.Qwen3MoeConfig, dict(intermediate_size=1024, moe_intermediate_size=256,
+                                      num_experts=8, num_experts_per_tok=4, norm_topk_prob=True)
+    raise SystemExit(f"unknown family {family}; one of {', '.join(FAMILIES)}")
+
+
+# Each family and the backends that serve it (the CUDA backend refuses the
+# Qwen families' shared expert, unrenormalised routing and q/k head norms).
+FAMILIES = {"mixtral": ("cuda", "cpu"), "qwen2_moe": ("cpu",), "qwen3": ("cpu",),
+            "qwen3_moe": ("cpu",)}
+
+
+def make_model(family, directory):
+    config_class, extra = config_of(family)
+    config = config_class(**COMMON, **extra)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).eval()
+    # Norm weights away from exactly 1, so a norm the server skipped shows; the
+    # same for biases away from exactly 0.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith(".bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(directory)
+    return model
+
+
+def saved_layout(directory):
+    index = Path(directory) / "model.safetensors.index.json"
+    if index.exists():
+        names = json.loads(index.read_text())["weight_map"]
+    else:
+        from safetensors import safe_open
+        with safe_open(str(Path(directory) / "model.safetensors"), "pt") as f:
+            names = list(f.keys())
+    return sorted(n for n in names if n.startswith("model.layers.1."))
+
+
+def hf_layers(model, x, dtype):
+    """Layers SPAN of `model` over x [B, T, hidden] in `dtype`, on cuda."""
+    model = model.to(device="cuda", dtype=dtype)
+    h = torch.from_numpy(x).to("cuda", dtype)
+    pos = torch.arange(x.shape[1], device="cuda").unsqueeze(0).expand(x.shape[0], -1)
+    pe = model.model.rotary_emb(h, pos)
+    with torch.inference_mode():
+        for layer in model.model.layers[SPAN[0]:SPAN[1]]:
+            out = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe)
+            h = out[0] if isinstance(out, tuple) else out
+    return h.float().cpu().numpy()
+
+
+def served(bin_dir, out, directory, backend, x):
+    np.save(out / "x.npy", x)
+    with LayerserveProcess(Path(bin_dir) / "layerserve",
+                           [f"--model-dir={directory}", f"--layers={SPAN[0]}:{SPAN[1]}",
+                            f"--backend={backend}"], out / f"server_{backend}.log") as server:
+        subprocess.run([Path(bin_dir) / "layerctl", "infer", f"--url={server.grpc_url}",
+                        f"--model={server.model}", f"--input={out / 'x.npy'}",
+                        f"--output={out / f'y_{backend}.npy'}"], check=True)
+    return np.load(out / f"y_{backend}.npy").astype(np.float64)
+
+
+def rel_rms(a, b):
+    return float(np.sqrt(np.mean((a - b) ** 2)) / np.sqrt(np.mean(b ** 2)))
+
+
+def check(family, bin_dir, out):
+    """Prints one line per backend ("FAMILY BACKEND: ..."); True when all pass."""
+    out.mkdir(parents=True, exist_ok=True)
+    directory = out / f"tiny-{family}"
+    model = make_model(family, directory)
+    print(f"{family}: save_pretrained wrote layer 1 as:", ", ".join(saved_layout(directory)))
+    x = np.random.default_rng(1).normal(size=(2, 33, HIDDEN)).astype(np.float32)
+    truth = hf_layers(model, x, torch.float32).astype(np.float64)
+    hf_bf16 = hf_layers(model, x, torch.bfloat16).astype(np.float64)
+    bf16_cost = rel_rms(hf_bf16, truth)
+    passed = True
+    for backend in FAMILIES[family]:
+        limit = 1.5 * bf16_cost + 1e-3 if backend == "cuda" else 1e-4
+        try:
+            err = rel_rms(served(bin_dir, out, directory, backend, x), truth)
+        except Exception as e:  # a refused model or a failed call: report, go on
+            print(f"{family} {backend}: FAILED ({e}; see {out}/server_{backend}.log)")
+            passed = False
+            continue
+        ok = err <= limit
+        passed &= ok
+        print(f"{family} {backend}: relative rms error vs HF float32 {err:.3g} (limit {limit:.3g}; "
+              f"HF bf16's own {bf16_cost:.3g}) {'ok' if ok else 'FAILED'}")
+    return passed
+
+
+def main():
+    bin_dir, out = sys.argv[1], Path(sys.argv[2])
+    families = sys.argv[3:] or list(FAMILIES)
+    print("transformers", transformers.__version__, "torch", torch.__version__)
+    failed = [f for f in families if not check(f, bin_dir, out / f)]
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
