@@ -213,7 +213,12 @@ absl::Status ParseExperts(const FieldReader& reader, LlamaConfig& config) {
 // hold one kind of MLP per span, so a model with dense layers is refused.
 absl::Status ParseQwenMoeExperts(const FieldReader& reader, LlamaConfig& config) {
   const bool qwen3 = config.model_type == "qwen3_moe";
-  LS_ASSIGN_OR_RETURN(config.num_experts, reader.PositiveInt("num_experts"));
+  // Published checkpoints name the count num_experts; transformers 5's
+  // Qwen3MoeConfig maps that attribute onto num_local_experts, which is the
+  // key its save_pretrained writes.
+  const bool local = reader.Find("num_experts") == nullptr && reader.Find("num_local_experts");
+  LS_ASSIGN_OR_RETURN(config.num_experts,
+                      reader.PositiveInt(local ? "num_local_experts" : "num_experts"));
   LS_ASSIGN_OR_RETURN(std::optional<int64_t> top_k, reader.OptionalInt("num_experts_per_tok"));
   config.experts_per_token = top_k.value_or(qwen3 ? 8 : 4);
   if (config.experts_per_token <= 0 || config.experts_per_token > config.num_experts) {

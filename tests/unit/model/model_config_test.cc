@@ -352,6 +352,14 @@ TEST(ModelConfigTest, ParsesQwen3HeadNormsAndExperts) {
   EXPECT_EQ(defaults->experts_per_token, 8);
   EXPECT_FALSE(defaults->normalize_top_k);
 
+  // transformers 5's save_pretrained writes the count as num_local_experts.
+  auto saved = ParseLlamaConfig(R"({"model_type": "qwen3_moe", "hidden_size": 64,
+      "intermediate_size": 96, "moe_intermediate_size": 32, "num_attention_heads": 4,
+      "num_hidden_layers": 2, "num_local_experts": 12, "num_experts_per_tok": 2})",
+                                "saved.json");
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->num_experts, 12);
+
   // Qwen3Attention's attention_bias also biases o_proj, which has no slot.
   auto biased = ParseLlamaConfig(R"({"model_type": "qwen3", "hidden_size": 64,
       "intermediate_size": 96, "num_attention_heads": 4, "num_hidden_layers": 2,
