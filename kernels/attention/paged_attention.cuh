@@ -72,6 +72,7 @@ __global__ void __launch_bounds__(kAppendThreads) RopeKvAppendKernel(const RopeP
   }
   T* k_dst = static_cast<T*>(a.cache.k) + dst;
   T* row = static_cast<T*>(r.qkv) + int64_t{token} * (r.num_heads + 2 * r.num_kv_heads) * r.head_dim;
+  if (r.q_norm != nullptr) rope::NormHeads(row, r);
   rope::RotateRow(row, cos_sin, r.num_heads, r.num_kv_heads, r.head_dim,
                   [&](int kv_head, int i0, const V& x1, const V& x2) {
                     if (!keep) return;

@@ -11,7 +11,7 @@
 // takes its rank in its expert with the same atomicAdd that counts the
 // expert. The block that finishes last (a counter after a memory fence) turns
 // the counts into offsets. The gather and the combine are one thread per
-// 16-byte vector.
+// 16-byte vector; the shared expert's gate one block per token.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -102,7 +102,9 @@ __global__ void MoeRouteKernel(const MoeRouteParams p, int warps_per_token) {
       chosen_sum += l[best];
       p.ranks[token * p.top_k + j] = atomicAdd(counts + best, 1);
     }
-    for (int j = 0; j < p.top_k; ++j) weights[j] /= chosen_sum;
+    if (p.normalize) {
+      for (int j = 0; j < p.top_k; ++j) weights[j] /= chosen_sum;
+    }
   }
   // The last block to finish sees every block's counts.
   __syncthreads();
@@ -163,6 +165,42 @@ __global__ void MoeCombineKernel(const MoeCombineParams p) {
 #pragma unroll
   for (int e = 0; e < kVec; ++e) out.v[e] = FromFloat<T>(acc[e]);
   *x = out;
+}
+
+// One block per token: the gate's dot product over the block, then the
+// row's scaling. Both passes read 16-byte vectors.
+template <typename T>
+__global__ void MoeSharedGateKernel(const MoeSharedGateParams p) {
+  constexpr int kVec = kVec16<T>;
+  using V = Vec<T, kVec>;
+  __shared__ float warp_sums[kThreads / 32];
+  __shared__ float scale;
+  const int64_t t = blockIdx.x;
+  const V* x = static_cast<const V*>(p.x) + t * (p.hidden / kVec);
+  const V* g = static_cast<const V*>(p.gate);
+  float acc = 0.f;
+  for (int64_t i = threadIdx.x; i < p.hidden / kVec; i += kThreads) {
+    const V a = x[i];
+    const V b = g[i];
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) acc += ToFloat(a.v[e]) * ToFloat(b.v[e]);
+  }
+  acc = WarpReduceSum(acc);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float logit = 0.f;
+    for (int w = 0; w < kThreads / 32; ++w) logit += warp_sums[w];
+    scale = RoundTo<T>(1.f / (1.f + expf(-RoundTo<T>(logit))));
+  }
+  __syncthreads();
+  V* row = static_cast<V*>(p.activation) + t * (p.width / kVec);
+  for (int64_t i = threadIdx.x; i < p.width / kVec; i += kThreads) {
+    V a = row[i];
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) a.v[e] = FromFloat<T>(ToFloat(a.v[e]) * scale);
+    row[i] = a;
+  }
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -237,6 +275,23 @@ absl::Status LaunchMoeCombine(const MoeCombineParams& p, cudaStream_t stream) {
   return LS_HALF_DTYPE_SWITCH(p.dtype, T, [&] {
     MoeCombineKernel<T><<<Blocks(c.tokens * (p.hidden / kVec16<T>)), kThreads, 0, stream>>>(p);
     LS_CUDA_RETURN_IF_LAUNCH_ERROR(MoeCombineKernel);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status LaunchMoeSharedGate(const MoeSharedGateParams& p, cudaStream_t stream) {
+  if (p.tokens < 0 || p.tokens > INT32_MAX || p.hidden <= 0 || p.hidden % 8 != 0 || p.width <= 0 || p.width % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("moe_shared_gate: hidden (", p.hidden, ") and width (", p.width,
+                                                   ") must be positive multiples of 8, tokens in range"));
+  }
+  if (p.x == nullptr || p.gate == nullptr || p.activation == nullptr || !Aligned16(p.x) || !Aligned16(p.gate) ||
+      !Aligned16(p.activation)) {
+    return absl::InvalidArgumentError("moe_shared_gate: null or unaligned buffer");
+  }
+  if (p.tokens == 0) return absl::OkStatus();
+  return LS_HALF_DTYPE_SWITCH(p.dtype, T, [&] {
+    MoeSharedGateKernel<T><<<static_cast<unsigned>(p.tokens), kThreads, 0, stream>>>(p);
+    LS_CUDA_RETURN_IF_LAUNCH_ERROR(MoeSharedGateKernel);
     return absl::OkStatus();
   });
 }

@@ -42,6 +42,12 @@ absl::Status rope::ValidateRopeParams(const RopeParams& p) {
   if (reinterpret_cast<uintptr_t>(p.qkv) % 16 != 0) {
     return absl::InvalidArgumentError("rope: qkv must be 16-byte aligned");
   }
+  if ((p.q_norm == nullptr) != (p.k_norm == nullptr) || reinterpret_cast<uintptr_t>(p.q_norm) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(p.k_norm) % 16 != 0 || !(p.norm_eps > 0.f)) {
+    return absl::InvalidArgumentError(
+        "rope: q_norm and k_norm must both be set (16-byte aligned) or both null, and norm_eps "
+        "positive");
+  }
   return absl::OkStatus();
 }
 

@@ -12,7 +12,9 @@
 // with every product and the sum rounded to T, as the T ops of
 // q * cos + rotate_half(q) * sin are.
 //
-// Both steps are device functions of their own (ComputeCosSin, RotateRow),
+// Qwen3 normalises each q and k head first (NormHeads, a warp per head).
+//
+// The steps are device functions of their own (ComputeCosSin, NormHeads, RotateRow),
 // so that the session path's kernel (RoPE and the KV-cache write in one
 // launch, kernels/attention/paged_attention.cuh) rotates exactly as this one
 // does.
@@ -25,6 +27,7 @@
 #include "absl/status/status.h"
 #include "kernels/common/dtype.cuh"
 #include "kernels/common/pdl.cuh"
+#include "kernels/common/reduce.cuh"
 #include "layerserve/kernels/layer_ops.h"
 
 namespace layerserve::kernels::rope {
@@ -94,6 +97,46 @@ __device__ __forceinline__ void RotateRow(T* row, const float* cos_sin, int num_
   }
 }
 
+// Qwen3's head norms: RMSNorm over each q head (weight q_norm) and each k
+// head (k_norm) of one token's row, in place, one warp per head, its lanes
+// on 16-byte chunks. Rounds as the layer RMSNorm does: h * rsqrt(mean(h^2) +
+// eps) to T, then weight * that to T. Every thread of the CTA calls it (it
+// ends with a barrier, after which the CTA reads the normed heads).
+template <typename T>
+__device__ __forceinline__ void NormHeads(T* row, const RopeParams& p) {
+  constexpr int kVec = kVec16<T>;
+  using V = Vec<T, kVec>;
+  const int chunks = p.head_dim / kVec;  // at most 128 (head_dim <= 1024)
+  const int warps = blockDim.x / 32;
+  const int lane = threadIdx.x % 32;
+  for (int head = threadIdx.x / 32; head < p.num_heads + p.num_kv_heads; head += warps) {
+    V* h = reinterpret_cast<V*>(row + head * p.head_dim);
+    const V* w = static_cast<const V*>(head < p.num_heads ? p.q_norm : p.k_norm);
+    V x[4];  // this lane's chunks lane, lane + 32, ...
+    float sum_sq = 0.f;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      if (lane + 32 * c >= chunks) break;
+      x[c] = h[lane + 32 * c];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) sum_sq += ToFloat(x[c].v[e]) * ToFloat(x[c].v[e]);
+    }
+    const float r = rsqrtf(WarpReduceSum(sum_sq) / static_cast<float>(p.head_dim) + p.norm_eps);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      if (lane + 32 * c >= chunks) break;
+      const V weight = w[lane + 32 * c];
+      V y;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        y.v[e] = FromFloat<T>(ToFloat(weight.v[e]) * RoundTo<T>(ToFloat(x[c].v[e]) * r));
+      }
+      h[lane + 32 * c] = y;
+    }
+  }
+  __syncthreads();
+}
+
 template <typename T>
 __global__ void RopeKernel(const RopeParams p) {
   extern __shared__ float cos_sin[];
@@ -102,6 +145,7 @@ __global__ void RopeKernel(const RopeParams p) {
   const int64_t token = blockIdx.x;
   ComputeCosSin<T>(p.inv_freq, p.positions[token], p.head_dim / 2, cos_sin);
   T* row = static_cast<T*>(p.qkv) + token * (p.num_heads + 2 * p.num_kv_heads) * p.head_dim;
+  if (p.q_norm != nullptr) NormHeads(row, p);
   RotateRow(row, cos_sin, p.num_heads, p.num_kv_heads, p.head_dim, [](int, int, const auto&, const auto&) {});
 }
 

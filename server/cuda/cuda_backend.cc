@@ -581,18 +581,6 @@ absl::Status ValidateOptions(const ModelSpan& model, const CudaBackendOptions& o
     return absl::InvalidArgumentError(
         absl::StrCat("cuda backend: model '", model.name, "' has an inconsistent configuration"));
   }
-  if (c.qk_norm) {
-    return absl::UnimplementedError(absl::StrCat(
-        "cuda backend: ", c.model_type,
-        " normalises each q and k head (q_norm, k_norm), which does not run on the GPU yet; "
-        "--backend=cpu serves it"));
-  }
-  if (c.HasSharedExpert() || (c.IsMixtureOfExperts() && !c.normalize_top_k)) {
-    return absl::UnimplementedError(absl::StrCat(
-        "cuda backend: ", c.model_type,
-        " layers with a shared expert or with routing weights that are not renormalised "
-        "(norm_topk_prob false) do not run on the GPU yet; --backend=cpu serves them"));
-  }
   if (c.head_dim != 64 && c.head_dim != 128) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cuda backend: head_dim ", c.head_dim, " is not supported (flash attention: 64 or 128)"));

@@ -71,10 +71,11 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
   const LlamaConfig& c = model.config;
   const bool moe = c.IsMixtureOfExperts();
   const LayerShape shape = LayerShape::FromConfig(c, dtype);
-  if (shape.intermediate % kernels::kGateUpBlock != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cuda backend: intermediate_size ",
-                                                   shape.intermediate, " is not a multiple of ",
-                                                   kernels::kGateUpBlock));
+  if (shape.intermediate % kernels::kGateUpBlock != 0 ||
+      shape.shared_intermediate % kernels::kGateUpBlock != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda backend: intermediate_size ", shape.intermediate, " and shared expert size ",
+        shape.shared_intermediate, " must be multiples of ", kernels::kGateUpBlock));
   }
   const size_t e = static_cast<size_t>(kernels::DTypeBytes(dtype));
   const DType host_dtype = CoreDType(dtype);
@@ -95,6 +96,11 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
       void* w_gate_up;
       void* w_down;
       void* router;
+      void* w_shared_gate_up;
+      void* w_shared_down;
+      void* shared_gate;
+      void* q_norm;
+      void* k_norm;
     };
     const auto carve = [&](BumpLayout& layout) {
       Offsets o;
@@ -108,6 +114,14 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
       o.w_down = layout.Take(static_cast<size_t>(shape.down_weight_elements()) * e);
       o.router =
           moe ? layout.Take(static_cast<size_t>(shape.router_weight_elements()) * e) : nullptr;
+      const size_t shared = static_cast<size_t>(shape.shared_intermediate * shape.hidden) * e;
+      const bool has_shared = shared > 0;
+      o.w_shared_gate_up = has_shared ? layout.Take(2 * shared) : nullptr;
+      o.w_shared_down = has_shared ? layout.Take(shared) : nullptr;
+      o.shared_gate = has_shared ? layout.Take(static_cast<size_t>(shape.hidden) * e) : nullptr;
+      const size_t head = static_cast<size_t>(shape.head_dim) * e;
+      o.q_norm = shape.qk_norm ? layout.Take(head) : nullptr;
+      o.k_norm = shape.qk_norm ? layout.Take(head) : nullptr;
       return o;
     };
     BumpLayout sizing(nullptr);
@@ -131,6 +145,17 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
     }
     InterleaveGateUp(at(h.w_gate_up), shape.mlps(), shape.intermediate,
                      static_cast<size_t>(shape.hidden) * e);
+    if (shape.shared_intermediate > 0) {
+      ConvertInto({&w.shared_gate_proj, &w.shared_up_proj}, host_dtype, at(h.w_shared_gate_up));
+      InterleaveGateUp(at(h.w_shared_gate_up), 1, shape.shared_intermediate,
+                       static_cast<size_t>(shape.hidden) * e);
+      ConvertInto({&w.shared_down_proj}, host_dtype, at(h.w_shared_down));
+      ConvertInto({&w.shared_expert_gate}, host_dtype, at(h.shared_gate));
+    }
+    if (shape.qk_norm) {
+      ConvertInto({&w.q_norm}, host_dtype, at(h.q_norm));
+      ConvertInto({&w.k_norm}, host_dtype, at(h.k_norm));
+    }
 
     LS_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(image.size()));
     LS_CUDA_RETURN_IF_ERROR(
@@ -138,12 +163,14 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
     BumpLayout device_layout(buffer.data());
     const Offsets d = carve(device_layout);
     out.views_.push_back(LayerDeviceWeights{d.input_norm, d.w_qkv, d.b_qkv, d.w_o, d.post_norm,
-                                            d.w_gate_up, d.w_down, d.router});
+                                            d.w_gate_up, d.w_down, d.router, d.w_shared_gate_up,
+                                            d.w_shared_down, d.shared_gate, d.q_norm, d.k_norm});
     out.bytes_ +=
         e * static_cast<size_t>(2 * shape.hidden + shape.qkv_weight_elements() +
                                 (c.attention_bias ? shape.qkv_width() : 0) +
                                 shape.o_weight_elements() + shape.gate_up_weight_elements() +
-                                shape.down_weight_elements() + shape.router_weight_elements());
+                                shape.down_weight_elements() + shape.router_weight_elements() +
+                                shape.shared_weight_elements() + shape.head_norm_elements());
     out.buffers_.push_back(std::move(buffer));
   }
 

@@ -4,7 +4,8 @@
 // weight (and bias) and gate/up into one [2 intermediate, hidden] weight, so
 // each layer runs two GEMMs fewer; a mixture of experts keeps its experts
 // stacked as loaded ([experts, 2 intermediate, hidden] and [experts, hidden,
-// intermediate]), which is the layout the grouped GEMM reads.
+// intermediate]), which is the layout the grouped GEMM reads; a shared
+// expert's gate/up is fused as the dense MLP's.
 #pragma once
 
 #include <cuda_runtime_api.h>

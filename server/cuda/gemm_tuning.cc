@@ -247,6 +247,11 @@ std::vector<TunedShape> TunedShapesFor(const LayerShape& shape) {
     shapes.push_back({2 * shape.intermediate, shape.hidden, /*gated=*/true});
     shapes.push_back({shape.hidden, shape.intermediate});
   }
+  // A shared expert is a dense MLP of its own width.
+  if (shape.shared_intermediate > 0) {
+    shapes.push_back({2 * shape.shared_intermediate, shape.hidden, /*gated=*/true});
+    shapes.push_back({shape.hidden, shape.shared_intermediate});
+  }
   return shapes;
 }
 

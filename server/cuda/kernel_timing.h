@@ -46,9 +46,11 @@ inline constexpr std::string_view kOpGemmDown = "gemm_down";
 // GEMMs, the weighted combine after them.
 inline constexpr std::string_view kOpMoeRoute = "moe_route";
 inline constexpr std::string_view kOpMoeCombine = "moe_combine";
-// The most ops one decoder layer marks (a mixture-of-experts layer; a dense
-// one marks 8).
-inline constexpr int kOpsPerLayer = 10;
+// Qwen2-MoE's shared expert: its gate/up, gate and down, timed together.
+inline constexpr std::string_view kOpSharedExpert = "shared_expert";
+// The most ops one decoder layer marks (a mixture-of-experts layer with a
+// shared expert; a dense one marks 8).
+inline constexpr int kOpsPerLayer = 11;
 
 // Records an event after each op on one stream. Owned by one stream and used
 // by one thread at a time. Reuses its events from batch to batch.

@@ -39,6 +39,9 @@ LayerShape LayerShape::FromConfig(const LlamaConfig& config, kernels::DType dtyp
   s.dtype = dtype;
   s.experts = static_cast<int>(config.num_experts);
   s.top_k = static_cast<int>(config.experts_per_token);
+  s.normalize_top_k = config.normalize_top_k;
+  s.shared_intermediate = config.shared_expert_intermediate_size;
+  s.qk_norm = config.qk_norm;
   return s;
 }
 
@@ -52,10 +55,12 @@ absl::StatusOr<ActivationArena> ActivationArena::Create(const LayerShape& shape,
   const size_t e = static_cast<size_t>(kernels::DTypeBytes(shape.dtype));
   // Elements per token of the two shared buffers (see the class comment).
   const int64_t rows = shape.mlp_rows_per_token();
-  const size_t big = static_cast<size_t>(
-      std::max({shape.qkv_width(), rows * 2 * shape.intermediate, rows * shape.hidden}));
-  const size_t mid = static_cast<size_t>(
-      std::max({shape.q_width(), rows * shape.intermediate, rows * shape.hidden}));
+  const size_t big =
+      static_cast<size_t>(std::max({shape.qkv_width(), rows * 2 * shape.intermediate,
+                                    rows * shape.hidden, 2 * shape.shared_intermediate}));
+  const size_t mid =
+      static_cast<size_t>(std::max({shape.q_width(), rows * shape.intermediate, rows * shape.hidden,
+                                    shape.shared_intermediate}));
   const size_t hidden = static_cast<size_t>(shape.hidden);
   const bool moe = shape.experts > 0;
   const size_t choices = moe ? t * static_cast<size_t>(shape.top_k) : 0;
@@ -242,6 +247,9 @@ absl::Status LayerExecutor::ForwardLayer(int layer, const ActivationArena& arena
   rope.num_heads = s.num_heads;
   rope.num_kv_heads = s.num_kv_heads;
   rope.head_dim = s.head_dim;
+  rope.q_norm = w.q_norm;
+  rope.k_norm = w.k_norm;
+  rope.norm_eps = s.rms_norm_eps;
   rope.dtype = s.dtype;
   if (batch.kv_pool != nullptr) {
     // Sessions: RoPE and the cache write in one launch.
@@ -284,8 +292,10 @@ absl::Status LayerExecutor::ForwardLayer(int layer, const ActivationArena& arena
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpNorm, stream));
   if (s.experts > 0) return ExpertMlps(layer, arena, tokens, workspace, stream, timer);
   // The dense MLP: its output accumulates onto the residual stream.
-  return RunMlp(w,
-                {.input = arena.normed,
+  return RunMlp({.w_gate_up = w.w_gate_up,
+                 .w_down = w.w_down,
+                 .intermediate = s.intermediate,
+                 .input = arena.normed,
                  .rows = tokens,
                  .activation = arena.mlp,
                  .scratch = arena.gate_up,
@@ -294,9 +304,8 @@ absl::Status LayerExecutor::ForwardLayer(int layer, const ActivationArena& arena
                 workspace, stream, timer);
 }
 
-absl::Status LayerExecutor::RunMlp(const LayerDeviceWeights& w, const MlpRun& run,
-                                   const kernels::GemmWorkspace& workspace, cudaStream_t stream,
-                                   OpTimer* timer) const {
+absl::Status LayerExecutor::RunMlp(const MlpRun& run, const kernels::GemmWorkspace& workspace,
+                                   cudaStream_t stream, OpTimer* timer, std::string_view op) const {
   const LayerShape& s = shape_;
   // gate/up and the SiLU gate in one call: the weight's rows are interleaved
   // (DeviceWeights), so our kernels apply the activation in their epilogue
@@ -305,36 +314,46 @@ absl::Status LayerExecutor::RunMlp(const LayerDeviceWeights& w, const MlpRun& ru
   kernels::GemmParams gate_up;
   gate_up.a = run.input;
   gate_up.lda = s.hidden;
-  gate_up.w = w.w_gate_up;
+  gate_up.w = run.w_gate_up;
   gate_up.ldw = s.hidden;
   gate_up.d = run.activation;
-  gate_up.ldd = s.intermediate;
+  gate_up.ldd = run.intermediate;
   gate_up.silu_mul = true;
   gate_up.scratch = run.scratch;
   gate_up.m = run.rows;
-  gate_up.n = 2 * s.intermediate;
+  gate_up.n = 2 * run.intermediate;
   gate_up.k = s.hidden;
   gate_up.dtype = s.dtype;
   gate_up.group_offsets = run.group_offsets;
   gate_up.groups = run.groups;
   gate_up.max_group_rows = run.max_group_rows;
   LS_RETURN_IF_ERROR(gemm_->Run(gate_up, workspace, stream));
-  LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmGateUp, stream));
+  if (run.sigmoid_gate != nullptr) {
+    const kernels::MoeSharedGateParams gate{.x = run.input,
+                                            .gate = run.sigmoid_gate,
+                                            .activation = run.activation,
+                                            .tokens = run.rows,
+                                            .hidden = s.hidden,
+                                            .width = run.intermediate,
+                                            .dtype = s.dtype};
+    LS_RETURN_IF_ERROR(kernels::LaunchMoeSharedGate(gate, stream));
+  }
+  if (op.empty()) LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmGateUp, stream));
 
   kernels::GemmParams down = gate_up;
   down.silu_mul = false;
   down.scratch = nullptr;
   down.a = run.activation;
-  down.lda = s.intermediate;
-  down.w = w.w_down;
-  down.ldw = s.intermediate;
+  down.lda = run.intermediate;
+  down.w = run.w_down;
+  down.ldw = run.intermediate;
   down.d = run.output;
   down.ldd = s.hidden;
   down.accumulate = run.accumulate;
   down.n = s.hidden;
-  down.k = s.intermediate;
+  down.k = run.intermediate;
   LS_RETURN_IF_ERROR(gemm_->Run(down, workspace, stream));
-  return MarkOp(timer, kOpGemmDown, stream);
+  return MarkOp(timer, op.empty() ? kOpGemmDown : op, stream);
 }
 
 absl::Status LayerExecutor::ExpertMlps(int layer, const ActivationArena& arena, int64_t tokens,
@@ -351,6 +370,7 @@ absl::Status LayerExecutor::ExpertMlps(int layer, const ActivationArena& arena, 
   route.hidden = s.hidden;
   route.experts = s.experts;
   route.top_k = s.top_k;
+  route.normalize = s.normalize_top_k;
   route.dtype = s.dtype;
   route.expert_ids = arena.expert_ids;
   route.weights = arena.expert_weights;
@@ -377,8 +397,10 @@ absl::Status LayerExecutor::ExpertMlps(int layer, const ActivationArena& arena, 
   // Both projections are one grouped GEMM each: expert e multiplies its rows
   // [offsets[e], offsets[e + 1]) by its own weights; a token picks an expert
   // at most once, so no expert has more rows than the batch has tokens.
-  LS_RETURN_IF_ERROR(RunMlp(w,
-                            {.input = arena.moe_input,
+  LS_RETURN_IF_ERROR(RunMlp({.w_gate_up = w.w_gate_up,
+                             .w_down = w.w_down,
+                             .intermediate = s.intermediate,
+                             .input = arena.moe_input,
                              .rows = rows,
                              .activation = arena.gate_up,
                              .output = arena.moe_output,
@@ -396,7 +418,21 @@ absl::Status LayerExecutor::ExpertMlps(int layer, const ActivationArena& arena, 
   combine.hidden = s.hidden;
   combine.dtype = s.dtype;
   LS_RETURN_IF_ERROR(kernels::LaunchMoeCombine(combine, stream));
-  return MarkOp(timer, kOpMoeCombine, stream);
+  LS_RETURN_IF_ERROR(MarkOp(timer, kOpMoeCombine, stream));
+  if (s.shared_intermediate == 0) return absl::OkStatus();
+  // The shared expert over every token, after the combine: the experts'
+  // buffers are free again, and it adds onto x as the dense MLP does.
+  return RunMlp({.w_gate_up = w.w_shared_gate_up,
+                 .w_down = w.w_shared_down,
+                 .intermediate = s.shared_intermediate,
+                 .sigmoid_gate = w.shared_gate,
+                 .input = arena.normed,
+                 .rows = tokens,
+                 .activation = arena.mlp,
+                 .scratch = arena.gate_up,
+                 .output = arena.x,
+                 .accumulate = true},
+                workspace, stream, timer, kOpSharedExpert);
 }
 
 }  // namespace layerserve::cuda

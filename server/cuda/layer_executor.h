@@ -17,6 +17,11 @@
 //   m  = silu(p · W_g,eᵀ) * (p · W_u,eᵀ)    gemm_gate_up (one grouped GEMM, gated epilogue)
 //   y  = m · W_down,eᵀ per expert           gemm_down  (one grouped GEMM)
 //   x += Σ_j weight_j y[row of choice j]    moe_combine
+// and Qwen2-MoE's shared expert, a dense SiLU-gated MLP of its own width:
+//   s  = silu(n · W_sgᵀ) * (n · W_suᵀ)      shared_expert (gated epilogue)
+//   s *= sigmoid(n · gate)                   (per token; moe.h's MoeSharedGate)
+//   x  = s · W_sdᵀ + x                       (residual fused)
+// Qwen3 normalises every q and k head before RoPE, in the same kernel.
 // Because both residual adds happen inside the GEMMs, x always holds the full
 // residual stream and RMSNorm never needs its separate residual input.
 //
@@ -58,6 +63,10 @@ struct LayerShape {
   // 0 experts: one dense MLP.
   int experts = 0;
   int top_k = 0;
+  bool normalize_top_k = true;  // MoeRouteParams::normalize
+  // Qwen2-MoE's shared expert: one more SiLU-gated MLP of this width (0: none).
+  int64_t shared_intermediate = 0;
+  bool qk_norm = false;  // Qwen3's RMSNorm over each q and k head
 
   static LayerShape FromConfig(const LlamaConfig& config, kernels::DType dtype);
   int64_t q_width() const { return int64_t{num_heads} * head_dim; }
@@ -71,6 +80,11 @@ struct LayerShape {
   int64_t gate_up_weight_elements() const { return mlps() * 2 * intermediate * hidden; }
   int64_t down_weight_elements() const { return mlps() * hidden * intermediate; }
   int64_t router_weight_elements() const { return int64_t{experts} * hidden; }
+  // The shared expert's gate/up and down weights, and its gate's row.
+  int64_t shared_weight_elements() const {
+    return shared_intermediate > 0 ? 3 * shared_intermediate * hidden + hidden : 0;
+  }
+  int64_t head_norm_elements() const { return qk_norm ? 2 * int64_t{head_dim} : 0; }
   // Activation rows each token takes in the MLP: one, or one per chosen expert.
   int64_t mlp_rows_per_token() const { return experts > 0 ? top_k : 1; }
 };
@@ -89,6 +103,14 @@ struct LayerDeviceWeights {
   // expert's weights stacked ([experts, 2 intermediate, hidden] and
   // [experts, hidden, intermediate]).
   const void* router = nullptr;  // [experts, hidden]
+  // The shared expert (LayerShape::shared_intermediate > 0; null otherwise):
+  // its gate/up rows interleaved as w_gate_up's, its down, its gate's row.
+  const void* w_shared_gate_up = nullptr;  // [2 shared_intermediate, hidden]
+  const void* w_shared_down = nullptr;     // [hidden, shared_intermediate]
+  const void* shared_gate = nullptr;       // [hidden]
+  // Qwen3's per-head norms (LayerShape::qk_norm; null otherwise).
+  const void* q_norm = nullptr;  // [head_dim]
+  const void* k_norm = nullptr;  // [head_dim]
 };
 
 // One stream's activations for up to max_tokens tokens, in one allocation.
@@ -99,7 +121,9 @@ struct LayerDeviceWeights {
 // A mixture-of-experts layer has top_k rows per token from the permutation
 // on, so both shared buffers grow by that factor; the experts' gated
 // product goes to gate_up (their input, in the other buffer, is still being
-// read), their outputs over their input.
+// read), their outputs over their input. A shared expert runs after the
+// combine, as the dense MLP does (its activation in mlp, its cuBLASLt
+// scratch in gate_up), so both buffers also fit its width.
 class ActivationArena {
  public:
   // `layers`: of the span, for the per-layer expert counts.
@@ -199,13 +223,19 @@ class LayerExecutor {
                            cudaStream_t stream) const;
   // Layer `layer`'s cache and where the batch's sequences sit in it.
   kernels::PagedKv CacheOf(int layer, const BatchGeometry& batch) const;
-  // The SwiGLU MLP over `rows` rows of `input`: silu(gate) * up into
-  // `activation` (one GEMM; `scratch` [rows, 2 intermediate] for its
-  // cuBLASLt route), down into `output` (onto it with accumulate, the
+  // The SwiGLU MLP of `w_gate_up` and `w_down` (width `intermediate`) over
+  // `rows` rows of `input`: silu(gate) * up into `activation` (one GEMM;
+  // `scratch` [rows, 2 intermediate] for its cuBLASLt route), each row
+  // scaled by sigmoid(input row · sigmoid_gate) where that is set (the
+  // shared expert), down into `output` (onto it with accumulate, the
   // residual add). With group_offsets, each projection is one grouped GEMM
   // over the experts (GemmParams::group_offsets). `activation` must not
   // overlap `input`: the GEMM writes it while other tiles still read input.
   struct MlpRun {
+    const void* w_gate_up = nullptr;
+    const void* w_down = nullptr;
+    int64_t intermediate = 0;
+    const void* sigmoid_gate = nullptr;
     const void* input = nullptr;
     int64_t rows = 0;
     void* activation = nullptr;
@@ -216,9 +246,10 @@ class LayerExecutor {
     int groups = 0;
     int64_t max_group_rows = 0;
   };
-  absl::Status RunMlp(const LayerDeviceWeights& w, const MlpRun& run,
-                      const kernels::GemmWorkspace& workspace, cudaStream_t stream,
-                      OpTimer* timer) const;
+  // Marks the gate/up and down GEMMs as their ops, or the whole run as
+  // `op` where that is given.
+  absl::Status RunMlp(const MlpRun& run, const kernels::GemmWorkspace& workspace,
+                      cudaStream_t stream, OpTimer* timer, std::string_view op = {}) const;
   // `layer`'s experts; its tokens per expert go to arena.expert_tokens.
   absl::Status ExpertMlps(int layer, const ActivationArena& arena, int64_t tokens,
                           const kernels::GemmWorkspace& workspace, cudaStream_t stream,

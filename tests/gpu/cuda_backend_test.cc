@@ -3,8 +3,9 @@
 // fp16 checkpoints): mixed batches of (B, T) from T=1 to T=1000 in FP32, FP16
 // and BF16, poisoned outputs, sliding-window models far past their window,
 // concurrent batches over the stream pool, failed batches that leave the
-// backend healthy, kernel timings and memory reports; a Mixtral-style
-// mixture of experts against the float64 reference.
+// backend healthy, kernel timings and memory reports; Mixtral-, Qwen2-MoE-
+// and Qwen3-MoE-style mixtures of experts against the float64 reference, and
+// Qwen3's head norms against the CPU backend.
 //
 // Outputs are compared at the backend's precision (backend_test_util.h).
 // Without a GPU every device test skips visibly. Sessions are tested in
@@ -271,20 +272,19 @@ TEST(CudaBackendTest, WindowInSomeLayersMatchesCpuPastTheWindow) {
                               });
 }
 
-// A one-layer Mixtral-style span (8 experts of intermediate 384, 2 per token,
-// bf16 weights) against the float64 reference, over the mixed batches: from
-// one token (2 experts busy, the grouped GEMM's small-M path) to 1000 (every
+// A one-layer mixture-of-experts span (8 experts of intermediate 384, bf16
+// weights) against the float64 reference, over the mixed batches: from one
+// token (top_k experts busy, the grouped GEMM's small-M path) to 1000 (every
 // expert busy, the persistent path). bf16 moves a token's router logits a
-// little, so a token whose top-2 the reference finds nearly tied
-// (probability gap under 2e-2) may legitimately use another expert: such a
-// token is excused when it differs, and at most 2% of the tokens may be. A
-// token with a clear routing must match. One layer, so that every token's
-// margin is known; deeper spans run the same code.
-TEST(CudaBackendTest, MixtralExpertsMatchReference) {
-  SKIP_WITHOUT_GPU();
-  LlamaConfig c = cuda_test::MixtralTestConfig();
-  c.num_hidden_layers = 1;
-  const ModelSpan model = test_support::RandomModel(c, 0, 1, DType::kBF16, 29);
+// little, so a token whose top-k the reference finds nearly tied
+// (probability gap between its k-th and next expert under 2e-2) may
+// legitimately use another expert: such a token is excused when it differs,
+// and at most 2% of the tokens may be. A token with a clear routing must
+// match. One layer, so that every token's margin is known; deeper spans run
+// the same code.
+void ExpertsMatchReference(const LlamaConfig& c, uint64_t seed) {
+  ASSERT_EQ(c.num_hidden_layers, 1);
+  const ModelSpan model = test_support::RandomModel(c, 0, 1, DType::kBF16, seed);
   CudaBackendOptions options;
   options.max_batch_tokens = 2048;
   auto cuda = MakeCudaBackend(model, options);
@@ -328,16 +328,63 @@ TEST(CudaBackendTest, MixtralExpertsMatchReference) {
     }
     tokens += static_cast<int64_t>(margins.size());
     // The routing's counts come back with the outputs, every choice once.
-    ASSERT_EQ(batch->expert_tokens.size(), 8u);
+    ASSERT_EQ(batch->expert_tokens.size(), static_cast<size_t>(c.num_experts));
     EXPECT_EQ(std::accumulate(batch->expert_tokens.begin(), batch->expert_tokens.end(), int64_t{0}),
-              2 * static_cast<int64_t>(margins.size()));
-    ExpectCloseValues(got, expected, hidden, "mixtral batch of " + std::to_string(margins.size()) + " tokens");
-    if (HasFailure()) return;
+              c.experts_per_token * static_cast<int64_t>(margins.size()));
+    ExpectCloseValues(got, expected, hidden, c.model_type + " batch of " + std::to_string(margins.size()) + " tokens");
+    if (::testing::Test::HasFailure()) return;
   }
-  std::printf("mixtral: %lld of %lld tokens nearly tied, %lld of them routed otherwise and excused\n",
+  std::printf("%s: %lld of %lld tokens nearly tied, %lld of them routed otherwise and excused\n", c.model_type.c_str(),
               static_cast<long long>(nearly_tied), static_cast<long long>(tokens), static_cast<long long>(excused));
   EXPECT_LE(excused * 50, tokens) << excused << " of " << tokens << " tokens routed otherwise";
   EXPECT_TRUE((*cuda)->Health().ok());
+}
+
+TEST(CudaBackendTest, MixtralExpertsMatchReference) {
+  SKIP_WITHOUT_GPU();
+  LlamaConfig c = cuda_test::MixtralTestConfig();
+  c.num_hidden_layers = 1;
+  ExpertsMatchReference(c, 29);
+}
+
+// Qwen2-MoE: 4 of 8 experts per token with their raw softmax weights
+// (norm_topk_prob false), q/k/v biases, and the shared expert (its own width,
+// scaled per token by the sigmoid of its gate) added on top.
+TEST(CudaBackendTest, Qwen2MoeSharedExpertMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  LlamaConfig c = cuda_test::MixtralTestConfig();
+  c.model_type = "qwen2_moe";
+  c.num_hidden_layers = 1;
+  c.experts_per_token = 4;
+  c.normalize_top_k = false;
+  c.attention_bias = true;
+  c.shared_expert_intermediate_size = 520;
+  ExpertsMatchReference(c, 31);
+}
+
+// Qwen3-MoE: each q and k head RMS-normalised before RoPE, 4 of 8 experts
+// with renormalised weights, no shared expert.
+TEST(CudaBackendTest, Qwen3MoeHeadNormsMatchReference) {
+  SKIP_WITHOUT_GPU();
+  LlamaConfig c = cuda_test::MixtralTestConfig();
+  c.model_type = "qwen3_moe";
+  c.num_hidden_layers = 1;
+  c.experts_per_token = 4;
+  c.qk_norm = true;
+  ExpertsMatchReference(c, 33);
+}
+
+// Dense Qwen3 (the head norms alone) against the CPU backend, at head_dim 64
+// here and 128 in cuda_sessions_test.
+TEST(CudaBackendTest, MatchesCpuOnQwen3StyleModelWithHeadNorms) {
+  SKIP_WITHOUT_GPU();
+  LlamaConfig c = MakeQwenModel(DType::kBF16, 1).config;
+  c.model_type = "qwen3";
+  c.attention_bias = false;
+  c.qk_norm = true;
+  ModelSpan model = test_support::RandomModel(c, 0, c.num_hidden_layers, DType::kBF16, 35);
+  model.name = "qwen3-test";
+  CompareOnModel(model, 2);
 }
 
 class RecordingSink final : public KernelTimingSink {
@@ -419,25 +466,6 @@ TEST(CudaBackendTest, RejectsBadOptionsAndShapes) {
   ModelSpan empty = MakeDemoModel(LayerRange{0, 1});
   empty.layers.clear();
   EXPECT_EQ(MakeCudaBackend(empty, CudaBackendOptions{}).status().code(), absl::StatusCode::kInvalidArgument);
-  // Qwen2-MoE's shared expert and unnormalised routing weights are CPU-only
-  // for now: refused with a line that says so, never served half right.
-  for (const bool shared : {true, false}) {
-    ModelSpan qwen = MakeDemoModel(LayerRange{0, 1});
-    qwen.config = cuda_test::MixtralTestConfig();
-    qwen.config.model_type = "qwen2_moe";
-    qwen.config.shared_expert_intermediate_size = shared ? 512 : 0;
-    qwen.config.normalize_top_k = shared;
-    const absl::Status status = MakeCudaBackend(qwen, CudaBackendOptions{}).status();
-    EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
-    EXPECT_NE(status.message().find("--backend=cpu serves them"), std::string::npos) << status;
-  }
-  // Qwen3's q/k head norms likewise.
-  ModelSpan qwen3 = MakeDemoModel(LayerRange{0, 1});
-  qwen3.config.model_type = "qwen3";
-  qwen3.config.qk_norm = true;
-  const absl::Status status = MakeCudaBackend(qwen3, CudaBackendOptions{}).status();
-  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
-  EXPECT_NE(status.message().find("q_norm, k_norm"), std::string::npos) << status;
 }
 
 TEST(CudaCheckTest, ClassifiesStickyErrors) {

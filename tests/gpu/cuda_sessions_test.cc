@@ -311,6 +311,16 @@ TEST(CudaSessionsTest, StepsMatchStatelessLlama3HeadDim128Block5) {
   CheckSteps(MakeLlama3Model(205), {64, 5}, 3, {7, 1, 3, 1, 1, 9, 2}, DType::kBF16, 206);
 }
 
+// Qwen3's head norms in the session path's kernel (RoPE and the cache write
+// in one launch): the cache must hold the normed, rotated keys.
+TEST(CudaSessionsTest, StepsMatchStatelessQwen3HeadNormsHeadDim128) {
+  SKIP_WITHOUT_GPU();
+  LlamaConfig c = MakeLlama3Model(0).config;
+  c.model_type = "qwen3";
+  c.qk_norm = true;
+  CheckSteps(test_support::RandomModel(c, 0, 2, DType::kBF16, 217), {64, 16}, 2, kPieces, DType::kF32, 218);
+}
+
 // A Mixtral-style span (8 experts, 2 per token; the grouped GEMMs and the
 // routing kernels) stepped like the dense ones. The router is scaled up
 // tenfold over RandomModel's, so that no token's top two are nearly tied:

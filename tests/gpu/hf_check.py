@@ -53,10 +53,9 @@ def config_of(family):
     raise SystemExit(f"unknown family {family}; one of {', '.join(FAMILIES)}")
 
 
-# Each family and the backends that serve it (the CUDA backend refuses the
-# Qwen families' shared expert, unrenormalised routing and q/k head norms).
-FAMILIES = {"mixtral": ("cuda", "cpu"), "qwen2_moe": ("cpu",), "qwen3": ("cpu",),
-            "qwen3_moe": ("cpu",)}
+# Each family and the backends that serve it.
+FAMILIES = {"mixtral": ("cuda", "cpu"), "qwen2_moe": ("cuda", "cpu"), "qwen3": ("cuda", "cpu"),
+            "qwen3_moe": ("cuda", "cpu")}
 
 
 def make_model(family, directory):

@@ -155,6 +155,7 @@ struct RopeCase {
   int head_dim;
   int heads;
   int kv_heads;
+  bool head_norm = false;  // Qwen3's q_norm / k_norm first
 };
 
 class RopeTest : public testing::GpuTestWithParam<RopeCase> {};
@@ -172,12 +173,29 @@ TEST_P(RopeTest, MatchesHuggingFaceRounding) {
   positions[0] = 0;
   positions[1] = 131071;  // long-context angles exercise sincosf's slow path
 
+  // The head norms' weights, and each q/k head normalised as an RMSNorm of
+  // the dtype rounds it (rms_norm.cuh): x * rsqrt(mean(x^2) + eps) rounded,
+  // then weight * that rounded.
+  const float norm_eps = 1e-6f;
+  const auto q_norm = RandomValues(c.dtype, c.head_dim, 0.5, 1.5, 41);
+  const auto k_norm = RandomValues(c.dtype, c.head_dim, 0.5, 1.5, 42);
+  std::vector<double> normed = qkv;
+  for (int64_t t = 0; t < tokens && c.head_norm; ++t) {
+    for (int h = 0; h < c.heads + c.kv_heads; ++h) {
+      double* x = &normed[t * width + int64_t{h} * c.head_dim];
+      const std::vector<double>& w = h < c.heads ? q_norm : k_norm;
+      double sum_sq = 0;
+      for (int i = 0; i < c.head_dim; ++i) sum_sq += x[i] * x[i];
+      const double r = 1 / std::sqrt(sum_sq / c.head_dim + norm_eps);
+      for (int i = 0; i < c.head_dim; ++i) x[i] = RoundToDType(c.dtype, w[i] * RoundToDType(c.dtype, x[i] * r));
+    }
+  }
   // cos/sin of the fp32 angle, rounded to fp32 and then to the dtype.
-  std::vector<double> want = qkv;
+  std::vector<double> want = normed;
   for (int64_t t = 0; t < tokens; ++t) {
     for (int h = 0; h < c.heads + c.kv_heads; ++h) {
       double* x = &want[t * width + int64_t{h} * c.head_dim];
-      const double* in = &qkv[t * width + int64_t{h} * c.head_dim];
+      const double* in = &normed[t * width + int64_t{h} * c.head_dim];
       for (int i = 0; i < half; ++i) {
         const float angle = inv_freq[i] * static_cast<float>(positions[t]);
         const double cs = RoundToDType(c.dtype, std::cos(static_cast<double>(angle)));
@@ -190,8 +208,11 @@ TEST_P(RopeTest, MatchesHuggingFaceRounding) {
   }
 
   const size_t bytes = qkv.size() * DTypeBytes(c.dtype);
-  DeviceBuffer d_qkv(bytes), d_pos(tokens * 4), d_freq(half * 4);
+  const size_t norm_bytes = c.head_dim * DTypeBytes(c.dtype);
+  DeviceBuffer d_qkv(bytes), d_pos(tokens * 4), d_freq(half * 4), d_q_norm(norm_bytes), d_k_norm(norm_bytes);
   d_qkv.Upload(Encode(c.dtype, qkv).data(), bytes);
+  d_q_norm.Upload(Encode(c.dtype, q_norm).data(), norm_bytes);
+  d_k_norm.Upload(Encode(c.dtype, k_norm).data(), norm_bytes);
   d_pos.Upload(positions.data(), tokens * 4);
   d_freq.Upload(inv_freq.data(), half * 4);
   RopeParams p;
@@ -202,6 +223,11 @@ TEST_P(RopeTest, MatchesHuggingFaceRounding) {
   p.num_heads = c.heads;
   p.num_kv_heads = c.kv_heads;
   p.head_dim = c.head_dim;
+  if (c.head_norm) {
+    p.q_norm = d_q_norm.get();
+    p.k_norm = d_k_norm.get();
+    p.norm_eps = norm_eps;
+  }
   p.dtype = c.dtype;
   ASSERT_TRUE(LaunchRope(p, nullptr).ok());
   LS_ASSERT_CUDA_OK(cudaDeviceSynchronize());
@@ -228,11 +254,15 @@ TEST_P(RopeTest, MatchesHuggingFaceRounding) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, RopeTest,
                          ::testing::Values(RopeCase{DType::kBF16, 128, 8, 2}, RopeCase{DType::kF16, 128, 8, 2},
-                                           RopeCase{DType::kBF16, 64, 4, 4}, RopeCase{DType::kF16, 64, 6, 1}),
+                                           RopeCase{DType::kBF16, 64, 4, 4}, RopeCase{DType::kF16, 64, 6, 1},
+                                           RopeCase{DType::kBF16, 128, 8, 2, true},
+                                           RopeCase{DType::kF16, 64, 6, 1, true},
+                                           RopeCase{DType::kBF16, 512, 2, 1, true}),
                          [](const ::testing::TestParamInfo<RopeCase>& info) {
                            return std::string(DTypeName(info.param.dtype)) + "_d" +
                                   std::to_string(info.param.head_dim) + "_h" + std::to_string(info.param.heads) +
-                                  "_kv" + std::to_string(info.param.kv_heads);
+                                  "_kv" + std::to_string(info.param.kv_heads) +
+                                  (info.param.head_norm ? "_head_norm" : "");
                          });
 
 // ---------------------------------------------------------------- SiluMul

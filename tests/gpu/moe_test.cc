@@ -227,7 +227,7 @@ struct Routed {
 
 // Runs MoeRoute on bf16 x [tokens, hidden] and router [experts, hidden].
 Routed Route(const std::vector<double>& x, const std::vector<double>& router, int64_t tokens, int64_t hidden,
-             int experts, int top_k, cudaStream_t stream) {
+             int experts, int top_k, cudaStream_t stream, bool normalize = true) {
   DeviceBuffer xd(std::max<size_t>(16, x.size() * 2)), rd(router.size() * 2),
       ids(std::max<int64_t>(4, tokens * top_k * 4)), weights(std::max<int64_t>(4, tokens * top_k * 4)),
       ranks(std::max<int64_t>(4, tokens * top_k * 4)), offsets((experts + 1) * 4), scratch((experts + 1) * 4);
@@ -241,6 +241,7 @@ Routed Route(const std::vector<double>& x, const std::vector<double>& router, in
   p.hidden = hidden;
   p.experts = experts;
   p.top_k = top_k;
+  p.normalize = normalize;
   p.expert_ids = static_cast<int32_t*>(ids.get());
   p.weights = static_cast<float*>(weights.get());
   p.ranks = static_cast<int32_t*>(ranks.get());
@@ -289,15 +290,22 @@ class MoeKernelsTest : public testing::GpuTest {
   cudaStream_t stream_ = nullptr;
 };
 
+// Weights renormalised over the chosen experts (Mixtral, norm_topk_prob) or
+// the raw probabilities (Qwen2-MoE's default).
 TEST_F(MoeKernelsTest, RouteMatchesFloat64Softmax) {
-  for (const auto& [tokens, hidden, experts, top_k] :
-       {std::tuple<int64_t, int64_t, int, int>{1, 4096, 8, 2}, {37, 256, 8, 2}, {300, 512, 16, 4}, {9, 64, 60, 1}}) {
+  for (const auto& [tokens, hidden, experts, top_k, normalize] :
+       {std::tuple<int64_t, int64_t, int, int, bool>{1, 4096, 8, 2, true},
+        {37, 256, 8, 2, true},
+        {300, 512, 16, 4, true},
+        {9, 64, 60, 1, true},
+        {1, 2048, 60, 4, false},
+        {300, 512, 16, 4, false}}) {
     SCOPED_TRACE(::testing::Message() << tokens << " tokens, hidden " << hidden << ", " << experts << " experts, top "
-                                      << top_k);
+                                      << top_k << (normalize ? ", renormalised" : ", raw weights"));
     const std::vector<double> x = testing::RandomValues(DType::kBF16, tokens * hidden, -1, 1, 1 + tokens);
     const double s = 4.0 / std::sqrt(static_cast<double>(hidden));
     const std::vector<double> router = testing::RandomValues(DType::kBF16, experts * hidden, -s, s, 2 + tokens);
-    const Routed got = Route(x, router, tokens, hidden, experts, top_k, stream_);
+    const Routed got = Route(x, router, tokens, hidden, experts, top_k, stream_, normalize);
     ExpectConsistent(got, experts);
     int64_t checked = 0;
     for (int64_t t = 0; t < tokens; ++t) {
@@ -314,6 +322,7 @@ TEST_F(MoeKernelsTest, RouteMatchesFloat64Softmax) {
       std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
       double chosen = 0;
       for (int j = 0; j < top_k; ++j) chosen += p[order[j]];
+      if (!normalize) chosen = 1;
       // Where fp32 logits could reorder nearly equal experts, only the set's
       // validity is checked below.
       const bool clear = top_k == experts || p[order[top_k - 1]] - p[order[top_k]] > 1e-4;
@@ -328,6 +337,51 @@ TEST_F(MoeKernelsTest, RouteMatchesFloat64Softmax) {
     }
     EXPECT_GE(checked, tokens * 9 / 10) << "too few clearly routed tokens to mean anything";
   }
+}
+
+// The shared expert's gate: each activation row times sigmoid(x · gate),
+// against float64 with the kernel's three bf16 roundings (logit, sigmoid,
+// product) allowed for.
+TEST_F(MoeKernelsTest, SharedGateScalesEachRowBySigmoid) {
+  for (const auto& [tokens, hidden, width] :
+       {std::tuple<int64_t, int64_t, int64_t>{1, 2048, 5632}, {37, 256, 520}, {300, 512, 64}}) {
+    SCOPED_TRACE(::testing::Message() << tokens << " tokens, hidden " << hidden << ", width " << width);
+    const std::vector<double> x = testing::RandomValues(DType::kBF16, tokens * hidden, -1, 1, 21 + tokens);
+    const double s = 3.0 / std::sqrt(static_cast<double>(hidden));
+    const std::vector<double> gate = testing::RandomValues(DType::kBF16, hidden, -s, s, 22);
+    const std::vector<double> act = testing::RandomValues(DType::kBF16, tokens * width, -4, 4, 23 + tokens);
+    DeviceBuffer x_d(x.size() * 2), gate_d(gate.size() * 2), act_d(act.size() * 2);
+    x_d.Upload(testing::Encode(DType::kBF16, x).data(), x.size() * 2);
+    gate_d.Upload(testing::Encode(DType::kBF16, gate).data(), gate.size() * 2);
+    act_d.Upload(testing::Encode(DType::kBF16, act).data(), act.size() * 2);
+    MoeSharedGateParams p;
+    p.x = x_d.get();
+    p.gate = gate_d.get();
+    p.activation = act_d.get();
+    p.tokens = tokens;
+    p.hidden = hidden;
+    p.width = width;
+    ASSERT_TRUE(LaunchMoeSharedGate(p, stream_).ok());
+    LS_ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
+    std::vector<uint8_t> out_bytes(act.size() * 2);
+    act_d.Download(out_bytes.data(), out_bytes.size());
+    const std::vector<double> got = testing::Decode(DType::kBF16, out_bytes);
+    std::vector<double> want(act.size());
+    for (int64_t t = 0; t < tokens; ++t) {
+      double logit = 0;
+      for (int64_t i = 0; i < hidden; ++i) logit += x[t * hidden + i] * gate[i];
+      const double scale = 1 / (1 + std::exp(-logit));
+      for (int64_t i = 0; i < width; ++i) want[t * width + i] = act[t * width + i] * scale;
+    }
+    // The product's and the sigmoid's roundings (2^-9 relative each), and the
+    // logit's (2^-9 |z| relative, |z| < 5 here, scaled by 1 - sigmoid(z)).
+    EXPECT_TRUE(testing::AllClose(got, want, 1e-6, 4.0 / 256));
+  }
+  MoeSharedGateParams bad;
+  bad.tokens = 1;
+  bad.hidden = 12;
+  bad.width = 8;
+  EXPECT_FALSE(LaunchMoeSharedGate(bad, stream_).ok());
 }
 
 TEST_F(MoeKernelsTest, RoutePoisonedTokenStaysInBounds) {

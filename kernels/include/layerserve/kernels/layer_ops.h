@@ -34,6 +34,8 @@ absl::Status LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream);
 // Rotary embedding (rotate-half convention), in place on the q and k parts of
 // a fused qkv activation [tokens, (heads + 2*kv_heads) * head_dim] laid out
 // q | k | v along each row. Token t has position positions[t].
+// With q_norm and k_norm (Qwen3), every q and k head is first RMS-normalised
+// over its head_dim and scaled by that weight, rounded as RmsNorm rounds.
 struct RopeParams {
   void* qkv = nullptr;
   const int32_t* positions = nullptr;  // [tokens], device
@@ -42,6 +44,9 @@ struct RopeParams {
   int num_heads = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
+  const void* q_norm = nullptr;  // [head_dim], or null (and then k_norm null too)
+  const void* k_norm = nullptr;  // [head_dim]
+  float norm_eps = 1e-6f;
   DType dtype = DType::kBF16;
 };
 absl::Status LaunchRope(const RopeParams& p, cudaStream_t stream);

@@ -34,7 +34,8 @@ inline constexpr int kMaxExperts = 256;
 // Routing as Hugging Face's MixtralSparseMoeBlock: logits accumulated in
 // fp32, softmax over every expert in fp32, the top_k experts by probability
 // (highest first; of equal ones the lower index), weights = their
-// probabilities over the sum of the chosen ones. A token with a NaN logit
+// probabilities over the sum of the chosen ones (with `normalize`; without,
+// as Qwen2-MoE's norm_topk_prob=false, the probabilities themselves). A token with a NaN logit
 // still gets valid, distinct experts (NaN ranks lowest); its weights are NaN,
 // which reach only its own output. One launch: the block that finishes last
 // turns the counts into offsets.
@@ -45,6 +46,7 @@ struct MoeRouteParams {
   int64_t hidden = 0;  // a multiple of 8
   int experts = 0;     // 1..kMaxExperts
   int top_k = 0;       // 1..experts
+  bool normalize = true;
   DType dtype = DType::kBF16;
   int32_t* expert_ids = nullptr;  // out [tokens, top_k]
   float* weights = nullptr;       // out [tokens, top_k]
@@ -85,5 +87,23 @@ struct MoeCombineParams {
   DType dtype = DType::kBF16;
 };
 absl::Status LaunchMoeCombine(const MoeCombineParams& p, cudaStream_t stream);
+
+// Qwen2-MoE's shared expert: one more SiLU-gated MLP that every token passes
+// through, its output scaled by sigmoid(x[t] · gate) before it joins the
+// experts'. The down projection is linear, so scaling the MLP's activation
+// row instead lets that GEMM add straight onto the residual stream:
+//   activation[t, :] *= sigmoid(x[t] · gate)
+// with the dot product in fp32, and the logit, the sigmoid and the product
+// each rounded to the dtype, as Hugging Face's bf16 ops round them.
+struct MoeSharedGateParams {
+  const void* x = nullptr;     // [tokens, hidden]: the normed rows the MLP read
+  const void* gate = nullptr;  // [hidden]: shared_expert_gate's one row
+  void* activation = nullptr;  // [tokens, width]: silu(gate) * up, scaled in place
+  int64_t tokens = 0;
+  int64_t hidden = 0;  // a multiple of 8
+  int64_t width = 0;   // a multiple of 8
+  DType dtype = DType::kBF16;
+};
+absl::Status LaunchMoeSharedGate(const MoeSharedGateParams& p, cudaStream_t stream);
 
 }  // namespace layerserve::kernels
