@@ -64,7 +64,7 @@ for stage in "${stages[@]}"; do
         rc=$?
         [[ $rc -ne 0 ]] && failed=1
         printf '%-34s rc=%d %4ds\n' hf_check.py "$rc" "$((SECONDS - start))" | tee -a "$out/tests.txt"
-        grep -E '^[a-z0-9_]+ (cuda|cpu):' "$out/hf_check.log" | sed 's/^/  /' | tee -a "$out/tests.txt"
+        grep -E '^[a-z0-9_]+ (cuda|cpu|HF float32 on cuda):' "$out/hf_check.log" | sed 's/^/  /' | tee -a "$out/tests.txt"
         [[ $rc -ne 0 ]] && tail -n 20 "$out/hf_check.log"
       fi
       [[ -n ${GPU_TESTS:-} ]] && continue
