@@ -98,15 +98,21 @@ for stage in "${stages[@]}"; do
       cat "$out/layer_ours.txt" "$out/layer_vs_hf.txt" "$out/layer_decode_vs_torch.txt"
       ;;
     bench-moe)
-      # A Mixtral-8x7B layer: ours (layer_bench --mixtral) beside HF's layer
-      # and MoE block, a PyTorch loop over experts and torch._grouped_mm; then
-      # the server on a 2-layer Mixtral-shaped span at concurrency 1/8/64
+      # A mixture-of-experts layer per model in MOE_MODELS (default mixtral;
+      # also qwen2-moe, qwen3-moe): ours (layer_bench --model) beside HF's
+      # layer and MoE block, a PyTorch loop over experts and torch._grouped_mm;
+      # then the server on a 2-layer Mixtral-shaped span at concurrency 1/8/64
       # (MOE_SERVER=0 skips it; LOAD_DURATION_S shortens it).
-      # shellcheck disable=SC2086
-      "$bundle/bin/layer_bench" --mixtral --csv "$out/moe_ours.csv" ${LAYER_BENCH_ARGS:-} > "$out/moe_ours.txt" 2>&1 \
-        || failed=1
-      python3 bench/layer/hf_moe.py --ours "$out/moe_ours.csv" > "$out/moe_vs_hf.txt" 2>&1 || failed=1
-      cat "$out/moe_ours.txt" "$out/moe_vs_hf.txt"
+      for model in ${MOE_MODELS:-mixtral}; do
+        tag=${model/mixtral/moe}  # mixtral keeps its old file names (moe_ours.csv, ...)
+        tag=${tag//-/_}
+        # shellcheck disable=SC2086
+        "$bundle/bin/layer_bench" --model "$model" --csv "$out/${tag}_ours.csv" ${LAYER_BENCH_ARGS:-} \
+          > "$out/${tag}_ours.txt" 2>&1 || failed=1
+        python3 bench/layer/hf_moe.py --model "$model" --ours "$out/${tag}_ours.csv" > "$out/${tag}_vs_hf.txt" 2>&1 \
+          || failed=1
+        cat "$out/${tag}_ours.txt" "$out/${tag}_vs_hf.txt"
+      done
       if [[ ${MOE_SERVER:-1} != 0 ]]; then
         moe_ckpt=/tmp/layerserve-mixtral-shapes-2l
         [[ -f $moe_ckpt/model.safetensors ]] || python3 bench/server/make_checkpoint.py "$moe_ckpt" --layers 2 --mixtral

@@ -22,16 +22,21 @@
 // given) go there for bench/layer/torch_decode_step.py, which times a
 // PyTorch step (eager and CUDA graph) on the same points beside them.
 //
-// --mixtral times a Mixtral-8x7B layer instead (the same attention, then 8
-// experts of intermediate 14336, 2 per token, routed by random weights): its
-// floor counts the experts a batch is expected to read, E (1 - (1 - k/E)^T)
-// of them under uniform routing, and its CSV rows add the experts' part
-// (routing through combine) and the grouped GEMMs (the SiLU gate in the
-// gate/up epilogue), for bench/layer/hf_moe.py.
+// --model times another layer instead: mixtral (Mixtral-8x7B: the same
+// attention, then 8 experts of intermediate 14336, 2 per token, routed by
+// random weights; --mixtral for short), qwen2-moe (Qwen1.5-MoE-A2.7B: 60
+// experts of 1408, 4 per token, raw routing weights, q/k/v biases, and a
+// shared expert of 5632) or qwen3-moe (Qwen3-30B-A3B: q/k head norms, 128
+// experts of 768, 8 per token). A mixture of experts' floor counts the
+// experts a batch is expected to read, E (1 - (1 - k/E)^T) of them under
+// uniform routing (plus a shared expert, read whole), and its CSV rows add
+// the experts' part (routing through combine, and the shared expert) and
+// the grouped GEMMs (the SiLU gate in the gate/up epilogue), for
+// bench/layer/hf_moe.py.
 //
 //   layer_bench [--csv PATH] [--decode-csv PATH] [--iters N] [--gemm MODE]
 //               [--no-autotune] [--compare cublaslt|untuned|bm64|bm128|graph]
-//               [--mixtral]
+//               [--model llama3|mixtral|qwen2-moe|qwen3-moe] [--mixtral]
 // --gemm auto|cublaslt|custom routes the GEMMs as the server's flag does;
 // --no-autotune keeps auto's built-in table. --compare times a second
 // executor on the same weights, with every GEMM on cuBLASLt or with auto's
@@ -123,6 +128,51 @@ LlamaConfig Mixtral8x7BConfig() {
   return c;
 }
 
+// Qwen1.5-MoE-A2.7B (its config.json): 16 heads of 128 without GQA, q/k/v
+// biases, 60 experts of 1408, 4 per token with their raw weights, and a
+// shared expert of 5632.
+LlamaConfig Qwen2MoeConfig() {
+  LlamaConfig c = Llama3_8BConfig();
+  c.model_type = "qwen2_moe";
+  c.hidden_size = 2048;
+  c.num_attention_heads = 16;
+  c.num_key_value_heads = 16;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 1e6;
+  c.attention_bias = true;
+  c.intermediate_size = 1408;
+  c.num_experts = 60;
+  c.experts_per_token = 4;
+  c.normalize_top_k = false;
+  c.shared_expert_intermediate_size = 5632;
+  return c;
+}
+
+// Qwen3-30B-A3B (its config.json): 32 heads of 128 over 4 KV heads, each q and
+// k head RMS-normalised, 128 experts of 768, 8 per token, renormalised.
+LlamaConfig Qwen3MoeConfig() {
+  LlamaConfig c = Llama3_8BConfig();
+  c.model_type = "qwen3_moe";
+  c.hidden_size = 2048;
+  c.num_key_value_heads = 4;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 1e6;
+  c.qk_norm = true;
+  c.intermediate_size = 768;
+  c.num_experts = 128;
+  c.experts_per_token = 8;
+  return c;
+}
+
+absl::StatusOr<LlamaConfig> BenchConfig(std::string_view model) {
+  if (model == "llama3") return Llama3_8BConfig();
+  if (model == "mixtral") return Mixtral8x7BConfig();
+  if (model == "qwen2-moe") return Qwen2MoeConfig();
+  if (model == "qwen3-moe") return Qwen3MoeConfig();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--model ", std::string(model), ": one of llama3, mixtral, qwen2-moe, qwen3-moe"));
+}
+
 // Collects op times of the timed pass.
 class CollectingSink final : public KernelTimingSink {
  public:
@@ -134,11 +184,11 @@ class CollectingSink final : public KernelTimingSink {
 };
 
 absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path, int iters,
-                 kernels::GemmMode gemm_mode, bool autotune, const std::string& compare, bool mixtral) {
+                 kernels::GemmMode gemm_mode, bool autotune, const std::string& compare, const LlamaConfig& config) {
   LS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
   cudaDeviceProp props{};
   LS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, 0));
-  const LlamaConfig config = mixtral ? Mixtral8x7BConfig() : Llama3_8BConfig();
+  const bool moe = config.IsMixtureOfExperts();
   const cuda::LayerShape shape = cuda::LayerShape::FromConfig(config, kernels::DType::kBF16);
   LS_ASSIGN_OR_RETURN(cuda::CudaStream stream, cuda::CreateStream());
 
@@ -150,14 +200,23 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
     float half_width;
   };
   const auto uniform = [](int64_t fan_in) { return std::sqrt(3.0f / static_cast<float>(fan_in)); };
+  const int64_t shared = shape.shared_intermediate;
+  const int64_t head_norm = shape.qk_norm ? shape.head_dim : 0;
+  // The pieces a model does not have are empty.
   std::vector<Piece> pieces = {
       {nullptr, shape.hidden, 1.0f, 0.1f},
       {nullptr, shape.qkv_weight_elements(), 0.0f, uniform(shape.hidden)},
+      {nullptr, config.attention_bias ? shape.qkv_width() : 0, 0.0f, 0.5f},
       {nullptr, shape.o_weight_elements(), 0.0f, uniform(shape.q_width())},
       {nullptr, shape.hidden, 1.0f, 0.1f},
       {nullptr, shape.gate_up_weight_elements(), 0.0f, uniform(shape.hidden)},
       {nullptr, shape.down_weight_elements(), 0.0f, uniform(shape.intermediate)},
       {nullptr, shape.router_weight_elements(), 0.0f, uniform(shape.hidden)},
+      {nullptr, 2 * shared * shape.hidden, 0.0f, uniform(shape.hidden)},
+      {nullptr, shape.hidden * shared, 0.0f, uniform(std::max<int64_t>(shared, 1))},
+      {nullptr, shared > 0 ? shape.hidden : 0, 0.0f, uniform(shape.hidden)},
+      {nullptr, head_norm, 1.0f, 0.1f},
+      {nullptr, head_norm, 1.0f, 0.1f},
   };
   cuda::BumpLayout sizing(nullptr);
   for (const Piece& p : pieces) sizing.Take(static_cast<size_t>(p.elements) * 2);
@@ -166,18 +225,28 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
   int64_t weight_elements = 0;
   uint64_t seed = 1;
   for (Piece& p : pieces) {
-    if (p.elements == 0) continue;  // a dense layer's router
+    if (p.elements == 0) continue;
     p.ptr = layout.Take(static_cast<size_t>(p.elements) * 2);
     LS_RETURN_IF_ERROR(FillUniformBf16(p.ptr, p.elements, seed++, p.center, p.half_width, stream.get()));
     weight_elements += p.elements;
   }
   const double weight_bytes = 2.0 * static_cast<double>(weight_elements);
-  const cuda::LayerDeviceWeights layer{pieces[0].ptr, pieces[1].ptr, nullptr,       pieces[2].ptr,
-                                       pieces[3].ptr, pieces[4].ptr, pieces[5].ptr, pieces[6].ptr};
+  const cuda::LayerDeviceWeights layer{.input_norm = pieces[0].ptr,
+                                       .w_qkv = pieces[1].ptr,
+                                       .b_qkv = pieces[2].ptr,
+                                       .w_o = pieces[3].ptr,
+                                       .post_norm = pieces[4].ptr,
+                                       .w_gate_up = pieces[5].ptr,
+                                       .w_down = pieces[6].ptr,
+                                       .router = pieces[7].ptr,
+                                       .w_shared_gate_up = pieces[8].ptr,
+                                       .w_shared_down = pieces[9].ptr,
+                                       .shared_gate = pieces[10].ptr,
+                                       .q_norm = pieces[11].ptr,
+                                       .k_norm = pieces[12].ptr};
   // Per expert, the bytes of its three projections (0 for a dense layer).
   const double expert_bytes =
-      mixtral
-          ? 2.0 * static_cast<double>(shape.gate_up_weight_elements() + shape.down_weight_elements()) / shape.experts
+      moe ? 2.0 * static_cast<double>(shape.gate_up_weight_elements() + shape.down_weight_elements()) / shape.experts
           : 0.0;
 
   const std::vector<float> inv_freq = RopeInvFreq(config);
@@ -215,14 +284,14 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
   LS_ASSIGN_OR_RETURN(cuda::CudaEvent start, cuda::CreateEvent(cudaEventDefault));
   LS_ASSIGN_OR_RETURN(cuda::CudaEvent stop, cuda::CreateEvent(cudaEventDefault));
 
-  std::printf("device: %s, %d SMs; layer weights %.1f MB (bf16); %d timed runs per case\n", props.name,
-              props.multiProcessorCount, weight_bytes / 1e6, iters);
+  std::printf("device: %s, %d SMs; %s layer, weights %.1f MB (bf16); %d timed runs per case\n", props.name,
+              props.multiProcessorCount, config.model_type.c_str(), weight_bytes / 1e6, iters);
   std::printf("%13s %10s %10s %10s %10s %9s %9s  %s\n", "tokens seqs", "median_ms", "min_ms", "floor_ms", "floor/med",
               "TFLOP/s", "GB/s_w", "per-op medians (us)");
   std::ofstream csv;
   if (!csv_path.empty()) {
     csv.open(csv_path);
-    csv << (mixtral ? "tokens,seqs,ms,experts_ms,grouped_gemms_ms\n" : "tokens,seqs,ms\n");
+    csv << (moe ? "tokens,seqs,ms,experts_ms,grouped_gemms_ms\n" : "tokens,seqs,ms\n");
   }
   std::ofstream decode_csv;
   if (!decode_csv_path.empty()) {
@@ -365,7 +434,7 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
     // expected to use, each token multiplying through k of them.
     double read_bytes = weight_bytes;
     double multiplied = static_cast<double>(weight_elements);
-    if (mixtral) {
+    if (moe) {
       const double e = shape.experts, k = shape.top_k;
       const double used = e * (1.0 - std::pow(1.0 - k / e, static_cast<double>(c.tokens)));
       read_bytes = weight_bytes - (e - used) * expert_bytes;
@@ -383,7 +452,7 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
     std::map<std::string_view, double> op_ms;
     for (const std::string_view op :
          {cuda::kOpNorm, cuda::kOpGemmQkv, cuda::kOpRope, cuda::kOpAttention, cuda::kOpGemmO, cuda::kOpMoeRoute,
-          cuda::kOpGemmGateUp, cuda::kOpGemmDown, cuda::kOpMoeCombine}) {
+          cuda::kOpGemmGateUp, cuda::kOpGemmDown, cuda::kOpMoeCombine, cuda::kOpSharedExpert}) {
       const auto& v = sink.times()[std::string(op)];
       if (v.empty()) continue;  // the MoE ops of a dense layer
       // "norm" runs twice per layer: report the per-layer total.
@@ -412,9 +481,10 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
     // (torch_decode_step.py's PyTorch step is their twin).
     if (csv.is_open() && !session) {
       csv << c.tokens << "," << c.seqs << "," << median_ms;
-      if (mixtral) {
+      if (moe) {
         const double grouped = op_ms[cuda::kOpGemmGateUp] + op_ms[cuda::kOpGemmDown];
-        csv << "," << grouped + op_ms[cuda::kOpMoeRoute] + op_ms[cuda::kOpMoeCombine] << "," << grouped;
+        csv << "," << grouped + op_ms[cuda::kOpMoeRoute] + op_ms[cuda::kOpMoeCombine] + op_ms[cuda::kOpSharedExpert]
+            << "," << grouped;
       }
       csv << "\n";
     }
@@ -438,7 +508,7 @@ int main(int argc, char** argv) {
   layerserve::kernels::GemmMode gemm_mode = layerserve::kernels::GemmMode::kAuto;
   bool autotune = true;
   std::string compare;
-  bool mixtral = false;
+  std::string model = "llama3";
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--csv" && i + 1 < argc) {
@@ -457,7 +527,9 @@ int main(int argc, char** argv) {
     } else if (arg == "--no-autotune") {
       autotune = false;
     } else if (arg == "--mixtral") {
-      mixtral = true;
+      model = "mixtral";
+    } else if (arg == "--model" && i + 1 < argc) {
+      model = argv[++i];
     } else if (arg == "--compare" && i + 1 < argc &&
                (std::string_view(argv[i + 1]) == "cublaslt" || std::string_view(argv[i + 1]) == "untuned" ||
                 std::string_view(argv[i + 1]) == "bm64" || std::string_view(argv[i + 1]) == "bm128" ||
@@ -465,12 +537,15 @@ int main(int argc, char** argv) {
       compare = argv[++i];
     } else {
       std::cerr << "usage: layer_bench [--csv PATH] [--decode-csv PATH] [--iters N] [--gemm auto|cublaslt|custom] "
-                   "[--no-autotune] [--compare cublaslt|untuned|bm64|bm128|graph] [--mixtral]\n";
+                   "[--no-autotune] [--compare cublaslt|untuned|bm64|bm128|graph] "
+                   "[--model llama3|mixtral|qwen2-moe|qwen3-moe] [--mixtral]\n";
       return 2;
     }
   }
+  const absl::StatusOr<layerserve::LlamaConfig> config = layerserve::bench::BenchConfig(model);
   const absl::Status status =
-      layerserve::bench::Run(csv_path, decode_csv_path, iters, gemm_mode, autotune, compare, mixtral);
+      config.ok() ? layerserve::bench::Run(csv_path, decode_csv_path, iters, gemm_mode, autotune, compare, *config)
+                  : config.status();
   if (!status.ok()) {
     std::cerr << "layer_bench: " << status << "\n";
     return 1;
