@@ -87,8 +87,22 @@ def saved_layout(directory):
 
 
 def hf_layers(model, x, dtype, device):
-    """Layers SPAN of `model` over x [B, T, hidden] in `dtype`, on `device`."""
+    """Layers SPAN of `model` over x [B, T, hidden] in `dtype`, on `device`.
+    float64 runs the experts through transformers' eager loop (its default,
+    torch._grouped_mm, takes 16- and 32-bit floats only)."""
     model = model.to(device=device, dtype=dtype)
+    # Module.to() casts the rotary embedding's inv_freq buffer too, and a
+    # model once cast to bf16 (to be saved as a bf16 checkpoint) keeps
+    # frequencies rounded to 8 bits, which move every angle past position 0
+    # (by 1.3e-2 in cos at position 32). Transformers computes them in
+    # float32, as the server does; put those back.
+    rotary = model.model.rotary_emb
+    rotary.inv_freq = rotary.original_inv_freq.to(device=device, dtype=torch.float32)
+    if hasattr(model.config, "_experts_implementation"):
+        if not hasattr(model, "experts_default"):
+            model.experts_default = model.config._experts_implementation
+        model.config._experts_implementation = ("eager" if dtype == torch.float64
+                                                else model.experts_default)
     h = torch.from_numpy(x).to(device, dtype)
     pos = torch.arange(x.shape[1], device=device).unsqueeze(0).expand(x.shape[0], -1)
     pe = model.model.rotary_emb(h, pos)
@@ -96,7 +110,7 @@ def hf_layers(model, x, dtype, device):
         for layer in model.model.layers[SPAN[0]:SPAN[1]]:
             out = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe)
             h = out[0] if isinstance(out, tuple) else out
-    return h.cpu().numpy() if dtype == torch.float64 else h.float().cpu().numpy()
+    return h.to(torch.float64).cpu().numpy()
 
 
 def served(bin_dir, out, directory, backend, x):
@@ -115,30 +129,39 @@ def rel_rms(a, b):
 
 
 def check(family, bin_dir, out):
-    """Prints one line per backend ("FAMILY BACKEND: ..."); True when all pass."""
+    """Prints one line per backend and input shape ("FAMILY BACKEND: ...");
+    True when all pass. What is compared is the layers' contribution y - x:
+    the residual stream passes through unchanged and would otherwise hide an
+    error in the attention or the MLP by a factor of ten or more here."""
     out.mkdir(parents=True, exist_ok=True)
     directory = out / f"tiny-{family}"
     model = make_model(family, directory)
     print(f"{family}: save_pretrained wrote layer 1 as:", ", ".join(saved_layout(directory)))
-    x = np.random.default_rng(1).normal(size=(2, 33, HIDDEN)).astype(np.float32)
-    truth = hf_layers(model, x, torch.float64, "cpu")
-    hf_bf16 = hf_layers(model, x, torch.bfloat16, "cuda").astype(np.float64)
-    bf16_cost = rel_rms(hf_bf16, truth)
-    fp32_cost = rel_rms(hf_layers(model, x, torch.float32, "cuda").astype(np.float64), truth)
-    print(f"{family} HF float32 on cuda: relative rms error vs HF float64 {fp32_cost:.3g}")
+    config = json.loads((directory / "config.json").read_text())
+    print(f"{family}: config.json rope:", {k: v for k, v in config.items() if "rope" in k})
     passed = True
-    for backend in FAMILIES[family]:
-        limit = 1.5 * bf16_cost + 1e-3 if backend == "cuda" else 1e-4
-        try:
-            err = rel_rms(served(bin_dir, out, directory, backend, x), truth)
-        except Exception as e:  # a refused model or a failed call: report, go on
-            print(f"{family} {backend}: FAILED ({e}; see {out}/server_{backend}.log)")
-            passed = False
-            continue
-        ok = err <= limit
-        passed &= ok
-        print(f"{family} {backend}: relative rms error vs HF float64 {err:.3g} (limit {limit:.3g}; "
-              f"HF bf16's own {bf16_cost:.3g}) {'ok' if ok else 'FAILED'}")
+    # 33 tokens in 2 sequences; and 4 of one token, where RoPE is the identity
+    # and attention returns v.
+    for shape in ((2, 33), (4, 1)):
+        x = np.random.default_rng(1).normal(size=(*shape, HIDDEN)).astype(np.float32)
+        truth = hf_layers(model, x, torch.float64, "cpu") - x
+        bf16_cost = rel_rms(hf_layers(model, x, torch.bfloat16, "cuda") - x, truth)
+        fp32_cost = rel_rms(hf_layers(model, x, torch.float32, "cuda") - x, truth)
+        print(f"{family} HF float32 on cuda: [B, T] = {list(shape)}: relative rms error of y - x "
+              f"vs HF float64 {fp32_cost:.3g}")
+        for backend in FAMILIES[family]:
+            limit = 1.5 * bf16_cost + 1e-3 if backend == "cuda" else 1e-4
+            try:
+                err = rel_rms(served(bin_dir, out, directory, backend, x) - x, truth)
+            except Exception as e:  # a refused model or a failed call: report, go on
+                print(f"{family} {backend}: FAILED ({e}; see {out}/server_{backend}.log)")
+                passed = False
+                continue
+            ok = err <= limit
+            passed &= ok
+            print(f"{family} {backend}: [B, T] = {list(shape)}: relative rms error of y - x vs HF "
+                  f"float64 {err:.3g} (limit {limit:.3g}; HF bf16's own {bf16_cost:.3g}) "
+                  f"{'ok' if ok else 'FAILED'}")
     return passed
 
 
