@@ -299,7 +299,10 @@ TEST_F(MoeKernelsTest, RouteMatchesFloat64Softmax) {
         {300, 512, 16, 4, true},
         {9, 64, 60, 1, true},
         {1, 2048, 60, 4, false},
-        {300, 512, 16, 4, false}}) {
+        {300, 512, 16, 4, false},
+        {1, 2048, 128, 8, true},
+        {333, 2048, 128, 8, true},
+        {40, 256, 256, 16, false}}) {
     SCOPED_TRACE(::testing::Message() << tokens << " tokens, hidden " << hidden << ", " << experts << " experts, top "
                                       << top_k << (normalize ? ", renormalised" : ", raw weights"));
     const std::vector<double> x = testing::RandomValues(DType::kBF16, tokens * hidden, -1, 1, 1 + tokens);
