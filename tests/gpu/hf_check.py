@@ -94,10 +94,14 @@ def hf_layers(model, x, dtype, device):
     # Module.to() casts the rotary embedding's inv_freq buffer too, and a
     # model once cast to bf16 (to be saved as a bf16 checkpoint) keeps
     # frequencies rounded to 8 bits, which move every angle past position 0
-    # (by 1.3e-2 in cos at position 32). Transformers computes them in
-    # float32, as the server does; put those back.
-    rotary = model.model.rotary_emb
-    rotary.inv_freq = rotary.original_inv_freq.to(device=device, dtype=torch.float32)
+    # (by 1.3e-2 in cos at position 32; the layers' output by 2e-4 to 8e-4).
+    # Transformers computes them in float32 (as a model loaded with
+    # from_pretrained keeps them), and so does the server: recompute them.
+    rope = model.config.rope_parameters
+    assert rope["rope_type"] == "default", rope
+    dim = model.config.head_dim
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
+    model.model.rotary_emb.inv_freq = 1.0 / (rope["rope_theta"] ** exponents)
     if hasattr(model.config, "_experts_implementation"):
         if not hasattr(model, "experts_default"):
             model.experts_default = model.config._experts_implementation
