@@ -242,7 +242,9 @@ std::vector<TunedShape> TunedShapesFor(const LayerShape& shape) {
   if (shape.dtype != kernels::DType::kBF16) return {};  // our GEMM kernels take bf16 only
   std::vector<TunedShape> shapes = {{shape.qkv_width(), shape.hidden},
                                     {shape.hidden, shape.q_width()}};
-  // Experts run grouped GEMMs, which the table does not route.
+  // Experts run grouped GEMMs, which the table does not route; their
+  // router's logits are a plain product.
+  if (shape.experts > 0) shapes.push_back({shape.router_rows(), shape.hidden});
   if (shape.experts == 0) {
     shapes.push_back({2 * shape.intermediate, shape.hidden, /*gated=*/true});
     shapes.push_back({shape.hidden, shape.intermediate});

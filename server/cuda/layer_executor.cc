@@ -72,6 +72,7 @@ absl::StatusOr<ActivationArena> ActivationArena::Create(const LayerShape& shape,
     void* big_buffer = layout.Take(t * big * e);
     void* mid_buffer = layout.Take(t * mid * e);
     void* meta = layout.Take((2 * t + 1) * sizeof(int32_t));
+    void* logits = moe ? layout.Take(t * static_cast<size_t>(shape.router_rows()) * e) : nullptr;
     void* ids = moe ? layout.Take(choices * sizeof(int32_t)) : nullptr;
     void* weights = moe ? layout.Take(choices * sizeof(float)) : nullptr;
     void* ranks = moe ? layout.Take(choices * sizeof(int32_t)) : nullptr;
@@ -89,6 +90,7 @@ absl::StatusOr<ActivationArena> ActivationArena::Create(const LayerShape& shape,
       if (moe) {
         arena->moe_input = mid_buffer;
         arena->moe_output = mid_buffer;
+        arena->router_logits = logits;
         arena->expert_ids = static_cast<int32_t*>(ids);
         arena->expert_weights = static_cast<float*>(weights);
         arena->expert_ranks = static_cast<int32_t*>(ranks);
@@ -363,11 +365,22 @@ absl::Status LayerExecutor::ExpertMlps(int layer, const ActivationArena& arena, 
   const LayerDeviceWeights& w = layers_[static_cast<size_t>(layer)];
   const int64_t rows = tokens * s.top_k;
 
+  kernels::GemmParams logits;
+  logits.a = arena.normed;
+  logits.lda = s.hidden;
+  logits.w = w.router;
+  logits.ldw = s.hidden;
+  logits.d = arena.router_logits;
+  logits.ldd = s.router_rows();
+  logits.m = tokens;
+  logits.n = s.router_rows();
+  logits.k = s.hidden;
+  logits.dtype = s.dtype;
+  LS_RETURN_IF_ERROR(gemm_->Run(logits, workspace, stream));
   kernels::MoeRouteParams route;
-  route.x = arena.normed;
-  route.router = w.router;
+  route.logits = arena.router_logits;
+  route.logits_stride = s.router_rows();
   route.tokens = tokens;
-  route.hidden = s.hidden;
   route.experts = s.experts;
   route.top_k = s.top_k;
   route.normalize = s.normalize_top_k;

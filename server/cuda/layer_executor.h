@@ -13,7 +13,8 @@
 //   m  = silu(n · Wgᵀ) * (n · Wuᵀ)     gemm_gate_up (the SiLU gate in the GEMM epilogue)
 //   x  = m · Wdᵀ + x                   gemm_down  (residual fused: beta = 1)
 // A mixture-of-experts layer (Mixtral) replaces the last two steps:
-//   route, gather n into expert order p     moe_route  (moe.h)
+//   logits = n · routerᵀ, route, gather n   moe_route  (a GEMM, then moe.h's
+//     into expert order p                               routing and gather)
 //   m  = silu(p · W_g,eᵀ) * (p · W_u,eᵀ)    gemm_gate_up (one grouped GEMM, gated epilogue)
 //   y  = m · W_down,eᵀ per expert           gemm_down  (one grouped GEMM)
 //   x += Σ_j weight_j y[row of choice j]    moe_combine
@@ -79,7 +80,10 @@ struct LayerShape {
   // The dense MLP's weights, or all experts' stacked.
   int64_t gate_up_weight_elements() const { return mlps() * 2 * intermediate * hidden; }
   int64_t down_weight_elements() const { return mlps() * hidden * intermediate; }
-  int64_t router_weight_elements() const { return int64_t{experts} * hidden; }
+  // The router's rows padded to a multiple of 8 (zeros), as the GEMM that
+  // computes the logits takes them; its logits row has this width.
+  int64_t router_rows() const { return (int64_t{experts} + 7) / 8 * 8; }
+  int64_t router_weight_elements() const { return experts > 0 ? router_rows() * hidden : 0; }
   // The shared expert's gate/up and down weights, and its gate's row.
   int64_t shared_weight_elements() const {
     return shared_intermediate > 0 ? 3 * shared_intermediate * hidden + hidden : 0;
@@ -102,7 +106,7 @@ struct LayerDeviceWeights {
   // A mixture of experts: the router, and w_gate_up / w_down hold every
   // expert's weights stacked ([experts, 2 intermediate, hidden] and
   // [experts, hidden, intermediate]).
-  const void* router = nullptr;  // [experts, hidden]
+  const void* router = nullptr;  // [router_rows, hidden]: rows past `experts` zero
   // The shared expert (LayerShape::shared_intermediate > 0; null otherwise):
   // its gate/up rows interleaved as w_gate_up's, its down, its gate's row.
   const void* w_shared_gate_up = nullptr;  // [2 shared_intermediate, hidden]
@@ -144,6 +148,7 @@ class ActivationArena {
   // Mixture-of-experts layers only (null otherwise), R = tokens top_k rows:
   void* moe_input = nullptr;          // [R, hidden]: the normed rows in expert order (aliases attn)
   void* moe_output = nullptr;         // [R, hidden]: the experts' outputs (aliases attn)
+  void* router_logits = nullptr;      // [tokens, router_rows]
   int32_t* expert_ids = nullptr;      // [tokens, top_k]
   float* expert_weights = nullptr;    // [tokens, top_k]
   int32_t* expert_ranks = nullptr;    // [tokens, top_k]: each choice's place in its expert

@@ -225,20 +225,40 @@ struct Routed {
   std::vector<int32_t> offsets;
 };
 
-// Runs MoeRoute on bf16 x [tokens, hidden] and router [experts, hidden].
-Routed Route(const std::vector<double>& x, const std::vector<double>& router, int64_t tokens, int64_t hidden,
-             int experts, int top_k, cudaStream_t stream, bool normalize = true) {
-  DeviceBuffer xd(std::max<size_t>(16, x.size() * 2)), rd(router.size() * 2),
-      ids(std::max<int64_t>(4, tokens * top_k * 4)), weights(std::max<int64_t>(4, tokens * top_k * 4)),
-      ranks(std::max<int64_t>(4, tokens * top_k * 4)), offsets((experts + 1) * 4), scratch((experts + 1) * 4);
-  if (!x.empty()) xd.Upload(testing::Encode(DType::kBF16, x).data(), x.size() * 2);
-  rd.Upload(testing::Encode(DType::kBF16, router).data(), router.size() * 2);
+// x [tokens, hidden] times router [experts, hidden]ᵀ in float64, each logit
+// rounded to bf16 as the router's bf16 GEMM rounds it.
+std::vector<double> RoundedLogits(const std::vector<double>& x, const std::vector<double>& router, int64_t tokens,
+                                  int64_t hidden, int experts) {
+  std::vector<double> logits(tokens * experts);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int e = 0; e < experts; ++e) {
+      double acc = 0;
+      for (int64_t i = 0; i < hidden; ++i) acc += x[t * hidden + i] * router[e * hidden + i];
+      logits[t * experts + e] = testing::RoundToDType(DType::kBF16, acc);
+    }
+  }
+  return logits;
+}
+
+// Runs MoeRoute on bf16 logits [tokens, experts], stored in rows of a
+// multiple of 8 (as the server's GEMM writes them) whose padding columns
+// hold a logit larger than any real one: routing must never look at them.
+Routed Route(const std::vector<double>& logits, int64_t tokens, int experts, int top_k, cudaStream_t stream,
+             bool normalize = true) {
+  const int64_t stride = (experts + 7) / 8 * 8;
+  std::vector<double> padded(tokens * stride, 1e4);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::copy_n(logits.begin() + t * experts, experts, padded.begin() + t * stride);
+  }
+  DeviceBuffer ld(std::max<size_t>(16, padded.size() * 2)), ids(std::max<int64_t>(4, tokens * top_k * 4)),
+      weights(std::max<int64_t>(4, tokens * top_k * 4)), ranks(std::max<int64_t>(4, tokens * top_k * 4)),
+      offsets((experts + 1) * 4), scratch((experts + 1) * 4);
+  if (!padded.empty()) ld.Upload(testing::Encode(DType::kBF16, padded).data(), padded.size() * 2);
   for (DeviceBuffer* b : {&ids, &weights, &ranks, &offsets, &scratch}) b->Poison();
   MoeRouteParams p;
-  p.x = xd.get();
-  p.router = rd.get();
+  p.logits = ld.get();
+  p.logits_stride = stride;
   p.tokens = tokens;
-  p.hidden = hidden;
   p.experts = experts;
   p.top_k = top_k;
   p.normalize = normalize;
@@ -308,14 +328,12 @@ TEST_F(MoeKernelsTest, RouteMatchesFloat64Softmax) {
     const std::vector<double> x = testing::RandomValues(DType::kBF16, tokens * hidden, -1, 1, 1 + tokens);
     const double s = 4.0 / std::sqrt(static_cast<double>(hidden));
     const std::vector<double> router = testing::RandomValues(DType::kBF16, experts * hidden, -s, s, 2 + tokens);
-    const Routed got = Route(x, router, tokens, hidden, experts, top_k, stream_, normalize);
+    const std::vector<double> logits = RoundedLogits(x, router, tokens, hidden, experts);
+    const Routed got = Route(logits, tokens, experts, top_k, stream_, normalize);
     ExpectConsistent(got, experts);
     int64_t checked = 0;
     for (int64_t t = 0; t < tokens; ++t) {
-      std::vector<double> p(experts);
-      for (int e = 0; e < experts; ++e) {
-        for (int64_t i = 0; i < hidden; ++i) p[e] += x[t * hidden + i] * router[e * hidden + i];
-      }
+      std::vector<double> p(logits.begin() + t * experts, logits.begin() + (t + 1) * experts);
       const double max_logit = *std::max_element(p.begin(), p.end());
       double sum = 0;
       for (double& v : p) sum += v = std::exp(v - max_logit);
@@ -326,8 +344,8 @@ TEST_F(MoeKernelsTest, RouteMatchesFloat64Softmax) {
       double chosen = 0;
       for (int j = 0; j < top_k; ++j) chosen += p[order[j]];
       if (!normalize) chosen = 1;
-      // Where fp32 logits could reorder nearly equal experts, only the set's
-      // validity is checked below.
+      // Where fp32 arithmetic could reorder nearly equal experts (or bf16
+      // logits tie), only the set's validity is checked below.
       const bool clear = top_k == experts || p[order[top_k - 1]] - p[order[top_k]] > 1e-4;
       for (int j = 0; j < top_k; ++j) {
         const int32_t id = got.ids[t * top_k + j];
@@ -338,7 +356,7 @@ TEST_F(MoeKernelsTest, RouteMatchesFloat64Softmax) {
       }
       checked += clear;
     }
-    EXPECT_GE(checked, tokens * 9 / 10) << "too few clearly routed tokens to mean anything";
+    EXPECT_GE(checked, tokens * 3 / 4) << "too few clearly routed tokens to mean anything";
   }
 }
 
@@ -393,7 +411,7 @@ TEST_F(MoeKernelsTest, RoutePoisonedTokenStaysInBounds) {
   std::vector<double> x = testing::RandomValues(DType::kBF16, tokens * hidden, -1, 1, 5);
   x[hidden + 7] = std::nan("");
   const std::vector<double> router = testing::RandomValues(DType::kBF16, experts * hidden, -0.5, 0.5, 6);
-  const Routed got = Route(x, router, tokens, hidden, experts, top_k, stream_);
+  const Routed got = Route(RoundedLogits(x, router, tokens, hidden, experts), tokens, experts, top_k, stream_);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int j = 0; j < top_k; ++j) {
       const int32_t id = got.ids[t * top_k + j];
@@ -413,7 +431,7 @@ TEST_F(MoeKernelsTest, RouteOffsetsOverManyBlocksAndNone) {
     const int experts = 16, top_k = 3;
     const std::vector<double> x = testing::RandomValues(DType::kBF16, tokens * hidden, -1, 1, 11);
     const std::vector<double> router = testing::RandomValues(DType::kBF16, experts * hidden, -0.5, 0.5, 12);
-    const Routed got = Route(x, router, tokens, hidden, experts, top_k, stream_);
+    const Routed got = Route(RoundedLogits(x, router, tokens, hidden, experts), tokens, experts, top_k, stream_);
     ExpectConsistent(got, experts);
     EXPECT_EQ(got.offsets[experts], tokens * top_k);
   }

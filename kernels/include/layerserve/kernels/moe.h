@@ -2,7 +2,9 @@
 // around the grouped GEMM (gemm.h, GemmParams::group_offsets). Over the
 // normed activations n [tokens, hidden], with k = top_k choices per token:
 //
-//   MoeRoute     logits = n routerᵀ, softmax, the top k experts of each token
+//   GEMM         logits = n routerᵀ (the router's rows padded to a multiple of
+//                8, GemmRouter)
+//   MoeRoute     softmax of the logits, the top k experts of each token
 //                and their renormalised weights; each choice's rank among
 //                its expert's choices, and each expert's first row (offsets,
 //                [experts + 1]): choice (t, j) of expert e takes row
@@ -31,8 +33,9 @@ namespace layerserve::kernels {
 // memory); the grouped GEMM's kMaxGemmGroups is the same.
 inline constexpr int kMaxExperts = 256;
 
-// Routing as Hugging Face's MixtralSparseMoeBlock: logits accumulated in
-// fp32, softmax over every expert in fp32, the top_k experts by probability
+// Routing as Hugging Face's MixtralSparseMoeBlock: the logits as a bf16 GEMM
+// rounds them (as HF's bf16 gate Linear does), softmax over every expert in
+// fp32, the top_k experts by probability
 // (highest first; of equal ones the lower index), weights = their
 // probabilities over the sum of the chosen ones (with `normalize`; without,
 // as Qwen2-MoE's norm_topk_prob=false, the probabilities themselves). A token with a NaN logit
@@ -40,12 +43,11 @@ inline constexpr int kMaxExperts = 256;
 // which reach only its own output. One launch: the block that finishes last
 // turns the counts into offsets.
 struct MoeRouteParams {
-  const void* x = nullptr;       // [tokens, hidden]
-  const void* router = nullptr;  // [experts, hidden]
+  const void* logits = nullptr;  // [tokens, logits_stride]: the first `experts` columns
+  int64_t logits_stride = 0;     // >= experts
   int64_t tokens = 0;
-  int64_t hidden = 0;  // a multiple of 8
-  int experts = 0;     // 1..kMaxExperts
-  int top_k = 0;       // 1..experts
+  int experts = 0;  // 1..kMaxExperts
+  int top_k = 0;    // 1..experts
   bool normalize = true;
   DType dtype = DType::kBF16;
   int32_t* expert_ids = nullptr;  // out [tokens, top_k]
