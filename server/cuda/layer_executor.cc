@@ -293,17 +293,23 @@ absl::Status LayerExecutor::ForwardLayer(int layer, const ActivationArena& arena
   LS_RETURN_IF_ERROR(kernels::LaunchRmsNorm(norm, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpNorm, stream));
   if (s.experts > 0) return ExpertMlps(layer, arena, tokens, workspace, stream, timer);
-  // The dense MLP: its output accumulates onto the residual stream.
-  return RunMlp({.w_gate_up = w.w_gate_up,
-                 .w_down = w.w_down,
-                 .intermediate = s.intermediate,
-                 .input = arena.normed,
-                 .rows = tokens,
-                 .activation = arena.mlp,
-                 .scratch = arena.gate_up,
-                 .output = arena.x,
-                 .accumulate = true},
-                workspace, stream, timer);
+  return RunMlp(OntoResidual(arena, tokens, w.w_gate_up, w.w_down, s.intermediate), workspace,
+                stream, timer);
+}
+
+LayerExecutor::MlpRun LayerExecutor::OntoResidual(const ActivationArena& arena, int64_t tokens,
+                                                  const void* w_gate_up, const void* w_down,
+                                                  int64_t intermediate, const void* sigmoid_gate) {
+  return {.w_gate_up = w_gate_up,
+          .w_down = w_down,
+          .intermediate = intermediate,
+          .sigmoid_gate = sigmoid_gate,
+          .input = arena.normed,
+          .rows = tokens,
+          .activation = arena.mlp,
+          .scratch = arena.gate_up,
+          .output = arena.x,
+          .accumulate = true};
 }
 
 absl::Status LayerExecutor::RunMlp(const MlpRun& run, const kernels::GemmWorkspace& workspace,
@@ -435,16 +441,8 @@ absl::Status LayerExecutor::ExpertMlps(int layer, const ActivationArena& arena, 
   if (s.shared_intermediate == 0) return absl::OkStatus();
   // The shared expert over every token, after the combine: the experts'
   // buffers are free again, and it adds onto x as the dense MLP does.
-  return RunMlp({.w_gate_up = w.w_shared_gate_up,
-                 .w_down = w.w_shared_down,
-                 .intermediate = s.shared_intermediate,
-                 .sigmoid_gate = w.shared_gate,
-                 .input = arena.normed,
-                 .rows = tokens,
-                 .activation = arena.mlp,
-                 .scratch = arena.gate_up,
-                 .output = arena.x,
-                 .accumulate = true},
+  return RunMlp(OntoResidual(arena, tokens, w.w_shared_gate_up, w.w_shared_down,
+                             s.shared_intermediate, w.shared_gate),
                 workspace, stream, timer, kOpSharedExpert);
 }
 

@@ -251,6 +251,11 @@ class LayerExecutor {
     int groups = 0;
     int64_t max_group_rows = 0;
   };
+  // A dense MLP over the batch's normed rows whose output adds onto the
+  // residual stream: the dense layer's, and the shared expert.
+  static MlpRun OntoResidual(const ActivationArena& arena, int64_t tokens, const void* w_gate_up,
+                             const void* w_down, int64_t intermediate,
+                             const void* sigmoid_gate = nullptr);
   // Marks the gate/up and down GEMMs as their ops, or the whole run as
   // `op` where that is given.
   absl::Status RunMlp(const MlpRun& run, const kernels::GemmWorkspace& workspace,
