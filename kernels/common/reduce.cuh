@@ -1,4 +1,5 @@
-// Warp-level reductions shared by the normalization and attention kernels.
+// Warp-level reductions shared by the normalization, attention and
+// mixture-of-experts kernels.
 #pragma once
 
 namespace layerserve::kernels {
@@ -6,6 +7,12 @@ namespace layerserve::kernels {
 __device__ __forceinline__ float WarpReduceSum(float x) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+__device__ __forceinline__ float WarpReduceMax(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
   return x;
 }
 

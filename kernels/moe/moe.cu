@@ -8,9 +8,10 @@
 // token, each lane holding experts lane, lane + 32, ...: the softmax by warp
 // reductions, and the top k as k rounds of a warp-wide argmax (one thread
 // scanning 128 experts 8 times took 250 us), each choice taking its rank in
-// its expert with the same atomicAdd that counts the expert. The block that finishes last (a counter after a memory
-// fence) turns the counts into offsets. The gather and the combine are one thread per 16-byte vector; the shared
-// expert's gate one block per token.
+// its expert with the same atomicAdd that counts the expert. The block that
+// finishes last (a counter after a memory fence) turns the counts into
+// offsets. The gather and the combine are one thread per 16-byte vector; the
+// shared expert's gate one block per token.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -59,14 +60,8 @@ __device__ __forceinline__ Candidate WarpBest(Candidate c) {
   return c;
 }
 
-__device__ __forceinline__ float WarpReduceMaxF(float x) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  return x;
-}
-
-// Softmax over one token's logits `l` and its top k, by a whole warp; lane
-// 0's view of the choices is written (ids, weights, ranks).
+// Softmax over one token's logits `l` (shared memory) and its top k, by a
+// whole warp: lane 0 writes the ids and weights, lane j % 32 choice j's rank.
 __device__ __forceinline__ void TopK(const MoeRouteParams& p, int64_t token, const float* l, int lane) {
   float prob[kExpertsPerLane];
   float max_logit = -INFINITY;
@@ -75,7 +70,7 @@ __device__ __forceinline__ void TopK(const MoeRouteParams& p, int64_t token, con
     const int e = lane + 32 * i;
     if (e < p.experts) max_logit = fmaxf(max_logit, l[e]);
   }
-  max_logit = WarpReduceMaxF(max_logit);
+  max_logit = WarpReduceMax(max_logit);
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < kExpertsPerLane; ++i) {
