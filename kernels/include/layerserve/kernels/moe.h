@@ -33,15 +33,15 @@ namespace layerserve::kernels {
 // memory); the grouped GEMM's kMaxGemmGroups is the same.
 inline constexpr int kMaxExperts = 256;
 
-// Routing as Hugging Face's MixtralSparseMoeBlock: the logits as a bf16 GEMM
-// rounds them (as HF's bf16 gate Linear does), softmax over every expert in
-// fp32, the top_k experts by probability
-// (highest first; of equal ones the lower index), weights = their
-// probabilities over the sum of the chosen ones (with `normalize`; without,
-// as Qwen2-MoE's norm_topk_prob=false, the probabilities themselves). A token with a NaN logit
-// still gets valid, distinct experts (NaN ranks lowest); its weights are NaN,
-// which reach only its own output. One launch: the block that finishes last
-// turns the counts into offsets.
+// Routing as Hugging Face's MixtralSparseMoeBlock, over logits rounded as a
+// bf16 GEMM rounds them (as HF's bf16 gate Linear does): softmax over every
+// expert in fp32, the top_k experts by probability (highest first; of equal
+// ones the lower index), weights = their probabilities over the sum of the
+// chosen ones (with `normalize`; without, as Qwen2-MoE's norm_topk_prob =
+// false, the probabilities themselves). A token with a NaN logit still gets
+// valid, distinct experts (NaN ranks lowest); its weights are NaN, which
+// reach only its own output. One launch: the block that finishes last turns
+// the counts into offsets.
 struct MoeRouteParams {
   const void* logits = nullptr;  // [tokens, logits_stride]: the first `experts` columns
   int64_t logits_stride = 0;     // >= experts
