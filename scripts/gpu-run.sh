@@ -101,9 +101,11 @@ for stage in "${stages[@]}"; do
       # A mixture-of-experts layer per model in MOE_MODELS (default mixtral;
       # also qwen2-moe, qwen3-moe): ours (layer_bench --model) beside HF's
       # layer and MoE block, a PyTorch loop over experts and torch._grouped_mm;
-      # then the server on a 2-layer Mixtral-shaped span at concurrency 1/8/64
-      # (MOE_SERVER=0 skips it; LOAD_DURATION_S shortens it).
+      # then the server on a 2-layer span of each at concurrency 1/8/64
+      # (MOE_SERVER=0 skips it, MOE_LAYER=0 the layers; LOAD_DURATION_S
+      # shortens it).
       for model in ${MOE_MODELS:-mixtral}; do
+        [[ ${MOE_LAYER:-1} == 0 ]] && break
         tag=${model/mixtral/moe}  # mixtral keeps its old file names (moe_ours.csv, ...)
         tag=${tag//-/_}
         # shellcheck disable=SC2086
@@ -113,13 +115,17 @@ for stage in "${stages[@]}"; do
           || failed=1
         cat "$out/${tag}_ours.txt" "$out/${tag}_vs_hf.txt"
       done
-      if [[ ${MOE_SERVER:-1} != 0 ]]; then
-        moe_ckpt=/tmp/layerserve-mixtral-shapes-2l
-        [[ -f $moe_ckpt/model.safetensors ]] || python3 bench/server/make_checkpoint.py "$moe_ckpt" --layers 2 --mixtral
+      # The server on a 2-layer span of each model (mixtral keeps its old
+      # directory names).
+      for model in ${MOE_MODELS:-mixtral}; do
+        [[ ${MOE_SERVER:-1} == 0 ]] && break
+        moe_ckpt=/tmp/layerserve-$model-shapes-2l
+        [[ -f $moe_ckpt/model.safetensors ]] || python3 bench/server/make_checkpoint.py "$moe_ckpt" --layers 2 "--$model"
+        server_out=$out/server-${model/mixtral/moe}
         # shellcheck disable=SC2086
-        python3 bench/server/load_matrix.py "$bundle/bin" "$out/server-moe" \
-          --model-dir="$moe_ckpt" --model-name=mixtral-2l --backend=cuda ${LOAD_SERVER_ARGS:-}
-      fi
+        python3 bench/server/load_matrix.py "$bundle/bin" "$server_out" \
+          --model-dir="$moe_ckpt" --model-name="$model-2l" --backend=cuda ${LOAD_SERVER_ARGS:-}
+      done
       ;;
     bench-server)
       span_checkpoint

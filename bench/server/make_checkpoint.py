@@ -3,12 +3,16 @@ load tests of layerserve with realistic shapes and no download:
 config.json + model.safetensors, Llama-3-8B shapes by default.
 
     python3 bench/server/make_checkpoint.py OUT_DIR [--layers 4] [--device cuda]
-        [--head --vocab V] [--mixtral]
+        [--head --vocab V] [--mixtral | --qwen2-moe | --qwen3-moe]
 
 --head also writes the model's ends (model.embed_tokens, model.norm, lm_head,
 with --vocab rows), so examples/pipeline_generate.py can generate through it.
 --mixtral writes Mixtral-8x7B layers instead (8 experts of intermediate 14336,
 top 2, in the published per-expert layout): about 2.9 GB per layer.
+--qwen3-moe writes Qwen3-30B-A3B layers (q/k head norms, 128 experts of 768,
+top 8; about 1.25 GB per layer), --qwen2-moe Qwen1.5-MoE-A2.7B ones (q/k/v
+biases, 60 experts of 1408, top 4 with raw weights, a shared expert of 5632;
+about 1.1 GB per layer), both in their published per-expert layouts.
 
 Needs torch and safetensors (both on the GPU machine). Weights are scaled so
 activations stay O(1) through the layers (uniform(-1,1)/sqrt(fan_in)); the
@@ -34,6 +38,22 @@ MIXTRAL = {
     "max_position_embeddings": 32768, "vocab_size": 32000, "num_local_experts": 8,
     "num_experts_per_tok": 2, "sliding_window": None,
 }
+QWEN3_MOE = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "torch_dtype": "bfloat16",
+    "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "rms_norm_eps": 1e-6,
+    "rope_theta": 1e6, "max_position_embeddings": 40960, "vocab_size": 151936, "num_experts": 128,
+    "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1,
+    "mlp_only_layers": [], "use_sliding_window": False, "sliding_window": None,
+}
+QWEN2_MOE = {
+    "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "torch_dtype": "bfloat16",
+    "hidden_size": 2048, "intermediate_size": 5632, "moe_intermediate_size": 1408,
+    "shared_expert_intermediate_size": 5632, "num_attention_heads": 16, "num_key_value_heads": 16,
+    "rms_norm_eps": 1e-6, "rope_theta": 1e6, "max_position_embeddings": 8192,
+    "vocab_size": 151936, "num_experts": 60, "num_experts_per_tok": 4, "norm_topk_prob": False,
+    "decoder_sparse_step": 1, "use_sliding_window": False, "sliding_window": 32768,
+}
 
 
 def main():
@@ -46,15 +66,22 @@ def main():
     parser.add_argument("--vocab", type=int,
                         help="rows of embed_tokens and lm_head (config's vocab_size; default the "
                              "model's)")
-    parser.add_argument("--mixtral", action="store_true",
-                        help="Mixtral-8x7B layers (8 experts, top 2) instead of Llama-3-8B's")
+    model = parser.add_mutually_exclusive_group()
+    model.add_argument("--mixtral", action="store_true",
+                       help="Mixtral-8x7B layers (8 experts, top 2) instead of Llama-3-8B's")
+    model.add_argument("--qwen3-moe", action="store_true", help="Qwen3-30B-A3B layers")
+    model.add_argument("--qwen2-moe", action="store_true", help="Qwen1.5-MoE-A2.7B layers")
     args = parser.parse_args()
-    base = MIXTRAL if args.mixtral else CONFIG
+    base = (MIXTRAL if args.mixtral else QWEN3_MOE if args.qwen3_moe else
+            QWEN2_MOE if args.qwen2_moe else CONFIG)
+    qwen = args.qwen3_moe or args.qwen2_moe
     vocab = args.vocab or base["vocab_size"]
     config = dict(base, num_hidden_layers=args.layers, vocab_size=vocab)
-    h, i = config["hidden_size"], config["intermediate_size"]
-    q = config["num_attention_heads"] * config["head_dim"]
-    kv = config["num_key_value_heads"] * config["head_dim"]
+    h = config["hidden_size"]
+    i = config["moe_intermediate_size"] if qwen else config["intermediate_size"]
+    head_dim = config.get("head_dim", h // config["num_attention_heads"])
+    q = config["num_attention_heads"] * head_dim
+    kv = config["num_key_value_heads"] * head_dim
     gen = torch.Generator(device=args.device).manual_seed(0)
 
     def linear(out_features, in_features):
@@ -70,7 +97,26 @@ def main():
         tensors[p + "self_attn.k_proj.weight"] = linear(kv, h)
         tensors[p + "self_attn.v_proj.weight"] = linear(kv, h)
         tensors[p + "self_attn.o_proj.weight"] = linear(h, q)
-        if args.mixtral:
+        if args.qwen2_moe:  # q/k/v biases
+            for name, width in (("q", q), ("k", kv), ("v", kv)):
+                tensors[p + f"self_attn.{name}_proj.bias"] = linear(1, width)[0]
+        if args.qwen3_moe:  # each q and k head RMS-normalised
+            tensors[p + "self_attn.q_norm.weight"] = torch.ones(head_dim, dtype=torch.bfloat16)
+            tensors[p + "self_attn.k_norm.weight"] = torch.ones(head_dim, dtype=torch.bfloat16)
+        if qwen:
+            mlp = p + "mlp."
+            tensors[mlp + "gate.weight"] = linear(config["num_experts"], h)
+            for e in range(config["num_experts"]):
+                tensors[mlp + f"experts.{e}.gate_proj.weight"] = linear(i, h)
+                tensors[mlp + f"experts.{e}.up_proj.weight"] = linear(i, h)
+                tensors[mlp + f"experts.{e}.down_proj.weight"] = linear(h, i)
+            shared = config.get("shared_expert_intermediate_size", 0)
+            if shared:
+                tensors[mlp + "shared_expert.gate_proj.weight"] = linear(shared, h)
+                tensors[mlp + "shared_expert.up_proj.weight"] = linear(shared, h)
+                tensors[mlp + "shared_expert.down_proj.weight"] = linear(h, shared)
+                tensors[mlp + "shared_expert_gate.weight"] = linear(1, h)
+        elif args.mixtral:
             moe = p + "block_sparse_moe."
             tensors[moe + "gate.weight"] = linear(config["num_local_experts"], h)
             for e in range(config["num_local_experts"]):
