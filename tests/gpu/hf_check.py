@@ -3,12 +3,13 @@ family named, a random small ...ForCausalLM saved with save_pretrained
 (whatever layout the installed transformers writes), layers 1:3 of it served
 by layerserve, and the same layers run by transformers' own decoder layers.
 
-The truth is HF in float64 on the CPU. (HF in float32 on the GPU, the truth
-before, was itself 1e-4 away from our float32 CPU backend on the models with
-Qwen3's head norms; its own distance from float64 is printed.) HF in bf16 on the GPU shows what bf16 costs on this model
-(routing included: a token whose top-k nearly ties can pick other experts in
-bf16); the CUDA backend, which computes in bf16, must be no further from the
-truth than 1.5x that, and the CPU backend (float32) must agree closely.
+The truth is HF in float64 on the CPU, with the RoPE frequencies it computes
+in float32 (see hf_layers); HF in float32 on the GPU is printed beside it.
+HF in bf16 on the GPU shows what bf16 costs on this model (routing included:
+a token whose top-k nearly ties can pick other experts in bf16); the CUDA
+backend, which computes in bf16, must be no further from the truth than 1.5x
+that, and the CPU backend (float32) must agree closely. What is compared is
+the layers' contribution y - x (see check).
 
     python3 tests/gpu/hf_check.py BIN_DIR OUT_DIR [FAMILY ...]
 
