@@ -315,13 +315,31 @@ class CpuBackend final : public Backend {
       ExpertsForward(layer_index, layer, batch);
       return;
     }
+    MlpOntoResidual(layer.w_gate_up.data(), layer.w_down.data(), inter, tokens);
+  }
+
+  // x_ += the SiLU-gated MLP (gate/up rows stacked, width `inter`) of
+  // normed_; with `sigmoid_gate` (Qwen2-MoE's shared expert), each token's
+  // activation row is first scaled by sigmoid(normed_ row · sigmoid_gate),
+  // which scales its output the same since the down projection is linear.
+  void MlpOntoResidual(const float* w_gate_up, const float* w_down, int64_t inter, int64_t tokens,
+                       const float* sigmoid_gate = nullptr) {
+    const int64_t hidden = config_.hidden_size;
     gate_up_.resize(static_cast<size_t>(tokens * 2 * inter));
     act_.resize(static_cast<size_t>(tokens * inter));
-    cpu::Linear(normed_.data(), tokens, hidden, layer.w_gate_up.data(), 2 * inter, nullptr,
-                gate_up_.data(), &pool_);
+    cpu::Linear(normed_.data(), tokens, hidden, w_gate_up, 2 * inter, nullptr, gate_up_.data(),
+                &pool_);
     cpu::SiluMul(gate_up_.data(), tokens, inter, act_.data(), &pool_);
-    cpu::LinearAccumulate(act_.data(), tokens, inter, layer.w_down.data(), hidden, x_.data(),
-                          &pool_);
+    if (sigmoid_gate != nullptr) {
+      shared_gate_.resize(static_cast<size_t>(tokens));
+      cpu::Linear(normed_.data(), tokens, hidden, sigmoid_gate, 1, nullptr, shared_gate_.data(),
+                  &pool_);
+      for (int64_t t = 0; t < tokens; ++t) {
+        const float scale = 1.0f / (1.0f + std::exp(-shared_gate_[t]));
+        for (int64_t i = 0; i < inter; ++i) act_[t * inter + i] *= scale;
+      }
+    }
+    cpu::LinearAccumulate(act_.data(), tokens, inter, w_down, hidden, x_.data(), &pool_);
   }
 
   // x_ += the mixture of experts over normed_: router logits, each token's
@@ -347,29 +365,9 @@ class CpuBackend final : public Backend {
                                      .intermediate = c.intermediate_size};
     cpu::ExpertMlps(normed_.data(), tokens, expert_ids_.data(), expert_weights_.data(), top_k,
                     weights, x_.data(), &pool_);
-    if (c.HasSharedExpert()) SharedExpertForward(layer, tokens);
-  }
-
-  // x_ += sigmoid(normed_ shared_gate^T) * the shared expert's MLP of normed_
-  // (Qwen2-MoE), token by token.
-  void SharedExpertForward(const CpuLayer& layer, int64_t tokens) {
-    const int64_t hidden = config_.hidden_size;
-    const int64_t inter = config_.shared_expert_intermediate_size;
-    gate_up_.resize(static_cast<size_t>(tokens * 2 * inter));
-    act_.resize(static_cast<size_t>(tokens * inter));
-    shared_out_.resize(static_cast<size_t>(tokens * hidden));
-    shared_gate_.resize(static_cast<size_t>(tokens));
-    cpu::Linear(normed_.data(), tokens, hidden, layer.shared_gate_up.data(), 2 * inter, nullptr,
-                gate_up_.data(), &pool_);
-    cpu::SiluMul(gate_up_.data(), tokens, inter, act_.data(), &pool_);
-    cpu::Linear(act_.data(), tokens, inter, layer.shared_down.data(), hidden, nullptr,
-                shared_out_.data(), &pool_);
-    cpu::Linear(normed_.data(), tokens, hidden, layer.shared_gate.data(), 1, nullptr,
-                shared_gate_.data(), &pool_);
-    for (int64_t t = 0; t < tokens; ++t) {
-      const float scale = 1.0f / (1.0f + std::exp(-shared_gate_[t]));
-      for (int64_t i = 0; i < hidden; ++i)
-        x_[t * hidden + i] += scale * shared_out_[t * hidden + i];
+    if (c.HasSharedExpert()) {
+      MlpOntoResidual(layer.shared_gate_up.data(), layer.shared_down.data(),
+                      c.shared_expert_intermediate_size, tokens, layer.shared_gate.data());
     }
   }
 
@@ -439,8 +437,8 @@ class CpuBackend final : public Backend {
   // Mixture-of-experts layers only: router logits and each token's choices.
   std::vector<float> router_logits_, expert_weights_;
   std::vector<int32_t> expert_ids_;
-  // And with a shared expert: its output and its gate's logit per token.
-  std::vector<float> shared_out_, shared_gate_;
+  // And with a shared expert: its gate's logit per token.
+  std::vector<float> shared_gate_;
   // Session batches only: per-sequence start positions, and the keys and
   // values attention reads (GatherKv).
   std::vector<int64_t> start_positions_;
