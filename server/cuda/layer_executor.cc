@@ -26,6 +26,24 @@ absl::Status MarkOp(OpTimer* timer, std::string_view op, cudaStream_t stream) {
   return timer == nullptr ? absl::OkStatus() : timer->Mark(op, stream);
 }
 
+// out [tokens, n] = normed [tokens, hidden] · wᵀ, densely packed: the QKV
+// projection and the router's logits.
+kernels::GemmParams FromNormed(const ActivationArena& arena, const LayerShape& s, int64_t tokens,
+                               const void* w, void* out, int64_t n) {
+  kernels::GemmParams p;
+  p.a = arena.normed;
+  p.lda = s.hidden;
+  p.w = w;
+  p.ldw = s.hidden;
+  p.d = out;
+  p.ldd = n;
+  p.m = tokens;
+  p.n = n;
+  p.k = s.hidden;
+  p.dtype = s.dtype;
+  return p;
+}
+
 }  // namespace
 
 LayerShape LayerShape::FromConfig(const LlamaConfig& config, kernels::DType dtype) {
@@ -226,18 +244,8 @@ absl::Status LayerExecutor::ForwardLayer(int layer, const ActivationArena& arena
   LS_RETURN_IF_ERROR(kernels::LaunchRmsNorm(norm, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpNorm, stream));
 
-  kernels::GemmParams qkv;
-  qkv.a = arena.normed;
-  qkv.lda = s.hidden;
-  qkv.w = w.w_qkv;
-  qkv.ldw = s.hidden;
-  qkv.d = arena.qkv;
-  qkv.ldd = s.qkv_width();
+  kernels::GemmParams qkv = FromNormed(arena, s, tokens, w.w_qkv, arena.qkv, s.qkv_width());
   qkv.bias = w.b_qkv;
-  qkv.m = tokens;
-  qkv.n = s.qkv_width();
-  qkv.k = s.hidden;
-  qkv.dtype = s.dtype;
   LS_RETURN_IF_ERROR(gemm_->Run(qkv, workspace, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmQkv, stream));
 
@@ -371,17 +379,8 @@ absl::Status LayerExecutor::ExpertMlps(int layer, const ActivationArena& arena, 
   const LayerDeviceWeights& w = layers_[static_cast<size_t>(layer)];
   const int64_t rows = tokens * s.top_k;
 
-  kernels::GemmParams logits;
-  logits.a = arena.normed;
-  logits.lda = s.hidden;
-  logits.w = w.router;
-  logits.ldw = s.hidden;
-  logits.d = arena.router_logits;
-  logits.ldd = s.router_rows();
-  logits.m = tokens;
-  logits.n = s.router_rows();
-  logits.k = s.hidden;
-  logits.dtype = s.dtype;
+  const kernels::GemmParams logits =
+      FromNormed(arena, s, tokens, w.router, arena.router_logits, s.router_rows());
   LS_RETURN_IF_ERROR(gemm_->Run(logits, workspace, stream));
   kernels::MoeRouteParams route;
   route.logits = arena.router_logits;
