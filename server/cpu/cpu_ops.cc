@@ -66,6 +66,16 @@ void Gemm(const float* x, int64_t rows, int64_t in_features, const float* weight
   }
 }
 
+// y = weight * (x / rms(x)) over one row of n, the sum of squares in double;
+// y may be x.
+void NormRow(const float* x, int64_t n, const float* weight, float eps, float* y) {
+  double sum_sq = 0;
+  for (int64_t c = 0; c < n; ++c) sum_sq += static_cast<double>(x[c]) * x[c];
+  const float variance = static_cast<float>(sum_sq / static_cast<double>(n));
+  const float inv_rms = 1.0f / std::sqrt(variance + eps);
+  for (int64_t c = 0; c < n; ++c) y[c] = weight[c] * (x[c] * inv_rms);
+}
+
 }  // namespace
 
 void UseSingleThreadedBlas() { openblas_set_num_threads(1); }
@@ -73,15 +83,7 @@ void UseSingleThreadedBlas() { openblas_set_num_threads(1); }
 void RmsNorm(const float* x, int64_t rows, int64_t cols, const float* weight, float eps, float* out,
              ThreadPool* pool) {
   ParallelRows(pool, rows, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* xr = x + r * cols;
-      float* yr = out + r * cols;
-      double sum_sq = 0;
-      for (int64_t c = 0; c < cols; ++c) sum_sq += static_cast<double>(xr[c]) * xr[c];
-      const float variance = static_cast<float>(sum_sq / static_cast<double>(cols));
-      const float inv_rms = 1.0f / std::sqrt(variance + eps);
-      for (int64_t c = 0; c < cols; ++c) yr[c] = weight[c] * (xr[c] * inv_rms);
-    }
+    for (int64_t r = begin; r < end; ++r) NormRow(x + r * cols, cols, weight, eps, out + r * cols);
   });
 }
 
@@ -92,12 +94,7 @@ void HeadRmsNorm(float* x, int64_t rows, int64_t stride, int64_t q_heads, int64_
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t h = 0; h < q_heads + k_heads; ++h) {
         float* v = x + r * stride + h * head_dim;
-        const float* weight = h < q_heads ? q_weight : k_weight;
-        double sum_sq = 0;
-        for (int64_t c = 0; c < head_dim; ++c) sum_sq += static_cast<double>(v[c]) * v[c];
-        const float variance = static_cast<float>(sum_sq / static_cast<double>(head_dim));
-        const float inv_rms = 1.0f / std::sqrt(variance + eps);
-        for (int64_t c = 0; c < head_dim; ++c) v[c] = weight[c] * (v[c] * inv_rms);
+        NormRow(v, head_dim, h < q_heads ? q_weight : k_weight, eps, v);
       }
     }
   });
