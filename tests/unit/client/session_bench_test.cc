@@ -150,6 +150,7 @@ class SessionService final : public inference::GRPCInferenceService::Service {
     // 0: a unary call; k: on the k-th stream opened.
     int64_t stream = 0;
     std::string request_id;
+    std::string input;  // the raw input bytes
   };
 
   explicit SessionService(grpc::Status status = grpc::Status::OK) : status_(std::move(status)) {}
@@ -197,6 +198,7 @@ class SessionService final : public inference::GRPCInferenceService::Service {
     Seen seen;
     seen.stream = stream;
     seen.request_id = request->id();
+    seen.input = request->raw_input_contents(0);
     seen.shape.assign(request->inputs(0).shape().begin(), request->inputs(0).shape().end());
     std::string id = "<none>";
     for (const auto& [name, value] : request->parameters()) {
@@ -312,6 +314,17 @@ TEST_P(SessionBenchTransportTest, EverySessionStartsStepsAndEndsInOrder) {
       if (streaming) EXPECT_EQ(seen[r].request_id, absl::StrCat(r + 1)) << r;
     }
     streams.insert(seen[0].stream);
+    // Steps rotate over the bench's four step inputs (session i's step r
+    // sends input (i + r) mod 4), also where a step rewrites the message
+    // of the one before in place.
+    std::set<std::string> step_inputs;
+    for (size_t r = 1; r < seen.size(); ++r) step_inputs.insert(seen[r].input);
+    EXPECT_EQ(step_inputs.size(), static_cast<size_t>(kSteps));
+    if (i + 1 < kSessions) {
+      const std::vector<SessionService::Seen>& next = requests.at(SessionBenchId(prefix, i + 1));
+      ASSERT_EQ(next.size(), seen.size());
+      for (size_t r = 1; r + 1 < seen.size(); ++r) EXPECT_EQ(seen[r + 1].input, next[r].input) << r;
+    }
   }
   if (streaming) {
     EXPECT_EQ(streams.size(), static_cast<size_t>(kSessions));
