@@ -159,8 +159,9 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
   integer(
       app.add_option(FlagNames("cuda-device"), flags.cuda_device, "device ordinal")->group(cuda));
   integer(app.add_option(FlagNames("cuda-graph-max-tokens"), flags.cuda_graph_max_tokens,
-                         "batches of up to this many tokens run as CUDA graphs, captured per "
-                         "batch shape on its second batch and replayed after; 0: never")
+                         "batches of up to this many tokens that start while no other batch "
+                         "computes run as CUDA graphs, captured per batch shape on its second "
+                         "such batch and replayed after; 0: never")
               ->group(cuda));
   app.add_flag(FlagNames("cuda-warmup", /*boolean=*/true), flags.cuda_warmup,
                "before serving, run one batch of zeros per GEMM token-count bucket and one "

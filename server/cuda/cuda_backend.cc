@@ -379,13 +379,20 @@ class CudaBackendImpl final : public CudaBackend {
     const bool sampled =
         options_.timing_sink != nullptr && options_.timing_sample_every > 0 && !warming_up_ &&
         batches_.fetch_add(1, std::memory_order_relaxed) % options_.timing_sample_every == 0;
-    absl::Status status = Enqueue(slot, batch, offsets, io_bytes, kv_pool, geometry, sampled);
+    // From its enqueue to its end a batch counts as computing: one enqueued
+    // while another computes launches directly (UseForwardGraph).
+    const int others_computing = computing_.fetch_add(1, std::memory_order_acq_rel);
+    const bool graph =
+        cuda::UseForwardGraph(tokens, options_.cuda_graph_max_tokens, sampled, others_computing);
+    absl::Status status =
+        Enqueue(slot, batch, offsets, io_bytes, kv_pool, geometry, sampled, graph);
     if (status.ok()) {
       status = [&]() -> absl::Status {
         LS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.done.get()));
         return absl::OkStatus();
       }();
     }
+    computing_.fetch_sub(1, std::memory_order_acq_rel);
     if (!status.ok()) return BatchFailed(slot, tokens, status);
 
     if (sampled) {
@@ -435,10 +442,11 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   // Enqueues the whole batch on the slot's stream (with sessions, after the
-  // KV metadata's upload, which completes `geometry`).
+  // KV metadata's upload, which completes `geometry`), its layers through
+  // the stream's CUDA graphs when `graph`.
   absl::Status Enqueue(StreamSlot& slot, Batch& batch, const std::vector<size_t>& offsets,
                        size_t io_bytes, cuda::KvPool* kv_pool, cuda::BatchGeometry geometry,
-                       bool sampled) {
+                       bool sampled, bool graph) {
     const cudaStream_t stream = slot.stream.get();
     const kernels::DType act = executor_.shape().dtype;
     const size_t row_bytes = static_cast<size_t>(config_.hidden_size) * kernels::DTypeBytes(act);
@@ -451,8 +459,6 @@ class CudaBackendImpl final : public CudaBackend {
         slot.arena.meta, slot.meta_host.data(),
         (static_cast<size_t>(geometry.tokens) + geometry.num_seqs + 1) * sizeof(int32_t),
         cudaMemcpyHostToDevice, stream));
-    // Small batches run as CUDA graphs, except those timed per op.
-    const bool graph = geometry.tokens <= options_.cuda_graph_max_tokens && !sampled;
     if (batch.has_sessions) {
       LS_ASSIGN_OR_RETURN(const cuda::BatchKvMeta kv,
                           kv_pool->Upload(batch, slot.index, stream, /*pad_plan=*/graph));
@@ -553,6 +559,7 @@ class CudaBackendImpl final : public CudaBackend {
   const std::vector<std::unique_ptr<StreamSlot>> slots_;
   size_t activation_bytes_ = 0;
   std::atomic<uint64_t> batches_{0};
+  std::atomic<int> computing_{0};        // batches between their enqueue and their end
   std::atomic<bool> warming_up_{false};  // a warm-up batch is running (before serving)
 
   // Set once by AllocateKvCache, never replaced (see there).

@@ -47,8 +47,8 @@ struct CudaBackendOptions {
   int host_copy_threads = 4;
   // Largest batch (sum of B*T over its requests); sizes each stream's arena.
   int64_t max_batch_tokens = 8192;
-  // Batches of up to this many tokens run as CUDA graphs (forward_graphs.h),
-  // except those timed per op; 0: none.
+  // Batches of up to this many tokens run as CUDA graphs (forward_graphs.h)
+  // when no other batch is computing, except those timed per op; 0: none.
   int64_t cuda_graph_max_tokens = 256;
   // Before serving, run a batch of zeros per GEMM bucket (and, once the KV
   // cache exists, a session step), so that no request waits for a kernel

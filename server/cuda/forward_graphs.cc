@@ -26,6 +26,10 @@ int64_t GraphPlanCount(int64_t n) {
   return (n + step - 1) / step * step;
 }
 
+bool UseForwardGraph(int64_t tokens, int64_t max_tokens, bool timed, int other_batches_running) {
+  return tokens <= max_tokens && !timed && other_batches_running == 0;
+}
+
 std::string_view GraphLaunchName(GraphLaunch launch) {
   switch (launch) {
     case GraphLaunch::kDirect:

@@ -18,9 +18,9 @@
 // must not load inside a capture; the second is captured, instantiated and
 // launched; the later ones replay. A stream keeps its `capacity` most
 // recently used keys. Should a capture fail, the stream logs why and
-// launches every batch directly from then on. The backend sends only
-// batches of up to --cuda-graph-max-tokens tokens here, and never a batch it
-// times per op (those events belong to direct launches).
+// launches every batch directly from then on. The backend sends here only
+// the batches UseForwardGraph admits: up to --cuda-graph-max-tokens tokens,
+// not timed per op, onto an idle device.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -64,6 +64,19 @@ ForwardGraphKey GraphKeyOf(const BatchGeometry& batch);
 // 33 -> 40, 64 -> 64, 66 -> 80. A one-sequence decode step's plan changes
 // as its context grows; rounded, it takes a few keys rather than dozens.
 int64_t GraphPlanCount(int64_t n);
+
+// Whether a batch of `tokens` tokens runs through its graph: small enough
+// (`max_tokens`, --cuda-graph-max-tokens), not timed per op (the per-op
+// events belong to direct launches), and launched while no other batch of
+// the backend computes. A graph saves the host's launch path, which matters
+// only when the device waits for it: behind a running batch the host
+// enqueues a direct launch well before the device gets to it, and a
+// capture there only costs host time. Measured on the H100 (docs/perf.md,
+// "CUDA graphs only onto an idle device"): under load, graphs for every
+// batch served 0-17% fewer tokens/s than none, most where session batches
+// met keys they had not seen (one batch in two or three replayed); alone on
+// the device, a one-token batch computed ~0.02-0.03 ms (3%) faster as a graph.
+bool UseForwardGraph(int64_t tokens, int64_t max_tokens, bool timed, int other_batches_running);
 
 enum class GraphLaunch { kDirect, kCaptured, kReplayed };
 std::string_view GraphLaunchName(GraphLaunch launch);  // "direct", "captured", "replayed"

@@ -70,6 +70,18 @@ TEST(GraphPlanCountTest, RoundsUpToAQuarterOfTheLargestPowerOfTwo) {
   EXPECT_LE(distinct.size(), 4u + 4u * 9u);  // 1..4, then four per octave up to 1024
 }
 
+// Which batches take the graph path (host code: runs without a GPU): small
+// ones, untimed, onto an idle device; behind a computing batch, direct.
+TEST(UseForwardGraphTest, OnlySmallUntimedBatchesOntoAnIdleDevice) {
+  EXPECT_TRUE(cuda::UseForwardGraph(1, 256, /*timed=*/false, 0));
+  EXPECT_TRUE(cuda::UseForwardGraph(256, 256, false, 0));
+  EXPECT_FALSE(cuda::UseForwardGraph(257, 256, false, 0));
+  EXPECT_FALSE(cuda::UseForwardGraph(1, 0, false, 0));  // --cuda-graph-max-tokens=0
+  EXPECT_FALSE(cuda::UseForwardGraph(1, 256, /*timed=*/true, 0));
+  EXPECT_FALSE(cuda::UseForwardGraph(1, 256, false, 1));
+  EXPECT_FALSE(cuda::UseForwardGraph(64, 256, false, 3));
+}
+
 class CudaGraphsTest : public ::testing::Test {
  protected:
   static constexpr KvCacheShape kCache{512, 16};
