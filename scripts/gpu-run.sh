@@ -6,6 +6,7 @@
 #   usage: scripts/gpu-run.sh [tests] [bench-kernels] [bench-layer] [bench-server]
 #          [bench-sessions] [bench-decode] [bench-probe] [bench-probe-specs] [bench-pipeline]
 #          [bench-perf-analyzer] [bench-moe] [bench-interference] [bench-first-batch]
+#          [bench-rows]
 #          (no argument: the first four)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -164,6 +165,21 @@ for stage in "${stages[@]}"; do
       python3 bench/server/first_batch.py "$bundle/bin" "$out/first-batch" \
         --model-dir="$ckpt" --model-name=llama3-8b-4l --backend=cuda ${FIRST_BATCH_ARGS:-} \
         ${LOAD_SERVER_ARGS:-} || failed=1
+      ;;
+    bench-rows)
+      # Servers side by side, row by row, with each row's batches and launches
+      # from /metrics (bench/server/launch_rows.py). ROWS_SETTINGS:
+      # 'label=BIN_DIR|server flags;...' (default: this bundle with CUDA graphs
+      # and without, two rounds in rotated order; name an older bundle's
+      # extracted bin/ to A/B two builds); ROWS overrides the rows.
+      span_checkpoint
+      b=$bundle/bin
+      off=--cuda-graph-max-tokens=0
+      # shellcheck disable=SC2086
+      python3 bench/server/launch_rows.py "$out/rows" \
+        --settings="${ROWS_SETTINGS:-graphs=$b|;nographs=$b|$off;nographs=$b|$off;graphs=$b|}" \
+        ${ROWS:+--rows="$ROWS"} --layerctl="$b/layerctl" --model-dir="$ckpt" \
+        --model-name=llama3-8b-4l --backend=cuda ${LOAD_SERVER_ARGS:-} || failed=1
       ;;
     bench-decode)
       # Paged decode attention vs PyTorch SDPA (flash, cuDNN) on the same

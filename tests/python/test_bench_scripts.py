@@ -1,8 +1,9 @@
 """The server benchmark scripts' reading of `layerctl bench` reports
 (bench/server/bench_errors.py): each error code's count and first message,
 and bench/server/session_matrix.py end to end on the CPU demo model, with
---streaming and a server that refuses some sessions, printing why; and
-bench/server/first_batch.py's table on the same model.
+--streaming and a server that refuses some sessions, printing why;
+bench/server/first_batch.py's table on the same model; and
+bench/server/launch_rows.py's lines, one per setting and row, in order.
 
 Needs LAYERSERVE_BIN and LAYERCTL_BIN (ctest sets both).
 """
@@ -89,3 +90,28 @@ def test_first_batch_prints_three_latencies_per_size_and_setting(tmp_path):
         ("warm", "tokens=1"), ("warm", "tokens=4"), ("cold", "tokens=1"), ("cold", "tokens=4")], lines
     for row in rows:
         assert all(float(ms) > 0 for ms in row[3:6]), row
+
+
+def test_launch_rows_prints_a_line_per_setting_and_row_in_order(tmp_path):
+    bin_dir = bin_dir_of(tmp_path)
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, str(BENCH_SERVER / "launch_rows.py"), str(out),
+         f"--settings=a={bin_dir}|;b={bin_dir}|--max-queue-delay-us=0;a={bin_dir}|",
+         "--rows=one=--tokens=1 --concurrency=1 --duration-s=0.3;"
+         "s2=--sessions=2 --prefill=2 --steps=2"],
+        capture_output=True, text=True, timeout=180, env={**os.environ, "LOAD_CLIENT_ARGS": ""})
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [line.split() for line in (out / "summary.txt").read_text().splitlines()
+             if not line.startswith("#")]
+    assert [(row[0], row[1]) for row in lines] == [
+        ("a", "one"), ("a", "s2"), ("b", "one"), ("b", "s2"), ("a", "one"), ("a", "s2")], lines
+    for row in lines:
+        assert float(row[2]) > 0, row  # tok/s
+        assert float(row[5]) >= 1, row  # batches between the scrapes
+        assert row[-2:] == ["failed", "0"], row
+        # The CPU backend launches nothing on a GPU.
+        assert row[row.index("direct/captured/replayed") + 1] == "0/0/0", row
+    # Every setting keeps its server's log and the client's reports.
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["00-a", "01-b", "02-a"]
+    assert (out / "01-b" / "s2.json").exists()

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Servers side by side, row by row, with what each row's batches were.
+
+For each setting in --settings, in the order given (repeat a label to
+interleave an A/B, and rotate the order between rounds): start a layerserve
+from the setting's binary directory with the common layerserve args plus the
+setting's own flags, then run every row of --rows, one `layerctl bench` each,
+scraping /metrics before and after. One line per (setting, row): the client's
+tokens/s (decode tokens/s for a session row), and from the scrapes the
+batches, compute time and tokens per batch, and how the batches were launched
+(direct, captured into a CUDA graph, replayed). docs/perf.md ("Where a unary
+session step loses") was measured this way.
+
+  python3 bench/server/launch_rows.py OUT_DIR --settings SETTINGS [--rows ROWS]
+      [--layerctl PATH] [layerserve args...]
+
+SETTINGS: 'label=BIN_DIR|server flags;...', e.g.
+  'graphs=/tmp/b/bin|;nographs=/tmp/b/bin|--cuda-graph-max-tokens=0;
+   old=/tmp/old/bin|;...'
+ROWS: 'name=layerctl bench flags;...' (default: DEFAULT_ROWS below).
+--layerctl picks the client (default: the first setting's), so that every
+setting is driven by the same one. Env LOAD_CLIENT_ARGS adds flags to every
+row (e.g. "--connections=8"). scripts/gpu-run.sh's bench-rows stage runs it.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
+from layerserve_process import LayerserveProcess, ServerStartError  # noqa: E402
+from metrics_delta import delta  # noqa: E402
+from summary_log import summary_emitter  # noqa: E402
+
+DEFAULT_ROWS = ("l1=--tokens=1 --concurrency=1 --duration-s=2;"
+                "u64=--sessions=64 --prefill=1 --steps=256;"
+                "l64=--tokens=1 --concurrency=64 --duration-s=3;"
+                "v256=--sessions=256 --prefill=512 --steps=256")
+
+
+def parse_pairs(text, sep="="):
+    """'a=x;b=y' -> [('a', 'x'), ('b', 'y')], order and repeats kept."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        name, _, value = item.partition(sep)
+        pairs.append((name.strip(), value.strip()))
+    return pairs
+
+
+def row_line(label, row, report, before, after):
+    batches = delta(before, after, "layerserve_compute_duration_seconds_count")
+    per_batch = max(batches, 1)
+    rate = report.get("decode_tokens_per_second", report.get("tokens_per_second", 0.0))
+    failed = report.get("requests_failed", 0) + report.get("sessions_failed", 0)
+    launches = "/".join(
+        f"{delta(before, after, 'layerserve_batch_launches_total', launch=kind):.0f}"
+        for kind in ("direct", "captured", "replayed"))
+    compute_ms = 1e3 * delta(before, after, "layerserve_compute_duration_seconds_sum") / per_batch
+    tokens = delta(before, after, "layerserve_batch_tokens_sum") / per_batch
+    return (f"{label:10s} {row:6s} {rate:10.0f} tok/s  batches {batches:6.0f}  compute "
+            f"{compute_ms:6.3f} ms  {tokens:6.1f} tok/batch  direct/captured/replayed {launches}"
+            f"  failed {failed}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir")
+    parser.add_argument("--settings", required=True)
+    parser.add_argument("--rows", default=DEFAULT_ROWS)
+    parser.add_argument("--layerctl", default="")
+    args, server_args = parser.parse_known_args()
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = [(label, *value.partition("|")[::2]) for label, value in parse_pairs(args.settings)]
+    rows = parse_pairs(args.rows)
+    if not settings or not rows:
+        sys.exit("launch_rows.py: --settings and --rows must each name at least one entry")
+    layerctl = args.layerctl or str(Path(settings[0][1]) / "layerctl")
+    emit = summary_emitter(out / "summary.txt")
+    emit("# setting row: client tok/s; from /metrics: batches, compute ms and tokens per batch, "
+         "launches")
+    for index, (label, bin_dir, flags) in enumerate(settings):
+        run_dir = out / f"{index:02d}-{label}"
+        run_dir.mkdir(exist_ok=True)
+        try:
+            server = LayerserveProcess(Path(bin_dir) / "layerserve", [*server_args, *flags.split()],
+                                       run_dir / "server.log", ready_timeout_s=180)
+        except ServerStartError as e:
+            sys.exit(f"launch_rows.py: {label}: {e}")
+        with server:
+            before = server.samples()
+            for row, row_flags in rows:
+                report_path = run_dir / f"{row}.json"
+                with open(run_dir / f"{row}.txt", "w") as log:
+                    subprocess.run(
+                        [layerctl, "bench", f"--url={server.grpc_url}", f"--model={server.model}",
+                         "--no-progress", f"--json={report_path}", *row_flags.split(),
+                         *os.environ.get("LOAD_CLIENT_ARGS", "").split()],
+                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                after = server.samples()
+                report = json.loads(report_path.read_text()) if report_path.exists() else {}
+                emit(row_line(label, row, report, before, after))
+                before = after
+
+
+if __name__ == "__main__":
+    main()
