@@ -21,6 +21,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -87,7 +88,11 @@ class SecurityTest : public ::testing::Test {
                                   << made->err;
     std::ofstream(File("token")) << kToken << "\n";
   }
+  // The keys and the token leave with the suite (each run made a directory
+  // of its own under the temporary directory, and kept it).
   static void TearDownTestSuite() {
+    std::error_code ignored;
+    std::filesystem::remove_all(*dir_, ignored);
     delete dir_;
     dir_ = nullptr;
   }
