@@ -4,7 +4,10 @@ project did not write (issue 12: "perf_analyzer -i grpc confirms the 1-token
 and 128-token figures within 10%"). On one layerserve, for each request size
 T in --tokens: `layerctl bench` over each of --layerctl-connections and
 `perf_analyzer -i grpc` (its own threads and channels) at the same
-concurrency, interleaved, twice, FP32 [1, T, hidden] requests. One line per
+concurrency, interleaved, twice, BF16 [1, T, hidden] requests (perf_analyzer
+builds its inputs in the datatype ModelMetadata advertises, BF16, so layerctl
+is told to send the same; until 2026-11-27 layerctl sent FP32, twice the bytes,
+which made the 128-token rows disagree). One line per
 run with tokens/s, latency and the client's CPU time per request answered
 (also OUT_DIR/perf_analyzer_check.txt), then
 the ratio of perf_analyzer's median to each layerctl setting's.
@@ -54,7 +57,10 @@ def layerctl_run(bin_dir, server, out, tokens, concurrency, duration_s, connecti
                     f"--model={server.model}", f"--tokens={tokens}",
                     f"--concurrency={concurrency}", f"--duration-s={duration_s}",
                     f"--connections={connections}", "--warmup-s=1",
-                    f"--json={report}"], stdout=open(out / f"{name}.txt", "w"),
+                    # What perf_analyzer sends: the datatype ModelMetadata
+                    # advertises (BF16), since it builds its inputs from it.
+                    "--datatype=BF16", f"--json={report}"],
+                   stdout=open(out / f"{name}.txt", "w"),
                    stderr=subprocess.STDOUT, check=True)
     r = json.loads(report.read_text())
     return r["tokens_per_second"], r["latency_ms"]["p50"], r["latency_ms"]["p99"]
