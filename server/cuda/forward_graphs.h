@@ -74,7 +74,7 @@ int64_t GraphPlanCount(int64_t n);
 // capture there only costs host time. Measured on the H100 (docs/perf.md,
 // "CUDA graphs only onto an idle device"): under load, no graphs beat graphs
 // for every batch in 28 of 32 interleaved pairs (median +4.7%), most where
-// session batches met keys not seen before (one batch in three to two
+// session batches met keys not seen before (a quarter to a half of them
 // replayed); alone on the device, graphs were ahead in 3 of 4 pairs (1-4%).
 bool UseForwardGraph(int64_t tokens, int64_t max_tokens, bool timed, int other_batches_running);
 
