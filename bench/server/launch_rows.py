@@ -8,8 +8,9 @@ setting's own flags, then run every row of --rows, one `layerctl bench` each,
 scraping /metrics before and after. One line per (setting, row): the client's
 tokens/s (decode tokens/s for a session row), and from the scrapes the
 batches, compute time and tokens per batch, and how the batches were launched
-(direct, captured into a CUDA graph, replayed). docs/perf.md ("Where a unary
-session step loses") was measured this way.
+(direct, captured into a CUDA graph, replayed). The tables of docs/perf.md's
+"Where a unary session step loses" were taken with an uncommitted script that
+did the same, of which this is the kept form.
 
   python3 bench/server/launch_rows.py OUT_DIR --settings SETTINGS [--rows ROWS]
       [--layerctl PATH] [layerserve args...]
