@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from layerserve_process import LayerserveProcess, ServerStartError  # noqa: E402
-from metrics_delta import delta  # noqa: E402
+from metrics_delta import delta, launch_split  # noqa: E402
 from summary_log import summary_emitter  # noqa: E402
 
 DEFAULT_ROWS = ("l1=--tokens=1 --concurrency=1 --duration-s=2;"
@@ -56,13 +56,11 @@ def row_line(label, row, report, before, after):
     per_batch = max(batches, 1)
     rate = report.get("decode_tokens_per_second", report.get("tokens_per_second", 0.0))
     failed = report.get("requests_failed", 0) + report.get("sessions_failed", 0)
-    launches = "/".join(
-        f"{delta(before, after, 'layerserve_batch_launches_total', launch=kind):.0f}"
-        for kind in ("direct", "captured", "replayed"))
     compute_ms = 1e3 * delta(before, after, "layerserve_compute_duration_seconds_sum") / per_batch
     tokens = delta(before, after, "layerserve_batch_tokens_sum") / per_batch
     return (f"{label:10s} {row:6s} {rate:10.0f} tok/s  batches {batches:6.0f}  compute "
-            f"{compute_ms:6.3f} ms  {tokens:6.1f} tok/batch  direct/captured/replayed {launches}"
+            f"{compute_ms:6.3f} ms  {tokens:6.1f} tok/batch  direct/captured/replayed "
+            f"{launch_split(before, after)}"
             f"  failed {failed}")
 
 

@@ -22,3 +22,11 @@ def gpu_ms_per_batch(before, after, layers):
         return None, 0
     batches = sampled / layers
     return 1e3 * delta(before, after, "layerserve_kernel_duration_seconds_sum") / batches, batches
+
+
+def launch_split(before, after):
+    """'direct/captured/replayed': how the batches between the scrapes ran
+    their layers (layerserve_batch_launches_total; 0/0/0 on the CPU backend,
+    which launches nothing)."""
+    return "/".join(f"{delta(before, after, 'layerserve_batch_launches_total', launch=kind):.0f}"
+                    for kind in ("direct", "captured", "replayed"))

@@ -4,8 +4,11 @@ equal concurrency: for each N in --sessions, `layerctl bench --sessions N
 --prefill P --steps S` (N sessions, a prefill of P tokens each, then S
 one-token steps) and `layerctl bench --tokens 1 --concurrency N` (stateless,
 every request on its own), on one layerserve. One line per run (also in
-OUT_DIR/session_summary.txt) with decode tokens/s and step latency, and the
-KV cache memory a session holds (from the start-up line's bytes per token).
+OUT_DIR/session_summary.txt) with decode tokens/s, step latency and how the
+run's batches launched their layers ("graphs direct/captured/replayed", from
+/metrics: session batches that keep meeting new CUDA graph keys cost more,
+docs/perf.md), and the KV cache memory a session holds (from the start-up
+line's bytes per token).
 A run with failures is followed by one line per error code with its count
 and the first message the client kept (bench_errors.py).
 
@@ -33,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from layerserve_process import LayerserveProcess, ServerStartError  # noqa: E402
 from bench_errors import error_lines  # noqa: E402
+from metrics_delta import launch_split  # noqa: E402
 from summary_log import summary_emitter  # noqa: E402
 
 
@@ -86,6 +90,7 @@ def main():
             transports.append(("sessions-stream", ["--streaming"]))
         for n in (int(x) for x in args.sessions.split(",")):
             for label, flags in transports:
+                before = server.samples()
                 r = run_bench(bin_dir, server, out, f"{label.replace('-', '_')}_{n}",
                               [f"--sessions={n}", f"--prefill={args.prefill}",
                                f"--steps={args.steps}", "--no-progress", *flags])
@@ -95,9 +100,11 @@ def main():
                     emit(f"{row:<19} decode {r['decode_tokens_per_second']:10.1f} tok/s  "
                          f"step ms p50 {lat['p50']:7.2f} p90 {lat['p90']:7.2f} "
                          f"p99 {lat['p99']:7.2f}  prefill p50 "
-                         f"{r['prefill_latency_ms']['p50']:8.2f} ms  failed {r['sessions_failed']}")
+                         f"{r['prefill_latency_ms']['p50']:8.2f} ms  graphs "
+                         f"{launch_split(before, server.samples())}  failed {r['sessions_failed']}")
                     for line in error_lines(r):
                         emit(line)
+            before = server.samples()
             s = run_bench(bin_dir, server, out, f"stateless_{n}",
                           ["--tokens=1", f"--concurrency={n}",
                            f"--duration-s={os.environ.get('LOAD_DURATION_S', '5')}",
@@ -106,8 +113,8 @@ def main():
                 lat = s["latency_ms"]
                 row = f"stateless={n}"
                 emit(f"{row:<19} 1-token {s['tokens_per_second']:10.1f} tok/s  latency ms "
-                     f"p50 {lat['p50']:7.2f} p90 {lat['p90']:7.2f} p99 {lat['p99']:7.2f}  failed "
-                     f"{s['requests_failed']}")
+                     f"p50 {lat['p50']:7.2f} p90 {lat['p90']:7.2f} p99 {lat['p99']:7.2f}  graphs "
+                     f"{launch_split(before, server.samples())}  failed {s['requests_failed']}")
                 for line in error_lines(s):
                     emit(line)
         try:

@@ -69,6 +69,7 @@ def test_session_matrix_with_streaming_prints_why_sessions_failed(tmp_path):
     assert set(rows) == {"sessions=4", "sessions-stream=4", "stateless=4"}, lines
     for row in ("sessions=4", "sessions-stream=4"):
         assert lines[rows[row]].endswith("failed 2"), lines
+        assert " graphs 0/0/0 " in lines[rows[row]], lines  # the CPU backend launches nothing
         why = lines[rows[row] + 1]
         assert why.startswith("    RESOURCE_EXHAUSTED x2: cannot start session"), lines
         assert why.endswith("the most allowed is 2"), lines
