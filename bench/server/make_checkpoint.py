@@ -89,6 +89,15 @@ def main():
         return (w / in_features ** 0.5).to(torch.bfloat16).cpu()
 
     tensors = {}
+
+    def gated_mlp(prefix, width, names=("gate_proj", "up_proj", "down_proj")):
+        """A SwiGLU block of `width` under `prefix`: gate, up, then down (the
+        order the generator draws them in, so a checkpoint stays the same)."""
+        gate, up, down = names
+        tensors[prefix + gate + ".weight"] = linear(width, h)
+        tensors[prefix + up + ".weight"] = linear(width, h)
+        tensors[prefix + down + ".weight"] = linear(h, width)
+
     for layer in range(args.layers):
         p = f"model.layers.{layer}."
         tensors[p + "input_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
@@ -107,26 +116,18 @@ def main():
             mlp = p + "mlp."
             tensors[mlp + "gate.weight"] = linear(config["num_experts"], h)
             for e in range(config["num_experts"]):
-                tensors[mlp + f"experts.{e}.gate_proj.weight"] = linear(i, h)
-                tensors[mlp + f"experts.{e}.up_proj.weight"] = linear(i, h)
-                tensors[mlp + f"experts.{e}.down_proj.weight"] = linear(h, i)
+                gated_mlp(mlp + f"experts.{e}.", i)
             shared = config.get("shared_expert_intermediate_size", 0)
             if shared:
-                tensors[mlp + "shared_expert.gate_proj.weight"] = linear(shared, h)
-                tensors[mlp + "shared_expert.up_proj.weight"] = linear(shared, h)
-                tensors[mlp + "shared_expert.down_proj.weight"] = linear(h, shared)
+                gated_mlp(mlp + "shared_expert.", shared)
                 tensors[mlp + "shared_expert_gate.weight"] = linear(1, h)
         elif args.mixtral:
             moe = p + "block_sparse_moe."
             tensors[moe + "gate.weight"] = linear(config["num_local_experts"], h)
             for e in range(config["num_local_experts"]):
-                tensors[moe + f"experts.{e}.w1.weight"] = linear(i, h)
-                tensors[moe + f"experts.{e}.w3.weight"] = linear(i, h)
-                tensors[moe + f"experts.{e}.w2.weight"] = linear(h, i)
+                gated_mlp(moe + f"experts.{e}.", i, names=("w1", "w3", "w2"))
         else:
-            tensors[p + "mlp.gate_proj.weight"] = linear(i, h)
-            tensors[p + "mlp.up_proj.weight"] = linear(i, h)
-            tensors[p + "mlp.down_proj.weight"] = linear(h, i)
+            gated_mlp(p + "mlp.", i)
     if args.head:
         # Entries uniform in (-1, 1): rows of RMS ~0.6, activations O(1).
         embed = torch.rand(vocab, h, generator=gen, device=args.device) * 2 - 1
