@@ -48,12 +48,15 @@ class SessionRun {
     prefill_ms_.push_back(absl::ToDoubleMilliseconds(done - issued));
   }
 
-  void RecordStep(absl::Time issued, absl::Time done, const absl::Status& status) {
+  // `last`: the session's last step (its answer ends the session).
+  void RecordStep(absl::Time issued, absl::Time done, const absl::Status& status, bool last) {
     if (status.ok()) steps_done_.fetch_add(1, std::memory_order_relaxed);
     absl::MutexLock lock(&mu_);
     if (!status.ok()) return RecordErrorLocked(status);
     step_ms_.push_back(absl::ToDoubleMilliseconds(done - issued));
+    step_done_s_.push_back(absl::ToDoubleSeconds(done - decode_start_));
     last_step_done_ = std::max(last_step_done_, done);
+    if (last) first_session_done_ = std::min(first_session_done_, done);
   }
 
   // A session whose requests were all answered, but whose stream's Close
@@ -88,6 +91,10 @@ class SessionRun {
     report.prefill_seconds = absl::ToDoubleSeconds(decode_start_ - start_);
     report.decode_seconds =
         step_ms_.empty() ? 0 : absl::ToDoubleSeconds(last_step_done_ - decode_start_);
+    if (first_session_done_ != absl::InfiniteFuture()) {
+      report.steady_decode_seconds = absl::ToDoubleSeconds(first_session_done_ - decode_start_);
+      report.steady_steps_ok = SteadySteps(step_done_s_, report.steady_decode_seconds);
+    }
     FinishSessionBenchReport(prefill_ms_, step_ms_, report);
   }
 
@@ -102,8 +109,10 @@ class SessionRun {
   const absl::Time start_;
   absl::Time decode_start_ ABSL_GUARDED_BY(mu_);
   absl::Time last_step_done_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time first_session_done_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::vector<double> prefill_ms_ ABSL_GUARDED_BY(mu_);
   std::vector<double> step_ms_ ABSL_GUARDED_BY(mu_);
+  std::vector<double> step_done_s_ ABSL_GUARDED_BY(mu_);  // from the barrier
   std::map<std::string, int64_t> errors_by_code_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> first_error_by_code_ ABSL_GUARDED_BY(mu_);
   int64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
@@ -222,7 +231,7 @@ void RunStreamSession(Client& client, const SessionRequests& requests, int64_t i
       break;
     }
     const auto [issued, status] = send(i);
-    run.RecordStep(issued, absl::Now(), status);
+    run.RecordStep(issued, absl::Now(), status, i + 1 == plan_size);
     alive = status.ok();
   }
   // After a failed request the session is abandoned and its stream's failure
@@ -271,7 +280,7 @@ void RunUnarySessions(const std::vector<Client*>& clients, const SessionRequests
         run.RecordPrefill(s.call.issued, absl::Now(), status);
         s.request = {};  // a prefill's input is large; steps build their own
       } else {
-        run.RecordStep(s.call.issued, absl::Now(), status);
+        run.RecordStep(s.call.issued, absl::Now(), status, s.next + 1 == plan_size);
       }
       if (IsFatalBenchStatus(status.code())) fatal.Set(status);
       s.alive = status.ok();
@@ -348,6 +357,10 @@ LatencySummary SummarizeLatencies(const std::vector<double>& samples_ms) {
   return summary;
 }
 
+int64_t SteadySteps(const std::vector<double>& done_s, double window_s) {
+  return std::count_if(done_s.begin(), done_s.end(), [&](double t) { return t <= window_s; });
+}
+
 void FinishSessionBenchReport(const std::vector<double>& prefill_ms,
                               const std::vector<double>& step_ms, SessionBenchReport& report) {
   const BenchOptions& o = report.options;
@@ -361,6 +374,11 @@ void FinishSessionBenchReport(const std::vector<double>& prefill_ms,
   report.decode_tokens_per_second =
       report.decode_seconds > 0
           ? static_cast<double>(report.steps_ok * o.batch * o.step_tokens) / report.decode_seconds
+          : 0;
+  report.steady_decode_tokens_per_second =
+      report.steady_decode_seconds > 0
+          ? static_cast<double>(report.steady_steps_ok * o.batch * o.step_tokens) /
+                report.steady_decode_seconds
           : 0;
 }
 
@@ -443,13 +461,15 @@ std::string FormatSessionBenchReport(const SessionBenchReport& r) {
       "of [%d, %d, %d] %s\n"
       "prefill: %.3f s, %.1f tokens/s (%d ok); latency ms: %s\n"
       "decode:  %.3f s, %.1f tokens/s (%d steps ok); step latency ms: %s\n"
+      "decode while all sessions ran: %.3f s, %.1f tokens/s (%d steps)\n"
       "sessions: %d completed, %d failed\n",
       o.model, o.sessions, o.session_id_prefix, o.connections,
       o.connections == 1 ? "connection" : "connections",
       o.streaming ? "a stream per session" : "unary calls", o.batch, o.prefill_tokens, o.hidden,
       o.steps, o.batch, o.step_tokens, o.hidden, o.datatype, r.prefill_seconds,
       r.prefill_tokens_per_second, r.prefills_ok, latency(r.prefill_latency), r.decode_seconds,
-      r.decode_tokens_per_second, r.steps_ok, latency(r.step_latency), r.sessions_completed,
+      r.decode_tokens_per_second, r.steps_ok, latency(r.step_latency), r.steady_decode_seconds,
+      r.steady_decode_tokens_per_second, r.steady_steps_ok, r.sessions_completed,
       r.sessions_failed);
   absl::StrAppend(&out, FormatErrorLines(r.errors_by_code, r.first_error_by_code));
   return out;
@@ -482,6 +502,9 @@ std::string SessionBenchReportJson(const SessionBenchReport& r) {
   j["decode_s"] = r.decode_seconds;
   j["prefill_tokens_per_second"] = r.prefill_tokens_per_second;
   j["decode_tokens_per_second"] = r.decode_tokens_per_second;
+  j["steady_decode_s"] = r.steady_decode_seconds;
+  j["steady_steps_ok"] = r.steady_steps_ok;
+  j["steady_decode_tokens_per_second"] = r.steady_decode_tokens_per_second;
   j["prefill_latency_ms"] = latency(r.prefill_latency);
   j["step_latency_ms"] = latency(r.step_latency);
   j["errors_by_code"] = r.errors_by_code;

@@ -17,6 +17,11 @@
 //   decode tokens/s  = steps answered x B x K / decode wall time
 //                      (from the barrier to the last step's answer);
 //                      N x S x K x B / wall time when nothing failed.
+//   steady decode tokens/s = the same over the window in which all N
+//                      sessions decode (from the barrier to the first
+//                      session's last answer): the rate at concurrency N,
+//                      without the tail in which the slowest sessions
+//                      finish alone.
 // Latencies are per request: one prefill latency per session, one step
 // latency per decode step. Over a stream, from the write of the request to
 // its reply (the prefill's includes opening the stream, which gRPC does on
@@ -103,6 +108,13 @@ struct SessionBenchReport {
   double decode_seconds = 0;   // barrier -> last step answered
   double prefill_tokens_per_second = 0;
   double decode_tokens_per_second = 0;
+  // The decode phase while every session still decodes: from the barrier to
+  // the first session's last step. A closed loop's sessions drift apart, and
+  // the last ones finish at a lower concurrency; this window is what a
+  // stateless closed loop at concurrency N measures (SteadySteps).
+  double steady_decode_seconds = 0;  // barrier -> first session's last step answered
+  int64_t steady_steps_ok = 0;       // steps answered in that window
+  double steady_decode_tokens_per_second = 0;
   LatencySummary prefill_latency;
   LatencySummary step_latency;
   std::map<std::string, int64_t> errors_by_code;  // "RESOURCE_EXHAUSTED" -> count
@@ -110,6 +122,11 @@ struct SessionBenchReport {
   // "session \"lsbench-...-5\": out of KV cache blocks: ..."
   std::map<std::string, std::string> first_error_by_code;
 };
+
+// How many of the steps answered at `done_s` (seconds from the barrier) were
+// answered by `window_s`, the end of the window in which every session
+// still decoded (inclusive: the step that closes it counts).
+int64_t SteadySteps(const std::vector<double>& done_s, double window_s);
 
 // Fills the rates and latency summaries of `report` from its counts and
 // phase times and the latency samples (the pure part of RunSessionBench).

@@ -4,7 +4,9 @@ equal concurrency: for each N in --sessions, `layerctl bench --sessions N
 --prefill P --steps S` (N sessions, a prefill of P tokens each, then S
 one-token steps) and `layerctl bench --tokens 1 --concurrency N` (stateless,
 every request on its own), on one layerserve. One line per run (also in
-OUT_DIR/session_summary.txt) with decode tokens/s, step latency and how the
+OUT_DIR/session_summary.txt) with decode tokens/s (over the whole decode
+phase, and while all N sessions still ran, the like-for-like figure beside
+a closed loop at concurrency N), step latency and how the
 run's batches launched their layers ("graphs direct/captured/replayed", from
 /metrics: session batches that keep meeting new CUDA graph keys cost more,
 docs/perf.md), and the KV cache memory a session holds (from the start-up
@@ -97,7 +99,8 @@ def main():
                 if r:
                     lat = r["step_latency_ms"]
                     row = f"{label}={n}"
-                    emit(f"{row:<19} decode {r['decode_tokens_per_second']:10.1f} tok/s  "
+                    emit(f"{row:<19} decode {r['decode_tokens_per_second']:10.1f} tok/s "
+                         f"(all {n} running: {r.get('steady_decode_tokens_per_second', 0):8.1f})  "
                          f"step ms p50 {lat['p50']:7.2f} p90 {lat['p90']:7.2f} "
                          f"p99 {lat['p99']:7.2f}  prefill p50 "
                          f"{r['prefill_latency_ms']['p50']:8.2f} ms  graphs "

@@ -110,6 +110,24 @@ TEST(SessionStatsTest, TokensPerSecondPerPhase) {
   idle.options = SessionOptions(1, 1, 0);
   FinishSessionBenchReport({}, {}, idle);
   EXPECT_EQ(idle.decode_tokens_per_second, 0) << "no decode phase, no division by zero";
+  EXPECT_EQ(idle.steady_decode_tokens_per_second, 0);
+}
+
+TEST(SessionStatsTest, SteadyWindowEndsAtTheFirstSessionsLastStep) {
+  // Steps answered at these times (s from the barrier); the first session to
+  // finish did so at 0.3, and the step answered exactly then counts.
+  EXPECT_EQ(SteadySteps({0.1, 0.2, 0.3, 0.35, 0.5, 0.2}, 0.3), 4);
+  EXPECT_EQ(SteadySteps({}, 0.3), 0);
+
+  SessionBenchReport report;
+  report.options = SessionOptions(4, 10, 20, 2);
+  report.steps_ok = 80;
+  report.decode_seconds = 2.0;
+  report.steady_decode_seconds = 1.5;
+  report.steady_steps_ok = 72;  // 8 steps of the slowest sessions came after
+  FinishSessionBenchReport({}, std::vector<double>(80, 1.0), report);
+  EXPECT_DOUBLE_EQ(report.decode_tokens_per_second, 80 * 2 / 2.0);
+  EXPECT_DOUBLE_EQ(report.steady_decode_tokens_per_second, 72 * 2 / 1.5);
 }
 
 TEST(SessionBenchOptionsTest, InconsistentOptionsFailBeforeConnecting) {
@@ -280,6 +298,12 @@ TEST_P(SessionBenchTransportTest, EverySessionStartsStepsAndEndsInOrder) {
   EXPECT_GT(report->decode_seconds, 0);
   EXPECT_DOUBLE_EQ(report->decode_tokens_per_second,
                    kSessions * kSteps * kStepTokens * 2 / report->decode_seconds);
+  // The steady window closes at the first session's last step: inside the
+  // phase, with at least that session's steps and at most all of them.
+  EXPECT_GT(report->steady_decode_seconds, 0);
+  EXPECT_LE(report->steady_decode_seconds, report->decode_seconds);
+  EXPECT_GE(report->steady_steps_ok, kSteps);
+  EXPECT_LE(report->steady_steps_ok, report->steps_ok);
   EXPECT_EQ(report->options.connections, 2);
   const std::string& prefix = report->options.session_id_prefix;
   EXPECT_TRUE(absl::StartsWith(prefix, "lsbench-")) << prefix;
@@ -335,13 +359,14 @@ TEST_P(SessionBenchTransportTest, EverySessionStartsStepsAndEndsInOrder) {
   // The report's text and JSON name the phases.
   const std::string text = FormatSessionBenchReport(*report);
   EXPECT_TRUE(absl::StrContains(text, "decode:")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "decode while all sessions ran:")) << text;
   EXPECT_TRUE(absl::StrContains(text, "5 completed, 0 failed")) << text;
   EXPECT_TRUE(absl::StrContains(text, streaming ? "a stream per session" : "unary calls")) << text;
   const std::string json = SessionBenchReportJson(*report);
-  for (const char* key :
-       {"\"decode_tokens_per_second\"", "\"step_latency_ms\"", "\"p99\"", "\"session_id_prefix\"",
-        "\"mode\": \"sessions\"", "\"first_error_by_code\": {}",
-        streaming ? "\"transport\": \"stream\"" : "\"transport\": \"unary\""}) {
+  for (const char* key : {"\"decode_tokens_per_second\"", "\"steady_decode_tokens_per_second\"",
+                          "\"step_latency_ms\"", "\"p99\"", "\"session_id_prefix\"",
+                          "\"mode\": \"sessions\"", "\"first_error_by_code\": {}",
+                          streaming ? "\"transport\": \"stream\"" : "\"transport\": \"unary\""}) {
     EXPECT_TRUE(absl::StrContains(json, key)) << key << " missing from " << json;
   }
 }
