@@ -6,9 +6,11 @@ interleave an A/B, and rotate the order between rounds): start a layerserve
 from the setting's binary directory with the common layerserve args plus the
 setting's own flags, then run every row of --rows, one `layerctl bench` each,
 scraping /metrics before and after. One line per (setting, row): the client's
-tokens/s (decode tokens/s for a session row), and from the scrapes the
-batches, compute time and tokens per batch, and how the batches were launched
-(direct, captured into a CUDA graph, replayed). The tables of docs/perf.md's
+tokens/s (decode tokens/s for a session row) and mean latency (a session
+row's steps), and from the scrapes the batches, compute time and tokens per
+batch, the server's mean request and queue times (a session row's include
+its prefills: give it a short --prefill to read them as a step's), and how
+the batches were launched (direct, captured into a CUDA graph, replayed). The tables of docs/perf.md's
 "Where a unary session step loses" were taken with an uncommitted script that
 did the same, of which this is the kept form.
 
@@ -51,6 +53,12 @@ def parse_pairs(text, sep="="):
     return pairs
 
 
+def mean_ms(before, after, name):
+    """Mean of histogram `name` between the scrapes, in ms (0 if empty)."""
+    count = delta(before, after, f"{name}_count")
+    return 1e3 * delta(before, after, f"{name}_sum") / count if count > 0 else 0.0
+
+
 def row_line(label, row, report, before, after):
     batches = delta(before, after, "layerserve_compute_duration_seconds_count")
     per_batch = max(batches, 1)
@@ -58,8 +66,14 @@ def row_line(label, row, report, before, after):
     failed = report.get("requests_failed", 0) + report.get("sessions_failed", 0)
     compute_ms = 1e3 * delta(before, after, "layerserve_compute_duration_seconds_sum") / per_batch
     tokens = delta(before, after, "layerserve_batch_tokens_sum") / per_batch
+    # The client's mean latency (a session row's steps) against the server's
+    # own request time: what the row's requests spent outside the server.
+    client_ms = report.get("step_latency_ms", report.get("latency_ms", {})).get("mean", 0.0)
+    request_ms = mean_ms(before, after, "layerserve_request_duration_seconds")
+    queue_ms = mean_ms(before, after, "layerserve_queue_duration_seconds")
     return (f"{label:10s} {row:6s} {rate:10.0f} tok/s  batches {batches:6.0f}  compute "
-            f"{compute_ms:6.3f} ms  {tokens:6.1f} tok/batch  direct/captured/replayed "
+            f"{compute_ms:6.3f} ms  {tokens:6.1f} tok/batch  client {client_ms:6.3f} ms  "
+            f"server {request_ms:6.3f} (queue {queue_ms:6.3f}) ms  direct/captured/replayed "
             f"{launch_split(before, after)}"
             f"  failed {failed}")
 
