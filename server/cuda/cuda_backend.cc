@@ -508,24 +508,29 @@ class CudaBackendImpl final : public CudaBackend {
       return executor_.Forward(slot.arena, geometry, workspace, stream,
                                sampled ? &slot.timer : nullptr);
     };
+    // After the layers: back to the wire dtype, the copies to the host, and
+    // the event the stream's thread waits on.
+    const auto rest = [&]() -> absl::Status {
+      LS_RETURN_IF_ERROR(convert(false));
+      LS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot.io_host.data(), io_device, io_bytes,
+                                              cudaMemcpyDeviceToHost, stream));
+      if (slot.arena.expert_tokens != nullptr) {
+        LS_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(slot.expert_tokens_host.data(), slot.arena.expert_tokens,
+                            slot.expert_tokens_host.bytes(), cudaMemcpyDeviceToHost, stream));
+      }
+      LS_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.done.get(), stream));
+      return absl::OkStatus();
+    };
     if (graph) {
       LS_ASSIGN_OR_RETURN(const cuda::GraphLaunch launch,
-                          slot.graphs->Run(cuda::GraphKeyOf(geometry), stream, forward));
+                          slot.graphs->Run(cuda::GraphKeyOf(geometry), stream, forward, rest));
       batch.timings.launch = cuda::GraphLaunchName(launch);
-    } else {
-      LS_RETURN_IF_ERROR(forward());
-      batch.timings.launch = cuda::GraphLaunchName(cuda::GraphLaunch::kDirect);
+      return absl::OkStatus();
     }
-    LS_RETURN_IF_ERROR(convert(false));
-    LS_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(slot.io_host.data(), io_device, io_bytes, cudaMemcpyDeviceToHost, stream));
-    if (slot.arena.expert_tokens != nullptr) {
-      LS_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(slot.expert_tokens_host.data(), slot.arena.expert_tokens,
-                          slot.expert_tokens_host.bytes(), cudaMemcpyDeviceToHost, stream));
-    }
-    LS_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.done.get(), stream));
-    return absl::OkStatus();
+    LS_RETURN_IF_ERROR(forward());
+    batch.timings.launch = cuda::GraphLaunchName(cuda::GraphLaunch::kDirect);
+    return rest();
   }
 
   // Drains the stream (so no launched work still touches the slot's buffers

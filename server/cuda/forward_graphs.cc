@@ -43,37 +43,36 @@ std::string_view GraphLaunchName(GraphLaunch launch) {
 }
 
 absl::StatusOr<GraphLaunch> ForwardGraphs::Run(const ForwardGraphKey& key, cudaStream_t stream,
-                                               absl::FunctionRef<absl::Status()> forward) {
+                                               absl::FunctionRef<absl::Status()> forward,
+                                               absl::FunctionRef<absl::Status()> rest) {
   CudaGraphExec* graph = disabled_ ? nullptr : graphs_.Find(key);
-  if (graph == nullptr) {
-    LS_RETURN_IF_ERROR(forward());
-    if (!disabled_) graphs_.Insert(key, CudaGraphExec());
-    return GraphLaunch::kDirect;
-  }
-  if (graph->get() != nullptr) {
+  if (graph != nullptr && graph->get() != nullptr) {
     LS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph->get(), stream));
+    LS_RETURN_IF_ERROR(rest());
     return GraphLaunch::kReplayed;
   }
-  // Thread-local capture: the other streams' threads launch on as usual.
-  absl::Status recorded;
+  LS_RETURN_IF_ERROR(forward());
+  LS_RETURN_IF_ERROR(rest());
+  if (disabled_) return GraphLaunch::kDirect;
+  if (graph == nullptr) {
+    graphs_.Insert(key, CudaGraphExec());  // seen once: capture at the next sight
+    return GraphLaunch::kDirect;
+  }
+  // The batch is enqueued; the device computes it while this thread records
+  // the same launches again. Thread-local: the other streams' threads launch
+  // on as usual.
   absl::StatusOr<CudaGraphExec> captured =
-      CaptureGraph(stream, cudaStreamCaptureModeThreadLocal, [&] {
-        recorded = forward();
-        return recorded;
-      });
-  if (!recorded.ok()) return recorded;
+      CaptureGraph(stream, cudaStreamCaptureModeThreadLocal, forward);
   if (!captured.ok()) {
-    // The capture enqueued nothing: clear its error and launch directly.
+    // Nothing of the capture was enqueued: clear its error, keep the batch.
     static_cast<void>(cudaGetLastError());
     disabled_ = true;
     LogWarning(absl::StrCat("cuda backend: capturing a CUDA graph failed (",
                             captured.status().message(),
                             "); this stream launches its batches directly from now on"));
-    LS_RETURN_IF_ERROR(forward());
     return GraphLaunch::kDirect;
   }
   *graph = *std::move(captured);
-  LS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph->get(), stream));
   return GraphLaunch::kCaptured;
 }
 

@@ -15,12 +15,17 @@
 //
 // A key's life on one stream: its first batch launches directly, which also
 // loads what the runtime loads lazily (kernel modules, cuBLASLt's plans) and
-// must not load inside a capture; the second is captured, instantiated and
-// launched; the later ones replay. A stream keeps its `capacity` most
-// recently used keys. Should a capture fail, the stream logs why and
-// launches every batch directly from then on. The backend sends here only
-// the batches UseForwardGraph admits: up to --cuda-graph-max-tokens tokens,
-// not timed per op, onto an idle device.
+// must not load inside a capture; the second launches directly too, and once
+// the rest of that batch is enqueued, its launches are captured a second
+// time (recorded, not run) and instantiated while the device computes the
+// batch; the later ones replay. A capture thus costs host time the stream's
+// thread would otherwise spend waiting for its batch, not time before the
+// device can start (it cost a batch up to ~1 ms of a 4-layer span there
+// before, with a capture in a fifth of the batches of 256 unary sessions).
+// A stream keeps its `capacity` most recently used keys. Should a capture
+// fail, the stream logs why and launches every batch directly from then on.
+// The backend sends here only the batches UseForwardGraph admits: up to
+// --cuda-graph-max-tokens tokens, not timed per op, onto an idle device.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -78,6 +83,8 @@ int64_t GraphPlanCount(int64_t n);
 // replayed); alone on the device, graphs were ahead in 3 of 4 pairs (1-4%).
 bool UseForwardGraph(int64_t tokens, int64_t max_tokens, bool timed, int other_batches_running);
 
+// How a batch's layers were launched: directly; directly, then captured for
+// the key's later batches; or by replaying the key's graph.
 enum class GraphLaunch { kDirect, kCaptured, kReplayed };
 std::string_view GraphLaunchName(GraphLaunch launch);  // "direct", "captured", "replayed"
 
@@ -86,12 +93,17 @@ class ForwardGraphs {
  public:
   explicit ForwardGraphs(size_t capacity) : graphs_(capacity) {}
 
-  // Enqueues `forward`'s launches on `stream` for a batch of `key`: directly,
-  // or through the key's graph (captured now, or replayed). `forward` must
+  // Enqueues a batch of `key` on `stream`: `forward`'s launches, directly or
+  // by replaying the key's graph, then `rest` (the batch's work after its
+  // layers: output copies, its completion event), then, on the key's second
+  // batch, the capture of `forward` for the batches after it. `forward` must
   // enqueue the same launches for every batch of a key, on `stream` only,
-  // and must not synchronize. Its own errors come back as they are.
+  // and must not synchronize. Errors of `forward` and `rest` come back as
+  // they are; a failed capture is not the batch's failure (the stream
+  // launches directly from then on).
   absl::StatusOr<GraphLaunch> Run(const ForwardGraphKey& key, cudaStream_t stream,
-                                  absl::FunctionRef<absl::Status()> forward);
+                                  absl::FunctionRef<absl::Status()> forward,
+                                  absl::FunctionRef<absl::Status()> rest);
 
   size_t size() const { return graphs_.size(); }
 

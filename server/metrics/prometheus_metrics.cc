@@ -341,8 +341,9 @@ struct PrometheusMetrics::Impl {
         batch_launches(prometheus::BuildCounter()
                            .Name("layerserve_batch_launches_total")
                            .Help("Batches the CUDA backend ran, by how it launched their layers: "
-                                 "direct (kernel by kernel), captured (into a CUDA graph, then "
-                                 "launched) or replayed (a graph captured before).")
+                                 "direct (kernel by kernel), captured (launched directly, then "
+                                 "recorded into a CUDA graph for the later batches of its shape) "
+                                 "or replayed (a graph captured before).")
                            .Register(*registry)),
         gpu_memory_used(prometheus::BuildGauge()
                             .Name("layerserve_gpu_memory_used_bytes")

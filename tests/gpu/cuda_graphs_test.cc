@@ -231,6 +231,63 @@ TEST_F(CudaGraphsTest, StatelessBatchesReplayBitForBit) {
   }
 }
 
+// A key's second batch launches directly and enqueues the rest of its work
+// before its capture, so that the capture overlaps the device's work rather
+// than delaying it; the third replays the capture. Each batch's layers run
+// on its own input.
+TEST(ForwardGraphsTest, TheSecondBatchRunsDirectlyAndIsCapturedAfterItsRest) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  absl::StatusOr<cuda::CudaStream> stream = cuda::CreateStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  absl::StatusOr<cuda::DeviceBuffer> word = cuda::DeviceBuffer::Allocate(sizeof(int32_t));
+  ASSERT_TRUE(word.ok()) << word.status();
+  absl::StatusOr<cuda::PinnedBuffer> host = cuda::PinnedBuffer::Allocate(sizeof(int32_t));
+  ASSERT_TRUE(host.ok()) << host.status();
+  cuda::ForwardGraphs graphs(4);
+  const cuda::ForwardGraphKey key{.tokens = 2, .num_seqs = 1, .max_seqlen = 2};
+  // The "layers" copy the batch's input (a fixed buffer, refilled for each
+  // batch, as the backend's are) to the word; "the rest" copies the word to
+  // the host. A graph replays the copy it captured, of whatever the input
+  // holds then.
+  absl::StatusOr<cuda::DeviceBuffer> input = cuda::DeviceBuffer::Allocate(sizeof(int32_t));
+  ASSERT_TRUE(input.ok()) << input.status();
+  std::vector<std::string> calls;
+  const std::vector<std::vector<std::string>> want_calls = {
+      {"forward", "rest"}, {"forward", "rest", "forward"}, {"rest"}};
+  const std::vector<cuda::GraphLaunch> want_launch = {cuda::GraphLaunch::kDirect, cuda::GraphLaunch::kCaptured,
+                                                      cuda::GraphLaunch::kReplayed};
+  for (int batch = 0; batch < 3; ++batch) {
+    const int32_t value = 100 * (batch + 1) + 7;
+    ASSERT_EQ(cudaMemcpy(input->data(), &value, sizeof(int32_t), cudaMemcpyHostToDevice), cudaSuccess);
+    calls.clear();
+    const auto forward = [&]() -> absl::Status {
+      calls.push_back("forward");
+      if (cudaMemcpyAsync(word->data(), input->data(), sizeof(int32_t), cudaMemcpyDeviceToDevice, stream->get()) !=
+          cudaSuccess) {
+        return absl::InternalError("cudaMemcpyAsync failed");
+      }
+      return absl::OkStatus();
+    };
+    const auto rest = [&]() -> absl::Status {
+      calls.push_back("rest");
+      if (cudaMemcpyAsync(host->data(), word->data(), sizeof(int32_t), cudaMemcpyDeviceToHost, stream->get()) !=
+          cudaSuccess) {
+        return absl::InternalError("cudaMemcpyAsync failed");
+      }
+      return absl::OkStatus();
+    };
+    absl::StatusOr<cuda::GraphLaunch> launch = graphs.Run(key, stream->get(), forward, rest);
+    ASSERT_TRUE(launch.ok()) << "batch " << batch << ": " << launch.status();
+    EXPECT_EQ(*launch, want_launch[batch]) << "batch " << batch;
+    EXPECT_EQ(calls, want_calls[batch]) << "batch " << batch;
+    ASSERT_EQ(cudaStreamSynchronize(stream->get()), cudaSuccess);
+    int32_t got = 0;
+    std::memcpy(&got, host->data(), sizeof(got));
+    EXPECT_EQ(got, value) << "batch " << batch << ": its layers did not run on its input";
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 // A capture that fails (here: the recorded work queries its stream, which a
 // thread-local capture forbids) costs the batch nothing: its work runs
 // directly, and the stream launches directly from then on.
@@ -251,7 +308,7 @@ TEST(ForwardGraphsTest, AFailedCaptureFallsBackToDirectLaunches) {
       static_cast<void>(cudaStreamQuery(stream->get()));  // legal unless capturing
       return absl::OkStatus();
     };
-    absl::StatusOr<cuda::GraphLaunch> launch = graphs.Run(key, stream->get(), forward);
+    absl::StatusOr<cuda::GraphLaunch> launch = graphs.Run(key, stream->get(), forward, [] { return absl::OkStatus(); });
     ASSERT_TRUE(launch.ok()) << "batch " << batch << ": " << launch.status();
     EXPECT_EQ(*launch, cuda::GraphLaunch::kDirect) << "batch " << batch;
     ASSERT_EQ(cudaStreamSynchronize(stream->get()), cudaSuccess);
