@@ -171,14 +171,15 @@ for stage in "${stages[@]}"; do
       # from /metrics (bench/server/launch_rows.py). ROWS_SETTINGS:
       # 'label=BIN_DIR|server flags;...' (default: this bundle with CUDA graphs
       # and without, two rounds in rotated order; name an older bundle's
-      # extracted bin/ to A/B two builds); ROWS overrides the rows.
+      # extracted bin/ to A/B two builds); ROWS overrides the rows; ROWS_ARGS
+      # adds launch_rows.py flags (--ops: each op's GPU time under each row).
       span_checkpoint
       b=$bundle/bin
       off=--cuda-graph-max-tokens=0
       # shellcheck disable=SC2086
       python3 bench/server/launch_rows.py "$out/rows" \
         --settings="${ROWS_SETTINGS:-graphs=$b|;nographs=$b|$off;nographs=$b|$off;graphs=$b|}" \
-        ${ROWS:+--rows="$ROWS"} --layerctl="$b/layerctl" --model-dir="$ckpt" \
+        ${ROWS:+--rows="$ROWS"} ${ROWS_ARGS:-} --layerctl="$b/layerctl" --model-dir="$ckpt" \
         --model-name=llama3-8b-4l --backend=cuda ${LOAD_SERVER_ARGS:-} || failed=1
       ;;
     bench-decode)

@@ -8,14 +8,16 @@ setting's own flags, then run every row of --rows, one `layerctl bench` each,
 scraping /metrics before and after. One line per (setting, row): the client's
 tokens/s (decode tokens/s for a session row) and mean latency (a session
 row's steps), and from the scrapes the batches, compute time and tokens per
-batch, the server's mean request and queue times (a session row's include
-its prefills: give it a short --prefill to read them as a step's), and how
-the batches were launched (direct, captured into a CUDA graph, replayed). The tables of docs/perf.md's
+batch (and "gpu": the GPU time of the batches the server timed op by op,
+every 16th), the server's mean request and queue times (a session row's
+include its prefills: give it a short --prefill to read them as a step's),
+and how the batches were launched (direct, captured into a CUDA graph,
+replayed). --ops adds a line per row with each op's share of that GPU time. The tables of docs/perf.md's
 "Where a unary session step loses" were taken with an uncommitted script that
 did the same, of which this is the kept form.
 
   python3 bench/server/launch_rows.py OUT_DIR --settings SETTINGS [--rows ROWS]
-      [--layerctl PATH] [layerserve args...]
+      [--layerctl PATH] [--ops] [layerserve args...]
 
 SETTINGS: 'label=BIN_DIR|server flags;...', e.g.
   'graphs=/tmp/b/bin|;nographs=/tmp/b/bin|--cuda-graph-max-tokens=0;
@@ -35,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from layerserve_process import LayerserveProcess, ServerStartError  # noqa: E402
-from metrics_delta import delta, launch_split  # noqa: E402
+from metrics_delta import delta, gpu_ms_per_batch, launch_split  # noqa: E402
 from summary_log import summary_emitter  # noqa: E402
 
 DEFAULT_ROWS = ("l1=--tokens=1 --concurrency=1 --duration-s=2;"
@@ -59,7 +61,22 @@ def mean_ms(before, after, name):
     return 1e3 * delta(before, after, f"{name}_sum") / count if count > 0 else 0.0
 
 
-def row_line(label, row, report, before, after):
+def op_line(before, after, layers):
+    """'    ops ms per sampled batch: norm 0.048 gemm_qkv 0.121 ...': each op's
+    stream time summed over the span's layers, per batch the server timed
+    (those of --ops; None where no batch was sampled)."""
+    sampled = delta(before, after, "layerserve_kernel_duration_seconds_count", op="gemm_down")
+    batches = sampled / layers if layers > 0 else 0
+    if batches <= 0:
+        return None
+    ops = sorted({dict(series)["op"] for (name, series) in after
+                  if name == "layerserve_kernel_duration_seconds_sum"})
+    parts = [f"{op} {1e3 * delta(before, after, 'layerserve_kernel_duration_seconds_sum', op=op) / batches:.3f}"
+             for op in ops]
+    return "    ops ms per sampled batch: " + " ".join(parts)
+
+
+def row_line(label, row, report, before, after, layers):
     batches = delta(before, after, "layerserve_compute_duration_seconds_count")
     per_batch = max(batches, 1)
     rate = report.get("decode_tokens_per_second", report.get("tokens_per_second", 0.0))
@@ -71,8 +88,10 @@ def row_line(label, row, report, before, after):
     client_ms = report.get("step_latency_ms", report.get("latency_ms", {})).get("mean", 0.0)
     request_ms = mean_ms(before, after, "layerserve_request_duration_seconds")
     queue_ms = mean_ms(before, after, "layerserve_queue_duration_seconds")
+    gpu_ms, _ = gpu_ms_per_batch(before, after, layers)
+    gpu = f"{gpu_ms:6.3f}" if gpu_ms is not None else "     -"
     return (f"{label:10s} {row:6s} {rate:10.0f} tok/s  batches {batches:6.0f}  compute "
-            f"{compute_ms:6.3f} ms  {tokens:6.1f} tok/batch  client {client_ms:6.3f} ms  "
+            f"{compute_ms:6.3f} ms (gpu {gpu})  {tokens:6.1f} tok/batch  client {client_ms:6.3f} ms  "
             f"server {request_ms:6.3f} (queue {queue_ms:6.3f}) ms  direct/captured/replayed "
             f"{launch_split(before, after)}"
             f"  failed {failed}")
@@ -85,6 +104,8 @@ def main():
     parser.add_argument("--settings", required=True)
     parser.add_argument("--rows", default=DEFAULT_ROWS)
     parser.add_argument("--layerctl", default="")
+    parser.add_argument("--ops", action="store_true",
+                        help="under each row, each op's GPU time per sampled batch")
     args, server_args = parser.parse_known_args()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -116,7 +137,11 @@ def main():
                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
                 after = server.samples()
                 report = json.loads(report_path.read_text()) if report_path.exists() else {}
-                emit(row_line(label, row, report, before, after))
+                layers = server.layers[1] - server.layers[0]
+                emit(row_line(label, row, report, before, after, layers))
+                ops = op_line(before, after, layers) if args.ops else None
+                if ops:
+                    emit(ops)
                 before = after
 
 

@@ -100,7 +100,7 @@ def test_launch_rows_prints_a_line_per_setting_and_row_in_order(tmp_path):
         [sys.executable, str(BENCH_SERVER / "launch_rows.py"), str(out),
          f"--settings=a={bin_dir}|;b={bin_dir}|--max-queue-delay-us=0;a={bin_dir}|",
          "--rows=one=--tokens=1 --concurrency=1 --duration-s=0.3;"
-         "s2=--sessions=2 --prefill=2 --steps=2"],
+         "s2=--sessions=2 --prefill=2 --steps=2", "--ops"],
         capture_output=True, text=True, timeout=180, env={**os.environ, "LOAD_CLIENT_ARGS": ""})
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [line.split() for line in (out / "summary.txt").read_text().splitlines()
@@ -111,7 +111,12 @@ def test_launch_rows_prints_a_line_per_setting_and_row_in_order(tmp_path):
         assert float(row[2]) > 0, row  # tok/s
         assert float(row[5]) >= 1, row  # batches between the scrapes
         assert row[-2:] == ["failed", "0"], row
-        # The CPU backend launches nothing on a GPU.
+        # The client's mean latency and the server's request time, both seen.
+        assert float(row[row.index("client") + 1]) > 0, row
+        assert float(row[row.index("server") + 1]) > 0, row
+        # The CPU backend times no kernels (so --ops adds no line) and
+        # launches nothing on a GPU.
+        assert row[row.index("(gpu") + 1] == "-)", row
         assert row[row.index("direct/captured/replayed") + 1] == "0/0/0", row
     # Every setting keeps its server's log and the client's reports.
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["00-a", "01-b", "02-a"]
