@@ -325,7 +325,9 @@ int Main(int argc, char** argv) {
         const int version = std::atoi(v);
         if (std::find(std::begin(kFlashAttentionVersions), std::end(kFlashAttentionVersions), version) ==
             std::end(kFlashAttentionVersions)) {
-          std::fprintf(stderr, "--versions: version %d is not built (built: 6, 7, 8)\n", version);
+          std::string built;
+          for (int b : kFlashAttentionVersions) built += (built.empty() ? "" : ", ") + std::to_string(b);
+          std::fprintf(stderr, "--versions: version %d is not built (built: %s)\n", version, built.c_str());
           return 1;
         }
         versions.push_back(version);
@@ -358,6 +360,18 @@ int Main(int argc, char** argv) {
   BENCH_CHECK_OK(dev.status());
   BenchAttention(128, shapes, versions, warmup, iters, window, *dev);
   BenchAttention(64, {shapes[0], shapes[2], shapes[4], shapes[5]}, versions, warmup, iters, window, *dev);
+  // Short sequences, as the server batches them: one-token requests (28 and
+  // 97 were the mean batches at concurrency 64 and 256 on the H100), and
+  // short prompts up to v9's limit, from the fused qkv buffer.
+  const std::vector<Shape> short_shapes = {
+      {"1x1", {1}, true},
+      {"28x1", std::vector<int>(28, 1), true},
+      {"97x1", std::vector<int>(97, 1), true},
+      {"256x1", std::vector<int>(256, 1), true},
+      {"16x8", std::vector<int>(16, 8), true},
+      {"8x32", std::vector<int>(8, 32), true},
+  };
+  BenchAttention(128, short_shapes, versions, warmup, iters, window, *dev);
   BenchLayerOps(warmup, iters, prop.l2CacheSize);
   return 0;
 }

@@ -26,6 +26,8 @@ const char* FlashAttentionVersionName(int version) {
       return "v7 64x64 tile, 4 warps x 16 rows, Q in registers, longest first, lazy rescale";
     case 8:
       return "v8 128x128 wgmma, 2 warpgroups, sm_90a";
+    case 9:
+      return "v9 short sequences, a warp per query row and head";
     default:
       return "unknown";
   }
@@ -60,9 +62,15 @@ const char* FlashAttentionVersionName(int version) {
 // measures it. (A grid too large for
 // the longest-first enumeration, query tiles x heads > 2^31 - 1, is refused
 // at launch; serving's --max-batch-tokens keeps far below it.)
+//
+// v9 comes first wherever it runs (max_seqlen <= kFlashV9MaxSeqlen): a tiled
+// version spends a whole query tile per sequence and head however few rows
+// the sequence has, which for batches of one-token requests was most of the
+// kernel's time (flash_fwd_v9.cu, docs/perf-attention.md "Short sequences").
 int DefaultFlashAttentionVersion(const FlashAttentionParams& p, const DeviceInfo& dev) {
   constexpr int kV1BlockM = 128, kV1CtasPerSm = 2, kMinWaves = 3, kShortSeqlen = 1024;
   const int64_t v1_tiles_per_seq = int64_t{(p.max_seqlen + kV1BlockM - 1) / kV1BlockM} * p.num_heads;
+  if (flash::FlashFwdV9Available(p).ok()) return 9;
   if (flash::FlashFwdV8Available(p, dev).ok()) return 8;
   const bool short_grid = int64_t{p.num_seqs} * v1_tiles_per_seq < int64_t{kMinWaves} * kV1CtasPerSm * dev.num_sms;
   return short_grid && p.max_seqlen <= kShortSeqlen ? 7 : 6;
@@ -136,6 +144,8 @@ absl::Status FlashAttentionVersionAvailable(const FlashAttentionParams& p, int v
       return absl::OkStatus();
     case 8:
       return flash::FlashFwdV8Available(p, dev);
+    case 9:
+      return flash::FlashFwdV9Available(p);
     default:
       return absl::InvalidArgumentError(absl::StrCat("flash attention: no version ", version, " is built"));
   }
@@ -157,6 +167,8 @@ absl::Status LaunchFlashAttentionVersion(const FlashAttentionParams& p, int vers
       return flash::RunFlashFwdV7(p, heads_per_section, stream);
     case 8:
       return flash::RunFlashFwdV8(p, dev, heads_per_section, stream);
+    case 9:  // no sections: each warp reads only its own row's keys
+      return flash::RunFlashFwdV9(p, stream);
     default:
       return absl::InvalidArgumentError(absl::StrCat("flash attention: no version ", version, " is built"));
   }

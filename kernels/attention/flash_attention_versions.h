@@ -2,8 +2,9 @@
 //
 // Version 0 is the external baseline (PyTorch's flash and cuDNN backends, in
 // bench/attention/torch_sdpa.py). Of this library's versions, the ones serving
-// can choose are built: 6 and 7 (sm80 mma.sync, every head_dim and dtype) and
-// 8 (sm90 wgmma, head_dim 128 bf16). Versions 1-5 and the non-causal
+// can choose are built: 6 and 7 (sm80 mma.sync, every head_dim and dtype),
+// 8 (sm90 wgmma, head_dim 128 bf16) and 9 (sequences of at most
+// kFlashV9MaxSeqlen tokens, a warp per query row and head on CUDA cores). Versions 1-5 and the non-causal
 // instantiations were removed after commit 92d9569; docs/perf-attention.md
 // keeps what each measured. The GPU tests validate every built version, the
 // benchmark times them side by side, and LaunchFlashAttention (the production
@@ -22,7 +23,10 @@
 namespace layerserve::kernels {
 
 // The versions built, in ascending order.
-inline constexpr int kFlashAttentionVersions[] = {6, 7, 8};
+inline constexpr int kFlashAttentionVersions[] = {6, 7, 8, 9};
+
+// The longest sequence v9 takes: its warps walk their keys one at a time.
+inline constexpr int kFlashV9MaxSeqlen = 32;
 
 // A one-line description ("v6 128x64 tile ...") of a built version.
 const char* FlashAttentionVersionName(int version);
@@ -43,7 +47,8 @@ absl::Status ValidateFlashAttentionParams(const FlashAttentionParams& p);
 
 // OK if version `version` runs valid params `p` on `dev` with this build;
 // UNIMPLEMENTED saying why not (v8: head_dim 128, bf16, sm_90a build,
-// compute capability 9.0), which is also what launching it would return;
+// compute capability 9.0; v9: max_seqlen at most kFlashV9MaxSeqlen), which
+// is also what launching it would return;
 // INVALID_ARGUMENT for a version that is not built.
 absl::Status FlashAttentionVersionAvailable(const FlashAttentionParams& p, int version, const DeviceInfo& dev);
 
@@ -61,6 +66,8 @@ absl::Status RunFlashFwdV7(const FlashAttentionParams& p, int heads_per_section,
 absl::Status RunFlashFwdV8(const FlashAttentionParams& p, const DeviceInfo& dev, int heads_per_section,
                            cudaStream_t stream);
 absl::Status FlashFwdV8Available(const FlashAttentionParams& p, const DeviceInfo& dev);
+absl::Status RunFlashFwdV9(const FlashAttentionParams& p, cudaStream_t stream);
+absl::Status FlashFwdV9Available(const FlashAttentionParams& p);
 }  // namespace flash
 
 }  // namespace layerserve::kernels

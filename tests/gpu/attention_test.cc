@@ -310,6 +310,16 @@ std::vector<AttnCase> Cases() {
   // sequence, see no key at all and must still exit without writing.
   cases.push_back({{130, 1, 1, 190}, 64, 4, 1, DType::kF16, /*max_seqlen_slack=*/300, /*window=*/50});
   cases.push_back({{130, 1, 1, 190}, 128, 4, 1, DType::kBF16, /*max_seqlen_slack=*/300, /*window=*/50});
+  // Short sequences, v9's (at most kFlashV9MaxSeqlen tokens): a batch of
+  // one-token requests in the served layout, where each output row is its V
+  // row; mixed short lengths up to the limit, with and without a window; a
+  // grid sized from an upper bound within the limit.
+  cases.push_back({std::vector<int>(40, 1), 128, 32, 8, DType::kBF16});
+  cases.push_back({std::vector<int>(5, 1), 64, 8, 2, DType::kF16});
+  cases.push_back({{1, 2, 5, 32, 17, 1, 31}, 128, 8, 2, DType::kBF16});
+  cases.push_back({{1, 2, 5, 32, 17, 1, 31}, 64, 8, 1, DType::kF16, 0, 3});
+  cases.push_back({{9, 1, 3}, 128, 32, 8, DType::kBF16, 0, 1});
+  cases.push_back({{1, 1, 3}, 128, 4, 1, DType::kBF16, /*max_seqlen_slack=*/4});
   // Windows about as long as the sequences: 999 and 1000 tokens see every
   // key of their causal range, 1001's last row loses key 0; a window longer
   // than everything is the same as none.
@@ -385,6 +395,16 @@ TEST(FlashAttentionDispatchTest, DefaultVersionFollowsTheMeasuredRule) {
   p.dtype = DType::kBF16;
   p.head_dim = 64;  // v8 takes head_dim 128 only
   EXPECT_EQ(DefaultFlashAttentionVersion(p, h100), 6);
+  // v9 for sequences of at most kFlashV9MaxSeqlen tokens, on any device.
+  p.head_dim = 128;
+  for (int len : {1, 7, kFlashV9MaxSeqlen}) {
+    p.max_seqlen = len;
+    EXPECT_EQ(DefaultFlashAttentionVersion(p, h100), 9) << len;
+    EXPECT_EQ(DefaultFlashAttentionVersion(p, a100), 9) << len;
+  }
+  p.max_seqlen = kFlashV9MaxSeqlen + 1;
+  EXPECT_NE(DefaultFlashAttentionVersion(p, h100), 9);
+  EXPECT_NE(DefaultFlashAttentionVersion(p, a100), 9);
 }
 
 // A negative window is refused before any launch (host-only: the pointers are
