@@ -63,14 +63,18 @@ const char* FlashAttentionVersionName(int version) {
 // the longest-first enumeration, query tiles x heads > 2^31 - 1, is refused
 // at launch; serving's --max-batch-tokens keeps far below it.)
 //
-// v9 comes first wherever it runs (max_seqlen <= kFlashV9MaxSeqlen): a tiled
-// version spends a whole query tile per sequence and head however few rows
-// the sequence has, which for batches of one-token requests was most of the
-// kernel's time (flash_fwd_v9.cu, docs/perf-attention.md "Short sequences").
+// v9 comes first up to kFlashV9DefaultMaxSeqlen tokens: a tiled version
+// spends a whole query tile per sequence and head however few rows the
+// sequence has. H100, 32 / 8 heads, head_dim 128, bf16, one fused qkv
+// buffer, us per call v6 / v7 / v8 / v9:
+//   1 x 1:    9 /   8 /   8 / 7     97 x 1:  80 /  48 / 108 / 8
+//   28 x 1:  29 /  18 /  35 / 8    256 x 1: 199 / 120 / 271 / 8
+//   16 x 8:  18 /  12 /  22 / 9      8 x 32: 12 /   9 /  14 / 25
+// (docs/perf-attention.md, "Short sequences").
 int DefaultFlashAttentionVersion(const FlashAttentionParams& p, const DeviceInfo& dev) {
   constexpr int kV1BlockM = 128, kV1CtasPerSm = 2, kMinWaves = 3, kShortSeqlen = 1024;
   const int64_t v1_tiles_per_seq = int64_t{(p.max_seqlen + kV1BlockM - 1) / kV1BlockM} * p.num_heads;
-  if (flash::FlashFwdV9Available(p).ok()) return 9;
+  if (p.max_seqlen <= kFlashV9DefaultMaxSeqlen) return 9;
   if (flash::FlashFwdV8Available(p, dev).ok()) return 8;
   const bool short_grid = int64_t{p.num_seqs} * v1_tiles_per_seq < int64_t{kMinWaves} * kV1CtasPerSm * dev.num_sms;
   return short_grid && p.max_seqlen <= kShortSeqlen ? 7 : 6;

@@ -11,7 +11,9 @@
 // rows need: a warp holds its query row in registers (head_dim / 32 elements
 // a lane), walks its sequence's visible keys (causal, through the window),
 // and keeps an online softmax in fp32. With one key the output is exactly V
-// (weight exp(0) = 1, sum 1).
+// (weight 2^0 = 1, sum 1). It is a kernel of short sequences only: a warp's
+// keys go one after another, so at 8 x 32 tokens it already took 2.8x v7's
+// time, and the default takes it up to kFlashV9DefaultMaxSeqlen.
 //
 // Launch: a CTA of kWarps warps per (row slot, group of kWarps query heads),
 // row slots = num_seqs x max_seqlen (a slot past its sequence's end exits).
@@ -28,6 +30,7 @@
 #include "base/cuda/cuda_status.h"
 #include "kernels/attention/flash_attention_versions.h"
 #include "kernels/common/dtype.cuh"
+#include "kernels/common/mma_sm80.cuh"
 #include "kernels/common/pdl.cuh"
 
 namespace layerserve::kernels::flash {
@@ -54,7 +57,14 @@ __global__ void __launch_bounds__(kWarps * 32) ShortSeqAttentionKernel(const Fla
   const V qv = *reinterpret_cast<const V*>(static_cast<const T*>(p.q) + token * p.q_row_stride +
                                            int64_t{head} * kHeadDim + lane * kPerLane);
   float q[kPerLane];
-  for (int e = 0; e < kPerLane; ++e) q[e] = ToFloat(qv.v[e]) * p.softmax_scale;
+  for (int e = 0; e < kPerLane; ++e) q[e] = ToFloat(qv.v[e]);
+  // Rounded where the tiled versions and the paged attention round, so that
+  // a sequence gives the same output whichever kernel its batch takes (a
+  // session's steps are checked against one stateless request): scores in
+  // fp32, exponentials in base 2 of the scaled scores, each probability
+  // rounded to T for its product with V (the tensor cores' operand there),
+  // the sum of the unrounded ones.
+  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
 
   // Keys row - window + 1 .. row of the sequence (all of 0..row without a
   // window), oldest first.
@@ -69,10 +79,12 @@ __global__ void __launch_bounds__(kWarps * 32) ShortSeqAttentionKernel(const Fla
     for (int e = 0; e < kPerLane; ++e) score += q[e] * ToFloat(kv.v[e]);
     for (int offset = 16; offset > 0; offset /= 2) score += __shfl_xor_sync(0xffffffffu, score, offset);
     const float m_new = fmaxf(m, score);
-    const float rescale = __expf(m - m_new);  // 0 for the first key (m = -inf)
-    const float weight = __expf(score - m_new);
+    const float base = m_new * scale_log2;
+    const float rescale = FastExp2(m * scale_log2 - base);  // 0 for the first key (m = -inf)
+    const float weight = FastExp2(score * scale_log2 - base);
     l = l * rescale + weight;
-    for (int e = 0; e < kPerLane; ++e) acc[e] = acc[e] * rescale + weight * ToFloat(vv.v[e]);
+    const float rounded = RoundTo<T>(weight);
+    for (int e = 0; e < kPerLane; ++e) acc[e] = acc[e] * rescale + rounded * ToFloat(vv.v[e]);
     m = m_new;
   }
   V out;

@@ -395,16 +395,19 @@ TEST(FlashAttentionDispatchTest, DefaultVersionFollowsTheMeasuredRule) {
   p.dtype = DType::kBF16;
   p.head_dim = 64;  // v8 takes head_dim 128 only
   EXPECT_EQ(DefaultFlashAttentionVersion(p, h100), 6);
-  // v9 for sequences of at most kFlashV9MaxSeqlen tokens, on any device.
+  // v9 for sequences of at most kFlashV9DefaultMaxSeqlen tokens, on any
+  // device; past that a tiled version, though v9 would still run them.
   p.head_dim = 128;
-  for (int len : {1, 7, kFlashV9MaxSeqlen}) {
+  for (int len : {1, 7, kFlashV9DefaultMaxSeqlen}) {
     p.max_seqlen = len;
     EXPECT_EQ(DefaultFlashAttentionVersion(p, h100), 9) << len;
     EXPECT_EQ(DefaultFlashAttentionVersion(p, a100), 9) << len;
   }
-  p.max_seqlen = kFlashV9MaxSeqlen + 1;
-  EXPECT_NE(DefaultFlashAttentionVersion(p, h100), 9);
-  EXPECT_NE(DefaultFlashAttentionVersion(p, a100), 9);
+  for (int len : {kFlashV9DefaultMaxSeqlen + 1, kFlashV9MaxSeqlen}) {
+    p.max_seqlen = len;
+    EXPECT_NE(DefaultFlashAttentionVersion(p, h100), 9) << len;
+    EXPECT_NE(DefaultFlashAttentionVersion(p, a100), 9) << len;
+  }
 }
 
 // A negative window is refused before any launch (host-only: the pointers are
