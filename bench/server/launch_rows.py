@@ -12,9 +12,9 @@ batch (and "gpu": the GPU time of the batches the server timed op by op,
 every 16th), the server's mean request and queue times (a session row's
 include its prefills: give it a short --prefill to read them as a step's),
 and how the batches were launched (direct, captured into a CUDA graph,
-replayed). --ops adds a line per row with each op's share of that GPU time. The tables of docs/perf.md's
-"Where a unary session step loses" were taken with an uncommitted script that
-did the same, of which this is the kept form.
+replayed). --ops adds a line per row with each op's share of that GPU time.
+The tables of docs/perf.md's "Where a unary session step loses" were taken
+with an uncommitted script that did the same, of which this is the kept form.
 
   python3 bench/server/launch_rows.py OUT_DIR --settings SETTINGS [--rows ROWS]
       [--layerctl PATH] [--ops] [layerserve args...]
@@ -61,22 +61,19 @@ def mean_ms(before, after, name):
     return 1e3 * delta(before, after, f"{name}_sum") / count if count > 0 else 0.0
 
 
-def op_line(before, after, layers):
+def op_line(before, after, sampled):
     """'    ops ms per sampled batch: norm 0.048 gemm_qkv 0.121 ...': each op's
     stream time summed over the span's layers, per batch the server timed
-    (those of --ops; None where no batch was sampled)."""
-    sampled = delta(before, after, "layerserve_kernel_duration_seconds_count", op="gemm_down")
-    batches = sampled / layers if layers > 0 else 0
-    if batches <= 0:
+    (`sampled` of them, as gpu_ms_per_batch counts them; None if none)."""
+    if sampled <= 0:
         return None
-    ops = sorted({dict(series)["op"] for (name, series) in after
-                  if name == "layerserve_kernel_duration_seconds_sum"})
-    parts = [f"{op} {1e3 * delta(before, after, 'layerserve_kernel_duration_seconds_sum', op=op) / batches:.3f}"
-             for op in ops]
+    sums = "layerserve_kernel_duration_seconds_sum"
+    ops = sorted({dict(series)["op"] for (name, series) in after if name == sums})
+    parts = [f"{op} {1e3 * delta(before, after, sums, op=op) / sampled:.3f}" for op in ops]
     return "    ops ms per sampled batch: " + " ".join(parts)
 
 
-def row_line(label, row, report, before, after, layers):
+def row_line(label, row, report, before, after, gpu_ms):
     batches = delta(before, after, "layerserve_compute_duration_seconds_count")
     per_batch = max(batches, 1)
     rate = report.get("decode_tokens_per_second", report.get("tokens_per_second", 0.0))
@@ -88,10 +85,10 @@ def row_line(label, row, report, before, after, layers):
     client_ms = report.get("step_latency_ms", report.get("latency_ms", {})).get("mean", 0.0)
     request_ms = mean_ms(before, after, "layerserve_request_duration_seconds")
     queue_ms = mean_ms(before, after, "layerserve_queue_duration_seconds")
-    gpu_ms, _ = gpu_ms_per_batch(before, after, layers)
     gpu = f"{gpu_ms:6.3f}" if gpu_ms is not None else "     -"
     return (f"{label:10s} {row:6s} {rate:10.0f} tok/s  batches {batches:6.0f}  compute "
-            f"{compute_ms:6.3f} ms (gpu {gpu})  {tokens:6.1f} tok/batch  client {client_ms:6.3f} ms  "
+            f"{compute_ms:6.3f} ms (gpu {gpu})  {tokens:6.1f} tok/batch  "
+            f"client {client_ms:6.3f} ms  "
             f"server {request_ms:6.3f} (queue {queue_ms:6.3f}) ms  direct/captured/replayed "
             f"{launch_split(before, after)}"
             f"  failed {failed}")
@@ -115,8 +112,8 @@ def main():
         sys.exit("launch_rows.py: --settings and --rows must each name at least one entry")
     layerctl = args.layerctl or str(Path(settings[0][1]) / "layerctl")
     emit = summary_emitter(out / "summary.txt")
-    emit("# setting row: client tok/s; from /metrics: batches, compute ms and tokens per batch, "
-         "launches")
+    emit("# setting row: client tok/s; from /metrics: batches, compute ms (gpu ms) and tokens per "
+         "batch; client mean ms; server request (queue) ms; launches")
     for index, (label, bin_dir, flags) in enumerate(settings):
         run_dir = out / f"{index:02d}-{label}"
         run_dir.mkdir(exist_ok=True)
@@ -138,8 +135,9 @@ def main():
                 after = server.samples()
                 report = json.loads(report_path.read_text()) if report_path.exists() else {}
                 layers = server.layers[1] - server.layers[0]
-                emit(row_line(label, row, report, before, after, layers))
-                ops = op_line(before, after, layers) if args.ops else None
+                gpu_ms, sampled = gpu_ms_per_batch(before, after, layers)
+                emit(row_line(label, row, report, before, after, gpu_ms))
+                ops = op_line(before, after, sampled) if args.ops else None
                 if ops:
                     emit(ops)
                 before = after
