@@ -9,9 +9,11 @@ scraping /metrics before and after. One line per (setting, row): the client's
 tokens/s (decode tokens/s for a session row) and mean latency (a session
 row's steps), and from the scrapes the batches, compute time and tokens per
 batch (and "gpu": the GPU time of the batches the server timed op by op,
-every 16th), the server's mean request and queue times (a session row's
-include its prefills: give it a short --prefill to read them as a step's),
-and how the batches were launched (direct, captured into a CUDA graph,
+every 16th), the server's mean request time and its parts: the queue wait,
+the compute of the batches a request ran in, and the rest, the time outside
+both (a session row's means include its prefills: give it a short --prefill
+to read them as a step's; servers older than the per-request compute metric
+show "-" for the last two), and how the batches were launched (direct, captured into a CUDA graph,
 replayed). --ops adds a line per row with each op's share of that GPU time.
 The tables of docs/perf.md's "Where a unary session step loses" were taken
 with an uncommitted script that did the same, of which this is the kept form.
@@ -85,11 +87,18 @@ def row_line(label, row, report, before, after, gpu_ms):
     client_ms = report.get("step_latency_ms", report.get("latency_ms", {})).get("mean", 0.0)
     request_ms = mean_ms(before, after, "layerserve_request_duration_seconds")
     queue_ms = mean_ms(before, after, "layerserve_queue_duration_seconds")
+    # Per request, so a batch of 100 weighs 100 times what a batch of 1 does
+    # (compute per batch above weighs them alike).
+    if delta(before, after, "layerserve_request_compute_seconds_count") > 0:
+        batches_ms = mean_ms(before, after, "layerserve_request_compute_seconds")
+        parts = f"batches {batches_ms:6.3f}  outside {request_ms - queue_ms - batches_ms:6.3f}"
+    else:
+        parts = "batches      -  outside      -"
     gpu = f"{gpu_ms:6.3f}" if gpu_ms is not None else "     -"
     return (f"{label:10s} {row:6s} {rate:10.0f} tok/s  batches {batches:6.0f}  compute "
             f"{compute_ms:6.3f} ms (gpu {gpu})  {tokens:6.1f} tok/batch  "
             f"client {client_ms:6.3f} ms  "
-            f"server {request_ms:6.3f} (queue {queue_ms:6.3f}) ms  direct/captured/replayed "
+            f"server {request_ms:6.3f} (queue {queue_ms:6.3f}  {parts}) ms  direct/captured/replayed "
             f"{launch_split(before, after)}"
             f"  failed {failed}")
 
@@ -113,7 +122,7 @@ def main():
     layerctl = args.layerctl or str(Path(settings[0][1]) / "layerctl")
     emit = summary_emitter(out / "summary.txt")
     emit("# setting row: client tok/s; from /metrics: batches, compute ms (gpu ms) and tokens per "
-         "batch; client mean ms; server request (queue) ms; launches")
+         "batch; client mean ms; server request (queue, batches, outside) ms; launches")
     for index, (label, bin_dir, flags) in enumerate(settings):
         run_dir = out / f"{index:02d}-{label}"
         run_dir.mkdir(exist_ok=True)

@@ -26,6 +26,10 @@ struct RequestRecord {
   std::string_view code;        // canonical status code name: "OK", "INVALID_ARGUMENT", ...
   double duration_seconds = 0;  // receipt -> reply
   int64_t tokens = 0;           // B*T, 0 if the request never parsed
+  // The compute time of the batches the request ran in (the sum over its
+  // pieces for a chunked one); 0 when it never ran. A request's duration less
+  // its queue wait and this is what the server spent on it outside batches.
+  double compute_seconds = 0;
 };
 
 // One request that left the queue (to run, or dropped as expired/cancelled).

@@ -66,8 +66,10 @@ struct InferRequest {
   // Filled by the core.
   std::string output;  // same size and layout as `input`
   SteadyTime enqueue_time{};
-  double queue_seconds = 0;    // enqueue -> batch start
-  double compute_seconds = 0;  // batch start -> batch done (shared by the batch)
+  double queue_seconds = 0;  // enqueue -> first batch start
+  // Batch start -> batch done, the batch's time (shared by its requests);
+  // summed over the batches of a request computed in pieces.
+  double compute_seconds = 0;
   int64_t batch_requests = 0;  // requests in the batch that ran this one
 
   // Called once with OK (output filled) or the reason the request failed.

@@ -71,7 +71,7 @@ void InferHandler::Submit(const grpc::ServerContextBase& context,
                        " bytes); send fewer tokens per request"));
     }
     if (!done.ok()) response->Clear();
-    Complete(reply, done, receipt, tokens);
+    Complete(reply, done, receipt, tokens, raw->compute_seconds);
   };
   // Queue full is RESOURCE_EXHAUSTED (the documented choice; Triton says
   // UNAVAILABLE); shutting down is UNAVAILABLE. Either way the request comes
@@ -81,12 +81,13 @@ void InferHandler::Submit(const grpc::ServerContextBase& context,
 }
 
 void InferHandler::Complete(const Reply& reply, const absl::Status& status, SteadyTime receipt,
-                            int64_t tokens) {
+                            int64_t tokens, double compute_seconds) {
   const std::string code = StatusCodeName(status);
   observer_->OnRequestFinished({.model = model_.name,
                                 .code = code,
                                 .duration_seconds = SecondsSince(receipt),
-                                .tokens = tokens});
+                                .tokens = tokens,
+                                .compute_seconds = compute_seconds});
   AddInflight(-1);
   // Statistics are recorded before the reply, so a client that asks for them
   // right after its answer sees its own request counted.

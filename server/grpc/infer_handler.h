@@ -53,8 +53,10 @@ class InferHandler {
               Reply reply);
 
  private:
-  // Reports the finished request, then replies.
-  void Complete(const Reply& reply, const absl::Status& status, SteadyTime receipt, int64_t tokens);
+  // Reports the finished request, then replies. `compute_seconds`: the
+  // request's InferRequest::compute_seconds (0 when it never ran).
+  void Complete(const Reply& reply, const absl::Status& status, SteadyTime receipt, int64_t tokens,
+                double compute_seconds = 0);
   void AddInflight(int64_t delta);
 
   const ServedModel& model_;

@@ -312,6 +312,12 @@ struct PrometheusMetrics::Impl {
                              .Name("layerserve_compute_duration_seconds")
                              .Help("Backend execution time of one batch.")
                              .Register(*registry)),
+        request_compute(prometheus::BuildHistogram()
+                            .Name("layerserve_request_compute_seconds")
+                            .Help("Execution time of the batches one request ran in (summed "
+                                  "over its pieces); the request's duration less its queue "
+                                  "wait and this is the server's time outside batches.")
+                            .Register(*registry)),
         batch_stage(prometheus::BuildHistogram()
                         .Name("layerserve_batch_stage_seconds")
                         .Help("Parts of a batch's compute time: input (tensors into the "
@@ -353,6 +359,7 @@ struct PrometheusMetrics::Impl {
         request_tokens_model(request_tokens.Add(ModelLabel(), PowersOfTwoUpTo(65536))),
         queue_duration_model(queue_duration.Add(ModelLabel(), DurationBucketsSeconds())),
         compute_duration_model(compute_duration.Add(ModelLabel(), DurationBucketsSeconds())),
+        request_compute_model(request_compute.Add(ModelLabel(), DurationBucketsSeconds())),
         batch_input_model(batch_stage.Add(StageLabels("input"), DurationBucketsSeconds())),
         batch_infer_model(batch_stage.Add(StageLabels("infer"), DurationBucketsSeconds())),
         batch_output_model(batch_stage.Add(StageLabels("output"), DurationBucketsSeconds())),
@@ -387,6 +394,7 @@ struct PrometheusMetrics::Impl {
   prometheus::Family<prometheus::Histogram>& request_duration;
   prometheus::Family<prometheus::Histogram>& queue_duration;
   prometheus::Family<prometheus::Histogram>& compute_duration;
+  prometheus::Family<prometheus::Histogram>& request_compute;
   prometheus::Family<prometheus::Histogram>& batch_stage;
   prometheus::Family<prometheus::Histogram>& batch_size;
   prometheus::Family<prometheus::Histogram>& batch_tokens;
@@ -404,6 +412,7 @@ struct PrometheusMetrics::Impl {
   prometheus::Histogram& request_tokens_model;
   prometheus::Histogram& queue_duration_model;
   prometheus::Histogram& compute_duration_model;
+  prometheus::Histogram& request_compute_model;
   prometheus::Histogram& batch_input_model;
   prometheus::Histogram& batch_infer_model;
   prometheus::Histogram& batch_output_model;
@@ -447,6 +456,7 @@ void PrometheusMetrics::OnRequestFinished(const RequestRecord& r) {
   }
   if (!served) return;
   impl_->request_duration_model.Observe(r.duration_seconds);
+  if (r.compute_seconds > 0) impl_->request_compute_model.Observe(r.compute_seconds);
   if (r.tokens > 0) impl_->request_tokens_model.Observe(static_cast<double>(r.tokens));
 }
 

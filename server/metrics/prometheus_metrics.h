@@ -44,6 +44,8 @@ struct KvCacheInfo {
 //   layerserve_request_tokens{model}                    histogram (B*T of each valid request)
 //   layerserve_queue_duration_seconds{model}            histogram
 //   layerserve_compute_duration_seconds{model}          histogram (per batch)
+//   layerserve_request_compute_seconds{model}           histogram (per request that ran: its
+//       batches' compute, so request - queue - this is its time outside batches)
 //   layerserve_batch_size{model}                        histogram (requests per execution)
 //   layerserve_batch_tokens{model}                      histogram
 //   layerserve_queue_depth{model}                       gauge

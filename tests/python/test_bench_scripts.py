@@ -113,7 +113,15 @@ def test_launch_rows_prints_a_line_per_setting_and_row_in_order(tmp_path):
         assert row[-2:] == ["failed", "0"], row
         # The client's mean latency and the server's request time, both seen.
         assert float(row[row.index("client") + 1]) > 0, row
-        assert float(row[row.index("server") + 1]) > 0, row
+        request_ms = float(row[row.index("server") + 1])
+        assert request_ms > 0, row
+        # Its parts: the queue wait, the batches' compute (per request) and
+        # the time outside both, adding up to the request's time.
+        queue_ms = float(row[row.index("(queue") + 1])
+        batches_ms = float(row[row.index("batches", row.index("server")) + 1])
+        outside_ms = float(row[row.index("outside") + 1].rstrip(")"))
+        assert batches_ms > 0, row
+        assert abs(queue_ms + batches_ms + outside_ms - request_ms) < 0.002, row
         # The CPU backend times no kernels (so --ops adds no line) and
         # launches nothing on a GPU.
         assert row[row.index("(gpu") + 1] == "-)", row

@@ -36,6 +36,7 @@ TEST(PrometheusMetricsTest, EveryFamilyIsExposedWithItsType) {
       {"layerserve_request_duration_seconds", "histogram"},
       {"layerserve_queue_duration_seconds", "histogram"},
       {"layerserve_compute_duration_seconds", "histogram"},
+      {"layerserve_request_compute_seconds", "histogram"},
       {"layerserve_batch_stage_seconds", "histogram"},
       {"layerserve_batch_size", "histogram"},
       {"layerserve_batch_tokens", "histogram"},
@@ -67,7 +68,7 @@ TEST(PrometheusMetricsTest, BucketBoundsSpanTheDocumentedRanges) {
   const Exposition e = Parse(metrics);
   for (const char* family :
        {"layerserve_request_duration_seconds", "layerserve_queue_duration_seconds",
-        "layerserve_compute_duration_seconds"}) {
+        "layerserve_compute_duration_seconds", "layerserve_request_compute_seconds"}) {
     const std::vector<double> bounds = e.BucketBounds(family, {{"model", kModel}});
     ASSERT_GE(bounds.size(), 10u) << family;
     EXPECT_DOUBLE_EQ(bounds.front(), 50e-6) << family;
@@ -119,6 +120,38 @@ TEST(PrometheusMetricsTest, RequestsAreCountedByCodeAndTimed) {
   EXPECT_EQ(
       e.Find("layerserve_request_duration_seconds_bucket", {{"model", kModel}, {"le", "+Inf"}}),
       3.0);
+}
+
+TEST(PrometheusMetricsTest, RequestsThatRanReportTheirBatchesComputeTime) {
+  PrometheusMetrics metrics(kModel);
+  // Two requests of one 1 ms batch, one computed in two pieces, and one
+  // refused before it ran: only those that ran are observed, each with its
+  // own batches' time, however many requests shared them.
+  metrics.OnBatchExecuted({.requests = 2, .tokens = 2, .compute_seconds = 0.001});
+  metrics.OnRequestFinished({.model = kModel,
+                             .code = "OK",
+                             .duration_seconds = 0.003,
+                             .tokens = 1,
+                             .compute_seconds = 0.001});
+  metrics.OnRequestFinished({.model = kModel,
+                             .code = "OK",
+                             .duration_seconds = 0.003,
+                             .tokens = 1,
+                             .compute_seconds = 0.001});
+  metrics.OnRequestFinished({.model = kModel,
+                             .code = "OK",
+                             .duration_seconds = 0.009,
+                             .tokens = 512,
+                             .compute_seconds = 0.0035});
+  metrics.OnRequestFinished(
+      {.model = kModel, .code = "RESOURCE_EXHAUSTED", .duration_seconds = 20e-6, .tokens = 1});
+
+  const Exposition e = Parse(metrics);
+  const Labels model = {{"model", kModel}};
+  EXPECT_EQ(e.Find("layerserve_request_compute_seconds_count", model), 3.0);
+  EXPECT_NEAR(*e.Find("layerserve_request_compute_seconds_sum", model), 0.0055, 1e-12);
+  EXPECT_EQ(e.Find("layerserve_compute_duration_seconds_count", model), 1.0);
+  EXPECT_EQ(e.Find("layerserve_request_duration_seconds_count", model), 4.0);
 }
 
 // histogram_quantile as Prometheus computes it: find the bucket where the
