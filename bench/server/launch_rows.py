@@ -6,8 +6,8 @@ interleave an A/B, and rotate the order between rounds): start a layerserve
 from the setting's binary directory with the common layerserve args plus the
 setting's own flags, then run every row of --rows, one `layerctl bench` each,
 scraping /metrics before and after. One line per (setting, row): the client's
-tokens/s (decode tokens/s for a session row) and mean latency (a session
-row's steps), and from the scrapes the batches, compute time and tokens per
+tokens/s (decode tokens/s for a session row), mean and p99 latency (a
+session row's steps), and from the scrapes the batches, compute time and tokens per
 batch (and "gpu": the GPU time of the batches the server timed op by op,
 every 16th), the server's mean request time and its parts: the queue wait,
 the compute of the batches a request ran in, and the rest, the time outside
@@ -84,7 +84,9 @@ def row_line(label, row, report, before, after, gpu_ms):
     tokens = delta(before, after, "layerserve_batch_tokens_sum") / per_batch
     # The client's mean latency (a session row's steps) against the server's
     # own request time: what the row's requests spent outside the server.
-    client_ms = report.get("step_latency_ms", report.get("latency_ms", {})).get("mean", 0.0)
+    latency = report.get("step_latency_ms", report.get("latency_ms", {}))
+    client_ms = latency.get("mean", 0.0)
+    client_p99 = latency.get("p99", 0.0)
     request_ms = mean_ms(before, after, "layerserve_request_duration_seconds")
     queue_ms = mean_ms(before, after, "layerserve_queue_duration_seconds")
     # Per request, so a batch of 100 weighs 100 times what a batch of 1 does
@@ -97,7 +99,7 @@ def row_line(label, row, report, before, after, gpu_ms):
     gpu = f"{gpu_ms:6.3f}" if gpu_ms is not None else "     -"
     return (f"{label:10s} {row:6s} {rate:10.0f} tok/s  batches {batches:6.0f}  compute "
             f"{compute_ms:6.3f} ms (gpu {gpu})  {tokens:6.1f} tok/batch  "
-            f"client {client_ms:6.3f} ms  "
+            f"client {client_ms:6.3f} (p99 {client_p99:6.2f}) ms  "
             f"server {request_ms:6.3f} (queue {queue_ms:6.3f}  {parts}) ms  direct/captured/replayed "
             f"{launch_split(before, after)}"
             f"  failed {failed}")
@@ -122,7 +124,7 @@ def main():
     layerctl = args.layerctl or str(Path(settings[0][1]) / "layerctl")
     emit = summary_emitter(out / "summary.txt")
     emit("# setting row: client tok/s; from /metrics: batches, compute ms (gpu ms) and tokens per "
-         "batch; client mean ms; server request (queue, batches, outside) ms; launches")
+         "batch; client mean (p99) ms; server request (queue, batches, outside) ms; launches")
     for index, (label, bin_dir, flags) in enumerate(settings):
         run_dir = out / f"{index:02d}-{label}"
         run_dir.mkdir(exist_ok=True)

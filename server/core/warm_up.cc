@@ -42,6 +42,18 @@ absl::Status RunOne(Backend& backend, std::unique_ptr<InferRequest> request) {
 
 }  // namespace
 
+std::vector<int64_t> WarmUpSizes(int64_t max_batch_tokens, int64_t every_up_to,
+                                 std::span<const int64_t> bucket_uppers) {
+  std::vector<int64_t> sizes;
+  const int64_t every = std::min(every_up_to, max_batch_tokens);
+  for (int64_t n = 1; n <= every; ++n) sizes.push_back(n);
+  for (const int64_t upper : bucket_uppers) {
+    const int64_t n = std::min(upper, max_batch_tokens);
+    if (sizes.empty() || n > sizes.back()) sizes.push_back(n);
+  }
+  return sizes;
+}
+
 absl::Status WarmUpStateless(Backend& backend, int64_t hidden, std::span<const int64_t> tokens) {
   const int64_t most = tokens.empty() ? 0 : *std::max_element(tokens.begin(), tokens.end());
   const std::string zeros(static_cast<size_t>(std::max<int64_t>(most, 0) * hidden) * sizeof(float),

@@ -12,11 +12,22 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "server/core/backend.h"
 
 namespace layerserve {
+
+// The token counts of the stateless warm-up batches, ascending: every count
+// from 1 to `every_up_to`, then each entry of `bucket_uppers` (ascending)
+// above it, all capped at `max_batch_tokens` (>= 1). A GEMM library plans
+// each exact shape and may pick another kernel for it (cuBLASLt's heuristic
+// runs per M), so a first batch of 27 tokens pays its own first use even
+// after one of 32 ran; one-token decode batches of up to a few hundred
+// sessions take every count up to there.
+std::vector<int64_t> WarmUpSizes(int64_t max_batch_tokens, int64_t every_up_to,
+                                 std::span<const int64_t> bucket_uppers);
 
 // One stateless batch per entry of `tokens`: a sequence of that many tokens
 // of `hidden` zeros. The first failure is returned, prefixed "warm-up batch

@@ -97,6 +97,10 @@ struct StreamSlot {
   std::unique_ptr<cuda::ForwardGraphs> graphs;
 };
 
+// Warm-up batches of every size from 1 token to this many (WarmUp): the
+// batches a decode load of up to a few hundred sessions forms.
+constexpr int64_t kWarmUpEverySizeUpTo = 256;
+
 // Graphs each stream keeps (its most recently used batch keys). A decode
 // load meets one key per batch size it forms, at most a few dozen below
 // 256 tokens, each graph a few kilobytes of driver state.
@@ -246,16 +250,17 @@ class CudaBackendImpl final : public CudaBackend {
   // The first launch of each kernel loads its module, and cuBLASLt plans
   // each GEMM shape on its first use: 3-9 ms more for the first small batch
   // of a size on the H100 (docs/perf.md, "A warm-up before serving"), which
-  // that batch's requests would wait for. So, before serving, a batch of
-  // zeros per GEMM token-count bucket, up to max_batch_tokens, runs through
-  // Execute like any batch (server/core/warm_up.h), outside the kernel-time
-  // metrics. Logs what it ran and how long it took.
+  // that batch's requests would wait for. So, before serving, batches of
+  // zeros run through Execute like any batch (server/core/warm_up.h),
+  // outside the kernel-time metrics: one of every size up to
+  // kWarmUpEverySizeUpTo, since cuBLASLt plans each exact M (a decode batch
+  // of 64 sessions takes any size from 1 to 64, and the first of each paid
+  // its plan mid-run: docs/perf.md, "Every batch size warmed"), then one per
+  // GEMM token-count bucket up to max_batch_tokens. Logs what it ran and how
+  // long it took.
   absl::Status WarmUp() {
-    std::vector<int64_t> sizes = {1};
-    for (const int64_t upper : kernels::kGemmBucketUpper) {
-      sizes.push_back(std::min(upper, options_.max_batch_tokens));
-      if (upper >= options_.max_batch_tokens) break;
-    }
+    const std::vector<int64_t> sizes =
+        WarmUpSizes(options_.max_batch_tokens, kWarmUpEverySizeUpTo, kernels::kGemmBucketUpper);
     const auto start = std::chrono::steady_clock::now();
     warming_up_ = true;
     const absl::Status status = WarmUpStateless(*this, config_.hidden_size, sizes);

@@ -35,6 +35,19 @@ TEST(WarmUpTest, StatelessBatchesOfZerosRunOnDenseAndExpertSpans) {
   }
 }
 
+TEST(WarmUpTest, SizesAreEveryCountThenTheBucketsAboveIt) {
+  const std::vector<int64_t> buckets = {8, 16, 32, 64, 128, 256, 512, 1024};
+  EXPECT_EQ(WarmUpSizes(8192, 4, buckets),
+            (std::vector<int64_t>{1, 2, 3, 4, 8, 16, 32, 64, 128, 256, 512, 1024}));
+  // Counts past a bucket's bound skip it; the cap ends both parts.
+  EXPECT_EQ(WarmUpSizes(300, 20, buckets),
+            (std::vector<int64_t>{1,  2,  3,  4,  5,  6,  7,  8,  9,  10,  11,  12, 13,
+                                  14, 15, 16, 17, 18, 19, 20, 32, 64, 128, 256, 300}));
+  EXPECT_EQ(WarmUpSizes(3, 256, buckets), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(WarmUpSizes(1, 0, buckets), (std::vector<int64_t>{1}));
+  EXPECT_EQ(WarmUpSizes(100, 0, {}), (std::vector<int64_t>{}));
+}
+
 TEST(WarmUpTest, TheSessionStepFitsPoolsLargeAndSmall) {
   const LlamaConfig config = cpu_test::Qwen2StyleConfig();
   // 128 cached tokens over 9 blocks of 16; over 3 blocks of 1 (position 2);
