@@ -445,6 +445,7 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   batcher_options.policy.max_device_wait = std::chrono::microseconds(flags.max_device_wait_us);
   batcher_options.policy.device_lead = std::chrono::microseconds(flags.device_lead_us);
   batcher_options.max_queue_size = served.max_queue_size;
+  batcher_options.reply_threads = flags.reply_threads;
   batcher_options.max_queue_bytes =
       flags.max_queue_bytes > 0
           ? flags.max_queue_bytes
@@ -495,7 +496,8 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
       " max_queue_size=", served.max_queue_size,
       " max_queue_bytes=", batcher_options.max_queue_bytes, " cpu_threads=", flags.cpu_threads,
       " streams=", flags.streams, " max_message_bytes=", DefaultMaxMessageBytes(served),
-      " grpc_threads=", grpc_options.queue_threads, " drain_timeout_s=", flags.drain_timeout_s));
+      " grpc_threads=", grpc_options.queue_threads, " reply_threads=", flags.reply_threads,
+      " drain_timeout_s=", flags.drain_timeout_s));
   std::cout << "layerserve ready: model=" << served.name << " layers=" << first_layer << ":"
             << end_layer << " backend=" << served.backend << " grpc_port=" << (*frontend)->port()
             << " metrics_port=" << (*metrics_server)->port() << std::endl;

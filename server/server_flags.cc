@@ -119,6 +119,9 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
   integer(app.add_option(FlagNames("grpc-threads"), flags.grpc_threads,
                          "threads receiving gRPC calls and running their handlers, each polling "
                          "its own completion queue; 0: a quarter of the cores, 2 to 8"));
+  integer(app.add_option(FlagNames("reply-threads"), flags.reply_threads,
+                         "threads answering the requests of finished batches (each reply costs "
+                         "tens of microseconds, so a batch of a hundred waits for many)"));
   integer(app.add_option(FlagNames("drain-timeout-s"), flags.drain_timeout_s,
                          "on SIGTERM/SIGINT, how long queued and open calls may take to finish"));
   app.add_option(FlagNames("log-format"), flags.log_format,
@@ -304,6 +307,9 @@ absl::Status CheckFlags(const ServerFlags& flags) {
   }
   if (flags.grpc_threads < 0 || flags.grpc_threads > 64) {
     return absl::InvalidArgumentError("--grpc-threads must be in [0, 64]");
+  }
+  if (flags.reply_threads < 1 || flags.reply_threads > 64) {
+    return absl::InvalidArgumentError("--reply-threads must be in [1, 64]");
   }
   if (flags.grpc_max_connection_idle_s < 0 || flags.grpc_max_connection_idle_s > INT32_MAX / 1000) {
     return absl::InvalidArgumentError("--grpc-max-connection-idle-s must be in [0, 2147483]");

@@ -35,6 +35,7 @@ struct ServerFlags {
   int64_t grpc_max_connection_age_s = 0;     // 0: connections live as long as clients keep them
   int64_t grpc_max_connection_idle_s = 300;  // GrpcFrontendOptions::max_connection_idle_s
   int grpc_threads = 0;                      // GrpcFrontendOptions::queue_threads
+  int reply_threads = 4;                     // BatcherOptions::reply_threads
   std::string log_format = "text";           // base/log.h's ParseLogFormat
   // Sessions (README: Sessions).
   std::string kv_cache_memory = "auto";  // see KvCacheBytes

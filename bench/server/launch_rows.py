@@ -11,9 +11,9 @@ session row's steps), and from the scrapes the batches, compute time and tokens 
 batch (and "gpu": the GPU time of the batches the server timed op by op,
 every 16th), the server's mean request time and its parts: the queue wait,
 the compute of the batches a request ran in, and the rest, the time outside
-both (a session row's means include its prefills: give it a short --prefill
-to read them as a step's; servers older than the per-request compute metric
-show "-" for the last two), and how the batches were launched (direct, captured into a CUDA graph,
+both, of which the wait for a reply thread (a session row's means include
+its prefills: give it a short --prefill to read them as a step's; servers
+older than the per-request metrics show "-" for the last three), and how the batches were launched (direct, captured into a CUDA graph,
 replayed). --ops adds a line per row with each op's share of that GPU time.
 The tables of docs/perf.md's "Where a unary session step loses" were taken
 with an uncommitted script that did the same, of which this is the kept form.
@@ -93,9 +93,11 @@ def row_line(label, row, report, before, after, gpu_ms):
     # (compute per batch above weighs them alike).
     if delta(before, after, "layerserve_request_compute_seconds_count") > 0:
         batches_ms = mean_ms(before, after, "layerserve_request_compute_seconds")
-        parts = f"batches {batches_ms:6.3f}  outside {request_ms - queue_ms - batches_ms:6.3f}"
+        reply_ms = mean_ms(before, after, "layerserve_reply_wait_seconds")
+        parts = (f"batches {batches_ms:6.3f}  outside {request_ms - queue_ms - batches_ms:6.3f}  "
+                 f"reply-wait {reply_ms:6.3f}")
     else:
-        parts = "batches      -  outside      -"
+        parts = "batches      -  outside      -  reply-wait      -"
     gpu = f"{gpu_ms:6.3f}" if gpu_ms is not None else "     -"
     return (f"{label:10s} {row:6s} {rate:10.0f} tok/s  batches {batches:6.0f}  compute "
             f"{compute_ms:6.3f} ms (gpu {gpu})  {tokens:6.1f} tok/batch  "
@@ -124,7 +126,8 @@ def main():
     layerctl = args.layerctl or str(Path(settings[0][1]) / "layerctl")
     emit = summary_emitter(out / "summary.txt")
     emit("# setting row: client tok/s; from /metrics: batches, compute ms (gpu ms) and tokens per "
-         "batch; client mean (p99) ms; server request (queue, batches, outside) ms; launches")
+         "batch; client mean (p99) ms; server request (queue, batches, outside, reply wait) ms; "
+         "launches")
     for index, (label, bin_dir, flags) in enumerate(settings):
         run_dir = out / f"{index:02d}-{label}"
         run_dir.mkdir(exist_ok=True)

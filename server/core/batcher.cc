@@ -401,7 +401,7 @@ void Batcher::OnBatchDone(const std::shared_ptr<Batch>& batch, SteadyTime start,
     MutexLock lock(&reply_mu_);
     for (size_t i = 0; i < batch->requests.size(); ++i) {
       if (batch->requests[i] == nullptr) continue;  // its next piece is queued
-      replies_.push_back({batch, i, std::move(statuses[i])});
+      replies_.push_back({batch, i, std::move(statuses[i]), start + compute});
     }
     reply_cv_.SignalAll();
   }
@@ -433,7 +433,9 @@ void Batcher::RunReplies() {
       reply = std::move(replies_.front());
       replies_.pop_front();
     }
-    reply.batch->requests[reply.index]->on_done(std::move(reply.status));
+    InferRequest& request = *reply.batch->requests[reply.index];
+    request.reply_wait_seconds = Seconds(clock_->Now() - reply.done);
+    request.on_done(std::move(reply.status));
   }
 }
 

@@ -61,7 +61,10 @@ inline constexpr int64_t kMinDefaultQueueBytes = int64_t{64} << 20;
 struct BatcherOptions {
   BatchPolicy policy;
   int64_t max_queue_size = 1024;  // requests waiting; beyond it Enqueue fails
-  int reply_threads = 4;          // threads running on_done of finished batches (>= 1)
+  // Threads running on_done of finished batches (>= 1): each reply costs
+  // tens of microseconds, so a batch of a hundred waits for the last of
+  // its replies ~(100 / reply_threads) of them (InferRequest::reply_wait_seconds).
+  int reply_threads = 4;
   // Bytes of input tensor the waiting requests may hold together; beyond it
   // Enqueue fails (RESOURCE_EXHAUSTED), except that an empty queue takes any
   // request. 0: DefaultMaxQueueBytes(policy, hidden of the requests), i.e.
@@ -152,6 +155,7 @@ class Batcher {
     std::shared_ptr<Batch> batch;
     size_t index = 0;
     absl::Status status;
+    SteadyTime done{};  // when the batch ended
   };
 
   const BatcherOptions options_;

@@ -30,6 +30,9 @@ struct RequestRecord {
   // pieces for a chunked one); 0 when it never ran. A request's duration less
   // its queue wait and this is what the server spent on it outside batches.
   double compute_seconds = 0;
+  // Its batch's end to a reply thread taking it up (InferRequest::
+  // reply_wait_seconds); part of the time outside batches.
+  double reply_wait_seconds = 0;
 };
 
 // One request that left the queue (to run, or dropped as expired/cancelled).

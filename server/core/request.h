@@ -70,6 +70,9 @@ struct InferRequest {
   // Batch start -> batch done, the batch's time (shared by its requests);
   // summed over the batches of a request computed in pieces.
   double compute_seconds = 0;
+  // From its batch's end (its last piece's) to a reply thread taking the
+  // request up: the wait for the reply pool (BatcherOptions::reply_threads).
+  double reply_wait_seconds = 0;
   int64_t batch_requests = 0;  // requests in the batch that ran this one
 
   // Called once with OK (output filled) or the reason the request failed.

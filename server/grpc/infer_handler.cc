@@ -71,7 +71,7 @@ void InferHandler::Submit(const grpc::ServerContextBase& context,
                        " bytes); send fewer tokens per request"));
     }
     if (!done.ok()) response->Clear();
-    Complete(reply, done, receipt, tokens, raw->compute_seconds);
+    Complete(reply, done, receipt, tokens, raw);
   };
   // Queue full is RESOURCE_EXHAUSTED (the documented choice; Triton says
   // UNAVAILABLE); shutting down is UNAVAILABLE. Either way the request comes
@@ -81,13 +81,15 @@ void InferHandler::Submit(const grpc::ServerContextBase& context,
 }
 
 void InferHandler::Complete(const Reply& reply, const absl::Status& status, SteadyTime receipt,
-                            int64_t tokens, double compute_seconds) {
+                            int64_t tokens, const InferRequest* ran) {
   const std::string code = StatusCodeName(status);
-  observer_->OnRequestFinished({.model = model_.name,
-                                .code = code,
-                                .duration_seconds = SecondsSince(receipt),
-                                .tokens = tokens,
-                                .compute_seconds = compute_seconds});
+  observer_->OnRequestFinished(
+      {.model = model_.name,
+       .code = code,
+       .duration_seconds = SecondsSince(receipt),
+       .tokens = tokens,
+       .compute_seconds = ran != nullptr ? ran->compute_seconds : 0,
+       .reply_wait_seconds = ran != nullptr ? ran->reply_wait_seconds : 0});
   AddInflight(-1);
   // Statistics are recorded before the reply, so a client that asks for them
   // right after its answer sees its own request counted.

@@ -53,10 +53,11 @@ class InferHandler {
               Reply reply);
 
  private:
-  // Reports the finished request, then replies. `compute_seconds`: the
-  // request's InferRequest::compute_seconds (0 when it never ran).
+  // Reports the finished request, then replies. `ran`: the request's
+  // InferRequest, for its compute and reply-wait times (null when it never
+  // ran).
   void Complete(const Reply& reply, const absl::Status& status, SteadyTime receipt, int64_t tokens,
-                double compute_seconds = 0);
+                const InferRequest* ran = nullptr);
   void AddInflight(int64_t delta);
 
   const ServedModel& model_;

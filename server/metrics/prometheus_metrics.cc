@@ -318,6 +318,11 @@ struct PrometheusMetrics::Impl {
                                   "over its pieces); the request's duration less its queue "
                                   "wait and this is the server's time outside batches.")
                             .Register(*registry)),
+        reply_wait(prometheus::BuildHistogram()
+                       .Name("layerserve_reply_wait_seconds")
+                       .Help("Time a computed request waited for a reply thread "
+                             "(--reply-threads), from its batch's end.")
+                       .Register(*registry)),
         batch_stage(prometheus::BuildHistogram()
                         .Name("layerserve_batch_stage_seconds")
                         .Help("Parts of a batch's compute time: input (tensors into the "
@@ -360,6 +365,7 @@ struct PrometheusMetrics::Impl {
         queue_duration_model(queue_duration.Add(ModelLabel(), DurationBucketsSeconds())),
         compute_duration_model(compute_duration.Add(ModelLabel(), DurationBucketsSeconds())),
         request_compute_model(request_compute.Add(ModelLabel(), DurationBucketsSeconds())),
+        reply_wait_model(reply_wait.Add(ModelLabel(), DurationBucketsSeconds())),
         batch_input_model(batch_stage.Add(StageLabels("input"), DurationBucketsSeconds())),
         batch_infer_model(batch_stage.Add(StageLabels("infer"), DurationBucketsSeconds())),
         batch_output_model(batch_stage.Add(StageLabels("output"), DurationBucketsSeconds())),
@@ -395,6 +401,7 @@ struct PrometheusMetrics::Impl {
   prometheus::Family<prometheus::Histogram>& queue_duration;
   prometheus::Family<prometheus::Histogram>& compute_duration;
   prometheus::Family<prometheus::Histogram>& request_compute;
+  prometheus::Family<prometheus::Histogram>& reply_wait;
   prometheus::Family<prometheus::Histogram>& batch_stage;
   prometheus::Family<prometheus::Histogram>& batch_size;
   prometheus::Family<prometheus::Histogram>& batch_tokens;
@@ -413,6 +420,7 @@ struct PrometheusMetrics::Impl {
   prometheus::Histogram& queue_duration_model;
   prometheus::Histogram& compute_duration_model;
   prometheus::Histogram& request_compute_model;
+  prometheus::Histogram& reply_wait_model;
   prometheus::Histogram& batch_input_model;
   prometheus::Histogram& batch_infer_model;
   prometheus::Histogram& batch_output_model;
@@ -456,7 +464,10 @@ void PrometheusMetrics::OnRequestFinished(const RequestRecord& r) {
   }
   if (!served) return;
   impl_->request_duration_model.Observe(r.duration_seconds);
-  if (r.compute_seconds > 0) impl_->request_compute_model.Observe(r.compute_seconds);
+  if (r.compute_seconds > 0) {
+    impl_->request_compute_model.Observe(r.compute_seconds);
+    impl_->reply_wait_model.Observe(r.reply_wait_seconds);
+  }
   if (r.tokens > 0) impl_->request_tokens_model.Observe(static_cast<double>(r.tokens));
 }
 

@@ -46,6 +46,8 @@ struct KvCacheInfo {
 //   layerserve_compute_duration_seconds{model}          histogram (per batch)
 //   layerserve_request_compute_seconds{model}           histogram (per request that ran: its
 //       batches' compute, so request - queue - this is its time outside batches)
+//   layerserve_reply_wait_seconds{model}                histogram (per request that ran: its
+//       batch's end to a reply thread taking it up, part of that outside time)
 //   layerserve_batch_size{model}                        histogram (requests per execution)
 //   layerserve_batch_tokens{model}                      histogram
 //   layerserve_queue_depth{model}                       gauge

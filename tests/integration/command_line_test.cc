@@ -110,6 +110,7 @@ TEST(LayerserveCommandLineTest, BadValuesFailWithOneLine) {
       {{"--cpu-threads=-1"}, "--cpu-threads must be >= 0"},
       {{"--streams=0"}, "--streams must be >= 1"},
       {{"--drain-timeout-s=-1"}, "--drain-timeout-s must be >= 0"},
+      {{"--reply-threads=0"}, "--reply-threads must be in [1, 64]"},
       {{"--backend=tpu"}, "--backend=tpu is not one of auto, cpu, cuda"},
       {{"--grpc-port=abc"}, "--grpc-port"},
       {{"--grpc-port="}, "--grpc-port"},

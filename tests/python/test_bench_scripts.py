@@ -120,7 +120,9 @@ def test_launch_rows_prints_a_line_per_setting_and_row_in_order(tmp_path):
         queue_ms = float(row[row.index("(queue") + 1])
         batches_ms = float(row[row.index("batches", row.index("server")) + 1])
         outside_ms = float(row[row.index("outside") + 1].rstrip(")"))
+        reply_ms = float(row[row.index("reply-wait") + 1].rstrip(")"))
         assert batches_ms > 0, row
+        assert 0 <= reply_ms <= outside_ms + 0.002, row
         assert abs(queue_ms + batches_ms + outside_ms - request_ms) < 0.002, row
         # The CPU backend times no kernels (so --ops adds no line) and
         # launches nothing on a GPU.

@@ -215,6 +215,7 @@ def test_metrics_endpoint_counts_these_calls(client, demo_server, names):
     assert delta("layerserve_queue_duration_seconds_count", model=model) == 2
     # The two that ran each report their batch's compute; the refused one none.
     assert delta("layerserve_request_compute_seconds_count", model=model) == 2
+    assert delta("layerserve_reply_wait_seconds_count", model=model) == 2
     assert delta("layerserve_request_compute_seconds_sum", model=model) > 0
     assert (delta("layerserve_request_compute_seconds_sum", model=model) <=
             delta("layerserve_request_duration_seconds_sum", model=model))

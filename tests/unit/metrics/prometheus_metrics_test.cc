@@ -37,6 +37,7 @@ TEST(PrometheusMetricsTest, EveryFamilyIsExposedWithItsType) {
       {"layerserve_queue_duration_seconds", "histogram"},
       {"layerserve_compute_duration_seconds", "histogram"},
       {"layerserve_request_compute_seconds", "histogram"},
+      {"layerserve_reply_wait_seconds", "histogram"},
       {"layerserve_batch_stage_seconds", "histogram"},
       {"layerserve_batch_size", "histogram"},
       {"layerserve_batch_tokens", "histogram"},
@@ -68,7 +69,8 @@ TEST(PrometheusMetricsTest, BucketBoundsSpanTheDocumentedRanges) {
   const Exposition e = Parse(metrics);
   for (const char* family :
        {"layerserve_request_duration_seconds", "layerserve_queue_duration_seconds",
-        "layerserve_compute_duration_seconds", "layerserve_request_compute_seconds"}) {
+        "layerserve_compute_duration_seconds", "layerserve_request_compute_seconds",
+        "layerserve_reply_wait_seconds"}) {
     const std::vector<double> bounds = e.BucketBounds(family, {{"model", kModel}});
     ASSERT_GE(bounds.size(), 10u) << family;
     EXPECT_DOUBLE_EQ(bounds.front(), 50e-6) << family;
@@ -122,7 +124,7 @@ TEST(PrometheusMetricsTest, RequestsAreCountedByCodeAndTimed) {
       3.0);
 }
 
-TEST(PrometheusMetricsTest, RequestsThatRanReportTheirBatchesComputeTime) {
+TEST(PrometheusMetricsTest, RequestsThatRanReportTheirBatchesComputeAndReplyWait) {
   PrometheusMetrics metrics(kModel);
   // Two requests of one 1 ms batch, one computed in two pieces, and one
   // refused before it ran: only those that ran are observed, each with its
@@ -142,7 +144,8 @@ TEST(PrometheusMetricsTest, RequestsThatRanReportTheirBatchesComputeTime) {
                              .code = "OK",
                              .duration_seconds = 0.009,
                              .tokens = 512,
-                             .compute_seconds = 0.0035});
+                             .compute_seconds = 0.0035,
+                             .reply_wait_seconds = 0.0002});
   metrics.OnRequestFinished(
       {.model = kModel, .code = "RESOURCE_EXHAUSTED", .duration_seconds = 20e-6, .tokens = 1});
 
@@ -150,6 +153,9 @@ TEST(PrometheusMetricsTest, RequestsThatRanReportTheirBatchesComputeTime) {
   const Labels model = {{"model", kModel}};
   EXPECT_EQ(e.Find("layerserve_request_compute_seconds_count", model), 3.0);
   EXPECT_NEAR(*e.Find("layerserve_request_compute_seconds_sum", model), 0.0055, 1e-12);
+  // So does each one's wait for a reply thread, zero or not.
+  EXPECT_EQ(e.Find("layerserve_reply_wait_seconds_count", model), 3.0);
+  EXPECT_NEAR(*e.Find("layerserve_reply_wait_seconds_sum", model), 0.0002, 1e-12);
   EXPECT_EQ(e.Find("layerserve_compute_duration_seconds_count", model), 1.0);
   EXPECT_EQ(e.Find("layerserve_request_duration_seconds_count", model), 4.0);
 }
