@@ -121,7 +121,8 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
                          "its own completion queue; 0: a quarter of the cores, 2 to 8"));
   integer(app.add_option(FlagNames("reply-threads"), flags.reply_threads,
                          "threads answering the requests of finished batches (each reply costs "
-                         "tens of microseconds, so a batch of a hundred waits for many)"));
+                         "tens of microseconds, so a batch of a hundred waits for many; more "
+                         "threads shorten that wait but take cores from gRPC and clients)"));
   integer(app.add_option(FlagNames("drain-timeout-s"), flags.drain_timeout_s,
                          "on SIGTERM/SIGINT, how long queued and open calls may take to finish"));
   app.add_option(FlagNames("log-format"), flags.log_format,
