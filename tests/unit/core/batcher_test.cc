@@ -131,6 +131,43 @@ TEST(BatcherTest, FullBatchRunsWithoutWaiting) {
   ASSERT_TRUE(plug.done.WaitFor(std::chrono::milliseconds(10000)));
 }
 
+TEST(BatcherTest, ARequestRecordsItsWaitForAReplyThread) {
+  FakeClock clock;
+  FakeBackend backend(1);
+  ServerObserver observer;
+  BatcherOptions options = Options(2, 1'000'000);  // two 1-token requests fill a batch
+  options.reply_threads = 1;                       // the replies run one after the other
+  Batcher batcher(options, &backend, &observer, &clock);
+  const std::string payload = "a";
+  // The first reply holds the only reply thread while the clock moves 3 ms:
+  // the second request waits that long for it, the first not at all.
+  Notification first_started, release;
+  Outcome a, b;
+  double wait_a = -1, wait_b = -1;
+  auto ra = MakeRequest(payload, 1, &a);
+  auto rb = MakeRequest(payload, 1, &b);
+  ra->on_done = [&, raw = ra.get()](absl::Status) {
+    wait_a = raw->reply_wait_seconds;
+    first_started.Notify();
+    release.WaitFor(milliseconds(10000));
+    a.done.Notify();
+  };
+  rb->on_done = [&, raw = rb.get()](absl::Status) {
+    wait_b = raw->reply_wait_seconds;
+    b.done.Notify();
+  };
+  ASSERT_TRUE(batcher.Enqueue(ra).ok());
+  ASSERT_TRUE(batcher.Enqueue(rb).ok());
+  ASSERT_TRUE(first_started.WaitFor(milliseconds(10000)));
+  clock.Advance(microseconds(3000));
+  release.Notify();
+  ASSERT_TRUE(a.done.WaitFor(milliseconds(10000)));
+  ASSERT_TRUE(b.done.WaitFor(milliseconds(10000)));
+  EXPECT_EQ(backend.batch_sizes(), (std::vector<size_t>{2}));
+  EXPECT_DOUBLE_EQ(wait_a, 0.0);
+  EXPECT_NEAR(wait_b, 0.003, 1e-9);
+}
+
 TEST(BatcherTest, RequestsAccumulateWhileTheBackendIsBusy) {
   SteadyClock* clock = SteadyClock::Get();
   FakeBackend backend(1);
