@@ -168,8 +168,9 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
                          "such batch and replayed after; 0: never")
               ->group(cuda));
   app.add_flag(FlagNames("cuda-warmup", /*boolean=*/true), flags.cuda_warmup,
-               "before serving, run one batch of zeros per GEMM token-count bucket and one "
-               "session step, so that no request waits for a kernel to load (default true)")
+               "before serving, run a batch of zeros of every size up to 256 tokens, one per "
+               "GEMM token-count bucket above, and one session step, so that no request waits "
+               "for a kernel to load or a GEMM shape to be planned (default true)")
       ->group(cuda);
   app.add_option(FlagNames("cuda-wait"), flags.cuda_wait,
                  "how a stream's thread waits for its batch: spin (the quickest wake-up, a core "

@@ -11,9 +11,10 @@
 // streams, that many batches overlap (MaxInflightBatches). Small batches
 // replay their layers as CUDA graphs, one per batch shape and stream
 // (forward_graphs.h). Before serving, the backend warms up: a batch of zeros
-// per GEMM token-count bucket, and a session step once the KV cache exists,
-// so that kernel loading and cuBLASLt's planning happen then, not on the
-// first requests of each size.
+// of every size up to 256 tokens, one per GEMM token-count bucket above, and
+// a session step once the KV cache exists, so that kernel loading and
+// cuBLASLt's planning of each shape happen then, not on the first requests
+// of each size.
 //
 // Sessions (README: Sessions): AllocateKvCache makes one paged KV pool on the
 // device (kv_pool.h), shared by the streams; a batch with session steps
