@@ -7,14 +7,16 @@ from the setting's binary directory with the common layerserve args plus the
 setting's own flags, then run every row of --rows, one `layerctl bench` each,
 scraping /metrics before and after. One line per (setting, row): the client's
 tokens/s (decode tokens/s for a session row), mean and p99 latency (a
-session row's steps), and from the scrapes the batches, compute time and tokens per
-batch (and "gpu": the GPU time of the batches the server timed op by op,
-every 16th), the server's mean request time and its parts: the queue wait,
-the compute of the batches a request ran in, and the rest, the time outside
-both, of which the wait for a reply thread (a session row's means include
-its prefills: give it a short --prefill to read them as a step's; servers
-older than the per-request metrics show "-" for the last three), and how the batches were launched (direct, captured into a CUDA graph,
-replayed). --ops adds a line per row with each op's share of that GPU time.
+session row's steps), and from the scrapes the batches, compute time and
+tokens per batch (and "gpu": the GPU time of the batches the server timed
+op by op, every 16th), the server's mean request time and its parts: the
+queue wait, the compute of the batches a request ran in, and the rest, the
+time outside both, of which the wait for a reply thread (a session row's
+means include its prefills: give it a short --prefill to read them as a
+step's; servers older than the per-request metrics show "-" for the last
+three), and how the batches were launched (direct, captured into a CUDA
+graph, replayed). --ops adds a line per row with each op's share of that
+GPU time.
 The tables of docs/perf.md's "Where a unary session step loses" were taken
 with an uncommitted script that did the same, of which this is the kept form.
 
@@ -39,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from layerserve_process import LayerserveProcess, ServerStartError  # noqa: E402
-from metrics_delta import delta, gpu_ms_per_batch, launch_split  # noqa: E402
+from metrics_delta import delta, gpu_ms_per_batch, histogram_mean, launch_split  # noqa: E402
 from summary_log import summary_emitter  # noqa: E402
 
 DEFAULT_ROWS = ("l1=--tokens=1 --concurrency=1 --duration-s=2;"
@@ -59,8 +61,7 @@ def parse_pairs(text, sep="="):
 
 def mean_ms(before, after, name):
     """Mean of histogram `name` between the scrapes, in ms (0 if empty)."""
-    count = delta(before, after, f"{name}_count")
-    return 1e3 * delta(before, after, f"{name}_sum") / count if count > 0 else 0.0
+    return 1e3 * (histogram_mean(before, after, name) or 0.0)
 
 
 def op_line(before, after, sampled):

@@ -1,7 +1,8 @@
 """What a layerserve's /metrics say about the batches run between two scrapes
 (each parsed by tests/support/layerserve_process.parse_samples, whose
-directory the caller has put on sys.path). Shared by probe.py and
-prefill_interference.py, so both compute a batch's GPU time the same way.
+directory the caller has put on sys.path). Shared by the bench/server
+scripts, so that all of them compute a batch's GPU time and a histogram's
+mean the same way.
 """
 
 from layerserve_process import total
@@ -10,6 +11,13 @@ from layerserve_process import total
 def delta(before, after, name, **labels):
     """The growth of the series of `name` with these labels (summed)."""
     return total(after, name, **labels) - total(before, name, **labels)
+
+
+def histogram_mean(before, after, name, **labels):
+    """The mean of the observations histogram `name` gained between the
+    scrapes (its _sum over its _count), or None when it gained none."""
+    count = delta(before, after, f"{name}_count", **labels)
+    return delta(before, after, f"{name}_sum", **labels) / count if count > 0 else None
 
 
 def gpu_ms_per_batch(before, after, layers):

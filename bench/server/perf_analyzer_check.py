@@ -40,7 +40,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
-from layerserve_process import LayerserveProcess, total  # noqa: E402
+from layerserve_process import LayerserveProcess  # noqa: E402
+from metrics_delta import delta, gpu_ms_per_batch, histogram_mean  # noqa: E402
 
 
 def children_cpu_s():
@@ -79,23 +80,17 @@ def device_bound(bin_dir, server, out, tokens):
                     "--duration-s=6"], stdout=open(out / "bound.txt", "w"),
                    stderr=subprocess.STDOUT, check=True)
     after = server.samples()
-
-    def delta(name, **labels):
-        return total(after, name, **labels) - total(before, name, **labels)
-    layers = server.layers[1] - server.layers[0]
-    sampled = delta("layerserve_kernel_duration_seconds_count", op="gemm_down") / layers
-    if sampled <= 0:
+    gpu_ms, _ = gpu_ms_per_batch(before, after, server.layers[1] - server.layers[0])
+    if gpu_ms is None:
         return None
-    gpu_seconds = delta("layerserve_kernel_duration_seconds_sum") / sampled
-    return sequences * (tokens // sequences) / gpu_seconds
+    return sequences * (tokens // sequences) / (gpu_ms / 1e3)
 
 
 def server_view_of(before, after):
     """The server's side of a run (its whole length, warm-up included): mean
     request time, queue time and compute per batch in ms, mean batch tokens."""
     def mean(name):
-        n = total(after, f"{name}_count") - total(before, f"{name}_count")
-        return (total(after, f"{name}_sum") - total(before, f"{name}_sum")) / n if n else 0.0
+        return histogram_mean(before, after, name) or 0.0
     return (f"server: req {1e3 * mean('layerserve_request_duration_seconds'):.2f} "
             f"queue {1e3 * mean('layerserve_queue_duration_seconds'):.2f} "
             f"compute {1e3 * mean('layerserve_compute_duration_seconds'):.2f} ms, "
@@ -165,8 +160,7 @@ def main():
                     server_view = server_view_of(before, after)
                     # Client CPU per request the server answered during the
                     # client's whole run (its warm-up and windows included).
-                    answered = (total(after, "layerserve_requests_total")
-                                - total(before, "layerserve_requests_total"))
+                    answered = delta(before, after, "layerserve_requests_total")
                     client_us = (1e6 * (children_cpu_s() - cpu_before) / answered
                                  if answered else 0.0)
                     results[client].append(r[0])

@@ -46,9 +46,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from layerserve_process import (LayerserveProcess, ServerStartError,  # noqa: E402
-                                parse_samples, total)
+                                parse_samples)
 from bench_errors import merged_error_lines  # noqa: E402
-from metrics_delta import gpu_ms_per_batch  # noqa: E402
+from metrics_delta import delta, gpu_ms_per_batch, histogram_mean  # noqa: E402
 from summary_log import summary_emitter  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -119,9 +119,6 @@ def summary_line(label, d, layers):
         return parse_samples(path.read_text()) if path.exists() else {}
     pre, before, after = scraped("pre"), scraped("before"), scraped("after")
 
-    def delta(a, b, name, **labels):
-        return total(b, name, **labels) - total(a, name, **labels)
-
     runs = [json.load(open(p)) for p in sorted(glob.glob(f"{d}/client[0-9]*.json"))]
     expected = len(glob.glob(f"{d}/client[0-9]*.txt"))
     if not runs or len(runs) != expected:
@@ -134,8 +131,7 @@ def summary_line(label, d, layers):
     skipped = sum(r.get("skipped_arrivals", 0) for r in runs)
 
     def mean_of(name):
-        n = delta(before, after, name + "_count")
-        return delta(before, after, name + "_sum") / n if n > 0 else None
+        return histogram_mean(before, after, name)
 
     def ms(x):
         return None if x is None else 1e3 * x
