@@ -3,10 +3,19 @@
 // finish wakes the caller.
 #include "base/thread_pool.h"
 
+#include <string>
+
+#include "base/thread_name.h"
+
 namespace layerserve {
 
-ThreadPool::ThreadPool(int num_threads) {
-  for (int i = 1; i < num_threads; ++i) threads_.emplace_back([this] { WorkerLoop(); });
+ThreadPool::ThreadPool(int num_threads, std::string_view name) {
+  for (int i = 1; i < num_threads; ++i) {
+    threads_.emplace_back([this, thread_name = std::string(name) + "-" + std::to_string(i)] {
+      NameThisThread(thread_name);
+      WorkerLoop();
+    });
+  }
 }
 
 ThreadPool::~ThreadPool() {

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -15,11 +16,11 @@
 namespace layerserve {
 
 // The calling thread takes part, so ThreadPool(n) starts n - 1 threads and ThreadPool(1) runs
-// everything inline. ParallelFor is not reentrant: one caller at a time (one per
-// backend worker thread).
+// everything inline. The threads are named `name`-1, `name`-2, ... (thread_name.h). ParallelFor is
+// not reentrant: one caller at a time (one per backend worker thread).
 class ThreadPool {
  public:
-  explicit ThreadPool(int num_threads);
+  explicit ThreadPool(int num_threads, std::string_view name = "pool");
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
   ~ThreadPool();

@@ -16,12 +16,14 @@ means include its prefills: give it a short --prefill to read them as a
 step's; servers older than the per-request metrics show "-" for the last
 three), and how the batches were launched (direct, captured into a CUDA
 graph, replayed). --ops adds a line per row with each op's share of that
-GPU time.
+GPU time. --threads adds a line per row with the CPU time per request of the
+server's threads by role (bench/server/thread_cpu.py: grpc-cq, batcher,
+reply, stream, ...) and of the client.
 The tables of docs/perf.md's "Where a unary session step loses" were taken
 with an uncommitted script that did the same, of which this is the kept form.
 
   python3 bench/server/launch_rows.py OUT_DIR --settings SETTINGS [--rows ROWS]
-      [--layerctl PATH] [--ops] [layerserve args...]
+      [--layerctl PATH] [--ops] [--threads] [layerserve args...]
 
 SETTINGS: 'label=BIN_DIR|server flags;...', e.g.
   'graphs=/tmp/b/bin|;nographs=/tmp/b/bin|--cuda-graph-max-tokens=0;
@@ -35,6 +37,7 @@ row (e.g. "--connections=8"). scripts/gpu-run.sh's bench-rows stage runs it.
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"
 from layerserve_process import LayerserveProcess, ServerStartError  # noqa: E402
 from metrics_delta import delta, gpu_ms_per_batch, histogram_mean, launch_split  # noqa: E402
 from summary_log import summary_emitter  # noqa: E402
+from thread_cpu import seconds_by_role, snapshot  # noqa: E402
 
 DEFAULT_ROWS = ("l1=--tokens=1 --concurrency=1 --duration-s=2;"
                 "u64=--sessions=64 --prefill=1 --steps=256;"
@@ -74,6 +78,25 @@ def op_line(before, after, sampled):
     ops = sorted({dict(series)["op"] for (name, series) in after if name == sums})
     parts = [f"{op} {1e3 * delta(before, after, sums, op=op) / sampled:.3f}" for op in ops]
     return "    ops ms per sampled batch: " + " ".join(parts)
+
+
+def children_cpu_seconds():
+    """CPU seconds of this process's children that have ended (the clients)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def thread_line(before, after, server_cpu, client_seconds):
+    """'    cpu us per request: server 141 (grpc-cq 52 reply 31 ...) client 63':
+    the row's CPU over the requests the server answered in it (its warm-up
+    and a session row's prefills included, as the CPU time includes them)."""
+    requests = delta(before, after, "layerserve_request_duration_seconds_count")
+    if requests <= 0:
+        return None
+    per_request = {name: 1e6 * seconds / requests for name, seconds in server_cpu.items()}
+    parts = " ".join(f"{name} {us:.0f}" for name, us in per_request.items() if us >= 0.5)
+    return (f"    cpu us per request: server {sum(per_request.values()):.0f} ({parts}) "
+            f"client {1e6 * client_seconds / requests:.0f}")
 
 
 def row_line(label, row, report, before, after, gpu_ms):
@@ -115,6 +138,8 @@ def main():
     parser.add_argument("--settings", required=True)
     parser.add_argument("--rows", default=DEFAULT_ROWS)
     parser.add_argument("--layerctl", default="")
+    parser.add_argument("--threads", action="store_true",
+                        help="per row, CPU time per request by server thread role and client")
     parser.add_argument("--ops", action="store_true",
                         help="under each row, each op's GPU time per sampled batch")
     args, server_args = parser.parse_known_args()
@@ -141,12 +166,14 @@ def main():
             before = server.samples()
             for row, row_flags in rows:
                 report_path = run_dir / f"{row}.json"
+                threads_before, client_before = snapshot(server.pid), children_cpu_seconds()
                 with open(run_dir / f"{row}.txt", "w") as log:
                     subprocess.run(
                         [layerctl, "bench", f"--url={server.grpc_url}", f"--model={server.model}",
                          "--no-progress", f"--json={report_path}", *row_flags.split(),
                          *os.environ.get("LOAD_CLIENT_ARGS", "").split()],
                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                threads_after, client_after = snapshot(server.pid), children_cpu_seconds()
                 after = server.samples()
                 report = json.loads(report_path.read_text()) if report_path.exists() else {}
                 layers = server.layers[1] - server.layers[0]
@@ -155,6 +182,10 @@ def main():
                 ops = op_line(before, after, sampled) if args.ops else None
                 if ops:
                     emit(ops)
+                cpu = (thread_line(before, after, seconds_by_role(threads_before, threads_after),
+                                   client_after - client_before) if args.threads else None)
+                if cpu:
+                    emit(cpu)
                 before = after
 
 

@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "base/saturating.h"
+#include "base/thread_name.h"
 
 namespace layerserve {
 namespace {
@@ -35,9 +36,15 @@ Batcher::Batcher(BatcherOptions options, Backend* backend, ServerObserver* obser
                  const Clock* clock)
     : options_(options), backend_(backend), observer_(observer), clock_(clock) {
   for (int i = 0; i < std::max(1, options_.reply_threads); ++i) {
-    reply_threads_.emplace_back([this] { RunReplies(); });
+    reply_threads_.emplace_back([this, i] {
+      NameThisThread(absl::StrCat("reply-", i));
+      RunReplies();
+    });
   }
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    NameThisThread("batcher");
+    Run();
+  });
 }
 
 Batcher::~Batcher() { Shutdown(); }

@@ -39,6 +39,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status_macros.h"
+#include "base/thread_name.h"
 #include "server/cpu/cpu_ops.h"
 #include "server/cpu/kv_cache.h"
 
@@ -119,8 +120,11 @@ class CpuBackend final : public Backend {
       : config_(config),
         layers_(std::move(layers)),
         inv_freq_(RopeInvFreq(config)),
-        pool_(num_threads),
-        worker_([this] { WorkerLoop(); }) {}
+        pool_(num_threads, "cpu-op"),
+        worker_([this] {
+          NameThisThread("cpu-batch");
+          WorkerLoop();
+        }) {}
 
   ~CpuBackend() override {
     {

@@ -38,6 +38,7 @@
 #include "base/log.h"
 #include "base/mutex.h"
 #include "base/status_macros.h"
+#include "base/thread_name.h"
 #include "base/thread_pool.h"
 #include "layerserve/kernels/layer_ops.h"
 #include "server/core/warm_up.h"
@@ -112,7 +113,8 @@ absl::StatusOr<std::unique_ptr<StreamSlot>> MakeSlot(int index, const cuda::Laye
                                                      bool blocking_wait) {
   auto slot = std::make_unique<StreamSlot>();
   slot->index = index;
-  slot->copy_pool = std::make_unique<ThreadPool>(std::max(1, copy_threads));
+  slot->copy_pool =
+      std::make_unique<ThreadPool>(std::max(1, copy_threads), absl::StrCat("copy", index));
   slot->graphs = std::make_unique<cuda::ForwardGraphs>(kGraphsPerStream);
   const size_t t = static_cast<size_t>(max_tokens);
   const size_t io_bytes = t * static_cast<size_t>(shape.hidden) * sizeof(float);
@@ -159,7 +161,10 @@ class CudaBackendImpl final : public CudaBackend {
       activation_bytes_ += slot->arena.bytes() + slot->io_device.bytes() + slot->workspace.bytes();
     }
     for (const auto& slot : slots_) {
-      workers_.emplace_back([this, s = slot.get()] { WorkerLoop(*s); });
+      workers_.emplace_back([this, s = slot.get()] {
+        NameThisThread(absl::StrCat("stream-", s->index));
+        WorkerLoop(*s);
+      });
     }
   }
 

@@ -1,12 +1,11 @@
 // The server's completion queues and their threads (see completion_queues.h).
 #include "server/grpc/completion_queues.h"
 
-#include <pthread.h>
-
 #include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/thread_name.h"
 
 namespace layerserve {
 
@@ -27,8 +26,7 @@ void CompletionQueues::Start(const std::function<void(int)>& request_calls) {
   for (int q = 0; q < size(); ++q) {
     request_calls(q);
     threads_.emplace_back([this, q] {
-      const std::string name = absl::StrCat("grpc-cq-", q);  // as top -H shows it
-      pthread_setname_np(pthread_self(), name.c_str());
+      NameThisThread(absl::StrCat("grpc-cq-", q));
       Poll(q);
     });
   }

@@ -55,6 +55,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/auth_token.h"
 #include "base/mutex.h"
+#include "base/thread_name.h"
 #include "server/metrics/http_connection.h"
 #include "server/metrics/prometheus_metrics.h"
 
@@ -234,6 +235,7 @@ struct MetricsHttpServer::Impl {
 };
 
 void MetricsHttpServer::Impl::AcceptLoop() {
+  NameThisThread("metrics-accept");
   pollfd fds[2] = {{.fd = listen_fd, .events = POLLIN, .revents = 0},
                    {.fd = wake_fd, .events = POLLIN, .revents = 0}};
   for (;;) {
@@ -283,6 +285,7 @@ bool MetricsHttpServer::Impl::EvictOldest() {
 }
 
 void MetricsHttpServer::Impl::Serve(uint64_t id, int fd, HttpDeadline head_deadline) {
+  NameThisThread("metrics-http");
   // TLS writes go through write(2), which raises SIGPIPE on a connection the
   // client has reset; blocked here, it stays pending on this thread (and goes
   // with it) while the write fails with EPIPE. (Plain writes use MSG_NOSIGNAL.)

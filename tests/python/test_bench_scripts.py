@@ -100,11 +100,21 @@ def test_launch_rows_prints_a_line_per_setting_and_row_in_order(tmp_path):
         [sys.executable, str(BENCH_SERVER / "launch_rows.py"), str(out),
          f"--settings=a={bin_dir}|;b={bin_dir}|--max-queue-delay-us=0;a={bin_dir}|",
          "--rows=one=--tokens=1 --concurrency=1 --duration-s=0.3;"
-         "s2=--sessions=2 --prefill=2 --steps=2", "--ops"],
+         "s2=--sessions=2 --prefill=2 --steps=2", "--ops", "--threads"],
         capture_output=True, text=True, timeout=180, env={**os.environ, "LOAD_CLIENT_ARGS": ""})
     assert result.returncode == 0, result.stdout + result.stderr
-    lines = [line.split() for line in (out / "summary.txt").read_text().splitlines()
-             if not line.startswith("#")]
+    text = (out / "summary.txt").read_text().splitlines()
+    lines = [line.split() for line in text if not line.startswith(("#", " "))]
+    # --threads: after each row, its CPU per request, the server's by role.
+    # A 0.3 s closed loop keeps the CPU backend's batch thread busy for whole
+    # clock ticks; the session rows' few requests may round to nothing.
+    cpu = [line.split() for line in text if line.startswith("    cpu us per request:")]
+    assert len(cpu) == len(lines), text
+    for (setting, row, *_), usage in zip(lines, cpu):
+        assert "server" in usage and "client" in usage, usage
+        if row == "one":
+            assert float(usage[usage.index("server") + 1]) > 0, usage
+            assert "cpu-batch" in " ".join(usage), usage
     assert [(row[0], row[1]) for row in lines] == [
         ("a", "one"), ("a", "s2"), ("b", "one"), ("b", "s2"), ("a", "one"), ("a", "s2")], lines
     for row in lines:
