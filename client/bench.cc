@@ -153,7 +153,7 @@ void RunClosedLoop(const std::vector<Client*>& clients, const BenchOptions& opti
     ++slot.next;
     return true;
   };
-  const int threads = std::min(options.concurrency, kClosedLoopThreads);
+  const int threads = std::min(options.concurrency, options.threads);
   std::vector<std::thread> workers;
   for (int t = 0; t < threads; ++t) {
     workers.emplace_back([&, t] {
@@ -398,6 +398,7 @@ std::string BenchReportJson(const BenchReport& r) {
   j["hidden"] = o.hidden;
   j["datatype"] = o.datatype;
   j["connections"] = o.connections;
+  j["threads"] = o.threads;
   if (o.concurrency > 0) {
     j["concurrency"] = o.concurrency;
   } else {

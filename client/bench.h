@@ -29,6 +29,16 @@
 
 namespace layerserve::client {
 
+// Threads of the closed loops by default (stateless requests, and sessions
+// over unary calls; BenchOptions::threads, layerctl bench --threads); each
+// polls its own completion queue and drives its share of the
+// concurrent calls. Like perf_analyzer's few worker threads (and unlike a
+// thread per call blocked in it), completions are taken where they arrive,
+// and a concurrency of hundreds needs no more threads. The bench's CPU
+// matters: it shares the machine with the server it measures (docs/perf.md,
+// "The request path on the completion-queue API").
+inline constexpr int kClosedLoopThreads = 4;
+
 enum class Arrivals { kPoisson, kUniform };
 
 struct BenchOptions {
@@ -49,7 +59,10 @@ struct BenchOptions {
   // included), or at the end of the time, whichever comes first; 0: no
   // limit.
   int64_t requests = 0;
-  int max_in_flight = 512;      // open loop: arrivals beyond it are skipped and counted
+  int max_in_flight = 512;  // open loop: arrivals beyond it are skipped and counted
+  // Threads of the closed loops (stateless, and sessions over unary calls),
+  // each polling its own completion queue; at most one per concurrent call.
+  int threads = kClosedLoopThreads;
   double timeout_seconds = 30;  // per-request deadline
   uint64_t seed = 1;
   bool progress = true;  // the \r-updated line on stderr, once a second

@@ -23,15 +23,6 @@
 
 namespace layerserve::client {
 
-// Threads of the closed loops (stateless requests, and sessions over unary
-// calls); each polls its own completion queue and drives its share of the
-// concurrent calls. Like perf_analyzer's few worker threads (and unlike a
-// thread per call blocked in it), completions are taken where they arrive,
-// and a concurrency of hundreds needs no more threads. The bench's CPU
-// matters: it shares the machine with the server it measures (docs/perf.md,
-// "The request path on the completion-queue API").
-inline constexpr int kClosedLoopThreads = 4;
-
 // One ModelInfer call of those loops on a completion queue: what must stay
 // alive until its tag comes back, and when it was sent.
 struct QueuedInfer {

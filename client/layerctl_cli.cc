@@ -195,6 +195,10 @@ ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv)
   bench->add_flag("--no-progress", no_progress, "no progress line on stderr");
   add_number(bench, "--connections", args.connections, "TCP connections")
       ->check(CLI::Range(1, 256));
+  add_number(bench, "--threads", options.threads,
+             "closed loops (and unary sessions): client threads, each polling its own "
+             "completion queue")
+      ->check(CLI::Range(1, 256));
   CLI::Option* sessions_flag =
       add_number(bench, "--sessions", options.sessions, "sessions: how many run at once")
           ->check(CLI::Range(int64_t{1}, int64_t{1} << 16))

@@ -423,10 +423,9 @@ absl::StatusOr<SessionBenchReport> RunSessionBench(const std::vector<Client*>& c
   report.options = options;
   const SessionRequests requests{options, plan, prefill_inputs, step_inputs};
   const absl::Time start = absl::Now();
-  // Streams: a thread per session; unary calls: kClosedLoopThreads threads.
-  const int64_t threads = options.streaming
-                              ? options.sessions
-                              : std::min<int64_t>(options.sessions, kClosedLoopThreads);
+  // Streams: a thread per session; unary calls: options.threads threads.
+  const int64_t threads =
+      options.streaming ? options.sessions : std::min<int64_t>(options.sessions, options.threads);
   SessionRun run(threads, start);
   FatalStop fatal;
   {
@@ -489,6 +488,7 @@ std::string SessionBenchReportJson(const SessionBenchReport& r) {
   j["hidden"] = o.hidden;
   j["datatype"] = o.datatype;
   j["connections"] = o.connections;
+  j["threads"] = o.threads;
   j["sessions"] = o.sessions;
   j["prefill_tokens"] = o.prefill_tokens;
   j["steps"] = o.steps;

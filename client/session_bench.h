@@ -2,7 +2,7 @@
 // [--step-tokens K]`: what decoding through the server's KV cache costs.
 //
 // N sessions run at once (session i on clients[i % n]), over unary calls
-// driven from kClosedLoopThreads threads that poll completion queues, as the
+// driven from BenchOptions::threads threads that poll completion queues, as the
 // stateless closed loop's are (so both cost the bench the same CPU per
 // request), or with `streaming` one thread each over an InferStream of its
 // own (Client::OpenStream on the same client); each request is sent once the

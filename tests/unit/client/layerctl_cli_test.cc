@@ -172,6 +172,7 @@ TEST(LayerctlCommandLineTest, BenchTakesEveryFlag) {
                                         "out.json",
                                         "--no-progress",
                                         "--connections=8",
+                                        "--threads=6",
                                         "--concurrency",
                                         "3"});
   const BenchOptions& options = bench.bench;
@@ -192,6 +193,8 @@ TEST(LayerctlCommandLineTest, BenchTakesEveryFlag) {
   EXPECT_FALSE(options.progress);
   EXPECT_EQ(bench.json_path, "out.json");
   EXPECT_EQ(bench.connections, 8);
+  EXPECT_EQ(options.threads, 6);
+  EXPECT_EQ(MustParse({"bench", "--model=m", "--tokens=1"}).bench.threads, kClosedLoopThreads);
 
   // A repeated flag: the last one wins.
   EXPECT_EQ(MustParse({"bench", "--model=m", "--tokens=1", "--tokens=5"}).bench.tokens, 5);
@@ -260,6 +263,7 @@ TEST(LayerctlCommandLineTest, RefusesWithTheUsageStatus) {
   ExpectUsageError({"bench", "--model=m", "--tokens=1", "--arrivals=bursty"}, "--arrivals");
   ExpectUsageError({"bench", "--model=m", "--tokens=1", "--connections=0"}, "--connections");
   ExpectUsageError({"bench", "--model=m", "--tokens=1", "--connections=257"}, "--connections");
+  ExpectUsageError({"bench", "--model=m", "--tokens=1", "--threads=0"}, "--threads");
   ExpectUsageError({"bench", "--model=m", "--tokens=1", "--rate"}, "--rate");
   ExpectUsageError({"health", "--timeout-s=soon"}, "--timeout-s");
   ExpectUsageError({"health", "--no-such-flag"}, "--no-such-flag");
@@ -282,13 +286,31 @@ TEST(LayerctlCommandLineTest, HelpListsEveryCommandsFlagsWithDefaults) {
     EXPECT_FALSE(parsed.args.has_value());
     EXPECT_EQ(parsed.exit_status, kExitOk);
     EXPECT_EQ(parsed.err, "");
-    for (const char* text :
-         {"health",        "metadata",       "infer",         "bench",
-          "--url",         "localhost:8001", "--input",       "--datatype",
-          "--tokens",      "--concurrency",  "--rate",        "--max-in-flight",
-          "512",           "--connections",  "--no-progress", "--json",
-          "poisson",       "--sessions",     "--prefill",     "--steps",
-          "--step-tokens", "--streaming",    "--sequence-id", "--sequence-position"}) {
+    for (const char* text : {"health",
+                             "metadata",
+                             "infer",
+                             "bench",
+                             "--url",
+                             "localhost:8001",
+                             "--input",
+                             "--datatype",
+                             "--tokens",
+                             "--concurrency",
+                             "--rate",
+                             "--max-in-flight",
+                             "512",
+                             "--connections",
+                             "--threads",
+                             "--no-progress",
+                             "--json",
+                             "poisson",
+                             "--sessions",
+                             "--prefill",
+                             "--steps",
+                             "--step-tokens",
+                             "--streaming",
+                             "--sequence-id",
+                             "--sequence-position"}) {
       EXPECT_TRUE(absl::StrContains(parsed.out, text))
           << help_flag << ": " << text << " is missing from:\n"
           << parsed.out;
