@@ -306,6 +306,9 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
     cases.push_back({t, 1});
     if (t >= 128) cases.push_back({t, 8});
   }
+  // What a served batch of stateless 1-token requests is: t sequences of one
+  // token each (64 clients make batches of ~30, of any size).
+  for (const int t : {27, 32, 64}) cases.push_back({t, t});
   for (const int b : {1, 16, 64}) {
     for (const int64_t l : {1024, 4096}) cases.push_back({b, b, l});
   }
