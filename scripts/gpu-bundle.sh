@@ -29,7 +29,7 @@ binaries=(
   tests/gpu/gemm_silu_gpu_test
   tests/unit/metrics/metrics_cublaslt_test
   bench/attention/flash_attention_bench bench/attention/decode_attention_bench bench/gemm/gemm_bench
-  bench/layer/layer_bench
+  bench/layer/layer_bench bench/grpc/grpc_echo
 )
 for test in "$build"/tests/integration/integration_*_test; do
   binaries+=("${test#"$build"/}")

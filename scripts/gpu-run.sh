@@ -6,7 +6,7 @@
 #   usage: scripts/gpu-run.sh [tests] [bench-kernels] [bench-layer] [bench-server]
 #          [bench-sessions] [bench-decode] [bench-probe] [bench-probe-specs] [bench-pipeline]
 #          [bench-perf-analyzer] [bench-moe] [bench-interference] [bench-first-batch]
-#          [bench-rows]
+#          [bench-rows] [bench-echo]
 #          (no argument: the first four)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -165,6 +165,16 @@ for stage in "${stages[@]}"; do
       python3 bench/server/first_batch.py "$bundle/bin" "$out/first-batch" \
         --model-dir="$ckpt" --model-name=llama3-8b-4l --backend=cuda ${FIRST_BATCH_ARGS:-} \
         ${LOAD_SERVER_ARGS:-} || failed=1
+      ;;
+    bench-echo)
+      # The request path's floor (bench/server/echo_rows.py): layerctl bench
+      # rows against grpc_echo, which answers each ModelInfer with its input
+      # on the receiving thread over layerserve's gRPC plumbing. ECHO_ROWS
+      # overrides the rows (the names and flags bench-rows takes, so the two
+      # stages can run the same rows one after the other).
+      # shellcheck disable=SC2086
+      python3 bench/server/echo_rows.py "$out/echo" --echo="$bundle/bin/grpc_echo" \
+        --layerctl="$bundle/bin/layerctl" ${ECHO_ROWS:+--rows="$ECHO_ROWS"} || failed=1
       ;;
     bench-rows)
       # Servers side by side, row by row, with each row's batches and launches
