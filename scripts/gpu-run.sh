@@ -171,10 +171,11 @@ for stage in "${stages[@]}"; do
       # rows against grpc_echo, which answers each ModelInfer with its input
       # on the receiving thread over layerserve's gRPC plumbing. ECHO_ROWS
       # overrides the rows (the names and flags bench-rows takes, so the two
-      # stages can run the same rows one after the other).
+      # stages can run the same rows one after the other); ECHO_ARGS adds
+      # echo_rows.py flags (--delay-us=800: answer as late as a batch would).
       # shellcheck disable=SC2086
       python3 bench/server/echo_rows.py "$out/echo" --echo="$bundle/bin/grpc_echo" \
-        --layerctl="$bundle/bin/layerctl" ${ECHO_ROWS:+--rows="$ECHO_ROWS"} || failed=1
+        --layerctl="$bundle/bin/layerctl" ${ECHO_ROWS:+--rows="$ECHO_ROWS"} ${ECHO_ARGS:-} || failed=1
       ;;
     bench-rows)
       # Servers side by side, row by row, with each row's batches and launches
