@@ -9,7 +9,8 @@ scraping /metrics before and after. One line per (setting, row): the client's
 tokens/s (decode tokens/s for a session row), mean and p99 latency (a
 session row's steps), and from the scrapes the batches, compute time and
 tokens per batch (and "gpu": the GPU time of the batches the server timed
-op by op, every 16th), the server's mean request time and its parts: the
+op by op, every 16th; "host in" and "out": the time a batch spent packing
+its tensors into the backend's buffers and copying results back), the server's mean request time and its parts: the
 queue wait, the compute of the batches a request ran in, and the rest, the
 time outside both, of which the wait for a reply thread (a session row's
 means include its prefills: give it a short --prefill to read them as a
@@ -63,9 +64,9 @@ def parse_pairs(text, sep="="):
     return pairs
 
 
-def mean_ms(before, after, name):
+def mean_ms(before, after, name, **labels):
     """Mean of histogram `name` between the scrapes, in ms (0 if empty)."""
-    return 1e3 * (histogram_mean(before, after, name) or 0.0)
+    return 1e3 * (histogram_mean(before, after, name, **labels) or 0.0)
 
 
 def op_line(before, after, sampled):
@@ -123,8 +124,14 @@ def row_line(label, row, report, before, after, gpu_ms):
     else:
         parts = "batches      -  outside      -  reply-wait      -"
     gpu = f"{gpu_ms:6.3f}" if gpu_ms is not None else "     -"
+    # The host's part of a batch's compute: the tensors packed into the
+    # backend's buffers, and the results copied back into the requests.
+    stage = "layerserve_batch_stage_seconds"
+    host_in = mean_ms(before, after, stage, stage="input")
+    host_out = mean_ms(before, after, stage, stage="output")
     return (f"{label:10s} {row:6s} {rate:10.0f} tok/s  batches {batches:6.0f}  compute "
-            f"{compute_ms:6.3f} ms (gpu {gpu})  {tokens:6.1f} tok/batch  "
+            f"{compute_ms:6.3f} ms (gpu {gpu}  host in {host_in:5.3f} out {host_out:5.3f})  "
+            f"{tokens:6.1f} tok/batch  "
             f"client {client_ms:6.3f} (p99 {client_p99:6.2f}) ms  "
             f"server {request_ms:6.3f} (queue {queue_ms:6.3f}  {parts}) ms  direct/captured/replayed "
             f"{launch_split(before, after)}"
