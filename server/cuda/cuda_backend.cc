@@ -52,7 +52,13 @@ namespace layerserve {
 namespace {
 
 // Below this many bytes moved per batch, a stream copies on its own thread.
-constexpr size_t kParallelCopyBytes = size_t{1} << 20;
+// Measured on the H100 with 1-token FP32 requests of Llama-3-8B (16 KiB
+// each way): a batch of 30 unpacked in 0.071 ms inline and 0.049-0.054 ms on
+// the pool (+5% tokens/s at 64 clients), one of 18 in 0.043 and 0.028, but
+// one of 8 (128 KiB) in 0.017 inline against 0.024-0.029 on the pool, whose
+// wake-up costs more than it saves there (docs/perf.md, "The floor under the
+// request path").
+constexpr size_t kParallelCopyBytes = size_t{256} << 10;
 
 using cuda::ActivationArena;
 using cuda::CudaEvent;
@@ -433,8 +439,9 @@ class CudaBackendImpl final : public CudaBackend {
   // Runs copy(i) for every request of the batch: on the stream's copy pool
   // when the batch moves at least kParallelCopyBytes (a 128-token FP32
   // request of Llama-3-8B is 2 MiB each way, and one thread copying 16 of
-  // them in and out took two thirds of the batch's time on the H100, see
-  // docs/perf.md), else inline, where waking the pool would cost more.
+  // them in and out took two thirds of the batch's time on the H100; a
+  // batch of 30 1-token requests still gains; see docs/perf.md), else
+  // inline, where waking the pool would cost more.
   static void ForEachRequest(StreamSlot& slot, const Batch& batch, size_t io_bytes,
                              absl::FunctionRef<void(size_t)> copy) {
     const auto n = static_cast<int64_t>(batch.requests.size());

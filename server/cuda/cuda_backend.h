@@ -44,7 +44,7 @@ struct CudaBackendOptions {
   int device = 0;       // CUDA device ordinal
   int num_streams = 2;  // batches in flight at once
   // Threads per stream (its own included) that copy a large batch's tensors
-  // to and from pinned memory (batches that move 1 MiB or more).
+  // to and from pinned memory (batches that move 256 KiB or more).
   int host_copy_threads = 4;
   // Largest batch (sum of B*T over its requests); sizes each stream's arena.
   int64_t max_batch_tokens = 8192;
