@@ -53,11 +53,11 @@ namespace {
 
 // Below this many bytes moved per batch, a stream copies on its own thread.
 // Measured on the H100 with 1-token FP32 requests of Llama-3-8B (16 KiB
-// each way): a batch of 30 unpacked in 0.071 ms inline and 0.049-0.054 ms on
-// the pool (+5% tokens/s at 64 clients), one of 18 in 0.043 and 0.028, but
-// one of 8 (128 KiB) in 0.017 inline against 0.024-0.029 on the pool, whose
-// wake-up costs more than it saves there (docs/perf.md, "The floor under the
-// request path").
+// each way): a batch of 30 unpacked in 0.071 ms inline and 0.049-0.058 ms on
+// the pool, one of 18 in 0.043 and 0.028, but one of 8 (128 KiB) in 0.017
+// inline against 0.024-0.029 on the pool, whose wake-up costs more than it
+// saves there (docs/perf.md, "The floor under the request path": tokens/s
+// at 64 clients +5% on one machine, level on another).
 constexpr size_t kParallelCopyBytes = size_t{256} << 10;
 
 using cuda::ActivationArena;
