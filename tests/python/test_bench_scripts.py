@@ -139,25 +139,31 @@ def test_launch_rows_prints_a_line_per_setting_and_row_in_order(tmp_path):
         # launches nothing on a GPU.
         assert row[row.index("(gpu") + 1] == "-", row
         # Its host part: the CPU backend packs and unpacks too.
-        assert float(row[row.index("in") + 1]) >= 0 and float(row[row.index("out") + 1].rstrip(")")) >= 0, row
+        assert float(row[row.index("in") + 1]) >= 0, row
+        assert float(row[row.index("out") + 1].rstrip(")")) >= 0, row
         assert row[row.index("direct/captured/replayed") + 1] == "0/0/0", row
     # Every setting keeps its server's log and the client's reports.
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["00-a", "01-b", "02-a"]
     assert (out / "01-b" / "s2.json").exists()
 
 
-def test_echo_rows_answer_every_request_of_every_row(tmp_path):
+def echo_rows(tmp_path, *flags):
+    """Runs echo_rows.py against grpc_echo with these flags; its row lines, split."""
     out = tmp_path / "echo"
     result = subprocess.run(
         [sys.executable, str(BENCH_SERVER / "echo_rows.py"), str(out),
          f"--echo={os.environ['GRPC_ECHO_BIN']}", f"--layerctl={os.environ['LAYERCTL_BIN']}",
-         "--hidden=64", "--threads=2",
-         "--rows=one=--tokens=1 --concurrency=1 --duration-s=0.3;"
-         "many=--tokens=3 --batch=2 --concurrency=8 --connections=2 --duration-s=0.3"],
+         "--hidden=64", *flags],
         capture_output=True, text=True, timeout=120, env={**os.environ, "LOAD_CLIENT_ARGS": ""})
     assert result.returncode == 0, result.stdout + result.stderr
-    lines = [line.split() for line in (out / "summary.txt").read_text().splitlines()
-             if not line.startswith("#")]
+    return [line.split() for line in (out / "summary.txt").read_text().splitlines()
+            if not line.startswith("#")]
+
+
+def test_echo_rows_answer_every_request_of_every_row(tmp_path):
+    lines = echo_rows(tmp_path, "--threads=2",
+                      "--rows=one=--tokens=1 --concurrency=1 --duration-s=0.3;"
+                      "many=--tokens=3 --batch=2 --concurrency=8 --connections=2 --duration-s=0.3")
     assert [row[:2] for row in lines] == [["echo", "one"], ["echo", "many"]], lines
     for row in lines:
         assert float(row[2]) > 0, row  # tok/s: every reply had the request's shape
@@ -166,17 +172,9 @@ def test_echo_rows_answer_every_request_of_every_row(tmp_path):
 
 
 def test_a_delayed_echo_answers_no_sooner_than_its_delay(tmp_path):
-    out = tmp_path / "echo"
-    result = subprocess.run(
-        [sys.executable, str(BENCH_SERVER / "echo_rows.py"), str(out),
-         f"--echo={os.environ['GRPC_ECHO_BIN']}", f"--layerctl={os.environ['LAYERCTL_BIN']}",
-         "--hidden=64", "--delay-us=5000",
-         "--rows=one=--tokens=1 --concurrency=1 --duration-s=0.3;"
-         "four=--tokens=1 --concurrency=4 --duration-s=0.3"],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "LOAD_CLIENT_ARGS": ""})
-    assert result.returncode == 0, result.stdout + result.stderr
-    lines = [line.split() for line in (out / "summary.txt").read_text().splitlines()
-             if not line.startswith("#")]
+    lines = echo_rows(tmp_path, "--delay-us=5000",
+                      "--rows=one=--tokens=1 --concurrency=1 --duration-s=0.3;"
+                      "four=--tokens=1 --concurrency=4 --duration-s=0.3")
     assert [row[:2] for row in lines] == [["echo+5000us", "one"], ["echo+5000us", "four"]], lines
     for row in lines:
         assert float(row[row.index("client") + 1]) >= 5.0, row  # ms
