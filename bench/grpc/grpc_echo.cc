@@ -23,7 +23,6 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <cstdlib>
 #include <deque>
 #include <memory>
 #include <string>
@@ -31,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "base/mutex.h"
 #include "base/thread_name.h"
 #include "grpc_service.grpc.pb.h"
@@ -119,9 +119,12 @@ class DelayedReplies {
   std::thread thread_;  // last: starts once the rest exists
 };
 
+// True when `arg` is `name` followed by a value; the value must be an integer
+// (else it becomes -1, which every flag refuses).
 bool ParseFlag(std::string_view arg, std::string_view name, int* value) {
   if (arg.substr(0, name.size()) != name) return false;
-  *value = std::atoi(std::string(arg.substr(name.size())).c_str());
+  const std::string text(arg.substr(name.size()));
+  if (!absl::SimpleAtoi(text, value)) *value = -1;
   return true;
 }
 
