@@ -23,23 +23,17 @@ bench-echo stage runs it.
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
 
 from launch_rows import parse_pairs
 from summary_log import summary_emitter
-from thread_cpu import seconds_by_role, snapshot
+from thread_cpu import children_cpu_seconds, per_request_line, seconds_by_role, snapshot
 
 DEFAULT_ROWS = ("c1=--tokens=1 --concurrency=1 --duration-s=2;"
                 "c64=--tokens=1 --concurrency=64 --connections=8 --duration-s=3;"
                 "c64x1=--tokens=1 --concurrency=64 --connections=1 --duration-s=3")
-
-
-def children_cpu_seconds():
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def main():
@@ -86,14 +80,11 @@ def main():
                 # CPU time includes it (requests_ok counts the measured ones).
                 requests = max(report.get("requests_ok", 0), 1) * (
                     1 + report.get("warmup_s", 0) / max(report.get("measured_s", 1), 1e-9))
-                server = seconds_by_role(threads_before, threads_after)
-                parts = " ".join(f"{name} {1e6 * s / requests:.0f}" for name, s in server.items()
-                                 if 1e6 * s / requests >= 0.5)
+                cpu = per_request_line("echo", seconds_by_role(threads_before, threads_after),
+                                       client_after - client_before, requests)
                 emit(f"{label} {row:8s} {report.get('tokens_per_second', 0):10.0f} tok/s  client "
                      f"{latency.get('mean', 0):6.3f} (p99 {latency.get('p99', 0):6.2f}) ms  "
-                     f"cpu us per request: echo {1e6 * sum(server.values()) / requests:.0f} "
-                     f"({parts}) client {1e6 * (client_after - client_before) / requests:.0f}  "
-                     f"failed {report.get('requests_failed', 0)}")
+                     f"{cpu}  failed {report.get('requests_failed', 0)}")
         finally:
             echo.terminate()
             echo.wait(timeout=30)

@@ -10,9 +10,10 @@ tokens/s (decode tokens/s for a session row), mean and p99 latency (a
 session row's steps), and from the scrapes the batches, compute time and
 tokens per batch (and "gpu": the GPU time of the batches the server timed
 op by op, every 16th; "host in" and "out": the time a batch spent packing
-its tensors into the backend's buffers and copying results back), the server's mean request time and its parts: the
-queue wait, the compute of the batches a request ran in, and the rest, the
-time outside both, of which the wait for a reply thread (a session row's
+its tensors into the backend's buffers and copying results back), the
+server's mean request time and its parts: the queue wait, the compute of
+the batches a request ran in, and the rest, the time outside both, of
+which the wait for a reply thread (a session row's
 means include its prefills: give it a short --prefill to read them as a
 step's; servers older than the per-request metrics show "-" for the last
 three), and how the batches were launched (direct, captured into a CUDA
@@ -38,7 +39,6 @@ row (e.g. "--connections=8"). scripts/gpu-run.sh's bench-rows stage runs it.
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -47,7 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"
 from layerserve_process import LayerserveProcess, ServerStartError  # noqa: E402
 from metrics_delta import delta, gpu_ms_per_batch, histogram_mean, launch_split  # noqa: E402
 from summary_log import summary_emitter  # noqa: E402
-from thread_cpu import seconds_by_role, snapshot  # noqa: E402
+from thread_cpu import (children_cpu_seconds, per_request_line, seconds_by_role,  # noqa: E402
+                        snapshot)
 
 DEFAULT_ROWS = ("l1=--tokens=1 --concurrency=1 --duration-s=2;"
                 "u64=--sessions=64 --prefill=1 --steps=256;"
@@ -81,12 +82,6 @@ def op_line(before, after, sampled):
     return "    ops ms per sampled batch: " + " ".join(parts)
 
 
-def children_cpu_seconds():
-    """CPU seconds of this process's children that have ended (the clients)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def thread_line(before, after, server_cpu, client_seconds):
     """'    cpu us per request: server 141 (grpc-cq 52 reply 31 ...) client 63':
     the row's CPU over the requests the server answered in it (its warm-up
@@ -94,10 +89,7 @@ def thread_line(before, after, server_cpu, client_seconds):
     requests = delta(before, after, "layerserve_request_duration_seconds_count")
     if requests <= 0:
         return None
-    per_request = {name: 1e6 * seconds / requests for name, seconds in server_cpu.items()}
-    parts = " ".join(f"{name} {us:.0f}" for name, us in per_request.items() if us >= 0.5)
-    return (f"    cpu us per request: server {sum(per_request.values()):.0f} ({parts}) "
-            f"client {1e6 * client_seconds / requests:.0f}")
+    return "    " + per_request_line("server", server_cpu, client_seconds, requests)
 
 
 def row_line(label, row, report, before, after, gpu_ms):

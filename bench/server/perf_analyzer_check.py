@@ -33,7 +33,6 @@ announces sequence_batching and perf_analyzer would run in sequence mode.
 import argparse
 import csv
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -42,12 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from layerserve_process import LayerserveProcess  # noqa: E402
 from metrics_delta import delta, gpu_ms_per_batch, histogram_mean  # noqa: E402
-
-
-def children_cpu_s():
-    """CPU seconds (user + system) of the waited-for children so far."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+from thread_cpu import children_cpu_seconds  # noqa: E402
 
 
 def layerctl_run(bin_dir, server, out, tokens, concurrency, duration_s, connections, name):
@@ -149,7 +143,7 @@ def main():
                 for client in results:
                     name = f"{client}-t{tokens}-{i}"
                     before = server.samples()
-                    cpu_before = children_cpu_s()
+                    cpu_before = children_cpu_seconds()
                     if client == "perf_analyzer":
                         r = perf_analyzer_run(args.perf_analyzer, server, out, hidden, tokens,
                                               args.concurrency, args.duration_s, name)
@@ -161,7 +155,7 @@ def main():
                     # Client CPU per request the server answered during the
                     # client's whole run (its warm-up and windows included).
                     answered = delta(before, after, "layerserve_requests_total")
-                    client_us = (1e6 * (children_cpu_s() - cpu_before) / answered
+                    client_us = (1e6 * (children_cpu_seconds() - cpu_before) / answered
                                  if answered else 0.0)
                     results[client].append(r[0])
                     share = f" ({r[0] / bound:5.1%} of bound)" if bound else ""

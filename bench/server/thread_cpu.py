@@ -1,4 +1,5 @@
-"""CPU time of a running process's threads, charged to roles by thread name.
+"""CPU time of a running process's threads, charged to roles by thread name,
+and of this process's finished children (the benchmark clients).
 
 The server names its threads by what they do (base/thread_name.h:
 grpc-cq-0, batcher, reply-2, stream-1, copy0-3, cpu-op-5, metrics-http);
@@ -9,6 +10,7 @@ a role is the name without its index. Threads the server did not name
 
 import os
 import re
+import resource
 from collections import defaultdict
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -50,3 +52,20 @@ def seconds_by_role(before, after):
     for tid, (name, seconds) in after.items():
         spent[role(name)] += seconds - before.get(tid, (name, 0.0))[1]
     return dict(sorted(spent.items(), key=lambda item: -item[1]))
+
+
+def children_cpu_seconds():
+    """CPU seconds (user + system) of this process's children that have ended
+    and been waited for: the clients a script ran."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def per_request_line(server_label, server_cpu, client_seconds, requests):
+    """'cpu us per request: server 141 (grpc-cq 52 reply 31 ...) client 63':
+    seconds_by_role's result and the client's CPU seconds over `requests`
+    (roles under half a microsecond left out)."""
+    per_request = {name: 1e6 * seconds / requests for name, seconds in server_cpu.items()}
+    parts = " ".join(f"{name} {us:.0f}" for name, us in per_request.items() if us >= 0.5)
+    return (f"cpu us per request: {server_label} {sum(per_request.values()):.0f} ({parts}) "
+            f"client {1e6 * client_seconds / requests:.0f}")
