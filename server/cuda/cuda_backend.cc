@@ -440,8 +440,8 @@ class CudaBackendImpl final : public CudaBackend {
   // when the batch moves at least kParallelCopyBytes (a 128-token FP32
   // request of Llama-3-8B is 2 MiB each way, and one thread copying 16 of
   // them in and out took two thirds of the batch's time on the H100; a
-  // batch of 30 1-token requests still gains; see docs/perf.md), else
-  // inline, where waking the pool would cost more.
+  // batch of 30 1-token requests unpacks faster there too; see docs/perf.md),
+  // else inline, where waking the pool would cost more.
   static void ForEachRequest(StreamSlot& slot, const Batch& batch, size_t io_bytes,
                              absl::FunctionRef<void(size_t)> copy) {
     const auto n = static_cast<int64_t>(batch.requests.size());
