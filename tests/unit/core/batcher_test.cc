@@ -138,6 +138,10 @@ TEST(BatcherTest, ARequestRecordsItsWaitForAReplyThread) {
   BatcherOptions options = Options(2, 1'000'000);  // two 1-token requests fill a batch
   options.reply_threads = 1;                       // the replies run one after the other
   Batcher batcher(options, &backend, &observer, &clock);
+  // The plug holds the only slot, so both requests are queued before any
+  // batch can form: an idle device would run the first one alone at once.
+  Outcome plug;
+  KeepBusy(batcher, backend, &plug);
   const std::string payload = "a";
   // The first reply holds the only reply thread while the clock moves 3 ms:
   // the second request waits that long for it, the first not at all.
@@ -158,12 +162,14 @@ TEST(BatcherTest, ARequestRecordsItsWaitForAReplyThread) {
   };
   ASSERT_TRUE(batcher.Enqueue(ra).ok());
   ASSERT_TRUE(batcher.Enqueue(rb).ok());
+  backend.SetOpen(true);
   ASSERT_TRUE(first_started.WaitFor(milliseconds(10000)));
   clock.Advance(microseconds(3000));
   release.Notify();
   ASSERT_TRUE(a.done.WaitFor(milliseconds(10000)));
   ASSERT_TRUE(b.done.WaitFor(milliseconds(10000)));
-  EXPECT_EQ(backend.batch_sizes(), (std::vector<size_t>{2}));
+  ASSERT_TRUE(plug.done.WaitFor(milliseconds(10000)));
+  EXPECT_EQ(backend.batch_sizes(), (std::vector<size_t>{1, 2}));
   EXPECT_DOUBLE_EQ(wait_a, 0.0);
   EXPECT_NEAR(wait_b, 0.003, 1e-9);
 }
