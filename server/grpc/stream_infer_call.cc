@@ -55,10 +55,13 @@ void StreamInferCall::ReadDone(bool ok) {
     if (finish) stream_.Finish(grpc::Status::OK, &finish_op_);
     return;
   }
-  auto* pending = new Pending{std::move(reading_), {}};
+  Pending* pending = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    ++unanswered_;  // keeps the call from finishing until Answer
+    // Its place in the reply order; also keeps the call from finishing
+    // until it is answered and written.
+    in_order_.push_back(std::make_unique<Pending>(Pending{std::move(reading_), {}}));
+    pending = in_order_.back().get();
   }
   // Submit before the next read starts (the ordering guarantee). Submit
   // never blocks; the call cannot finish in between, since reads are not
@@ -71,8 +74,7 @@ void StreamInferCall::ReadDone(bool ok) {
   stream_.Read(reading_.get(), &read_op_);
 }
 
-void StreamInferCall::Answer(Pending* raw_pending, const absl::Status& status) {
-  std::unique_ptr<Pending> pending(raw_pending);
+void StreamInferCall::Answer(Pending* pending, const absl::Status& status) {
   if (!status.ok()) {
     auto* infer_response = pending->response.mutable_infer_response();
     infer_response->Clear();
@@ -86,15 +88,8 @@ void StreamInferCall::Answer(Pending* raw_pending, const absl::Status& status) {
   bool finish = false;
   {
     absl::MutexLock lock(&mu_);
-    --unanswered_;
-    if (broken_) {
-      pending.reset();
-    } else if (writing_ == nullptr) {
-      writing_ = std::move(pending);
-      write = &writing_->response;
-    } else {
-      pending_writes_.push_back(std::move(pending));
-    }
+    pending->answered = true;  // from here on the writer owns it
+    write = NextWriteLocked();
     finish = ShouldFinishLocked();
   }
   if (write != nullptr) stream_.Write(*write, &write_op_);
@@ -107,25 +102,29 @@ void StreamInferCall::WriteDone(bool ok) {
   {
     absl::MutexLock lock(&mu_);
     writing_.reset();
-    if (!ok) {
-      broken_ = true;  // the client is gone: later answers are dropped
-      pending_writes_.clear();
-    } else if (!pending_writes_.empty()) {
-      writing_ = std::move(pending_writes_.front());
-      pending_writes_.pop_front();
-      next = &writing_->response;
-    }
+    if (!ok) broken_ = true;  // the client is gone: later answers are dropped
+    next = NextWriteLocked();
     finish = ShouldFinishLocked();
   }
   if (next != nullptr) stream_.Write(*next, &write_op_);
   if (finish) stream_.Finish(grpc::Status::OK, &finish_op_);
 }
 
-bool StreamInferCall::ShouldFinishLocked() {
-  if (finished_ || !reads_done_ || unanswered_ > 0 || writing_ != nullptr ||
-      !pending_writes_.empty()) {
-    return false;
+const inference::ModelStreamInferResponse* StreamInferCall::NextWriteLocked() {
+  if (broken_) {
+    // Nothing more is written; requests still in the core keep their
+    // entries (the core holds pointers into them) until they are answered.
+    while (!in_order_.empty() && in_order_.front()->answered) in_order_.pop_front();
+    return nullptr;
   }
+  if (writing_ != nullptr || in_order_.empty() || !in_order_.front()->answered) return nullptr;
+  writing_ = std::move(in_order_.front());
+  in_order_.pop_front();
+  return &writing_->response;
+}
+
+bool StreamInferCall::ShouldFinishLocked() {
+  if (finished_ || !reads_done_ || writing_ != nullptr || !in_order_.empty()) return false;
   finished_ = true;
   return true;
 }

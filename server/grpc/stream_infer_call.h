@@ -1,9 +1,12 @@
 // One ModelStreamInfer call on the completion-queue API (completion_queues.h).
 //
 // Reads requests one after another, submits each as it arrives (so a stream
-// keeps many requests in the batcher at once), and writes each reply when it
-// is ready, in completion order. Errors for one request travel in
-// error_message and leave the stream open. The call finishes once the client
+// keeps many requests in the batcher at once), and writes the replies in the
+// order the requests were read, as Triton does for a non-decoupled model:
+// a reply that is ready waits for the replies of every earlier request of
+// the stream. Errors for one request (refused up front or failed later)
+// travel in error_message, take their request's place in that order, and
+// leave the stream open. The call finishes once the client
 // has half-closed (or gone) and every submitted request has been answered:
 // the requests' tensors live in this object, so it must outlive them.
 //
@@ -14,9 +17,10 @@
 // client may thus pipeline a session's steps on one stream and have them
 // enqueued in order (whether a step may be enqueued while an earlier one of
 // its session is still in flight is the batcher's and the session table's
-// business). Replies carry no such guarantee: they are written as requests
-// complete, and the client matches them by request id. Separate calls (unary
-// ModelInfer, or two streams) are not ordered with respect to each other.
+// business). Replies come back in the same order, so a client may match
+// them by position (tritonclient's sequence stream example does) as well as
+// by request id. Separate calls (unary ModelInfer, or two streams) are not
+// ordered with respect to each other.
 #pragma once
 
 #include <atomic>
@@ -56,10 +60,13 @@ class StreamInferCall {
   StreamInferCall& operator=(const StreamInferCall&) = delete;
 
  private:
-  // A request read from the stream and its eventual response.
+  // A request read from the stream and its eventual response. `answered` is
+  // set (under mu_) once the response is final; until then only the core and
+  // Answer touch the request and response.
   struct Pending {
     std::unique_ptr<inference::ModelInferRequest> request;
     inference::ModelStreamInferResponse response;
+    bool answered = false;
   };
 
   StreamInferCall(const Deps& deps, int q);
@@ -76,6 +83,11 @@ class StreamInferCall {
   // critical section that changes the state, so exactly one of them
   // finishes and no write is outstanding when it does.
   bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts the next write if none is outstanding and the oldest request's
+  // answer is ready: returns the response to write (null: nothing to write
+  // now). Once the stream is broken, drops answered requests at the front
+  // instead.
+  const inference::ModelStreamInferResponse* NextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Release();
 
   const Deps& deps_;
@@ -90,14 +102,14 @@ class StreamInferCall {
   std::atomic<int> outstanding_{2};  // of an accepted call: finished and done
 
   absl::Mutex mu_;
-  int64_t unanswered_ ABSL_GUARDED_BY(mu_) = 0;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  // The response being written (gRPC allows one outstanding write) and those
-  // waiting their turn.
+  // The response being written (gRPC allows one outstanding write), and
+  // every request read but not yet written, in the order they were read
+  // (answered or not): the stream's reorder buffer.
   std::unique_ptr<Pending> writing_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::unique_ptr<Pending>> pending_writes_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::unique_ptr<Pending>> in_order_ ABSL_GUARDED_BY(mu_);
 
   MemberOp<StreamInferCall> accepted_op_{this, &StreamInferCall::Accepted};
   MemberOp<StreamInferCall> read_op_{this, &StreamInferCall::ReadDone};
