@@ -69,7 +69,9 @@ double ToleranceFor(const std::string& datatype) {
 ::testing::AssertionResult MatchesReference(const client::Tensor& got,
                                             const std::vector<int64_t>& expected_shape,
                                             const std::string& expected_datatype,
-                                            const std::vector<double>& reference) {
+                                            const std::vector<double>& reference,
+                                            double tolerance_factor) {
+  const double tolerance = tolerance_factor * ToleranceFor(got.datatype);
   if (got.datatype != expected_datatype) {
     return ::testing::AssertionFailure()
            << "datatype " << got.datatype << ", expected " << expected_datatype;
@@ -107,8 +109,8 @@ double ToleranceFor(const std::string& datatype) {
       static_cast<int64_t>(worst) / hidden / seq_len,
       static_cast<int64_t>(worst) / hidden % seq_len, static_cast<int64_t>(worst) % hidden,
       (*values)[worst], reference[worst], got.datatype, RoundTo(reference[worst], got.datatype),
-      worst_error, relative, scale, ToleranceFor(got.datatype));
-  if (relative > ToleranceFor(got.datatype)) return ::testing::AssertionFailure() << where;
+      worst_error, relative, scale, tolerance);
+  if (relative > tolerance) return ::testing::AssertionFailure() << where;
   return ::testing::AssertionSuccess() << where;
 }
 

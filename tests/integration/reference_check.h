@@ -44,9 +44,13 @@ double ToleranceFor(const std::string& datatype);
 
 // Checks datatype, shape and values; the failure message names the worst
 // element ([b, t, h], got, reference, rounded reference, relative error).
+// `tolerance_factor` scales ToleranceFor's bound, for tests that check which
+// request a reply answers rather than how precisely (another request's reply
+// is off by tens of percent).
 ::testing::AssertionResult MatchesReference(const client::Tensor& got,
                                             const std::vector<int64_t>& expected_shape,
                                             const std::string& expected_datatype,
-                                            const std::vector<double>& reference);
+                                            const std::vector<double>& reference,
+                                            double tolerance_factor = 1.0);
 
 }  // namespace layerserve::integration

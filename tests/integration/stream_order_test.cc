@@ -49,6 +49,12 @@ constexpr int kPrefillTokens = 5;
 constexpr int kSteps = 10;  // 1-token session steps after the prefill
 constexpr int kLoadThreads = 3;
 constexpr int kDefaultRounds = 20;
+// The replies are checked for which request they answer, not for precision
+// (correctness_test and the GPU suite own that): a reply of another request
+// is off by tens of percent, while the CUDA backend's BF16 compute lands at
+// 1.7% of the scale on the 48-token request (H200, against 1.6% for ~2 BF16
+// ulps).
+constexpr double kWhichReplyTolerance = 4.0;
 
 int Rounds() {
   int rounds = kDefaultRounds;
@@ -190,7 +196,8 @@ class StreamOrderTest : public ::testing::Test {
       absl::StatusOr<Tensor> out =
           Client::OutputFromResponse(std::move(*reply.mutable_infer_response()));
       ASSERT_TRUE(out.ok()) << out.status();
-      EXPECT_TRUE(MatchesReference(*out, {1, e.tokens, kHidden}, "FP32", e.reference));
+      EXPECT_TRUE(MatchesReference(*out, {1, e.tokens, kHidden}, "FP32", e.reference,
+                                   kWhichReplyTolerance));
     }
     writer.join();
     const grpc::Status finish = stream->Finish();
