@@ -75,9 +75,9 @@ Tensor Fp32(const std::vector<float>& x, int64_t tokens) {
 // One request of a stream and what its reply must be.
 struct Expected {
   inference::ModelInferRequest request;
-  int64_t tokens = 0;              // the reply's [1, tokens, hidden]
-  std::vector<double> reference;   // its rows of the float64 reference
-  bool refused = false;            // answered with an error_message instead
+  int64_t tokens = 0;             // the reply's [1, tokens, hidden]
+  std::vector<double> reference;  // its rows of the float64 reference
+  bool refused = false;           // answered with an error_message instead
 };
 
 // A stateless input of `tokens` tokens and its reference.
@@ -153,8 +153,8 @@ class StreamOrderTest : public ::testing::Test {
       if (k == 1 || k == 6) {
         // Refused on arrival (a hidden size that is not the model's).
         const std::vector<float> seven(7, 1.0f);
-        const Tensor narrow{"FP32", {1, 1, 7},
-                            std::string(reinterpret_cast<const char*>(seven.data()), 28)};
+        const Tensor narrow{
+            "FP32", {1, 1, 7}, std::string(reinterpret_cast<const char*>(seven.data()), 28)};
         plan.push_back({Client::MakeInferRequest(kModel, narrow), 0, {}, true});
       }
       add_step(kPrefillTokens + k, 1, false, k + 1 == kSteps);
@@ -167,8 +167,8 @@ class StreamOrderTest : public ::testing::Test {
   // mismatch is a test failure naming the stream, the round and the reply.
   static void RunStream(int s, int round) {
     const std::vector<Expected>& plan = (*streams_)[s];
-    auto stub = inference::GRPCInferenceService::NewStub(grpc::CreateChannel(
-        server_->grpc_target(), grpc::InsecureChannelCredentials()));
+    auto stub = inference::GRPCInferenceService::NewStub(
+        grpc::CreateChannel(server_->grpc_target(), grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     auto stream = stub->ModelStreamInfer(&context);
@@ -185,8 +185,8 @@ class StreamOrderTest : public ::testing::Test {
       ids.push_back(reply.infer_response().id());
       if (i >= plan.size()) continue;
       const Expected& e = plan[i];
-      SCOPED_TRACE(absl::StrCat("stream ", s, ", round ", round, ", reply ", i, " (",
-                                e.request.id(), ")"));
+      SCOPED_TRACE(
+          absl::StrCat("stream ", s, ", round ", round, ", reply ", i, " (", e.request.id(), ")"));
       if (reply.infer_response().id() != e.request.id()) continue;  // reported below
       if (e.refused) {
         EXPECT_NE(reply.error_message(), "") << "the refused request got a reply";
