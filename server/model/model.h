@@ -25,6 +25,37 @@ struct Llama3RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
+// An FP8 checkpoint's linear layers (config.json's quantization_config),
+// in the two formats the server reads: transformers' fine-grained FP8
+// (quant_method "fp8") and compressed-tensors' float-quantized FP8. Each
+// linear whose weight the checkpoint stores as float8_e4m3fn computes
+// y = Q(x) W^T with W the weight dequantized by its scales (HostTensor::scale)
+// and Q the activation quantization below (W8A8); a linear the checkpoint
+// leaves in BF16 (ignore, modules_to_not_convert) computes as in any other
+// checkpoint. docs/fp8.md has the numerics.
+struct Fp8Quantization {
+  enum class Format { kFineGrained, kCompressedTensors };
+  // How each token's activations are quantized to e4m3 before an FP8 linear:
+  // per 128-channel group of each token (fine-grained; the group is the
+  // weight block's width), per token, with one static scale per linear
+  // (input_scale), or not at all (weight-only FP8, W8A16). A dynamic scale is
+  // amax / 448 over its group.
+  enum class Activations { kPerTokenGroup, kPerToken, kStaticPerTensor, kNone };
+
+  Format format = Format::kFineGrained;
+  Activations activations = Activations::kPerTokenGroup;
+  int64_t activation_group = 0;  // kPerTokenGroup: channels per group
+  // The weight scales' layout, as checkpoints store it: one scale per block
+  // of weight_block rows x cols ({128, 128} fine-grained), per output row
+  // ({1, 0}: 0 is the whole dimension) or per tensor ({0, 0}).
+  int64_t weight_block_rows = 0;
+  int64_t weight_block_cols = 0;
+
+  // "fp8 (transformers fine-grained: 128x128 weight blocks, activations per
+  // token and 128 channels, dynamic)" and the like, for the start-up log.
+  std::string Describe() const;
+};
+
 // The subset of a Hugging Face config.json that defines one decoder layer.
 struct LlamaConfig {
   // "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe" or "qwen3_moe"
@@ -69,6 +100,10 @@ struct LlamaConfig {
   int64_t shared_expert_intermediate_size = 0;
   bool HasSharedExpert() const { return shared_expert_intermediate_size > 0; }
 
+  // Set for an FP8 checkpoint (quantization_config); unset: every weight is
+  // BF16, FP16 or FP32.
+  std::optional<Fp8Quantization> fp8;
+
   // The attention window of model layer `layer` (an index into the whole
   // model, not the span), or 0 for full causal attention.
   int64_t AttentionWindow(int64_t layer) const;
@@ -105,9 +140,26 @@ struct HostTensor {
   std::vector<int64_t> shape;
   std::vector<unsigned char> data;  // shape product * DTypeSize(dtype) bytes
 
+  // An FP8 weight (dtype kF8E4M3, shape [..., rows, cols]) also holds its
+  // dequantization scales: element [.., r, c] stands for data[.., r, c] x
+  // scale[.., r / scale_block_rows, c / scale_block_cols], the scales
+  // row-major over ceil(rows / block rows) x ceil(cols / block cols) blocks
+  // per leading index (a stacked experts tensor has one grid per expert).
+  // Per-channel scales are blocks of 1 x cols, a per-tensor scale one block
+  // of rows x cols. Empty for other dtypes.
+  std::vector<float> scale;
+  int64_t scale_block_rows = 0;
+  int64_t scale_block_cols = 0;
+  // The static activation scale of its linear (Fp8Quantization's
+  // kStaticPerTensor); 0 otherwise.
+  float input_scale = 0;
+
   int64_t NumElements() const;
-  // Element-wise float32 copy of the data.
+  // Element-wise float32 copy of the data; an FP8 weight dequantized by its
+  // scales (each element's product rounded once to float32).
   std::vector<float> ToFloat() const;
+  // Bytes of data and scales.
+  size_t Bytes() const { return data.size() + scale.size() * sizeof(float); }
 };
 
 // Weights of one decoder layer, named as in Hugging Face's LlamaDecoderLayer.
@@ -157,7 +209,8 @@ struct ModelSpan {
   std::string WeightDTypes() const;
   // The start-up log's model line, after "model ": name, architecture, head
   // layout, experts (", 8 experts, top 2" in a mixture of experts), weight
-  // dtypes, RoPE, the layers held and their bytes. E.g. "demo
+  // dtypes, an FP8 checkpoint's format (Fp8Quantization::Describe), RoPE,
+  // the layers held and their bytes (an FP8 weight's scales included). E.g. "demo
   // (llama, hidden 512, 8 heads, 4 kv heads, head_dim 64, fp32 weights, rope
   // theta 500000, no scaling) layers 0:4, 14680064 weight bytes".
   std::string Summary() const;

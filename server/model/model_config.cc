@@ -18,78 +18,14 @@
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "server/model/field_reader.h"
+#include "server/model/fp8_config.h"
 #include "server/model/model.h"
 
 namespace layerserve {
 namespace {
 
 using nlohmann::json;
-
-// Reads typed fields out of one JSON object, with errors that name the file
-// and the field.
-class FieldReader {
- public:
-  FieldReader(const json& object, std::string_view source, std::string prefix = "")
-      : object_(object), source_(source), prefix_(std::move(prefix)) {}
-
-  // Absent and null both mean "not set", as in Hugging Face configs.
-  const json* Find(std::string_view key) const {
-    const auto it = object_.find(key);
-    if (it == object_.end() || it->is_null()) return nullptr;
-    return &*it;
-  }
-
-  absl::Status Error(std::string_view key, std::string_view what) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat(ToAbsl(source_), ": field '", prefix_, ToAbsl(key), "' ", ToAbsl(what)));
-  }
-
-  absl::StatusOr<std::optional<int64_t>> OptionalInt(std::string_view key) const {
-    const json* v = Find(key);
-    if (v == nullptr) return std::optional<int64_t>();
-    if (!v->is_number_integer()) return Error(key, "must be an integer");
-    return std::optional<int64_t>(v->get<int64_t>());
-  }
-
-  absl::StatusOr<int64_t> PositiveInt(std::string_view key) const {
-    LS_ASSIGN_OR_RETURN(std::optional<int64_t> v, OptionalInt(key));
-    if (!v) return Error(key, "is missing");
-    if (*v <= 0) return Error(key, absl::StrCat("must be positive, got ", *v));
-    return *v;
-  }
-
-  absl::StatusOr<std::optional<double>> OptionalNumber(std::string_view key) const {
-    const json* v = Find(key);
-    if (v == nullptr) return std::optional<double>();
-    if (!v->is_number()) return Error(key, "must be a number");
-    return std::optional<double>(v->get<double>());
-  }
-
-  absl::StatusOr<double> RequiredNumber(std::string_view key) const {
-    LS_ASSIGN_OR_RETURN(std::optional<double> v, OptionalNumber(key));
-    if (!v) return Error(key, "is missing");
-    return *v;
-  }
-
-  absl::StatusOr<std::optional<bool>> OptionalBool(std::string_view key) const {
-    const json* v = Find(key);
-    if (v == nullptr) return std::optional<bool>();
-    if (!v->is_boolean()) return Error(key, "must be true or false");
-    return std::optional<bool>(v->get<bool>());
-  }
-
-  absl::StatusOr<std::optional<std::string>> OptionalString(std::string_view key) const {
-    const json* v = Find(key);
-    if (v == nullptr) return std::optional<std::string>();
-    if (!v->is_string()) return Error(key, "must be a string");
-    return std::optional<std::string>(v->get<std::string>());
-  }
-
- private:
-  const json& object_;
-  std::string_view source_;
-  std::string prefix_;
-};
 
 // `rope_scaling` (or the newer `rope_parameters`): null, {"rope_type":
 // "default"} or llama3 scaling. Sets `config.rope_scaling` and, for
@@ -381,6 +317,7 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json_text, std::st
   }
   config.torch_dtype = torch_dtype.value_or("");
   LS_RETURN_IF_ERROR(ParseSlidingWindow(root, reader, config));
+  LS_ASSIGN_OR_RETURN(config.fp8, ParseFp8Quantization(root, source));
   return config;
 }
 

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -124,6 +125,10 @@ class CheckpointFiles {
     return files;
   }
 
+  // Set for an FP8 checkpoint (LlamaConfig::fp8): how its FP8 weights'
+  // scales are named and laid out (LoadTensor).
+  std::optional<Fp8Quantization> fp8;
+
   bool Contains(const std::string& tensor) const {
     return single_ ? single_->Contains(tensor) : weight_map_.contains(tensor);
   }
@@ -162,6 +167,74 @@ class CheckpointFiles {
   std::map<std::string, SafetensorsFile> shards_;
 };
 
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// A scale tensor (F32, BF16 or F16) of `elements` values, as float32.
+absl::StatusOr<std::vector<float>> LoadScales(CheckpointFiles& files, const std::string& name,
+                                              int64_t elements, std::string_view expected) {
+  LS_ASSIGN_OR_RETURN(const SafetensorsFile* file, files.FileFor(name));
+  LS_ASSIGN_OR_RETURN(SafetensorsTensor view, file->Get(name));
+  int64_t count = 1;
+  for (const int64_t d : view.shape) count *= d;
+  if (count != elements || view.dtype == DType::kF8E4M3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file->path().string(), ": scale tensor '", name, "' is ",
+        ToAbsl(DTypeProtocolName(view.dtype)), " ", ShapeString(view.shape), ", expected ",
+        ToAbsl(expected), " (", elements, " float32, bf16 or fp16 values)"));
+  }
+  std::vector<float> scales(static_cast<size_t>(elements));
+  ConvertToFloat(view.dtype, view.data.data(), scales.size(), scales.data());
+  for (const float v : scales) {
+    if (!(v > 0) || !std::isfinite(v)) {
+      return absl::InvalidArgumentError(absl::StrCat(file->path().string(), ": scale tensor '",
+                                                     name, "' holds ", v,
+                                                     "; scales must be positive and finite"));
+    }
+  }
+  return scales;
+}
+
+// The scales of the FP8 weight `name` ([..., rows, cols]) into `tensor`, as
+// its checkpoint's format names and lays them out: transformers' fine-grained
+// FP8 "<name>_scale_inv" [..., ceil(rows / 128), ceil(cols / 128)];
+// compressed-tensors "<name>_scale" ([rows, 1] per channel, [1] per tensor,
+// or a block grid) and, with static activations, "<module>.input_scale".
+absl::Status LoadFp8Scales(CheckpointFiles& files, const std::string& name, HostTensor& tensor) {
+  if (!files.fp8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name,
+                     "' is F8_E4M3 but config.json has no quantization_config naming an FP8 "
+                     "format (fp8 or compressed-tensors)"));
+  }
+  const Fp8Quantization& q = *files.fp8;
+  const int64_t rank = static_cast<int64_t>(tensor.shape.size());
+  const int64_t rows = tensor.shape[rank - 2];
+  const int64_t cols = tensor.shape[rank - 1];
+  int64_t lead = 1;
+  for (int64_t i = 0; i + 2 < rank; ++i) lead *= tensor.shape[i];
+  tensor.scale_block_rows = q.weight_block_rows > 0 ? q.weight_block_rows : rows;
+  tensor.scale_block_cols = q.weight_block_cols > 0 ? q.weight_block_cols : cols;
+  const int64_t grid_rows = CeilDiv(rows, tensor.scale_block_rows);
+  const int64_t grid_cols = CeilDiv(cols, tensor.scale_block_cols);
+  std::vector<int64_t> grid(tensor.shape.begin(), tensor.shape.end() - 2);
+  grid.push_back(grid_rows);
+  grid.push_back(grid_cols);
+  const bool fine_grained = q.format == Fp8Quantization::Format::kFineGrained;
+  LS_ASSIGN_OR_RETURN(tensor.scale,
+                      LoadScales(files, name + (fine_grained ? "_scale_inv" : "_scale"),
+                                 lead * grid_rows * grid_cols, ShapeString(grid)));
+  if (q.activations != Fp8Quantization::Activations::kStaticPerTensor) return absl::OkStatus();
+  constexpr std::string_view kWeight = "weight";
+  if (!name.ends_with(kWeight)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", name, "': static activation scales are read only for <module>.weight"));
+  }
+  const std::string input_scale = name.substr(0, name.size() - kWeight.size()) + "input_scale";
+  LS_ASSIGN_OR_RETURN(const std::vector<float> input, LoadScales(files, input_scale, 1, "[1]"));
+  tensor.input_scale = input[0];
+  return absl::OkStatus();
+}
+
 absl::StatusOr<HostTensor> LoadTensor(CheckpointFiles& files, const std::string& name,
                                       const std::vector<int64_t>& expected_shape) {
   LS_ASSIGN_OR_RETURN(const SafetensorsFile* file, files.FileFor(name));
@@ -175,6 +248,13 @@ absl::StatusOr<HostTensor> LoadTensor(CheckpointFiles& files, const std::string&
   tensor.dtype = view.dtype;
   tensor.shape = std::move(view.shape);
   tensor.data.assign(view.data.begin(), view.data.end());
+  if (tensor.dtype == DType::kF8E4M3) {
+    if (tensor.shape.size() < 2) {
+      return absl::InvalidArgumentError(absl::StrCat(file->path().string(), ": tensor '", name,
+                                                     "' is F8_E4M3 but not a weight matrix"));
+    }
+    LS_RETURN_IF_ERROR(LoadFp8Scales(files, name, tensor));
+  }
   return tensor;
 }
 
@@ -183,13 +263,30 @@ absl::StatusOr<HostTensor> LoadTensor(CheckpointFiles& files, const std::string&
 absl::Status AppendPart(HostTensor& dst, const HostTensor& part, const std::string& name) {
   if (dst.data.empty()) {
     dst.dtype = part.dtype;
+    dst.scale_block_rows = part.scale_block_rows;
+    dst.scale_block_cols = part.scale_block_cols;
   } else if (part.dtype != dst.dtype) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", name, "' is ", ToAbsl(DTypeProtocolName(part.dtype)),
                      " but the experts before it are ", ToAbsl(DTypeProtocolName(dst.dtype)),
                      "; one layer's experts must share a dtype"));
   }
+  if (part.input_scale != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "': static activation scales on experts are not supported"));
+  }
+  // The stacked scales: one grid per expert's part, in order. Gate and up
+  // rows of one expert stack into one grid when the block rows divide the
+  // gate's rows (per channel always; 128-row blocks for any intermediate
+  // size that is a multiple of 128).
+  if (!part.scale.empty() && dst.scale_block_rows != part.scale_block_rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "' has ", part.scale_block_rows,
+                     "-row weight-scale blocks where the experts before it have ",
+                     dst.scale_block_rows, "; stack them per expert"));
+  }
   dst.data.insert(dst.data.end(), part.data.begin(), part.data.end());
+  dst.scale.insert(dst.scale.end(), part.scale.begin(), part.scale.end());
   return absl::OkStatus();
 }
 
@@ -335,6 +432,24 @@ std::vector<float> HostTensor::ToFloat() const {
   // keeps a hand-built, inconsistent tensor from reading past its buffer.
   const size_t count = std::min(out.size(), data.size() / DTypeSize(dtype));
   ConvertToFloat(dtype, data.data(), count, out.data());
+  if (dtype != DType::kF8E4M3 || shape.size() < 2 || scale_block_rows <= 0 ||
+      scale_block_cols <= 0) {
+    return out;
+  }
+  const int64_t rows = shape[shape.size() - 2];
+  const int64_t cols = shape.back();
+  const int64_t grid_rows = CeilDiv(rows, scale_block_rows);
+  const int64_t grid_cols = CeilDiv(cols, scale_block_cols);
+  const int64_t lead = NumElements() / (rows * cols);
+  if (scale.size() != static_cast<size_t>(lead * grid_rows * grid_cols))
+    return out;  // see CheckLayerWeights
+  for (int64_t l = 0; l < lead; ++l) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* scale_row = scale.data() + (l * grid_rows + r / scale_block_rows) * grid_cols;
+      float* row = out.data() + (l * rows + r) * cols;
+      for (int64_t c = 0; c < cols; ++c) row[c] *= scale_row[c / scale_block_cols];
+    }
+  }
   return out;
 }
 
@@ -365,7 +480,7 @@ std::vector<const HostTensor*> LayerWeights::All() const {
 size_t ModelSpan::WeightBytes() const {
   size_t bytes = 0;
   for (const LayerWeights& w : layers) {
-    for (const HostTensor* t : w.All()) bytes += t->data.size();
+    for (const HostTensor* t : w.All()) bytes += t->Bytes();
   }
   return bytes;
 }
@@ -396,8 +511,9 @@ std::string ModelSpan::Summary() const {
       name, " (", config.model_type, ", hidden ", config.hidden_size, ", ",
       config.num_attention_heads, " heads, ", config.num_key_value_heads, " kv heads, head_dim ",
       config.head_dim, experts, ", ", dtypes.empty() ? "no" : dtypes, " weights, ",
-      DescribeRope(config), ") layers ", first_layer, ":",
-      first_layer + static_cast<int64_t>(layers.size()), ", ", WeightBytes(), " weight bytes");
+      config.fp8 ? absl::StrCat(config.fp8->Describe(), ", ") : "", DescribeRope(config),
+      ") layers ", first_layer, ":", first_layer + static_cast<int64_t>(layers.size()), ", ",
+      WeightBytes(), " weight bytes");
 }
 
 absl::StatusOr<LayerRange> ParseLayerRange(std::string_view text) {
@@ -443,6 +559,32 @@ absl::Status CheckElements(const HostTensor& t, int64_t expected, int64_t layer,
   return absl::OkStatus();
 }
 
+// An FP8 tensor's scales cover its blocks exactly (HostTensor::scale); a
+// tensor that may not be FP8 is not.
+absl::Status CheckFp8(const HostTensor& t, bool may_be_fp8, int64_t layer, std::string_view what) {
+  if (t.dtype != DType::kF8E4M3) return absl::OkStatus();
+  if (!may_be_fp8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " ", ToAbsl(what),
+                     " is FP8: only the attention and MLP projections and the experts may be"));
+  }
+  if (t.shape.size() < 2 || t.scale_block_rows <= 0 || t.scale_block_cols <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " ", ToAbsl(what), " is FP8 without weight scales"));
+  }
+  const int64_t rows = t.shape[t.shape.size() - 2];
+  const int64_t cols = t.shape.back();
+  const int64_t blocks = t.NumElements() / (rows * cols) * CeilDiv(rows, t.scale_block_rows) *
+                         CeilDiv(cols, t.scale_block_cols);
+  if (t.scale.size() != static_cast<size_t>(blocks)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer ", layer, " ", ToAbsl(what), " has ", t.scale.size(), " weight scales for ", blocks,
+        " blocks of ", t.scale_block_rows, "x", t.scale_block_cols,
+        " (stacked experts whose gate rows are not a multiple of the block)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CheckLayerWeights(const LayerWeights& w, const LlamaConfig& c, int64_t layer) {
@@ -457,31 +599,54 @@ absl::Status CheckLayerWeights(const LayerWeights& w, const LlamaConfig& c, int6
     const HostTensor& tensor;
     int64_t elements;
     std::string_view name;
+    bool projection = false;  // may be FP8
   } expected[] = {
       {w.input_layernorm, hidden, "input_layernorm"},
-      {w.q_proj, q_dim * hidden, "q_proj"},
-      {w.k_proj, kv_dim * hidden, "k_proj"},
-      {w.v_proj, kv_dim * hidden, "v_proj"},
+      {w.q_proj, q_dim * hidden, "q_proj", true},
+      {w.k_proj, kv_dim * hidden, "k_proj", true},
+      {w.v_proj, kv_dim * hidden, "v_proj", true},
       {w.q_bias, c.attention_bias ? q_dim : 0, "q_bias"},
       {w.k_bias, c.attention_bias ? kv_dim : 0, "k_bias"},
       {w.v_bias, c.attention_bias ? kv_dim : 0, "v_bias"},
       {w.q_norm, c.qk_norm ? c.head_dim : 0, "q_norm"},
       {w.k_norm, c.qk_norm ? c.head_dim : 0, "k_norm"},
-      {w.o_proj, hidden * q_dim, "o_proj"},
+      {w.o_proj, hidden * q_dim, "o_proj", true},
       {w.post_attention_layernorm, hidden, "post_attention_layernorm"},
-      {w.gate_proj, dense ? inter * hidden : 0, "gate_proj"},
-      {w.up_proj, dense ? inter * hidden : 0, "up_proj"},
-      {w.down_proj, dense ? hidden * inter : 0, "down_proj"},
+      {w.gate_proj, dense ? inter * hidden : 0, "gate_proj", true},
+      {w.up_proj, dense ? inter * hidden : 0, "up_proj", true},
+      {w.down_proj, dense ? hidden * inter : 0, "down_proj", true},
       {w.router, experts * hidden, "router"},
-      {w.experts_gate_up, experts * 2 * inter * hidden, "experts_gate_up"},
-      {w.experts_down, experts * hidden * inter, "experts_down"},
-      {w.shared_gate_proj, shared * hidden, "shared_gate_proj"},
-      {w.shared_up_proj, shared * hidden, "shared_up_proj"},
-      {w.shared_down_proj, hidden * shared, "shared_down_proj"},
+      {w.experts_gate_up, experts * 2 * inter * hidden, "experts_gate_up", true},
+      {w.experts_down, experts * hidden * inter, "experts_down", true},
+      {w.shared_gate_proj, shared * hidden, "shared_gate_proj", true},
+      {w.shared_up_proj, shared * hidden, "shared_up_proj", true},
+      {w.shared_down_proj, hidden * shared, "shared_down_proj", true},
       {w.shared_expert_gate, c.HasSharedExpert() ? hidden : 0, "shared_expert_gate"},
   };
   for (const auto& e : expected) {
     LS_RETURN_IF_ERROR(CheckElements(e.tensor, e.elements, layer, e.name));
+    LS_RETURN_IF_ERROR(CheckFp8(e.tensor, e.projection, layer, e.name));
+  }
+  // Projections that read one input are computed as one (q, k and v; gate
+  // and up), so they must agree on FP8 and on a static activation scale.
+  const auto agree = [&](std::initializer_list<const HostTensor*> parts,
+                         std::string_view what) -> absl::Status {
+    for (const HostTensor* t : parts) {
+      const HostTensor& first = **parts.begin();
+      if ((t->dtype == DType::kF8E4M3) != (first.dtype == DType::kF8E4M3) ||
+          t->input_scale != first.input_scale) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "layer ", layer, " ", ToAbsl(what),
+            " differ in quantization (FP8 or not, or their static input_scale): not supported"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  LS_RETURN_IF_ERROR(agree({&w.q_proj, &w.k_proj, &w.v_proj}, "q_proj, k_proj and v_proj"));
+  if (dense) LS_RETURN_IF_ERROR(agree({&w.gate_proj, &w.up_proj}, "gate_proj and up_proj"));
+  if (c.HasSharedExpert()) {
+    LS_RETURN_IF_ERROR(agree({&w.shared_gate_proj, &w.shared_up_proj},
+                             "the shared expert's gate_proj and up_proj"));
   }
   return absl::OkStatus();
 }
@@ -501,6 +666,7 @@ absl::StatusOr<ModelSpan> LoadModelSpan(const std::filesystem::path& dir, const 
   }
 
   LS_ASSIGN_OR_RETURN(CheckpointFiles files, CheckpointFiles::Open(dir));
+  files.fp8 = config.fp8;
   ModelSpan span;
   span.name = std::move(model_name);
   span.first_layer = begin;
