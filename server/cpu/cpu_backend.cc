@@ -64,7 +64,24 @@ struct CpuLayer {
   std::vector<float> shared_down;     // [hidden, shared intermediate]
   std::vector<float> shared_gate;     // [1, hidden]
   int64_t window = 0;                 // sliding attention window; 0: full causal
+  // FP8 projections (weights dequantized above): the quantization of their
+  // inputs, W8A8 as the checkpoint's format defines it.
+  cpu::Fp8InputQuant qkv_input, o_input, gate_up_input, down_input;
+  cpu::Fp8InputQuant experts_gate_up_input, experts_down_input;
+  cpu::Fp8InputQuant shared_gate_up_input, shared_down_input;
 };
+
+// The input quantization of a linear with weight `w` (disabled unless `w`
+// is FP8 in a checkpoint whose format quantizes activations).
+cpu::Fp8InputQuant InputQuant(const HostTensor& w, const LlamaConfig& c) {
+  using Activations = Fp8Quantization::Activations;
+  if (w.dtype != DType::kF8E4M3 || !c.fp8 || c.fp8->activations == Activations::kNone) return {};
+  cpu::Fp8InputQuant q;
+  q.enabled = true;
+  if (c.fp8->activations == Activations::kPerTokenGroup) q.group = c.fp8->activation_group;
+  if (c.fp8->activations == Activations::kStaticPerTensor) q.static_scale = w.input_scale;
+  return q;
+}
 
 void Append(std::vector<float>& dst, const HostTensor& t) {
   const std::vector<float> values = t.ToFloat();
@@ -106,6 +123,14 @@ absl::StatusOr<CpuLayer> ConvertLayer(const LayerWeights& w, const LlamaConfig& 
     out.w_down = w.down_proj.ToFloat();
   }
   out.window = c.AttentionWindow(layer);
+  out.qkv_input = InputQuant(w.q_proj, c);  // CheckLayerWeights: k and v agree
+  out.o_input = InputQuant(w.o_proj, c);
+  out.gate_up_input = InputQuant(w.gate_proj, c);
+  out.down_input = InputQuant(w.down_proj, c);
+  out.experts_gate_up_input = InputQuant(w.experts_gate_up, c);
+  out.experts_down_input = InputQuant(w.experts_down, c);
+  out.shared_gate_up_input = InputQuant(w.shared_gate_proj, c);
+  out.shared_down_input = InputQuant(w.shared_down_proj, c);
   return out;
 }
 
@@ -280,8 +305,9 @@ class CpuBackend final : public Backend {
     attn_.resize(static_cast<size_t>(tokens * heads * d));
 
     cpu::RmsNorm(x_.data(), tokens, hidden, layer.input_norm.data(), eps, normed_.data(), &pool_);
-    cpu::Linear(normed_.data(), tokens, hidden, layer.w_qkv.data(), qkv_width,
-                layer.b_qkv.empty() ? nullptr : layer.b_qkv.data(), qkv_.data(), &pool_);
+    cpu::Linear(Quantized(normed_, tokens, hidden, layer.qkv_input), tokens, hidden,
+                layer.w_qkv.data(), qkv_width, layer.b_qkv.empty() ? nullptr : layer.b_qkv.data(),
+                qkv_.data(), &pool_);
     // Qwen3 normalises each q and k head before rotating it.
     if (c.qk_norm) {
       cpu::HeadRmsNorm(qkv_.data(), tokens, qkv_width, heads, kv_heads, d, layer.q_norm.data(),
@@ -311,6 +337,7 @@ class CpuBackend final : public Backend {
       args.kv_stride = qkv_width;
       cpu::CausalAttention(args, cu_seqlens, {}, &pool_);
     }
+    cpu::QuantizeDequantizeFp8(attn_.data(), tokens, heads * d, layer.o_input, &pool_);
     cpu::LinearAccumulate(attn_.data(), tokens, heads * d, layer.w_o.data(), hidden, x_.data(),
                           &pool_);
 
@@ -319,7 +346,19 @@ class CpuBackend final : public Backend {
       ExpertsForward(layer_index, layer, batch);
       return;
     }
-    MlpOntoResidual(layer.w_gate_up.data(), layer.w_down.data(), inter, tokens);
+    MlpOntoResidual(layer.w_gate_up.data(), layer.w_down.data(), inter, tokens, layer.gate_up_input,
+                    layer.down_input);
+  }
+
+  // `x` ([rows, cols]) as the linear after it reads it: `x` itself, or its
+  // FP8 quantization (W8A8) in quantized_, so that other readers of `x` (the
+  // router, a sigmoid gate, a BF16 projection) still see it unquantized.
+  const float* Quantized(const std::vector<float>& x, int64_t rows, int64_t cols,
+                         const cpu::Fp8InputQuant& q) {
+    if (!q.enabled) return x.data();
+    quantized_.assign(x.begin(), x.begin() + rows * cols);
+    cpu::QuantizeDequantizeFp8(quantized_.data(), rows, cols, q, &pool_);
+    return quantized_.data();
   }
 
   // x_ += the SiLU-gated MLP (gate/up rows stacked, width `inter`) of
@@ -327,13 +366,17 @@ class CpuBackend final : public Backend {
   // activation row is first scaled by sigmoid(normed_ row · sigmoid_gate),
   // which scales its output the same since the down projection is linear.
   void MlpOntoResidual(const float* w_gate_up, const float* w_down, int64_t inter, int64_t tokens,
-                       const float* sigmoid_gate = nullptr) {
+                       const cpu::Fp8InputQuant& gate_up_input,
+                       const cpu::Fp8InputQuant& down_input, const float* sigmoid_gate = nullptr) {
     const int64_t hidden = config_.hidden_size;
     gate_up_.resize(static_cast<size_t>(tokens * 2 * inter));
     act_.resize(static_cast<size_t>(tokens * inter));
-    cpu::Linear(normed_.data(), tokens, hidden, w_gate_up, 2 * inter, nullptr, gate_up_.data(),
-                &pool_);
+    cpu::Linear(Quantized(normed_, tokens, hidden, gate_up_input), tokens, hidden, w_gate_up,
+                2 * inter, nullptr, gate_up_.data(), &pool_);
     cpu::SiluMul(gate_up_.data(), tokens, inter, act_.data(), &pool_);
+    // Quantized before the sigmoid gate scales it: the gate scales the down
+    // projection's output (transformers), which equals scaling its input.
+    cpu::QuantizeDequantizeFp8(act_.data(), tokens, inter, down_input, &pool_);
     if (sigmoid_gate != nullptr) {
       shared_gate_.resize(static_cast<size_t>(tokens));
       cpu::Linear(normed_.data(), tokens, hidden, sigmoid_gate, 1, nullptr, shared_gate_.data(),
@@ -366,12 +409,15 @@ class CpuBackend final : public Backend {
                                      .down = layer.experts_down.data(),
                                      .experts = experts,
                                      .hidden = c.hidden_size,
-                                     .intermediate = c.intermediate_size};
+                                     .intermediate = c.intermediate_size,
+                                     .gate_up_input = layer.experts_gate_up_input,
+                                     .down_input = layer.experts_down_input};
     cpu::ExpertMlps(normed_.data(), tokens, expert_ids_.data(), expert_weights_.data(), top_k,
                     weights, x_.data(), &pool_);
     if (c.HasSharedExpert()) {
       MlpOntoResidual(layer.shared_gate_up.data(), layer.shared_down.data(),
-                      c.shared_expert_intermediate_size, tokens, layer.shared_gate.data());
+                      c.shared_expert_intermediate_size, tokens, layer.shared_gate_up_input,
+                      layer.shared_down_input, layer.shared_gate.data());
     }
   }
 
@@ -438,6 +484,7 @@ class CpuBackend final : public Backend {
   // Scratch activations, touched only by the worker thread; kept between
   // batches so steady-state serving does not allocate.
   std::vector<float> x_, normed_, qkv_, attn_, gate_up_, act_;
+  std::vector<float> quantized_;  // an FP8 linear's quantized input (Quantized)
   // Mixture-of-experts layers only: router logits and each token's choices.
   std::vector<float> router_logits_, expert_weights_;
   std::vector<int32_t> expert_ids_;

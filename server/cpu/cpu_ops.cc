@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/functional/function_ref.h"
+#include "base/dtype.h"
 
 namespace layerserve::cpu {
 namespace {
@@ -276,6 +277,28 @@ void SiluMul(const float* gate_up, int64_t rows, int64_t intermediate, float* ou
   });
 }
 
+void QuantizeDequantizeFp8(float* x, int64_t rows, int64_t cols, const Fp8InputQuant& q,
+                           ThreadPool* pool) {
+  if (!q.enabled) return;
+  const int64_t group = q.group > 0 ? q.group : cols;
+  ParallelRows(pool, rows, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t g = 0; g < cols; g += group) {
+        float* v = x + r * cols + g;
+        const int64_t n = std::min(group, cols - g);
+        float scale = q.static_scale;
+        if (!(scale > 0)) {
+          float amax = 0;
+          for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(v[i]));
+          if (amax == 0) continue;  // all zero: stays zero whatever the scale
+          scale = amax / kFp8E4M3Max;
+        }
+        for (int64_t i = 0; i < n; ++i) v[i] = Fp8E4M3ToFloat(FloatToFp8E4M3(v[i] / scale)) * scale;
+      }
+    }
+  });
+}
+
 void RouteTopK(const float* logits, int64_t rows, int64_t experts, int64_t top_k, bool normalize,
                int32_t* ids, float* weights) {
   std::vector<float> probs(static_cast<size_t>(experts));
@@ -326,6 +349,7 @@ void ExpertMlps(const float* x, int64_t rows, const int32_t* ids, const float* w
     slot[c] = next[ids[c]]++;
     std::copy_n(x + (c / top_k) * hidden, hidden, permuted.data() + slot[c] * hidden);
   }
+  QuantizeDequantizeFp8(permuted.data(), choices, hidden, w.gate_up_input, pool);
   std::vector<float> gate_up(static_cast<size_t>(choices * 2 * inter));
   std::vector<float> act(static_cast<size_t>(choices * inter));
   std::vector<float> expert_out(static_cast<size_t>(choices * hidden));
@@ -337,6 +361,7 @@ void ExpertMlps(const float* x, int64_t rows, const int32_t* ids, const float* w
            2 * inter, nullptr, gate_up.data() + first * 2 * inter, pool);
   }
   SiluMul(gate_up.data(), choices, inter, act.data(), pool);
+  QuantizeDequantizeFp8(act.data(), choices, inter, w.down_input, pool);
   for (int64_t e = 0; e < w.experts; ++e) {
     const int64_t first = offset[e];
     const int64_t count = offset[e + 1] - first;

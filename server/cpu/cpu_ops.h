@@ -100,6 +100,21 @@ void SiluMul(const float* gate_up, int64_t rows, int64_t intermediate, float* ou
 void RouteTopK(const float* logits, int64_t rows, int64_t experts, int64_t top_k, bool normalize,
                int32_t* ids, float* weights);
 
+// The activation quantization in front of an FP8 linear (W8A8; server/model's
+// Fp8Quantization): each element x becomes e4m3(x / s) x s, rounded to
+// nearest even and saturated at 448, with s = amax / 448 over its token's
+// group of `group` channels (0: the whole row), or s = `static_scale` when
+// that is set. A group whose amax is 0 stays 0. Disabled: nothing changes.
+struct Fp8InputQuant {
+  bool enabled = false;
+  int64_t group = 0;
+  float static_scale = 0;
+};
+
+// Applies `q` to each row of x [rows, cols] in place.
+void QuantizeDequantizeFp8(float* x, int64_t rows, int64_t cols, const Fp8InputQuant& q,
+                           ThreadPool* pool);
+
 // Stacked expert MLP weights (LayerWeights::experts_gate_up / experts_down).
 struct ExpertWeights {
   const float* gate_up = nullptr;  // [experts, 2 intermediate, hidden]: gate rows, then up rows
@@ -107,6 +122,9 @@ struct ExpertWeights {
   int64_t experts = 0;
   int64_t hidden = 0;
   int64_t intermediate = 0;
+  // FP8 experts: the quantization of each projection's input rows.
+  Fp8InputQuant gate_up_input;
+  Fp8InputQuant down_input;
 };
 
 // out[r] += sum over j < top_k of weights[r, j] * expert_{ids[r, j]}(x[r]),

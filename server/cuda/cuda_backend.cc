@@ -75,6 +75,8 @@ kernels::DType KernelDType(DType t) {
       return kernels::DType::kF16;
     case DType::kBF16:
       return kernels::DType::kBF16;
+    case DType::kF8E4M3:  // weights only: never a request's dtype
+      break;
   }
   return kernels::DType::kF32;
 }
@@ -641,6 +643,13 @@ bool CudaDeviceAvailable() {
 absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& model,
                                                              const CudaBackendOptions& options) {
   LS_RETURN_IF_ERROR(ValidateOptions(model, options));
+  if (model.config.fp8) {
+    // Dequantizing to BF16 would serve other numerics than the format's
+    // (issue 34: the FP8 GEMMs come next).
+    return absl::UnimplementedError(absl::StrCat(
+        "cuda backend: FP8 checkpoints (", model.config.fp8->Describe(),
+        ") are not served on the GPU yet; --backend=cpu serves them with the format's numerics"));
+  }
   int device_count = 0;
   LS_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&device_count));
   if (options.device < 0 || options.device >= device_count) {

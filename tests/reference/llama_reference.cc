@@ -174,6 +174,49 @@ std::vector<Routing> RouteTopK(const std::vector<double>& logits, int64_t rows, 
   return out;
 }
 
+double RoundToE4M3(double v) {
+  if (std::isnan(v)) return v;
+  double a = std::fabs(v);
+  if (a >= 464) {
+    a = 448;  // from the midpoint between 448 and 480 (NaN in e4m3fn) on
+  } else {
+    // Normals have 3 mantissa bits below their leading one; subnormals share
+    // the smallest normal's exponent, -6, so their step is 2^-9.
+    int e = 0;
+    std::frexp(a, &e);  // a = f * 2^e with f in [0.5, 1): the leading one is 2^(e-1)
+    const double step = std::ldexp(1.0, std::max(e - 1, -6) - 3);
+    a = std::nearbyint(a / step) * step;  // ties to even in the default rounding mode
+  }
+  return std::copysign(a, v);
+}
+
+std::vector<double> QuantizeInput(const std::vector<double>& x, int64_t rows, int64_t cols,
+                                  const InputQuant& q) {
+  if (!q.enabled) return x;
+  std::vector<double> out(x);
+  const int64_t group = q.group > 0 ? q.group : cols;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < cols; g += group) {
+      const int64_t end = std::min(cols, g + group);
+      double scale = q.static_scale;
+      if (!(scale > 0)) {
+        double amax = 0;
+        for (int64_t i = g; i < end; ++i) amax = std::max(amax, std::fabs(x[r * cols + i]));
+        if (amax == 0) continue;
+        // In float32, as the formats' quantizers compute it (torch): an
+        // input that lies exactly on an e4m3 tie in exact arithmetic (common
+        // with BF16 data, whose factors cancel in x / s) then meets the same
+        // rounding of the scale as in a float32 backend.
+        scale = static_cast<float>(static_cast<float>(amax) / 448.0f);
+      }
+      for (int64_t i = g; i < end; ++i) {
+        out[r * cols + i] = RoundToE4M3(x[r * cols + i] / scale) * scale;
+      }
+    }
+  }
+  return out;
+}
+
 std::vector<double> ExpertMlps(const std::vector<double>& m, int64_t rows, const Config& config,
                                const Layer& layer) {
   const int64_t hidden = config.hidden;
@@ -182,8 +225,9 @@ std::vector<double> ExpertMlps(const std::vector<double>& m, int64_t rows, const
   const std::vector<Routing> routing =
       RouteTopK(logits, rows, config.experts, config.top_k, config.normalize_top_k);
   std::vector<double> out(static_cast<size_t>(rows * hidden), 0.0);
+  const std::vector<double> mq = QuantizeInput(m, rows, hidden, layer.experts_gate_up_input);
   for (int64_t r = 0; r < rows; ++r) {
-    const std::vector<double> row(m.begin() + r * hidden, m.begin() + (r + 1) * hidden);
+    const std::vector<double> row(mq.begin() + r * hidden, mq.begin() + (r + 1) * hidden);
     const Routing& route = routing[static_cast<size_t>(r)];
     for (size_t j = 0; j < route.experts.size(); ++j) {
       const int64_t e = route.experts[j];
@@ -192,16 +236,20 @@ std::vector<double> ExpertMlps(const std::vector<double>& m, int64_t rows, const
       const std::vector<double> wup(gate_begin + inter * hidden, gate_begin + 2 * inter * hidden);
       const auto down_begin = layer.experts_down.begin() + e * hidden * inter;
       const std::vector<double> wdown(down_begin, down_begin + hidden * inter);
-      const std::vector<double> act =
-          SiluMul(Linear(row, 1, hidden, wgate, inter, {}), Linear(row, 1, hidden, wup, inter, {}));
+      const std::vector<double> act = QuantizeInput(
+          SiluMul(Linear(row, 1, hidden, wgate, inter, {}), Linear(row, 1, hidden, wup, inter, {})),
+          1, inter, layer.experts_down_input);
       const std::vector<double> y = Linear(act, 1, inter, wdown, hidden, {});
       for (int64_t i = 0; i < hidden; ++i) out[r * hidden + i] += route.weights[j] * y[i];
     }
   }
   if (config.shared_intermediate > 0) {
     const int64_t shared = config.shared_intermediate;
-    const std::vector<double> act = SiluMul(Linear(m, rows, hidden, layer.shared_wgate, shared, {}),
-                                            Linear(m, rows, hidden, layer.shared_wup, shared, {}));
+    const std::vector<double> ms = QuantizeInput(m, rows, hidden, layer.shared_gate_up_input);
+    const std::vector<double> act =
+        QuantizeInput(SiluMul(Linear(ms, rows, hidden, layer.shared_wgate, shared, {}),
+                              Linear(ms, rows, hidden, layer.shared_wup, shared, {})),
+                      rows, shared, layer.shared_down_input);
     const std::vector<double> y = Linear(act, rows, shared, layer.shared_wdown, hidden, {});
     const std::vector<double> g = Linear(m, rows, hidden, layer.shared_gate, 1, {});
     for (int64_t r = 0; r < rows; ++r) {
@@ -223,7 +271,9 @@ std::vector<double> AttentionBlock(const std::vector<double>& x,
   const int64_t q_width = config.heads * config.head_dim;
   const int64_t kv_width = config.kv_heads * config.head_dim;
 
-  const std::vector<double> n = RmsNorm(x, tokens, hidden, layer.input_norm, config.rms_norm_eps);
+  const std::vector<double> n =
+      QuantizeInput(RmsNorm(x, tokens, hidden, layer.input_norm, config.rms_norm_eps), tokens,
+                    hidden, layer.qkv_input);
   std::vector<double> q = Linear(n, tokens, hidden, layer.wq, q_width, layer.bq);
   std::vector<double> k = Linear(n, tokens, hidden, layer.wk, kv_width, layer.bk);
   const std::vector<double> v = Linear(n, tokens, hidden, layer.wv, kv_width, layer.bv);
@@ -237,7 +287,8 @@ std::vector<double> AttentionBlock(const std::vector<double>& x,
   Rope(k, config.kv_heads, config.head_dim, cu_seqlens, inv_freq);
   const std::vector<double> a = Attention(q, k, v, cu_seqlens, config.heads, config.kv_heads,
                                           config.head_dim, config.sliding_window);
-  const std::vector<double> o = Linear(a, tokens, q_width, layer.wo, hidden, {});
+  const std::vector<double> o = Linear(QuantizeInput(a, tokens, q_width, layer.o_input), tokens,
+                                       q_width, layer.wo, hidden, {});
 
   std::vector<double> h(x.size());
   for (size_t i = 0; i < x.size(); ++i) h[i] = x[i] + o[i];
@@ -274,9 +325,11 @@ std::vector<double> DecoderLayer(const std::vector<double>& x,
     for (size_t i = 0; i < x.size(); ++i) h[i] += moe[i];
     return h;
   }
-  const std::vector<double> gate = Linear(m, tokens, hidden, layer.wgate, config.intermediate, {});
-  const std::vector<double> up = Linear(m, tokens, hidden, layer.wup, config.intermediate, {});
-  const std::vector<double> act = SiluMul(gate, up);
+  const std::vector<double> mq = QuantizeInput(m, tokens, hidden, layer.gate_up_input);
+  const std::vector<double> gate = Linear(mq, tokens, hidden, layer.wgate, config.intermediate, {});
+  const std::vector<double> up = Linear(mq, tokens, hidden, layer.wup, config.intermediate, {});
+  const std::vector<double> act =
+      QuantizeInput(SiluMul(gate, up), tokens, config.intermediate, layer.down_input);
   const std::vector<double> down =
       Linear(act, tokens, config.intermediate, layer.wdown, hidden, {});
 

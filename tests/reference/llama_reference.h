@@ -14,7 +14,8 @@
 // or, in a mixture-of-experts layer (Mixtral's sparse MoE block), out = h +
 // the router's top-k experts' MLPs of m, weighted by their renormalised
 // softmax probabilities (Qwen2-MoE's: renormalised or not, plus a shared
-// expert's MLP of m scaled by sigmoid(m Wsg^T)).
+// expert's MLP of m scaled by sigmoid(m Wsg^T)). In an FP8 checkpoint every
+// projection but the routers reads its input quantized (InputQuant).
 #pragma once
 
 #include <cstdint>
@@ -53,8 +54,27 @@ struct Config {
   bool qk_norm = false;
 };
 
+// An FP8 checkpoint's activation quantization in front of one projection
+// (W8A8): each input element x becomes e4m3(x / s) * s, rounded to nearest
+// even and saturated at 448, with s = amax / 448 over the element's token
+// and group of `group` channels (0: the whole token; s rounded to float32,
+// as the formats compute it), or s = static_scale when that is set. A group whose amax is 0 stays
+// 0. Disabled (the default, and every BF16 projection): the input as it is.
+struct InputQuant {
+  bool enabled = false;
+  int64_t group = 0;
+  double static_scale = 0;
+};
+
+// The nearest float8_e4m3fn value to v (ties to even, saturating at 448).
+double RoundToE4M3(double v);
+// x [rows, cols] as quantized by `q`.
+std::vector<double> QuantizeInput(const std::vector<double>& x, int64_t rows, int64_t cols,
+                                  const InputQuant& q);
+
 // One layer's weights, row-major; linear weights are [out, in] (y = x W^T).
-// Biases are empty when the model has none.
+// Biases are empty when the model has none. An FP8 checkpoint's weights are
+// given dequantized; its activation quantization is the *_input fields.
 struct Layer {
   std::vector<double> input_norm;      // [hidden]
   std::vector<double> wq, wk, wv;      // [heads*head_dim, hidden], [kv_heads*head_dim, hidden] x2
@@ -72,6 +92,10 @@ struct Layer {
   std::vector<double> shared_wgate, shared_wup;  // [shared_intermediate, hidden]
   std::vector<double> shared_wdown;              // [hidden, shared_intermediate]
   std::vector<double> shared_gate;               // [1, hidden]
+  // FP8 (W8A8): the quantization of each projection's input.
+  InputQuant qkv_input, o_input, gate_up_input, down_input;
+  InputQuant experts_gate_up_input, experts_down_input;
+  InputQuant shared_gate_up_input, shared_down_input;
 };
 
 // head_dim/2 inverse frequencies theta^(-2i/d), with llama3 scaling if set.

@@ -4,6 +4,7 @@
 // CUDA backend tests compare against it.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -19,6 +20,30 @@ namespace layerserve::test_support {
 // reference does not share the server's conversion code.
 inline std::vector<double> DecodeWeights(const HostTensor& t) {
   std::vector<double> out;
+  if (t.dtype == DType::kF8E4M3) {
+    // e4m3fn bits by hand (sign, 4 exponent bits biased by 7, 3 mantissa
+    // bits; exponent 0 is subnormal), times the scale of the element's
+    // block (HostTensor::scale), in double.
+    const int64_t rows = t.shape[t.shape.size() - 2];
+    const int64_t cols = t.shape.back();
+    const int64_t grid_rows = (rows + t.scale_block_rows - 1) / t.scale_block_rows;
+    const int64_t grid_cols = (cols + t.scale_block_cols - 1) / t.scale_block_cols;
+    for (size_t i = 0; i < t.data.size(); ++i) {
+      const unsigned b = t.data[i];
+      const int exponent = static_cast<int>((b >> 3) & 15u);
+      const double mantissa = static_cast<double>(b & 7u);
+      double v =
+          exponent == 0 ? std::ldexp(mantissa, -9) : std::ldexp(1.0 + mantissa / 8.0, exponent - 7);
+      if ((b & 0x80u) != 0) v = -v;
+      const int64_t lead = static_cast<int64_t>(i) / (rows * cols);
+      const int64_t r = static_cast<int64_t>(i) / cols % rows;
+      const int64_t c = static_cast<int64_t>(i) % cols;
+      const size_t block = static_cast<size_t>(
+          (lead * grid_rows + r / t.scale_block_rows) * grid_cols + c / t.scale_block_cols);
+      out.push_back(v * static_cast<double>(t.scale.at(block)));
+    }
+    return out;
+  }
   if (t.dtype == DType::kF32) {
     for (size_t i = 0; i < t.data.size(); i += 4) {
       float f;
@@ -36,6 +61,29 @@ inline std::vector<double> DecodeWeights(const HostTensor& t) {
     }
   }
   return out;
+}
+
+// The activation quantization in front of a projection with weight `w`: the
+// checkpoint format's (Fp8Quantization) when `w` is FP8, none otherwise.
+inline reference::InputQuant InputQuantOf(const HostTensor& w, const LlamaConfig& c) {
+  reference::InputQuant q;
+  if (w.dtype != DType::kF8E4M3 || !c.fp8) return q;
+  switch (c.fp8->activations) {
+    case Fp8Quantization::Activations::kPerTokenGroup:
+      q.enabled = true;
+      q.group = c.fp8->activation_group;
+      break;
+    case Fp8Quantization::Activations::kPerToken:
+      q.enabled = true;
+      break;
+    case Fp8Quantization::Activations::kStaticPerTensor:
+      q.enabled = true;
+      q.static_scale = w.input_scale;
+      break;
+    case Fp8Quantization::Activations::kNone:
+      break;
+  }
+  return q;
 }
 
 struct ReferenceModel {
@@ -93,6 +141,14 @@ inline ReferenceModel ToReference(const ModelSpan& span) {
     l.shared_wup = DecodeWeights(w.shared_up_proj);
     l.shared_wdown = DecodeWeights(w.shared_down_proj);
     l.shared_gate = DecodeWeights(w.shared_expert_gate);
+    l.qkv_input = InputQuantOf(w.q_proj, c);
+    l.o_input = InputQuantOf(w.o_proj, c);
+    l.gate_up_input = InputQuantOf(w.gate_proj, c);
+    l.down_input = InputQuantOf(w.down_proj, c);
+    l.experts_gate_up_input = InputQuantOf(w.experts_gate_up, c);
+    l.experts_down_input = InputQuantOf(w.experts_down, c);
+    l.shared_gate_up_input = InputQuantOf(w.shared_gate_proj, c);
+    l.shared_down_input = InputQuantOf(w.shared_down_proj, c);
     m.layers.push_back(std::move(l));
   }
   return m;

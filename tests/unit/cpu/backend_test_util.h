@@ -187,6 +187,8 @@ inline double DtypeRelativeUlp(DType t) {
       return 0x1p-10;
     case DType::kBF16:
       return 0x1p-7;
+    case DType::kF8E4M3:
+      return 0x1p-3;
   }
   return 0;
 }
