@@ -54,7 +54,7 @@ for stage in "${stages[@]}"; do
                gemm_router_test gemm_silu_gpu_test moe_gpu_test cuda_backend_test paged_attention_gpu_test cuda_sessions_test \
                cuda_graphs_test \
                metrics_cublaslt_test}; do
-        [[ $t == hf_check ]] || run_test "$t"
+        [[ $t == hf_check || $t == fp8_check ]] || run_test "$t"
       done
       # Each model family end to end against transformers' own layers (needs
       # torch); HF_FAMILIES narrows it (e.g. "qwen3_moe").
@@ -67,6 +67,17 @@ for stage in "${stages[@]}"; do
         printf '%-34s rc=%d %4ds\n' hf_check.py "$rc" "$((SECONDS - start))" | tee -a "$out/tests.txt"
         grep -E '^[a-z0-9_]+ (cuda|cpu|HF float32 on cuda):' "$out/hf_check.log" | sed 's/^/  /' | tee -a "$out/tests.txt"
         [[ $rc -ne 0 ]] && tail -n 20 "$out/hf_check.log"
+      fi
+      # FP8 checkpoints written by transformers itself (FineGrainedFP8Config),
+      # served against a float64 W8A8 oracle (tests/gpu/fp8_check.py).
+      if [[ -z ${GPU_TESTS:-} || ${GPU_TESTS} == *fp8_check* ]]; then
+        start=$SECONDS
+        python3 tests/gpu/fp8_check.py "$bundle/bin" "$out/fp8" > "$out/fp8_check.log" 2>&1
+        rc=$?
+        [[ $rc -ne 0 ]] && failed=1
+        printf '%-34s rc=%d %4ds\n' fp8_check.py "$rc" "$((SECONDS - start))" | tee -a "$out/tests.txt"
+        grep -E '^[a-z0-9_]+ (cpu|cuda): ' "$out/fp8_check.log" | cut -c1-200 | sed 's/^/  /' | tee -a "$out/tests.txt"
+        [[ $rc -ne 0 ]] && tail -n 20 "$out/fp8_check.log"
       fi
       [[ -n ${GPU_TESTS:-} ]] && continue
       # The foundation issue's integration suite, unchanged, against the CUDA

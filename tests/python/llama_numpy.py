@@ -40,18 +40,37 @@ def round_to_bf16(x):
 _SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16}
 
 
-def write_safetensors(path, tensors, dtype):
+def e4m3_codes(values):
+    """float8_e4m3fn bit patterns (uint8) of values that e4m3 represents
+    exactly (e4m3() rounds to them): looked up in a table of the 254 finite
+    codes decoded by hand."""
+    codes = np.arange(256)
+    codes = codes[(codes & 0x7F) != 0x7F]
+    exponent, mantissa = (codes >> 3) & 15, codes & 7
+    magnitude = np.where(exponent == 0, mantissa * 2.0 ** -9,
+                         (1 + mantissa / 8) * 2.0 ** (exponent - 7.0))
+    decoded = np.where(codes & 0x80, -magnitude, magnitude)
+    table = {float(v): int(c) for v, c in zip(decoded, codes) if not (v == 0 and c & 0x80)}
+    flat = np.asarray(values, dtype=np.float64).ravel()
+    return np.array([table[float(v)] for v in flat], dtype=np.uint8).reshape(np.shape(values))
+
+
+def write_safetensors(path, tensors, dtype, dtypes=None):
     """Writes {name: float array} as one .safetensors file in `dtype`
-    ("F32", "F16" or "BF16"): an 8-byte little-endian header length, the JSON
-    header, then the tensors' bytes back to back."""
+    ("F32", "F16" or "BF16"; `dtypes` maps names to another, "F8_E4M3" too,
+    whose values must be exact e4m3 ones): an 8-byte little-endian header
+    length, the JSON header, then the tensors' bytes back to back."""
     header, blobs, offset = {}, [], 0
     for name in sorted(tensors):
         value = np.asarray(tensors[name])
-        if dtype == "BF16":
+        kind = (dtypes or {}).get(name, dtype)
+        if kind == "BF16":
             blob = bf16_bits(value).astype("<u2").tobytes()
+        elif kind == "F8_E4M3":
+            blob = e4m3_codes(value).tobytes()
         else:
-            blob = value.astype(np.dtype(_SAFETENSORS_DTYPES[dtype]).newbyteorder("<")).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(value.shape),
+            blob = value.astype(np.dtype(_SAFETENSORS_DTYPES[kind]).newbyteorder("<")).tobytes()
+        header[name] = {"dtype": kind, "shape": list(value.shape),
                         "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)
         offset += len(blob)
@@ -244,17 +263,53 @@ def apply_rope(x, inv_freq):
     return x * cos + rotated * sin
 
 
-def decoder_layer(x, w, config, margins=None):
+def e4m3(v):
+    """The nearest float8_e4m3fn values to float64 `v` (ties to even,
+    saturating at 448), computed here rather than with ml_dtypes: 3 mantissa
+    bits below the leading one, subnormals in steps of 2^-9."""
+    a = np.abs(v)
+    _, e = np.frexp(a)  # a = f * 2^e, f in [0.5, 1)
+    step = np.ldexp(1.0, np.maximum(e - 1, -6) - 3)
+    q = np.where(a >= 464, 448.0, np.minimum(np.round(a / step) * step, 448.0))  # np.round: ties to even
+    return np.copysign(q, v)
+
+
+def quantize_fp8(x, group=None, static_scale=None):
+    """W8A8 activation quantization of x [..., channels] as the FP8 formats
+    define it: each token's (or each token's `group`-channel slice's) values
+    divided by s = amax / 448 (float32, as torch computes it), rounded to
+    e4m3 and multiplied back; `static_scale` instead of s when given."""
+    x = np.asarray(x, dtype=np.float64)
+    shape = x.shape
+    g = group or shape[-1]
+    pad = (-shape[-1]) % g
+    xs = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)]).reshape(*shape[:-1], -1, g)
+    if static_scale is not None:
+        s = np.full(xs.shape[:-1] + (1,), float(static_scale))
+    else:
+        amax = np.abs(xs).max(axis=-1, keepdims=True)
+        s = (amax.astype(np.float32) / np.float32(448)).astype(np.float64)
+        s = np.where(amax == 0, 1.0, s)
+    q = e4m3(xs / s) * s
+    return q.reshape(*shape[:-1], -1)[..., :shape[-1]]
+
+
+def decoder_layer(x, w, config, margins=None, qdq=None):
     """One decoder layer. x: [B, T, hidden] float64 -> [B, T, hidden]. A
-    mixture-of-experts layer appends its routing margin to `margins`."""
+    mixture-of-experts layer appends its routing margin to `margins`. In an
+    FP8 checkpoint qdq(v, name) gives the input that projection `name` reads
+    (quantize_fp8 for an FP8 projection, v for a BF16 one): its names are
+    the modules' ("self_attn.q_proj", "mlp.down_proj", "moe.w1" for the
+    experts' gate and up, "moe.w2" for their down, "moe.shared_w1"/"w2")."""
     b, t, hidden = x.shape
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads", heads)
     head_dim = config.get("head_dim", hidden // heads)
     eps = config.get("rms_norm_eps", 1e-6)
+    qdq = qdq or (lambda v, name: v)
 
     def proj(v, name):
-        out = v @ w[f"{name}.weight"].T
+        out = qdq(v, name) @ w[f"{name}.weight"].T
         bias = w.get(f"{name}.bias")
         return out if bias is None else out + bias
 
@@ -282,9 +337,10 @@ def decoder_layer(x, w, config, margins=None):
         top_k, normalize = routing_of(config)
         if margins is not None:
             margins.append(moe_routing(m, w["moe.router"], top_k, normalize)[2])
-        out = h + experts_mlp(m, w, top_k, normalize)
+        out = h + experts_mlp(m, w, top_k, normalize, qdq)
         if "moe.shared_w1" in w:  # Qwen2-MoE's shared expert, gated by a sigmoid
-            y = gated_mlp(m, w["moe.shared_w1"], w["moe.shared_w3"], w["moe.shared_w2"])
+            y = gated_mlp(qdq(m, "moe.shared_w1"), w["moe.shared_w1"], w["moe.shared_w3"],
+                          w["moe.shared_w2"], lambda a: qdq(a, "moe.shared_w2"))
             out += y / (1.0 + np.exp(-(m @ w["moe.shared_gate"].T)))
         return out
     gate = proj(m, "mlp.gate_proj")
@@ -322,28 +378,34 @@ def moe_routing(m, router, top_k, normalize=True):
     return ids, weights, margin
 
 
-def gated_mlp(m, w1, w3, w2):
-    """(silu(m W1ᵀ) · (m W3ᵀ)) W2ᵀ: an expert's (or the shared expert's) MLP."""
+def gated_mlp(m, w1, w3, w2, down_input=None):
+    """(silu(m W1ᵀ) · (m W3ᵀ)) W2ᵀ: an expert's (or the shared expert's) MLP;
+    down_input(a) is what W2 reads of a (FP8: its quantization)."""
     gate = m @ w1.T
-    return (gate / (1.0 + np.exp(-gate)) * (m @ w3.T)) @ w2.T
+    act = gate / (1.0 + np.exp(-gate)) * (m @ w3.T)
+    return (act if down_input is None else down_input(act)) @ w2.T
 
 
-def experts_mlp(m, w, top_k, normalize=True):
+def experts_mlp(m, w, top_k, normalize=True, qdq=None):
     """Σ over each row's chosen experts of weight · (silu(m W1ᵀ) · (m W3ᵀ)) W2ᵀ."""
+    qdq = qdq or (lambda v, name: v)
     ids, weights, _ = moe_routing(m, w["moe.router"], top_k, normalize)
     out = np.zeros_like(m)
+    mq = qdq(m, "moe.w1")
     for e in range(w["moe.router"].shape[0]):
-        y = gated_mlp(m, w["moe.w1"][e], w["moe.w3"][e], w["moe.w2"][e])
+        y = gated_mlp(mq, w["moe.w1"][e], w["moe.w3"][e], w["moe.w2"][e],
+                      lambda a: qdq(a, "moe.w2"))
         out += np.sum(np.where(ids == e, weights, 0.0), axis=-1, keepdims=True) * y
     return out
 
 
-def decoder_layers(x, layers, config, margins=None):
+def decoder_layers(x, layers, config, margins=None, qdq=None):
     """Runs `layers` (a list of weight dicts) in order over x [B, T, hidden];
-    mixture-of-experts layers append their routing margins to `margins`."""
+    mixture-of-experts layers append their routing margins to `margins`;
+    qdq as decoder_layer's."""
     out = np.asarray(x, dtype=np.float64)
     for w in layers:
-        out = decoder_layer(out, w, config, margins)
+        out = decoder_layer(out, w, config, margins, qdq)
     return out
 
 
