@@ -23,6 +23,7 @@
 #include "server/core/kv_blocks.h"
 #include "server/core/sessions.h"
 #include "server/cpu/cpu_backend.h"
+#include "tests/support/fp8_model.h"
 #include "tests/support/random_model.h"
 #include "tests/unit/cpu/backend_test_util.h"
 
@@ -232,8 +233,10 @@ TEST(CpuSessionsTest, StepsMatchStatelessGqa4HeadDim64) {
 // Two sequences of 17 tokens of a 2-layer model with config `c` (weights and
 // inputs from `seed`), fed in pieces through 5 of 12 blocks each, in no
 // order: each piece's outputs equal the stateless run's.
-void ExpectStepsMatchStateless(const LlamaConfig& c, uint64_t seed) {
-  const ModelSpan model = RandomModel(c, 0, 2, DType::kF32, seed);
+void ExpectStepsMatchStateless(const LlamaConfig& c, uint64_t seed,
+                               std::optional<Fp8Quantization> fp8 = std::nullopt) {
+  ModelSpan model = RandomModel(c, 0, 2, DType::kF32, seed);
+  if (fp8) test_support::QuantizeSpanFp8(model, *fp8);
   std::unique_ptr<Backend> backend = MakeBackend(model, {12, 4});
   Rng rng(seed + 1);
   const Sequences in = RandomSequences(rng, 2, 17, model.config.hidden_size);
@@ -251,6 +254,14 @@ TEST(CpuSessionsTest, StepsMatchStatelessMixtral) {
 // Qwen2-MoE-style: weights not renormalised, and a shared expert.
 TEST(CpuSessionsTest, StepsMatchStatelessQwen2Moe) {
   ExpectStepsMatchStateless(cpu_test::Qwen2MoeStyleConfig(), 123);
+}
+
+// FP8 checkpoints: each token's activations are quantized on their own (per
+// token, or per token and 128 channels), so a session's steps equal the
+// stateless run as in any other checkpoint.
+TEST(CpuSessionsTest, StepsMatchStatelessFp8) {
+  ExpectStepsMatchStateless(cpu_test::Llama3StyleConfig(), 127, test_support::FineGrainedFp8());
+  ExpectStepsMatchStateless(cpu_test::Qwen3MoeStyleConfig(), 129, test_support::PerChannelFp8());
 }
 
 // Qwen3-style: the cached keys are the normalised, rotated ones.
