@@ -33,14 +33,11 @@ from safetensors import safe_open
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-from layerserve_process import LayerserveProcess, ServerStartError  # noqa: E402
+from hf_check import COMMON, HIDDEN, SPAN, rel_rms, served  # noqa: E402
+from layerserve_process import ServerStartError  # noqa: E402
 from llama_numpy import decoder_layers, quantize_fp8  # noqa: E402
 
-SPAN = (1, 3)
-HIDDEN = 512
 GROUP = 128
-COMMON = dict(hidden_size=HIDDEN, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
-              num_hidden_layers=3, vocab_size=64, rms_norm_eps=1e-5, max_position_embeddings=4096)
 
 
 def config_of(family):
@@ -160,21 +157,6 @@ def oracle_layer(tensors):
     if "mlp.shared_expert_gate.weight" in w:
         w["moe.shared_gate"] = w.pop("mlp.shared_expert_gate.weight")
     return w, fp8
-
-
-def served(bin_dir, out, directory, backend, x):
-    np.save(out / "x.npy", x)
-    with LayerserveProcess(Path(bin_dir) / "layerserve",
-                           [f"--model-dir={directory}", f"--layers={SPAN[0]}:{SPAN[1]}",
-                            f"--backend={backend}"], out / f"server_{backend}.log") as server:
-        subprocess.run([Path(bin_dir) / "layerctl", "infer", f"--url={server.grpc_url}",
-                        f"--model={server.model}", f"--input={out / 'x.npy'}",
-                        f"--output={out / f'y_{backend}.npy'}"], check=True)
-    return np.load(out / f"y_{backend}.npy").astype(np.float64)
-
-
-def rel_rms(a, b):
-    return float(np.sqrt(np.mean((a - b) ** 2)) / np.sqrt(np.mean(b ** 2)))
 
 
 def check(family, bin_dir, out):

@@ -124,24 +124,26 @@ void ExpectW8A8(const Distances& d) {
   EXPECT_GT(d.weight_only, 10 * d.w8a8) << "no closer to W8A8 than to weight-only";
 }
 
+// A one-layer model of `c` with weights from `seed`, quantized as `fp8`
+// says, within ExpectW8A8 of its W8A8 reference.
+void ExpectQuantizedModelMatches(const LlamaConfig& c, const Fp8Quantization& fp8, uint64_t seed) {
+  ModelSpan model = RandomModel(c, 0, 1, DType::kF32, seed);
+  QuantizeSpanFp8(model, fp8);
+  ExpectW8A8(Distance(model, seed + 1));
+}
+
 TEST(CpuFp8Test, FineGrainedBlocksMatchTheReference) {
-  ModelSpan model = RandomModel(cpu_test::Llama3StyleConfig(), 0, 1, DType::kF32, 801);
-  QuantizeSpanFp8(model, FineGrainedFp8());
-  ExpectW8A8(Distance(model, 802));
+  ExpectQuantizedModelMatches(cpu_test::Llama3StyleConfig(), FineGrainedFp8(), 801);
 }
 
 // hidden 192: the second 128-wide block of every row and every activation
 // group is a partial one.
 TEST(CpuFp8Test, FineGrainedPartialBlocksMatchTheReference) {
-  ModelSpan model = RandomModel(cpu_test::Qwen3StyleConfig(), 0, 1, DType::kF32, 803);
-  QuantizeSpanFp8(model, FineGrainedFp8());
-  ExpectW8A8(Distance(model, 804));
+  ExpectQuantizedModelMatches(cpu_test::Qwen3StyleConfig(), FineGrainedFp8(), 803);
 }
 
 TEST(CpuFp8Test, FineGrainedExpertsMatchTheReference) {
-  ModelSpan model = RandomModel(cpu_test::Qwen3MoeStyleConfig(), 0, 1, DType::kF32, 805);
-  QuantizeSpanFp8(model, FineGrainedFp8());
-  ExpectW8A8(Distance(model, 806));
+  ExpectQuantizedModelMatches(cpu_test::Qwen3MoeStyleConfig(), FineGrainedFp8(), 805);
 }
 
 // An ignored module (modules_to_not_convert, ignore) stays BF16 and reads
@@ -156,21 +158,15 @@ TEST(CpuFp8Test, AnIgnoredProjectionStaysBf16) {
 }
 
 TEST(CpuFp8Test, PerChannelWithPerTokenActivationsMatchesTheReference) {
-  ModelSpan model = RandomModel(cpu_test::Llama3StyleConfig(), 0, 1, DType::kF32, 809);
-  QuantizeSpanFp8(model, PerChannelFp8());
-  ExpectW8A8(Distance(model, 810));
+  ExpectQuantizedModelMatches(cpu_test::Llama3StyleConfig(), PerChannelFp8(), 809);
 }
 
 TEST(CpuFp8Test, PerChannelSharedExpertMatchesTheReference) {
-  ModelSpan model = RandomModel(cpu_test::Qwen2MoeStyleConfig(), 0, 1, DType::kF32, 811);
-  QuantizeSpanFp8(model, PerChannelFp8());
-  ExpectW8A8(Distance(model, 812));
+  ExpectQuantizedModelMatches(cpu_test::Qwen2MoeStyleConfig(), PerChannelFp8(), 811);
 }
 
 TEST(CpuFp8Test, PerTensorWithStaticActivationsMatchesTheReference) {
-  ModelSpan model = RandomModel(cpu_test::Llama3StyleConfig(), 0, 1, DType::kF32, 813);
-  QuantizeSpanFp8(model, PerTensorStaticFp8());
-  ExpectW8A8(Distance(model, 814));
+  ExpectQuantizedModelMatches(cpu_test::Llama3StyleConfig(), PerTensorStaticFp8(), 813);
 }
 
 // Weight-only FP8 (no input_activations): both references are the same.
