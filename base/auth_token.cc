@@ -1,10 +1,7 @@
 // Bearer tokens (see auth_token.h).
 #include "base/auth_token.h"
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <memory>
+#include <string>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -13,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "base/regular_file.h"
 
 namespace layerserve {
 namespace {
@@ -34,14 +32,12 @@ absl::StatusOr<std::string> ReadAuthTokenFile(const std::string& path, std::stri
     return absl::InvalidArgumentError(absl::StrCat(Absl(flag), "=", path, " ", Absl(why)));
   };
   if (path.empty()) return bad("names no file");
-  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (file == nullptr) return bad(absl::StrCat("cannot be read: ", std::strerror(errno)));
-  std::string token(kMaxTokenBytes + 1, '\0');
-  token.resize(std::fread(token.data(), 1, token.size(), file.get()));
-  if (std::ferror(file.get()) != 0) return bad("cannot be read");
-  if (token.size() > kMaxTokenBytes) {
+  absl::StatusOr<std::string> read = ReadRegularFile(path, kMaxTokenBytes);
+  if (read.status().code() == absl::StatusCode::kOutOfRange) {
     return bad(absl::StrCat("is longer than ", kMaxTokenBytes, " bytes; it should hold the token"));
   }
+  if (!read.ok()) return bad(std::string(read.status().message()));
+  std::string token = *std::move(read);
   token.erase(token.find_last_not_of(" \t\r\n\f\v") + 1);  // npos + 1 == 0: all blank
   if (token.empty()) return bad("is empty: it must hold the token");
   for (const char c : token) {

@@ -7,8 +7,6 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
-#include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -17,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/regular_file.h"
 
 namespace layerserve {
 namespace {
@@ -46,15 +45,11 @@ absl::Status Bad(absl::string_view flag, const std::string& path, absl::string_v
 }
 
 absl::StatusOr<std::string> ReadPemFile(absl::string_view flag, const std::string& path) {
-  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (file == nullptr)
-    return Bad(flag, path, absl::StrCat("cannot be read: ", std::strerror(errno)));
-  std::string text(kMaxPemFileBytes + 1, '\0');
-  text.resize(std::fread(text.data(), 1, text.size(), file.get()));
-  if (std::ferror(file.get()) != 0) return Bad(flag, path, "cannot be read");
-  if (text.size() > kMaxPemFileBytes) {
+  absl::StatusOr<std::string> text = ReadRegularFile(path, kMaxPemFileBytes);
+  if (text.status().code() == absl::StatusCode::kOutOfRange) {
     return Bad(flag, path, absl::StrCat("is larger than ", kMaxPemFileBytes >> 20, " MiB"));
   }
+  if (!text.ok()) return Bad(flag, path, text.status().message());
   return text;
 }
 

@@ -12,15 +12,18 @@
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <grpcpp/grpcpp.h>
 
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -503,6 +506,12 @@ TEST_F(SecurityTest, HttpsMetricsOutlastStalledHandshakes) {
 TEST_F(SecurityTest, BadSecurityFilesStopTheServerWithOneLine) {
   std::ofstream(File("empty_token")) << "\n";
   std::ofstream(File("spaced_token")) << "two words\n";
+  // A FIFO where a file should be would block an ordinary open until a
+  // writer came (before the first log line, and SIGTERM would not end it):
+  // refused at once, like a model file.
+  const std::string fifo = File("fifo");
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
   const std::string cert = "--tls-cert-file=" + File("server.crt");
   const std::string key = "--tls-key-file=" + File("server.key");
   const struct {
@@ -523,6 +532,10 @@ TEST_F(SecurityTest, BadSecurityFilesStopTheServerWithOneLine) {
       {{"--auth-token-file=" + File("empty_token")}, "is empty"},
       {{"--auth-token-file=" + File("spaced_token")}, "one word of printable ASCII"},
       {{"--auth-token-file=" + File("missing_token")}, "cannot be read"},
+      {{"--auth-token-file=" + fifo}, "is not a regular file"},
+      {{"--tls-cert-file=" + fifo, key}, "is not a regular file"},
+      {{cert, "--tls-key-file=" + fifo}, "is not a regular file"},
+      {{cert, key, "--tls-client-ca-file=" + fifo}, "is not a regular file"},
       {{"--auth-open=health"}, "--auth-open requires --auth-token-file"},
       {{"--auth-token-file=" + File("token"), "--auth-open=inference"}, "'inference' is not one"},
   };
