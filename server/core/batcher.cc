@@ -226,9 +226,10 @@ std::shared_ptr<Batch> Batcher::FormBatchLocked(SteadyTime now, std::optional<St
            .start = first && session.start,
            .batch = slot->batch,
            .tokens = pieces[k],
-           .position =
-               first ? session.position
-                     : std::optional<int64_t>(slot->chunk_start_position + slot->chunk_begin)},
+           .position = first
+                           ? session.position
+                           : std::optional<int64_t>(slot->chunk_start_position + slot->chunk_begin),
+           .end = session.end},
           now);
       if (!step.ok()) {
         if (!first) {

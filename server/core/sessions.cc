@@ -150,12 +150,18 @@ absl::StatusOr<SessionStep> SessionTable::BeginStep(const SessionStepRequest& re
     std::string needed = request.batch <= std::numeric_limits<int64_t>::max() / new_per_sequence
                              ? absl::StrCat(request.batch * new_per_sequence)
                              : "too many";
+    // The client asked to end the session: end it anyway, so that a full
+    // pool never keeps sessions their clients want to give back.
+    const bool ended = request.end && s != nullptr;
+    if (ended) EraseLocked(id, &freed_end_);
     return absl::ResourceExhaustedError(absl::StrCat(
         "session ", id.ToString(), ": out of KV cache blocks: ", needed, " needed (",
         Sequences(request.batch), " x ", new_per_sequence, " blocks), ", available, " of ",
         blocks_.capacity(), " free",
         given_back > 0 ? absl::StrCat(" (", given_back, " of them this request's to give back)")
-                       : ""));
+                       : "",
+        ended ? "; the step was not computed, and the session is ended as sequence_end asked"
+              : ""));
   }
 
   // Checks done: from here on nothing fails.

@@ -123,6 +123,11 @@ struct SessionStepRequest {
   // Equal to L: append. Smaller: roll back to it first. Larger: an error.
   // Unset: append at L.
   std::optional<int64_t> position;
+  // sequence_end: the session ends after this step. A step that ends its
+  // session and finds no KV blocks for its tokens still ends it (the blocks
+  // go back to the pool; the step is refused, uncomputed), so a client can
+  // always give back what it holds, also from a full pool.
+  bool end = false;
 };
 
 // What a backend needs to compute one step.

@@ -233,6 +233,32 @@ TEST(BatcherSessionsTest, EndFreesTheSessionAndPositionRollsBack) {
   EXPECT_EQ(observer.last().freed_end, 1);
 }
 
+// Through the batcher too: with the pool full, a sequence_end step that
+// needs a block is refused and its session ended, so its blocks go back.
+TEST(BatcherSessionsTest, AnEndStepFromAFullPoolStillEndsItsSession) {
+  auto table = MakeTable(seconds(0), /*blocks=*/2);
+  FakeBackend backend(1);
+  ServerObserver observer;
+  Batcher batcher(SessionOptions(table.get()), &backend, &observer, SteadyClock::Get());
+  Outcome a, b, end;
+  auto ra = SessionRequest("a", "xxxx", Start(1), &a);  // 4 tokens: one block each
+  ASSERT_TRUE(batcher.Enqueue(ra).ok());
+  ASSERT_TRUE(a.done.WaitFor(kWait));
+  auto rb = SessionRequest("b", "yyyy", Start(2), &b);
+  ASSERT_TRUE(batcher.Enqueue(rb).ok());
+  ASSERT_TRUE(b.done.WaitFor(kWait));
+  ASSERT_EQ(table->Stats().blocks_used, 2);
+  SessionParams last = Append(1);
+  last.end = true;
+  auto rend = SessionRequest("end", "z", last, &end);  // a 5th token needs a new block
+  ASSERT_TRUE(batcher.Enqueue(rend).ok());
+  ASSERT_TRUE(end.done.WaitFor(kWait));
+  EXPECT_EQ(end.status.code(), absl::StatusCode::kResourceExhausted) << end.status;
+  EXPECT_FALSE(table->Find(SessionId(1)).has_value());
+  EXPECT_EQ(table->Stats().blocks_used, 1);
+  EXPECT_TRUE(table->CheckConsistency().ok());
+}
+
 TEST(BatcherSessionsTest, EnqueueRefusesWhatCannotBeQueued) {
   FakeBackend backend(1);
   backend.SetOpen(false);

@@ -383,6 +383,35 @@ TEST_F(SessionErrorTest, RequestAlreadyInFlight) {
   EXPECT_TRUE(Begin(Req(id_, false, 2, 1)).ok());
 }
 
+// A full pool never keeps a session its client wants to end: a
+// sequence_end step that finds no blocks is refused, uncomputed, and still
+// ends the session, giving its blocks back (issue 40, finding 4). Without
+// sequence_end the same step leaves the session as it was.
+TEST_F(SessionErrorTest, AnEndStepWithNoBlocksStillEndsTheSession) {
+  // Fill the pool: session 2 takes the 5 free blocks (1 x 20 tokens).
+  Step(*t_, Req(SessionId(2), true, 1, 20), kT0);
+  ASSERT_EQ(t_->Stats().blocks_used, 9);
+  SessionStepRequest step = Req(id_, false, 2, 4);  // 6 -> 10 tokens: 1 more block each
+  absl::Status s = Begin(step);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(),
+            "session \"chat-1\": out of KV cache blocks: 2 needed (2 sequences x 1 blocks), 0 of 9 "
+            "free");
+  EXPECT_TRUE(t_->Find(id_).has_value());
+  step.end = true;
+  s = Begin(step);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(),
+            "session \"chat-1\": out of KV cache blocks: 2 needed (2 sequences x 1 blocks), 0 of 9 "
+            "free; the step was not computed, and the session is ended as sequence_end asked");
+  EXPECT_FALSE(t_->Find(id_).has_value());
+  EXPECT_EQ(t_->Stats().blocks_used, 5);
+  EXPECT_EQ(t_->Stats().freed_end, stats_before_.freed_end + 1);
+  EXPECT_TRUE(t_->CheckConsistency().ok());
+  // An end step for a session that does not exist is NOT_FOUND, as any.
+  EXPECT_EQ(Begin(step).code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(SessionErrorTest, OverMaxSessionTokens) {
   // 2 x (6 + 15) = 42 > 40.
   const absl::Status s = Begin(Req(id_, false, 2, 15));
