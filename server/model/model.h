@@ -155,6 +155,16 @@ struct HostTensor {
   float input_scale = 0;
 
   int64_t NumElements() const;
+  // The grid `scale` covers: `lead` leading indices (the product of the
+  // dimensions before the last two) of rows x cols blocks each. For a tensor
+  // of rank >= 2 whose scale blocks are set (positive).
+  struct ScaleGrid {
+    int64_t lead = 0;
+    int64_t rows = 0;
+    int64_t cols = 0;
+    int64_t Blocks() const { return lead * rows * cols; }
+  };
+  ScaleGrid Fp8ScaleGrid() const;
   // Element-wise float32 copy of the data; an FP8 weight dequantized by its
   // scales (each element's product rounded once to float32).
   std::vector<float> ToFloat() const;

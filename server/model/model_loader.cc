@@ -207,22 +207,18 @@ absl::Status LoadFp8Scales(CheckpointFiles& files, const std::string& name, Host
                      "format (fp8 or compressed-tensors)"));
   }
   const Fp8Quantization& q = *files.fp8;
-  const int64_t rank = static_cast<int64_t>(tensor.shape.size());
-  const int64_t rows = tensor.shape[rank - 2];
-  const int64_t cols = tensor.shape[rank - 1];
-  int64_t lead = 1;
-  for (int64_t i = 0; i + 2 < rank; ++i) lead *= tensor.shape[i];
+  const int64_t rows = tensor.shape[tensor.shape.size() - 2];
+  const int64_t cols = tensor.shape.back();
   tensor.scale_block_rows = q.weight_block_rows > 0 ? q.weight_block_rows : rows;
   tensor.scale_block_cols = q.weight_block_cols > 0 ? q.weight_block_cols : cols;
-  const int64_t grid_rows = CeilDiv(rows, tensor.scale_block_rows);
-  const int64_t grid_cols = CeilDiv(cols, tensor.scale_block_cols);
-  std::vector<int64_t> grid(tensor.shape.begin(), tensor.shape.end() - 2);
-  grid.push_back(grid_rows);
-  grid.push_back(grid_cols);
+  const HostTensor::ScaleGrid grid = tensor.Fp8ScaleGrid();
+  std::vector<int64_t> grid_shape(tensor.shape.begin(), tensor.shape.end() - 2);
+  grid_shape.push_back(grid.rows);
+  grid_shape.push_back(grid.cols);
   const bool fine_grained = q.format == Fp8Quantization::Format::kFineGrained;
   LS_ASSIGN_OR_RETURN(tensor.scale,
                       LoadScales(files, name + (fine_grained ? "_scale_inv" : "_scale"),
-                                 lead * grid_rows * grid_cols, ShapeString(grid)));
+                                 grid.Blocks(), ShapeString(grid_shape)));
   if (q.activations != Fp8Quantization::Activations::kStaticPerTensor) return absl::OkStatus();
   constexpr std::string_view kWeight = "weight";
   if (!name.ends_with(kWeight)) {
@@ -426,6 +422,14 @@ int64_t HostTensor::NumElements() const {
   return n;
 }
 
+HostTensor::ScaleGrid HostTensor::Fp8ScaleGrid() const {
+  const int64_t rows = shape[shape.size() - 2];
+  const int64_t cols = shape.back();
+  int64_t lead = 1;
+  for (size_t i = 0; i + 2 < shape.size(); ++i) lead *= shape[i];
+  return {lead, CeilDiv(rows, scale_block_rows), CeilDiv(cols, scale_block_cols)};
+}
+
 std::vector<float> HostTensor::ToFloat() const {
   std::vector<float> out(static_cast<size_t>(NumElements()));
   // `data` holds exactly that many elements by construction; the min only
@@ -438,14 +442,11 @@ std::vector<float> HostTensor::ToFloat() const {
   }
   const int64_t rows = shape[shape.size() - 2];
   const int64_t cols = shape.back();
-  const int64_t grid_rows = CeilDiv(rows, scale_block_rows);
-  const int64_t grid_cols = CeilDiv(cols, scale_block_cols);
-  const int64_t lead = NumElements() / (rows * cols);
-  if (scale.size() != static_cast<size_t>(lead * grid_rows * grid_cols))
-    return out;  // see CheckLayerWeights
-  for (int64_t l = 0; l < lead; ++l) {
+  const ScaleGrid grid = Fp8ScaleGrid();
+  if (scale.size() != static_cast<size_t>(grid.Blocks())) return out;  // see CheckLayerWeights
+  for (int64_t l = 0; l < grid.lead; ++l) {
     for (int64_t r = 0; r < rows; ++r) {
-      const float* scale_row = scale.data() + (l * grid_rows + r / scale_block_rows) * grid_cols;
+      const float* scale_row = scale.data() + (l * grid.rows + r / scale_block_rows) * grid.cols;
       float* row = out.data() + (l * rows + r) * cols;
       for (int64_t c = 0; c < cols; ++c) row[c] *= scale_row[c / scale_block_cols];
     }
@@ -572,10 +573,7 @@ absl::Status CheckFp8(const HostTensor& t, bool may_be_fp8, int64_t layer, std::
     return absl::InvalidArgumentError(
         absl::StrCat("layer ", layer, " ", ToAbsl(what), " is FP8 without weight scales"));
   }
-  const int64_t rows = t.shape[t.shape.size() - 2];
-  const int64_t cols = t.shape.back();
-  const int64_t blocks = t.NumElements() / (rows * cols) * CeilDiv(rows, t.scale_block_rows) *
-                         CeilDiv(cols, t.scale_block_cols);
+  const int64_t blocks = t.Fp8ScaleGrid().Blocks();
   if (t.scale.size() != static_cast<size_t>(blocks)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "layer ", layer, " ", ToAbsl(what), " has ", t.scale.size(), " weight scales for ", blocks,
