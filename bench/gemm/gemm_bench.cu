@@ -10,10 +10,21 @@
 // cache three times over, so timings include the weight streaming from HBM
 // that serving sees.
 //
-//   gemm_bench [--versions=0,3,4,5,auto] [--shapes=6144x4096,...] [--ms=1,8,...]
+//   gemm_bench [--versions=0,3,4,5,auto,6row,6block] [--shapes=6144x4096,...] [--ms=1,8,...]
 //              [--iters=5] [--rounds=5] [--csv=PATH] [--gated]
 // A version may pin a configuration: 3b128 / 3b256 (v3 tile width), 4s2
 // (v4 with 2 K splits); plain 3 and 4 use the launchers' own choice.
+//
+// FP8 rows (version 6, "6row" per-row scales, "6block" block-128 scales, "6s4row"
+// with 4 K splits) time the FP8 GEMM on e4m3 codes of the same random weights
+// and activations (weights quantized at one static scale, activations per
+// token or per 128-column group, outside the timed graph, as the vendor's
+// FP8 timings exclude it), rotating through their own L2-defeating sets;
+// their "vs cuBLASLt" column is then FP8 over cuBLASLt's bf16 at that shape.
+// They are validated against cuBLASLt's bf16 product within FP8's
+// quantization error (tests/gpu/gemm_fp8_test.cc checks the exact numerics).
+// With --gated, FP8 rows run only fused (their gate/up interleave is
+// kFp8GateUpBlock).
 // Every variant runs through one GemmRouter, the code serving runs: a
 // numbered version through RunConfig, "auto" through Run after the router was
 // autotuned for the shape (as at model load, up to the largest --ms); its row
@@ -79,14 +90,42 @@ __global__ void CompareKernel(const __nv_bfloat16* out, const __nv_bfloat16* exp
   }
 }
 
+// out[m, j] = silu(gate) * up of a [m, n] product whose rows interleave gate
+// and up by kFp8GateUpBlock (the FP8 kernel's layout), rounded as the fused
+// epilogue rounds (gate, up, silu to bf16).
+__global__ void Fp8GateReferenceKernel(const __nv_bfloat16* product, __nv_bfloat16* out, int64_t m, int64_t n) {
+  const int64_t width = n / 2;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < m * width;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / width, j = i % width;
+    const int64_t gate_row = (j / kFp8GateUpBlock) * 2 * kFp8GateUpBlock + j % kFp8GateUpBlock;
+    const float g = __bfloat162float(product[row * n + gate_row]);
+    const float u = __bfloat162float(product[row * n + gate_row + kFp8GateUpBlock]);
+    const float silu = __bfloat162float(__float2bfloat16_rn(g / (1.f + expf(-g))));
+    out[i] = __float2bfloat16_rn(silu * u);
+  }
+}
+
+__global__ void FillFloatKernel(float* dst, int64_t count, float value) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = value;
+  }
+}
+
+// FP8 weights are quantized at this one static scale (inputs are uniform in
+// [-1, 1)), so the per-row and the block scales of the same codes agree.
+constexpr float kBenchWeightScale = 1.f / 448.f;
+
 constexpr int kGraphLaunches = 10;
 
 // One benchmarked configuration, e.g. "4s2" = version 4 with split_k 2.
 struct Variant {
   std::string label;
   GemmConfig config;
-  bool is_auto = false;  // the autotuned dispatcher; config unused
-  bool fused = false;    // --gated: the gate in the epilogue (else a second kernel)
+  bool is_auto = false;                // the autotuned dispatcher; config unused
+  bool fused = false;                  // --gated: the gate in the epilogue (else a second kernel)
+  Fp8Scaling fp8 = Fp8Scaling::kNone;  // version 6's scaling
 };
 
 bool ParseVariant(const std::string& text, Variant* v) {
@@ -95,9 +134,19 @@ bool ParseVariant(const std::string& text, Variant* v) {
     v->is_auto = true;
     return true;
   }
-  const absl::StatusOr<GemmConfig> config = ParseGemmConfigSpec(text);
-  if (!config.ok()) return false;
-  v->label = GemmConfigSpec(*config);
+  std::string spec = text;
+  for (const auto& [suffix, scaling] : {std::pair<std::string, Fp8Scaling>{"row", Fp8Scaling::kPerRow},
+                                        std::pair<std::string, Fp8Scaling>{"block", Fp8Scaling::kBlock}}) {
+    if (spec.size() > suffix.size() && spec.compare(spec.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      spec.resize(spec.size() - suffix.size());
+      v->fp8 = scaling;
+    }
+  }
+  const absl::StatusOr<GemmConfig> config = ParseGemmConfigSpec(spec);
+  if (!config.ok() || (config->version == GemmVersion::kFp8) != (v->fp8 != Fp8Scaling::kNone)) return false;
+  v->label = GemmConfigSpec(*config) + (v->fp8 == Fp8Scaling::kPerRow  ? "row"
+                                        : v->fp8 == Fp8Scaling::kBlock ? "block"
+                                                                       : "");
   v->config = *config;
   return true;
 }
@@ -167,7 +216,7 @@ bool ParseOptions(int argc, char** argv, Options* opt) {
     for (Variant v : opt->versions) {
       const std::string label = v.label;
       v.label = label + "+act";
-      both.push_back(v);
+      if (v.fp8 == Fp8Scaling::kNone) both.push_back(v);
       v.label = label + ":fused";
       v.fused = true;
       both.push_back(v);
@@ -279,11 +328,49 @@ bool Bench::RunShape(int64_t n, int64_t k) {
     FillKernel<<<4096, 256, 0, stream_>>>(static_cast<__nv_bfloat16*>(w[s]), n * k, 2 * s + 1);
     BENCH_CHECK_CUDA(cudaPeekAtLastError());
   }
+  // FP8 operands (version 6 rows): the same weights' e4m3 codes at one static
+  // scale, and each set's activations quantized per token and per 128-column
+  // group (at every M, below).
+  const bool any_fp8 = std::any_of(opt_.versions.begin(), opt_.versions.end(),
+                                   [](const Variant& v) { return v.fp8 != Fp8Scaling::kNone; });
+  const int64_t kblocks = (k + kFp8BlockK - 1) / kFp8BlockK;
+  std::vector<void*> w8(sets), a8_row(sets), a8_block(sets);
+  std::vector<float*> a_scale_row(sets), a_scale_block(sets);
+  float* w_scale_row = nullptr;
+  float* w_scale_block = nullptr;
+  if (any_fp8) {
+    w_scale_row = static_cast<float*>(Alloc(n * 4));
+    w_scale_block = static_cast<float*>(Alloc((n + kFp8WeightScaleRows - 1) / kFp8WeightScaleRows * kblocks * 4));
+    if (w_scale_row == nullptr || w_scale_block == nullptr) return false;
+    FillFloatKernel<<<256, 256, 0, stream_>>>(
+        w_scale_block, (n + kFp8WeightScaleRows - 1) / kFp8WeightScaleRows * kblocks, kBenchWeightScale);
+    for (int s = 0; s < sets; ++s) {
+      w8[s] = Alloc(n * k);
+      a8_row[s] = Alloc(max_m * k);
+      a8_block[s] = Alloc(max_m * k);
+      a_scale_row[s] = static_cast<float*>(Alloc(max_m * 4));
+      a_scale_block[s] = static_cast<float*>(Alloc(max_m * kblocks * 4));
+      if (w8[s] == nullptr || a8_row[s] == nullptr || a8_block[s] == nullptr || a_scale_row[s] == nullptr ||
+          a_scale_block[s] == nullptr) {
+        std::fprintf(stderr, "out of device memory for FP8 operands\n");
+        return false;
+      }
+      QuantizeFp8Params q;
+      q.x = w[s];
+      q.codes = w8[s];
+      q.scales = w_scale_row;  // every row gets the static scale
+      q.rows = n;
+      q.cols = k;
+      q.static_scale = kBenchWeightScale;
+      if (!LaunchQuantizeFp8(q, stream_).ok()) return false;
+    }
+  }
   void* expected = Alloc(c_bytes);
   void* expected_act = Alloc(c_bytes / 2);
+  void* expected_act8 = Alloc(c_bytes / 2);
   unsigned long long* bad = static_cast<unsigned long long*>(Alloc(sizeof(unsigned long long) + sizeof(float)));
   float* worst = reinterpret_cast<float*>(bad + 1);
-  if (expected == nullptr || expected_act == nullptr || bad == nullptr) return false;
+  if (expected == nullptr || expected_act == nullptr || expected_act8 == nullptr || bad == nullptr) return false;
   cudaEvent_t start, stop;
   BENCH_CHECK_CUDA(cudaEventCreate(&start));
   BENCH_CHECK_CUDA(cudaEventCreate(&stop));
@@ -297,7 +384,7 @@ bool Bench::RunShape(int64_t n, int64_t k) {
   }
 
   for (int64_t m : opt_.ms) {
-    auto params = [&](int s, void* out) {
+    auto params = [&](int s, void* out, Fp8Scaling fp8 = Fp8Scaling::kNone) {
       GemmParams p;
       p.a = a[s];
       p.lda = k;
@@ -308,8 +395,29 @@ bool Bench::RunShape(int64_t n, int64_t k) {
       p.m = m;
       p.n = n;
       p.k = k;
+      p.fp8 = fp8;
+      if (fp8 != Fp8Scaling::kNone) {
+        const bool block = fp8 == Fp8Scaling::kBlock;
+        p.a = block ? a8_block[s] : a8_row[s];
+        p.w = w8[s];
+        p.a_scale = block ? a_scale_block[s] : a_scale_row[s];
+        p.w_scale = block ? w_scale_block : w_scale_row;
+      }
       return p;
     };
+    for (int s = 0; any_fp8 && s < sets; ++s) {
+      QuantizeFp8Params q;
+      q.x = a[s];
+      q.rows = m;
+      q.cols = k;
+      q.codes = a8_row[s];
+      q.scales = a_scale_row[s];
+      if (!LaunchQuantizeFp8(q, stream_).ok()) return false;
+      q.codes = a8_block[s];
+      q.scales = a_scale_block[s];
+      q.group = kFp8BlockK;
+      if (!LaunchQuantizeFp8(q, stream_).ok()) return false;
+    }
     const absl::Status ref_status =
         router_->RunConfig(params(0, expected), GemmConfig{GemmVersion::kCublasLt}, workspace_, stream_);
     if (!ref_status.ok()) {
@@ -317,6 +425,10 @@ bool Bench::RunShape(int64_t n, int64_t k) {
       return false;
     }
     if (opt_.gated && !GateKernel(expected, expected_act, m, n, stream_).ok()) return false;
+    if (opt_.gated && any_fp8) {
+      Fp8GateReferenceKernel<<<1024, 256, 0, stream_>>>(static_cast<const __nv_bfloat16*>(expected),
+                                                        static_cast<__nv_bfloat16*>(expected_act8), m, n);
+    }
     // Pass 1: validate each variant and capture its graph. Pass 2: time the
     // captured graphs in interleaved rounds, so clock and power drift over
     // the sweep hits every variant alike instead of whichever ran last.
@@ -324,10 +436,12 @@ bool Bench::RunShape(int64_t n, int64_t k) {
       Row row;
       cudaGraphExec_t exec = nullptr;
       std::vector<float> times;
+      bool fp8 = false;
     };
     std::vector<Timed> timed;
     for (const Variant& variant : opt_.versions) {
-      GemmParams probe = params(0, c[0]);
+      const bool fp8 = variant.fp8 != Fp8Scaling::kNone;
+      GemmParams probe = params(0, c[0], variant.fp8);
       if (variant.fused) {
         probe.silu_mul = true;
         probe.ldd = n / 2;
@@ -348,13 +462,17 @@ bool Bench::RunShape(int64_t n, int64_t k) {
       BENCH_CHECK_CUDA(cudaMemsetAsync(c[0], 0xFF, m * n * 2, stream_));
       BENCH_CHECK_CUDA(cudaMemsetAsync(act[0], 0xFF, m * n, stream_));
       BENCH_CHECK_CUDA(cudaMemsetAsync(bad, 0, sizeof(unsigned long long) + sizeof(float), stream_));
-      const absl::Status st = Launch(variant, params(0, c[0]), act[0]);
+      const absl::Status st = Launch(variant, params(0, c[0], variant.fp8), act[0]);
       if (st.ok()) {
         const float scale = std::sqrt(static_cast<float>(k)) / 3.f;  // uniform [-1, 1) inputs
+        // FP8 rows: within e4m3's quantization error of the bf16 product
+        // (about a tenth of its scale), which wrong data or a lost scale is not.
+        const float rel = fp8 ? 0.1f : opt_.gated ? 6.06f / 256.f : 2.02f / 256.f;
+        const float abs_tol = (fp8 ? 0.3f : 1e-3f) * (opt_.gated ? scale * scale : scale);
         CompareKernel<<<1024, 256, 0, stream_>>>(
             static_cast<const __nv_bfloat16*>(opt_.gated ? act[0] : c[0]),
-            static_cast<const __nv_bfloat16*>(opt_.gated ? expected_act : expected), opt_.gated ? m * n / 2 : m * n,
-            opt_.gated ? 6.06f / 256.f : 2.02f / 256.f, opt_.gated ? 1e-3f * scale * scale : 1e-3f * scale, bad, worst);
+            static_cast<const __nv_bfloat16*>(opt_.gated ? (fp8 ? expected_act8 : expected_act) : expected),
+            opt_.gated ? m * n / 2 : m * n, rel, abs_tol, bad, worst);
         BENCH_CHECK_CUDA(cudaPeekAtLastError());
       }
       BENCH_CHECK_CUDA(cudaStreamSynchronize(stream_));
@@ -377,7 +495,7 @@ bool Bench::RunShape(int64_t n, int64_t k) {
       BENCH_CHECK_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
       bool captured = true;
       for (int i = 0; i < kGraphLaunches && captured; ++i) {
-        captured = Launch(variant, params(i % sets, c[i % sets]), act[i % sets]).ok();
+        captured = Launch(variant, params(i % sets, c[i % sets], variant.fp8), act[i % sets]).ok();
       }
       BENCH_CHECK_CUDA(cudaStreamEndCapture(stream_, &graph));
       if (!captured) {
@@ -387,7 +505,7 @@ bool Bench::RunShape(int64_t n, int64_t k) {
       BENCH_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
       cudaGraphDestroy(graph);
       BENCH_CHECK_CUDA(cudaGraphLaunch(exec, stream_));  // warm-up replay
-      timed.push_back({row, exec});
+      timed.push_back({row, exec, {}, fp8});
     }
     // Each round also starts at another variant, so none always runs right
     // after the same neighbour (a power-hungry predecessor can leave the
@@ -415,7 +533,8 @@ bool Bench::RunShape(int64_t n, int64_t k) {
       Row& row = t.row;
       row.median_us = 1e3 * t.times[t.times.size() / 2];
       row.tflops = 2.0 * m * n * k / (row.median_us * 1e-6) / 1e12;
-      row.gbps = 2.0 * (m * k + n * k + m * n) / (row.median_us * 1e-6) / 1e9;
+      const double operand_bytes = t.fp8 ? 1.0 : 2.0;  // A and W
+      row.gbps = (operand_bytes * (m * k + n * k) + 2.0 * m * n) / (row.median_us * 1e-6) / 1e9;
       if (row.label == "v0" || row.label == "v0+act") v0_us = row.median_us;
       if (row.chosen.empty() && (best_other_us == 0 || row.median_us < best_other_us)) best_other_us = row.median_us;
     }
@@ -479,10 +598,10 @@ bool Bench::Run() {
 int main(int argc, char** argv) {
   layerserve::kernels::Options opt;
   if (!layerserve::kernels::ParseOptions(argc, argv, &opt)) {
-    std::fprintf(
-        stderr,
-        "usage: gemm_bench [--versions=0,3,3b128,4,4s2,5,auto,...] [--shapes=NxK,...] [--ms=1,8,...] [--iters=N] "
-        "[--rounds=N] [--csv=PATH] [--gated]\n");
+    std::fprintf(stderr,
+                 "usage: gemm_bench [--versions=0,3,3b128,4,4s2,5,auto,6row,6block,6s4row,...] [--shapes=NxK,...] "
+                 "[--ms=1,8,...] [--iters=N] "
+                 "[--rounds=N] [--csv=PATH] [--gated]\n");
     return 2;
   }
   layerserve::kernels::Bench bench(std::move(opt));

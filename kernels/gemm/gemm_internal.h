@@ -35,6 +35,11 @@ struct DenseGemm {
   // C = silu(gate) * up of the product's interleaved columns, [m, n / 2]
   // (GemmParams::silu_mul); no residual then.
   bool silu_mul = false;
+  // FP8 products (version 6): a and w are e4m3 codes, scaled as GemmParams
+  // says.
+  Fp8Scaling fp8 = Fp8Scaling::kNone;
+  const float* a_scale = nullptr;
+  const float* w_scale = nullptr;
 };
 
 // Tensor map over a row-major bf16 matrix [rows, cols] (cols contiguous),
@@ -42,6 +47,9 @@ struct DenseGemm {
 // outside the matrix. Remembered per thread by its arguments, so repeated
 // launches on the same buffers and M skip the encode.
 absl::StatusOr<CUtensorMap> MakeBf16TensorMap(const void* base, int64_t rows, int64_t cols, int box_rows);
+
+// The same over e4m3 codes: boxes of box_rows x 128 (one 128-byte row).
+absl::StatusOr<CUtensorMap> MakeFp8TensorMap(const void* base, int64_t rows, int64_t cols, int box_rows);
 
 // Version 4 sizing. Token count padded to the wgmma N the kernel uses.
 int SmallMPad(int64_t m);
@@ -62,6 +70,15 @@ int64_t TileBound(const DenseGemm& p, int block_n, int block_m);
 // groups average under 128 rows.
 int AutoBlockMV3(const DenseGemm& p);
 absl::Status LaunchGemmV4(const DenseGemm& p, int splits, const DeviceInfo& dev, cudaStream_t stream);
+// Version 6 (FP8) sizing: the decode kernel's token tile, the wgmma N (8,
+// 16, 32, 64 for m <= 64, padded up); 128, the prefill kernel's row tile,
+// above.
+int Fp8TokenTile(int64_t m);
+// Default K splits for version 6: for M <= 64 the fewest of 1, 2, 4 whose
+// CTAs (W tiles x splits) cover the SMs, else 4, keeping at least two K
+// blocks per split; 1 above (the prefill kernel takes no split).
+int Fp8SplitKHeuristic(int64_t m, int64_t n, int64_t k, int num_sms);
+absl::Status LaunchGemmV6(const DenseGemm& p, int splits, const DeviceInfo& dev, cudaStream_t stream);
 absl::Status LaunchGemmV5(const DenseGemm& p, const DeviceInfo& dev, cudaStream_t stream);
 
 // Fills n bf16 elements with uniform values in [-1, 1) from `seed` (the

@@ -47,8 +47,12 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-absl::StatusOr<CUtensorMap> MakeBf16TensorMap(const void* base, int64_t rows, int64_t cols, int box_rows) {
-  // The descriptor is a pure function of these four values (device addresses
+namespace {
+
+// A 2-D tensor map with 128-byte swizzled boxes of box_rows x (128 bytes).
+absl::StatusOr<CUtensorMap> MakeSw128TensorMap(const void* base, int64_t rows, int64_t cols, int box_rows,
+                                               CUtensorMapDataType type, int element_bytes) {
+  // The descriptor is a pure function of these values (device addresses
   // are unified), so a remembered one is never stale, not even for memory
   // freed and allocated again at the same address. Serving repeats a few
   // hundred (weight or activation buffer, M) combinations, so most launches
@@ -56,28 +60,58 @@ absl::StatusOr<CUtensorMap> MakeBf16TensorMap(const void* base, int64_t rows, in
   // server drives each stream from its own thread); bounded: a full memo is
   // dropped and refills.
   constexpr size_t kMaxRemembered = 1024;
-  using Key = std::tuple<const void*, int64_t, int64_t, int>;
+  using Key = std::tuple<const void*, int64_t, int64_t, int, int>;
   thread_local std::map<Key, CUtensorMap> remembered;
-  const Key key{base, rows, cols, box_rows};
+  const Key key{base, rows, cols, box_rows, element_bytes};
   if (const auto it = remembered.find(key); it != remembered.end()) return it->second;
 
   absl::StatusOr<PFN_cuTensorMapEncodeTiled_v12000> encode = TensorMapEncoder();
   if (!encode.ok()) return encode.status();
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};  // bytes, of dim 1
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * element_bytes};  // bytes, of dim 1
+  const cuuint32_t box_cols = static_cast<cuuint32_t>(128 / element_bytes);
+  const cuuint32_t box[2] = {box_cols, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult res = (*encode)(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box,
-                                 element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+  const CUresult res = (*encode)(&map, type, 2, const_cast<void*>(base), dims, strides, box, element_strides,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS) {
     return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(res),
-                                            ") for [", rows, ", ", cols, "] box ", box_rows, "x64"));
+                                            ") for [", rows, ", ", cols, "] box ", box_rows, "x", box_cols));
   }
   if (remembered.size() >= kMaxRemembered) remembered.clear();
   remembered.emplace(key, map);
   return map;
+}
+
+}  // namespace
+
+absl::StatusOr<CUtensorMap> MakeBf16TensorMap(const void* base, int64_t rows, int64_t cols, int box_rows) {
+  return MakeSw128TensorMap(base, rows, cols, box_rows, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2);
+}
+
+absl::StatusOr<CUtensorMap> MakeFp8TensorMap(const void* base, int64_t rows, int64_t cols, int box_rows) {
+  return MakeSw128TensorMap(base, rows, cols, box_rows, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1);
+}
+
+int Fp8TokenTile(int64_t m) { return m <= 64 ? SmallMPad(m) : 128; }
+
+// The decode kernel (M <= 64) takes version 4's rule (docs/perf-gemm.md:
+// 8-CTA clusters cost ~4 us more than 4-CTA ones on the H100) with K blocks
+// of 128: the fewest of 1, 2, 4 splits
+// whose CTAs cover the SMs, else 4, keeping at least two K blocks a split.
+// Worked examples, Llama-3-8B on 132 SMs at M <= 64 (one token tile): qkv
+// (n 6144: 48 tiles) 4 splits; o (n 4096: 32 tiles) 4 splits of 8 K blocks;
+// gate/up (n 28672: 224 tiles) 1; down (n 4096, k 14336) 4 splits of 28.
+// The prefill kernel (M > 64) is persistent and takes no split: 1.
+int Fp8SplitKHeuristic(int64_t m, int64_t n, int64_t k, int num_sms) {
+  if (m > 64) return 1;
+  const int64_t tiles = (n + 127) / 128;
+  const int64_t kblocks = (k + kFp8BlockK - 1) / kFp8BlockK;
+  int splits = 1;
+  while (splits < 4 && tiles * splits < num_sms && kblocks >= 4 * splits) splits *= 2;
+  return splits;
 }
 
 int SmallMPad(int64_t m) {
@@ -119,6 +153,8 @@ std::string GemmConfigName(const GemmConfig& config) {
       return config.split_k > 0 ? absl::StrCat("v4-split-k", config.split_k) : "v4-split-k";
     case GemmVersion::kClusterMulticast:
       return "v5-cluster-multicast";
+    case GemmVersion::kFp8:
+      return config.split_k > 0 ? absl::StrCat("v6-fp8-split-k", config.split_k) : "v6-fp8";
   }
   return absl::StrCat("v?", static_cast<int>(config.version));
 }
@@ -127,7 +163,8 @@ std::string GemmConfigSpec(const GemmConfig& config) {
   std::string spec = absl::StrCat("v", static_cast<int>(config.version));
   if (config.version == GemmVersion::kWarpSpecialized && config.block_n > 0) {
     absl::StrAppend(&spec, "b", config.block_n);
-  } else if (config.version == GemmVersion::kSmallMSplitK && config.split_k > 0) {
+  } else if ((config.version == GemmVersion::kSmallMSplitK || config.version == GemmVersion::kFp8) &&
+             config.split_k > 0) {
     absl::StrAppend(&spec, "s", config.split_k);
   }
   return spec;
@@ -136,12 +173,12 @@ std::string GemmConfigSpec(const GemmConfig& config) {
 absl::StatusOr<GemmConfig> ParseGemmConfigSpec(std::string_view spec) {
   const std::string text(spec);
   const auto bad = [&text] {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gemm configuration '", text, "' is not one of v0, v3, v3b128, v3b256, v4, v4s1..v4s8, v5"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gemm configuration '", text, "' is not one of v0, v3, v3b128, v3b256, v4, v4s1..v4s8, v5, v6, v6s1..v6s8"));
   };
   std::string_view rest = spec;
   if (!rest.empty() && rest.front() == 'v') rest.remove_prefix(1);
-  if (rest.empty() || (rest.front() != '0' && (rest.front() < '3' || rest.front() > '5'))) return bad();
+  if (rest.empty() || (rest.front() != '0' && (rest.front() < '3' || rest.front() > '6'))) return bad();
   GemmConfig config{static_cast<GemmVersion>(rest.front() - '0'), 0, 0};
   rest.remove_prefix(1);
   if (rest.empty()) return config;
@@ -157,7 +194,8 @@ absl::StatusOr<GemmConfig> ParseGemmConfigSpec(std::string_view spec) {
     config.block_n = value;
     return config;
   }
-  if (config.version == GemmVersion::kSmallMSplitK && option == 's' && value >= 1 && value <= gemm::kMaxSplitK) {
+  if ((config.version == GemmVersion::kSmallMSplitK || config.version == GemmVersion::kFp8) && option == 's' &&
+      value >= 1 && value <= gemm::kMaxSplitK) {
     config.split_k = value;
     return config;
   }
@@ -211,8 +249,11 @@ absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const 
     return absl::UnimplementedError(absl::StrCat("gemm v3-v5 need a compute capability 9.0 (Hopper) device, got ",
                                                  dev.cc_major, ".", dev.cc_minor));
   }
-  if (!GemmBuiltWithSm90a()) return absl::UnimplementedError("gemm v3-v5: library built without sm_90a");
-  if (p.dtype != DType::kBF16) return absl::InvalidArgumentError("gemm v3-v5 take bf16 only");
+  if (!GemmBuiltWithSm90a()) return absl::UnimplementedError("gemm v3-v6: library built without sm_90a");
+  if (p.dtype != DType::kBF16) return absl::InvalidArgumentError("gemm v3-v6 take bf16 (out) only");
+  if ((p.fp8 != Fp8Scaling::kNone) != (config.version == GemmVersion::kFp8)) {
+    return absl::InvalidArgumentError("gemm: FP8 products take version 6, and version 6 takes only them");
+  }
   if (p.bias != nullptr) return absl::InvalidArgumentError("gemm v3-v5 have no bias epilogue");
   if (p.a == nullptr || p.w == nullptr || p.d == nullptr) return absl::InvalidArgumentError("gemm: null operand");
   if (p.m < 1 || p.n < 1 || p.k < 1) {
@@ -270,6 +311,22 @@ absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const 
       return absl::OkStatus();
     case GemmVersion::kClusterMulticast:
       return absl::OkStatus();
+    case GemmVersion::kFp8:
+      if (p.grouped()) return absl::InvalidArgumentError("gemm v6 has no grouped form yet");
+      if (p.a_scale == nullptr || p.w_scale == nullptr) return absl::InvalidArgumentError("gemm v6: null scales");
+      if (!gemm::Aligned16(p.w_scale)) return absl::InvalidArgumentError("gemm v6: w_scale must be 16-byte aligned");
+      if (p.n % 16 != 0 || p.k % 16 != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("gemm v6: n and k must be multiples of 16 (n=", p.n, ", k=", p.k, ")"));
+      }
+      if (p.silu_mul && p.n % (2 * kFp8GateUpBlock) != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("gemm v6: silu_mul needs n a multiple of ", 2 * kFp8GateUpBlock, ", got ", p.n));
+      }
+      if (config.split_k < 0 || config.split_k > gemm::kMaxSplitK) {
+        return absl::InvalidArgumentError("gemm v6: split_k must be in [0, 8]");
+      }
+      return absl::OkStatus();
     case GemmVersion::kCublasLt:
       break;
   }
@@ -278,6 +335,16 @@ absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const 
 
 GemmConfig ChooseGemm(const GemmParams& p, GemmMode mode, const GemmTable& table, const DeviceInfo& dev) {
   GemmConfig config;  // split_k = block_n = 0: the kernels size themselves
+  // FP8 products: our kernel, whatever the mode (cuBLASLt's FP8 is not wired
+  // yet); a pinned or tuned split count where the table has one.
+  if (p.fp8 != Fp8Scaling::kNone) {
+    config.version = GemmVersion::kFp8;
+    if (const auto it = table.find({GemmMBucket(p.m), p.n, p.k});
+        it != table.end() && it->second.version == GemmVersion::kFp8) {
+      config = it->second;
+    }
+    return config;
+  }
   if (p.grouped()) {
     config.version = p.max_group_rows <= 64 ? GemmVersion::kSmallMSplitK : GemmVersion::kWarpSpecialized;
     return config;
@@ -325,6 +392,9 @@ absl::Status LaunchGemm(const GemmParams& p, const GemmConfig& config, const Dev
   dense.groups = p.groups;
   dense.max_group_rows = p.max_group_rows;
   dense.silu_mul = p.silu_mul;
+  dense.fp8 = p.fp8;
+  dense.a_scale = p.a_scale;
+  dense.w_scale = p.w_scale;
   switch (config.version) {
     case GemmVersion::kWarpSpecialized:
       return gemm::LaunchGemmV3(dense, config.block_n, config.block_m, dev, stream);
@@ -332,6 +402,11 @@ absl::Status LaunchGemm(const GemmParams& p, const GemmConfig& config, const Dev
       return gemm::LaunchGemmV4(dense, ResolveSplits(p, config, dev), dev, stream);
     case GemmVersion::kClusterMulticast:
       return gemm::LaunchGemmV5(dense, dev, stream);
+    case GemmVersion::kFp8: {
+      const int64_t kblocks = (p.k + kFp8BlockK - 1) / kFp8BlockK;
+      const int splits = config.split_k > 0 ? config.split_k : gemm::Fp8SplitKHeuristic(p.m, p.n, p.k, dev.num_sms);
+      return gemm::LaunchGemmV6(dense, static_cast<int>(std::min<int64_t>(splits, kblocks)), dev, stream);
+    }
     case GemmVersion::kCublasLt:
       break;
   }

@@ -109,8 +109,11 @@ absl::Status Validate(const GemmParams& p) {
                                                    " ldd=", p.ldd, " too small for m=", p.m, " n=", p.n, " k=", p.k));
   }
   if (p.dtype == DType::kF32) return absl::InvalidArgumentError("gemm: operands must be bf16 or fp16");
+  if (p.fp8 != Fp8Scaling::kNone && (p.bias != nullptr || p.grouped())) {
+    return absl::InvalidArgumentError("gemm: an FP8 product takes no bias and no groups");
+  }
   if (p.silu_mul) {
-    if (p.n % (2 * kGateUpBlock) != 0) {
+    if (p.fp8 == Fp8Scaling::kNone && p.n % (2 * kGateUpBlock) != 0) {
       return absl::InvalidArgumentError(absl::StrCat("gemm: silu_mul needs n a multiple of 16, got ", p.n));
     }
     if (p.bias != nullptr || p.accumulate) {
@@ -271,6 +274,7 @@ absl::Status GemmRouter::RunConfig(const GemmParams& p, const GemmConfig& config
 }
 
 absl::Status GemmRouter::RunCublasLt(const GemmParams& p, const GemmWorkspace& workspace, cudaStream_t stream) {
+  if (p.fp8 != Fp8Scaling::kNone) return absl::UnimplementedError("gemm: cuBLASLt's FP8 route is not wired");
   if (p.silu_mul) {
     // The plain product into the scratch buffer, then the activation.
     if (p.scratch == nullptr) return absl::InvalidArgumentError("gemm: silu_mul on cuBLASLt needs a scratch buffer");

@@ -4,6 +4,7 @@
 // header.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -100,6 +101,33 @@ __device__ __forceinline__ float SiluMulOne(float gate, float up) {
   const float g = __bfloat162float(__float2bfloat16_rn(gate));
   const float silu = __bfloat162float(__float2bfloat16_rn(g / (1.f + expf(-g))));
   return silu * __bfloat162float(__float2bfloat16_rn(up));
+}
+
+// The split-K kernels (v4, v6) reduce over a thread block cluster of at most
+// this many CTAs (the portable cluster size).
+inline constexpr int kMaxClusterSplits = 8;
+
+// Four consecutive fp32 values at `offset` of every cluster CTA's `staged`
+// tile, summed in rank order (all loads issued first), so the result does not
+// depend on timing.
+__device__ __forceinline__ float4 SumOverCluster(const cooperative_groups::cluster_group& cluster, float* staged,
+                                                 int offset, int splits) {
+  float4 part[kMaxClusterSplits];
+#pragma unroll
+  for (int q = 0; q < kMaxClusterSplits; ++q) {
+    if (q < splits) part[q] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(staged, q) + offset);
+  }
+  float4 sum = part[0];
+#pragma unroll
+  for (int q = 1; q < kMaxClusterSplits; ++q) {
+    if (q < splits) {
+      sum.x += part[q].x;
+      sum.y += part[q].y;
+      sum.z += part[q].z;
+      sum.w += part[q].w;
+    }
+  }
+  return sum;
 }
 
 // Writes a warpgroup's m64 x kN wgmma accumulator tile whose top-left output

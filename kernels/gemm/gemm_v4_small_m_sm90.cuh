@@ -48,7 +48,7 @@ constexpr int kThreads = kConsumerThreads + 32;
 constexpr int kConsumerWarps = 8;
 constexpr int kWBytes = kBlockN * kBlockK * 2;
 constexpr int kMaxM = 64;
-constexpr int kMaxSplits = 8;  // portable cluster size
+constexpr int kMaxSplits = kMaxClusterSplits;
 // Staged partial tile: fp32 [kMPad tokens][kStagePitch], n contiguous so the
 // cluster reduction moves float4s; the pitch (== 4 mod 32 words) keeps the
 // fragment-order writes free of bank conflicts.
@@ -110,28 +110,6 @@ __device__ __forceinline__ void ConsumeAndStage(uint32_t ring, uint32_t full_bar
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int e = 0; e < 2; ++e) staged[(8 * j + c_base + e) * kStagePitch + r_local + 8 * h] = acc[4 * j + 2 * h + e];
-}
-
-// Four consecutive fp32 columns of the staged tile at `offset`, summed over
-// the cluster's `splits` CTAs in rank order (all loads issued first).
-__device__ __forceinline__ float4 SumOverCluster(const cooperative_groups::cluster_group& cluster, float* staged,
-                                                 int offset, int splits) {
-  float4 part[kMaxSplits];
-#pragma unroll
-  for (int q = 0; q < kMaxSplits; ++q) {
-    if (q < splits) part[q] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(staged, q) + offset);
-  }
-  float4 sum = part[0];
-#pragma unroll
-  for (int q = 1; q < kMaxSplits; ++q) {
-    if (q < splits) {
-      sum.x += part[q].x;
-      sum.y += part[q].y;
-      sum.z += part[q].z;
-      sum.w += part[q].w;
-    }
-  }
-  return sum;
 }
 
 template <int kMPad>

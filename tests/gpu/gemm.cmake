@@ -32,3 +32,11 @@ layerserve_add_gtest(gemm_silu_gpu_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/gemm_silu_test.cc
   LIBS layerserve_gemm layerserve_kernels layerserve_gemm_reference layerserve_gpu_test_util
   LABELS gpu)
+
+# The FP8 path: activation quantization bit for bit against the host, and
+# version 6 (per-row and block-128 scales) against a float64 reference over
+# the same codes and scales.
+layerserve_add_gtest(gemm_fp8_gpu_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/gemm_fp8_test.cc
+  LIBS layerserve_gemm layerserve_kernels layerserve_base layerserve_gpu_test_util
+  LABELS gpu)

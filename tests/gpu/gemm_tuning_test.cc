@@ -30,7 +30,8 @@ using kernels::GemmTuneResult;
 using kernels::GemmVersion;
 
 TEST(GemmConfigSpecTest, EverySpellingRoundTrips) {
-  for (const char* spec : {"v0", "v3", "v3b128", "v3b256", "v4", "v4s1", "v4s2", "v4s4", "v4s8", "v5"}) {
+  for (const char* spec :
+       {"v0", "v3", "v3b128", "v3b256", "v4", "v4s1", "v4s2", "v4s4", "v4s8", "v5", "v6", "v6s1", "v6s4"}) {
     const absl::StatusOr<GemmConfig> config = kernels::ParseGemmConfigSpec(spec);
     ASSERT_TRUE(config.ok()) << spec << ": " << config.status();
     EXPECT_EQ(kernels::GemmConfigSpec(*config), spec);
@@ -42,8 +43,8 @@ TEST(GemmConfigSpecTest, EverySpellingRoundTrips) {
 }
 
 TEST(GemmConfigSpecTest, OthersAreRejected) {
-  for (const char* spec : {"", "v", "v1", "v2", "v6", "x3", "v3b64", "v3b", "v3s2", "v4s0", "v4s9", "v4b128", "v4s2x",
-                           "v0s1", "v3b1280000000", "v5b256", "v5s2"}) {
+  for (const char* spec : {"", "v", "v1", "v2", "v7", "v6b128", "v6s9", "x3", "v3b64", "v3b", "v3s2", "v4s0", "v4s9",
+                           "v4b128", "v4s2x", "v0s1", "v3b1280000000", "v5b256", "v5s2"}) {
     EXPECT_EQ(kernels::ParseGemmConfigSpec(spec).status().code(), absl::StatusCode::kInvalidArgument)
         << "'" << spec << "'";
   }

@@ -16,6 +16,9 @@
 // cuBLASLt) and v2 (TMA + wgmma without warp specialization, superseded by
 // v3) were removed after commit 92d9569.
 //
+// FP8 (W8A8) products (GemmParams::fp8) take version 6, the project's FP8
+// kernel, whatever the mode: cuBLASLt's FP8 routes are not wired yet.
+//
 // In-place accumulation (D += A·Wᵀ): our kernels round A·Wᵀ + D once. The
 // cuBLASLt path lets C alias D (beta = 1); cuBLASLt 13.0 was seen to round
 // A·Wᵀ to the output type before that add at small M (docs/perf-gemm.md),
@@ -50,6 +53,35 @@
 #include "layerserve/kernels/common.h"
 
 namespace layerserve::kernels {
+
+// How an FP8 product's codes are scaled (GemmParams::fp8). kNone: not an FP8
+// product (a and w are dtype).
+enum class Fp8Scaling {
+  kNone,
+  // One scale per row of A (per token: dynamic, or a static per-tensor scale
+  // repeated) and one per row of W (per channel, or a per-tensor scale
+  // repeated): y[m, n] = (sum_k a[m, k] w[n, k]) a_scale[m] w_scale[n].
+  kPerRow,
+  // Block-128 (transformers' fine-grained FP8): scales change every
+  // kFp8BlockK columns of K, so each K block's partial sum is scaled as it is
+  // added: y[m, n] = sum_kb (sum_{k in kb} a[m, k] w[n, k])
+  //   a_scale[kb m + m] w_scale[(n / kFp8WeightScaleRows) kblocks + kb],
+  // kblocks = ceil(k / kFp8BlockK); a_scale is token-contiguous per K block
+  // (the layout LaunchQuantizeFp8 writes), and w_scale holds one scale per
+  // 64 rows (a checkpoint's 128-row block scale repeated twice, so that q, k
+  // and v, or gate and up, can be stacked at 64-row boundaries).
+  kBlock,
+};
+inline constexpr int64_t kFp8BlockK = 128;
+inline constexpr int64_t kFp8WeightScaleRows = 64;
+// The FP8 kernel's gate/up interleave (GemmParams::silu_mul on an FP8
+// product): blocks of 64 gate rows then the matching 64 up rows, so that one
+// 128-row tile holds both halves of 64 outputs and a block-128 scale never
+// straddles them. (The bf16 kernels interleave by kGateUpBlock, layer_ops.h.)
+inline constexpr int64_t kFp8GateUpBlock = 64;
+constexpr int64_t Fp8GateUpRow(int64_t i, bool up) {
+  return (i / kFp8GateUpBlock) * 2 * kFp8GateUpBlock + (up ? kFp8GateUpBlock : 0) + i % kFp8GateUpBlock;
+}
 
 struct GemmParams {
   const void* a = nullptr;  // activations [m, k], row stride lda (elements)
@@ -87,6 +119,14 @@ struct GemmParams {
   // neither bias nor accumulate; n is a multiple of 16.
   bool silu_mul = false;
   void* scratch = nullptr;
+  // An FP8 product (Fp8Scaling): a and w hold float8_e4m3fn codes, one byte
+  // each (lda, ldw count them), d is dtype (bf16), and a_scale / w_scale
+  // (device fp32) are laid out as the scaling says. Takes no bias and no
+  // grouped form yet; silu_mul interleaves w by kFp8GateUpBlock; n, k
+  // multiples of 16.
+  Fp8Scaling fp8 = Fp8Scaling::kNone;
+  const float* a_scale = nullptr;
+  const float* w_scale = nullptr;
   int64_t out_cols() const { return silu_mul ? n / 2 : n; }
   bool grouped() const { return group_offsets != nullptr; }
 };
@@ -102,11 +142,13 @@ enum class GemmVersion : int {
   kWarpSpecialized = 3,   // producer warpgroup + 2 consumer warpgroups, 128x256 or 128x128 tiles (sm_90a)
   kSmallMSplitK = 4,      // M <= 64: weight streaming, split-K reduced in a cluster, tokens as wgmma N (sm_90a)
   kClusterMulticast = 5,  // v3 in 2-CTA clusters along M sharing each W tile by TMA multicast (sm_90a)
+  kFp8 = 6,               // FP8 W8A8: W rows as wgmma M, token tiles of 8-128 as N, split-K in a cluster (sm_90a)
 };
 
 struct GemmConfig {
   GemmVersion version = GemmVersion::kWarpSpecialized;
-  // Version 4 only: K splits, 1..8 (one thread block cluster per W tile);
+  // Versions 4 and 6 (its M <= 64 kernel): K splits, 1..8 (one thread block
+  // cluster per W tile);
   // 0 picks from the shape and the SM count.
   int split_k = 0;
   // Version 3 only: tile width 128 or 256; 0 picks from the shape.
@@ -121,7 +163,7 @@ std::string GemmConfigName(const GemmConfig& config);
 
 // Short spelling of a configuration, as flags, the benchmark and the autotune
 // cache write it: "v0" (cuBLASLt), "v3", "v3b128", "v3b256", "v4",
-// "v4s1".."v4s8", "v5". ParseGemmConfigSpec is its inverse (INVALID_ARGUMENT for
+// "v4s1".."v4s8", "v5", "v6", "v6s1".."v6s8". ParseGemmConfigSpec is its inverse (INVALID_ARGUMENT for
 // anything else); the leading "v" is optional there.
 std::string GemmConfigSpec(const GemmConfig& config);
 absl::StatusOr<GemmConfig> ParseGemmConfigSpec(std::string_view spec);

@@ -75,6 +75,25 @@ struct SiluMulParams {
 };
 absl::Status LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream);
 
+// Quantizes activations to float8_e4m3fn before an FP8 product (gemm.h's
+// Fp8Scaling), as the checkpoint formats define it: codes[r, c] = e4m3(x[r,
+// c] / s), rounded to nearest even and saturating at +-448 (bit for bit what
+// ml_dtypes and base/dtype.h's FloatToFp8E4M3 give), where s is static_scale
+// when that is > 0, else amax / 448 over the row (group 0) or over each
+// `group`-column slice of it. An all-zero slice gets scale 0 and zero codes.
+// Scales: [rows] for group 0; [ceil(cols / group)][rows], token-contiguous,
+// for groups (the layout of Fp8Scaling::kBlock's a_scale).
+struct QuantizeFp8Params {
+  const void* x = nullptr;  // [rows, cols], bf16
+  void* codes = nullptr;    // [rows, cols], e4m3
+  float* scales = nullptr;  // see above
+  int64_t rows = 0;
+  int64_t cols = 0;          // a multiple of 16
+  int64_t group = 0;         // 0 (per row) or 128
+  float static_scale = 0.f;  // > 0: this scale for every row (group 0 only)
+};
+absl::Status LaunchQuantizeFp8(const QuantizeFp8Params& p, cudaStream_t stream);
+
 // Element type conversion, n elements (for wire <-> activation dtypes).
 struct CastParams {
   const void* src = nullptr;

@@ -1,0 +1,138 @@
+// Activation quantization to float8_e4m3fn (LaunchQuantizeFp8, layer_ops.h):
+// the input of every FP8 product. Two shapes of the same computation:
+//  - per 128-column group: one warp per (row, group), four elements a lane,
+//    the group's amax by shuffles; scales written token-contiguous per group;
+//  - per row: one 256-thread block per row, eight elements a thread per pass,
+//    the row's amax through shared memory, then a second pass (from L1/L2)
+//    that writes the codes; or no amax at all with a static scale.
+// The conversion is cvt.rn.satfinite.e4m3x2 (cuda_fp8.h), the format's own
+// rounding; x / s is an IEEE division, as the CPU reference divides.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "base/cuda/cuda_status.h"
+#include "layerserve/kernels/layer_ops.h"
+
+namespace layerserve::kernels {
+namespace {
+
+constexpr float kE4m3Max = 448.f;
+constexpr int kRowThreads = 256;
+constexpr int kGroupWarpsPerBlock = 8;
+
+__device__ __forceinline__ uint16_t E4m3x2(float lo, float hi) {
+  return static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
+}
+
+// Four values / s as four e4m3 codes in one word (the first in the low byte,
+// the byte order of memory).
+__device__ __forceinline__ uint32_t Quantize4(const float (&v)[4], float s) {
+  if (s == 0.f) return 0;
+  return uint32_t{E4m3x2(v[0] / s, v[1] / s)} | (uint32_t{E4m3x2(v[2] / s, v[3] / s)} << 16);
+}
+
+__device__ __forceinline__ void Load4(const __nv_bfloat16* x, float (&v)[4]) {
+  const uint2 bits = *reinterpret_cast<const uint2*>(x);
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.y));
+  v[0] = a.x;
+  v[1] = a.y;
+  v[2] = b.x;
+  v[3] = b.y;
+}
+
+// Group of 128 columns: lane l holds columns 4l..4l+3 of the group.
+__global__ void QuantizeGroupsKernel(const __nv_bfloat16* __restrict__ x, uint8_t* __restrict__ codes,
+                                     float* __restrict__ scales, int64_t rows, int64_t cols, int64_t groups) {
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kGroupWarpsPerBlock + threadIdx.x / 32;
+  if (item >= rows * groups) return;
+  const int64_t row = item / groups;
+  const int64_t group = item % groups;
+  const int lane = threadIdx.x % 32;
+  const int64_t col = group * 128 + 4 * lane;
+  const bool in = col < cols;  // cols % 16 == 0: a lane's four are all in or all out
+  float v[4] = {0.f, 0.f, 0.f, 0.f};
+  if (in) Load4(x + row * cols + col, v);
+  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  const float s = amax / kE4m3Max;
+  if (in) *reinterpret_cast<uint32_t*>(codes + row * cols + col) = Quantize4(v, s);
+  if (lane == 0) scales[group * rows + row] = s;
+}
+
+__global__ void QuantizeRowsKernel(const __nv_bfloat16* __restrict__ x, uint8_t* __restrict__ codes,
+                                   float* __restrict__ scales, int64_t cols, float static_scale) {
+  const int64_t row = blockIdx.x;
+  const __nv_bfloat16* in = x + row * cols;
+  uint8_t* out = codes + row * cols;
+  __shared__ float warp_amax[kRowThreads / 32];
+  float s = static_scale;
+  if (!(s > 0.f)) {
+    float amax = 0.f;
+    for (int64_t c = 4 * static_cast<int64_t>(threadIdx.x); c < cols; c += 4 * kRowThreads) {
+      float v[4];
+      Load4(in + c, v);
+      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+    if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
+    __syncthreads();
+    amax = warp_amax[0];
+#pragma unroll
+    for (int w = 1; w < kRowThreads / 32; ++w) amax = fmaxf(amax, warp_amax[w]);
+    s = amax / kE4m3Max;
+  }
+  for (int64_t c = 4 * static_cast<int64_t>(threadIdx.x); c < cols; c += 4 * kRowThreads) {
+    float v[4];
+    Load4(in + c, v);
+    *reinterpret_cast<uint32_t*>(out + c) = Quantize4(v, s);
+  }
+  if (threadIdx.x == 0) scales[row] = s;
+}
+
+}  // namespace
+
+absl::Status LaunchQuantizeFp8(const QuantizeFp8Params& p, cudaStream_t stream) {
+  if (p.x == nullptr || p.codes == nullptr || p.scales == nullptr) {
+    return absl::InvalidArgumentError("quantize_fp8: null pointer");
+  }
+  if (p.rows < 0 || p.cols < 16 || p.cols % 16 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("quantize_fp8: cols must be a positive multiple of 16, got ", p.cols));
+  }
+  if (p.group != 0 && p.group != 128) {
+    return absl::InvalidArgumentError(absl::StrCat("quantize_fp8: group must be 0 or 128, got ", p.group));
+  }
+  if (p.group != 0 && p.static_scale > 0.f) {
+    return absl::InvalidArgumentError("quantize_fp8: a static scale is per row (group 0)");
+  }
+  if (reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || reinterpret_cast<uintptr_t>(p.codes) % 16 != 0) {
+    return absl::InvalidArgumentError("quantize_fp8: x and codes must be 16-byte aligned");
+  }
+  if (p.rows == 0) return absl::OkStatus();
+  const auto* x = static_cast<const __nv_bfloat16*>(p.x);
+  auto* codes = static_cast<uint8_t*>(p.codes);
+  if (p.group == 0) {
+    if (p.rows >= (int64_t{1} << 31)) return absl::InvalidArgumentError("quantize_fp8: too many rows");
+    QuantizeRowsKernel<<<static_cast<unsigned>(p.rows), kRowThreads, 0, stream>>>(x, codes, p.scales, p.cols,
+                                                                                  p.static_scale);
+    LS_CUDA_RETURN_IF_LAUNCH_ERROR(QuantizeRowsKernel);
+    return absl::OkStatus();
+  }
+  const int64_t groups = (p.cols + p.group - 1) / p.group;
+  const int64_t blocks = (p.rows * groups + kGroupWarpsPerBlock - 1) / kGroupWarpsPerBlock;
+  if (blocks >= (int64_t{1} << 31)) return absl::InvalidArgumentError("quantize_fp8: too many rows");
+  QuantizeGroupsKernel<<<static_cast<unsigned>(blocks), 32 * kGroupWarpsPerBlock, 0, stream>>>(x, codes, p.scales,
+                                                                                               p.rows, p.cols, groups);
+  LS_CUDA_RETURN_IF_LAUNCH_ERROR(QuantizeGroupsKernel);
+  return absl::OkStatus();
+}
+
+}  // namespace layerserve::kernels

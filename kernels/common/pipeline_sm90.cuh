@@ -1,0 +1,73 @@
+// The stage/phase bookkeeping of a TMA ring, in one place (STYLE habit 7): a
+// producer fills kStages shared-memory slots that consumers drain in order;
+// each slot has a "full" mbarrier (one producer arrival plus the TMA bytes)
+// and an "empty" one (one arrival per consumer warp). PipeState walks the
+// slots and flips the parity each time it wraps; the producer waits on
+// "empty" at the opposite parity, so its first pass through the ring does not
+// wait. Only nvcc sees this header.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/sm90_utils.cuh"
+
+namespace layerserve::kernels::gemm {
+
+template <int kStages>
+struct PipeState {
+  int index = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void Advance() {
+    if (++index == kStages) {
+      index = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+template <int kStages>
+class TmaPipeline {
+ public:
+  // `barriers`: 2 kStages mbarriers (8 bytes each) in shared memory, full
+  // ones first.
+  __device__ __forceinline__ explicit TmaPipeline(uint32_t barriers)
+      : full_(barriers), empty_(barriers + 8 * kStages) {}
+
+  // One thread, before any use (then a CTA-wide barrier).
+  __device__ __forceinline__ void Init(uint32_t consumer_warps) const {
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(full_ + 8 * s, 1);
+      MbarInit(empty_ + 8 * s, consumer_warps);
+    }
+    FenceBarrierInit();
+  }
+
+  // Producer: waits until the consumers released the slot, then announces
+  // `bytes` of TMA copies on its full barrier; returns that barrier.
+  __device__ __forceinline__ uint32_t ProducerAcquire(const PipeState<kStages>& s, uint32_t bytes) const {
+    MbarWait(empty_ + 8 * s.index, s.phase ^ 1);
+    return ProducerExpect(s, bytes);
+  }
+  // The same without the wait: a slot's first fill.
+  __device__ __forceinline__ uint32_t ProducerExpect(const PipeState<kStages>& s, uint32_t bytes) const {
+    MbarArriveExpectTx(full_ + 8 * s.index, bytes);
+    return full_ + 8 * s.index;
+  }
+  __device__ __forceinline__ uint32_t FullBarrier(const PipeState<kStages>& s) const { return full_ + 8 * s.index; }
+
+  // Consumer: waits until the slot's copies landed.
+  __device__ __forceinline__ void ConsumerWait(const PipeState<kStages>& s) const {
+    MbarWait(full_ + 8 * s.index, s.phase);
+  }
+  // Consumer warp: done reading the slot (lane 0 arrives for the warp).
+  __device__ __forceinline__ void ConsumerRelease(const PipeState<kStages>& s) const {
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) MbarArrive(empty_ + 8 * s.index);
+  }
+
+ private:
+  uint32_t full_;
+  uint32_t empty_;
+};
+
+}  // namespace layerserve::kernels::gemm

@@ -1,0 +1,118 @@
+// Host launcher of version 6, the FP8 GEMM. M <= 64: the decode kernel
+// (gemm_fp8_sm90.cuh) with the token tile (the wgmma N, 8..64, M padded up),
+// tensor maps over the e4m3 codes of W (128-row boxes) and A (token-tile
+// boxes, rows past m zero-filled), and tiles x splits CTAs in clusters of
+// `splits`, with programmatic dependent launch (the kernel reads W before it
+// waits for the preceding grid, as version 4 does). M > 64: the persistent
+// prefill kernel (gemm_fp8_prefill_sm90.cuh), one CTA per SM at most, 128 x
+// 128 tiles of A and W.
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/gemm/gemm_fp8_prefill_sm90.cuh"
+#include "kernels/gemm/gemm_fp8_sm90.cuh"
+#include "kernels/gemm/gemm_internal.h"
+
+namespace layerserve::kernels::gemm {
+namespace {
+
+static_assert(fp8::kMaxSplits == kMaxSplitK, "kernel and host agree on the largest split");
+
+fp8::Fp8GemmArgs MakeArgs(const DenseGemm& p, int splits) {
+  fp8::Fp8GemmArgs args{};
+  args.a_scale = p.a_scale;
+  args.w_scale = p.w_scale;
+  args.residual = static_cast<const __nv_bfloat16*>(p.residual);
+  args.c = static_cast<__nv_bfloat16*>(p.c);
+  args.m = static_cast<int>(p.m);
+  args.n = static_cast<int>(p.n);
+  args.k = static_cast<int>(p.k);
+  args.ldc = static_cast<int>(p.silu_mul ? p.n / 2 : p.n);
+  args.kblocks = static_cast<int>((p.k + fp8::kBlockK - 1) / fp8::kBlockK);
+  args.splits = splits;
+  args.silu_mul = p.silu_mul;
+  return args;
+}
+
+template <int kTokN, bool kBlockScaled>
+absl::Status Launch(const DenseGemm& p, int splits, cudaStream_t stream) {
+  using L = fp8::Layout<kTokN>;
+  const fp8::Fp8GemmArgs args = MakeArgs(p, splits);
+  absl::StatusOr<CUtensorMap> map_w = MakeFp8TensorMap(p.w, p.n, p.k, fp8::kBlockN);
+  if (!map_w.ok()) return map_w.status();
+  absl::StatusOr<CUtensorMap> map_a = MakeFp8TensorMap(p.a, p.m, p.k, kTokN);
+  if (!map_a.ok()) return map_a.status();
+  const auto kernel = fp8::Fp8GemmKernel<kTokN, kBlockScaled>;
+  LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemBytes));
+  cudaLaunchAttribute attrs[2]{};
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = static_cast<unsigned>(splits);
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  const int64_t tiles_n = (p.n + fp8::kBlockN - 1) / fp8::kBlockN;
+  const int64_t tiles_m = (p.m + kTokN - 1) / kTokN;
+  config.gridDim = dim3(static_cast<unsigned>(tiles_n * splits), static_cast<unsigned>(tiles_m));
+  config.blockDim = dim3(fp8::kThreads);
+  config.dynamicSmemBytes = L::kSmemBytes;
+  config.stream = stream;
+  config.attrs = attrs;
+  config.numAttrs = 2;
+  LS_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, *map_w, *map_a, args));
+  return absl::OkStatus();
+}
+
+template <bool kBlockScaled>
+absl::Status LaunchPrefill(const DenseGemm& p, const DeviceInfo& dev, cudaStream_t stream) {
+  namespace pf = fp8_prefill;
+  const fp8::Fp8GemmArgs args = MakeArgs(p, 1);
+  absl::StatusOr<CUtensorMap> map_a = MakeFp8TensorMap(p.a, p.m, p.k, pf::kBlockM);
+  if (!map_a.ok()) return map_a.status();
+  absl::StatusOr<CUtensorMap> map_w = MakeFp8TensorMap(p.w, p.n, p.k, pf::kBlockN);
+  if (!map_w.ok()) return map_w.status();
+  const auto kernel = pf::Fp8PrefillKernel<kBlockScaled>;
+  LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, pf::kSmemBytes));
+  const int64_t tiles = (p.m + pf::kBlockM - 1) / pf::kBlockM * ((p.n + pf::kBlockN - 1) / pf::kBlockN);
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(tiles, dev.num_sms)));
+  config.blockDim = dim3(pf::kThreads);
+  config.dynamicSmemBytes = pf::kSmemBytes;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  LS_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, *map_a, *map_w, args));
+  return absl::OkStatus();
+}
+
+template <bool kBlockScaled>
+absl::Status LaunchScaled(const DenseGemm& p, int splits, const DeviceInfo& dev, cudaStream_t stream) {
+  if (p.m > fp8::kMaxDecodeTokens) return LaunchPrefill<kBlockScaled>(p, dev, stream);
+  switch (Fp8TokenTile(p.m)) {
+    case 8:
+      return Launch<8, kBlockScaled>(p, splits, stream);
+    case 16:
+      return Launch<16, kBlockScaled>(p, splits, stream);
+    case 32:
+      return Launch<32, kBlockScaled>(p, splits, stream);
+    default:
+      return Launch<64, kBlockScaled>(p, splits, stream);
+  }
+}
+
+}  // namespace
+
+absl::Status LaunchGemmV6(const DenseGemm& p, int splits, const DeviceInfo& dev, cudaStream_t stream) {
+  if (dev.max_smem_optin < fp8_prefill::kSmemBytes) {
+    return absl::ResourceExhaustedError("gemm v6: not enough shared memory");
+  }
+  if (splits < 1 || splits > fp8::kMaxSplits) return absl::InvalidArgumentError("gemm v6: splits must be 1..8");
+  if (p.fp8 == Fp8Scaling::kBlock) return LaunchScaled<true>(p, splits, dev, stream);
+  return LaunchScaled<false>(p, splits, dev, stream);
+}
+
+}  // namespace layerserve::kernels::gemm

@@ -1,0 +1,245 @@
+// Version 6's prefill kernel (M > 64): the FP8 GEMM as a persistent,
+// warp-specialized kernel with tokens on the wgmma M side, the layout whose
+// per-token scales cost two registers a thread (the decode kernel,
+// gemm_fp8_sm90.cuh, puts W rows there and pays a scale per token column).
+//
+// Warpgroup 0 is the producer: one thread walks the CTA's tiles (t =
+// blockIdx.x, + gridDim.x, ...; grouped so that the CTAs running together
+// share bands of A and W in L2) and keeps a TmaPipeline ring of 128 x 128
+// A and W tiles full, running into the next tile while the consumers finish
+// the last. Warpgroups 1 and 2 are consumers: each owns 64 rows of the
+// 128 x 128 output tile. Per 128-wide K block, four m64n128k32 e4m3 wgmma go
+// into a fresh fp32 partial sum that is then promoted into the accumulator
+// (FP8.md), while the next K block's wgmma already run into a second one,
+// scaled there by the block's scales with block-128 scaling:
+// a_scale of the thread's two rows times w_scale of its columns' two 64-row
+// groups. With per-row scaling both scales apply at the epilogue. The
+// epilogue writes bf16 straight from registers (residual added, or the
+// gated MLP's silu(gate) * up of columns c and c + 64, the kFp8GateUpBlock
+// interleave), while the producer already streams the next tile.
+//
+// setmaxnreg moves registers from the producer (40) to the consumers (232),
+// as in version 3.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/common/pipeline_sm90.cuh"
+#include "kernels/common/sm90_utils.cuh"
+#include "kernels/common/wgmma_fp8_sm90.cuh"
+#include "kernels/gemm/gemm_fp8_sm90.cuh"
+#include "kernels/gemm/gemm_sm90_epilogue.cuh"
+
+namespace layerserve::kernels::gemm::fp8_prefill {
+
+constexpr int kBlockM = 128;
+constexpr int kBlockN = 128;
+constexpr int kBlockK = fp8::kBlockK;
+constexpr int kHalf = fp8::kHalfRows;  // one consumer's rows; a scale row of W
+constexpr int kStages = 6;
+constexpr int kThreads = 384;
+constexpr int kConsumerWarps = 8;
+constexpr int kGroupM = 8;
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;
+constexpr int kABytes = kBlockM * kBlockK;
+constexpr int kWBytes = kBlockN * kBlockK;
+constexpr int kStageBytes = kABytes + kWBytes;
+constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;
+static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
+static_assert(kBlockN == 2 * kHalf, "a tile's columns span two W scale rows (or gate and up halves)");
+
+template <bool kBlockScaled>
+__global__ void __launch_bounds__(kThreads, 1)
+    Fp8PrefillKernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w,
+                     const fp8::Fp8GemmArgs args) {
+#if LS_GEMM_DEVICE_SM90A
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t ring = (SmemAddr(smem_raw) + 1023) & ~1023u;
+  const TmaPipeline<kStages> pipe(ring + kStages * kStageBytes);
+  const int warpgroup = threadIdx.x / 128;
+  const int tiles_m = (args.m + kBlockM - 1) / kBlockM;
+  const int tiles_n = (args.n + kBlockN - 1) / kBlockN;
+  const int num_tiles = tiles_m * tiles_n;
+  const int num_kb = args.kblocks;
+
+  if (threadIdx.x == 0) {
+    PrefetchTensorMap(&map_a);
+    PrefetchTensorMap(&map_w);
+    pipe.Init(kConsumerWarps);
+  }
+  __syncthreads();
+  // A, its scales and the residual come from the preceding grids.
+  WaitForPrerequisiteGrids();
+
+  if (warpgroup == 0) {
+    SetMaxNRegDecrease<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      PipeState<kStages> state;
+      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+        const TileCoord tile = GroupedTile(t, tiles_m, tiles_n, kGroupM);
+        for (int kb = 0; kb < num_kb; ++kb, state.Advance()) {
+          const uint32_t bar = pipe.ProducerAcquire(state, kStageBytes);
+          const uint32_t dst = ring + state.index * kStageBytes;
+          TmaLoad2d(dst, &map_a, bar, kb * kBlockK, tile.m * kBlockM);
+          TmaLoad2d(dst + kABytes, &map_w, bar, kb * kBlockK, tile.n * kBlockN);
+        }
+      }
+    }
+    return;
+  }
+  SetMaxNRegIncrease<kConsumerRegs>();
+  const int consumer = warpgroup - 1;
+  const int lane = threadIdx.x % 32;
+  const int warp = (threadIdx.x / 32) % 4;
+  PipeState<kStages> state;
+  for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+    const TileCoord tile = GroupedTile(t, tiles_m, tiles_n, kGroupM);
+    // This thread's rows (h = 0, 1) and its columns 8 j + 2 (lane % 4) + e.
+    const int row0 = tile.m * kBlockM + consumer * 64 + warp * 16 + lane / 4;
+    const int n0 = tile.n * kBlockN;
+    float acc[kBlockN / 2];
+    float part0[kBlockN / 2];
+    float part1[kBlockN / 2];
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i) acc[i] = part0[i] = part1[i] = 0.f;
+    // Two partial sums in flight: K block kb + 1's wgmma run while kb's sum
+    // is promoted, so the tensor cores do not wait for the promotion.
+    // `issued` walks the ring ahead of `retired` by one K block.
+    PipeState<kStages> issued = state;
+    const auto issue = [&](float(&part)[kBlockN / 2]) {
+      pipe.ConsumerWait(issued);
+      const uint32_t stage = ring + issued.index * kStageBytes;
+      const uint64_t desc_a = SmemDescSw128(stage + consumer * (64 * kBlockK));
+      const uint64_t desc_w = SmemDescSw128(stage + kABytes);
+      FenceAccumulators(part);
+      WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockK / 32; ++kk) WgmmaE4m3M64<kBlockN>(part, desc_a + 2 * kk, desc_w + 2 * kk, kk > 0);
+      WgmmaCommit();
+      issued.Advance();
+    };
+    // Waits for K block kb's partial sum (`more`: the next one stays in
+    // flight), frees its slot and promotes it.
+    const auto retire = [&](float(&part)[kBlockN / 2], int kb, bool more) {
+      // Block scales: the two rows', and the two 64-row W groups' of the
+      // tile's columns (the last group may be past n).
+      float s[2][2];
+      if constexpr (kBlockScaled) {
+        float sa[2], sw[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = row0 + 8 * h;
+          sa[h] = row < args.m ? args.a_scale[static_cast<int64_t>(kb) * args.m + row] : 0.f;
+          const int group = n0 / kHalf + h;
+          sw[h] = group * kHalf < args.n ? args.w_scale[static_cast<int64_t>(group) * num_kb + kb] : 0.f;
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int g = 0; g < 2; ++g) s[h][g] = sa[h] * sw[g];
+      }
+      if (more) {
+        WgmmaWait<1>();
+      } else {
+        WgmmaWait<0>();
+      }
+      FenceAccumulators(part);
+      pipe.ConsumerRelease(state);
+      state.Advance();
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int i = 4 * j + 2 * h + e;
+            if constexpr (kBlockScaled) {
+              acc[i] += part[i] * s[h][j / (kBlockN / 16)];
+            } else {
+              acc[i] += part[i];
+            }
+          }
+    };
+    // num_kb >= 1 (k >= 16). Pairs while a third block follows, then the
+    // last one or two.
+    issue(part0);
+    int kb = 0;
+    for (; kb + 2 < num_kb; kb += 2) {
+      issue(part1);
+      retire(part0, kb, true);
+      issue(part0);
+      retire(part1, kb + 1, true);
+    }
+    if (kb + 1 < num_kb) {
+      issue(part1);
+      retire(part0, kb, true);
+      retire(part1, kb + 1, false);
+    } else {
+      retire(part0, kb, false);
+    }
+
+    // Epilogue, from registers: element (h, j, e) is row row0 + 8 h, column
+    // n0 + 8 j + 2 (lane % 4) + e. Every accumulator is read outside any
+    // branch that depends on the thread (only the stores are predicated):
+    // ptxas serializes all of a kernel's wgmma when accumulator registers
+    // are touched on a divergent path.
+    const int col_lane = 2 * (lane % 4);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + 8 * h;
+      const bool row_in = row < args.m;
+      const float sa = kBlockScaled ? 1.f : args.a_scale[min(row, args.m - 1)];
+      if (args.silu_mul) {
+        // n % 128 == 0: the tile is whole; columns j < 8 are gates, j + 8
+        // their ups.
+#pragma unroll
+        for (int j = 0; j < kBlockN / 16; ++j) {
+          const int c = 8 * j + col_lane;
+          float g0 = acc[4 * j + 2 * h], g1 = acc[4 * j + 2 * h + 1];
+          float u0 = acc[4 * (j + 8) + 2 * h], u1 = acc[4 * (j + 8) + 2 * h + 1];
+          if constexpr (!kBlockScaled) {
+            const float2 wg = *reinterpret_cast<const float2*>(args.w_scale + n0 + c);
+            const float2 wu = *reinterpret_cast<const float2*>(args.w_scale + n0 + kHalf + c);
+            g0 *= sa * wg.x;
+            g1 *= sa * wg.y;
+            u0 *= sa * wu.x;
+            u1 *= sa * wu.y;
+          }
+          const __nv_bfloat162 out = __floats2bfloat162_rn(SiluMulOne(g0, u0), SiluMulOne(g1, u1));
+          if (row_in) {
+            *reinterpret_cast<__nv_bfloat162*>(args.c + static_cast<int64_t>(row) * args.ldc + n0 / 2 + c) = out;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j) {
+          // n % 16 == 0: a pair is all in or all out.
+          const int col = min(n0 + 8 * j + col_lane, args.n - 2);
+          const bool in = row_in && n0 + 8 * j + col_lane < args.n;
+          float x = acc[4 * j + 2 * h], y = acc[4 * j + 2 * h + 1];
+          if constexpr (!kBlockScaled) {
+            const float2 w = *reinterpret_cast<const float2*>(args.w_scale + col);
+            x *= sa * w.x;
+            y *= sa * w.y;
+          }
+          const int64_t offset = static_cast<int64_t>(row) * args.n + col;
+          if (in) {
+            if (args.residual != nullptr) {
+              const float2 r = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(args.residual + offset));
+              x += r.x;
+              y += r.y;
+            }
+            *reinterpret_cast<__nv_bfloat162*>(args.c + offset) = __floats2bfloat162_rn(x, y);
+          }
+        }
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace layerserve::kernels::gemm::fp8_prefill
