@@ -26,7 +26,7 @@ binaries=(
   tests/gpu/layer_ops_gpu_test tests/gpu/attention_gpu_test tests/gpu/gemm_test tests/gpu/gemm_pdl_test
   tests/gpu/cuda_backend_test tests/gpu/gemm_router_test tests/gpu/gemm_tuning_test
   tests/gpu/paged_attention_gpu_test tests/gpu/cuda_sessions_test tests/gpu/cuda_graphs_test tests/gpu/moe_gpu_test
-  tests/gpu/gemm_silu_gpu_test
+  tests/gpu/gemm_silu_gpu_test tests/gpu/gemm_fp8_gpu_test tests/gpu/cuda_fp8_test
   tests/unit/metrics/metrics_cublaslt_test
   bench/attention/flash_attention_bench bench/attention/decode_attention_bench bench/gemm/gemm_bench
   bench/layer/layer_bench bench/grpc/grpc_echo

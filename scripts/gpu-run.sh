@@ -51,7 +51,7 @@ for stage in "${stages[@]}"; do
       # GPU_TESTS runs just the GPU binaries it names (e.g. "moe_gpu_test
       # gemm_test"), without the integration suite.
       for t in ${GPU_TESTS:-layer_ops_gpu_test attention_gpu_test gemm_test gemm_pdl_test gemm_tuning_test \
-               gemm_router_test gemm_silu_gpu_test moe_gpu_test cuda_backend_test paged_attention_gpu_test cuda_sessions_test \
+               gemm_router_test gemm_silu_gpu_test gemm_fp8_gpu_test moe_gpu_test cuda_backend_test cuda_fp8_test paged_attention_gpu_test cuda_sessions_test \
                cuda_graphs_test \
                metrics_cublaslt_test}; do
         [[ $t == hf_check || $t == fp8_check ]] || run_test "$t"

@@ -35,8 +35,13 @@
 // bench/layer/hf_moe.py.
 //
 //   layer_bench [--csv PATH] [--decode-csv PATH] [--iters N] [--gemm MODE]
-//               [--no-autotune] [--compare cublaslt|untuned|bm64|bm128|graph]
-//               [--model llama3|mixtral|qwen2-moe|qwen3-moe] [--mixtral]
+//               [--no-autotune] [--compare cublaslt|untuned|bm64|bm128|graph|bf16]
+//               [--model llama3|mixtral|qwen2-moe|qwen3-moe] [--mixtral] [--fp8 block|row]
+// --fp8 runs the dense layer's four projections on the FP8 GEMM (W8A8, each
+// input quantized on the way as serving does), their weights the bf16 ones
+// quantized at one static scale, with block-128 (transformers' fine-grained)
+// or per-row (per-channel) scales; --compare bf16 then times the same layer
+// with its bf16 weights beside it, run by run.
 // --gemm auto|cublaslt|custom routes the GEMMs as the server's flag does;
 // --no-autotune keeps auto's built-in table. --compare times a second
 // executor on the same weights, with every GEMM on cuBLASLt or with auto's
@@ -70,6 +75,7 @@
 #include "base/cuda/cuda_status.h"
 #include "base/status_macros.h"
 #include "bench/layer/random_fill.h"
+#include "layerserve/kernels/layer_ops.h"
 #include "server/core/backend.h"
 #include "server/cuda/gemm_tuning.h"
 #include "server/cuda/kernel_timing.h"
@@ -183,13 +189,72 @@ class CollectingSink final : public KernelTimingSink {
   std::map<std::string, std::vector<double>> times_;
 };
 
+// The FP8 form of `layer`'s four projections (shape's sizes): each bf16
+// weight quantized at one static scale (its values are uniform in
+// +-half_width), the scales in `scaling`'s layout, all in `storage`.
+absl::StatusOr<cuda::LayerDeviceWeights> Fp8Layer(const cuda::LayerDeviceWeights& layer, const cuda::LayerShape& shape,
+                                                  kernels::Fp8Scaling scaling, std::vector<DeviceBuffer>& storage,
+                                                  double* weight_bytes, cudaStream_t stream) {
+  cuda::LayerDeviceWeights out = layer;
+  struct Projection {
+    const void* bf16;
+    int64_t n, k;
+    float half_width;
+    const void** weight;
+    cuda::Fp8Linear* linear;
+  };
+  const auto uniform = [](int64_t fan_in) { return std::sqrt(3.0f / static_cast<float>(fan_in)); };
+  const Projection projections[] = {
+      {layer.w_qkv, shape.qkv_width(), shape.hidden, uniform(shape.hidden), &out.w_qkv, &out.qkv_fp8},
+      {layer.w_o, shape.hidden, shape.q_width(), uniform(shape.q_width()), &out.w_o, &out.o_fp8},
+      {layer.w_gate_up, 2 * shape.intermediate, shape.hidden, uniform(shape.hidden), &out.w_gate_up, &out.gate_up_fp8},
+      {layer.w_down, shape.hidden, shape.intermediate, uniform(shape.intermediate), &out.w_down, &out.down_fp8},
+  };
+  for (const Projection& p : projections) {
+    const float scale = p.half_width / 448.0f;
+    LS_ASSIGN_OR_RETURN(DeviceBuffer codes, DeviceBuffer::Allocate(static_cast<size_t>(p.n * p.k)));
+    LS_ASSIGN_OR_RETURN(DeviceBuffer row_scales, DeviceBuffer::Allocate(static_cast<size_t>(p.n) * sizeof(float)));
+    kernels::QuantizeFp8Params q;
+    q.x = p.bf16;
+    q.codes = codes.data();
+    q.scales = static_cast<float*>(row_scales.data());  // every row: the static scale
+    q.rows = p.n;
+    q.cols = p.k;
+    q.static_scale = scale;
+    LS_RETURN_IF_ERROR(kernels::LaunchQuantizeFp8(q, stream));
+    const int64_t kblocks = (p.k + kernels::kFp8BlockK - 1) / kernels::kFp8BlockK;
+    const std::vector<float> block_scales(
+        static_cast<size_t>((p.n + kernels::kFp8WeightScaleRows - 1) / kernels::kFp8WeightScaleRows * kblocks), scale);
+    LS_ASSIGN_OR_RETURN(DeviceBuffer blocks, DeviceBuffer::Allocate(block_scales.size() * sizeof(float)));
+    LS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(blocks.data(), block_scales.data(), block_scales.size() * sizeof(float), cudaMemcpyHostToDevice));
+    const bool block = scaling == kernels::Fp8Scaling::kBlock;
+    *p.weight = codes.data();
+    *p.linear = cuda::Fp8Linear{scaling, static_cast<const float*>(block ? blocks.data() : row_scales.data()), 0.f};
+    *weight_bytes += static_cast<double>(p.n * p.k) * 1.0 - static_cast<double>(p.n * p.k) * 2.0 +
+                     static_cast<double>(block ? block_scales.size() : static_cast<size_t>(p.n)) * sizeof(float);
+    storage.push_back(std::move(codes));
+    storage.push_back(std::move(row_scales));
+    storage.push_back(std::move(blocks));
+  }
+  LS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return out;
+}
+
 absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path, int iters,
-                 kernels::GemmMode gemm_mode, bool autotune, const std::string& compare, const LlamaConfig& config) {
+                 kernels::GemmMode gemm_mode, bool autotune, const std::string& compare, const LlamaConfig& config,
+                 kernels::Fp8Scaling fp8) {
   LS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
   cudaDeviceProp props{};
   LS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, 0));
   const bool moe = config.IsMixtureOfExperts();
-  const cuda::LayerShape shape = cuda::LayerShape::FromConfig(config, kernels::DType::kBF16);
+  if (fp8 != kernels::Fp8Scaling::kNone && moe) return absl::UnimplementedError("--fp8: dense layers only");
+  if (compare == "bf16" && fp8 == kernels::Fp8Scaling::kNone) {
+    return absl::InvalidArgumentError("--compare bf16 goes with --fp8");
+  }
+  const cuda::LayerShape bf16_shape = cuda::LayerShape::FromConfig(config, kernels::DType::kBF16);
+  cuda::LayerShape shape = bf16_shape;
+  shape.fp8 = fp8 != kernels::Fp8Scaling::kNone;
   LS_ASSIGN_OR_RETURN(cuda::CudaStream stream, cuda::CreateStream());
 
   // Weights: one allocation carved like the backend's, filled on the device.
@@ -230,7 +295,7 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
     LS_RETURN_IF_ERROR(FillUniformBf16(p.ptr, p.elements, seed++, p.center, p.half_width, stream.get()));
     weight_elements += p.elements;
   }
-  const double weight_bytes = 2.0 * static_cast<double>(weight_elements);
+  double weight_bytes = 2.0 * static_cast<double>(weight_elements);
   const cuda::LayerDeviceWeights layer{.input_norm = pieces[0].ptr,
                                        .w_qkv = pieces[1].ptr,
                                        .b_qkv = pieces[2].ptr,
@@ -244,6 +309,11 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
                                        .shared_gate = pieces[10].ptr,
                                        .q_norm = pieces[11].ptr,
                                        .k_norm = pieces[12].ptr};
+  std::vector<DeviceBuffer> fp8_storage;
+  cuda::LayerDeviceWeights served = layer;
+  if (shape.fp8) {
+    LS_ASSIGN_OR_RETURN(served, Fp8Layer(layer, shape, fp8, fp8_storage, &weight_bytes, stream.get()));
+  }
   // Per expert, the bytes of its three projections (0 for a dense layer).
   const double expert_bytes =
       moe ? 2.0 * static_cast<double>(shape.gate_up_weight_elements() + shape.down_weight_elements()) / shape.experts
@@ -255,7 +325,8 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
       cudaMemcpy(inv_freq_dev.data(), inv_freq.data(), inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
   // The server's GEMM routing: auto mode, tuned at "load" for this layer's
   // shapes (the table goes to stderr).
-  const std::vector<cuda::TunedShape> gemm_shapes = cuda::TunedShapesFor(shape);
+  // (The bf16 shapes also with --fp8, for the bf16 layer of --compare bf16.)
+  const std::vector<cuda::TunedShape> gemm_shapes = cuda::TunedShapesFor(bf16_shape);
   cuda::GemmTuningOptions tuning;
   tuning.autotune = autotune;
   LS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::GemmRouter> gemm,
@@ -266,10 +337,13 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
   const size_t x_bytes = static_cast<size_t>(kMaxTokens * shape.hidden) * 2;
   LS_ASSIGN_OR_RETURN(DeviceBuffer x0, DeviceBuffer::Allocate(x_bytes));
   LS_RETURN_IF_ERROR(FillUniformBf16(x0.data(), kMaxTokens * shape.hidden, 99, 0.0f, 1.7f, stream.get()));
-  const cuda::LayerExecutor executor(shape, {layer}, static_cast<const float*>(inv_freq_dev.data()), gemm.get());
+  const cuda::LayerExecutor executor(shape, {served}, static_cast<const float*>(inv_freq_dev.data()), gemm.get());
   std::unique_ptr<kernels::GemmRouter> gemm_b;
   std::unique_ptr<cuda::LayerExecutor> executor_b;
-  if (!compare.empty() && compare != "graph") {
+  if (compare == "bf16") {
+    executor_b = std::make_unique<cuda::LayerExecutor>(shape, std::vector<cuda::LayerDeviceWeights>{layer},
+                                                       static_cast<const float*>(inv_freq_dev.data()), gemm.get());
+  } else if (!compare.empty() && compare != "graph") {
     cuda::GemmTuningOptions untuned = tuning;
     untuned.autotune = false;
     const bool row_tile = compare == "bm64" || compare == "bm128";
@@ -284,8 +358,12 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
   LS_ASSIGN_OR_RETURN(cuda::CudaEvent start, cuda::CreateEvent(cudaEventDefault));
   LS_ASSIGN_OR_RETURN(cuda::CudaEvent stop, cuda::CreateEvent(cudaEventDefault));
 
-  std::printf("device: %s, %d SMs; %s layer, weights %.1f MB (bf16); %d timed runs per case\n", props.name,
-              props.multiProcessorCount, config.model_type.c_str(), weight_bytes / 1e6, iters);
+  std::printf("device: %s, %d SMs; %s layer, weights %.1f MB (%s); %d timed runs per case\n", props.name,
+              props.multiProcessorCount, config.model_type.c_str(), weight_bytes / 1e6,
+              fp8 == kernels::Fp8Scaling::kBlock    ? "fp8, block-128 scales"
+              : fp8 == kernels::Fp8Scaling::kPerRow ? "fp8, per-row scales"
+                                                    : "bf16",
+              iters);
   std::printf("%13s %10s %10s %10s %10s %9s %9s  %s\n", "tokens seqs", "median_ms", "min_ms", "floor_ms", "floor/med",
               "TFLOP/s", "GB/s_w", "per-op medians (us)");
   std::ofstream csv;
@@ -512,6 +590,7 @@ int main(int argc, char** argv) {
   bool autotune = true;
   std::string compare;
   std::string model = "llama3";
+  layerserve::kernels::Fp8Scaling fp8 = layerserve::kernels::Fp8Scaling::kNone;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--csv" && i + 1 < argc) {
@@ -536,18 +615,22 @@ int main(int argc, char** argv) {
     } else if (arg == "--compare" && i + 1 < argc &&
                (std::string_view(argv[i + 1]) == "cublaslt" || std::string_view(argv[i + 1]) == "untuned" ||
                 std::string_view(argv[i + 1]) == "bm64" || std::string_view(argv[i + 1]) == "bm128" ||
-                std::string_view(argv[i + 1]) == "graph")) {
+                std::string_view(argv[i + 1]) == "graph" || std::string_view(argv[i + 1]) == "bf16")) {
       compare = argv[++i];
+    } else if (arg == "--fp8" && i + 1 < argc &&
+               (std::string_view(argv[i + 1]) == "block" || std::string_view(argv[i + 1]) == "row")) {
+      fp8 = std::string_view(argv[++i]) == "block" ? layerserve::kernels::Fp8Scaling::kBlock
+                                                   : layerserve::kernels::Fp8Scaling::kPerRow;
     } else {
       std::cerr << "usage: layer_bench [--csv PATH] [--decode-csv PATH] [--iters N] [--gemm auto|cublaslt|custom] "
-                   "[--no-autotune] [--compare cublaslt|untuned|bm64|bm128|graph] "
-                   "[--model llama3|mixtral|qwen2-moe|qwen3-moe] [--mixtral]\n";
+                   "[--no-autotune] [--compare cublaslt|untuned|bm64|bm128|graph|bf16] "
+                   "[--model llama3|mixtral|qwen2-moe|qwen3-moe] [--mixtral] [--fp8 block|row]\n";
       return 2;
     }
   }
   const absl::StatusOr<layerserve::LlamaConfig> config = layerserve::bench::BenchConfig(model);
   const absl::Status status =
-      config.ok() ? layerserve::bench::Run(csv_path, decode_csv_path, iters, gemm_mode, autotune, compare, *config)
+      config.ok() ? layerserve::bench::Run(csv_path, decode_csv_path, iters, gemm_mode, autotune, compare, *config, fp8)
                   : config.status();
   if (!status.ok()) {
     std::cerr << "layer_bench: " << status << "\n";

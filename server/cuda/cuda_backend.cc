@@ -643,13 +643,6 @@ bool CudaDeviceAvailable() {
 absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& model,
                                                              const CudaBackendOptions& options) {
   LS_RETURN_IF_ERROR(ValidateOptions(model, options));
-  if (model.config.fp8) {
-    // Dequantizing to BF16 would serve other numerics than the format's
-    // (issue 34: the FP8 GEMMs come next).
-    return absl::UnimplementedError(absl::StrCat(
-        "cuda backend: FP8 checkpoints (", model.config.fp8->Describe(),
-        ") are not served on the GPU yet; --backend=cpu serves them with the format's numerics"));
-  }
   int device_count = 0;
   LS_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&device_count));
   if (options.device < 0 || options.device >= device_count) {
@@ -692,7 +685,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& mo
   const absl::StatusOr<int64_t> used = backend->DeviceMemoryUsedBytes();
   LogInfo(absl::StrCat(
       "cuda backend: device ", options.device, " (", props.name, ", sm_", props.major, props.minor,
-      ", ", props.multiProcessorCount, " SMs); ", ToAbsl(KernelDTypeName(dtype)), " weights, ",
+      ", ", props.multiProcessorCount, " SMs); ",
+      model.config.fp8 ? absl::StrCat(model.config.fp8->Describe(), " weights (the FP8 GEMM), ",
+                                      ToAbsl(KernelDTypeName(dtype)), " activations, ")
+                       : absl::StrCat(ToAbsl(KernelDTypeName(dtype)), " weights, "),
       backend->WeightBytes(), " bytes uploaded for ", model.layers.size(), " layers; ",
       options.num_streams, " streams, ", backend->ActivationBytes(),
       " activation bytes for max_batch_tokens=", options.max_batch_tokens,

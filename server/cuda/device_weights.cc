@@ -4,6 +4,7 @@
 #include "server/cuda/device_weights.h"
 
 #include <cstring>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "base/cuda/cuda_status.h"
 #include "base/status_macros.h"
 #include "layerserve/kernels/layer_ops.h"
+#include "server/cuda/fp8_weights.h"
 
 namespace layerserve::cuda {
 namespace {
@@ -80,11 +82,57 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
   const size_t e = static_cast<size_t>(kernels::DTypeBytes(dtype));
   const DType host_dtype = CoreDType(dtype);
 
+  // FP8 checkpoints: the scaling the GEMM runs their FP8 linears with.
+  std::optional<kernels::Fp8Scaling> fp8_scaling;
+  if (c.fp8) {
+    if (moe) {
+      return absl::UnimplementedError(absl::StrCat(
+          "cuda backend: FP8 mixture-of-experts checkpoints (", c.model_type,
+          ") have no grouped FP8 GEMM yet; --backend=cpu serves them with the format's numerics"));
+    }
+    if (c.attention_bias) {
+      return absl::UnimplementedError(
+          "cuda backend: the FP8 GEMM has no bias epilogue, so FP8 checkpoints with q/k/v biases "
+          "are served by --backend=cpu only");
+    }
+    LS_ASSIGN_OR_RETURN(fp8_scaling, CudaFp8Scaling(*c.fp8));
+  }
+
   DeviceWeights out;
   std::vector<unsigned char> image;
   for (size_t i = 0; i < model.layers.size(); ++i) {
     const LayerWeights& w = model.layers[i];
-    LS_RETURN_IF_ERROR(CheckLayerWeights(w, c, model.first_layer + static_cast<int64_t>(i)));
+    const int64_t layer_index = model.first_layer + static_cast<int64_t>(i);
+    LS_RETURN_IF_ERROR(CheckLayerWeights(w, c, layer_index));
+    // The FP8 linears' device images (empty for a linear the checkpoint left
+    // unquantized).
+    struct Fp8Images {
+      std::optional<Fp8LinearImage> qkv, o, gate_up, down;
+    } f8;
+    const auto fp8_image = [&](std::initializer_list<const HostTensor*> parts, bool gate_up,
+                               std::string_view what,
+                               std::optional<Fp8LinearImage>* dst) -> absl::Status {
+      if ((*parts.begin())->dtype != DType::kF8E4M3) return absl::OkStatus();
+      LS_ASSIGN_OR_RETURN(
+          *dst, MakeFp8LinearImage(parts, *fp8_scaling, gate_up,
+                                   absl::StrCat("layer ", layer_index, " ", std::string(what))));
+      return absl::OkStatus();
+    };
+    if (fp8_scaling) {
+      LS_RETURN_IF_ERROR(
+          fp8_image({&w.q_proj, &w.k_proj, &w.v_proj}, false, "q/k/v_proj", &f8.qkv));
+      LS_RETURN_IF_ERROR(fp8_image({&w.o_proj}, false, "o_proj", &f8.o));
+      LS_RETURN_IF_ERROR(fp8_image({&w.gate_proj, &w.up_proj}, true, "gate/up_proj", &f8.gate_up));
+      LS_RETURN_IF_ERROR(fp8_image({&w.down_proj}, false, "down_proj", &f8.down));
+    }
+    // A linear's weight bytes: its codes, or its elements in the activation
+    // dtype; and its scales.
+    const auto weight_bytes = [&](const std::optional<Fp8LinearImage>& f, int64_t elements) {
+      return f ? f->codes.size() : static_cast<size_t>(elements) * e;
+    };
+    const auto scale_bytes = [](const std::optional<Fp8LinearImage>& f) {
+      return f ? f->scales.size() * sizeof(float) : size_t{0};
+    };
     // The same Take sequence sizes the layer's buffer, places tensors in the
     // host image and yields the device views.
     struct Offsets {
@@ -101,17 +149,21 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
       void* shared_gate;
       void* q_norm;
       void* k_norm;
+      void* qkv_scale;
+      void* o_scale;
+      void* gate_up_scale;
+      void* down_scale;
     };
     const auto carve = [&](BumpLayout& layout) {
       Offsets o;
       o.input_norm = layout.Take(static_cast<size_t>(shape.hidden) * e);
-      o.w_qkv = layout.Take(static_cast<size_t>(shape.qkv_weight_elements()) * e);
+      o.w_qkv = layout.Take(weight_bytes(f8.qkv, shape.qkv_weight_elements()));
       o.b_qkv =
           c.attention_bias ? layout.Take(static_cast<size_t>(shape.qkv_width()) * e) : nullptr;
-      o.w_o = layout.Take(static_cast<size_t>(shape.o_weight_elements()) * e);
+      o.w_o = layout.Take(weight_bytes(f8.o, shape.o_weight_elements()));
       o.post_norm = layout.Take(static_cast<size_t>(shape.hidden) * e);
-      o.w_gate_up = layout.Take(static_cast<size_t>(shape.gate_up_weight_elements()) * e);
-      o.w_down = layout.Take(static_cast<size_t>(shape.down_weight_elements()) * e);
+      o.w_gate_up = layout.Take(weight_bytes(f8.gate_up, shape.gate_up_weight_elements()));
+      o.w_down = layout.Take(weight_bytes(f8.down, shape.down_weight_elements()));
       o.router =
           moe ? layout.Take(static_cast<size_t>(shape.router_weight_elements()) * e) : nullptr;
       const size_t shared = static_cast<size_t>(shape.shared_intermediate * shape.hidden) * e;
@@ -122,6 +174,10 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
       const size_t head = static_cast<size_t>(shape.head_dim) * e;
       o.q_norm = shape.qk_norm ? layout.Take(head) : nullptr;
       o.k_norm = shape.qk_norm ? layout.Take(head) : nullptr;
+      o.qkv_scale = f8.qkv ? layout.Take(scale_bytes(f8.qkv)) : nullptr;
+      o.o_scale = f8.o ? layout.Take(scale_bytes(f8.o)) : nullptr;
+      o.gate_up_scale = f8.gate_up ? layout.Take(scale_bytes(f8.gate_up)) : nullptr;
+      o.down_scale = f8.down ? layout.Take(scale_bytes(f8.down)) : nullptr;
       return o;
     };
     BumpLayout sizing(nullptr);
@@ -130,21 +186,34 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
     BumpLayout host_layout(image.data());
     const Offsets h = carve(host_layout);
     const auto at = [](void* p) { return static_cast<unsigned char*>(p); };
+    // An FP8 linear's codes and scales, or its weight converted.
+    const auto place = [&](const std::optional<Fp8LinearImage>& f, void* weight, void* scales,
+                           std::initializer_list<const HostTensor*> parts) {
+      if (!f) {
+        ConvertInto(parts, host_dtype, at(weight));
+        return;
+      }
+      std::memcpy(weight, f->codes.data(), f->codes.size());
+      std::memcpy(scales, f->scales.data(), f->scales.size() * sizeof(float));
+    };
     ConvertInto({&w.input_layernorm}, host_dtype, at(h.input_norm));
-    ConvertInto({&w.q_proj, &w.k_proj, &w.v_proj}, host_dtype, at(h.w_qkv));
+    place(f8.qkv, h.w_qkv, h.qkv_scale, {&w.q_proj, &w.k_proj, &w.v_proj});
     if (c.attention_bias) ConvertInto({&w.q_bias, &w.k_bias, &w.v_bias}, host_dtype, at(h.b_qkv));
-    ConvertInto({&w.o_proj}, host_dtype, at(h.w_o));
+    place(f8.o, h.w_o, h.o_scale, {&w.o_proj});
     ConvertInto({&w.post_attention_layernorm}, host_dtype, at(h.post_norm));
     if (moe) {
       ConvertInto({&w.experts_gate_up}, host_dtype, at(h.w_gate_up));
       ConvertInto({&w.experts_down}, host_dtype, at(h.w_down));
       ConvertInto({&w.router}, host_dtype, at(h.router));
     } else {
-      ConvertInto({&w.gate_proj, &w.up_proj}, host_dtype, at(h.w_gate_up));
-      ConvertInto({&w.down_proj}, host_dtype, at(h.w_down));
+      place(f8.gate_up, h.w_gate_up, h.gate_up_scale, {&w.gate_proj, &w.up_proj});
+      place(f8.down, h.w_down, h.down_scale, {&w.down_proj});
     }
-    InterleaveGateUp(at(h.w_gate_up), shape.mlps(), shape.intermediate,
-                     static_cast<size_t>(shape.hidden) * e);
+    // (An FP8 gate/up is interleaved already, by its own block.)
+    if (!f8.gate_up) {
+      InterleaveGateUp(at(h.w_gate_up), shape.mlps(), shape.intermediate,
+                       static_cast<size_t>(shape.hidden) * e);
+    }
     if (shape.shared_intermediate > 0) {
       ConvertInto({&w.shared_gate_proj, &w.shared_up_proj}, host_dtype, at(h.w_shared_gate_up));
       InterleaveGateUp(at(h.w_shared_gate_up), 1, shape.shared_intermediate,
@@ -162,15 +231,29 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
         cudaMemcpy(buffer.data(), image.data(), image.size(), cudaMemcpyHostToDevice));
     BumpLayout device_layout(buffer.data());
     const Offsets d = carve(device_layout);
-    out.views_.push_back(LayerDeviceWeights{d.input_norm, d.w_qkv, d.b_qkv, d.w_o, d.post_norm,
-                                            d.w_gate_up, d.w_down, d.router, d.w_shared_gate_up,
-                                            d.w_shared_down, d.shared_gate, d.q_norm, d.k_norm});
+    LayerDeviceWeights view{d.input_norm,    d.w_qkv,       d.b_qkv,
+                            d.w_o,           d.post_norm,   d.w_gate_up,
+                            d.w_down,        d.router,      d.w_shared_gate_up,
+                            d.w_shared_down, d.shared_gate, d.q_norm,
+                            d.k_norm};
+    const auto linear = [&](const std::optional<Fp8LinearImage>& f, void* scales) {
+      return f ? Fp8Linear{*fp8_scaling, static_cast<const float*>(scales), f->input_scale}
+               : Fp8Linear{};
+    };
+    view.qkv_fp8 = linear(f8.qkv, d.qkv_scale);
+    view.o_fp8 = linear(f8.o, d.o_scale);
+    view.gate_up_fp8 = linear(f8.gate_up, d.gate_up_scale);
+    view.down_fp8 = linear(f8.down, d.down_scale);
+    out.views_.push_back(view);
     out.bytes_ +=
-        e * static_cast<size_t>(2 * shape.hidden + shape.qkv_weight_elements() +
-                                (c.attention_bias ? shape.qkv_width() : 0) +
-                                shape.o_weight_elements() + shape.gate_up_weight_elements() +
-                                shape.down_weight_elements() + shape.router_weight_elements() +
-                                shape.shared_weight_elements() + shape.head_norm_elements());
+        e * static_cast<size_t>(2 * shape.hidden + (c.attention_bias ? shape.qkv_width() : 0) +
+                                shape.router_weight_elements() + shape.shared_weight_elements() +
+                                shape.head_norm_elements()) +
+        weight_bytes(f8.qkv, shape.qkv_weight_elements()) +
+        weight_bytes(f8.o, shape.o_weight_elements()) +
+        weight_bytes(f8.gate_up, shape.gate_up_weight_elements()) +
+        weight_bytes(f8.down, shape.down_weight_elements()) + scale_bytes(f8.qkv) +
+        scale_bytes(f8.o) + scale_bytes(f8.gate_up) + scale_bytes(f8.down);
     out.buffers_.push_back(std::move(buffer));
   }
 

@@ -5,7 +5,10 @@
 // each layer runs two GEMMs fewer; a mixture of experts keeps its experts
 // stacked as loaded ([experts, 2 intermediate, hidden] and [experts, hidden,
 // intermediate]), which is the layout the grouped GEMM reads; a shared
-// expert's gate/up is fused as the dense MLP's.
+// expert's gate/up is fused as the dense MLP's. An FP8 checkpoint's FP8
+// linears stay FP8: their codes and scales as fp8_weights.h lays them out,
+// for the FP8 GEMM (dense layers without q/k/v biases; anything else is
+// UNIMPLEMENTED, naming the format, and served by the CPU backend).
 #pragma once
 
 #include <cuda_runtime_api.h>

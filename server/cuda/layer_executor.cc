@@ -60,6 +60,7 @@ LayerShape LayerShape::FromConfig(const LlamaConfig& config, kernels::DType dtyp
   s.normalize_top_k = config.normalize_top_k;
   s.shared_intermediate = config.shared_expert_intermediate_size;
   s.qk_norm = config.qk_norm;
+  s.fp8 = config.fp8.has_value();
   return s;
 }
 
@@ -81,6 +82,11 @@ absl::StatusOr<ActivationArena> ActivationArena::Create(const LayerShape& shape,
                                     shape.shared_intermediate}));
   const size_t hidden = static_cast<size_t>(shape.hidden);
   const bool moe = shape.experts > 0;
+  // The widest input an FP8 linear quantizes (its K).
+  const size_t fp8_width =
+      shape.fp8 ? static_cast<size_t>(std::max({shape.hidden, shape.q_width(), shape.intermediate}))
+                : 0;
+  const size_t fp8_groups = (fp8_width + kernels::kFp8BlockK - 1) / kernels::kFp8BlockK;
   const size_t choices = moe ? t * static_cast<size_t>(shape.top_k) : 0;
   const size_t experts = moe ? static_cast<size_t>(shape.experts) : 0;
   // The same sequence of Takes sizes the allocation and then carves it.
@@ -99,7 +105,11 @@ absl::StatusOr<ActivationArena> ActivationArena::Create(const LayerShape& shape,
     void* expert_tokens =
         moe ? layout.Take(static_cast<size_t>(std::max(layers, 1)) * experts * sizeof(int32_t))
             : nullptr;
+    void* fp8_codes = shape.fp8 ? layout.Take(t * fp8_width) : nullptr;
+    void* fp8_scales = shape.fp8 ? layout.Take(t * fp8_groups * sizeof(float)) : nullptr;
     if (arena != nullptr) {
+      arena->fp8_codes = fp8_codes;
+      arena->fp8_scales = static_cast<float*>(fp8_scales);
       arena->x = x;
       arena->normed = normed;
       arena->qkv = arena->gate_up = big_buffer;
@@ -246,7 +256,7 @@ absl::Status LayerExecutor::ForwardLayer(int layer, const ActivationArena& arena
 
   kernels::GemmParams qkv = FromNormed(arena, s, tokens, w.w_qkv, arena.qkv, s.qkv_width());
   qkv.bias = w.b_qkv;
-  LS_RETURN_IF_ERROR(gemm_->Run(qkv, workspace, stream));
+  LS_RETURN_IF_ERROR(RunLinear(qkv, w.qkv_fp8, arena, workspace, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmQkv, stream));
 
   kernels::RopeParams rope;
@@ -294,15 +304,42 @@ absl::Status LayerExecutor::ForwardLayer(int layer, const ActivationArena& arena
   o.n = s.hidden;
   o.k = s.q_width();
   o.dtype = s.dtype;
-  LS_RETURN_IF_ERROR(gemm_->Run(o, workspace, stream));
+  LS_RETURN_IF_ERROR(RunLinear(o, w.o_fp8, arena, workspace, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmO, stream));
 
   norm.weight = w.post_norm;
   LS_RETURN_IF_ERROR(kernels::LaunchRmsNorm(norm, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpNorm, stream));
   if (s.experts > 0) return ExpertMlps(layer, arena, tokens, workspace, stream, timer);
-  return RunMlp(OntoResidual(arena, tokens, w.w_gate_up, w.w_down, s.intermediate), workspace,
-                stream, timer);
+  MlpRun mlp = OntoResidual(arena, tokens, w.w_gate_up, w.w_down, s.intermediate);
+  mlp.gate_up_fp8 = w.gate_up_fp8;
+  mlp.down_fp8 = w.down_fp8;
+  return RunMlp(mlp, arena, workspace, stream, timer);
+}
+
+absl::Status LayerExecutor::RunLinear(kernels::GemmParams p, const Fp8Linear& linear,
+                                      const ActivationArena& arena,
+                                      const kernels::GemmWorkspace& workspace,
+                                      cudaStream_t stream) const {
+  if (!linear.fp8()) return gemm_->Run(p, workspace, stream);
+  if (arena.fp8_codes == nullptr || p.lda != p.k) {
+    return absl::InternalError("layer executor: an FP8 linear without the arena's FP8 buffers");
+  }
+  const bool block = linear.scaling == kernels::Fp8Scaling::kBlock;
+  kernels::QuantizeFp8Params q;
+  q.x = p.a;
+  q.codes = arena.fp8_codes;
+  q.scales = arena.fp8_scales;
+  q.rows = p.m;
+  q.cols = p.k;
+  q.group = block ? kernels::kFp8BlockK : 0;
+  q.static_scale = block ? 0.f : linear.input_scale;
+  LS_RETURN_IF_ERROR(kernels::LaunchQuantizeFp8(q, stream));
+  p.a = arena.fp8_codes;
+  p.fp8 = linear.scaling;
+  p.a_scale = arena.fp8_scales;
+  p.w_scale = linear.w_scale;
+  return gemm_->Run(p, workspace, stream);
 }
 
 LayerExecutor::MlpRun LayerExecutor::OntoResidual(const ActivationArena& arena, int64_t tokens,
@@ -320,8 +357,9 @@ LayerExecutor::MlpRun LayerExecutor::OntoResidual(const ActivationArena& arena, 
           .accumulate = true};
 }
 
-absl::Status LayerExecutor::RunMlp(const MlpRun& run, const kernels::GemmWorkspace& workspace,
-                                   cudaStream_t stream, OpTimer* timer, std::string_view op) const {
+absl::Status LayerExecutor::RunMlp(const MlpRun& run, const ActivationArena& arena,
+                                   const kernels::GemmWorkspace& workspace, cudaStream_t stream,
+                                   OpTimer* timer, std::string_view op) const {
   const LayerShape& s = shape_;
   // gate/up and the SiLU gate in one call: the weight's rows are interleaved
   // (DeviceWeights), so our kernels apply the activation in their epilogue
@@ -343,7 +381,7 @@ absl::Status LayerExecutor::RunMlp(const MlpRun& run, const kernels::GemmWorkspa
   gate_up.group_offsets = run.group_offsets;
   gate_up.groups = run.groups;
   gate_up.max_group_rows = run.max_group_rows;
-  LS_RETURN_IF_ERROR(gemm_->Run(gate_up, workspace, stream));
+  LS_RETURN_IF_ERROR(RunLinear(gate_up, run.gate_up_fp8, arena, workspace, stream));
   if (run.sigmoid_gate != nullptr) {
     const kernels::MoeSharedGateParams gate{.x = run.input,
                                             .gate = run.sigmoid_gate,
@@ -368,7 +406,7 @@ absl::Status LayerExecutor::RunMlp(const MlpRun& run, const kernels::GemmWorkspa
   down.accumulate = run.accumulate;
   down.n = s.hidden;
   down.k = run.intermediate;
-  LS_RETURN_IF_ERROR(gemm_->Run(down, workspace, stream));
+  LS_RETURN_IF_ERROR(RunLinear(down, run.down_fp8, arena, workspace, stream));
   return MarkOp(timer, op.empty() ? kOpGemmDown : op, stream);
 }
 
@@ -426,7 +464,7 @@ absl::Status LayerExecutor::ExpertMlps(int layer, const ActivationArena& arena, 
                              .group_offsets = arena.expert_offsets,
                              .groups = s.experts,
                              .max_group_rows = tokens},
-                            workspace, stream, timer));
+                            arena, workspace, stream, timer));
 
   kernels::MoeCombineParams combine;
   combine.choices = choices;
@@ -442,7 +480,7 @@ absl::Status LayerExecutor::ExpertMlps(int layer, const ActivationArena& arena, 
   // buffers are free again, and it adds onto x as the dense MLP does.
   return RunMlp(OntoResidual(arena, tokens, w.w_shared_gate_up, w.w_shared_down,
                              s.shared_intermediate, w.shared_gate),
-                workspace, stream, timer, kOpSharedExpert);
+                arena, workspace, stream, timer, kOpSharedExpert);
 }
 
 }  // namespace layerserve::cuda

@@ -68,6 +68,9 @@ struct LayerShape {
   // Qwen2-MoE's shared expert: one more SiLU-gated MLP of this width (0: none).
   int64_t shared_intermediate = 0;
   bool qk_norm = false;  // Qwen3's RMSNorm over each q and k head
+  // Some linear runs in FP8 (LayerDeviceWeights' Fp8Linear): the arena then
+  // holds the quantized activations.
+  bool fp8 = false;
 
   static LayerShape FromConfig(const LlamaConfig& config, kernels::DType dtype);
   int64_t q_width() const { return int64_t{num_heads} * head_dim; }
@@ -93,7 +96,19 @@ struct LayerShape {
   int64_t mlp_rows_per_token() const { return experts > 0 ? top_k : 1; }
 };
 
-// Device pointers to one layer's weights, in the activation dtype (not owned).
+// How one linear's weight is stored: in the activation dtype (scaling kNone),
+// or as e4m3 codes that the FP8 GEMM multiplies with its input quantized
+// per the scaling (block-128: per token and 128 channels; per row: per
+// token, or at the static input_scale).
+struct Fp8Linear {
+  kernels::Fp8Scaling scaling = kernels::Fp8Scaling::kNone;
+  const float* w_scale = nullptr;  // device, GemmParams::w_scale's layout
+  float input_scale = 0;           // > 0: a static activation scale (per row scaling only)
+  bool fp8() const { return scaling != kernels::Fp8Scaling::kNone; }
+};
+
+// Device pointers to one layer's weights, in the activation dtype or, for a
+// linear whose Fp8Linear says so, FP8 codes (not owned).
 struct LayerDeviceWeights {
   const void* input_norm = nullptr;  // [hidden]
   const void* w_qkv = nullptr;       // [qkv_width, hidden]: q rows, then k, then v
@@ -115,6 +130,9 @@ struct LayerDeviceWeights {
   // Qwen3's per-head norms (LayerShape::qk_norm; null otherwise).
   const void* q_norm = nullptr;  // [head_dim]
   const void* k_norm = nullptr;  // [head_dim]
+  // FP8 checkpoints: how w_qkv, w_o, w_gate_up (then interleaved by
+  // kernels::kFp8GateUpBlock, not GateUpRow) and w_down are stored.
+  Fp8Linear qkv_fp8, o_fp8, gate_up_fp8, down_fp8;
 };
 
 // One stream's activations for up to max_tokens tokens, in one allocation.
@@ -157,6 +175,10 @@ class ActivationArena {
   // Each layer's tokens per expert in the last batch, [layer * experts +
   // expert] (MoeRouteParams::counts_out; Batch::expert_tokens).
   int32_t* expert_tokens = nullptr;
+  // FP8 spans only (LayerShape::fp8; null otherwise): the input of the FP8
+  // linear running now, quantized (LaunchQuantizeFp8), and its scales.
+  void* fp8_codes = nullptr;    // [tokens, widest linear input] e4m3
+  float* fp8_scales = nullptr;  // [tokens, ceil(widest input / 128)]
 
  private:
   DeviceBuffer buffer_;
@@ -239,6 +261,8 @@ class LayerExecutor {
   struct MlpRun {
     const void* w_gate_up = nullptr;
     const void* w_down = nullptr;
+    Fp8Linear gate_up_fp8;
+    Fp8Linear down_fp8;
     int64_t intermediate = 0;
     const void* sigmoid_gate = nullptr;
     const void* input = nullptr;
@@ -256,10 +280,17 @@ class LayerExecutor {
   static MlpRun OntoResidual(const ActivationArena& arena, int64_t tokens, const void* w_gate_up,
                              const void* w_down, int64_t intermediate,
                              const void* sigmoid_gate = nullptr);
+  // Runs the product `p` (dense, reading its input at p.a) through the GEMM
+  // router: as is for a weight in the activation dtype; for an FP8 one,
+  // after quantizing p.a into the arena's FP8 buffers as `linear` says.
+  absl::Status RunLinear(kernels::GemmParams p, const Fp8Linear& linear,
+                         const ActivationArena& arena, const kernels::GemmWorkspace& workspace,
+                         cudaStream_t stream) const;
   // Marks the gate/up and down GEMMs as their ops, or the whole run as
   // `op` where that is given.
-  absl::Status RunMlp(const MlpRun& run, const kernels::GemmWorkspace& workspace,
-                      cudaStream_t stream, OpTimer* timer, std::string_view op = {}) const;
+  absl::Status RunMlp(const MlpRun& run, const ActivationArena& arena,
+                      const kernels::GemmWorkspace& workspace, cudaStream_t stream, OpTimer* timer,
+                      std::string_view op = {}) const;
   // `layer`'s experts; its tokens per expert go to arena.expert_tokens.
   absl::Status ExpertMlps(int layer, const ActivationArena& arena, int64_t tokens,
                           const kernels::GemmWorkspace& workspace, cudaStream_t stream,

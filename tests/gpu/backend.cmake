@@ -6,6 +6,11 @@ if(TARGET layerserve_cuda AND TARGET layerserve_cpu)
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_backend_test.cc
     LIBS layerserve_cuda layerserve_cpu layerserve_reference
     LABELS gpu)
+  # FP8 checkpoints on the FP8 GEMM against the float64 W8A8 reference.
+  layerserve_add_gtest(cuda_fp8_test
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_fp8_test.cc
+    LIBS layerserve_cuda layerserve_cpu layerserve_reference
+    LABELS gpu)
   # Sessions: steps against stateless requests and the CPU backend's sessions.
   layerserve_add_gtest(cuda_sessions_test
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda_sessions_test.cc

@@ -1,0 +1,216 @@
+// FP8 checkpoints on the CUDA backend (the FP8 GEMM, activation
+// quantization before each FP8 linear) against the float64 W8A8 reference of
+// the same format (tests/reference), in each format the GPU serves:
+// fine-grained 128x128 blocks, compressed-tensors per-channel with dynamic
+// per-token activations, and per-tensor with static activation scales; plus
+// a model that leaves one projection in BF16 (a checkpoint's ignore list).
+//
+// What is compared is the layer's contribution y - x. The CUDA backend
+// cannot land as close to the float64 reference as the CPU backend does
+// (cpu_fp8_test.cc: ~1e-6), for a reason every bf16 server shares (vLLM and
+// transformers quantize bf16 activations too): quantization is
+// discontinuous. The bf16 rounding of each quantized input, and the bf16
+// noise upstream of it, move a few percent of the elements across an e4m3
+// midpoint, a one-code step each, which leaves the output about as far from
+// the W8A8 reference as W8A8 is from weight-only (measured on an H200:
+// 3.4-6% against distances of 3.4-6%). So the dynamic formats are held to
+// that: within 1.5x the W8A8-to-weight-only distance and 8% (a misplaced or
+// transposed scale moves the answer by tens of percent: the weights' 128x128
+// blocks differ in magnitude by up to 8x here). What tells W8A8 from
+// weight-only is the static-scale model, whose coarse scales put the two far
+// apart (~1.0): it must be 5x closer to W8A8. Skipping an activation
+// quantization is not a way this backend can fail quietly anyway: the FP8
+// GEMM reads only e4m3 codes, so an input left unquantized is garbage. The
+// kernels' numerics are checked element by element in gemm_fp8_test.cc.
+// Sequences of 1, 9 and 100 tokens cover the decode token tiles and the
+// 128-token tiles. Formats the GPU does not take are refused at load with
+// UNIMPLEMENTED, naming the format.
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/cuda/cuda_backend.h"
+#include "tests/gpu/backend_test_util.h"
+#include "tests/reference/llama_reference.h"
+#include "tests/support/fp8_model.h"
+#include "tests/support/random_model.h"
+#include "tests/support/reference_model.h"
+#include "tests/unit/cpu/backend_test_util.h"
+
+namespace layerserve {
+namespace {
+
+using test_support::FineGrainedFp8;
+using test_support::PerChannelFp8;
+using test_support::PerTensorStaticFp8;
+using test_support::QuantizeSpanFp8;
+using test_support::RandomModel;
+using test_support::ReferenceForward;
+using test_support::ReferenceModel;
+using test_support::ToReference;
+using Activations = Fp8Quantization::Activations;
+
+// A Llama-style span the FP8 GEMM takes: widths multiples of 128, GQA 2:1.
+LlamaConfig Fp8TestConfig() {
+  LlamaConfig c;
+  c.model_type = "llama";
+  c.hidden_size = 256;
+  c.intermediate_size = 768;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 64;
+  c.num_hidden_layers = 1;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 10000.0;
+  return c;
+}
+
+double RelativeError(const std::vector<double>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return std::sqrt(num / den);
+}
+
+ReferenceModel WeightOnly(ReferenceModel m) {
+  for (reference::Layer& l : m.layers) {
+    for (reference::InputQuant* q : {&l.qkv_input, &l.o_input, &l.gate_up_input, &l.down_input}) {
+      q->enabled = false;
+    }
+  }
+  return m;
+}
+
+struct Distances {
+  double w8a8 = 1;         // to the float64 W8A8 reference
+  double weight_only = 1;  // to the W8A16 reference
+  double gap = 0;          // between the two references
+};
+
+Distances Distance(const ModelSpan& model, uint64_t seed) {
+  CudaBackendOptions options;
+  options.max_batch_tokens = 256;
+  auto backend = MakeCudaBackend(model, options);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  if (!backend.ok()) return {};
+  const int64_t hidden = model.config.hidden_size;
+  const std::vector<int32_t> cu_seqlens = {0, 1, 10, 110};
+  cpu_test::Rng rng(seed);
+  const std::vector<float> x = cpu_test::RepresentableInputs(rng, static_cast<size_t>(110 * hidden));
+  const ReferenceModel reference = ToReference(model);
+  const std::vector<double> w8a8 = ReferenceForward(reference, cpu_test::ToDouble(x), cu_seqlens);
+  const std::vector<double> w8a16 = ReferenceForward(WeightOnly(reference), cpu_test::ToDouble(x), cu_seqlens);
+  cpu_test::BuiltBatch built =
+      cpu_test::BuildBatch({{1, 1, DType::kBF16}, {1, 9, DType::kF32}, {1, 100, DType::kBF16}}, x, hidden);
+  const absl::Status run = cuda_test::RunSync(**backend, built.batch);
+  EXPECT_TRUE(run.ok()) << run;
+  std::vector<double> got;
+  for (const auto& r : built.batch->requests) {
+    const std::vector<float> part = cuda_test::OutputFloats(*r);
+    got.insert(got.end(), part.begin(), part.end());
+  }
+  std::vector<double> d8(w8a8.size()), d16(w8a16.size()), dgot(got.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    d8[i] = w8a8[i] - x[i];
+    d16[i] = w8a16[i] - x[i];
+    dgot[i] = got[i] - x[i];
+  }
+  const Distances d{RelativeError(dgot, d8), RelativeError(dgot, d16), RelativeError(d8, d16)};
+  std::printf("[fp8 cuda] %s: ||y - x|| error against W8A8 %.3g, against weight-only %.3g (W8A8 to weight-only %.3g)\n",
+              model.config.fp8->Describe().c_str(), d.w8a8, d.weight_only, d.gap);
+  return d;
+}
+
+// The bounds of the top of the file.
+void ExpectW8A8(const Distances& d) {
+  EXPECT_LT(d.w8a8, 0.08);
+  EXPECT_LT(d.w8a8, 1.5 * d.gap);
+}
+void ExpectW8A8AndNotWeightOnly(const Distances& d) {
+  ExpectW8A8(d);
+  EXPECT_GT(d.weight_only, 5 * d.w8a8) << "not clearly closer to W8A8 than to weight-only";
+}
+
+// `t` (a bf16 tensor) with each element multiplied by factor(row, col).
+template <typename Factor>
+void ScaleBf16(HostTensor& t, Factor factor) {
+  const int64_t cols = t.shape.back();
+  std::vector<float> v = t.ToFloat();
+  for (size_t i = 0; i < v.size(); ++i) {
+    v[i] *= factor(static_cast<int64_t>(i) / cols, static_cast<int64_t>(i) % cols);
+  }
+  ConvertFromFloat(v.data(), v.size(), t.dtype, t.data.data());
+}
+
+// A random model whose projections' 128x128 blocks have magnitudes
+// 2^-1.5 .. 2^1.5, so that their scales differ by up to 8x.
+ModelSpan VariedBlocksModel(uint64_t seed) {
+  ModelSpan model = RandomModel(Fp8TestConfig(), 0, 1, DType::kBF16, seed);
+  cpu_test::Rng rng(seed + 7);
+  for (LayerWeights& w : model.layers) {
+    for (HostTensor* p : {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj}) {
+      const int64_t grid_cols = (p->shape.back() + 127) / 128;
+      std::vector<float> factors(static_cast<size_t>((p->shape[0] + 127) / 128 * grid_cols));
+      for (float& f : factors) f = std::exp2(static_cast<float>(rng.Uniform(-1.5, 1.5)));
+      ScaleBf16(*p, [&](int64_t r, int64_t c) { return factors[static_cast<size_t>(r / 128 * grid_cols + c / 128)]; });
+    }
+  }
+  return model;
+}
+
+Distances QuantizedModelDistance(const Fp8Quantization& fp8, uint64_t seed) {
+  ModelSpan model = VariedBlocksModel(seed);
+  QuantizeSpanFp8(model, fp8);
+  return Distance(model, seed + 1);
+}
+
+TEST(CudaFp8Test, FineGrainedBlocksMatchTheReference) {
+  SKIP_WITHOUT_GPU();
+  ExpectW8A8(QuantizedModelDistance(FineGrainedFp8(), 901));
+}
+
+TEST(CudaFp8Test, PerChannelDynamicMatchesTheReference) {
+  SKIP_WITHOUT_GPU();
+  ExpectW8A8(QuantizedModelDistance(PerChannelFp8(), 903));
+}
+
+TEST(CudaFp8Test, PerTensorStaticMatchesTheReference) {
+  SKIP_WITHOUT_GPU();
+  ExpectW8A8AndNotWeightOnly(QuantizedModelDistance(PerTensorStaticFp8(), 905));
+}
+
+TEST(CudaFp8Test, AnUnquantizedProjectionStaysBf16) {
+  SKIP_WITHOUT_GPU();
+  ModelSpan model = VariedBlocksModel(907);
+  QuantizeSpanFp8(model, FineGrainedFp8(), {&model.layers[0].o_proj});
+  ExpectW8A8(Distance(model, 908));
+}
+
+TEST(CudaFp8Test, FormatsTheGpuDoesNotTakeAreRefusedNamingThem) {
+  SKIP_WITHOUT_GPU();
+  ModelSpan weight_only = RandomModel(Fp8TestConfig(), 0, 1, DType::kBF16, 911);
+  QuantizeSpanFp8(weight_only, PerChannelFp8(Activations::kNone));
+  const auto refused = MakeCudaBackend(weight_only, CudaBackendOptions{});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented) << refused.status();
+  EXPECT_NE(std::string(refused.status().message()).find("weight-only"), std::string::npos) << refused.status();
+
+  ModelSpan blocks64 = RandomModel(Fp8TestConfig(), 0, 1, DType::kBF16, 913);
+  QuantizeSpanFp8(blocks64, FineGrainedFp8(64));
+  EXPECT_EQ(MakeCudaBackend(blocks64, CudaBackendOptions{}).status().code(), absl::StatusCode::kUnimplemented);
+
+  LlamaConfig moe = Fp8TestConfig();
+  moe.model_type = "mixtral";
+  moe.intermediate_size = 384;
+  moe.num_experts = 4;
+  moe.experts_per_token = 2;
+  ModelSpan experts = RandomModel(moe, 0, 1, DType::kBF16, 915);
+  QuantizeSpanFp8(experts, FineGrainedFp8());
+  EXPECT_EQ(MakeCudaBackend(experts, CudaBackendOptions{}).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace layerserve
