@@ -7,6 +7,9 @@
 //    that writes the codes; or no amax at all with a static scale.
 // The conversion is cvt.rn.satfinite.e4m3x2 (cuda_fp8.h), the format's own
 // rounding; x / s is an IEEE division, as the CPU reference divides.
+// Launched as a programmatic dependent (kernels/common/pdl.cuh) that lets
+// the FP8 GEMM after it launch at once: the GEMM streams its first weights
+// while this runs, and waits for the codes.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -16,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/cuda/cuda_status.h"
+#include "kernels/common/pdl.cuh"
 #include "layerserve/kernels/layer_ops.h"
 
 namespace layerserve::kernels {
@@ -49,6 +53,8 @@ __device__ __forceinline__ void Load4(const __nv_bfloat16* x, float (&v)[4]) {
 // Group of 128 columns: lane l holds columns 4l..4l+3 of the group.
 __global__ void QuantizeGroupsKernel(const __nv_bfloat16* __restrict__ x, uint8_t* __restrict__ codes,
                                      float* __restrict__ scales, int64_t rows, int64_t cols, int64_t groups) {
+  AllowDependentLaunch();
+  WaitForPrerequisiteGrids();  // x is complete, and the codes' last reader done
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kGroupWarpsPerBlock + threadIdx.x / 32;
   if (item >= rows * groups) return;
   const int64_t row = item / groups;
@@ -68,6 +74,8 @@ __global__ void QuantizeGroupsKernel(const __nv_bfloat16* __restrict__ x, uint8_
 
 __global__ void QuantizeRowsKernel(const __nv_bfloat16* __restrict__ x, uint8_t* __restrict__ codes,
                                    float* __restrict__ scales, int64_t cols, float static_scale) {
+  AllowDependentLaunch();
+  WaitForPrerequisiteGrids();  // x is complete, and the codes' last reader done
   const int64_t row = blockIdx.x;
   const __nv_bfloat16* in = x + row * cols;
   uint8_t* out = codes + row * cols;
@@ -121,17 +129,16 @@ absl::Status LaunchQuantizeFp8(const QuantizeFp8Params& p, cudaStream_t stream) 
   auto* codes = static_cast<uint8_t*>(p.codes);
   if (p.group == 0) {
     if (p.rows >= (int64_t{1} << 31)) return absl::InvalidArgumentError("quantize_fp8: too many rows");
-    QuantizeRowsKernel<<<static_cast<unsigned>(p.rows), kRowThreads, 0, stream>>>(x, codes, p.scales, p.cols,
-                                                                                  p.static_scale);
-    LS_CUDA_RETURN_IF_LAUNCH_ERROR(QuantizeRowsKernel);
+    LS_CUDA_RETURN_IF_ERROR(LaunchDependent(QuantizeRowsKernel, dim3(static_cast<unsigned>(p.rows)), dim3(kRowThreads),
+                                            0, stream, x, codes, p.scales, p.cols, p.static_scale));
     return absl::OkStatus();
   }
   const int64_t groups = (p.cols + p.group - 1) / p.group;
   const int64_t blocks = (p.rows * groups + kGroupWarpsPerBlock - 1) / kGroupWarpsPerBlock;
   if (blocks >= (int64_t{1} << 31)) return absl::InvalidArgumentError("quantize_fp8: too many rows");
-  QuantizeGroupsKernel<<<static_cast<unsigned>(blocks), 32 * kGroupWarpsPerBlock, 0, stream>>>(x, codes, p.scales,
-                                                                                               p.rows, p.cols, groups);
-  LS_CUDA_RETURN_IF_LAUNCH_ERROR(QuantizeGroupsKernel);
+  LS_CUDA_RETURN_IF_ERROR(LaunchDependent(QuantizeGroupsKernel, dim3(static_cast<unsigned>(blocks)),
+                                          dim3(32 * kGroupWarpsPerBlock), 0, stream, x, codes, p.scales, p.rows, p.cols,
+                                          groups));
   return absl::OkStatus();
 }
 

@@ -99,20 +99,36 @@ __device__ __forceinline__ void ConsumeAndStage(const TmaPipeline<Layout<kTokN>:
   // accumulator columns, tokens tok0 + 8 j + 2 (lane % 4) + e.
   const int w_group = n0 / kHalfRows + consumer;
   const bool w_group_in = w_group * kHalfRows < args.n;
-  PipeState<L::kStages> state;
-  for (int kb = kb_begin; kb < kb_end; ++kb) {
-    float sw = 1.f;
-    float sa[kTokN / 4];
+  // Block scales: up to 32 tokens, those of K block kb + 1 are loaded while
+  // kb's wgmma and promotion run (a CTA streaming a long K range has a stage
+  // every ~1 us in decode, and a scale load from L2 takes a good part of
+  // that); at 64 tokens the registers for that are not there (it spills), so
+  // each block's are loaded before its wait.
+  constexpr bool kPrefetch = kTokN <= 32;
+  float sw_next = 1.f;
+  float sa_next[kTokN / 4];
+  const auto load_scales = [&](int kb) {
     if constexpr (kBlockScaled) {
-      sw = w_group_in ? args.w_scale[static_cast<int64_t>(w_group) * args.kblocks + kb] : 0.f;
+      if (kb >= kb_end) return;
+      sw_next = w_group_in ? args.w_scale[static_cast<int64_t>(w_group) * args.kblocks + kb] : 0.f;
 #pragma unroll
       for (int j = 0; j < kTokN / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int tok = tok0 + 8 * j + 2 * (lane % 4) + e;
-          sa[2 * j + e] = tok < args.m ? args.a_scale[static_cast<int64_t>(kb) * args.m + tok] : 0.f;
+          sa_next[2 * j + e] = tok < args.m ? args.a_scale[static_cast<int64_t>(kb) * args.m + tok] : 0.f;
         }
     }
+  };
+  if constexpr (kPrefetch) load_scales(kb_begin);
+  PipeState<L::kStages> state;
+  for (int kb = kb_begin; kb < kb_end; ++kb) {
+    if constexpr (!kPrefetch) load_scales(kb);
+    const float sw = sw_next;
+    float sa[kTokN / 4];
+#pragma unroll
+    for (int i = 0; i < kTokN / 4; ++i) sa[i] = sa_next[i];
+    if constexpr (kPrefetch) load_scales(kb + 1);
     pipe.ConsumerWait(state);
     const uint32_t stage = ring + state.index * L::kStageBytes;
     const uint64_t desc_w = SmemDescSw128(stage + consumer * (kHalfRows * kBlockK));

@@ -52,6 +52,17 @@ absl::Status LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
     return absl::InvalidArgumentError("rms_norm: buffers must be 16-byte aligned");
   }
   if (!(p.eps >= 0.f)) return absl::InvalidArgumentError("rms_norm: eps must be >= 0");
+  if (p.fp8_codes != nullptr) {
+    if (p.dtype != DType::kBF16 || p.fp8_scales == nullptr || !Aligned16(p.fp8_codes)) {
+      return absl::InvalidArgumentError("rms_norm: an FP8 output takes bf16 rows, scales and 16-byte aligned codes");
+    }
+    if ((p.fp8_group != 0 && p.fp8_group != 128) || (p.fp8_group == 128 && p.cols % 128 != 0) ||
+        (p.fp8_group != 0 && p.fp8_static_scale > 0.f)) {
+      return absl::InvalidArgumentError(absl::StrCat("rms_norm: FP8 groups of 0 or 128 columns (cols ", p.cols,
+                                                     " a multiple of them; static scales per row only), got ",
+                                                     p.fp8_group));
+    }
+  }
   if (p.rows == 0) return absl::OkStatus();
   return LS_HALF_DTYPE_SWITCH(p.dtype, T, [&] {
     return p.cols <= kMaxWarpRowCols ? Launch<T, 1>(p, stream) : Launch<T, kWarpsPerBlock>(p, stream);

@@ -8,11 +8,19 @@
 // writes y. Rounding follows Hugging Face's LlamaRMSNorm in 16-bit models:
 // h is rounded to T (the residual add is a T op), h * rsqrt(mean(h^2) + eps)
 // is rounded to T, and so is weight * that.
+//
+// With an FP8 output (RmsNormParams::fp8_codes, bf16 rows) y is quantized in
+// the same kernel, as LaunchQuantizeFp8 of y would quantize it: per 128-column
+// group (the 16 lanes holding a group's 16 vectors reduce its amax by
+// shuffles), or per row (pass 2 parks y and reduces the row's amax, a third
+// pass writes the codes), or at a static scale.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include <cuda_fp8.h>
 
 #include "kernels/common/dtype.cuh"
 #include "kernels/common/pdl.cuh"
@@ -20,6 +28,26 @@
 #include "layerserve/kernels/layer_ops.h"
 
 namespace layerserve::kernels::norm {
+
+// The kVec values of `v` divided by s as e4m3 codes at `dst` (as
+// LaunchQuantizeFp8: IEEE division, cvt.rn.satfinite; s == 0: zeros).
+template <typename V>
+__device__ __forceinline__ void Fp8Store(const V& v, float s, uint8_t* dst) {
+  constexpr int kVec = sizeof(v.v) / sizeof(v.v[0]);
+  static_assert(kVec % 4 == 0, "codes are stored four at a time");
+#pragma unroll
+  for (int e = 0; e < kVec; e += 4) {
+    uint32_t word = 0;
+    if (s != 0.f) {
+      const auto pair = [&](int a) {
+        return uint32_t{static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(
+            make_float2(ToFloat(v.v[a]) / s, ToFloat(v.v[a + 1]) / s), __NV_SATFINITE, __NV_E4M3))};
+      };
+      word = pair(e) | (pair(e + 2) << 16);
+    }
+    *reinterpret_cast<uint32_t*>(dst + e) = word;
+  }
+}
 
 template <typename T, int kWarpsPerRow, int kWarpsPerBlock>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) RmsNormKernel(const RmsNormParams p) {
@@ -78,6 +106,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) RmsNormKernel(const RmsNo
   const float inv_rms = rsqrtf(sum_sq / static_cast<float>(p.cols) + p.eps);
   const V* weight = static_cast<const V*>(p.weight);
   V* y = static_cast<V*>(p.y) + row * nvec;
+  const bool fp8 = p.fp8_codes != nullptr;
+  const bool fp8_groups = fp8 && p.fp8_group > 0;
+  float amax = 0.f;  // of the row's y, for per-row FP8 scales
   for (int64_t i = t; i < nvec; i += kThreadsPerRow) {
     const V h = parked[i];
     const V w = weight[i];
@@ -87,7 +118,47 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) RmsNormKernel(const RmsNo
       out.v[e] = FromFloat<T>(ToFloat(w.v[e]) * RoundTo<T>(ToFloat(h.v[e]) * inv_rms));
     }
     y[i] = out;
+    if (!fp8) continue;
+    if (fp8_groups) {
+      // Vectors 16 g .. 16 g + 15 (one 128-column group) are in 16 lanes of
+      // this warp, all of them in this pass (cols % 128 == 0).
+      float group_amax = 0.f;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) group_amax = fmaxf(group_amax, fabsf(ToFloat(out.v[e])));
+      const unsigned half = lane < 16 ? 0x0000FFFFu : 0xFFFF0000u;
+#pragma unroll
+      for (int offset = 8; offset > 0; offset /= 2) {
+        group_amax = fmaxf(group_amax, __shfl_xor_sync(half, group_amax, offset));
+      }
+      const float s = group_amax / 448.f;
+      Fp8Store(out, s, static_cast<uint8_t*>(p.fp8_codes) + (row * nvec + i) * kVec);
+      if (i % 16 == 0) p.fp8_scales[(i / 16) * p.rows + row] = s;
+    } else {
+      parked[i] = out;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) amax = fmaxf(amax, fabsf(ToFloat(out.v[e])));
+    }
   }
+  if (!fp8 || fp8_groups) return;
+
+  // Per row: the row's amax (or the static scale), then its codes.
+  float s = p.fp8_static_scale;
+  if (!(s > 0.f)) {
+    amax = WarpReduceMax(amax);
+    if constexpr (kWarpsPerRow > 1) {
+      __syncthreads();  // every warp has read warp_sums (pass 1)
+      if (lane == 0) warp_sums[warp] = amax;
+      __syncthreads();
+      amax = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarpsPerRow; ++w) amax = fmaxf(amax, warp_sums[group * kWarpsPerRow + w]);
+    }
+    s = amax / 448.f;
+  }
+  for (int64_t i = t; i < nvec; i += kThreadsPerRow) {
+    Fp8Store(parked[i], s, static_cast<uint8_t*>(p.fp8_codes) + (row * nvec + i) * kVec);
+  }
+  if (t == 0) p.fp8_scales[row] = s;
 }
 
 }  // namespace layerserve::kernels::norm

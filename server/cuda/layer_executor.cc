@@ -251,12 +251,13 @@ absl::Status LayerExecutor::ForwardLayer(int layer, const ActivationArena& arena
   norm.cols = s.hidden;
   norm.eps = s.rms_norm_eps;
   norm.dtype = s.dtype;
+  const bool qkv_quantized = QuantizeInNorm(w.qkv_fp8, arena, &norm);
   LS_RETURN_IF_ERROR(kernels::LaunchRmsNorm(norm, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpNorm, stream));
 
   kernels::GemmParams qkv = FromNormed(arena, s, tokens, w.w_qkv, arena.qkv, s.qkv_width());
   qkv.bias = w.b_qkv;
-  LS_RETURN_IF_ERROR(RunLinear(qkv, w.qkv_fp8, arena, workspace, stream));
+  LS_RETURN_IF_ERROR(RunLinear(qkv, w.qkv_fp8, arena, workspace, stream, qkv_quantized));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmQkv, stream));
 
   kernels::RopeParams rope;
@@ -308,33 +309,52 @@ absl::Status LayerExecutor::ForwardLayer(int layer, const ActivationArena& arena
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmO, stream));
 
   norm.weight = w.post_norm;
+  norm.fp8_codes = nullptr;
+  const bool gate_up_quantized = s.experts == 0 && QuantizeInNorm(w.gate_up_fp8, arena, &norm);
   LS_RETURN_IF_ERROR(kernels::LaunchRmsNorm(norm, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpNorm, stream));
   if (s.experts > 0) return ExpertMlps(layer, arena, tokens, workspace, stream, timer);
   MlpRun mlp = OntoResidual(arena, tokens, w.w_gate_up, w.w_down, s.intermediate);
   mlp.gate_up_fp8 = w.gate_up_fp8;
   mlp.down_fp8 = w.down_fp8;
+  mlp.input_quantized = gate_up_quantized;
   return RunMlp(mlp, arena, workspace, stream, timer);
+}
+
+bool LayerExecutor::QuantizeInNorm(const Fp8Linear& linear, const ActivationArena& arena,
+                                   kernels::RmsNormParams* norm) const {
+  const bool block = linear.scaling == kernels::Fp8Scaling::kBlock;
+  if (!linear.fp8() || arena.fp8_codes == nullptr ||
+      (block && shape_.hidden % kernels::kFp8BlockK != 0)) {
+    return false;
+  }
+  norm->fp8_codes = arena.fp8_codes;
+  norm->fp8_scales = arena.fp8_scales;
+  norm->fp8_group = block ? kernels::kFp8BlockK : 0;
+  norm->fp8_static_scale = block ? 0.f : linear.input_scale;
+  return true;
 }
 
 absl::Status LayerExecutor::RunLinear(kernels::GemmParams p, const Fp8Linear& linear,
                                       const ActivationArena& arena,
-                                      const kernels::GemmWorkspace& workspace,
-                                      cudaStream_t stream) const {
+                                      const kernels::GemmWorkspace& workspace, cudaStream_t stream,
+                                      bool quantized) const {
   if (!linear.fp8()) return gemm_->Run(p, workspace, stream);
   if (arena.fp8_codes == nullptr || p.lda != p.k) {
     return absl::InternalError("layer executor: an FP8 linear without the arena's FP8 buffers");
   }
   const bool block = linear.scaling == kernels::Fp8Scaling::kBlock;
-  kernels::QuantizeFp8Params q;
-  q.x = p.a;
-  q.codes = arena.fp8_codes;
-  q.scales = arena.fp8_scales;
-  q.rows = p.m;
-  q.cols = p.k;
-  q.group = block ? kernels::kFp8BlockK : 0;
-  q.static_scale = block ? 0.f : linear.input_scale;
-  LS_RETURN_IF_ERROR(kernels::LaunchQuantizeFp8(q, stream));
+  if (!quantized) {
+    kernels::QuantizeFp8Params q;
+    q.x = p.a;
+    q.codes = arena.fp8_codes;
+    q.scales = arena.fp8_scales;
+    q.rows = p.m;
+    q.cols = p.k;
+    q.group = block ? kernels::kFp8BlockK : 0;
+    q.static_scale = block ? 0.f : linear.input_scale;
+    LS_RETURN_IF_ERROR(kernels::LaunchQuantizeFp8(q, stream));
+  }
   p.a = arena.fp8_codes;
   p.fp8 = linear.scaling;
   p.a_scale = arena.fp8_scales;
@@ -381,7 +401,8 @@ absl::Status LayerExecutor::RunMlp(const MlpRun& run, const ActivationArena& are
   gate_up.group_offsets = run.group_offsets;
   gate_up.groups = run.groups;
   gate_up.max_group_rows = run.max_group_rows;
-  LS_RETURN_IF_ERROR(RunLinear(gate_up, run.gate_up_fp8, arena, workspace, stream));
+  LS_RETURN_IF_ERROR(
+      RunLinear(gate_up, run.gate_up_fp8, arena, workspace, stream, run.input_quantized));
   if (run.sigmoid_gate != nullptr) {
     const kernels::MoeSharedGateParams gate{.x = run.input,
                                             .gate = run.sigmoid_gate,

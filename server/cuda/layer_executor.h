@@ -3,7 +3,7 @@
 // GEMM engine. The backend calls it per batch; bench/layer times it directly.
 //
 // Per layer, with x [tokens, hidden] the residual stream, updated in place:
-//   n  = RMSNorm(x)                    norm
+//   n  = RMSNorm(x)                    norm (and n quantized for an FP8 linear)
 //   qkv = n · Wqkvᵀ (+ bqkv)           gemm_qkv   (bias through the GEMM epilogue)
 //   RoPE on the q and k parts of qkv   rope
 //   a  = FlashAttention(qkv)           attention  (varlen, causal, GQA, the layer's window)
@@ -45,6 +45,7 @@
 #include "base/cuda/cuda_resources.h"
 #include "layerserve/kernels/common.h"
 #include "layerserve/kernels/gemm.h"
+#include "layerserve/kernels/layer_ops.h"
 #include "layerserve/kernels/paged_attention.h"
 #include "server/cuda/kernel_timing.h"
 #include "server/model/model.h"
@@ -274,6 +275,7 @@ class LayerExecutor {
     const int32_t* group_offsets = nullptr;
     int groups = 0;
     int64_t max_group_rows = 0;
+    bool input_quantized = false;  // RunLinear's `quantized`, for gate/up
   };
   // A dense MLP over the batch's normed rows whose output adds onto the
   // residual stream: the dense layer's, and the shared expert.
@@ -283,9 +285,16 @@ class LayerExecutor {
   // Runs the product `p` (dense, reading its input at p.a) through the GEMM
   // router: as is for a weight in the activation dtype; for an FP8 one,
   // after quantizing p.a into the arena's FP8 buffers as `linear` says.
+  // `quantized`: p.a's quantization is in the arena already (the RMSNorm
+  // before wrote it, QuantizeInNorm).
   absl::Status RunLinear(kernels::GemmParams p, const Fp8Linear& linear,
                          const ActivationArena& arena, const kernels::GemmWorkspace& workspace,
-                         cudaStream_t stream) const;
+                         cudaStream_t stream, bool quantized = false) const;
+  // Makes `norm` also write its output quantized for `linear` into the
+  // arena's FP8 buffers, where `linear` is FP8 and the norm kernel takes its
+  // scaling (block-128 needs hidden % 128 == 0); returns whether it did.
+  bool QuantizeInNorm(const Fp8Linear& linear, const ActivationArena& arena,
+                      kernels::RmsNormParams* norm) const;
   // Marks the gate/up and down GEMMs as their ops, or the whole run as
   // `op` where that is given.
   absl::Status RunMlp(const MlpRun& run, const ActivationArena& arena,

@@ -8,6 +8,7 @@
 // may land one ulp apart, so tolerances allow a couple of ulps; everything
 // that is pure rounding (the residual sum, the untouched v part, casts) must
 // match exactly.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -146,6 +147,72 @@ TEST(RmsNormInPlaceTest, HOutAliasesX) {
   std::vector<uint8_t> got(bytes);
   d_x.Download(got.data(), bytes);
   EXPECT_TRUE(AllClose(Decode(dtype, got), want_h, 0, 0, [&](size_t i) { return RowCol(i, cols); }));
+}
+
+// RMSNorm with an FP8 output (the input of an FP8 linear, quantized in the
+// same kernel): its y, codes and scales equal the plain RMSNorm followed by
+// LaunchQuantizeFp8 of that y, bit for bit, per 128-column group, per row
+// and at a static scale, a warp per row (256) and a CTA per row (4096), with
+// one all-zero row.
+TEST(RmsNormFp8Test, EqualsTheNormThenTheQuantizationBitForBit) {
+  if (!testing::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  const DType dtype = DType::kBF16;
+  struct Case {
+    int64_t cols, group;
+    float static_scale;
+  };
+  for (const Case c :
+       {Case{256, 128, 0.f}, Case{4096, 128, 0.f}, Case{256, 0, 0.f}, Case{4096, 0, 0.f}, Case{4096, 0, 0.011f}}) {
+    SCOPED_TRACE(::testing::Message() << "cols " << c.cols << " group " << c.group << " static " << c.static_scale);
+    const int64_t rows = 37, cols = c.cols;
+    const size_t n = static_cast<size_t>(rows * cols);
+    auto x = RandomValues(dtype, n, -3.0, 3.0, 31 + cols);
+    std::fill(x.begin() + 4 * cols, x.begin() + 5 * cols, 0.0);
+    const auto w = RandomValues(dtype, cols, 0.5, 1.5, 32);
+    const size_t groups = c.group > 0 ? static_cast<size_t>(cols / c.group) : 1;
+    DeviceBuffer d_x(n * 2), d_w(cols * 2), y_fused(n * 2), y_plain(n * 2), codes_fused(n), codes_plain(n),
+        scales_fused(rows * groups * 4), scales_plain(rows * groups * 4);
+    d_x.Upload(Encode(dtype, x).data(), n * 2);
+    d_w.Upload(Encode(dtype, w).data(), cols * 2);
+    for (DeviceBuffer* b : {&y_fused, &y_plain, &codes_fused, &codes_plain, &scales_fused, &scales_plain}) b->Poison();
+    RmsNormParams p;
+    p.x = d_x.get();
+    p.weight = d_w.get();
+    p.rows = rows;
+    p.cols = cols;
+    p.dtype = dtype;
+    p.y = y_plain.get();
+    ASSERT_TRUE(LaunchRmsNorm(p, nullptr).ok());
+    QuantizeFp8Params q;
+    q.x = y_plain.get();
+    q.codes = codes_plain.get();
+    q.scales = static_cast<float*>(scales_plain.get());
+    q.rows = rows;
+    q.cols = cols;
+    q.group = c.group;
+    q.static_scale = c.static_scale;
+    ASSERT_TRUE(LaunchQuantizeFp8(q, nullptr).ok());
+    p.y = y_fused.get();
+    p.fp8_codes = codes_fused.get();
+    p.fp8_scales = static_cast<float*>(scales_fused.get());
+    p.fp8_group = c.group;
+    p.fp8_static_scale = c.static_scale;
+    ASSERT_TRUE(LaunchRmsNorm(p, nullptr).ok());
+    LS_ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    const auto bytes_of = [](const DeviceBuffer& b, size_t count) {
+      std::vector<uint8_t> v(count);
+      b.Download(v.data(), count);
+      return v;
+    };
+    EXPECT_EQ(bytes_of(y_fused, n * 2), bytes_of(y_plain, n * 2));
+    const std::vector<uint8_t> got = bytes_of(codes_fused, n), want = bytes_of(codes_plain, n);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (got[i] != want[i] && bad++ == 0) first = i;
+    }
+    EXPECT_EQ(bad, 0u) << "first differing code at " << RowCol(first, cols);
+    EXPECT_EQ(bytes_of(scales_fused, rows * groups * 4), bytes_of(scales_plain, rows * groups * 4));
+  }
 }
 
 // ---------------------------------------------------------------- RoPE

@@ -28,6 +28,14 @@ struct RmsNormParams {
   int64_t cols = 0;
   float eps = 1e-6f;
   DType dtype = DType::kBF16;  // of x, residual, h_out, weight, y
+  // y quantized for an FP8 linear as well (bf16 only), exactly as
+  // LaunchQuantizeFp8 of y would (QuantizeFp8Params' fields and layout), in
+  // the same pass: fp8_group 0 (per row; fp8_static_scale > 0: that scale)
+  // or 128 (cols a multiple of 128). Null fp8_codes: no FP8 output.
+  void* fp8_codes = nullptr;
+  float* fp8_scales = nullptr;
+  int64_t fp8_group = 0;
+  float fp8_static_scale = 0.f;
 };
 absl::Status LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream);
 
