@@ -124,23 +124,31 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     // Waits for K block kb's partial sum (`more`: the next one stays in
     // flight), frees its slot and promotes it.
-    const auto retire = [&](float(&part)[kBlockN / 2], int kb, bool more) {
-      // Block scales: the two rows', and the two 64-row W groups' of the
-      // tile's columns (the last group may be past n).
-      float s[2][2];
+    // Block scales: the two rows', and the two 64-row W groups' of the
+    // tile's columns (the last group may be past n); K block kb + 1's are
+    // loaded while kb's partial sum is awaited and promoted.
+    float sa_next[2] = {0.f, 0.f}, sw_next[2] = {0.f, 0.f};
+    const auto load_scales = [&](int kb) {
       if constexpr (kBlockScaled) {
-        float sa[2], sw[2];
+        if (kb >= num_kb) return;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = row0 + 8 * h;
-          sa[h] = row < args.m ? args.a_scale[static_cast<int64_t>(kb) * args.m + row] : 0.f;
+          sa_next[h] = row < args.m ? args.a_scale[static_cast<int64_t>(kb) * args.m + row] : 0.f;
           const int group = n0 / kHalf + h;
-          sw[h] = group * kHalf < args.n ? args.w_scale[static_cast<int64_t>(group) * num_kb + kb] : 0.f;
+          sw_next[h] = group * kHalf < args.n ? args.w_scale[static_cast<int64_t>(group) * num_kb + kb] : 0.f;
         }
+      }
+    };
+    load_scales(0);
+    const auto retire = [&](float(&part)[kBlockN / 2], int kb, bool more) {
+      float s[2][2];
+      if constexpr (kBlockScaled) {
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int g = 0; g < 2; ++g) s[h][g] = sa[h] * sw[g];
+          for (int g = 0; g < 2; ++g) s[h][g] = sa_next[h] * sw_next[g];
+        load_scales(kb + 1);
       }
       if (more) {
         WgmmaWait<1>();

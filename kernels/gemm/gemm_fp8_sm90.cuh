@@ -99,36 +99,32 @@ __device__ __forceinline__ void ConsumeAndStage(const TmaPipeline<Layout<kTokN>:
   // accumulator columns, tokens tok0 + 8 j + 2 (lane % 4) + e.
   const int w_group = n0 / kHalfRows + consumer;
   const bool w_group_in = w_group * kHalfRows < args.n;
-  // Block scales: up to 32 tokens, those of K block kb + 1 are loaded while
-  // kb's wgmma and promotion run (a CTA streaming a long K range has a stage
-  // every ~1 us in decode, and a scale load from L2 takes a good part of
-  // that); at 64 tokens the registers for that are not there (it spills), so
-  // each block's are loaded before its wait.
-  constexpr bool kPrefetch = kTokN <= 32;
+  // Block scales. Thread t < kTokN of the warpgroup loads token t's scale
+  // of K block kb + 1 while kb runs (one register), and parks it in shared
+  // memory for the warpgroup (double-buffered, one named barrier per block);
+  // the promotion reads the kTokN / 4 it needs from there. The weight
+  // block's scale is one value, loaded ahead the same way.
+  __shared__ float parked_sa[2][2][kMaxDecodeTokens];  // [consumer][buffer][token]
+  const int t = threadIdx.x % 128;
+  float sa_next = 0.f;
   float sw_next = 1.f;
-  float sa_next[kTokN / 4];
   const auto load_scales = [&](int kb) {
     if constexpr (kBlockScaled) {
       if (kb >= kb_end) return;
       sw_next = w_group_in ? args.w_scale[static_cast<int64_t>(w_group) * args.kblocks + kb] : 0.f;
-#pragma unroll
-      for (int j = 0; j < kTokN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int tok = tok0 + 8 * j + 2 * (lane % 4) + e;
-          sa_next[2 * j + e] = tok < args.m ? args.a_scale[static_cast<int64_t>(kb) * args.m + tok] : 0.f;
-        }
+      if (t < kTokN) sa_next = tok0 + t < args.m ? args.a_scale[static_cast<int64_t>(kb) * args.m + tok0 + t] : 0.f;
     }
   };
-  if constexpr (kPrefetch) load_scales(kb_begin);
+  load_scales(kb_begin);
   PipeState<L::kStages> state;
-  for (int kb = kb_begin; kb < kb_end; ++kb) {
-    if constexpr (!kPrefetch) load_scales(kb);
+  int buffer = 0;
+  for (int kb = kb_begin; kb < kb_end; ++kb, buffer ^= 1) {
     const float sw = sw_next;
-    float sa[kTokN / 4];
-#pragma unroll
-    for (int i = 0; i < kTokN / 4; ++i) sa[i] = sa_next[i];
-    if constexpr (kPrefetch) load_scales(kb + 1);
+    if constexpr (kBlockScaled) {
+      if (t < kTokN) parked_sa[consumer][buffer][t] = sa_next;
+      load_scales(kb + 1);
+      NamedBarrierSync(2 + consumer, 128);
+    }
     pipe.ConsumerWait(state);
     const uint32_t stage = ring + state.index * L::kStageBytes;
     const uint64_t desc_w = SmemDescSw128(stage + consumer * (kHalfRows * kBlockK));
@@ -150,7 +146,7 @@ __device__ __forceinline__ void ConsumeAndStage(const TmaPipeline<Layout<kTokN>:
         for (int e = 0; e < 2; ++e) {
           const int i = 4 * j + 2 * h + e;
           if constexpr (kBlockScaled) {
-            acc[i] += part[i] * (sw * sa[2 * j + e]);
+            acc[i] += part[i] * (sw * parked_sa[consumer][buffer][8 * j + 2 * (lane % 4) + e]);
           } else {
             acc[i] += part[i];
           }
