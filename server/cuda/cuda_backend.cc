@@ -655,6 +655,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& mo
 
   const bool moe = model.config.IsMixtureOfExperts();
   if (moe) LS_RETURN_IF_ERROR(cuda::CheckExpertsCanRun(model.config, props));
+  LS_RETURN_IF_ERROR(cuda::CheckFp8CanRun(model.config, props));
   const kernels::DType dtype = cuda::ActivationDTypeFor(model);
   LS_ASSIGN_OR_RETURN(cuda::DeviceWeights weights, cuda::DeviceWeights::Upload(model, dtype));
   const cuda::LayerShape shape = cuda::LayerShape::FromConfig(model.config, dtype);

@@ -284,4 +284,18 @@ absl::Status CheckExpertsCanRun(const LlamaConfig& c, const cudaDeviceProp& prop
   return absl::OkStatus();
 }
 
+absl::Status CheckFp8CanRun(const LlamaConfig& c, const cudaDeviceProp& props) {
+  if (!c.fp8) return absl::OkStatus();
+  if (props.major != 9 || props.minor != 0 || !kernels::GemmBuiltWithSm90a()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "cuda backend: FP8 checkpoints (", c.fp8->Describe(),
+        ") run on the project's FP8 GEMM, which needs a compute capability 9.0 GPU (H100, H200) "
+        "and an sm_90a build; this is ",
+        props.name, " (sm_", props.major, props.minor, "), ",
+        kernels::GemmBuiltWithSm90a() ? "built with" : "built without",
+        " sm_90a. --backend=cpu serves them"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace layerserve::cuda

@@ -35,6 +35,11 @@ kernels::DType ActivationDTypeFor(const ModelSpan& model);
 // experts, or sizes not multiples of 8 are UNIMPLEMENTED, with the reason.
 absl::Status CheckExpertsCanRun(const LlamaConfig& config, const cudaDeviceProp& props);
 
+// OK when the device and this build can run an FP8 checkpoint's linears:
+// the FP8 GEMM is the project's Hopper kernel only (UNIMPLEMENTED, with the
+// reason, elsewhere; --backend=cpu serves FP8 checkpoints anywhere).
+absl::Status CheckFp8CanRun(const LlamaConfig& config, const cudaDeviceProp& props);
+
 class DeviceWeights {
  public:
   // Validates every tensor's size against the config (INVALID_ARGUMENT naming
