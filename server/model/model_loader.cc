@@ -6,13 +6,8 @@
 // safetensors files, so a server holding 4 of 80 layers reads 4 layers' worth.
 // Every shape is checked against config.json before the copy; each error is one
 // line naming the file and the tensor.
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -23,6 +18,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/regular_file.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "server/model/model.h"
@@ -35,37 +31,18 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-// config.json or the shard index. Opened without blocking and refused unless
-// a regular file: reading a FIFO would wait for a writer forever, and a
-// signal would not end start-up.
+// config.json or the shard index, through base's ReadRegularFile (opened
+// without blocking and refused unless a regular file: reading a FIFO would
+// wait for a writer forever, and a signal would not end start-up); errors
+// name the file and the reason.
 absl::StatusOr<std::string> ReadTextFile(const std::filesystem::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == ENOENT) return absl::NotFoundError(absl::StrCat(path.string(), ": cannot open"));
-    return absl::InvalidArgumentError(
-        absl::StrCat(path.string(), ": cannot open: ", std::strerror(err)));
+  // config.json is a few KB; a shard index of the largest models a few MB.
+  constexpr size_t kMaxJsonBytes = size_t{64} << 20;
+  absl::StatusOr<std::string> text = ReadRegularFile(path.string(), kMaxJsonBytes);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat(path.string(), ": ", text.status().message()));
   }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(
-        absl::StrCat(path.string(), ": not a regular file (a directory, FIFO, socket or device)"));
-  }
-  std::string text;
-  char buffer[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const std::string reason = std::strerror(errno);
-      ::close(fd);
-      return absl::InvalidArgumentError(absl::StrCat(path.string(), ": read failed: ", reason));
-    }
-    if (n == 0) break;
-    text.append(buffer, static_cast<size_t>(n));
-  }
-  ::close(fd);
   return text;
 }
 

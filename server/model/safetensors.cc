@@ -108,8 +108,9 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::filesystem::pat
   if (fd < 0) {
     const int err = errno;
     const std::string reason = std::strerror(err);
-    if (err == ENOENT) return absl::NotFoundError(absl::StrCat(name, ": ", reason));
-    return absl::InvalidArgumentError(absl::StrCat(name, ": cannot open: ", reason));
+    // The words of base's ReadRegularFile, which reads the checkpoint's JSON.
+    if (err == ENOENT) return absl::NotFoundError(absl::StrCat(name, ": cannot be read: ", reason));
+    return absl::InvalidArgumentError(absl::StrCat(name, ": cannot be read: ", reason));
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -120,7 +121,7 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::filesystem::pat
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
     return absl::InvalidArgumentError(
-        absl::StrCat(name, ": not a regular file (a directory, FIFO, socket or device)"));
+        absl::StrCat(name, ": is not a regular file (a directory, FIFO, socket or device)"));
   }
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   if (file_size < 8) {
