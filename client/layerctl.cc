@@ -179,7 +179,7 @@ int Bench(const LayerctlArgs& args) {
 
 int Main(int argc, char** argv) {
   const ParsedCommandLine parsed =
-      ParseLayerctlCommandLine(std::vector<std::string>(argv, argv + argc));
+      ParseLayerctlCommandLine(std::vector<std::string>(argv, argv + argc), LAYERSERVE_VERSION);
   std::fputs(parsed.out.c_str(), stdout);
   std::fputs(parsed.err.c_str(), stderr);
   if (!parsed.args) return parsed.exit_status;

@@ -59,11 +59,14 @@ SequenceId ParseSequenceIdFlag(const std::string& value) {
   return value;
 }
 
-ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv) {
+ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv,
+                                           std::string_view version) {
   LayerctlArgs args;
   CLI::App app("Command-line client of layerserve (Open Inference Protocol over gRPC).",
                "layerctl");
   SetOptionDefaults(app);  // before the subcommands, which copy the defaults
+  const std::string version_line = "layerctl " + std::string(version);
+  app.set_version_flag("--version", version_line, "Prints layerctl's version.");
   app.require_subcommand(1);
   app.footer("Exit status: 0 success, 1 failure, 2 usage error.");
 
@@ -230,6 +233,7 @@ ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv)
   }
 
   CLI::App* help = app.add_subcommand("help", "Prints this text.")->allow_extras();
+  CLI::App* version_command = app.add_subcommand("version", "Prints layerctl's version.");
 
   ParsedCommandLine parsed;
   const std::string full_help = app.help("", CLI::AppFormatMode::All);
@@ -251,6 +255,9 @@ ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv)
   std::vector<std::string> reversed(argv.rbegin(), argv.rend() - 1);
   try {
     app.parse(reversed);
+  } catch (const CLI::CallForVersion&) {
+    parsed.out = version_line + "\n";
+    return parsed;
   } catch (const CLI::ParseError& e) {
     const std::vector<CLI::App*> commands = app.get_subcommands();
     const std::string command = commands.empty() ? "" : " " + commands.front()->get_name();
@@ -267,6 +274,10 @@ ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv)
 
   if (help->parsed()) {
     parsed.out = full_help;
+    return parsed;
+  }
+  if (version_command->parsed()) {
+    parsed.out = version_line + "\n";
     return parsed;
   }
   if (health->parsed()) {

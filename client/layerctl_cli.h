@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -83,7 +84,9 @@ SequenceId ParseSequenceIdFlag(const std::string& value);
 absl::StatusOr<ConnectOptions> ConnectOptionsFromArgs(const LayerctlArgs& args);
 
 // Parses `argv` (argv[0] is the program's name, as main() gets it).
-ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv);
+// `layerctl --version` and `layerctl version` print "layerctl <version>".
+ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv,
+                                           std::string_view version);
 
 // The exit status for a command's failure: kExitUsage for an error about
 // layerctl's own command line (INVALID_ARGUMENT naming a --flag: every option

@@ -352,7 +352,8 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
 
   Log(absl::StrCat("version ", kVersion, "; loading ",
                    model_dir.empty() ? std::string("the built-in demo model") : model_dir,
-                   " layers ", flags.layers));
+                   flags.layers.empty() || flags.layers == ":" ? std::string(", all layers")
+                                                               : " layers " + flags.layers));
   absl::StatusOr<ModelSpan> span;
   absl::Notification span_loaded;
   std::thread span_loader([&] {

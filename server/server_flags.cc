@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
+#include "server/model/model.h"
 
 namespace layerserve {
 namespace {
@@ -318,6 +319,12 @@ absl::Status CheckFlags(const ServerFlags& flags) {
   }
   if (flags.drain_timeout_s < 0) {
     return absl::InvalidArgumentError("--drain-timeout-s must be >= 0");
+  }
+  // The range's syntax before any port is bound or the load is logged; that
+  // it lies inside the model is known only once config.json is read.
+  if (const absl::StatusOr<LayerRange> range = ParseLayerRange(flags.layers); !range.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--layers=", flags.layers, ": ", range.status().message()));
   }
   if (flags.kv_block_tokens < 1 || flags.kv_block_tokens > 65536) {
     return absl::InvalidArgumentError("--kv-block-tokens must be in [1, 65536]");

@@ -118,6 +118,8 @@ TEST(LayerserveCommandLineTest, BadValuesFailWithOneLine) {
       {{"--gemm-autotune=maybe"}, "--gemm-autotune"},
       {{"--log-format=xml"}, "--log-format=xml is not one of text, json"},
       {{"--log-format", "json", "--streams=0"}, "--streams must be >= 1"},
+      // Refused before any port is bound or the load is logged (issue 37).
+      {{"--layers=0-2"}, "--layers=0-2: layer range '0-2'"},
   };
   for (const auto& c : cases) {
     const ProcessResult result = RunLayerserve(c.flags);
@@ -184,6 +186,11 @@ TEST(LayerctlBinaryTest, HelpAndUsageErrorsExitAsDocumented) {
   EXPECT_EQ(bench_help.exit_code, 0) << bench_help.err;
   EXPECT_TRUE(absl::StrContains(bench_help.out, "--connections")) << bench_help.out;
 
+  for (const char* version : {"--version", "version"}) {
+    const ProcessResult printed = RunLayerctl({version});
+    EXPECT_EQ(printed.exit_code, 0) << version << ": " << printed.err;
+    EXPECT_EQ(printed.out, "layerctl " LAYERSERVE_VERSION "\n") << version;
+  }
   EXPECT_EQ(RunLayerctl({}).exit_code, 2);
   EXPECT_EQ(RunLayerctl({"frobnicate"}).exit_code, 2);
   const ProcessResult unknown = RunLayerctl({"health", "--no-such-flag"});

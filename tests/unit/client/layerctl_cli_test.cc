@@ -16,7 +16,7 @@ namespace {
 
 ParsedCommandLine Parse(std::vector<std::string> args) {
   args.insert(args.begin(), "layerctl");
-  return ParseLayerctlCommandLine(args);
+  return ParseLayerctlCommandLine(args, "9.8.7");
 }
 
 // The arguments of a command line that must parse.
@@ -36,6 +36,20 @@ void ExpectUsageError(const std::vector<std::string>& args, const std::string& m
   EXPECT_EQ(parsed.exit_status, kExitUsage) << line;
   EXPECT_TRUE(absl::StrContains(parsed.err, mention)) << line << ": " << parsed.err;
   EXPECT_EQ(parsed.out, "") << line;
+}
+
+// `--version` and `version` print the version, exit 0 and run no command
+// (issue 37: the first said "A subcommand is required", the second printed
+// the whole help).
+TEST(LayerctlCommandLineTest, VersionFlagAndCommandPrintTheVersion) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--version"}, {"version"}}) {
+    const ParsedCommandLine parsed = Parse(args);
+    EXPECT_EQ(parsed.out, "layerctl 9.8.7\n") << args[0];
+    EXPECT_EQ(parsed.err, "") << args[0];
+    EXPECT_EQ(parsed.exit_status, kExitOk) << args[0];
+    EXPECT_FALSE(parsed.args.has_value()) << args[0];
+  }
 }
 
 TEST(LayerctlCommandLineTest, HealthAndMetadataDefaults) {
