@@ -143,9 +143,16 @@ absl::StatusOr<Tensor> FloatsToTensor(std::span<const float> values, std::vector
         absl::StrCat("datatype ", std::string(datatype), " is not one of FP32, FP16, BF16"));
   }
   const bool is_half = datatype == "FP16";
+  // Exponent bits all set: infinity or NaN.
+  const uint16_t exponent = is_half ? 0x7C00 : 0x7F80;
   tensor.data.resize(values.size() * 2);
   for (size_t i = 0; i < values.size(); ++i) {
     const uint16_t bits = is_half ? FloatToHalfBits(values[i]) : FloatToBf16Bits(values[i]);
+    if ((bits & exponent) == exponent && std::isfinite(values[i])) {
+      return absl::InvalidArgumentError(absl::StrCat("element ", i, " (", values[i],
+                                                     ") is outside ", std::string(datatype),
+                                                     "'s range", is_half ? " (+-65504)" : ""));
+    }
     std::memcpy(tensor.data.data() + 2 * i, &bits, 2);
   }
   return tensor;

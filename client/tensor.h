@@ -47,7 +47,10 @@ uint16_t FloatToBf16Bits(float value);
 absl::StatusOr<std::vector<float>> TensorToFloats(const Tensor& tensor);
 
 // Encodes floats as an FP32, FP16 or BF16 tensor of `shape` (whose element
-// count must equal values.size()).
+// count must equal values.size()), rounding to nearest even. INVALID_ARGUMENT,
+// naming the first such element, for a finite value the datatype cannot hold
+// (beyond FP16's +-65504: it would become infinity); infinities and NaN stay
+// what they are.
 absl::StatusOr<Tensor> FloatsToTensor(std::span<const float> values, std::vector<int64_t> shape,
                                       std::string_view datatype);
 

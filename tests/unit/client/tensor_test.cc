@@ -10,6 +10,9 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <vector>
+
+#include "absl/strings/match.h"
 
 namespace layerserve::client {
 namespace {
@@ -119,6 +122,27 @@ TEST(TensorTest, FloatsRoundTripThroughEachDatatype) {
     ASSERT_TRUE(back.ok()) << back.status();
     EXPECT_EQ(*back, values) << datatype;  // all exactly representable
   }
+}
+
+// A finite value the datatype cannot hold is refused, naming it, rather than
+// sent as infinity (issue 37: layerctl turned 70000 into inf for FP16);
+// 65504 and 65519 (which rounds to it) pass, and infinities stay infinities.
+TEST(TensorTest, FiniteValuesOutsideTheRangeAreRefused) {
+  const absl::StatusOr<Tensor> over =
+      FloatsToTensor(std::vector<float>{1.0f, 70000.0f}, {2}, "FP16");
+  ASSERT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(over.status().message(), "element 1 (70000)")) << over.status();
+  EXPECT_EQ(FloatsToTensor(std::vector<float>{-65520.0f}, {1}, "FP16").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FloatsToTensor(std::vector<float>{3.4e38f}, {1}, "BF16").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::vector<float> edges = {65504.0f, -65519.0f, std::numeric_limits<float>::infinity()};
+  const absl::StatusOr<Tensor> held = FloatsToTensor(edges, {3}, "FP16");
+  ASSERT_TRUE(held.ok()) << held.status();
+  const absl::StatusOr<std::vector<float>> back = TensorToFloats(*held);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back,
+            (std::vector<float>{65504.0f, -65504.0f, std::numeric_limits<float>::infinity()}));
 }
 
 TEST(TensorTest, SizeAndTypeErrors) {
