@@ -160,7 +160,7 @@ int DefaultMaxMessageBytes(const ServedModel& model) {
   constexpr int64_t kHeadroomBytes = int64_t{1} << 20;
   int64_t bytes = 0;
   if (__builtin_mul_overflow(model.max_batch_tokens, model.config.hidden_size, &bytes) ||
-      __builtin_mul_overflow(bytes, int64_t{4}, &bytes) ||
+      __builtin_mul_overflow(bytes, int64_t{2 * 4}, &bytes) ||
       __builtin_add_overflow(bytes, kHeadroomBytes, &bytes)) {
     return INT_MAX;
   }

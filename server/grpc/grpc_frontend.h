@@ -76,9 +76,13 @@ inline constexpr std::chrono::seconds kHandshakeTimeout(10);
 inline constexpr std::chrono::seconds kKeepaliveTime(60);
 inline constexpr std::chrono::seconds kKeepaliveTimeout(20);
 
-// Room for the largest legal request (and its reply, which has the same
-// size): max_batch_tokens * hidden * 4 bytes (FP32, the widest accepted
-// datatype) plus 1 MiB for the envelope, capped at INT32_MAX (gRPC's limit).
+// Room for twice the largest legal request (and its reply, which has the
+// same size): 2 * max_batch_tokens * hidden * 4 bytes (FP32, the widest
+// accepted datatype) plus 1 MiB for the envelope, capped at INT32_MAX
+// (gRPC's limit). Twice, so that a request somewhat over the token limit
+// reaches the server's validation and gets its "tokens" error in every
+// datatype, rather than gRPC's "Received message larger than max" for FP32
+// only (issue 37); gRPC allocates what is sent, not the limit.
 // gRPC's own default of 4 MiB would reject a 2048-token BF16 request at hidden
 // 1024; clients that keep that default must stay under it on their side too.
 int DefaultMaxMessageBytes(const ServedModel& model);

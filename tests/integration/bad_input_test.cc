@@ -177,6 +177,13 @@ TEST_F(BadInputTest, TooManyTokens) {
   ModelInferRequest request = WithShape({2, kMaxBatchTokens / 2 + 1, kHidden});
   request.set_raw_input_contents(0, std::string((kMaxBatchTokens + 2) * kHidden * 4, '\0'));
   ExpectRejected(request, kInvalid, {"tokens", std::to_string(kMaxBatchTokens)});
+  // Further over the limit, in FP32, past the 1 MiB envelope headroom: still
+  // the server's own message, as a BF16 request of that many tokens gets
+  // (issue 37: gRPC's "Received message larger than max" answered FP32 only).
+  constexpr int64_t kTokens = kMaxBatchTokens + (int64_t{1} << 20) / (kHidden * 4) + 32;
+  ModelInferRequest far = WithShape({1, kTokens, kHidden});
+  far.set_raw_input_contents(0, std::string(kTokens * kHidden * 4, '\0'));
+  ExpectRejected(far, kInvalid, {"tokens", std::to_string(kMaxBatchTokens)});
 }
 
 TEST_F(BadInputTest, RawContentsOfWrongLength) {
