@@ -154,12 +154,13 @@ std::string DefaultModelName(const std::string& model_dir) {
   return name.empty() ? "model" : name;
 }
 
-absl::StatusOr<ModelSpan> LoadModel(const std::string& model_dir, const std::string& layer_range,
-                                    const std::string& name) {
+// The model's config and the layer range against it, before a port is bound
+// or a line logged: a wrong directory or range is start-up's only line. The
+// demo cannot fail to build and clamps its range, so its range is checked here.
+absl::Status CheckModel(const std::string& model_dir, const std::string& layer_range) {
   absl::StatusOr<LayerRange> range = ParseLayerRange(layer_range);
   if (!range.ok()) return range.status();
-  if (!model_dir.empty()) return LoadModelSpan(model_dir, *range, name);
-  // The demo cannot fail to build and clamps its range, so check it here.
+  if (!model_dir.empty()) return ReadModelConfig(model_dir, *range).status();
   const int64_t layers = DemoConfig().num_hidden_layers;
   const int64_t begin = range->begin.value_or(0);
   const int64_t end = range->end.value_or(layers);
@@ -168,6 +169,15 @@ absl::StatusOr<ModelSpan> LoadModel(const std::string& model_dir, const std::str
                                                    ") is empty or outside the ", layers,
                                                    " layers of the demo model"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelSpan> LoadModel(const std::string& model_dir, const std::string& layer_range,
+                                    const std::string& name) {
+  LS_RETURN_IF_ERROR(CheckModel(model_dir, layer_range));
+  absl::StatusOr<LayerRange> range = ParseLayerRange(layer_range);
+  if (!range.ok()) return range.status();
+  if (!model_dir.empty()) return LoadModelSpan(model_dir, *range, name);
   return MakeDemoModel(*range, name);
 }
 
@@ -331,6 +341,7 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   const std::string model_dir = flags.model_dir;
   std::string model_name = flags.model_name;
   if (model_name.empty()) model_name = DefaultModelName(model_dir);
+  if (absl::Status s = CheckModel(model_dir, flags.layers); !s.ok()) return Fail(s);
 
   // The ports first: one in use is found before a load of minutes. The
   // metrics server can serve at once (its gauges read zero until requests

@@ -234,6 +234,12 @@ struct LayerRange {
 };
 absl::StatusOr<LayerRange> ParseLayerRange(std::string_view text);
 
+// dir/config.json, parsed, with `range` checked against its layer count
+// (INVALID_ARGUMENT naming the file); what LoadModelSpan reads first, and
+// what the server checks before it binds a port or loads a weight.
+absl::StatusOr<LlamaConfig> ReadModelConfig(const std::filesystem::path& dir,
+                                            const LayerRange& range);
+
 // Loads config.json and the layers in `range` from `dir` (model.safetensors,
 // or shards listed in model.safetensors.index.json). Tensor names are
 // "model.layers.{i}.<module>.weight". A mixtral layer's experts are read in

@@ -626,12 +626,11 @@ absl::Status CheckLayerWeights(const LayerWeights& w, const LlamaConfig& c, int6
   return absl::OkStatus();
 }
 
-absl::StatusOr<ModelSpan> LoadModelSpan(const std::filesystem::path& dir, const LayerRange& range,
-                                        std::string model_name) {
+absl::StatusOr<LlamaConfig> ReadModelConfig(const std::filesystem::path& dir,
+                                            const LayerRange& range) {
   const std::filesystem::path config_path = dir / "config.json";
   LS_ASSIGN_OR_RETURN(const std::string config_text, ReadTextFile(config_path));
   LS_ASSIGN_OR_RETURN(LlamaConfig config, ParseLlamaConfig(config_text, config_path.string()));
-
   const int64_t begin = range.begin.value_or(0);
   const int64_t end = range.end.value_or(config.num_hidden_layers);
   if (begin < 0 || end > config.num_hidden_layers || begin >= end) {
@@ -639,6 +638,14 @@ absl::StatusOr<ModelSpan> LoadModelSpan(const std::filesystem::path& dir, const 
         absl::StrCat("layer range [", begin, ", ", end, ") is empty or outside the ",
                      config.num_hidden_layers, " layers of ", config_path.string()));
   }
+  return config;
+}
+
+absl::StatusOr<ModelSpan> LoadModelSpan(const std::filesystem::path& dir, const LayerRange& range,
+                                        std::string model_name) {
+  LS_ASSIGN_OR_RETURN(LlamaConfig config, ReadModelConfig(dir, range));
+  const int64_t begin = range.begin.value_or(0);
+  const int64_t end = range.end.value_or(config.num_hidden_layers);
 
   LS_ASSIGN_OR_RETURN(CheckpointFiles files, CheckpointFiles::Open(dir));
   files.fp8 = config.fp8;

@@ -120,6 +120,11 @@ TEST(LayerserveCommandLineTest, BadValuesFailWithOneLine) {
       {{"--log-format", "json", "--streams=0"}, "--streams must be >= 1"},
       // Refused before any port is bound or the load is logged (issue 37).
       {{"--layers=0-2"}, "--layers=0-2: layer range '0-2'"},
+      // The model's config and range are checked first too: start-up's only
+      // line, not the third after the bind warning and the security summary.
+      {{"--layers=3:9"}, "layer range [3, 9) is empty or outside the 4 layers of the demo model"},
+      {{"--model-dir=/nonexistent-layerserve-model"},
+       "/nonexistent-layerserve-model/config.json: cannot be read: No such file or directory"},
   };
   for (const auto& c : cases) {
     const ProcessResult result = RunLayerserve(c.flags);
