@@ -212,6 +212,16 @@ absl::StatusOr<inference::ServerMetadataResponse> Client::ServerMetadata(absl::T
   return response;
 }
 
+absl::StatusOr<inference::RepositoryIndexResponse> Client::RepositoryIndex(absl::Time deadline) {
+  grpc::ClientContext context;
+  PrepareContext(context, deadline);
+  inference::RepositoryIndexRequest request;
+  inference::RepositoryIndexResponse response;
+  absl::Status status = FromGrpcStatus(inference_->RepositoryIndex(&context, request, &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
 absl::StatusOr<inference::ModelMetadataResponse> Client::ModelMetadata(std::string_view model,
                                                                        absl::Time deadline) {
   grpc::ClientContext context;

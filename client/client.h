@@ -147,6 +147,9 @@ class Client {
   absl::StatusOr<inference::ServerMetadataResponse> ServerMetadata(absl::Time deadline);
   absl::StatusOr<inference::ModelMetadataResponse> ModelMetadata(std::string_view model,
                                                                  absl::Time deadline);
+  // The models the server serves (Triton's RepositoryIndex; layerserve
+  // serves one), with their state.
+  absl::StatusOr<inference::RepositoryIndexResponse> RepositoryIndex(absl::Time deadline);
 
   // Runs `input` (sent as the tensor "hidden_states" in raw_input_contents)
   // through `model` and returns the output "hidden_states". A reply without

@@ -79,11 +79,20 @@ int Metadata(const LayerctlArgs& args) {
   if (!server.ok()) return Fail(server.status());
   std::printf("server:     %s %s\nextensions: %s\n", server->name().c_str(),
               server->version().c_str(), absl::StrJoin(server->extensions(), ", ").c_str());
+  // Without --model: the model the server serves (its repository index).
+  std::string model_name = args.model.value_or("");
   if (!args.model) {
-    std::printf("(pass --model NAME for the model's metadata)\n");
-    return kExitOk;
+    auto index = (*client)->RepositoryIndex(deadline);
+    if (!index.ok()) return Fail(index.status());
+    for (const auto& entry : index->models()) {
+      std::printf("serves:     %s (version %s, %s%s%s)\n", entry.name().c_str(),
+                  entry.version().c_str(), entry.state().c_str(),
+                  entry.reason().empty() ? "" : ": ", entry.reason().c_str());
+    }
+    if (index->models_size() != 1) return kExitOk;
+    model_name = index->models(0).name();
   }
-  auto model = (*client)->ModelMetadata(*args.model, deadline);
+  auto model = (*client)->ModelMetadata(model_name, deadline);
   if (!model.ok()) return Fail(model.status());
   std::printf("model:      %s (versions: %s, platform: %s)\n", model->name().c_str(),
               absl::StrJoin(model->versions(), ", ").c_str(), model->platform().c_str());

@@ -109,12 +109,12 @@ ParsedCommandLine ParseLayerctlCommandLine(const std::vector<std::string>& argv,
   add_number(health, "--timeout-s", health_timeout_s, "deadline of the call, seconds");
 
   CLI::App* metadata = app.add_subcommand(
-      "metadata", "Prints server metadata, and the model's when --model is given.");
+      "metadata", "Prints server metadata and a model's (--model; default: the one served).");
   double metadata_timeout_s = 10;
   std::string metadata_model;
   add_url(metadata);
-  CLI::Option* metadata_model_flag =
-      metadata->add_option("--model", metadata_model, "model whose metadata to print too");
+  CLI::Option* metadata_model_flag = metadata->add_option(
+      "--model", metadata_model, "model whose metadata to print (default: the one served)");
   add_number(metadata, "--timeout-s", metadata_timeout_s, "deadline of the calls, seconds");
 
   CLI::App* infer = app.add_subcommand(

@@ -31,7 +31,7 @@ enum class AuthRpc {
   kHealth,      // grpc.health.v1.Health/Check
   kLive,        // ServerLive
   kReady,       // ServerReady, ModelReady
-  kMetadata,    // ServerMetadata, ModelMetadata, ModelConfig
+  kMetadata,    // ServerMetadata, ModelMetadata, ModelConfig, RepositoryIndex
   kStatistics,  // ModelStatistics
   kInference,   // ModelInfer, ModelStreamInfer: never open
 };

@@ -3,6 +3,8 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 #include "server/grpc/model_info.h"
 
 namespace layerserve {
@@ -85,6 +87,20 @@ InferenceService::InferenceService(const ServedModel& model, std::string server_
                              FillModelStatistics(model_, stats_->Snapshot(), r->add_model_stats());
                              return absl::OkStatus();
                            })};
+  repository_index_ = {
+      RequestOf(&service_, &Service::RequestRepositoryIndex),
+      AnswerNow<decltype(repository_index_)::Call>(
+          auth_, AuthRpc::kMetadata,
+          [this](const inference::RepositoryIndexRequest& q,
+                 inference::RepositoryIndexResponse* r) {
+            if (!q.repository_name().empty()) {
+              return absl::NotFoundError(absl::StrCat("no model repository '", q.repository_name(),
+                                                      "': this server serves one model, '",
+                                                      model_.name, "' (repository_name \"\")"));
+            }
+            FillRepositoryIndex(model_, state_->Readiness(), q.ready(), r);
+            return absl::OkStatus();
+          })};
   model_infer_ = {RequestOf(&service_, &Service::RequestModelInfer),
                   [this](decltype(model_infer_)::Call& call) {
                     if (absl::Status refused = auth_->Check(call.context(), AuthRpc::kInference);
@@ -109,6 +125,7 @@ void InferenceService::RequestCalls(int q) {
   model_metadata_.RequestCalls(*queues_, q);
   model_config_.RequestCalls(*queues_, q);
   model_statistics_.RequestCalls(*queues_, q);
+  repository_index_.RequestCalls(*queues_, q);
   model_infer_.RequestCalls(*queues_, q);
   for (int i = 0; i < StreamInferCall::kCallsPerQueue; ++i) StreamInferCall::Await(stream_deps_, q);
 }

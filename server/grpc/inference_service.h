@@ -64,6 +64,7 @@ class InferenceService {
   Method<inference::ModelMetadataRequest, inference::ModelMetadataResponse> model_metadata_;
   Method<inference::ModelConfigRequest, inference::ModelConfigResponse> model_config_;
   Method<inference::ModelStatisticsRequest, inference::ModelStatisticsResponse> model_statistics_;
+  Method<inference::RepositoryIndexRequest, inference::RepositoryIndexResponse> repository_index_;
   Method<inference::ModelInferRequest, inference::ModelInferResponse> model_infer_;
   StreamInferCall::Deps stream_deps_;
 };

@@ -90,6 +90,16 @@ void FillModelMetadata(const ServedModel& model, inference::ModelMetadataRespons
   }
 }
 
+void FillRepositoryIndex(const ServedModel& model, const absl::Status& readiness, bool ready_only,
+                         inference::RepositoryIndexResponse* response) {
+  if (ready_only && !readiness.ok()) return;
+  inference::RepositoryIndexResponse::ModelIndex* index = response->add_models();
+  index->set_name(model.name);
+  index->set_version(model.version);
+  index->set_state(readiness.ok() ? "READY" : "UNAVAILABLE");
+  if (!readiness.ok()) index->set_reason(std::string(readiness.message()));
+}
+
 void FillModelConfig(const ServedModel& model, inference::ModelConfig* config) {
   config->set_name(model.name);
   config->set_platform(std::string(kPlatform));

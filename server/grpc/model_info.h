@@ -22,6 +22,11 @@ void FillServerMetadata(std::string_view server_version,
                         inference::ServerMetadataResponse* response);
 void FillModelMetadata(const ServedModel& model, inference::ModelMetadataResponse* response);
 void FillModelConfig(const ServedModel& model, inference::ModelConfig* config);
+// RepositoryIndex: the served model, "READY" while `readiness` is OK, else
+// "UNAVAILABLE" with its message as the reason; with `ready_only`, only if
+// ready.
+void FillRepositoryIndex(const ServedModel& model, const absl::Status& readiness, bool ready_only,
+                         inference::RepositoryIndexResponse* response);
 void FillModelStatistics(const ServedModel& model, const ModelStatsSnapshot& stats,
                          inference::ModelStatistics* out);
 

@@ -99,6 +99,16 @@ TEST_F(CorrectnessTest, ControlEndpoints) {
 
   auto unknown = client_->ModelMetadata("no_such_model", In(absl::Seconds(5)));
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound) << unknown.status();
+
+  // The repository index names the served model (what a client that does
+  // not know the name asks: layerctl metadata without --model).
+  auto index = client_->RepositoryIndex(In(absl::Seconds(5)));
+  ASSERT_TRUE(index.ok()) << index.status();
+  ASSERT_EQ(index->models_size(), 1);
+  EXPECT_EQ(index->models(0).name(), "demo");
+  EXPECT_EQ(index->models(0).version(), "1");
+  EXPECT_EQ(index->models(0).state(), "READY");
+  EXPECT_EQ(index->models(0).reason(), "");
 }
 
 TEST_F(CorrectnessTest, ResponseEchoesRequestId) {

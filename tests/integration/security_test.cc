@@ -286,7 +286,8 @@ TEST_F(SecurityTest, TokenIsRequiredExceptForTheProbes) {
     const absl::Status infer = client->Infer("demo", input, deadline).status();
     const absl::Status metadata = client->ServerMetadata(deadline).status();
     const absl::Status model_metadata = client->ModelMetadata("demo", deadline).status();
-    for (const absl::Status& status : {infer, metadata, model_metadata}) {
+    const absl::Status index = client->RepositoryIndex(deadline).status();
+    for (const absl::Status& status : {infer, metadata, model_metadata, index}) {
       EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated) << who << ": " << status;
       EXPECT_TRUE(absl::StrContains(status.message(), "bearer token")) << status;
       if (!token.empty()) EXPECT_FALSE(absl::StrContains(status.message(), token)) << status;

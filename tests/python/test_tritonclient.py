@@ -61,6 +61,12 @@ def test_server_metadata(client):
     assert "statistics" in metadata.extensions
 
 
+def test_repository_index_names_the_served_model(client, demo_server):
+    index = client.get_model_repository_index(client_timeout=RPC_TIMEOUT_S)
+    assert [(m.name, m.version, m.state) for m in index.models] == [
+        (demo_server.model, "1", "READY")]
+
+
 def test_model_metadata(client, demo_server):
     metadata = client.get_model_metadata(demo_server.model, client_timeout=RPC_TIMEOUT_S)
     assert metadata.name == demo_server.model

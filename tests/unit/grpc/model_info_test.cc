@@ -118,5 +118,43 @@ TEST(ModelConfigTest, FieldNumbersAreTritons) {
   EXPECT_EQ(number(oldest, "preserve_ordering"), 4);
 }
 
+// RepositoryIndex: the served model, its state, and the reason while it is
+// not ready; with `ready` set, only a ready model.
+TEST(RepositoryIndexTest, NamesTheModelAndItsState) {
+  const ServedModel model = Model(false);
+  inference::RepositoryIndexResponse ready;
+  FillRepositoryIndex(model, absl::OkStatus(), /*ready_only=*/true, &ready);
+  ASSERT_EQ(ready.models_size(), 1);
+  EXPECT_EQ(ready.models(0).name(), "demo");
+  EXPECT_EQ(ready.models(0).version(), model.version);
+  EXPECT_EQ(ready.models(0).state(), "READY");
+  EXPECT_EQ(ready.models(0).reason(), "");
+
+  const absl::Status draining = absl::UnavailableError("the server is shutting down");
+  inference::RepositoryIndexResponse all;
+  FillRepositoryIndex(model, draining, /*ready_only=*/false, &all);
+  ASSERT_EQ(all.models_size(), 1);
+  EXPECT_EQ(all.models(0).state(), "UNAVAILABLE");
+  EXPECT_EQ(all.models(0).reason(), "the server is shutting down");
+  inference::RepositoryIndexResponse only_ready;
+  FillRepositoryIndex(model, draining, /*ready_only=*/true, &only_ready);
+  EXPECT_EQ(only_ready.models_size(), 0);
+}
+
+// Triton's field numbers, which tritonclient's get_model_repository_index
+// reads.
+TEST(RepositoryIndexTest, FieldNumbersAreTritons) {
+  const auto* request = inference::RepositoryIndexRequest::descriptor();
+  EXPECT_EQ(request->FindFieldByName("repository_name")->number(), 1);
+  EXPECT_EQ(request->FindFieldByName("ready")->number(), 2);
+  const auto* entry = inference::RepositoryIndexResponse::ModelIndex::descriptor();
+  EXPECT_EQ(entry->FindFieldByName("name")->number(), 1);
+  EXPECT_EQ(entry->FindFieldByName("version")->number(), 2);
+  EXPECT_EQ(entry->FindFieldByName("state")->number(), 3);
+  EXPECT_EQ(entry->FindFieldByName("reason")->number(), 4);
+  EXPECT_EQ(inference::RepositoryIndexResponse::descriptor()->FindFieldByName("models")->number(),
+            1);
+}
+
 }  // namespace
 }  // namespace layerserve
