@@ -138,6 +138,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackendFromFlags(const ServerFl
   options.gemm_tuning.pins = *std::move(pins);
   absl::StatusOr<std::unique_ptr<CudaBackend>> cuda = MakeCudaBackend(span, options);
   if (!cuda.ok()) return cuda.status();
+  metrics->SetKernelTimingSampleEvery(options.timing_sample_every);
   // Nothing is allocated on the request path, so the start-up figure holds.
   if (absl::StatusOr<int64_t> used = (*cuda)->DeviceMemoryUsedBytes(); used.ok()) {
     metrics->SetGpuMemoryUsedBytes(*used);

@@ -360,6 +360,12 @@ struct PrometheusMetrics::Impl {
                             .Name("layerserve_gpu_memory_used_bytes")
                             .Help("GPU memory in use on the serving device.")
                             .Register(*registry)),
+        kernel_timing_sample_every(
+            prometheus::BuildGauge()
+                .Name("layerserve_kernel_timing_sample_every")
+                .Help("Kernel timings sample one batch in this many (0: none): "
+                      "layerserve_kernel_duration_seconds times this is the device's time.")
+                .Register(*registry)),
         request_duration_model(request_duration.Add(ModelLabel(), DurationBucketsSeconds())),
         request_tokens_model(request_tokens.Add(ModelLabel(), PowersOfTwoUpTo(65536))),
         queue_duration_model(queue_duration.Add(ModelLabel(), DurationBucketsSeconds())),
@@ -410,6 +416,7 @@ struct PrometheusMetrics::Impl {
   prometheus::Family<prometheus::Histogram>& kernel_duration;  // series made on first use
   prometheus::Family<prometheus::Counter>& batch_launches;     // series made on first use
   prometheus::Family<prometheus::Gauge>& gpu_memory_used;      // set by the CUDA backend only
+  prometheus::Family<prometheus::Gauge>& kernel_timing_sample_every;  // likewise
   // SetExperts' series, [layer * experts + expert]; written before serving,
   // read-only after.
   std::vector<prometheus::Counter*> expert_tokens;
@@ -590,6 +597,10 @@ void PrometheusMetrics::OnKernelTime(std::string_view op, double seconds) {
 
 void PrometheusMetrics::SetGpuMemoryUsedBytes(int64_t bytes) {
   impl_->gpu_memory_used.Add(impl_->ModelLabel()).Set(static_cast<double>(bytes));
+}
+
+void PrometheusMetrics::SetKernelTimingSampleEvery(int64_t every) {
+  impl_->kernel_timing_sample_every.Add(impl_->ModelLabel()).Set(static_cast<double>(every));
 }
 
 std::string PrometheusMetrics::Serialize() const {

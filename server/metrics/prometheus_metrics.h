@@ -54,6 +54,9 @@ struct KvCacheInfo {
 //   layerserve_inflight_requests{model}                 gauge
 //   layerserve_kernel_duration_seconds{model,op}        histogram (CUDA backend, sampled)
 //   layerserve_gpu_memory_used_bytes{model}             gauge (CUDA backend)
+//   layerserve_kernel_timing_sample_every{model}        gauge (CUDA backend): kernel
+//       timings sample one batch in this many (0: none), the factor from the
+//       sampled kernel time to the device's
 //   layerserve_batch_launches_total{model,launch}       counter (CUDA backend): batches
 //       by how their layers were launched, direct, captured or replayed
 //       (BatchTimings::launch)
@@ -126,6 +129,8 @@ class PrometheusMetrics final : public ServerObserver {
   void OnKernelTime(std::string_view op, double seconds);
   // GPU memory in use on the serving device.
   void SetGpuMemoryUsedBytes(int64_t bytes);
+  // One batch in `every` has its kernels timed (0: none).
+  void SetKernelTimingSampleEvery(int64_t every);
 
   // The exposition text (Prometheus text format 0.0.4) of every family.
   std::string Serialize() const;

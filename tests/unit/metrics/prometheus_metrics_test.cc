@@ -368,7 +368,10 @@ TEST(PrometheusMetricsTest, KernelTimesAndGpuMemoryFromTheCudaBackend) {
   metrics.OnKernelTime("attention", 3e-3);
   metrics.OnKernelTime("gemm_qkv", 20e-6);
   metrics.SetGpuMemoryUsedBytes(int64_t{3} << 30);
+  metrics.SetKernelTimingSampleEvery(16);
   const Exposition e = Parse(metrics);
+  // The sampling factor, which the dashboard scales the sampled time by.
+  EXPECT_EQ(e.Find("layerserve_kernel_timing_sample_every", {{"model", kModel}}), 16.0);
   const Labels attention = {{"model", kModel}, {"op", "attention"}};
   EXPECT_EQ(e.Find("layerserve_kernel_duration_seconds_count", attention), 2.0);
   EXPECT_EQ(e.BucketCount("layerserve_kernel_duration_seconds", attention, 50e-6), 1.0);
