@@ -20,12 +20,12 @@
 # UNVERIFIED: this file is checked statically (tests/deploy/test_deploy.py); no
 # image has been built by the project, which has no Docker engine on its
 # machines. Build on a machine with Docker:
-#   docker build -t layerserve:latest .
+#   docker build -t localhost/layerserve:0.1.0 .   (the name deploy/docker-compose.yml runs)
 # 13.0.2: NVIDIA publishes ubuntu24.04 images of it (nvcr.io/nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04
 # is in public use); the tag itself was not pulled here.
 ARG CUDA_VERSION=13.0.2
 
-FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04 AS build
+FROM docker.io/nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04 AS build
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
@@ -52,7 +52,7 @@ RUN ldd build/server/layerserve build/client/layerctl \
       | sort -u > /runtime-debs.txt \
  && cat /runtime-debs.txt
 
-FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04 AS runtime
+FROM docker.io/nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04 AS runtime
 ENV DEBIAN_FRONTEND=noninteractive
 COPY --from=build /runtime-debs.txt /tmp/runtime-debs.txt
 RUN apt-get update \

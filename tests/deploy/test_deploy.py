@@ -188,6 +188,23 @@ def test_dockerfile_stages_are_tagged_and_named(dockerfile):
     assert not errors
 
 
+def test_dockerfile_base_images_are_fully_qualified(dockerfile):
+    """As compose's images are (deploy/README.md says every image is)."""
+    bad = []
+    for kw, rest in dockerfile.split():
+        m = FROM_RE.fullmatch(rest.strip()) if kw == "FROM" else None
+        if m and not image_is_fully_qualified(m.group(1).replace("${CUDA_VERSION}", "13.0.2")):
+            bad.append(m.group(1))
+    assert not bad, "FROM images without a registry or with a floating tag"
+
+
+def test_dockerfile_build_comment_tags_the_image_compose_runs(dockerfile):
+    default = re.search(r"\$\{LAYERSERVE_IMAGE:-([^}]+)\}",
+                        (DEPLOY / "docker-compose.yml").read_text()).group(1)
+    text = (ROOT / "Dockerfile").read_text()
+    assert f"docker build -t {default} ." in text, f"the build comment should tag {default}"
+
+
 def test_dockerfile_final_stage(dockerfile):
     """Non-root, both ports, a health check and layerserve as the entry point."""
     tail = dockerfile.final_stage
