@@ -158,13 +158,11 @@ std::string DefaultModelName(const std::string& model_dir) {
 // The model's config and the layer range against it, before a port is bound
 // or a line logged: a wrong directory or range is start-up's only line. The
 // demo cannot fail to build and clamps its range, so its range is checked here.
-absl::Status CheckModel(const std::string& model_dir, const std::string& layer_range) {
-  absl::StatusOr<LayerRange> range = ParseLayerRange(layer_range);
-  if (!range.ok()) return range.status();
-  if (!model_dir.empty()) return ReadModelConfig(model_dir, *range).status();
+absl::Status CheckModel(const std::string& model_dir, const LayerRange& range) {
+  if (!model_dir.empty()) return ReadModelConfig(model_dir, range).status();
   const int64_t layers = DemoConfig().num_hidden_layers;
-  const int64_t begin = range->begin.value_or(0);
-  const int64_t end = range->end.value_or(layers);
+  const int64_t begin = range.begin.value_or(0);
+  const int64_t end = range.end.value_or(layers);
   if (begin < 0 || end > layers || begin >= end) {
     return absl::InvalidArgumentError(absl::StrCat("layer range [", begin, ", ", end,
                                                    ") is empty or outside the ", layers,
@@ -173,13 +171,12 @@ absl::Status CheckModel(const std::string& model_dir, const std::string& layer_r
   return absl::OkStatus();
 }
 
-absl::StatusOr<ModelSpan> LoadModel(const std::string& model_dir, const std::string& layer_range,
+// The span `range` of the checkpoint in `model_dir` (or of the demo model),
+// after CheckModel.
+absl::StatusOr<ModelSpan> LoadModel(const std::string& model_dir, const LayerRange& range,
                                     const std::string& name) {
-  LS_RETURN_IF_ERROR(CheckModel(model_dir, layer_range));
-  absl::StatusOr<LayerRange> range = ParseLayerRange(layer_range);
-  if (!range.ok()) return range.status();
-  if (!model_dir.empty()) return LoadModelSpan(model_dir, *range, name);
-  return MakeDemoModel(*range, name);
+  if (!model_dir.empty()) return LoadModelSpan(model_dir, range, name);
+  return MakeDemoModel(range, name);
 }
 
 pthread_t main_thread;
@@ -342,7 +339,10 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   const std::string model_dir = flags.model_dir;
   std::string model_name = flags.model_name;
   if (model_name.empty()) model_name = DefaultModelName(model_dir);
-  if (absl::Status s = CheckModel(model_dir, flags.layers); !s.ok()) return Fail(s);
+  // CheckFlags checked the range's syntax.
+  const absl::StatusOr<LayerRange> range = ParseLayerRange(flags.layers);
+  if (!range.ok()) return Fail(range.status());
+  if (absl::Status s = CheckModel(model_dir, *range); !s.ok()) return Fail(s);
 
   // The ports first: one in use is found before a load of minutes. The
   // metrics server can serve at once (its gauges read zero until requests
@@ -369,7 +369,7 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   absl::StatusOr<ModelSpan> span;
   absl::Notification span_loaded;
   std::thread span_loader([&] {
-    span = LoadModel(model_dir, flags.layers, model_name);
+    span = LoadModel(model_dir, *range, model_name);
     span_loaded.Notify();
   });
   if (const int signal_number =
