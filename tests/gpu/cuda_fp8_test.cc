@@ -49,7 +49,9 @@ using test_support::QuantizeSpanFp8;
 using test_support::RandomModel;
 using test_support::ReferenceForward;
 using test_support::ReferenceModel;
+using test_support::RelativeError;
 using test_support::ToReference;
+using test_support::WeightOnly;
 using Activations = Fp8Quantization::Activations;
 
 // A Llama-style span the FP8 GEMM takes: widths multiples of 128, GQA 2:1.
@@ -65,24 +67,6 @@ LlamaConfig Fp8TestConfig() {
   c.rms_norm_eps = 1e-5;
   c.rope_theta = 10000.0;
   return c;
-}
-
-double RelativeError(const std::vector<double>& got, const std::vector<double>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num += (got[i] - want[i]) * (got[i] - want[i]);
-    den += want[i] * want[i];
-  }
-  return std::sqrt(num / den);
-}
-
-ReferenceModel WeightOnly(ReferenceModel m) {
-  for (reference::Layer& l : m.layers) {
-    for (reference::InputQuant* q : {&l.qkv_input, &l.o_input, &l.gate_up_input, &l.down_input}) {
-      q->enabled = false;
-    }
-  }
-  return m;
 }
 
 struct Distances {

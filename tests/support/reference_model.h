@@ -164,4 +164,30 @@ inline std::vector<double> ReferenceForward(const ReferenceModel& m, std::vector
   return x;
 }
 
+// `m` with every projection's input left unquantized: the weight-only (W8A16)
+// reference of an FP8 model, which a backend that skipped or misplaced an
+// activation quantization would approach.
+inline ReferenceModel WeightOnly(ReferenceModel m) {
+  for (reference::Layer& l : m.layers) {
+    for (reference::InputQuant* q :
+         {&l.qkv_input, &l.o_input, &l.gate_up_input, &l.down_input, &l.experts_gate_up_input,
+          &l.experts_down_input, &l.shared_gate_up_input, &l.shared_down_input}) {
+      q->enabled = false;
+    }
+  }
+  return m;
+}
+
+// ||got - want|| / ||want||.
+template <typename T>
+double RelativeError(const std::vector<T>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    num += d * d;
+    den += want[i] * want[i];
+  }
+  return std::sqrt(num / den);
+}
+
 }  // namespace layerserve::test_support

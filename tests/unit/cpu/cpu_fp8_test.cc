@@ -49,30 +49,10 @@ using test_support::QuantizeSpanFp8;
 using test_support::RandomModel;
 using test_support::ReferenceForward;
 using test_support::ReferenceModel;
+using test_support::RelativeError;
 using test_support::ToReference;
+using test_support::WeightOnly;
 using Activations = Fp8Quantization::Activations;
-
-// ||got - want|| / ||want||.
-double RelativeError(const std::vector<float>& got, const std::vector<double>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num += (got[i] - want[i]) * (got[i] - want[i]);
-    den += want[i] * want[i];
-  }
-  return std::sqrt(num / den);
-}
-
-// The reference with every projection's input left unquantized (W8A16).
-ReferenceModel WeightOnly(ReferenceModel m) {
-  for (reference::Layer& l : m.layers) {
-    for (reference::InputQuant* q :
-         {&l.qkv_input, &l.o_input, &l.gate_up_input, &l.down_input, &l.experts_gate_up_input,
-          &l.experts_down_input, &l.shared_gate_up_input, &l.shared_down_input}) {
-      q->enabled = false;
-    }
-  }
-  return m;
-}
 
 // The backend's FP32 output for sequences of 1, 9 and 20 tokens, and its
 // distance to the W8A8 and W8A16 references.
