@@ -5,7 +5,10 @@
 // `splits`, with programmatic dependent launch (the kernel reads W before it
 // waits for the preceding grid, as version 4 does). M > 64: the persistent
 // prefill kernel (gemm_fp8_prefill_sm90.cuh), one CTA per SM at most, 128 x
-// 128 tiles of A and W.
+// 128 tiles of A and W. Grouped products (a mixture of experts) take the
+// decode kernel while a group's rows are bounded by Fp8GroupedDecodeRows, one
+// grid row per group and token tiles along z, and the prefill kernel's
+// grouped schedule above.
 #include <algorithm>
 #include <cstdint>
 
@@ -31,18 +34,22 @@ fp8::Fp8GemmArgs MakeArgs(const DenseGemm& p, int splits) {
   args.kblocks = static_cast<int>((p.k + fp8::kBlockK - 1) / fp8::kBlockK);
   args.splits = splits;
   args.silu_mul = p.silu_mul;
+  args.group_offsets = p.group_offsets;
+  args.groups = p.group_offsets != nullptr ? p.groups : 1;
+  // One group's scales: per row, or per 64 rows and K block.
+  args.w_scale_stride = p.fp8 == Fp8Scaling::kBlock ? (p.n + fp8::kHalfRows - 1) / fp8::kHalfRows * args.kblocks : p.n;
   return args;
 }
 
-template <int kTokN, bool kBlockScaled>
+template <int kTokN, bool kBlockScaled, int kBlocks = 2>
 absl::Status Launch(const DenseGemm& p, int splits, cudaStream_t stream) {
-  using L = fp8::Layout<kTokN>;
+  using L = fp8::Layout<kTokN, kBlocks>;
   const fp8::Fp8GemmArgs args = MakeArgs(p, splits);
-  absl::StatusOr<CUtensorMap> map_w = MakeFp8TensorMap(p.w, p.n, p.k, fp8::kBlockN);
+  absl::StatusOr<CUtensorMap> map_w = MakeFp8TensorMap(p.w, args.groups * p.n, p.k, fp8::kBlockN);
   if (!map_w.ok()) return map_w.status();
   absl::StatusOr<CUtensorMap> map_a = MakeFp8TensorMap(p.a, p.m, p.k, kTokN);
   if (!map_a.ok()) return map_a.status();
-  const auto kernel = fp8::Fp8GemmKernel<kTokN, kBlockScaled>;
+  const auto kernel = fp8::Fp8GemmKernel<kTokN, kBlockScaled, kBlocks>;
   LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemBytes));
   cudaLaunchAttribute attrs[2]{};
   attrs[0].id = cudaLaunchAttributeClusterDimension;
@@ -53,8 +60,16 @@ absl::Status Launch(const DenseGemm& p, int splits, cudaStream_t stream) {
   attrs[1].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
   const int64_t tiles_n = (p.n + fp8::kBlockN - 1) / fp8::kBlockN;
-  const int64_t tiles_m = (p.m + kTokN - 1) / kTokN;
-  config.gridDim = dim3(static_cast<unsigned>(tiles_n * splits), static_cast<unsigned>(tiles_m));
+  // Dense: one token tile (m <= kTokN). Grouped: a grid row per slot, a
+  // bound on the (group, token tile) pairs with rows: at most one partial
+  // tile per group with rows besides the full ones, and no group past
+  // max_group_rows.
+  int64_t slots = 1;
+  if (p.group_offsets != nullptr) {
+    const int64_t with_rows = std::min<int64_t>(p.groups, p.m);
+    slots = std::min(p.m / kTokN + with_rows, with_rows * ((p.max_group_rows + kTokN - 1) / kTokN));
+  }
+  config.gridDim = dim3(static_cast<unsigned>(tiles_n * splits), static_cast<unsigned>(slots));
   config.blockDim = dim3(fp8::kThreads);
   config.dynamicSmemBytes = L::kSmemBytes;
   config.stream = stream;
@@ -70,11 +85,15 @@ absl::Status LaunchPrefill(const DenseGemm& p, const DeviceInfo& dev, cudaStream
   const fp8::Fp8GemmArgs args = MakeArgs(p, 1);
   absl::StatusOr<CUtensorMap> map_a = MakeFp8TensorMap(p.a, p.m, p.k, pf::kBlockM);
   if (!map_a.ok()) return map_a.status();
-  absl::StatusOr<CUtensorMap> map_w = MakeFp8TensorMap(p.w, p.n, p.k, pf::kBlockN);
+  absl::StatusOr<CUtensorMap> map_w = MakeFp8TensorMap(p.w, args.groups * p.n, p.k, pf::kBlockN);
   if (!map_w.ok()) return map_w.status();
   const auto kernel = pf::Fp8PrefillKernel<kBlockScaled>;
   LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, pf::kSmemBytes));
-  const int64_t tiles = (p.m + pf::kBlockM - 1) / pf::kBlockM * ((p.n + pf::kBlockN - 1) / pf::kBlockN);
+  // A grouped product's tiles are known on the device only: each group with
+  // rows has at most one partial row tile besides its full ones.
+  const int64_t tiles_n = (p.n + pf::kBlockN - 1) / pf::kBlockN;
+  const int64_t tiles = p.group_offsets != nullptr ? (p.m / pf::kBlockM + std::min<int64_t>(p.groups, p.m)) * tiles_n
+                                                   : (p.m + pf::kBlockM - 1) / pf::kBlockM * tiles_n;
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
@@ -90,8 +109,21 @@ absl::Status LaunchPrefill(const DenseGemm& p, const DeviceInfo& dev, cudaStream
 }
 
 template <bool kBlockScaled>
-absl::Status LaunchScaled(const DenseGemm& p, int splits, const DeviceInfo& dev, cudaStream_t stream) {
-  if (p.m > fp8::kMaxDecodeTokens) return LaunchPrefill<kBlockScaled>(p, dev, stream);
+absl::Status LaunchScaled(const DenseGemm& p, int splits, int block_m, const DeviceInfo& dev, cudaStream_t stream) {
+  if (!Fp8DecodeKernelTakes(p, block_m)) return LaunchPrefill<kBlockScaled>(p, dev, stream);
+  if (p.group_offsets != nullptr) {
+    // Grouped: three CTAs an SM for token tiles of up to 16.
+    switch (Fp8GroupedTokenTile(p)) {
+      case 8:
+        return Launch<8, kBlockScaled, 3>(p, splits, stream);
+      case 16:
+        return Launch<16, kBlockScaled, 3>(p, splits, stream);
+      case 32:
+        return Launch<32, kBlockScaled>(p, splits, stream);
+      default:
+        return Launch<64, kBlockScaled>(p, splits, stream);
+    }
+  }
   switch (Fp8TokenTile(p.m)) {
     case 8:
       return Launch<8, kBlockScaled>(p, splits, stream);
@@ -106,13 +138,13 @@ absl::Status LaunchScaled(const DenseGemm& p, int splits, const DeviceInfo& dev,
 
 }  // namespace
 
-absl::Status LaunchGemmV6(const DenseGemm& p, int splits, const DeviceInfo& dev, cudaStream_t stream) {
+absl::Status LaunchGemmV6(const DenseGemm& p, int splits, int block_m, const DeviceInfo& dev, cudaStream_t stream) {
   if (dev.max_smem_optin < fp8_prefill::kSmemBytes) {
     return absl::ResourceExhaustedError("gemm v6: not enough shared memory");
   }
   if (splits < 1 || splits > fp8::kMaxSplits) return absl::InvalidArgumentError("gemm v6: splits must be 1..8");
-  if (p.fp8 == Fp8Scaling::kBlock) return LaunchScaled<true>(p, splits, dev, stream);
-  return LaunchScaled<false>(p, splits, dev, stream);
+  if (p.fp8 == Fp8Scaling::kBlock) return LaunchScaled<true>(p, splits, block_m, dev, stream);
+  return LaunchScaled<false>(p, splits, block_m, dev, stream);
 }
 
 }  // namespace layerserve::kernels::gemm

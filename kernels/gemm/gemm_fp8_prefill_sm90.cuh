@@ -20,6 +20,11 @@
 //
 // setmaxnreg moves registers from the producer (40) to the consumers (232),
 // as in version 3.
+//
+// A grouped product (a mixture of experts) walks one tile sequence over all
+// groups as version 3 does (LoadGroupSchedule, after the routing kernel
+// before it has completed): a group's last row tile may read the next
+// group's rows of A, and stores only its own.
 #pragma once
 
 #include <cuda.h>
@@ -48,7 +53,8 @@ constexpr int kConsumerRegs = 232;
 constexpr int kABytes = kBlockM * kBlockK;
 constexpr int kWBytes = kBlockN * kBlockK;
 constexpr int kStageBytes = kABytes + kWBytes;
-constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;
+constexpr int kScheduleOffset = kStages * kStageBytes + 2 * kStages * 8;
+constexpr int kSmemBytes = kScheduleOffset + kGroupScheduleInts * 4 + 1024;
 static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
 static_assert(kBlockN == 2 * kHalf, "a tile's columns span two W scale rows (or gate and up halves)");
 
@@ -61,10 +67,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t ring = (SmemAddr(smem_raw) + 1023) & ~1023u;
   const TmaPipeline<kStages> pipe(ring + kStages * kStageBytes);
   const int warpgroup = threadIdx.x / 128;
+  int* const first_row = reinterpret_cast<int*>(smem_raw + (ring - SmemAddr(smem_raw)) + kScheduleOffset);
+  int* const first_tile = first_row + kMaxGemmGroups + 1;
   const int tiles_m = (args.m + kBlockM - 1) / kBlockM;
   const int tiles_n = (args.n + kBlockN - 1) / kBlockN;
-  const int num_tiles = tiles_m * tiles_n;
   const int num_kb = args.kblocks;
+  const bool grouped = args.group_offsets != nullptr;
+  // Tile t's group (0 for a dense product), rows and coordinates.
+  const auto locate = [&](int t) {
+    if (!grouped) return GroupTile{0, GroupRows{0, args.m}, GroupedTile(t, tiles_m, tiles_n, kGroupM)};
+    return LocateGroupTile(t, args.groups, kBlockM, tiles_n, kGroupM, first_row, first_tile);
+  };
 
   if (threadIdx.x == 0) {
     PrefetchTensorMap(&map_a);
@@ -72,20 +85,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     pipe.Init(kConsumerWarps);
   }
   __syncthreads();
-  // A, its scales and the residual come from the preceding grids.
+  // A, its scales, the residual and the group offsets come from the
+  // preceding grids.
   WaitForPrerequisiteGrids();
+  const int num_tiles =
+      grouped ? LoadGroupSchedule(args.group_offsets, args.groups, kBlockM, tiles_n, first_row, first_tile)
+              : tiles_m * tiles_n;
 
   if (warpgroup == 0) {
     SetMaxNRegDecrease<kProducerRegs>();
     if (threadIdx.x == 0) {
       PipeState<kStages> state;
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-        const TileCoord tile = GroupedTile(t, tiles_m, tiles_n, kGroupM);
+        const GroupTile site = locate(t);
         for (int kb = 0; kb < num_kb; ++kb, state.Advance()) {
           const uint32_t bar = pipe.ProducerAcquire(state, kStageBytes);
           const uint32_t dst = ring + state.index * kStageBytes;
-          TmaLoad2d(dst, &map_a, bar, kb * kBlockK, tile.m * kBlockM);
-          TmaLoad2d(dst + kABytes, &map_w, bar, kb * kBlockK, tile.n * kBlockN);
+          TmaLoad2d(dst, &map_a, bar, kb * kBlockK, site.rows.row0 + site.tile.m * kBlockM);
+          TmaLoad2d(dst + kABytes, &map_w, bar, kb * kBlockK, site.group * args.n + site.tile.n * kBlockN);
         }
       }
     }
@@ -97,10 +114,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = (threadIdx.x / 32) % 4;
   PipeState<kStages> state;
   for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-    const TileCoord tile = GroupedTile(t, tiles_m, tiles_n, kGroupM);
-    // This thread's rows (h = 0, 1) and its columns 8 j + 2 (lane % 4) + e.
+    const GroupTile site = locate(t);
+    const TileCoord tile = site.tile;
+    // This thread's rows (h = 0, 1) within the group, and its columns 8 j +
+    // 2 (lane % 4) + e; a row's index into A, its scales and C is
+    // site.rows.row0 + its row.
     const int row0 = tile.m * kBlockM + consumer * 64 + warp * 16 + lane / 4;
     const int n0 = tile.n * kBlockN;
+    const int64_t first = site.rows.row0;
+    const float* const w_scale = args.w_scale + site.group * args.w_scale_stride;
     float acc[kBlockN / 2];
     float part0[kBlockN / 2];
     float part1[kBlockN / 2];
@@ -134,9 +156,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = row0 + 8 * h;
-          sa_next[h] = row < args.m ? args.a_scale[static_cast<int64_t>(kb) * args.m + row] : 0.f;
+          sa_next[h] = row < site.rows.rows ? args.a_scale[static_cast<int64_t>(kb) * args.m + first + row] : 0.f;
           const int group = n0 / kHalf + h;
-          sw_next[h] = group * kHalf < args.n ? args.w_scale[static_cast<int64_t>(group) * num_kb + kb] : 0.f;
+          sw_next[h] = group * kHalf < args.n ? w_scale[static_cast<int64_t>(group) * num_kb + kb] : 0.f;
         }
       }
     };
@@ -199,8 +221,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row0 + 8 * h;
-      const bool row_in = row < args.m;
-      const float sa = kBlockScaled ? 1.f : args.a_scale[min(row, args.m - 1)];
+      const bool row_in = row < site.rows.rows;
+      const int64_t out_row = first + min(row, site.rows.rows - 1);
+      const float sa = kBlockScaled ? 1.f : args.a_scale[out_row];
       if (args.silu_mul) {
         // n % 128 == 0: the tile is whole; columns j < 8 are gates, j + 8
         // their ups.
@@ -210,8 +233,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           float g0 = acc[4 * j + 2 * h], g1 = acc[4 * j + 2 * h + 1];
           float u0 = acc[4 * (j + 8) + 2 * h], u1 = acc[4 * (j + 8) + 2 * h + 1];
           if constexpr (!kBlockScaled) {
-            const float2 wg = *reinterpret_cast<const float2*>(args.w_scale + n0 + c);
-            const float2 wu = *reinterpret_cast<const float2*>(args.w_scale + n0 + kHalf + c);
+            const float2 wg = *reinterpret_cast<const float2*>(w_scale + n0 + c);
+            const float2 wu = *reinterpret_cast<const float2*>(w_scale + n0 + kHalf + c);
             g0 *= sa * wg.x;
             g1 *= sa * wg.y;
             u0 *= sa * wu.x;
@@ -219,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           const __nv_bfloat162 out = __floats2bfloat162_rn(SiluMulOne(g0, u0), SiluMulOne(g1, u1));
           if (row_in) {
-            *reinterpret_cast<__nv_bfloat162*>(args.c + static_cast<int64_t>(row) * args.ldc + n0 / 2 + c) = out;
+            *reinterpret_cast<__nv_bfloat162*>(args.c + out_row * args.ldc + n0 / 2 + c) = out;
           }
         }
       } else {
@@ -230,11 +253,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           const bool in = row_in && n0 + 8 * j + col_lane < args.n;
           float x = acc[4 * j + 2 * h], y = acc[4 * j + 2 * h + 1];
           if constexpr (!kBlockScaled) {
-            const float2 w = *reinterpret_cast<const float2*>(args.w_scale + col);
+            const float2 w = *reinterpret_cast<const float2*>(w_scale + col);
             x *= sa * w.x;
             y *= sa * w.y;
           }
-          const int64_t offset = static_cast<int64_t>(row) * args.n + col;
+          const int64_t offset = out_row * args.n + col;
           if (in) {
             if (args.residual != nullptr) {
               const float2 r = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(args.residual + offset));

@@ -26,6 +26,17 @@
 // Programmatic dependent launch as version 4: the producer streams its first
 // ring's worth of W (written once, at load) before waiting for the preceding
 // grid; A, the scales of A, the residual and C only after.
+//
+// Grouped products (a mixture of experts): blockIdx.y is a slot, the
+// slot-th (group, token tile) pair of the groups that have rows, in group
+// order, so that a group may hold more rows than one tile, and a group
+// without rows costs no CTA (at one token 8 of Qwen3-MoE's 128 experts have
+// rows: a grid row per group launched 16x the CTAs, and the empty ones cost
+// more than the expert GEMMs' weight reads). The rows come from the kernel
+// before (the routing), so a grouped CTA waits for it first and gives up its
+// W prefetch; its first warp finds the slot's group and tile (GroupSlot);
+// a slot past the last tile ends at once, its whole cluster with it, before
+// any barrier.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -58,22 +69,73 @@ static_assert(kHalfRows == kFp8WeightScaleRows && kHalfRows == kFp8GateUpBlock &
 
 struct Fp8GemmArgs {
   const float* a_scale;           // [m] or [kblocks][m]
-  const float* w_scale;           // [n] or [ceil(n / 64)][kblocks]
+  const float* w_scale;           // [n] or [ceil(n / 64)][kblocks] (per group)
   const __nv_bfloat16* residual;  // [m, n] or null (may alias c)
   __nv_bfloat16* c;               // [m, ldc]
-  int m, n, k;
-  int ldc;  // n, or n / 2 with silu_mul
+  int m, n, k;                    // m: all rows of A (every group's)
+  int ldc;                        // n, or n / 2 with silu_mul
   int kblocks;
   int splits;
   bool silu_mul;
+  // A grouped product (DenseGemm::group_offsets), else null: group g's W is
+  // rows [g n, (g + 1) n) of the stacked W, its scales start at w_scale + g
+  // w_scale_stride.
+  const int32_t* group_offsets;
+  int groups;
+  int64_t w_scale_stride;
 };
 
+// The rows of A one CTA multiplies: `count` (1..kTokN) from row `row0`.
+struct TokenTile {
+  int row0;
+  int count;
+};
+
+// The slot-th (group, token tile) of a grouped product with kTokN-row token
+// tiles, found by one warp over the offsets (each lane counts the tiles of
+// a run of groups, then a warp scan): the tile's rows of A, and its group.
+// count <= 0: no such slot.
 template <int kTokN>
+__device__ __forceinline__ TokenTile GroupSlot(const int32_t* offsets, int groups, int slot, int* group) {
+  const int lane = threadIdx.x % 32;
+  const int per_lane = (groups + 31) / 32;
+  const int g_begin = min(groups, lane * per_lane);
+  const int g_end = min(groups, g_begin + per_lane);
+  int tiles = 0;
+  for (int g = g_begin; g < g_end; ++g) tiles += (offsets[g + 1] - offsets[g] + kTokN - 1) / kTokN;
+  int inclusive = tiles;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += other;
+  }
+  TokenTile found{0, 0};
+  int t = slot - (inclusive - tiles);  // the slot's tile among this lane's
+  if (t >= 0 && t < tiles) {
+    for (int g = g_begin; g < g_end; ++g) {
+      const int rows = offsets[g + 1] - offsets[g];
+      const int group_tiles = (rows + kTokN - 1) / kTokN;
+      if (t < group_tiles) {
+        found = TokenTile{offsets[g] + t * kTokN, min(kTokN, rows - t * kTokN)};
+        *group = g;
+        break;
+      }
+      t -= group_tiles;
+    }
+  }
+  return found;
+}
+
+// kBlocks CTAs an SM: two of four stages each; or, for a grouped product's
+// small token tiles, whose CTAs each stream little W and so spend more of
+// their time launching, filling and draining, three of three stages (four
+// would pass the SM's 228 KB of shared memory).
+template <int kTokN, int kBlocks = 2>
 struct Layout {
-  // Two CTAs an SM, four stages each.
   static_assert(kTokN <= kMaxDecodeTokens, "decode token tiles only");
-  static constexpr int kStages = 4;
-  static constexpr int kMinBlocks = 2;
+  static_assert(kBlocks == 2 || (kBlocks == 3 && kTokN <= 16), "three CTAs an SM fit token tiles of 16 at most");
+  static constexpr int kStages = kBlocks == 3 ? 3 : 4;
+  static constexpr int kMinBlocks = kBlocks;
   static constexpr int kActBytes = kTokN * kBlockK;
   static constexpr int kStageBytes = kWBytes + kActBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;
@@ -83,11 +145,11 @@ struct Layout {
 
 // One consumer warpgroup: the K blocks [kb_begin, kb_end) of its 64 W rows
 // against the token tile, promoted into fp32, then staged as [token][row].
-template <int kTokN, bool kBlockScaled>
-__device__ __forceinline__ void ConsumeAndStage(const TmaPipeline<Layout<kTokN>::kStages>& pipe, uint32_t ring,
-                                                int kb_begin, int kb_end, int n0, int tok0, const Fp8GemmArgs& args,
-                                                float* staged) {
-  using L = Layout<kTokN>;
+template <int kTokN, bool kBlockScaled, int kBlocks>
+__device__ __forceinline__ void ConsumeAndStage(const TmaPipeline<Layout<kTokN, kBlocks>::kStages>& pipe, uint32_t ring,
+                                                int kb_begin, int kb_end, int n0, TokenTile tokens,
+                                                const Fp8GemmArgs& args, float* staged) {
+  using L = Layout<kTokN, kBlocks>;
   const int consumer = threadIdx.x / 128;
   const int lane = threadIdx.x % 32;
   const int warp = (threadIdx.x / 32) % 4;
@@ -96,7 +158,7 @@ __device__ __forceinline__ void ConsumeAndStage(const TmaPipeline<Layout<kTokN>:
 #pragma unroll
   for (int i = 0; i < kTokN / 2; ++i) acc[i] = part[i] = 0.f;
   // The scale rows this thread needs: its warpgroup's 64 W rows, and its
-  // accumulator columns, tokens tok0 + 8 j + 2 (lane % 4) + e.
+  // accumulator columns, tokens tokens.row0 + 8 j + 2 (lane % 4) + e.
   const int w_group = n0 / kHalfRows + consumer;
   const bool w_group_in = w_group * kHalfRows < args.n;
   // Block scales. Thread t < kTokN of the warpgroup loads token t's scale
@@ -112,7 +174,9 @@ __device__ __forceinline__ void ConsumeAndStage(const TmaPipeline<Layout<kTokN>:
     if constexpr (kBlockScaled) {
       if (kb >= kb_end) return;
       sw_next = w_group_in ? args.w_scale[static_cast<int64_t>(w_group) * args.kblocks + kb] : 0.f;
-      if (t < kTokN) sa_next = tok0 + t < args.m ? args.a_scale[static_cast<int64_t>(kb) * args.m + tok0 + t] : 0.f;
+      if (t < kTokN) {
+        sa_next = t < tokens.count ? args.a_scale[static_cast<int64_t>(kb) * args.m + tokens.row0 + t] : 0.f;
+      }
     }
   };
   load_scales(kb_begin);
@@ -172,23 +236,46 @@ __device__ __forceinline__ float4 Scale4(float4 v, float s, const float* w_scale
   return make_float4(v.x * (s * w.x), v.y * (s * w.y), v.z * (s * w.z), v.w * (s * w.w));
 }
 
-template <int kTokN, bool kBlockScaled>
-__global__ void __launch_bounds__(kThreads, Layout<kTokN>::kMinBlocks)
+template <int kTokN, bool kBlockScaled, int kBlocks>
+__global__ void __launch_bounds__(kThreads, kBlocks)
     Fp8GemmKernel(const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_a,
-                  const Fp8GemmArgs args) {
+                  const Fp8GemmArgs dense_args) {
 #if LS_GEMM_DEVICE_SM90A
-  using L = Layout<kTokN>;
+  using L = Layout<kTokN, kBlocks>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t ring = (SmemAddr(smem_raw) + 1023) & ~1023u;
   const TmaPipeline<L::kStages> pipe(ring + L::kStages * L::kStageBytes);
   namespace cg = cooperative_groups;
   const cg::cluster_group cluster = cg::this_cluster();
 
+  // The CTA's rows of A, and its group's W rows and scales (below).
+  Fp8GemmArgs args = dense_args;
   // Clusters are (splits, 1, 1): consecutive blocks are the splits of a W tile.
   const int tile = blockIdx.x / args.splits;
   const int split = static_cast<int>(cluster.block_rank());
   const int n0 = tile * kBlockN;
-  const int tok0 = 0;  // one token tile
+  TokenTile tokens{0, min(kTokN, args.m)};
+  int w_row0 = n0;
+  if (args.group_offsets != nullptr) {
+    __shared__ int slot_site[3];  // group, first row, rows
+    WaitForPrerequisiteGrids();
+    if (threadIdx.x < 32) {
+      int g = 0;
+      const TokenTile found = GroupSlot<kTokN>(args.group_offsets, args.groups, static_cast<int>(blockIdx.y), &g);
+      if (threadIdx.x == 0) slot_site[2] = 0;
+      __syncwarp();
+      if (found.count > 0) {
+        slot_site[0] = g;
+        slot_site[1] = found.row0;
+        slot_site[2] = found.count;
+      }
+    }
+    __syncthreads();
+    tokens = TokenTile{slot_site[1], slot_site[2]};
+    if (tokens.count <= 0) return;
+    w_row0 += slot_site[0] * args.n;
+    args.w_scale += slot_site[0] * args.w_scale_stride;
+  }
   const int kb_begin = static_cast<int>(static_cast<int64_t>(split) * args.kblocks / args.splits);
   const int kb_end = static_cast<int>(static_cast<int64_t>(split + 1) * args.kblocks / args.splits);
 
@@ -210,19 +297,19 @@ __global__ void __launch_bounds__(kThreads, Layout<kTokN>::kMinBlocks)
       PipeState<L::kStages> state;
       for (int i = 0; i < first_pass; ++i, state.Advance()) {
         const uint32_t bar = pipe.ProducerExpect(state, L::kStageBytes);
-        TmaLoad2d(ring + state.index * L::kStageBytes, &map_w, bar, (kb_begin + i) * kBlockK, n0);
+        TmaLoad2d(ring + state.index * L::kStageBytes, &map_w, bar, (kb_begin + i) * kBlockK, w_row0);
       }
       WaitForPrerequisiteGrids();
       state = PipeState<L::kStages>{};
       for (int i = 0; i < first_pass; ++i, state.Advance()) {
         TmaLoad2d(ring + state.index * L::kStageBytes + kWBytes, &map_a, pipe.FullBarrier(state),
-                  (kb_begin + i) * kBlockK, tok0);
+                  (kb_begin + i) * kBlockK, tokens.row0);
       }
       for (int i = first_pass; i < iters; ++i, state.Advance()) {
         const uint32_t bar = pipe.ProducerAcquire(state, L::kStageBytes);
         const uint32_t dst = ring + state.index * L::kStageBytes;
-        TmaLoad2d(dst, &map_w, bar, (kb_begin + i) * kBlockK, n0);
-        TmaLoad2d(dst + kWBytes, &map_a, bar, (kb_begin + i) * kBlockK, tok0);
+        TmaLoad2d(dst, &map_w, bar, (kb_begin + i) * kBlockK, w_row0);
+        TmaLoad2d(dst + kWBytes, &map_a, bar, (kb_begin + i) * kBlockK, tokens.row0);
       }
       if constexpr (!kLaunchDependentsAtEntry) AllowDependentLaunch();
     }
@@ -230,7 +317,7 @@ __global__ void __launch_bounds__(kThreads, Layout<kTokN>::kMinBlocks)
   } else {
     // The block scales of A come from the preceding grid (the quantization).
     if constexpr (kBlockScaled) WaitForPrerequisiteGrids();
-    ConsumeAndStage<kTokN, kBlockScaled>(pipe, ring, kb_begin, kb_end, n0, tok0, args, staged);
+    ConsumeAndStage<kTokN, kBlockScaled, kBlocks>(pipe, ring, kb_begin, kb_end, n0, tokens, args, staged);
   }
   WaitForPrerequisiteGrids();
   cluster.sync();
@@ -239,16 +326,15 @@ __global__ void __launch_bounds__(kThreads, Layout<kTokN>::kMinBlocks)
   // token g / per_token, W rows n0 + r .. r + 3 (r = 4 (g % per_token)); with
   // silu_mul the gate rows r.. and the up rows r + 64.., giving output
   // columns n0 / 2 + r ...
-  const int tokens = min(kTokN, args.m - tok0);
   const int per_token = args.silu_mul ? kHalfRows / 4 : kBlockN / 4;
-  const int groups = tokens * per_token;
+  const int groups = tokens.count * per_token;
   const int chunk = (groups + args.splits - 1) / args.splits;
   const int end = min(groups, (split + 1) * chunk);
   for (int g = split * chunk + static_cast<int>(threadIdx.x); g < end; g += kThreads) {
     const int t = g / per_token;
     const int r = 4 * (g % per_token);
     if (n0 + r >= args.n) continue;  // n % 16 == 0: a group is all in or all out
-    const int64_t row = tok0 + t;
+    const int64_t row = tokens.row0 + t;
     float4 sum = SumOverCluster(cluster, staged, t * kStagePitch + r, args.splits);
     const float sa = kBlockScaled ? 1.f : args.a_scale[row];
     int64_t offset;

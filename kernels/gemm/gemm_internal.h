@@ -74,11 +74,25 @@ absl::Status LaunchGemmV4(const DenseGemm& p, int splits, const DeviceInfo& dev,
 // 16, 32, 64 for m <= 64, padded up); 128, the prefill kernel's row tile,
 // above.
 int Fp8TokenTile(int64_t m);
+// Whether version 6 runs `p` on its decode kernel: a dense product of m <= 64;
+// a grouped one at block_m 64, or at block_m 0 where its groups hold at most
+// kFp8GroupedDecodeRows rows (in token tiles of 64 along the grid's z; each
+// tile past its group's rows ends at once, so the bound keeps those empty
+// CTAs few). Else the prefill kernel.
+inline constexpr int64_t kFp8GroupedDecodeRows = 128;
+bool Fp8DecodeKernelTakes(const DenseGemm& p, int block_m);
+// A grouped product's token tile on the decode kernel: the tile for twice
+// the rows an expert with rows averages (min(groups, m) of them share m),
+// within max_group_rows and 64. Larger groups take several tiles (slots).
+int Fp8GroupedTokenTile(const DenseGemm& p);
 // Default K splits for version 6: for M <= 64 the fewest of 1, 2, 4 whose
 // CTAs (W tiles x splits) cover the SMs, else 4, keeping at least two K
 // blocks per split; 1 above (the prefill kernel takes no split).
 int Fp8SplitKHeuristic(int64_t m, int64_t n, int64_t k, int num_sms);
-absl::Status LaunchGemmV6(const DenseGemm& p, int splits, const DeviceInfo& dev, cudaStream_t stream);
+// The same for a call: a grouped product on the decode kernel counts the W
+// tiles of every group that can have rows.
+int Fp8Splits(const DenseGemm& p, int block_m, int num_sms);
+absl::Status LaunchGemmV6(const DenseGemm& p, int splits, int block_m, const DeviceInfo& dev, cudaStream_t stream);
 absl::Status LaunchGemmV5(const DenseGemm& p, const DeviceInfo& dev, cudaStream_t stream);
 
 // Fills n bf16 elements with uniform values in [-1, 1) from `seed` (the

@@ -114,6 +114,23 @@ int Fp8SplitKHeuristic(int64_t m, int64_t n, int64_t k, int num_sms) {
   return splits;
 }
 
+bool Fp8DecodeKernelTakes(const DenseGemm& p, int block_m) {
+  if (p.group_offsets == nullptr) return p.m <= 64;
+  return block_m == 0 ? p.max_group_rows <= kFp8GroupedDecodeRows : block_m == 64;
+}
+
+int Fp8GroupedTokenTile(const DenseGemm& p) {
+  const int64_t with_rows = std::max<int64_t>(1, std::min<int64_t>(p.groups, p.m));
+  const int64_t average = (p.m + with_rows - 1) / with_rows;
+  return Fp8TokenTile(std::min<int64_t>({p.max_group_rows, 64, 2 * average}));
+}
+
+int Fp8Splits(const DenseGemm& p, int block_m, int num_sms) {
+  if (!Fp8DecodeKernelTakes(p, block_m)) return 1;
+  if (p.group_offsets == nullptr) return Fp8SplitKHeuristic(p.m, p.n, p.k, num_sms);
+  return Fp8SplitKHeuristic(Fp8GroupedTokenTile(p), p.n * std::min<int64_t>(p.groups, p.m), p.k, num_sms);
+}
+
 int SmallMPad(int64_t m) {
   if (m <= 8) return 8;
   if (m <= 16) return 16;
@@ -312,7 +329,6 @@ absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const 
     case GemmVersion::kClusterMulticast:
       return absl::OkStatus();
     case GemmVersion::kFp8:
-      if (p.grouped()) return absl::InvalidArgumentError("gemm v6 has no grouped form yet");
       if (p.a_scale == nullptr || p.w_scale == nullptr) return absl::InvalidArgumentError("gemm v6: null scales");
       if (!gemm::Aligned16(p.w_scale)) return absl::InvalidArgumentError("gemm v6: w_scale must be 16-byte aligned");
       if (p.n % 16 != 0 || p.k % 16 != 0) {
@@ -325,6 +341,9 @@ absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const 
       }
       if (config.split_k < 0 || config.split_k > gemm::kMaxSplitK) {
         return absl::InvalidArgumentError("gemm v6: split_k must be in [0, 8]");
+      }
+      if (config.block_m != 0 && ((config.block_m != 64 && config.block_m != 128) || !p.grouped())) {
+        return absl::InvalidArgumentError("gemm v6: block_m must be 0 (or 64 or 128 for a grouped product)");
       }
       return absl::OkStatus();
     case GemmVersion::kCublasLt:
@@ -404,8 +423,9 @@ absl::Status LaunchGemm(const GemmParams& p, const GemmConfig& config, const Dev
       return gemm::LaunchGemmV5(dense, dev, stream);
     case GemmVersion::kFp8: {
       const int64_t kblocks = (p.k + kFp8BlockK - 1) / kFp8BlockK;
-      const int splits = config.split_k > 0 ? config.split_k : gemm::Fp8SplitKHeuristic(p.m, p.n, p.k, dev.num_sms);
-      return gemm::LaunchGemmV6(dense, static_cast<int>(std::min<int64_t>(splits, kblocks)), dev, stream);
+      const int splits = config.split_k > 0 ? config.split_k : gemm::Fp8Splits(dense, config.block_m, dev.num_sms);
+      return gemm::LaunchGemmV6(dense, static_cast<int>(std::min<int64_t>(splits, kblocks)), config.block_m, dev,
+                                stream);
     }
     case GemmVersion::kCublasLt:
       break;

@@ -109,8 +109,8 @@ absl::Status Validate(const GemmParams& p) {
                                                    " ldd=", p.ldd, " too small for m=", p.m, " n=", p.n, " k=", p.k));
   }
   if (p.dtype == DType::kF32) return absl::InvalidArgumentError("gemm: operands must be bf16 or fp16");
-  if (p.fp8 != Fp8Scaling::kNone && (p.bias != nullptr || p.grouped())) {
-    return absl::InvalidArgumentError("gemm: an FP8 product takes no bias and no groups");
+  if (p.fp8 != Fp8Scaling::kNone && p.bias != nullptr) {
+    return absl::InvalidArgumentError("gemm: an FP8 product takes no bias");
   }
   if (p.silu_mul) {
     if (p.fp8 == Fp8Scaling::kNone && p.n % (2 * kGateUpBlock) != 0) {
@@ -251,7 +251,9 @@ size_t GemmRouter::CachedPlans() const {
 
 GemmConfig GemmRouter::Route(const GemmParams& p) const {
   GemmConfig config = ChooseGemm(p, custom_kernels_ ? mode_ : GemmMode::kCublasLt, table_, device_);
-  if (p.grouped() && config.version == GemmVersion::kWarpSpecialized) config.block_m = grouped_block_m_;
+  if (p.grouped() && (config.version == GemmVersion::kWarpSpecialized || config.version == GemmVersion::kFp8)) {
+    config.block_m = grouped_block_m_;
+  }
   return config;
 }
 

@@ -82,6 +82,56 @@ __device__ __forceinline__ TileCoord GroupedTile(int t, int tiles_m, int tiles_n
   return TileCoord{first_m + r % rows, r / rows};
 }
 
+// The tile schedule of a grouped product in a persistent kernel (versions 3
+// and 6): group g owns output rows [first_row[g], first_row[g + 1]) and the
+// ceil(rows / block_m) x tiles_n tiles from first_tile[g] on, in GroupedTile
+// order within the group, so the CTAs running at one time share W_g in L2.
+// Both arrays (groups + 1 entries each, kGroupScheduleInts in all) live in
+// shared memory; every thread of the CTA calls LoadGroupSchedule, after the
+// kernel that wrote the offsets (the expert routing) has completed, and it
+// returns the number of tiles.
+inline constexpr int kGroupScheduleInts = 2 * (kMaxGemmGroups + 1);
+__device__ __forceinline__ int LoadGroupSchedule(const int32_t* offsets, int groups, int block_m, int tiles_n,
+                                                 int* first_row, int* first_tile) {
+  for (int g = threadIdx.x; g <= groups; g += blockDim.x) first_row[g] = offsets[g];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    first_tile[0] = 0;
+    for (int g = 0; g < groups; ++g) {
+      const int rows = first_row[g + 1] - first_row[g];
+      first_tile[g + 1] = first_tile[g] + (rows + block_m - 1) / block_m * tiles_n;
+    }
+  }
+  __syncthreads();
+  return first_tile[groups];
+}
+
+// Where tile t of a grouped product lies: its group, the group's rows and
+// the tile within the group.
+struct GroupTile {
+  int group;
+  GroupRows rows;
+  TileCoord tile;
+};
+__device__ __forceinline__ GroupTile LocateGroupTile(int t, int groups, int block_m, int tiles_n, int group_m,
+                                                     const int* first_row, const int* first_tile) {
+  // The last group whose first tile is <= t: groups without rows share their
+  // first tile with the next group, so this one has rows.
+  int lo = 0;
+  int hi = groups - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first_tile[mid] <= t) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const GroupRows rows{first_row[lo], first_row[lo + 1] - first_row[lo]};
+  const int tiles_m = (rows.rows + block_m - 1) / block_m;
+  return GroupTile{lo, rows, GroupedTile(t - first_tile[lo], tiles_m, tiles_n, group_m)};
+}
+
 // out = bf16(x + residual) for two adjacent columns at `offset`.
 __device__ __forceinline__ void StorePair(const GemmArgs& args, int64_t offset, float x, float y) {
   if (args.residual != nullptr) {

@@ -44,9 +44,8 @@ constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
 static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
 
-// Shared memory of a grouped product's schedule: each group's first row and
-// its first tile, kMaxGemmGroups + 1 of each.
-constexpr int kScheduleBytes = 2 * (kMaxGemmGroups + 1) * 4;
+// Shared memory of a grouped product's schedule (LoadGroupSchedule).
+constexpr int kScheduleBytes = kGroupScheduleInts * 4;
 
 // kBlockM: rows per tile, 128 (each consumer 64 of them) or 64 (each
 // consumer half the columns).
@@ -71,28 +70,14 @@ struct TileSite {
   int w_row0;
 };
 
-// first_row[g] and first_tile[g] for g <= groups (schedule in shared memory).
 template <int kBlockM>
 __device__ __forceinline__ TileSite LocateTile(int t, const GemmArgs& args, const int* first_row,
                                                const int* first_tile) {
   if (args.group_offsets == nullptr) {
     return TileSite{GroupRows{0, args.m}, GroupedTile(t, args.tiles_m, args.tiles_n, kGroupM), 0};
   }
-  // The last group whose first tile is <= t: groups without rows share their
-  // first tile with the next group, so this one has rows.
-  int lo = 0;
-  int hi = args.groups - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (first_tile[mid] <= t) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const GroupRows rows{first_row[lo], first_row[lo + 1] - first_row[lo]};
-  const int tiles_m = (rows.rows + kBlockM - 1) / kBlockM;
-  return TileSite{rows, GroupedTile(t - first_tile[lo], tiles_m, args.tiles_n, kGroupM), lo * args.n};
+  const GroupTile g = LocateGroupTile(t, args.groups, kBlockM, args.tiles_n, kGroupM, first_row, first_tile);
+  return TileSite{g.rows, g.tile, g.group * args.n};
 }
 
 template <int kBlockN, int kBlockM = 128>
@@ -116,15 +101,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int num_tiles = args.tiles_m * args.tiles_n;
 
   if (args.group_offsets != nullptr) {
-    for (int g = threadIdx.x; g <= args.groups; g += kThreads) first_row[g] = args.group_offsets[g];
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      first_tile[0] = 0;
-      for (int g = 0; g < args.groups; ++g) {
-        const int rows = first_row[g + 1] - first_row[g];
-        first_tile[g + 1] = first_tile[g] + (rows + kBlockM - 1) / kBlockM * args.tiles_n;
-      }
-    }
+    num_tiles = LoadGroupSchedule(args.group_offsets, args.groups, kBlockM, args.tiles_n, first_row, first_tile);
   }
   if (threadIdx.x == 0) {
     PrefetchTensorMap(&map_a);
@@ -136,7 +113,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     FenceBarrierInit();
   }
   __syncthreads();
-  if (args.group_offsets != nullptr) num_tiles = first_tile[args.groups];
 
   if (warpgroup == 0) {
     SetMaxNRegDecrease<kProducerRegs>();

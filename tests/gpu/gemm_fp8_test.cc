@@ -14,7 +14,9 @@
 // host with block scales that differ from block to block, so a transposed or
 // misplaced block scale fails. Shapes cover 1..200 tokens (every token tile),
 // partial W tiles and a partial last K block, explicit K splits, the residual
-// add and the gated epilogue. Outputs are poisoned first. The tolerance is
+// add and the gated epilogue, and grouped products (a mixture of experts:
+// each group's rows by its own W and scales, empty groups among them) on
+// both kernels. Outputs are poisoned first. The tolerance is
 // bf16 output rounding plus the tensor cores' FP8 accumulation inside one K
 // block; the worst element is printed. Skips without a Hopper GPU and sm_90a
 // build.
@@ -160,6 +162,10 @@ struct Fp8Case {
   int split_k = 0;  // 0: the heuristic
   bool residual = false;
   bool silu_mul = false;
+  // A grouped product: each group's rows (m is their sum), and the bound on
+  // any group's rows the call passes (0: the largest group's).
+  std::vector<int64_t> group_rows = {};
+  int64_t max_group_rows = 0;
 };
 
 std::string CaseName(const ::testing::TestParamInfo<Fp8Case>& info) { return info.param.name; }
@@ -184,6 +190,15 @@ std::vector<Fp8Case> Cases() {
     // Llama-3-8B's o projection at decode (4 splits) and its gate/up.
     cases.push_back({tag + "_llama_o_m4", s, 4, 4096, 4096});
     cases.push_back({tag + "_llama_gate_up_m4", s, 4, 28672, 4096, 0, false, true});
+    // Grouped: the decode kernel with one token tile a group, with two (a
+    // group past 64 rows), and the prefill kernel's schedule (a bound past
+    // 128); the gated epilogue as the experts' gate/up runs it.
+    cases.push_back({tag + "_grouped_decode", s, 0, 400, 1040, 0, false, false, {3, 0, 1, 17, 0, 64, 2, 9}, 64});
+    cases.push_back({tag + "_grouped_decode_2tiles", s, 0, 256, 1024, 0, false, false, {70, 0, 5, 128, 33}, 128});
+    cases.push_back({tag + "_grouped_prefill", s, 0, 400, 1040, 0, false, false, {200, 0, 1, 130, 7}, 200});
+    cases.push_back({tag + "_grouped_silu_decode", s, 0, 768, 640, 0, false, true, {5, 0, 12, 1}, 16});
+    cases.push_back({tag + "_grouped_silu_prefill", s, 0, 768, 640, 0, false, true, {150, 3, 0, 140}, 150});
+    cases.push_back({tag + "_grouped_residual", s, 0, 384, 1024, 0, true, false, {4, 0, 9}, 9});
   }
   return cases;
 }
@@ -204,22 +219,32 @@ class Fp8GemmTest : public testing::GpuTestWithParam<Fp8Case> {
 TEST_P(Fp8GemmTest, MatchesTheFloat64ReferenceOfItsCodesAndScales) {
   const Fp8Case& c = GetParam();
   const bool block = c.scaling == Fp8Scaling::kBlock;
-  const int64_t m = c.m, n = c.n, k = c.k;
+  const bool grouped = !c.group_rows.empty();
+  const int64_t groups = grouped ? static_cast<int64_t>(c.group_rows.size()) : 1;
+  // Each row's group, and the offsets the routing would write.
+  std::vector<int32_t> offsets = {0};
+  std::vector<int64_t> group_of(grouped ? 0 : static_cast<size_t>(c.m), 0);
+  for (int64_t g = 0; g < static_cast<int64_t>(c.group_rows.size()); ++g) {
+    offsets.push_back(offsets.back() + static_cast<int32_t>(c.group_rows[g]));
+    group_of.insert(group_of.end(), static_cast<size_t>(c.group_rows[g]), g);
+  }
+  const int64_t m = grouped ? offsets.back() : c.m, n = c.n, k = c.k;
   const int64_t kblocks = (k + kFp8BlockK - 1) / kFp8BlockK;
   const int64_t out_cols = c.silu_mul ? n / 2 : n;
   std::mt19937_64 rng(static_cast<uint64_t>(m * 1009 + n * 13 + k) + (block ? 1 : 0));
   std::uniform_real_distribution<float> u(-1.f, 1.f);
 
-  // Weights: e4m3 codes of uniform values, and scales that differ per block
-  // (or per row) by up to 16x.
-  std::vector<uint8_t> w_codes(static_cast<size_t>(n * k));
+  // Weights (every group's, stacked): e4m3 codes of uniform values, and
+  // scales that differ per block (or per row) by up to 16x.
+  std::vector<uint8_t> w_codes(static_cast<size_t>(groups * n * k));
   for (auto& code : w_codes) code = FloatToFp8E4M3(u(rng) * 448.f);
   const int64_t scale_rows = block ? (n + kFp8WeightScaleRows - 1) / kFp8WeightScaleRows : n;
   const int64_t scale_cols = block ? kblocks : 1;
-  std::vector<float> w_scale(static_cast<size_t>(scale_rows * scale_cols));
+  std::vector<float> w_scale(static_cast<size_t>(groups * scale_rows * scale_cols));
   for (auto& s : w_scale) s = std::exp2(std::uniform_real_distribution<float>(-4.f, 0.f)(rng)) / 448.f / std::sqrt(k);
-  const auto w_scale_of = [&](int64_t row, int64_t kb) {
-    return block ? w_scale[(row / kFp8WeightScaleRows) * kblocks + kb] : w_scale[row];
+  const auto w_scale_of = [&](int64_t g, int64_t row, int64_t kb) {
+    const float* group_scales = w_scale.data() + g * scale_rows * scale_cols;
+    return block ? group_scales[(row / kFp8WeightScaleRows) * kblocks + kb] : group_scales[row];
   };
 
   const std::vector<uint16_t> x_bits = RandomActivations(m, k, rng());
@@ -229,8 +254,9 @@ TEST_P(Fp8GemmTest, MatchesTheFloat64ReferenceOfItsCodesAndScales) {
 
   DeviceBuffer x_dev(x_bits.size() * 2), a_codes(static_cast<size_t>(m * k)), a_scale(a.scales.size() * 4),
       w_dev(w_codes.size()), w_scale_dev(w_scale.size() * 4), out(static_cast<size_t>(m * out_cols * 2)),
-      workspace(GemmRouter::kDefaultWorkspaceBytes);
+      workspace(GemmRouter::kDefaultWorkspaceBytes), offsets_dev(offsets.size() * 4);
   ASSERT_FALSE(HasFailure());
+  offsets_dev.Upload(offsets.data(), offsets.size() * 4);
   x_dev.Upload(x_bits.data(), x_bits.size() * 2);
   w_dev.Upload(w_codes.data(), w_codes.size());
   w_scale_dev.Upload(w_scale.data(), w_scale.size() * 4);
@@ -261,6 +287,12 @@ TEST_P(Fp8GemmTest, MatchesTheFloat64ReferenceOfItsCodesAndScales) {
   p.fp8 = c.scaling;
   p.a_scale = static_cast<const float*>(a_scale.get());
   p.w_scale = static_cast<const float*>(w_scale_dev.get());
+  if (grouped) {
+    p.group_offsets = static_cast<const int32_t*>(offsets_dev.get());
+    p.groups = static_cast<int>(groups);
+    p.max_group_rows =
+        c.max_group_rows > 0 ? c.max_group_rows : *std::max_element(c.group_rows.begin(), c.group_rows.end());
+  }
   EXPECT_EQ(router_->Route(p).version, GemmVersion::kFp8);
   const GemmWorkspace ws{workspace.get(), workspace.bytes()};
   const absl::Status status = c.split_k > 0
@@ -278,19 +310,21 @@ TEST_P(Fp8GemmTest, MatchesTheFloat64ReferenceOfItsCodesAndScales) {
   for (size_t i = 0; i < a.codes.size(); ++i) a_value[i] = Fp8E4M3ToFloat(a.codes[i]);
   for (size_t i = 0; i < w_codes.size(); ++i) w_value[i] = Fp8E4M3ToFloat(w_codes[i]);
   for (int64_t r = 0; r < m; ++r) {
+    const int64_t g = group_of[static_cast<size_t>(r)];
+    const double* w_group = w_value.data() + g * n * k;
     for (int64_t col = 0; col < n; ++col) {
       double total = 0, total_abs = 0;
       for (int64_t kb = 0; kb < kblocks; ++kb) {
         double partial = 0, partial_abs = 0;
         for (int64_t i = kb * kFp8BlockK; i < std::min(k, (kb + 1) * kFp8BlockK); ++i) {
-          partial += a_value[r * k + i] * w_value[col * k + i];
-          partial_abs += std::fabs(a_value[r * k + i] * w_value[col * k + i]);
+          partial += a_value[r * k + i] * w_group[col * k + i];
+          partial_abs += std::fabs(a_value[r * k + i] * w_group[col * k + i]);
         }
-        const double scale = block ? a.scales[kb * m + r] * w_scale_of(col, kb) : 1.0;
+        const double scale = block ? a.scales[kb * m + r] * w_scale_of(g, col, kb) : 1.0;
         total += partial * scale;
         total_abs += partial_abs * scale;
       }
-      const double scale = block ? 1.0 : a.scales[r] * w_scale_of(col, 0);
+      const double scale = block ? 1.0 : a.scales[r] * w_scale_of(g, col, 0);
       product[r * n + col] = total * scale;
       magnitude[r * n + col] = total_abs * scale;
     }

@@ -104,8 +104,8 @@ struct GemmParams {
   // (groups + 1 of them, device memory) are written by a kernel earlier on
   // the stream, the expert routing, so the host knows only m and a bound on
   // any one group's rows, max_group_rows. Only our kernels take grouped
-  // products (v4 for max_group_rows <= 64, else v3); groups with no rows
-  // read none of their weights.
+  // products (v4 for max_group_rows <= 64, else v3; v6 for FP8 ones); groups
+  // with no rows read none of their weights.
   const int32_t* group_offsets = nullptr;
   int groups = 0;
   int64_t max_group_rows = 0;
@@ -121,9 +121,11 @@ struct GemmParams {
   void* scratch = nullptr;
   // An FP8 product (Fp8Scaling): a and w hold float8_e4m3fn codes, one byte
   // each (lda, ldw count them), d is dtype (bf16), and a_scale / w_scale
-  // (device fp32) are laid out as the scaling says. Takes no bias and no
-  // grouped form yet; silu_mul interleaves w by kFp8GateUpBlock; n, k
-  // multiples of 16.
+  // (device fp32) are laid out as the scaling says. Takes no bias;
+  // silu_mul interleaves w by kFp8GateUpBlock; n, k multiples of 16. A
+  // grouped FP8 product stacks the groups' scales as it stacks W (w_scale
+  // holds groups x one group's layout) and indexes a_scale by A's row over
+  // all m rows (LaunchQuantizeFp8's layout of the whole A).
   Fp8Scaling fp8 = Fp8Scaling::kNone;
   const float* a_scale = nullptr;
   const float* w_scale = nullptr;
@@ -153,9 +155,10 @@ struct GemmConfig {
   int split_k = 0;
   // Version 3 only: tile width 128 or 256; 0 picks from the shape.
   int block_n = 0;
-  // Version 3, grouped products only: tile height 64 or 128; 0 picks from
-  // the rows per group. (Not part of the spec strings: grouped products are
-  // never tuned or pinned.)
+  // Versions 3 and 6, grouped products only: tile height 64 or 128; 0 picks
+  // from the rows per group. (Version 6: 64 runs the decode kernel in token
+  // tiles of up to 64, 128 the prefill kernel.) Not part of the spec
+  // strings: grouped products are never tuned or pinned.
   int block_m = 0;
 };
 
@@ -289,7 +292,7 @@ class GemmRouter {
   // Pins the configuration of m's bucket for (n, k), replacing any tuned one.
   void SetChoice(int64_t m, int64_t n, int64_t k, const GemmConfig& config);
   const GemmTable& table() const { return table_; }
-  // The row tile of every grouped product version 3 runs (GemmConfig::
+  // The row tile of every grouped product versions 3 and 6 run (GemmConfig::
   // block_m; 0, the default, picks per call). For benchmarks' A/B; like
   // SetChoice, not thread-safe against Run.
   void SetGroupedBlockM(int block_m) { grouped_block_m_ = block_m; }
