@@ -37,7 +37,8 @@
 //   layer_bench [--csv PATH] [--decode-csv PATH] [--iters N] [--gemm MODE]
 //               [--no-autotune] [--compare cublaslt|untuned|bm64|bm128|graph|bf16]
 //               [--model llama3|mixtral|qwen2-moe|qwen3-moe] [--mixtral] [--fp8 block|row]
-// --fp8 runs the dense layer's four projections on the FP8 GEMM (W8A8, each
+// --fp8 runs the layer's four projections (a mixture of experts': its
+// experts' two, grouped) on the FP8 GEMM (W8A8, each
 // input quantized on the way as serving does), their weights the bf16 ones
 // quantized at one static scale, with block-128 (transformers' fine-grained)
 // or per-row (per-channel) scales; --compare bf16 then times the same layer
@@ -48,7 +49,8 @@
 // untuned table, alternating run by run with the first, and adds its median
 // and the ratio: an A/B that the machine's drift between runs (10-25% here at
 // times) cannot fake. bm64 / bm128 compare grouped products (--mixtral) run
-// with that row tile everywhere against the per-call choice. graph replays
+// with that row tile everywhere against the per-call choice (with --fp8:
+// version 6's decode kernel everywhere, or its prefill kernel). graph replays
 // the same executor's launches captured once per case in a CUDA graph, with
 // the paged plan padded as the server pads it for its graphs
 // (server/cuda/forward_graphs.h): what the launches themselves and the gaps
@@ -207,8 +209,11 @@ absl::StatusOr<cuda::LayerDeviceWeights> Fp8Layer(const cuda::LayerDeviceWeights
   const Projection projections[] = {
       {layer.w_qkv, shape.qkv_width(), shape.hidden, uniform(shape.hidden), &out.w_qkv, &out.qkv_fp8},
       {layer.w_o, shape.hidden, shape.q_width(), uniform(shape.q_width()), &out.w_o, &out.o_fp8},
-      {layer.w_gate_up, 2 * shape.intermediate, shape.hidden, uniform(shape.hidden), &out.w_gate_up, &out.gate_up_fp8},
-      {layer.w_down, shape.hidden, shape.intermediate, uniform(shape.intermediate), &out.w_down, &out.down_fp8},
+      // (A mixture of experts': every expert's, stacked, scales likewise.)
+      {layer.w_gate_up, shape.mlps() * 2 * shape.intermediate, shape.hidden, uniform(shape.hidden), &out.w_gate_up,
+       &out.gate_up_fp8},
+      {layer.w_down, shape.mlps() * shape.hidden, shape.intermediate, uniform(shape.intermediate), &out.w_down,
+       &out.down_fp8},
   };
   for (const Projection& p : projections) {
     const float scale = p.half_width / 448.0f;
@@ -248,7 +253,6 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
   cudaDeviceProp props{};
   LS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, 0));
   const bool moe = config.IsMixtureOfExperts();
-  if (fp8 != kernels::Fp8Scaling::kNone && moe) return absl::UnimplementedError("--fp8: dense layers only");
   if (compare == "bf16" && fp8 == kernels::Fp8Scaling::kNone) {
     return absl::InvalidArgumentError("--compare bf16 goes with --fp8");
   }
@@ -316,7 +320,8 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
   }
   // Per expert, the bytes of its three projections (0 for a dense layer).
   const double expert_bytes =
-      moe ? 2.0 * static_cast<double>(shape.gate_up_weight_elements() + shape.down_weight_elements()) / shape.experts
+      moe ? (shape.fp8 ? 1.0 : 2.0) *
+                static_cast<double>(shape.gate_up_weight_elements() + shape.down_weight_elements()) / shape.experts
           : 0.0;
 
   const std::vector<float> inv_freq = RopeInvFreq(config);
@@ -351,7 +356,7 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
         gemm_b, cuda::MakeGemmRouter(compare == "cublaslt" ? kernels::GemmMode::kCublasLt : kernels::GemmMode::kAuto,
                                      gemm_shapes, kMaxTokens, row_tile ? tuning : untuned, std::cerr));
     if (row_tile) gemm_b->SetGroupedBlockM(compare == "bm64" ? 64 : 128);
-    executor_b = std::make_unique<cuda::LayerExecutor>(shape, std::vector<cuda::LayerDeviceWeights>{layer},
+    executor_b = std::make_unique<cuda::LayerExecutor>(shape, std::vector<cuda::LayerDeviceWeights>{served},
                                                        static_cast<const float*>(inv_freq_dev.data()), gemm_b.get());
   }
   LS_ASSIGN_OR_RETURN(cuda::OpTimer timer, cuda::OpTimer::Create(cuda::kOpsPerLayer));

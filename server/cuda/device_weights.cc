@@ -85,11 +85,6 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
   // FP8 checkpoints: the scaling the GEMM runs their FP8 linears with.
   std::optional<kernels::Fp8Scaling> fp8_scaling;
   if (c.fp8) {
-    if (moe) {
-      return absl::UnimplementedError(absl::StrCat(
-          "cuda backend: FP8 mixture-of-experts checkpoints (", c.model_type,
-          ") have no grouped FP8 GEMM yet; --backend=cpu serves them with the format's numerics"));
-    }
     if (c.attention_bias) {
       return absl::UnimplementedError(
           "cuda backend: the FP8 GEMM has no bias epilogue, so FP8 checkpoints with q/k/v biases "
@@ -106,8 +101,9 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
     LS_RETURN_IF_ERROR(CheckLayerWeights(w, c, layer_index));
     // The FP8 linears' device images (empty for a linear the checkpoint left
     // unquantized).
+    // A mixture of experts' gate_up and down are its experts', stacked.
     struct Fp8Images {
-      std::optional<Fp8LinearImage> qkv, o, gate_up, down;
+      std::optional<Fp8LinearImage> qkv, o, gate_up, down, shared_gate_up, shared_down;
     } f8;
     const auto fp8_image = [&](std::initializer_list<const HostTensor*> parts, bool gate_up,
                                std::string_view what,
@@ -122,8 +118,29 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
       LS_RETURN_IF_ERROR(
           fp8_image({&w.q_proj, &w.k_proj, &w.v_proj}, false, "q/k/v_proj", &f8.qkv));
       LS_RETURN_IF_ERROR(fp8_image({&w.o_proj}, false, "o_proj", &f8.o));
-      LS_RETURN_IF_ERROR(fp8_image({&w.gate_proj, &w.up_proj}, true, "gate/up_proj", &f8.gate_up));
-      LS_RETURN_IF_ERROR(fp8_image({&w.down_proj}, false, "down_proj", &f8.down));
+      if (moe) {
+        const auto experts_image = [&](const HostTensor& t, bool gate_up, std::string_view what,
+                                       std::optional<Fp8LinearImage>* dst) -> absl::Status {
+          if (t.dtype != DType::kF8E4M3) return absl::OkStatus();
+          LS_ASSIGN_OR_RETURN(*dst, MakeFp8ExpertsImage(t, *fp8_scaling, gate_up,
+                                                        absl::StrCat("layer ", layer_index, " ",
+                                                                     std::string(what))));
+          return absl::OkStatus();
+        };
+        LS_RETURN_IF_ERROR(
+            experts_image(w.experts_gate_up, true, "experts' gate/up_proj", &f8.gate_up));
+        LS_RETURN_IF_ERROR(experts_image(w.experts_down, false, "experts' down_proj", &f8.down));
+        if (c.HasSharedExpert()) {
+          LS_RETURN_IF_ERROR(fp8_image({&w.shared_gate_proj, &w.shared_up_proj}, true,
+                                       "shared expert's gate/up_proj", &f8.shared_gate_up));
+          LS_RETURN_IF_ERROR(fp8_image({&w.shared_down_proj}, false, "shared expert's down_proj",
+                                       &f8.shared_down));
+        }
+      } else {
+        LS_RETURN_IF_ERROR(
+            fp8_image({&w.gate_proj, &w.up_proj}, true, "gate/up_proj", &f8.gate_up));
+        LS_RETURN_IF_ERROR(fp8_image({&w.down_proj}, false, "down_proj", &f8.down));
+      }
     }
     // A linear's weight bytes: its codes, or its elements in the activation
     // dtype; and its scales.
@@ -153,6 +170,8 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
       void* o_scale;
       void* gate_up_scale;
       void* down_scale;
+      void* shared_gate_up_scale;
+      void* shared_down_scale;
     };
     const auto carve = [&](BumpLayout& layout) {
       Offsets o;
@@ -166,10 +185,11 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
       o.w_down = layout.Take(weight_bytes(f8.down, shape.down_weight_elements()));
       o.router =
           moe ? layout.Take(static_cast<size_t>(shape.router_weight_elements()) * e) : nullptr;
-      const size_t shared = static_cast<size_t>(shape.shared_intermediate * shape.hidden) * e;
+      const int64_t shared = shape.shared_intermediate * shape.hidden;
       const bool has_shared = shared > 0;
-      o.w_shared_gate_up = has_shared ? layout.Take(2 * shared) : nullptr;
-      o.w_shared_down = has_shared ? layout.Take(shared) : nullptr;
+      o.w_shared_gate_up =
+          has_shared ? layout.Take(weight_bytes(f8.shared_gate_up, 2 * shared)) : nullptr;
+      o.w_shared_down = has_shared ? layout.Take(weight_bytes(f8.shared_down, shared)) : nullptr;
       o.shared_gate = has_shared ? layout.Take(static_cast<size_t>(shape.hidden) * e) : nullptr;
       const size_t head = static_cast<size_t>(shape.head_dim) * e;
       o.q_norm = shape.qk_norm ? layout.Take(head) : nullptr;
@@ -178,6 +198,9 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
       o.o_scale = f8.o ? layout.Take(scale_bytes(f8.o)) : nullptr;
       o.gate_up_scale = f8.gate_up ? layout.Take(scale_bytes(f8.gate_up)) : nullptr;
       o.down_scale = f8.down ? layout.Take(scale_bytes(f8.down)) : nullptr;
+      o.shared_gate_up_scale =
+          f8.shared_gate_up ? layout.Take(scale_bytes(f8.shared_gate_up)) : nullptr;
+      o.shared_down_scale = f8.shared_down ? layout.Take(scale_bytes(f8.shared_down)) : nullptr;
       return o;
     };
     BumpLayout sizing(nullptr);
@@ -202,8 +225,8 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
     place(f8.o, h.w_o, h.o_scale, {&w.o_proj});
     ConvertInto({&w.post_attention_layernorm}, host_dtype, at(h.post_norm));
     if (moe) {
-      ConvertInto({&w.experts_gate_up}, host_dtype, at(h.w_gate_up));
-      ConvertInto({&w.experts_down}, host_dtype, at(h.w_down));
+      place(f8.gate_up, h.w_gate_up, h.gate_up_scale, {&w.experts_gate_up});
+      place(f8.down, h.w_down, h.down_scale, {&w.experts_down});
       ConvertInto({&w.router}, host_dtype, at(h.router));
     } else {
       place(f8.gate_up, h.w_gate_up, h.gate_up_scale, {&w.gate_proj, &w.up_proj});
@@ -215,10 +238,13 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
                        static_cast<size_t>(shape.hidden) * e);
     }
     if (shape.shared_intermediate > 0) {
-      ConvertInto({&w.shared_gate_proj, &w.shared_up_proj}, host_dtype, at(h.w_shared_gate_up));
-      InterleaveGateUp(at(h.w_shared_gate_up), 1, shape.shared_intermediate,
-                       static_cast<size_t>(shape.hidden) * e);
-      ConvertInto({&w.shared_down_proj}, host_dtype, at(h.w_shared_down));
+      place(f8.shared_gate_up, h.w_shared_gate_up, h.shared_gate_up_scale,
+            {&w.shared_gate_proj, &w.shared_up_proj});
+      if (!f8.shared_gate_up) {
+        InterleaveGateUp(at(h.w_shared_gate_up), 1, shape.shared_intermediate,
+                         static_cast<size_t>(shape.hidden) * e);
+      }
+      place(f8.shared_down, h.w_shared_down, h.shared_down_scale, {&w.shared_down_proj});
       ConvertInto({&w.shared_expert_gate}, host_dtype, at(h.shared_gate));
     }
     if (shape.qk_norm) {
@@ -244,11 +270,16 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
     view.o_fp8 = linear(f8.o, d.o_scale);
     view.gate_up_fp8 = linear(f8.gate_up, d.gate_up_scale);
     view.down_fp8 = linear(f8.down, d.down_scale);
+    view.shared_gate_up_fp8 = linear(f8.shared_gate_up, d.shared_gate_up_scale);
+    view.shared_down_fp8 = linear(f8.shared_down, d.shared_down_scale);
     out.views_.push_back(view);
+    const int64_t shared = shape.shared_intermediate * shape.hidden;
     out.bytes_ +=
         e * static_cast<size_t>(2 * shape.hidden + (c.attention_bias ? shape.qkv_width() : 0) +
-                                shape.router_weight_elements() + shape.shared_weight_elements() +
+                                shape.router_weight_elements() + (shared > 0 ? shape.hidden : 0) +
                                 shape.head_norm_elements()) +
+        weight_bytes(f8.shared_gate_up, 2 * shared) + weight_bytes(f8.shared_down, shared) +
+        scale_bytes(f8.shared_gate_up) + scale_bytes(f8.shared_down) +
         weight_bytes(f8.qkv, shape.qkv_weight_elements()) +
         weight_bytes(f8.o, shape.o_weight_elements()) +
         weight_bytes(f8.gate_up, shape.gate_up_weight_elements()) +

@@ -136,4 +136,76 @@ absl::StatusOr<Fp8LinearImage> MakeFp8LinearImage(std::initializer_list<const Ho
   return image;
 }
 
+namespace {
+
+// Rows [row0, row0 + rows) of expert e of a stacked FP8 tensor [experts, R,
+// C], as a 2-D FP8 tensor with its own scales: one per row where a scale
+// block spans the columns (per channel or per tensor), else the blocks of
+// those rows (row0 must start a block).
+absl::StatusOr<HostTensor> ExpertRows(const HostTensor& t, int64_t e, int64_t row0, int64_t rows,
+                                      const std::string& name) {
+  const int64_t all_rows = t.shape[1];
+  const int64_t cols = t.shape[2];
+  const HostTensor::ScaleGrid grid = t.Fp8ScaleGrid();
+  HostTensor out;
+  out.dtype = DType::kF8E4M3;
+  out.shape = {rows, cols};
+  out.input_scale = t.input_scale;
+  const auto* from = t.data.data() + static_cast<size_t>((e * all_rows + row0) * cols);
+  out.data.assign(from, from + static_cast<size_t>(rows * cols));
+  const float* scales = t.scale.data() + static_cast<size_t>(e * grid.rows * grid.cols);
+  if (grid.cols == 1) {
+    out.scale_block_rows = 1;
+    out.scale_block_cols = cols;
+    out.scale.resize(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r)
+      out.scale[static_cast<size_t>(r)] = scales[(row0 + r) / t.scale_block_rows];
+    return out;
+  }
+  if (row0 % t.scale_block_rows != 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "cuda backend: ", name, ": gate and up share a ", t.scale_block_rows, "-row scale block (",
+        row0, " rows each); the grouped FP8 GEMM needs them in blocks of their own"));
+  }
+  out.scale_block_rows = t.scale_block_rows;
+  out.scale_block_cols = t.scale_block_cols;
+  const int64_t block0 = row0 / t.scale_block_rows;
+  const int64_t blocks = (rows + t.scale_block_rows - 1) / t.scale_block_rows;
+  out.scale.assign(scales + block0 * grid.cols, scales + (block0 + blocks) * grid.cols);
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<Fp8LinearImage> MakeFp8ExpertsImage(const HostTensor& stacked, Fp8Scaling scaling,
+                                                   bool gate_up, const std::string& name) {
+  if (stacked.dtype != DType::kF8E4M3 || stacked.shape.size() != 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda backend: ", name, ": stacked FP8 experts must be [experts, rows, cols]"));
+  }
+  const int64_t experts = stacked.shape[0];
+  const int64_t rows = stacked.shape[1];
+  Fp8LinearImage image;
+  image.input_scale = stacked.input_scale;
+  for (int64_t e = 0; e < experts; ++e) {
+    const std::string expert = absl::StrCat(name, " (expert ", e, ")");
+    absl::StatusOr<Fp8LinearImage> one;
+    if (gate_up) {
+      absl::StatusOr<HostTensor> gate = ExpertRows(stacked, e, 0, rows / 2, expert);
+      if (!gate.ok()) return gate.status();
+      absl::StatusOr<HostTensor> up = ExpertRows(stacked, e, rows / 2, rows / 2, expert);
+      if (!up.ok()) return up.status();
+      one = MakeFp8LinearImage({&*gate, &*up}, scaling, true, expert);
+    } else {
+      absl::StatusOr<HostTensor> down = ExpertRows(stacked, e, 0, rows, expert);
+      if (!down.ok()) return down.status();
+      one = MakeFp8LinearImage({&*down}, scaling, false, expert);
+    }
+    if (!one.ok()) return one.status();
+    image.codes.insert(image.codes.end(), one->codes.begin(), one->codes.end());
+    image.scales.insert(image.scales.end(), one->scales.begin(), one->scales.end());
+  }
+  return image;
+}
+
 }  // namespace layerserve::cuda

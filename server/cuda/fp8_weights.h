@@ -42,4 +42,14 @@ absl::StatusOr<Fp8LinearImage> MakeFp8LinearImage(std::initializer_list<const Ho
                                                   kernels::Fp8Scaling scaling, bool gate_up,
                                                   const std::string& name);
 
+// A mixture of experts' stacked FP8 weight ([experts, rows, cols], one scale
+// grid per expert, as the loader holds it) as the grouped FP8 GEMM reads it:
+// each expert's image (MakeFp8LinearImage) one after the other, codes and
+// scales alike; with `gate_up` each expert's rows are its gate rows then its
+// up rows, interleaved per expert. UNIMPLEMENTED where gate and up share a
+// scale block (the intermediate width is not a multiple of the block rows).
+absl::StatusOr<Fp8LinearImage> MakeFp8ExpertsImage(const HostTensor& stacked,
+                                                   kernels::Fp8Scaling scaling, bool gate_up,
+                                                   const std::string& name);
+
 }  // namespace layerserve::cuda

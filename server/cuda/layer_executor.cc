@@ -82,11 +82,23 @@ absl::StatusOr<ActivationArena> ActivationArena::Create(const LayerShape& shape,
                                     shape.shared_intermediate}));
   const size_t hidden = static_cast<size_t>(shape.hidden);
   const bool moe = shape.experts > 0;
-  // The widest input an FP8 linear quantizes (its K).
+  // Per token, the most an FP8 linear's quantized input takes: its K codes
+  // (and K / 128 scales, rounded up) for each of its rows (the experts' rows,
+  // or one).
+  const auto groups_of = [](int64_t width) {
+    return (width + kernels::kFp8BlockK - 1) / kernels::kFp8BlockK;
+  };
   const size_t fp8_width =
-      shape.fp8 ? static_cast<size_t>(std::max({shape.hidden, shape.q_width(), shape.intermediate}))
+      shape.fp8 ? static_cast<size_t>(std::max({shape.hidden, shape.q_width(),
+                                                rows * std::max(shape.hidden, shape.intermediate),
+                                                shape.shared_intermediate}))
                 : 0;
-  const size_t fp8_groups = (fp8_width + kernels::kFp8BlockK - 1) / kernels::kFp8BlockK;
+  const size_t fp8_groups =
+      shape.fp8 ? static_cast<size_t>(std::max(
+                      {groups_of(shape.hidden), groups_of(shape.q_width()),
+                       rows * std::max(groups_of(shape.hidden), groups_of(shape.intermediate)),
+                       groups_of(shape.shared_intermediate)}))
+                : 0;
   const size_t choices = moe ? t * static_cast<size_t>(shape.top_k) : 0;
   const size_t experts = moe ? static_cast<size_t>(shape.experts) : 0;
   // The same sequence of Takes sizes the allocation and then carves it.
@@ -476,6 +488,8 @@ absl::Status LayerExecutor::ExpertMlps(int layer, const ActivationArena& arena, 
   // at most once, so no expert has more rows than the batch has tokens.
   LS_RETURN_IF_ERROR(RunMlp({.w_gate_up = w.w_gate_up,
                              .w_down = w.w_down,
+                             .gate_up_fp8 = w.gate_up_fp8,
+                             .down_fp8 = w.down_fp8,
                              .intermediate = s.intermediate,
                              .input = arena.moe_input,
                              .rows = rows,
@@ -499,9 +513,11 @@ absl::Status LayerExecutor::ExpertMlps(int layer, const ActivationArena& arena, 
   if (s.shared_intermediate == 0) return absl::OkStatus();
   // The shared expert over every token, after the combine: the experts'
   // buffers are free again, and it adds onto x as the dense MLP does.
-  return RunMlp(OntoResidual(arena, tokens, w.w_shared_gate_up, w.w_shared_down,
-                             s.shared_intermediate, w.shared_gate),
-                arena, workspace, stream, timer, kOpSharedExpert);
+  MlpRun shared = OntoResidual(arena, tokens, w.w_shared_gate_up, w.w_shared_down,
+                               s.shared_intermediate, w.shared_gate);
+  shared.gate_up_fp8 = w.shared_gate_up_fp8;
+  shared.down_fp8 = w.shared_down_fp8;
+  return RunMlp(shared, arena, workspace, stream, timer, kOpSharedExpert);
 }
 
 }  // namespace layerserve::cuda

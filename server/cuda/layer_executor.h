@@ -88,10 +88,6 @@ struct LayerShape {
   // computes the logits takes them; its logits row has this width.
   int64_t router_rows() const { return (int64_t{experts} + 7) / 8 * 8; }
   int64_t router_weight_elements() const { return experts > 0 ? router_rows() * hidden : 0; }
-  // The shared expert's gate/up and down weights, and its gate's row.
-  int64_t shared_weight_elements() const {
-    return shared_intermediate > 0 ? 3 * shared_intermediate * hidden + hidden : 0;
-  }
   int64_t head_norm_elements() const { return qk_norm ? 2 * int64_t{head_dim} : 0; }
   // Activation rows each token takes in the MLP: one, or one per chosen expert.
   int64_t mlp_rows_per_token() const { return experts > 0 ? top_k : 1; }
@@ -132,8 +128,11 @@ struct LayerDeviceWeights {
   const void* q_norm = nullptr;  // [head_dim]
   const void* k_norm = nullptr;  // [head_dim]
   // FP8 checkpoints: how w_qkv, w_o, w_gate_up (then interleaved by
-  // kernels::kFp8GateUpBlock, not GateUpRow) and w_down are stored.
+  // kernels::kFp8GateUpBlock, not GateUpRow, per expert in a mixture of
+  // experts, whose scales stack as the experts do) and w_down are stored,
+  // and the shared expert's two.
   Fp8Linear qkv_fp8, o_fp8, gate_up_fp8, down_fp8;
+  Fp8Linear shared_gate_up_fp8, shared_down_fp8;
 };
 
 // One stream's activations for up to max_tokens tokens, in one allocation.

@@ -23,8 +23,11 @@
 // GEMM reads only e4m3 codes, so an input left unquantized is garbage. The
 // kernels' numerics are checked element by element in gemm_fp8_test.cc.
 // Sequences of 1, 9 and 100 tokens cover the decode token tiles and the
-// 128-token tiles. Formats the GPU does not take are refused at load with
-// UNIMPLEMENTED, naming the format.
+// 128-token tiles. Mixtures of experts (a Mixtral and a Qwen2-MoE with its
+// shared expert) run their experts on the grouped FP8 GEMM: at 110 tokens
+// every expert's rows fit the decode kernel's grouped form, at 201 the
+// prefill kernel's schedule takes them. Formats the GPU does not take are
+// refused at load with UNIMPLEMENTED, naming the format.
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -75,21 +78,26 @@ struct Distances {
   double gap = 0;          // between the two references
 };
 
-Distances Distance(const ModelSpan& model, uint64_t seed) {
+Distances Distance(const ModelSpan& model, uint64_t seed, const std::vector<int32_t>& lengths = {1, 9, 100}) {
   CudaBackendOptions options;
   options.max_batch_tokens = 256;
   auto backend = MakeCudaBackend(model, options);
   EXPECT_TRUE(backend.ok()) << backend.status();
   if (!backend.ok()) return {};
   const int64_t hidden = model.config.hidden_size;
-  const std::vector<int32_t> cu_seqlens = {0, 1, 10, 110};
+  std::vector<int32_t> cu_seqlens = {0};
+  std::vector<cpu_test::RequestShape> specs;
+  for (const int32_t length : lengths) {
+    cu_seqlens.push_back(cu_seqlens.back() + length);
+    // bf16 and fp32 requests alternate.
+    specs.push_back({1, length, specs.size() % 2 == 0 ? DType::kBF16 : DType::kF32});
+  }
   cpu_test::Rng rng(seed);
-  const std::vector<float> x = cpu_test::RepresentableInputs(rng, static_cast<size_t>(110 * hidden));
+  const std::vector<float> x = cpu_test::RepresentableInputs(rng, static_cast<size_t>(cu_seqlens.back() * hidden));
   const ReferenceModel reference = ToReference(model);
   const std::vector<double> w8a8 = ReferenceForward(reference, cpu_test::ToDouble(x), cu_seqlens);
   const std::vector<double> w8a16 = ReferenceForward(WeightOnly(reference), cpu_test::ToDouble(x), cu_seqlens);
-  cpu_test::BuiltBatch built =
-      cpu_test::BuildBatch({{1, 1, DType::kBF16}, {1, 9, DType::kF32}, {1, 100, DType::kBF16}}, x, hidden);
+  cpu_test::BuiltBatch built = cpu_test::BuildBatch(specs, x, hidden);
   const absl::Status run = cuda_test::RunSync(**backend, built.batch);
   EXPECT_TRUE(run.ok()) << run;
   std::vector<double> got;
@@ -132,13 +140,18 @@ void ScaleBf16(HostTensor& t, Factor factor) {
 
 // A random model whose projections' 128x128 blocks have magnitudes
 // 2^-1.5 .. 2^1.5, so that their scales differ by up to 8x.
-ModelSpan VariedBlocksModel(uint64_t seed) {
-  ModelSpan model = RandomModel(Fp8TestConfig(), 0, 1, DType::kBF16, seed);
+ModelSpan VariedBlocksModel(uint64_t seed, const LlamaConfig& config = Fp8TestConfig()) {
+  ModelSpan model = RandomModel(config, 0, 1, DType::kBF16, seed);
   cpu_test::Rng rng(seed + 7);
   for (LayerWeights& w : model.layers) {
-    for (HostTensor* p : {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj}) {
+    for (HostTensor* p :
+         {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj, &w.experts_gate_up,
+          &w.experts_down, &w.shared_gate_proj, &w.shared_up_proj, &w.shared_down_proj}) {
+      if (p->data.empty()) continue;
+      // (Stacked experts: their rows one after the other, in 128-row blocks.)
       const int64_t grid_cols = (p->shape.back() + 127) / 128;
-      std::vector<float> factors(static_cast<size_t>((p->shape[0] + 127) / 128 * grid_cols));
+      const int64_t rows = p->NumElements() / p->shape.back();
+      std::vector<float> factors(static_cast<size_t>((rows + 127) / 128 * grid_cols));
       for (float& f : factors) f = std::exp2(static_cast<float>(rng.Uniform(-1.5, 1.5)));
       ScaleBf16(*p, [&](int64_t r, int64_t c) { return factors[static_cast<size_t>(r / 128 * grid_cols + c / 128)]; });
     }
@@ -174,6 +187,36 @@ TEST(CudaFp8Test, AnUnquantizedProjectionStaysBf16) {
   ExpectW8A8(Distance(model, 908));
 }
 
+// A mixture of experts of the test's widths: 8 experts of 384, 2 a token
+// (Mixtral's routing), or Qwen2-MoE's 4 of 8 unnormalized with a shared
+// expert of 256.
+LlamaConfig Fp8MoeConfig(bool shared_expert) {
+  LlamaConfig c = Fp8TestConfig();
+  c.model_type = shared_expert ? "qwen2_moe" : "mixtral";
+  c.intermediate_size = 384;
+  c.num_experts = 8;
+  c.experts_per_token = shared_expert ? 4 : 2;
+  c.normalize_top_k = !shared_expert;
+  c.shared_expert_intermediate_size = shared_expert ? 256 : 0;
+  return c;
+}
+
+TEST(CudaFp8Test, MixtureOfExpertsFineGrainedMatchesTheReference) {
+  SKIP_WITHOUT_GPU();
+  ModelSpan model = VariedBlocksModel(921, Fp8MoeConfig(false));
+  QuantizeSpanFp8(model, FineGrainedFp8());
+  ExpectW8A8(Distance(model, 922));
+  ExpectW8A8(Distance(model, 923, {1, 200}));
+}
+
+TEST(CudaFp8Test, MixtureOfExpertsWithASharedExpertPerChannelMatchesTheReference) {
+  SKIP_WITHOUT_GPU();
+  ModelSpan model = VariedBlocksModel(925, Fp8MoeConfig(true));
+  QuantizeSpanFp8(model, PerChannelFp8());
+  ExpectW8A8(Distance(model, 926));
+  ExpectW8A8(Distance(model, 927, {1, 200}));
+}
+
 TEST(CudaFp8Test, FormatsTheGpuDoesNotTakeAreRefusedNamingThem) {
   SKIP_WITHOUT_GPU();
   ModelSpan weight_only = RandomModel(Fp8TestConfig(), 0, 1, DType::kBF16, 911);
@@ -186,14 +229,16 @@ TEST(CudaFp8Test, FormatsTheGpuDoesNotTakeAreRefusedNamingThem) {
   QuantizeSpanFp8(blocks64, FineGrainedFp8(64));
   EXPECT_EQ(MakeCudaBackend(blocks64, CudaBackendOptions{}).status().code(), absl::StatusCode::kUnimplemented);
 
-  LlamaConfig moe = Fp8TestConfig();
-  moe.model_type = "mixtral";
-  moe.intermediate_size = 384;
-  moe.num_experts = 4;
-  moe.experts_per_token = 2;
+  // Experts whose gate and up rows share a 128-row scale block (320 rows
+  // each): the grouped GEMM scales whole blocks of one projection.
+  LlamaConfig moe = Fp8MoeConfig(false);
+  moe.intermediate_size = 320;
   ModelSpan experts = RandomModel(moe, 0, 1, DType::kBF16, 915);
   QuantizeSpanFp8(experts, FineGrainedFp8());
-  EXPECT_EQ(MakeCudaBackend(experts, CudaBackendOptions{}).status().code(), absl::StatusCode::kUnimplemented);
+  const auto shared_block = MakeCudaBackend(experts, CudaBackendOptions{});
+  EXPECT_EQ(shared_block.status().code(), absl::StatusCode::kUnimplemented) << shared_block.status();
+  EXPECT_NE(std::string(shared_block.status().message()).find("share a 128-row scale block"), std::string::npos)
+      << shared_block.status();
 }
 
 }  // namespace
