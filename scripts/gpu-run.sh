@@ -6,7 +6,7 @@
 #   usage: scripts/gpu-run.sh [tests] [bench-kernels] [bench-layer] [bench-server]
 #          [bench-sessions] [bench-decode] [bench-probe] [bench-probe-specs] [bench-pipeline]
 #          [bench-perf-analyzer] [bench-moe] [bench-interference] [bench-first-batch]
-#          [bench-rows] [bench-echo]
+#          [bench-rows] [bench-echo] [bench-sessions-fp8] [bench-fp8-span]
 #          (no argument: the first four)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,7 +28,7 @@ failed=0
 # weights, written once per machine; sets $ckpt.
 span_checkpoint() {
   ckpt=/tmp/layerserve-llama3-8b-shapes-4l
-  [[ -f $ckpt/model.safetensors ]] || python3 bench/server/make_checkpoint.py "$ckpt" --layers 4
+  [[ -f $ckpt/config.json ]] || python3 bench/server/make_checkpoint.py "$ckpt" --layers 4
 }
 
 run_test() {  # run_test NAME [env...]: one gtest binary, one log, one summary line
@@ -132,7 +132,7 @@ for stage in "${stages[@]}"; do
       for model in ${MOE_MODELS:-mixtral}; do
         [[ ${MOE_SERVER:-1} == 0 ]] && break
         moe_ckpt=/tmp/layerserve-$model-shapes-2l
-        [[ -f $moe_ckpt/model.safetensors ]] || python3 bench/server/make_checkpoint.py "$moe_ckpt" --layers 2 "--$model"
+        [[ -f $moe_ckpt/config.json ]] || python3 bench/server/make_checkpoint.py "$moe_ckpt" --layers 2 "--$model"
         server_out=$out/server-${model/mixtral/moe}
         # shellcheck disable=SC2086
         python3 bench/server/load_matrix.py "$bundle/bin" "$server_out" \
@@ -155,6 +155,29 @@ for stage in "${stages[@]}"; do
       # shellcheck disable=SC2086
       python3 bench/server/session_matrix.py "$bundle/bin" "$out/sessions" \
         --model-dir="$ckpt" --model-name=llama3-8b-4l --backend=cuda ${SESSION_ARGS:-} ${LOAD_SERVER_ARGS:-}
+      ;;
+    bench-sessions-fp8)
+      # The session matrix above on the same span in BF16 and in transformers'
+      # fine-grained FP8 (make_checkpoint.py --fp8: the same weights,
+      # quantized), one server after the other on this machine.
+      span_checkpoint
+      fp8_ckpt=/tmp/layerserve-llama3-8b-shapes-4l-fp8
+      [[ -f $fp8_ckpt/config.json ]] || python3 bench/server/make_checkpoint.py "$fp8_ckpt" --layers 4 --fp8
+      for weights in bf16 fp8; do
+        dir=$ckpt
+        [[ $weights == fp8 ]] && dir=$fp8_ckpt
+        # shellcheck disable=SC2086
+        python3 bench/server/session_matrix.py "$bundle/bin" "$out/sessions-$weights" \
+          --model-dir="$dir" --model-name=llama3-8b-4l --backend=cuda ${SESSION_ARGS:-} ${LOAD_SERVER_ARGS:-} \
+          || failed=1
+      done
+      ;;
+    bench-fp8-span)
+      # The largest Llama-3-70B-shaped FP8 span the disk holds, served with
+      # sessions, and its memory worked out for all 80 layers
+      # (bench/server/fp8_span.py; FP8_SPAN_ARGS e.g. "--layers 8").
+      # shellcheck disable=SC2086
+      python3 bench/server/fp8_span.py "$bundle/bin" "$out/fp8-span" ${FP8_SPAN_ARGS:-} || failed=1
       ;;
     bench-interference)
       # A long prefill among 64 decoding sessions, per --prefill-chunk-tokens
@@ -251,7 +274,7 @@ for stage in "${stages[@]}"; do
           --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
       fi
       ckpt=/tmp/layerserve-llama3-8b-shapes-8l-head
-      [[ -f $ckpt/model.safetensors ]] ||
+      [[ -f $ckpt/config.json ]] ||
         python3 bench/server/make_checkpoint.py "$ckpt" --layers 8 --head --vocab 32000
       # shellcheck disable=SC2086
       python3 bench/server/pipeline_bench.py "$bundle/bin" "$out/pipeline" --model-dir="$ckpt" \
