@@ -43,6 +43,20 @@ apt_install() {
     "${missing[@]}"
 }
 
+# The CUDA backend's build setting for this machine: LAYERSERVE_CUDA if set
+# (ON, OFF or AUTO), else ON where nvidia-smi lists a GPU and OFF elsewhere
+# (the CPU backend serves; the CUDA kernels take minutes to compile on a
+# small machine and could not run there).
+cuda_choice() {
+  if [[ -n ${LAYERSERVE_CUDA:-} ]]; then
+    printf '%s\n' "$LAYERSERVE_CUDA"
+  elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+    printf 'ON\n'
+  else
+    printf 'OFF\n'
+  fi
+}
+
 # `pip install` that copes with a PEP 668 externally-managed Python: it only
 # adds --break-system-packages when pip refuses without it.
 pip_install() {

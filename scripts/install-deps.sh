@@ -8,7 +8,8 @@
 # Idempotent: apt runs only if a package is missing, pip only if an import
 # fails. Runs as root, or through sudo where that exists.
 # Env: PYTHON (default python3), LAYERSERVE_TOOLS_DIR (perf_analyzer's home),
-#      LAYERSERVE_SKIP_PERF_ANALYZER=1 to leave perf_analyzer out.
+#      LAYERSERVE_SKIP_PERF_ANALYZER=1 to leave perf_analyzer out,
+#      LAYERSERVE_DEPS=serve for the build's packages only (scripts/serve.sh).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -24,7 +25,25 @@ DEBS=(
   libb64-0d  # perf_analyzer's one non-bundled system library
 )
 
+# What building the server and layerctl needs (GoogleTest too: the build
+# configures the test targets, though serve.sh builds none of them).
+SERVE_DEBS=(
+  build-essential cmake ninja-build pkg-config git ca-certificates
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev prometheus-cpp-dev libcpp-httplib-dev nlohmann-json3-dev libopenblas-dev libcli11-dev
+  libgtest-dev libgmock-dev libssl-dev
+)
+
 command -v dpkg-query >/dev/null || die "not a Debian system (no dpkg-query); install the packages by hand: ${DEBS[*]}"
+if [[ ${LAYERSERVE_DEPS:-all} == serve ]]; then
+  if debs_installed "${SERVE_DEBS[@]}"; then
+    log "Debian packages to build the server: all present"
+  else
+    apt_install "${SERVE_DEBS[@]}"
+  fi
+  log "done (the build's packages only)"
+  exit 0
+fi
 if debs_installed "${DEBS[@]}"; then
   log "Debian packages: all present"
 else

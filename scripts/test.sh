@@ -64,7 +64,11 @@ else
 fi
 
 stage="build"
-LAYERSERVE_BUILD_DIR="$build_dir" bash scripts/build.sh "$@"
+# AUTO unless the arguments say otherwise, so that a tree scripts/serve.sh
+# configured without CUDA is tested with the kernels wherever nvcc is.
+cuda_arg=(-DLAYERSERVE_CUDA=AUTO)
+for arg in "$@"; do [[ $arg == -DLAYERSERVE_CUDA=* ]] && cuda_arg=(); done
+LAYERSERVE_BUILD_DIR="$build_dir" bash scripts/build.sh "${cuda_arg[@]}" "$@"
 done_stages+=("build")
 
 stage="ctest"

@@ -762,6 +762,59 @@ def test_serve_script_builds_every_binary_the_quick_start_runs():
     assert not missing, f"scripts/serve.sh does not build {sorted(missing)}"
 
 
+def cuda_choice(tmp_path, nvidia_smi=None, env_cuda=None):
+    """scripts/common.sh's cuda_choice with PATH holding only a fake
+    nvidia-smi (printing `nvidia_smi`) or none."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "nvidia-smi"
+    fake.unlink(missing_ok=True)
+    if nvidia_smi is not None:
+        fake.write_text(f"#!/bin/sh\nprintf '%s\\n' '{nvidia_smi}'\n")
+        fake.chmod(0o755)
+    # PATH holds the fake and the tools cuda_choice uses, never the
+    # machine's own nvidia-smi.
+    for tool in ("grep", "dirname"):
+        link = bin_dir / tool
+        if not link.exists():
+            link.symlink_to(shutil.which(tool))
+    env = {"PATH": str(bin_dir)}
+    if env_cuda is not None:
+        env["LAYERSERVE_CUDA"] = env_cuda
+    out = subprocess.run([shutil.which("bash"), "-c", f"source {ROOT}/scripts/common.sh && cuda_choice"],
+                         env=env, capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def test_serve_script_builds_the_cuda_backend_only_where_a_gpu_is(tmp_path):
+    """Finding 4 of the adoption issue: the CPU quick start compiled the CUDA
+    kernels on machines with no GPU. serve.sh builds with cuda_choice's
+    setting: OFF without nvidia-smi or with one that lists no GPU, ON with a
+    GPU, and LAYERSERVE_CUDA forces either."""
+    assert cuda_choice(tmp_path) == "OFF"
+    assert cuda_choice(tmp_path, nvidia_smi="No devices were found") == "OFF"
+    assert cuda_choice(tmp_path, nvidia_smi="GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)") == "ON"
+    assert cuda_choice(tmp_path, env_cuda="ON") == "ON"
+    assert cuda_choice(tmp_path, nvidia_smi="GPU 0: NVIDIA H100", env_cuda="OFF") == "OFF"
+    serve = (ROOT / "scripts/serve.sh").read_text()
+    assert "cuda=$(cuda_choice)" in serve and '-DLAYERSERVE_CUDA="$cuda"' in serve
+
+
+def test_serve_script_installs_only_what_the_build_needs():
+    """serve.sh asks install-deps.sh for the build's packages (no deployment,
+    test or benchmark tools); every one of them is also in the full list."""
+    serve = (ROOT / "scripts/serve.sh").read_text()
+    assert "LAYERSERVE_DEPS=serve bash" in serve
+    deps = (ROOT / "scripts/install-deps.sh").read_text()
+
+    def listed(name):
+        body = re.search(rf"^{name}=\((.*?)^\)", deps, re.M | re.S).group(1)
+        return {w for line in body.splitlines() for w in line.split("#")[0].split()}
+    serve_debs, all_debs = listed("SERVE_DEBS"), listed("DEBS")
+    assert serve_debs <= all_debs, f"serve packages not in the full list: {serve_debs - all_debs}"
+    assert not serve_debs & {"docker-compose", "prometheus", "clang-format", "python3-pip", "libb64-0d"}
+
+
 # --- 9. Kubernetes manifests --------------------------------------------------------------
 
 def k8s_objects():
