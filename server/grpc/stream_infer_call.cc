@@ -40,6 +40,10 @@ void StreamInferCall::Accepted(bool ok) {
   }
   deps_.state->StreamOpened();
   opened_ = true;
+  StartRead();
+}
+
+void StreamInferCall::StartRead() {
   reading_ = std::make_unique<inference::ModelInferRequest>();
   stream_.Read(reading_.get(), &read_op_);
 }
@@ -60,7 +64,9 @@ void StreamInferCall::ReadDone(bool ok) {
     absl::MutexLock lock(&mu_);
     // Its place in the reply order; also keeps the call from finishing
     // until it is answered and written.
-    in_order_.push_back(std::make_unique<Pending>(Pending{std::move(reading_), {}}));
+    const size_t bytes = reading_->ByteSizeLong();
+    in_order_.push_back(std::make_unique<Pending>(Pending{std::move(reading_), {}, false, bytes}));
+    backlog_bytes_ += bytes;
     pending = in_order_.back().get();
   }
   // Submit before the next read starts (the ordering guarantee). Submit
@@ -70,8 +76,32 @@ void StreamInferCall::ReadDone(bool ok) {
       context_, [this] { return cancelled_.load(std::memory_order_acquire); },
       pending->request.get(), pending->response.mutable_infer_response(),
       [this, pending](const absl::Status& status) { Answer(pending, status); });
-  reading_ = std::make_unique<inference::ModelInferRequest>();
-  stream_.Read(reading_.get(), &read_op_);
+  // The next read, unless the backlog is at its bound: then the write path
+  // resumes reading once it has drained. Decided after the Submit, so that
+  // no read can start before it.
+  {
+    absl::MutexLock lock(&mu_);
+    if (BacklogFullLocked()) {
+      read_paused_ = true;
+      return;
+    }
+  }
+  StartRead();
+}
+
+bool StreamInferCall::BacklogFullLocked() const {
+  return in_order_.size() + (writing_ != nullptr ? 1 : 0) >= kMaxUnwritten ||
+         backlog_bytes_ >= kMaxUnwrittenBytes;
+}
+
+bool StreamInferCall::ShouldResumeReadingLocked() {
+  if (!read_paused_) return false;
+  const size_t held = in_order_.size() + (writing_ != nullptr ? 1 : 0);
+  // A broken stream reads on so that the read fails and the call finishes.
+  if (!broken_ && (held > kMaxUnwritten / 2 || backlog_bytes_ > kMaxUnwrittenBytes / 2))
+    return false;
+  read_paused_ = false;
+  return true;
 }
 
 void StreamInferCall::Answer(Pending* pending, const absl::Status& status) {
@@ -86,27 +116,34 @@ void StreamInferCall::Answer(Pending* pending, const absl::Status& status) {
   pending->request.reset();  // the core is done with the tensor
   const inference::ModelStreamInferResponse* write = nullptr;
   bool finish = false;
+  bool resume = false;
   {
     absl::MutexLock lock(&mu_);
     pending->answered = true;  // from here on the writer owns it
     write = NextWriteLocked();
     finish = ShouldFinishLocked();
+    resume = ShouldResumeReadingLocked();
   }
   if (write != nullptr) stream_.Write(*write, &write_op_);
+  if (resume) StartRead();
   if (finish) stream_.Finish(grpc::Status::OK, &finish_op_);
 }
 
 void StreamInferCall::WriteDone(bool ok) {
   const inference::ModelStreamInferResponse* next = nullptr;
   bool finish = false;
+  bool resume = false;
   {
     absl::MutexLock lock(&mu_);
+    backlog_bytes_ -= writing_->bytes;
     writing_.reset();
     if (!ok) broken_ = true;  // the client is gone: later answers are dropped
     next = NextWriteLocked();
     finish = ShouldFinishLocked();
+    resume = ShouldResumeReadingLocked();
   }
   if (next != nullptr) stream_.Write(*next, &write_op_);
+  if (resume) StartRead();
   if (finish) stream_.Finish(grpc::Status::OK, &finish_op_);
 }
 
@@ -114,7 +151,10 @@ const inference::ModelStreamInferResponse* StreamInferCall::NextWriteLocked() {
   if (broken_) {
     // Nothing more is written; requests still in the core keep their
     // entries (the core holds pointers into them) until they are answered.
-    while (!in_order_.empty() && in_order_.front()->answered) in_order_.pop_front();
+    while (!in_order_.empty() && in_order_.front()->answered) {
+      backlog_bytes_ -= in_order_.front()->bytes;
+      in_order_.pop_front();
+    }
     return nullptr;
   }
   if (writing_ != nullptr || in_order_.empty() || !in_order_.front()->answered) return nullptr;

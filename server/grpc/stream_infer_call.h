@@ -21,6 +21,14 @@
 // them by position (tritonclient's sequence stream example does) as well as
 // by request id. Separate calls (unary ModelInfer, or two streams) are not
 // ordered with respect to each other.
+//
+// Backpressure: a stream holds at most kMaxUnwritten requests (or
+// kMaxUnwrittenBytes of them) whose replies are not yet written. Past that it
+// stops reading until the client takes replies and the backlog is half gone;
+// HTTP/2 flow control then holds the client's writes back. A client that
+// never reads its replies thus costs the server a bounded amount, not every
+// request it manages to send (issue 40, finding 1); one that pipelines more
+// than the bound must read while it writes, as tritonclient's stream does.
 #pragma once
 
 #include <atomic>
@@ -52,6 +60,9 @@ class StreamInferCall {
   };
   // Calls each queue keeps requested.
   static constexpr int kCallsPerQueue = 4;
+  // The stream's backlog bound (see above).
+  static constexpr size_t kMaxUnwritten = 16;
+  static constexpr size_t kMaxUnwrittenBytes = size_t{8} << 20;
 
   // Requests one call on queue q.
   static void Await(const Deps& deps, int q);
@@ -67,6 +78,7 @@ class StreamInferCall {
     std::unique_ptr<inference::ModelInferRequest> request;
     inference::ModelStreamInferResponse response;
     bool answered = false;
+    size_t bytes = 0;  // the request's size as read: its share of the backlog
   };
 
   StreamInferCall(const Deps& deps, int q);
@@ -88,6 +100,13 @@ class StreamInferCall {
   // now). Once the stream is broken, drops answered requests at the front
   // instead.
   const inference::ModelStreamInferResponse* NextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the backlog (in_order_ and writing_) is at its bound.
+  bool BacklogFullLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True once per pause, when reading was paused and the backlog has fallen
+  // to half its bound (or the client can no longer be written to): the
+  // caller then starts the next read, outside the lock.
+  bool ShouldResumeReadingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartRead();
   void Release();
 
   const Deps& deps_;
@@ -95,7 +114,8 @@ class StreamInferCall {
   grpc::ServerContext context_;
   grpc::ServerAsyncReaderWriter<inference::ModelStreamInferResponse, inference::ModelInferRequest>
       stream_;
-  // Only touched by ReadDone, and reads never overlap.
+  // Only touched by StartRead and ReadDone, and reads never overlap (a
+  // paused stream has none outstanding).
   std::unique_ptr<inference::ModelInferRequest> reading_;
   bool opened_ = false;  // counted as an open stream (set before any read)
   std::atomic<bool> cancelled_{false};
@@ -110,6 +130,8 @@ class StreamInferCall {
   // (answered or not): the stream's reorder buffer.
   std::unique_ptr<Pending> writing_ ABSL_GUARDED_BY(mu_);
   std::deque<std::unique_ptr<Pending>> in_order_ ABSL_GUARDED_BY(mu_);
+  size_t backlog_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // of in_order_ and writing_
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
 
   MemberOp<StreamInferCall> accepted_op_{this, &StreamInferCall::Accepted};
   MemberOp<StreamInferCall> read_op_{this, &StreamInferCall::ReadDone};

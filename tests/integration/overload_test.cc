@@ -3,12 +3,17 @@
 // whose client deadline passes while it waits in the queue fails with
 // DEADLINE_EXCEEDED and is dropped without being computed, as is one its
 // client cancels (CANCELLED); a deadline centuries away is no deadline at
-// all; and the server keeps serving correct answers afterwards.
+// all; and the server keeps serving correct answers afterwards. Streams whose
+// clients never read their replies hold a bounded backlog each, and a
+// bystander is served beside them.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstdio>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -231,6 +236,120 @@ TEST_F(OverloadTest, FarFutureDeadlineIsNoDeadline) {
     ASSERT_TRUE(response.ParseFromString(reply->data.substr(5)));
     EXPECT_EQ(response.raw_output_contents(0).size(), input.data.size());
   }
+}
+
+// Issue 40, finding 1: a stream whose client never reads its replies made
+// the server read every request the client sent (and compute it, and keep its
+// reply), so memory grew without bound and a bystander was refused. Each
+// stream here offers 2 000 requests of 128 KiB (250 MiB) without reading a
+// reply. The server must stop reading each stream once it holds its bound of
+// unwritten replies (StreamInferCall::kMaxUnwritten), so flow control holds
+// every client's writes back, its RSS grows by a bounded amount per stream,
+// and a bystander's request is served meanwhile. What a held stream costs is
+// its backlog (16 requests and replies, 4 MiB here) and gRPC's receive
+// buffer for it, which its flow-control window estimator lets grow to tens
+// of MiB on loopback: ~50 MiB a stream measured, against the whole 250 MiB
+// (and more as long as the client sends) before.
+TEST(StreamBackpressureTest, StreamsWhoseRepliesAreNotReadHoldABoundedBacklog) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start({});
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect((*server)->grpc_target());
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::vector<float> small = RandomBf16ExactValues(2 * kHidden, 78);
+  absl::StatusOr<Tensor> bystander_input = client::FloatsToTensor(small, {1, 2, kHidden}, "BF16");
+  ASSERT_TRUE(bystander_input.ok());
+  ASSERT_TRUE((*client)->Infer("demo", *bystander_input, absl::Now() + absl::Seconds(20)).ok());
+  absl::StatusOr<int64_t> rss_before = ProcStatusKb((*server)->pid(), "VmRSS");
+  ASSERT_TRUE(rss_before.ok()) << rss_before.status();
+
+  constexpr int kStreams = 4;
+  constexpr int kRequests = 2000;
+  constexpr int64_t kTokens = 64;  // 128 KiB of FP32
+  absl::StatusOr<Tensor> big = client::FloatsToTensor(RandomBf16ExactValues(kTokens * kHidden, 79),
+                                                      {1, kTokens, kHidden}, "FP32");
+  ASSERT_TRUE(big.ok());
+  const inference::ModelInferRequest request = Client::MakeInferRequest("demo", *big);
+  struct Stream {
+    std::unique_ptr<inference::GRPCInferenceService::Stub> stub;
+    grpc::ClientContext context;
+    std::unique_ptr<
+        grpc::ClientReaderWriter<inference::ModelInferRequest, inference::ModelStreamInferResponse>>
+        stream;
+    std::atomic<int> written{0};
+    std::thread writer;
+  };
+  std::vector<std::unique_ptr<Stream>> streams;
+  for (int s = 0; s < kStreams; ++s) {
+    auto st = std::make_unique<Stream>();
+    // A connection each: one connection's window does not hold the others back.
+    grpc::ChannelArguments args;
+    args.SetInt("grpc.channel_id", s);  // no channel sharing between the stubs
+    st->stub = inference::GRPCInferenceService::NewStub(grpc::CreateCustomChannel(
+        (*server)->grpc_target(), grpc::InsecureChannelCredentials(), args));
+    st->stream = st->stub->ModelStreamInfer(&st->context);
+    Stream* raw = st.get();
+    st->writer = std::thread([raw, &request] {
+      for (int i = 0; i < kRequests; ++i) {
+        if (!raw->stream->Write(request)) return;  // cancelled below
+        raw->written.fetch_add(1);
+      }
+    });
+    streams.push_back(std::move(st));
+  }
+  // Until the writes stop moving (held back) or all are sent (not held back).
+  const auto total = [&] {
+    int n = 0;
+    for (const auto& st : streams) n += st->written.load();
+    return n;
+  };
+  int last = -1;
+  absl::Time moved = absl::Now();
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < give_up && total() < kStreams * kRequests) {
+    if (total() != last) {
+      last = total();
+      moved = absl::Now();
+    } else if (absl::Now() - moved > absl::Seconds(2)) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  absl::StatusOr<int64_t> rss_held = ProcStatusKb((*server)->pid(), "VmRSS");
+  ASSERT_TRUE(rss_held.ok()) << rss_held.status();
+  // Held, it stays held: the clients keep trying to write, the server's
+  // memory does not follow (what it still computes of its backlogs, 8 MiB of
+  // replies at most, aside).
+  absl::SleepFor(absl::Seconds(2));
+  absl::StatusOr<int64_t> rss_later = ProcStatusKb((*server)->pid(), "VmRSS");
+  ASSERT_TRUE(rss_later.ok()) << rss_later.status();
+  // A bystander on its own connection is served while the streams are held.
+  absl::StatusOr<Tensor> bystander =
+      (*client)->Infer("demo", *bystander_input, absl::Now() + absl::Seconds(60));
+  EXPECT_TRUE(bystander.ok()) << bystander.status();
+  if (bystander.ok()) {
+    EXPECT_TRUE(MatchesReference(*bystander, {1, 2, kHidden}, "BF16",
+                                 DemoReference(0, 4).Run(small, 1, 2)));
+  }
+  for (auto& st : streams) st->context.TryCancel();
+  for (auto& st : streams) st->writer.join();
+
+  const int64_t offered_kb = int64_t{kStreams} * kRequests * 128;
+  const int64_t growth_kb = *rss_held - *rss_before;
+  std::printf(
+      "[test] %d streams offered %lld KiB without reading; the clients got %d of %d requests out; "
+      "server RSS %lld -> %lld KiB (+%lld), 2 s later %lld KiB\n",
+      kStreams, static_cast<long long>(offered_kb), total(), kStreams * kRequests,
+      static_cast<long long>(*rss_before), static_cast<long long>(*rss_held),
+      static_cast<long long>(growth_kb), static_cast<long long>(*rss_later));
+  for (int s = 0; s < kStreams; ++s) {
+    EXPECT_LT(streams[s]->written.load(), kRequests)
+        << "stream " << s << ": the server read all it was sent";
+  }
+  // The streams' backlogs and gRPC's receive buffers (~50 MiB a stream
+  // measured), far below the 250 MiB a stream offered; and flat.
+  EXPECT_LT(growth_kb, kStreams * 100 * 1024);
+  EXPECT_LT(*rss_later - *rss_held, 24 * 1024)
+      << "the server's memory still grows while the streams are held";
 }
 
 }  // namespace
