@@ -335,15 +335,14 @@ absl::Status LayerExecutor::ForwardLayer(int layer, const ActivationArena& arena
 
 bool LayerExecutor::QuantizeInNorm(const Fp8Linear& linear, const ActivationArena& arena,
                                    kernels::RmsNormParams* norm) const {
-  const bool block = linear.scaling == kernels::Fp8Scaling::kBlock;
   if (!linear.fp8() || arena.fp8_codes == nullptr ||
-      (block && shape_.hidden % kernels::kFp8BlockK != 0)) {
+      (linear.activation_group() > 0 && shape_.hidden % linear.activation_group() != 0)) {
     return false;
   }
   norm->fp8_codes = arena.fp8_codes;
   norm->fp8_scales = arena.fp8_scales;
-  norm->fp8_group = block ? kernels::kFp8BlockK : 0;
-  norm->fp8_static_scale = block ? 0.f : linear.input_scale;
+  norm->fp8_group = linear.activation_group();
+  norm->fp8_static_scale = linear.static_scale();
   return true;
 }
 
@@ -355,7 +354,6 @@ absl::Status LayerExecutor::RunLinear(kernels::GemmParams p, const Fp8Linear& li
   if (arena.fp8_codes == nullptr || p.lda != p.k) {
     return absl::InternalError("layer executor: an FP8 linear without the arena's FP8 buffers");
   }
-  const bool block = linear.scaling == kernels::Fp8Scaling::kBlock;
   if (!quantized) {
     kernels::QuantizeFp8Params q;
     q.x = p.a;
@@ -363,8 +361,8 @@ absl::Status LayerExecutor::RunLinear(kernels::GemmParams p, const Fp8Linear& li
     q.scales = arena.fp8_scales;
     q.rows = p.m;
     q.cols = p.k;
-    q.group = block ? kernels::kFp8BlockK : 0;
-    q.static_scale = block ? 0.f : linear.input_scale;
+    q.group = linear.activation_group();
+    q.static_scale = linear.static_scale();
     LS_RETURN_IF_ERROR(kernels::LaunchQuantizeFp8(q, stream));
   }
   p.a = arena.fp8_codes;

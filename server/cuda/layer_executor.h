@@ -102,6 +102,13 @@ struct Fp8Linear {
   const float* w_scale = nullptr;  // device, GemmParams::w_scale's layout
   float input_scale = 0;           // > 0: a static activation scale (per row scaling only)
   bool fp8() const { return scaling != kernels::Fp8Scaling::kNone; }
+  // How its input is quantized (QuantizeFp8Params' and RmsNormParams' group
+  // and static scale): per token and 128 channels with block-128 scaling,
+  // else per token or at the static input_scale.
+  int64_t activation_group() const {
+    return scaling == kernels::Fp8Scaling::kBlock ? kernels::kFp8BlockK : 0;
+  }
+  float static_scale() const { return scaling == kernels::Fp8Scaling::kBlock ? 0.f : input_scale; }
 };
 
 // Device pointers to one layer's weights, in the activation dtype or, for a
