@@ -6,9 +6,9 @@
 // waits for the preceding grid, as version 4 does). M > 64: the persistent
 // prefill kernel (gemm_fp8_prefill_sm90.cuh), one CTA per SM at most, 128 x
 // 128 tiles of A and W. Grouped products (a mixture of experts) take the
-// decode kernel while a group's rows are bounded by Fp8GroupedDecodeRows, one
-// grid row per group and token tiles along z, and the prefill kernel's
-// grouped schedule above.
+// decode kernel while a group's rows are bounded by kFp8GroupedDecodeRows (a
+// grid row per slot: a bound on the (group with rows, token tile) pairs), and
+// the prefill kernel's grouped schedule above.
 #include <algorithm>
 #include <cstdint>
 

@@ -76,9 +76,10 @@ absl::Status LaunchGemmV4(const DenseGemm& p, int splits, const DeviceInfo& dev,
 int Fp8TokenTile(int64_t m);
 // Whether version 6 runs `p` on its decode kernel: a dense product of m <= 64;
 // a grouped one at block_m 64, or at block_m 0 where its groups hold at most
-// kFp8GroupedDecodeRows rows (in token tiles of 64 along the grid's z; each
-// tile past its group's rows ends at once, so the bound keeps those empty
-// CTAs few). Else the prefill kernel.
+// kFp8GroupedDecodeRows rows (a CTA row per group with rows and token tile;
+// the grid is launched for a bound on them, and the rows past the true count
+// end at once, so the bound keeps those empty CTAs few). Else the prefill
+// kernel.
 inline constexpr int64_t kFp8GroupedDecodeRows = 128;
 bool Fp8DecodeKernelTakes(const DenseGemm& p, int block_m);
 // A grouped product's token tile on the decode kernel: the tile for twice
