@@ -1,13 +1,16 @@
 // The layer executor: runs a span of decoder layers over a packed activation
 // already on the device, on one stream, through the kernel library and the
-// GEMM engine. The backend calls it per batch; bench/layer times it directly.
+// GEMM router (kernels/include/layerserve/kernels/gemm.h). The backend calls
+// it per batch; bench/layer times it directly. An FP8 checkpoint's linears
+// run on the FP8 GEMM with their inputs quantized first (RunLinear), the
+// experts' on its grouped form.
 //
 // Per layer, with x [tokens, hidden] the residual stream, updated in place:
 //   n  = RMSNorm(x)                    norm (and n quantized for an FP8 linear)
 //   qkv = n · Wqkvᵀ (+ bqkv)           gemm_qkv   (bias through the GEMM epilogue)
-//   RoPE on the q and k parts of qkv   rope
+//   RoPE on the q and k parts of qkv   rope       (with sessions: and the KV-cache write)
 //   a  = FlashAttention(qkv)           attention  (varlen, causal, GQA, the layer's window)
-//     or, in a batch with sessions, KvAppend + PagedAttention (see below)
+//     or, in a batch with cached keys, PagedAttention (see below)
 //   x  = a · Woᵀ + x                   gemm_o     (residual fused: beta = 1)
 //   n  = RMSNorm(x)                    norm
 //   m  = silu(n · Wgᵀ) * (n · Wuᵀ)     gemm_gate_up (the SiLU gate in the GEMM epilogue)
@@ -29,11 +32,12 @@
 // Sessions (server/core/sessions.h): a batch that continues sessions carries
 // the KV pool and each sequence's start position and block table. RoPE then
 // rotates at absolute positions (the batch's positions array holds
-// start + i), and attention becomes two launches (paged_attention.h): store
-// the new rotated K/V rows in the pool, then attend over the cached keys and
-// the new ones, through the layer's sliding window, along the batch's split
-// plan (and merge the splits). All are timed together as "attention". A batch
-// without sessions runs flash attention as before.
+// start + i) and stores the new rotated K/V rows in the pool in the same
+// launch (LaunchRopeKvAppend, timed as "rope"); attention (paged_attention.h)
+// attends over the cached keys and the new ones, through the layer's sliding
+// window, along the batch's split plan, with one more launch to merge the
+// splits where there are any. A batch whose sequences all start at 0 (first
+// prefills, stateless rows) runs flash attention over its own rows.
 #pragma once
 
 #include <cuda_runtime_api.h>
