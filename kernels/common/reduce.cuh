@@ -16,6 +16,18 @@ __device__ __forceinline__ float WarpReduceMax(float x) {
   return x;
 }
 
+// Inclusive prefix sum over the warp's lanes: lane i gets x of lanes 0..i.
+// Every lane of the warp must call it.
+__device__ __forceinline__ int WarpInclusiveSum(int x) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int other = __shfl_up_sync(0xffffffffu, x, offset);
+    if (lane >= offset) x += other;
+  }
+  return x;
+}
+
 // Reduces over the 4 lanes of a quad (lanes 4k..4k+3): the lanes that hold one
 // row of an mma.sync accumulator fragment.
 __device__ __forceinline__ float QuadReduceSum(float x) {

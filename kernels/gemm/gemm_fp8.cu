@@ -89,11 +89,8 @@ absl::Status LaunchPrefill(const DenseGemm& p, const DeviceInfo& dev, cudaStream
   if (!map_w.ok()) return map_w.status();
   const auto kernel = pf::Fp8PrefillKernel<kBlockScaled>;
   LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, pf::kSmemBytes));
-  // A grouped product's tiles are known on the device only: each group with
-  // rows has at most one partial row tile besides its full ones.
-  const int64_t tiles_n = (p.n + pf::kBlockN - 1) / pf::kBlockN;
-  const int64_t tiles = p.group_offsets != nullptr ? (p.m / pf::kBlockM + std::min<int64_t>(p.groups, p.m)) * tiles_n
-                                                   : (p.m + pf::kBlockM - 1) / pf::kBlockM * tiles_n;
+  // (A grouped product's tiles are known on the device only: a bound.)
+  const int64_t tiles = TileBound(p, pf::kBlockN, pf::kBlockM);
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;

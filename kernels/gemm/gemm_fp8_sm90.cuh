@@ -46,6 +46,7 @@
 #include <cstdint>
 
 #include "kernels/common/pipeline_sm90.cuh"
+#include "kernels/common/reduce.cuh"
 #include "kernels/common/sm90_utils.cuh"
 #include "kernels/common/wgmma_fp8_sm90.cuh"
 #include "kernels/gemm/gemm_sm90_epilogue.cuh"
@@ -103,12 +104,7 @@ __device__ __forceinline__ TokenTile GroupSlot(const int32_t* offsets, int group
   const int g_end = min(groups, g_begin + per_lane);
   int tiles = 0;
   for (int g = g_begin; g < g_end; ++g) tiles += (offsets[g + 1] - offsets[g] + kTokN - 1) / kTokN;
-  int inclusive = tiles;
-#pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
-    if (lane >= offset) inclusive += other;
-  }
+  const int inclusive = WarpInclusiveSum(tiles);
   TokenTile found{0, 0};
   int t = slot - (inclusive - tiles);  // the slot's tile among this lane's
   if (t >= 0 && t < tiles) {

@@ -63,8 +63,8 @@ absl::Status LaunchGemmV3(const DenseGemm& p, int block_n, int block_m, const De
 // Version 3 tile width for block_n = 0: 256 unless 128 fills the SMs' last
 // wave clearly better.
 int AutoBlockNV3(int64_t m, int64_t n, int num_sms);
-// Version 3's tiles of `p` at block_n x block_m; for a grouped product, a
-// bound.
+// The tiles of `p` at block_n x block_m (versions 3 and 6's persistent
+// kernels); for a grouped product, a bound.
 int64_t TileBound(const DenseGemm& p, int block_n, int block_m);
 // Version 3 row tile for block_m = 0: 128, or 64 for a grouped product whose
 // groups average under 128 rows.

@@ -147,12 +147,7 @@ __global__ void MoeRouteKernel(const MoeRouteParams p) {
   __shared__ int32_t warp_totals[kRouteWarps];
   const int e = threadIdx.x;
   const int32_t count = e < p.experts ? __ldcg(counts + e) : 0;
-  int32_t inclusive = count;
-#pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const int32_t other = __shfl_up_sync(0xffffffffu, inclusive, offset);
-    if (lane >= offset) inclusive += other;
-  }
+  const int32_t inclusive = WarpInclusiveSum(count);
   if (lane == 31) warp_totals[warp] = inclusive;
   __syncthreads();
   int32_t before = 0;
