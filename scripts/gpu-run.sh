@@ -31,6 +31,16 @@ span_checkpoint() {
   [[ -f $ckpt/config.json ]] || python3 bench/server/make_checkpoint.py "$ckpt" --layers 4
 }
 
+# Python packages the machine lacks, carried as wheels in .whl/ (docs/gpu.md):
+# installed once into /tmp/site when `module` is not importable.
+use_carried_wheels() {  # use_carried_wheels MODULE
+  python3 -c "import $1" 2>/dev/null && return 0
+  compgen -G ".whl/*.whl" > /dev/null || return 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || return 1
+  export PYTHONPATH=/tmp/site:$PYTHONPATH
+}
+
 run_test() {  # run_test NAME [env...]: one gtest binary, one log, one summary line
   local name=$1
   shift
@@ -68,15 +78,18 @@ for stage in "${stages[@]}"; do
         grep -E '^[a-z0-9_]+ (cuda|cpu|HF float32 on cuda):' "$out/hf_check.log" | sed 's/^/  /' | tee -a "$out/tests.txt"
         [[ $rc -ne 0 ]] && tail -n 20 "$out/hf_check.log"
       fi
-      # FP8 checkpoints written by transformers itself (FineGrainedFP8Config),
-      # served against a float64 W8A8 oracle (tests/gpu/fp8_check.py).
+      # FP8 checkpoints written by transformers itself (FineGrainedFP8Config)
+      # and by compressed-tensors (carried as wheels), served against a
+      # float64 W8A8 oracle (tests/gpu/fp8_check.py); FP8_FAMILIES narrows it.
       if [[ -z ${GPU_TESTS:-} || ${GPU_TESTS} == *fp8_check* ]]; then
         start=$SECONDS
-        python3 tests/gpu/fp8_check.py "$bundle/bin" "$out/fp8" > "$out/fp8_check.log" 2>&1
+        use_carried_wheels compressed_tensors || echo "compressed-tensors: no wheels in .whl/ (docs/gpu.md)"
+        # shellcheck disable=SC2086
+        python3 tests/gpu/fp8_check.py "$bundle/bin" "$out/fp8" ${FP8_FAMILIES:-} > "$out/fp8_check.log" 2>&1
         rc=$?
         [[ $rc -ne 0 ]] && failed=1
         printf '%-34s rc=%d %4ds\n' fp8_check.py "$rc" "$((SECONDS - start))" | tee -a "$out/tests.txt"
-        grep -E '^[a-z0-9_]+ (cpu|cuda): ' "$out/fp8_check.log" | cut -c1-200 | sed 's/^/  /' | tee -a "$out/tests.txt"
+        grep -E '^[a-z0-9_:-]+ (cpu|cuda): ' "$out/fp8_check.log" | cut -c1-200 | sed 's/^/  /' | tee -a "$out/tests.txt"
         [[ $rc -ne 0 ]] && tail -n 20 "$out/fp8_check.log"
       fi
       [[ -n ${GPU_TESTS:-} ]] && continue
@@ -269,10 +282,7 @@ for stage in "${stages[@]}"; do
       # examples/pipeline_generate.py over two servers (layers 0:4 and 4:8 of
       # an 8-layer Llama-3-8B-shaped checkpoint with its ends), sessions vs
       # stateless. Needs tritonclient: carry it as wheels in .whl/ (docs/gpu.md).
-      if ! python3 -c "import tritonclient.grpc" 2>/dev/null && compgen -G ".whl/*.whl" > /dev/null; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-          --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
-      fi
+      use_carried_wheels tritonclient.grpc
       ckpt=/tmp/layerserve-llama3-8b-shapes-8l-head
       [[ -f $ckpt/config.json ]] ||
         python3 bench/server/make_checkpoint.py "$ckpt" --layers 8 --head --vocab 32000

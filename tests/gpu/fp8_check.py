@@ -1,9 +1,19 @@
-"""FP8 checkpoints written by transformers itself, served by layerserve, on the
-GPU machine: for each model family, a random small model saved in BF16,
-loaded again with FineGrainedFP8Config (transformers quantizes it on the GPU)
-and saved with save_pretrained, so the checkpoint holds what transformers
-writes: float8_e4m3fn weights, float32 weight_scale_inv per 128x128 block and
-its quantization_config. Layers 1:3 of it are served by layerserve.
+"""FP8 checkpoints written by the libraries that define the formats, served by
+layerserve, on the GPU machine. Fine-grained FP8, for each model family: a
+random small model saved in BF16, loaded again with FineGrainedFP8Config
+(transformers quantizes it on the GPU) and saved with save_pretrained, so the
+checkpoint holds what transformers writes: float8_e4m3fn weights, float32
+weight_scale_inv per 128x128 block and its quantization_config.
+compressed-tensors' float-quantized format ("FAMILY:ct-channel", per-channel
+weights and dynamic per-token activations; "FAMILY:ct-tensor", per-tensor
+weights and a static per-tensor input_scale): the same BF16 model with the
+library's own quantization config applied (apply_quantization_config), its
+scales computed by the library's calculate_qparams from the weights' min and
+max (and, for static inputs, from the inputs a calibration forward saw), then
+compressed by its ModelCompressor and saved, its config written by the
+compressor's update_config: what llm-compressor does after calibrating.
+(compressed-tensors and its pure-Python needs travel as wheels: docs/gpu.md.)
+Layers 1:3 of each are served by layerserve.
 
 The oracle is a float64 forward over the saved tensors (tests/python/
 llama_numpy.py) with the activations quantized as the format says, per token
@@ -27,7 +37,7 @@ the oracle as W8A8 is from weight-only (tests/gpu/cuda_fp8_test.cc holds
 the discriminating checks: element-level kernel tests and a static-scale
 model).
 
-    python3 tests/gpu/fp8_check.py BIN_DIR OUT_DIR [FAMILY ...]
+    python3 tests/gpu/fp8_check.py BIN_DIR OUT_DIR [FAMILY[:ct-channel|:ct-tensor] ...]
 """
 import json
 import subprocess
@@ -43,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 from hf_check import COMMON, HIDDEN, SPAN, rel_rms, served  # noqa: E402
 from layerserve_process import ServerStartError  # noqa: E402
-from llama_numpy import decoder_layers, quantize_fp8  # noqa: E402
+from llama_numpy import decoder_layer, decoder_layers, quantize_fp8  # noqa: E402
 
 GROUP = 128
 
@@ -67,7 +77,8 @@ def config_of(family):
     raise SystemExit(f"unknown family {family}")
 
 
-FAMILIES = ("llama", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe")
+FAMILIES = ("llama", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe",
+            "llama:ct-channel", "llama:ct-tensor", "qwen3:ct-channel")
 # Checkpoints both backends refuse, and the words of the refusal: transformers
 # also quantizes Qwen2-MoE's one-row shared_expert_gate (reporting its
 # weight_scale_inv as MISSING and newly initialized while it quantizes), a
@@ -75,8 +86,8 @@ FAMILIES = ("llama", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe")
 REFUSED = {"qwen2_moe": "shared_expert_gate is FP8"}
 
 
-def write_fp8_checkpoint(family, out):
-    """The BF16 model, and the FP8 checkpoint transformers writes of it."""
+def bf16_model(family):
+    """A random small model of `family` in BF16 (norm weights perturbed)."""
     config_class, extra = config_of(family)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config_class(**COMMON, **extra))
@@ -85,12 +96,78 @@ def write_fp8_checkpoint(family, out):
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def write_fp8_checkpoint(family, out):
+    """The BF16 model, and the FP8 checkpoint transformers writes of it."""
+    model = bf16_model(family)
     bf16_dir, fp8_dir = out / "bf16", out / "fp8"
     model.save_pretrained(bf16_dir)
     quantized = transformers.AutoModelForCausalLM.from_pretrained(
         bf16_dir, quantization_config=transformers.FineGrainedFP8Config(), device_map="cuda")
     quantized.save_pretrained(fp8_dir)
     return fp8_dir
+
+
+def write_compressed_tensors_checkpoint(family, out, scheme):
+    """The BF16 model quantized and saved by compressed-tensors: `scheme`
+    "ct-channel" (per-channel weights, dynamic per-token activations) or
+    "ct-tensor" (per-tensor weights, a static per-tensor input_scale)."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig,
+                                                 QuantizationScheme, apply_quantization_config)
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    model = bf16_model(family).to("cuda")
+    static = scheme == "ct-tensor"
+    fp8 = dict(num_bits=8, type="float", symmetric=True)
+    weights = QuantizationArgs(**fp8, strategy="tensor" if static else "channel", dynamic=False)
+    inputs = (QuantizationArgs(**fp8, strategy="tensor", dynamic=False) if static
+              else QuantizationArgs(**fp8, strategy="token", dynamic=True))
+    # Static input scales: each linear's input amax over a calibration
+    # forward of hidden states like those the check sends (taken before the
+    # config wraps the linears' forward).
+    amax, hooks = {}, []
+    if static:
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and name != "lm_head":
+                def record(module, args, name=name):
+                    amax[name] = max(amax.get(name, 0.0), args[0].abs().max().float().item())
+                hooks.append(module.register_forward_pre_hook(record))
+        with torch.no_grad():
+            model(inputs_embeds=torch.randn(2, 64, HIDDEN, device="cuda", dtype=torch.bfloat16))
+        for hook in hooks:
+            hook.remove()
+    config = QuantizationConfig(
+        config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=weights,
+                                                     input_activations=inputs)},
+        ignore=["lm_head"])
+    apply_quantization_config(model, config)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            scheme_of = getattr(module, "quantization_scheme", None)
+            if scheme_of is None:
+                continue
+            w = module.weight.float()
+            low, high = ((w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True)) if not static
+                         else (w.amin().reshape(1), w.amax().reshape(1)))
+            scale, zero = calculate_qparams(low, high, scheme_of.weights)
+            module.weight_scale.copy_(scale.reshape(module.weight_scale.shape))
+            if hasattr(module, "weight_zero_point"):
+                module.weight_zero_point.copy_(zero.reshape(module.weight_zero_point.shape))
+            if static:
+                a = torch.tensor([amax[name]], device="cuda")
+                scale, zero = calculate_qparams(-a, a, scheme_of.input_activations)
+                module.input_scale.copy_(scale.reshape(module.input_scale.shape))
+                if hasattr(module, "input_zero_point"):
+                    module.input_zero_point.copy_(zero.reshape(module.input_zero_point.shape))
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="float-quantized")
+    compressor.compress_model(model)
+    directory = out / scheme
+    model.save_pretrained(directory)
+    compressor.update_config(str(directory))
+    return directory
 
 
 def saved_tensors(directory, layer):
@@ -108,25 +185,32 @@ def saved_tensors(directory, layer):
     return tensors
 
 
-def dequantize(weight, scale_inv):
-    """weight (float8_e4m3fn [..., rows, cols]) times the scale of its 128x128
-    block, in float64."""
+def dequantize(weight, scale):
+    """weight (float8_e4m3fn [..., rows, cols]) times its scale, in float64:
+    a fine-grained weight_scale_inv per 128x128 block, or compressed-tensors'
+    weight_scale per row ([rows, 1]) or per tensor ([1])."""
     w = weight.to(torch.float64)
-    s = scale_inv.to(torch.float64)
-    s = s.repeat_interleave(GROUP, dim=-2)[..., :w.shape[-2], :]
-    s = s.repeat_interleave(GROUP, dim=-1)[..., :w.shape[-1]]
+    s = scale.to(torch.float64)
+    if s.dim() == w.dim() and s.shape[-1] != 1:  # 128x128 blocks
+        s = s.repeat_interleave(GROUP, dim=-2)[..., :w.shape[-2], :]
+        s = s.repeat_interleave(GROUP, dim=-1)[..., :w.shape[-1]]
     return (w * s).numpy()
 
 
 def oracle_layer(tensors):
-    """llama_numpy's weight dict for one saved layer and the names of its
-    FP8 projections (as llama_numpy's qdq names them)."""
-    w, fp8 = {}, set()
+    """llama_numpy's weight dict for one saved layer, the names of its FP8
+    projections (as llama_numpy's qdq names them) and their static input
+    scales (compressed-tensors' input_scale, by projection name)."""
+    w, fp8, input_scales = {}, set(), {}
     for name, t in tensors.items():
-        if name.endswith("_scale_inv"):
+        if name.endswith(("_scale_inv", ".weight_scale", "_zero_point")):
+            continue
+        if name.endswith(".input_scale"):
+            input_scales[name.removesuffix(".input_scale")] = float(t.float().reshape(-1)[0])
             continue
         if t.dtype == torch.float8_e4m3fn:
-            w[name] = dequantize(t, tensors[name + "_scale_inv"])
+            scale = tensors.get(name + "_scale_inv", tensors.get(name + "_scale"))
+            w[name] = dequantize(t, scale)
             fp8.add(name.removesuffix(".weight"))
         else:
             w[name] = t.to(torch.float64).numpy()
@@ -164,12 +248,15 @@ def oracle_layer(tensors):
                 fp8.add(f"moe.shared_{part}")
     if "mlp.shared_expert_gate.weight" in w:
         w["moe.shared_gate"] = w.pop("mlp.shared_expert_gate.weight")
-    return w, fp8
+    return w, fp8, input_scales
 
 
-def check(family, bin_dir, out):
+def check(name, bin_dir, out):
+    family, _, scheme = name.partition(":")
     out.mkdir(parents=True, exist_ok=True)
-    directory = write_fp8_checkpoint(family, out)
+    directory = (write_compressed_tensors_checkpoint(family, out, scheme) if scheme
+                 else write_fp8_checkpoint(family, out))
+    family = name
     config = json.loads((directory / "config.json").read_text())
     print(f"{family}: quantization_config {json.dumps(config.get('quantization_config'))}")
     # transformers 5 writes rope_theta inside rope_parameters (Mixtral's is
@@ -187,26 +274,40 @@ def check(family, bin_dir, out):
             line = next((l for l in log.splitlines() if "ERROR" in l), "(no error line)")
             print(f"{family} cpu: refused {'ok' if ok else 'FAILED'}: {line.strip()}")
             return ok
-    layers, fp8 = [], set()
+    layers, fp8, static = [], set(), []
     for layer in range(*SPAN):
         tensors = saved_tensors(directory, layer)
         if layer == SPAN[0]:
             print(f"{family}: layer {layer} as saved: " + ", ".join(
                 f"{n} {str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
                 for n, t in sorted(tensors.items()) if "experts." not in n or ".0." in n))
-        w, names = oracle_layer(tensors)
+        w, names, input_scales = oracle_layer(tensors)
         layers.append(w)
         fp8 |= names
+        static.append(input_scales)
     print(f"{family}: FP8 projections: {', '.join(sorted(fp8))}")
+    # The activations as the format quantizes them: per token and 128
+    # channels (fine-grained), per token (compressed-tensors, dynamic) or at
+    # the projection's static input_scale.
+    group = None if ":" in name else GROUP
 
-    def qdq(v, name):
-        return quantize_fp8(v, group=GROUP) if name in fp8 else v
+    def w8a8_forward(x):
+        out = np.asarray(x, dtype=np.float64)
+        for w, scales in zip(layers, static):
+            def qdq(v, projection, scales=scales):
+                if projection not in fp8:
+                    return v
+                if projection in scales:
+                    return quantize_fp8(v, static_scale=np.float32(scales[projection]))
+                return quantize_fp8(v, group=group)
+            out = decoder_layer(out, w, config, qdq=qdq)
+        return out
 
     passed = True
     for backend in ("cpu", "cuda"):
         for shape in ((2, 33), (4, 1)):
             x = np.random.default_rng(1).normal(size=(*shape, HIDDEN)).astype(np.float32)
-            w8a8 = decoder_layers(x, layers, config, qdq=qdq) - x
+            w8a8 = w8a8_forward(x) - x
             w8a16 = decoder_layers(x, layers, config) - x
             try:
                 y = served(bin_dir, out, directory, backend, x) - x
@@ -228,7 +329,12 @@ def main():
     bin_dir, out = sys.argv[1], Path(sys.argv[2])
     families = sys.argv[3:] or list(FAMILIES)
     print("transformers", transformers.__version__, "torch", torch.__version__)
-    failed = [f for f in families if not check(f, bin_dir, out / f)]
+    try:
+        import compressed_tensors
+        print("compressed-tensors", compressed_tensors.__version__)
+    except ImportError:
+        print("compressed-tensors: not importable (carry its wheels: docs/gpu.md)")
+    failed = [f for f in families if not check(f, bin_dir, out / f.replace(":", "-"))]
     print("fp8_check:", "FAILED " + ", ".join(failed) if failed else "all passed")
     sys.exit(1 if failed else 0)
 
