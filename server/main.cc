@@ -139,6 +139,15 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackendFromFlags(const ServerFl
   absl::StatusOr<std::unique_ptr<CudaBackend>> cuda = MakeCudaBackend(span, options);
   if (!cuda.ok()) return cuda.status();
   metrics->SetKernelTimingSampleEvery(options.timing_sample_every);
+  std::vector<GemmRouteInfo> routes;
+  for (const cuda::GemmRoute& r : (*cuda)->GemmRoutes()) {
+    routes.push_back({.shape = absl::StrCat(r.shape.n, "x", r.shape.k),
+                      .gated = r.shape.gated,
+                      .precision = cuda::GemmPrecisionName(r.shape.fp8),
+                      .m_max = r.m_max,
+                      .kernel = r.config});
+  }
+  metrics->SetGemmRoutes(routes);
   // Nothing is allocated on the request path, so the start-up figure holds.
   if (absl::StatusOr<int64_t> used = (*cuda)->DeviceMemoryUsedBytes(); used.ok()) {
     metrics->SetGpuMemoryUsedBytes(*used);

@@ -10,13 +10,14 @@
 // cache three times over, so timings include the weight streaming from HBM
 // that serving sees.
 //
-//   gemm_bench [--versions=0,3,4,5,auto,6row,6block] [--shapes=6144x4096,...] [--ms=1,8,...]
+//   gemm_bench [--versions=0,3,4,5,auto,6row,6block,0row,0block] [--shapes=6144x4096,...] [--ms=1,8,...]
 //              [--iters=5] [--rounds=5] [--csv=PATH] [--gated]
 // A version may pin a configuration: 3b128 / 3b256 (v3 tile width), 4s2
 // (v4 with 2 K splits); plain 3 and 4 use the launchers' own choice.
 //
 // FP8 rows (version 6, "6row" per-row scales, "6block" block-128 scales, "6s4row"
-// with 4 K splits) time the FP8 GEMM on e4m3 codes of the same random weights
+// with 4 K splits; "0row" and "0block" cuBLASLt's FP8 with the same scales,
+// the route GemmRouter can take instead) time the FP8 GEMM on e4m3 codes of the same random weights
 // and activations (weights quantized at one static scale, activations per
 // token or per 128-column group, outside the timed graph, as the vendor's
 // FP8 timings exclude it), rotating through their own L2-defeating sets;
@@ -143,7 +144,12 @@ bool ParseVariant(const std::string& text, Variant* v) {
     }
   }
   const absl::StatusOr<GemmConfig> config = ParseGemmConfigSpec(spec);
-  if (!config.ok() || (config->version == GemmVersion::kFp8) != (v->fp8 != Fp8Scaling::kNone)) return false;
+  // FP8 rows: version 6, or 0 (cuBLASLt's FP8: "0row", "0block").
+  if (!config.ok() || (config->version == GemmVersion::kFp8 && v->fp8 == Fp8Scaling::kNone) ||
+      (v->fp8 != Fp8Scaling::kNone && config->version != GemmVersion::kFp8 &&
+       config->version != GemmVersion::kCublasLt)) {
+    return false;
+  }
   v->label = GemmConfigSpec(*config) + (v->fp8 == Fp8Scaling::kPerRow  ? "row"
                                         : v->fp8 == Fp8Scaling::kBlock ? "block"
                                                                        : "");
@@ -338,12 +344,16 @@ bool Bench::RunShape(int64_t n, int64_t k) {
   std::vector<float*> a_scale_row(sets), a_scale_block(sets);
   float* w_scale_row = nullptr;
   float* w_scale_block = nullptr;
+  float* w_scale_128 = nullptr;  // cuBLASLt's layout of the same block scales
   if (any_fp8) {
+    const int64_t scales_128 = (n + kFp8BlockK - 1) / kFp8BlockK * kFp8CublasLtScaleCols(k);
     w_scale_row = static_cast<float*>(Alloc(n * 4));
     w_scale_block = static_cast<float*>(Alloc((n + kFp8WeightScaleRows - 1) / kFp8WeightScaleRows * kblocks * 4));
-    if (w_scale_row == nullptr || w_scale_block == nullptr) return false;
+    w_scale_128 = static_cast<float*>(Alloc(scales_128 * 4));
+    if (w_scale_row == nullptr || w_scale_block == nullptr || w_scale_128 == nullptr) return false;
     FillFloatKernel<<<256, 256, 0, stream_>>>(
         w_scale_block, (n + kFp8WeightScaleRows - 1) / kFp8WeightScaleRows * kblocks, kBenchWeightScale);
+    FillFloatKernel<<<256, 256, 0, stream_>>>(w_scale_128, scales_128, kBenchWeightScale);
     for (int s = 0; s < sets; ++s) {
       w8[s] = Alloc(n * k);
       a8_row[s] = Alloc(max_m * k);
@@ -402,6 +412,9 @@ bool Bench::RunShape(int64_t n, int64_t k) {
         p.w = w8[s];
         p.a_scale = block ? a_scale_block[s] : a_scale_row[s];
         p.w_scale = block ? w_scale_block : w_scale_row;
+        // (A gated block-scaled weight has no cuBLASLt scales in serving:
+        // its 64-row interleave puts gate and up rows in one 128-row block.)
+        p.w_scale_128 = block && !opt_.gated ? w_scale_128 : nullptr;
       }
       return p;
     };

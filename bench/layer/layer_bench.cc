@@ -204,16 +204,17 @@ absl::StatusOr<cuda::LayerDeviceWeights> Fp8Layer(const cuda::LayerDeviceWeights
     float half_width;
     const void** weight;
     cuda::Fp8Linear* linear;
+    bool cublaslt_blocks;  // cuBLASLt's FP8 takes it block-scaled (serving's rule: not gated, not experts)
   };
   const auto uniform = [](int64_t fan_in) { return std::sqrt(3.0f / static_cast<float>(fan_in)); };
   const Projection projections[] = {
-      {layer.w_qkv, shape.qkv_width(), shape.hidden, uniform(shape.hidden), &out.w_qkv, &out.qkv_fp8},
-      {layer.w_o, shape.hidden, shape.q_width(), uniform(shape.q_width()), &out.w_o, &out.o_fp8},
+      {layer.w_qkv, shape.qkv_width(), shape.hidden, uniform(shape.hidden), &out.w_qkv, &out.qkv_fp8, true},
+      {layer.w_o, shape.hidden, shape.q_width(), uniform(shape.q_width()), &out.w_o, &out.o_fp8, true},
       // (A mixture of experts': every expert's, stacked, scales likewise.)
       {layer.w_gate_up, shape.mlps() * 2 * shape.intermediate, shape.hidden, uniform(shape.hidden), &out.w_gate_up,
-       &out.gate_up_fp8},
+       &out.gate_up_fp8, false},
       {layer.w_down, shape.mlps() * shape.hidden, shape.intermediate, uniform(shape.intermediate), &out.w_down,
-       &out.down_fp8},
+       &out.down_fp8, shape.experts == 0},
   };
   for (const Projection& p : projections) {
     const float scale = p.half_width / 448.0f;
@@ -233,14 +234,22 @@ absl::StatusOr<cuda::LayerDeviceWeights> Fp8Layer(const cuda::LayerDeviceWeights
     LS_ASSIGN_OR_RETURN(DeviceBuffer blocks, DeviceBuffer::Allocate(block_scales.size() * sizeof(float)));
     LS_CUDA_RETURN_IF_ERROR(
         cudaMemcpy(blocks.data(), block_scales.data(), block_scales.size() * sizeof(float), cudaMemcpyHostToDevice));
+    const std::vector<float> cublaslt_scales(static_cast<size_t>((p.n + kernels::kFp8BlockK - 1) / kernels::kFp8BlockK *
+                                                                 kernels::kFp8CublasLtScaleCols(p.k)),
+                                             scale);
+    LS_ASSIGN_OR_RETURN(DeviceBuffer blocks_128, DeviceBuffer::Allocate(cublaslt_scales.size() * sizeof(float)));
+    LS_CUDA_RETURN_IF_ERROR(cudaMemcpy(blocks_128.data(), cublaslt_scales.data(),
+                                       cublaslt_scales.size() * sizeof(float), cudaMemcpyHostToDevice));
     const bool block = scaling == kernels::Fp8Scaling::kBlock;
     *p.weight = codes.data();
-    *p.linear = cuda::Fp8Linear{scaling, static_cast<const float*>(block ? blocks.data() : row_scales.data()), 0.f};
+    *p.linear = cuda::Fp8Linear{scaling, static_cast<const float*>(block ? blocks.data() : row_scales.data()), 0.f,
+                                block && p.cublaslt_blocks ? static_cast<const float*>(blocks_128.data()) : nullptr};
     *weight_bytes += static_cast<double>(p.n * p.k) * 1.0 - static_cast<double>(p.n * p.k) * 2.0 +
                      static_cast<double>(block ? block_scales.size() : static_cast<size_t>(p.n)) * sizeof(float);
     storage.push_back(std::move(codes));
     storage.push_back(std::move(row_scales));
     storage.push_back(std::move(blocks));
+    storage.push_back(std::move(blocks_128));
   }
   LS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return out;
@@ -331,7 +340,12 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
   // The server's GEMM routing: auto mode, tuned at "load" for this layer's
   // shapes (the table goes to stderr).
   // (The bf16 shapes also with --fp8, for the bf16 layer of --compare bf16.)
-  const std::vector<cuda::TunedShape> gemm_shapes = cuda::TunedShapesFor(bf16_shape);
+  std::vector<cuda::TunedShape> gemm_shapes = cuda::TunedShapesFor(bf16_shape, layer);
+  if (shape.fp8) {
+    for (const cuda::TunedShape& s : cuda::TunedShapesFor(shape, served)) {
+      if (s.fp8 != kernels::Fp8Scaling::kNone) gemm_shapes.push_back(s);
+    }
+  }
   cuda::GemmTuningOptions tuning;
   tuning.autotune = autotune;
   LS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::GemmRouter> gemm,

@@ -26,9 +26,13 @@ absl::Status Launch(const SiluMulParams& p, cudaStream_t stream) {
 }  // namespace
 
 absl::Status LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream) {
-  if (p.rows < 0 || p.width <= 0 || p.width % 8 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("silu_mul: width must be a positive multiple of 8 (got ", p.width, ") and rows >= 0"));
+  if (p.block <= 0 || p.block % kGateUpBlock != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("silu_mul: the interleave block must be a positive multiple of ",
+                                                   kGateUpBlock, " (got ", p.block, ")"));
+  }
+  if (p.rows < 0 || p.width <= 0 || p.width % p.block != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("silu_mul: width must be a positive multiple of the block ", p.block,
+                                                   " (got ", p.width, ") and rows >= 0"));
   }
   if (p.gate_up == nullptr || p.out == nullptr) {
     return absl::InvalidArgumentError("silu_mul: gate_up and out must be set");

@@ -99,5 +99,7 @@ absl::Status LaunchGemmV5(const DenseGemm& p, const DeviceInfo& dev, cudaStream_
 // Fills n bf16 elements with uniform values in [-1, 1) from `seed` (the
 // autotune data: never time on zeros).
 absl::Status FillRandomBf16(void* dst, int64_t n, uint64_t seed, cudaStream_t stream);
+// dst[0, n) = value (an FP8 tuning pass's block scales).
+absl::Status FillFloat(float* dst, int64_t n, float value, cudaStream_t stream);
 
 }  // namespace layerserve::kernels::gemm

@@ -159,6 +159,18 @@ int SplitKHeuristic(int64_t n, int64_t k, int num_sms) {
 
 }  // namespace gemm
 
+std::string_view Fp8ScalingName(Fp8Scaling scaling) {
+  switch (scaling) {
+    case Fp8Scaling::kNone:
+      return "bf16";
+    case Fp8Scaling::kPerRow:
+      return "row";
+    case Fp8Scaling::kBlock:
+      return "block";
+  }
+  return "unknown";
+}
+
 std::string GemmConfigName(const GemmConfig& config) {
   switch (config.version) {
     case GemmVersion::kCublasLt:
@@ -352,28 +364,39 @@ absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const 
   return absl::InvalidArgumentError("gemm: unknown version");
 }
 
+bool CublasLtTakesFp8(const GemmParams& p) {
+  if (p.fp8 == Fp8Scaling::kNone || p.grouped() || p.dtype != DType::kBF16) return false;
+  if (p.n % 16 != 0 || p.k % 16 != 0 || p.a_scale == nullptr || p.w_scale == nullptr) return false;
+  if (p.silu_mul && (p.scratch == nullptr || p.n % (2 * kFp8GateUpBlock) != 0)) return false;
+  // Block-scaled: cuBLASLt 13.1 takes m a multiple of 4 only (gemm.h).
+  return p.fp8 == Fp8Scaling::kPerRow || (p.w_scale_128 != nullptr && p.m % 4 == 0);
+}
+
 GemmConfig ChooseGemm(const GemmParams& p, GemmMode mode, const GemmTable& table, const DeviceInfo& dev) {
   GemmConfig config;  // split_k = block_n = 0: the kernels size themselves
-  // FP8 products: our kernel, whatever the mode (cuBLASLt's FP8 is not wired
-  // yet); a pinned or tuned split count where the table has one.
+  const GemmConfig cublaslt{GemmVersion::kCublasLt};
+  const auto entry = table.find({GemmMBucket(p.m), p.n, p.k, p.fp8});
+  // FP8 products: our kernel, or cuBLASLt's FP8 where it takes the call and
+  // the mode or the tuned entry says so.
   if (p.fp8 != Fp8Scaling::kNone) {
     config.version = GemmVersion::kFp8;
-    if (const auto it = table.find({GemmMBucket(p.m), p.n, p.k});
-        it != table.end() && it->second.version == GemmVersion::kFp8) {
-      config = it->second;
+    if (p.grouped() || !CublasLtTakesFp8(p)) {
+      if (!p.grouped() && entry != table.end() && entry->second.version == GemmVersion::kFp8) config = entry->second;
+      return config;
     }
+    if (mode == GemmMode::kCublasLt) return cublaslt;
+    if (mode == GemmMode::kAuto && entry != table.end()) config = entry->second;
     return config;
   }
   if (p.grouped()) {
     config.version = p.max_group_rows <= 64 ? GemmVersion::kSmallMSplitK : GemmVersion::kWarpSpecialized;
     return config;
   }
-  const GemmConfig cublaslt{GemmVersion::kCublasLt};
   if (mode == GemmMode::kCublasLt) return cublaslt;
   if (mode == GemmMode::kCustom) {
     config.version = p.m <= 64 ? GemmVersion::kSmallMSplitK : GemmVersion::kWarpSpecialized;
-  } else if (const auto it = table.find({GemmMBucket(p.m), p.n, p.k}); it != table.end()) {
-    config = it->second;
+  } else if (entry != table.end()) {
+    config = entry->second;
   } else {
     config.version = p.m <= 16 ? GemmVersion::kSmallMSplitK : GemmVersion::kCublasLt;
   }

@@ -1,5 +1,6 @@
 // Random bf16 fill used by the dispatcher's autotune pass: timings on zeros
-// flatter the tensor cores, so candidates are timed on uniform [-1, 1) data.
+// flatter the tensor cores, so candidates are timed on uniform [-1, 1) data;
+// and a constant float fill for an FP8 pass's block scales.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -23,7 +24,22 @@ __global__ void FillRandomBf16Kernel(__nv_bfloat16* dst, int64_t n, uint64_t see
   }
 }
 
+__global__ void FillFloatKernel(float* dst, int64_t n, float value) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = value;
+  }
+}
+
 }  // namespace
+
+absl::Status FillFloat(float* dst, int64_t n, float value, cudaStream_t stream) {
+  if (n <= 0) return absl::OkStatus();
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 1024);
+  FillFloatKernel<<<static_cast<int>(blocks), 256, 0, stream>>>(dst, n, value);
+  LS_CUDA_RETURN_IF_LAUNCH_ERROR(FillFloatKernel);
+  return absl::OkStatus();
+}
 
 absl::Status FillRandomBf16(void* dst, int64_t n, uint64_t seed, cudaStream_t stream) {
   if (n <= 0) return absl::OkStatus();

@@ -53,12 +53,62 @@ using MatmulPreference = UniqueHandle<cublasLtMatmulPreference_t, &cublasLtMatmu
 
 cudaDataType_t CudaType(DType t) { return t == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF; }
 
+// cuBLASLt's scale modes of an FP8 product: the weight's (its A) and the
+// activations' (its B). Per row: one scale per weight row and per token
+// (outer vectors). Block-128: 128x128 weight blocks and a scale per token
+// and 128 columns of K.
+struct Fp8ScaleModes {
+  int32_t weight;
+  int32_t activations;
+};
+Fp8ScaleModes CublasLtScaleModes(Fp8Scaling scaling) {
+  if (scaling == Fp8Scaling::kBlock) {
+    return {CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F};
+  }
+  return {CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F};
+}
+
 // Column-major rows x cols with leading dimension ld.
-absl::StatusOr<MatrixLayout> MakeLayout(DType t, int64_t rows, int64_t cols, int64_t ld) {
+absl::StatusOr<MatrixLayout> MakeLayout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
   cublasLtMatrixLayout_t layout = nullptr;
   LS_CUBLAS_RETURN_IF_ERROR(
-      cublasLtMatrixLayoutCreate(&layout, CudaType(t), static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
+      cublasLtMatrixLayoutCreate(&layout, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
   return MatrixLayout(layout);
+}
+
+// The weight scales cuBLASLt reads for an FP8 product: per row as they are,
+// block-128 in its own layout (GemmParams::w_scale_128).
+const float* CublasLtWeightScale(const GemmParams& p) {
+  return p.fp8 == Fp8Scaling::kBlock ? p.w_scale_128 : p.w_scale;
+}
+
+// An FP8 product's descriptor (GemmParams::fp8): e4m3 operands scaled as
+// CublasLtScaleModes says, from the call's scale pointers (which the
+// heuristic wants set too).
+absl::StatusOr<MatmulDesc> MakeFp8Desc(Fp8Scaling scaling, const float* w_scale, const float* a_scale) {
+  cublasLtMatmulDesc_t raw = nullptr;
+  LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&raw, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  MatmulDesc desc(raw);
+  const cublasOperation_t trans_a = CUBLAS_OP_T;
+  const cublasOperation_t trans_b = CUBLAS_OP_N;
+  LS_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(raw, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
+  LS_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(raw, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
+  const Fp8ScaleModes modes = CublasLtScaleModes(scaling);
+  LS_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(raw, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &modes.weight, sizeof(modes.weight)));
+  LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(raw, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &modes.activations,
+                                                           sizeof(modes.activations)));
+  if (w_scale != nullptr) {
+    LS_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(raw, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scale, sizeof(w_scale)));
+  }
+  if (a_scale != nullptr) {
+    LS_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(raw, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale, sizeof(a_scale)));
+  }
+  return desc;
 }
 
 absl::StatusOr<MatmulDesc> MakeDesc(DType t, bool has_bias, const void* bias) {
@@ -171,8 +221,8 @@ struct GemmRouter::CublasLt {
     cublasLtMatmulAlgo_t algo{};
     size_t workspace_bytes = 0;
   };
-  // (m, n, k, lda, ldw, ldd, dtype, bias, accumulate, alignment)
-  using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, bool, int>;
+  // (m, n, k, lda, ldw, ldd, dtype, bias, accumulate, alignment, FP8 scaling)
+  using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, bool, int, int>;
 
   LtHandle handle;
   size_t max_workspace_bytes = 0;
@@ -181,17 +231,33 @@ struct GemmRouter::CublasLt {
 
   absl::StatusOr<const Plan*> GetPlan(const GemmParams& p, int alignment) {
     const bool has_bias = p.bias != nullptr;
-    const PlanKey key{p.m, p.n, p.k, p.lda, p.ldw, p.ldd, static_cast<int>(p.dtype), has_bias, p.accumulate, alignment};
+    const PlanKey key{p.m,
+                      p.n,
+                      p.k,
+                      p.lda,
+                      p.ldw,
+                      p.ldd,
+                      static_cast<int>(p.dtype),
+                      has_bias,
+                      p.accumulate,
+                      alignment,
+                      static_cast<int>(p.fp8)};
     absl::MutexLock lock(&mu);
     if (auto it = plans.find(key); it != plans.end()) return it->second.get();
 
     // Planning runs under the lock: it happens once per shape, and a second
     // thread asking for the same shape would otherwise plan it twice.
     auto plan = std::make_unique<Plan>();
-    LS_ASSIGN_OR_RETURN(plan->w_layout, MakeLayout(p.dtype, p.k, p.n, p.ldw));
-    LS_ASSIGN_OR_RETURN(plan->a_layout, MakeLayout(p.dtype, p.k, p.m, p.lda));
-    LS_ASSIGN_OR_RETURN(plan->d_layout, MakeLayout(p.dtype, p.n, p.m, p.ldd));
-    LS_ASSIGN_OR_RETURN(plan->desc, MakeDesc(p.dtype, has_bias, nullptr));
+    const bool fp8 = p.fp8 != Fp8Scaling::kNone;
+    const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : CudaType(p.dtype);
+    LS_ASSIGN_OR_RETURN(plan->w_layout, MakeLayout(in_type, p.k, p.n, p.ldw));
+    LS_ASSIGN_OR_RETURN(plan->a_layout, MakeLayout(in_type, p.k, p.m, p.lda));
+    LS_ASSIGN_OR_RETURN(plan->d_layout, MakeLayout(CudaType(p.dtype), p.n, p.m, p.ldd));
+    if (fp8) {
+      LS_ASSIGN_OR_RETURN(plan->desc, MakeFp8Desc(p.fp8, CublasLtWeightScale(p), p.a_scale));
+    } else {
+      LS_ASSIGN_OR_RETURN(plan->desc, MakeDesc(p.dtype, has_bias, nullptr));
+    }
 
     cublasLtMatmulPreference_t raw_pref = nullptr;
     LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&raw_pref));
@@ -213,7 +279,7 @@ struct GemmRouter::CublasLt {
                                                              plan->d_layout.get(), raw_pref, 1, &result, &found));
     if (found == 0) {
       return absl::InternalError(absl::StrCat("gemm: cuBLASLt has no algorithm for m=", p.m, " n=", p.n, " k=", p.k,
-                                              " bias=", has_bias, " alignment=", alignment));
+                                              " bias=", has_bias, " alignment=", alignment, " fp8=", fp8));
     }
     plan->algo = result.algo;
     plan->workspace_bytes = result.workspaceSize;
@@ -257,8 +323,8 @@ GemmConfig GemmRouter::Route(const GemmParams& p) const {
   return config;
 }
 
-void GemmRouter::SetChoice(int64_t m, int64_t n, int64_t k, const GemmConfig& config) {
-  table_[{GemmMBucket(m), n, k}] = config;
+void GemmRouter::SetChoice(int64_t m, int64_t n, int64_t k, const GemmConfig& config, Fp8Scaling fp8) {
+  table_[{GemmMBucket(m), n, k, fp8}] = config;
 }
 
 absl::Status GemmRouter::Run(const GemmParams& p, const GemmWorkspace& workspace, cudaStream_t stream) {
@@ -276,7 +342,7 @@ absl::Status GemmRouter::RunConfig(const GemmParams& p, const GemmConfig& config
 }
 
 absl::Status GemmRouter::RunCublasLt(const GemmParams& p, const GemmWorkspace& workspace, cudaStream_t stream) {
-  if (p.fp8 != Fp8Scaling::kNone) return absl::UnimplementedError("gemm: cuBLASLt's FP8 route is not wired");
+  if (p.fp8 != Fp8Scaling::kNone) return RunCublasLtFp8(p, workspace, stream);
   if (p.silu_mul) {
     // The plain product into the scratch buffer, then the activation.
     if (p.scratch == nullptr) return absl::InvalidArgumentError("gemm: silu_mul on cuBLASLt needs a scratch buffer");
@@ -314,15 +380,60 @@ absl::Status GemmRouter::RunCublasLt(const GemmParams& p, const GemmWorkspace& w
   return absl::OkStatus();
 }
 
+absl::Status GemmRouter::RunCublasLtFp8(const GemmParams& p, const GemmWorkspace& workspace, cudaStream_t stream) {
+  if (!CublasLtTakesFp8(p)) {
+    return absl::InvalidArgumentError(
+        "gemm: cuBLASLt's FP8 takes no grouped product, needs bf16 out, n and k multiples of 16, scales, a "
+        "gated product's scratch and a block-scaled weight's w_scale_128");
+  }
+  if (p.silu_mul) {
+    // The plain product into the scratch buffer, then the activation over
+    // the FP8 interleave.
+    GemmParams plain = p;
+    plain.silu_mul = false;
+    plain.d = p.scratch;
+    plain.ldd = p.n;
+    LS_RETURN_IF_ERROR(RunCublasLtFp8(plain, workspace, stream));
+    SiluMulParams act;
+    act.gate_up = p.scratch;
+    act.out = p.d;
+    act.rows = p.m;
+    act.width = p.n / 2;
+    act.block = kFp8GateUpBlock;
+    act.dtype = p.dtype;
+    return LaunchSiluMul(act, stream);
+  }
+  const float* w_scale = CublasLtWeightScale(p);
+  const int alignment = AlignmentOf({p.a, p.w, p.d, w_scale, p.a_scale});
+  if (alignment < 16) return absl::InvalidArgumentError("gemm: cuBLASLt's FP8 needs 16-byte aligned operands");
+  LS_ASSIGN_OR_RETURN(const CublasLt::Plan* plan, cublaslt_->GetPlan(p, alignment));
+  if (workspace.bytes < plan->workspace_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gemm: workspace of ", workspace.bytes, " bytes, the plan needs ", plan->workspace_bytes));
+  }
+  // The scale pointers are the descriptor's: one per call.
+  LS_ASSIGN_OR_RETURN(const MatmulDesc desc, MakeFp8Desc(p.fp8, w_scale, p.a_scale));
+  const float alpha = 1.0f;
+  const float beta = p.accumulate ? 1.0f : 0.0f;
+  LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(cublaslt_->handle.get(), desc.get(), &alpha, p.w, plan->w_layout.get(), p.a,
+                                           plan->a_layout.get(), &beta, p.d, plan->d_layout.get(), p.d,
+                                           plan->d_layout.get(), &plan->algo, workspace.data, workspace.bytes, stream));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int64_t k, int64_t max_m,
                                                                  const GemmWorkspace& workspace, cudaStream_t stream,
-                                                                 bool gated) {
+                                                                 bool gated, Fp8Scaling fp8) {
   std::vector<GemmTuneResult> results;
-  if (!custom_kernels_ || n % (gated ? 16 : 8) != 0 || k % 8 != 0 || max_m < 1) return results;
+  const int64_t multiple = fp8 != Fp8Scaling::kNone ? (gated ? 2 * kFp8GateUpBlock : 16) : (gated ? 16 : 8);
+  if (!custom_kernels_ || n % multiple != 0 || k % (fp8 != Fp8Scaling::kNone ? 16 : 8) != 0 || max_m < 1) {
+    return results;
+  }
   const int last_bucket = GemmMBucket(max_m);
   const int64_t rows = std::min(GemmMBucketUpperBound(last_bucket), kTuneMaxM);
+  const int64_t kblocks = (k + kFp8BlockK - 1) / kFp8BlockK;
   // Enough copies of W that timed launches stream it from HBM, as serving does.
-  const size_t w_bytes = static_cast<size_t>(n * k) * 2;
+  const size_t w_bytes = static_cast<size_t>(n * k) * (fp8 != Fp8Scaling::kNone ? 1 : 2);
   const int w_sets =
       static_cast<int>(std::max<size_t>(2, (2 * static_cast<size_t>(device_.l2_bytes) + w_bytes - 1) / w_bytes));
   LS_ASSIGN_OR_RETURN(const cuda::DeviceBuffer a, cuda::DeviceBuffer::Allocate(static_cast<size_t>(rows * k) * 2));
@@ -334,7 +445,35 @@ absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int6
   std::vector<cuda::DeviceBuffer> w;
   for (int i = 0; i < w_sets; ++i) {
     LS_ASSIGN_OR_RETURN(w.emplace_back(), cuda::DeviceBuffer::Allocate(w_bytes));
-    LS_RETURN_IF_ERROR(gemm::FillRandomBf16(w[i].data(), n * k, 2 + i, stream));
+    if (fp8 == Fp8Scaling::kNone) LS_RETURN_IF_ERROR(gemm::FillRandomBf16(w[i].data(), n * k, 2 + i, stream));
+  }
+  // FP8: each set's codes are random bf16 weights quantized per row (their
+  // scales then serve the per-row product); block scales are a constant.
+  // The activations are quantized per bucket, as the scaling says.
+  cuda::DeviceBuffer a8, a_scale, w_scale, w_scale_128;
+  std::vector<cuda::DeviceBuffer> w_row_scales;
+  if (fp8 != Fp8Scaling::kNone) {
+    LS_ASSIGN_OR_RETURN(const cuda::DeviceBuffer bf16_w, cuda::DeviceBuffer::Allocate(static_cast<size_t>(n * k) * 2));
+    for (int i = 0; i < w_sets; ++i) {
+      LS_ASSIGN_OR_RETURN(w_row_scales.emplace_back(), cuda::DeviceBuffer::Allocate(static_cast<size_t>(n) * 4));
+      LS_RETURN_IF_ERROR(gemm::FillRandomBf16(bf16_w.data(), n * k, 2 + i, stream));
+      QuantizeFp8Params q;
+      q.x = bf16_w.data();
+      q.codes = w[i].data();
+      q.scales = static_cast<float*>(w_row_scales[i].data());
+      q.rows = n;
+      q.cols = k;
+      LS_RETURN_IF_ERROR(LaunchQuantizeFp8(q, stream));
+    }
+    LS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // before bf16_w is freed
+    LS_ASSIGN_OR_RETURN(a8, cuda::DeviceBuffer::Allocate(static_cast<size_t>(rows * k)));
+    LS_ASSIGN_OR_RETURN(a_scale, cuda::DeviceBuffer::Allocate(static_cast<size_t>(rows * kblocks) * 4));
+    const int64_t block_scales = (n + kFp8WeightScaleRows - 1) / kFp8WeightScaleRows * kblocks;
+    const int64_t cublaslt_scales = (n + kFp8BlockK - 1) / kFp8BlockK * kFp8CublasLtScaleCols(k);
+    LS_ASSIGN_OR_RETURN(w_scale, cuda::DeviceBuffer::Allocate(static_cast<size_t>(block_scales) * 4));
+    LS_ASSIGN_OR_RETURN(w_scale_128, cuda::DeviceBuffer::Allocate(static_cast<size_t>(cublaslt_scales) * 4));
+    LS_RETURN_IF_ERROR(gemm::FillFloat(static_cast<float*>(w_scale.data()), block_scales, 1.f / 448, stream));
+    LS_RETURN_IF_ERROR(gemm::FillFloat(static_cast<float*>(w_scale_128.data()), cublaslt_scales, 1.f / 448, stream));
   }
   LS_ASSIGN_OR_RETURN(const cuda::CudaEvent start, cuda::CreateEvent(cudaEventDefault));
   LS_ASSIGN_OR_RETURN(const cuda::CudaEvent stop, cuda::CreateEvent(cudaEventDefault));
@@ -352,36 +491,70 @@ absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int6
     p.n = n;
     p.k = k;
     p.dtype = DType::kBF16;
-    std::vector<GemmConfig> candidates = {{GemmVersion::kCublasLt, 0, 0},
-                                          {GemmVersion::kWarpSpecialized, 0, 256},
-                                          {GemmVersion::kWarpSpecialized, 0, 128}};
-    if (p.m <= 64) {
-      for (int s : {1, 2, 4, 8}) candidates.push_back({GemmVersion::kSmallMSplitK, s, 0});
+    std::vector<GemmConfig> candidates = {{GemmVersion::kCublasLt, 0, 0}};
+    if (fp8 != Fp8Scaling::kNone) {
+      QuantizeFp8Params q;
+      q.x = a.data();
+      q.codes = a8.data();
+      q.scales = static_cast<float*>(a_scale.data());
+      q.rows = p.m;
+      q.cols = k;
+      q.group = fp8 == Fp8Scaling::kBlock ? kFp8BlockK : 0;
+      LS_RETURN_IF_ERROR(LaunchQuantizeFp8(q, stream));
+      p.a = a8.data();
+      p.fp8 = fp8;
+      p.a_scale = static_cast<const float*>(a_scale.data());
+      // (A block-scaled gate/up has no cuBLASLt scales in serving: its
+      // 64-row interleave puts gate and up rows in one 128-row block.)
+      if (!(gated && fp8 == Fp8Scaling::kBlock)) p.w_scale_128 = static_cast<const float*>(w_scale_128.data());
+      p.w_scale = static_cast<const float*>(fp8 == Fp8Scaling::kBlock ? w_scale.data() : w_row_scales[0].data());
+      if (!CublasLtTakesFp8(p)) candidates.clear();
+      candidates.push_back({GemmVersion::kFp8, 0, 0});
+      if (p.m <= 64) {
+        for (int s : {1, 2, 4, 8}) candidates.push_back({GemmVersion::kFp8, s, 0});
+      }
     } else {
-      candidates.push_back({GemmVersion::kClusterMulticast, 0, 0});
+      candidates.push_back({GemmVersion::kWarpSpecialized, 0, 256});
+      candidates.push_back({GemmVersion::kWarpSpecialized, 0, 128});
+      if (p.m <= 64) {
+        for (int s : {1, 2, 4, 8}) candidates.push_back({GemmVersion::kSmallMSplitK, s, 0});
+      } else {
+        candidates.push_back({GemmVersion::kClusterMulticast, 0, 0});
+      }
     }
+    const auto weight = [&](int i) {
+      p.w = w[i % w_sets].data();
+      if (fp8 == Fp8Scaling::kPerRow) p.w_scale = static_cast<const float*>(w_row_scales[i % w_sets].data());
+      if (fp8 == Fp8Scaling::kBlock) p.w_scale = static_cast<const float*>(w_scale.data());
+    };
     std::vector<GemmConfig> configs;
     std::vector<LaunchGraph> graphs;
     for (const GemmConfig& config : candidates) {
-      p.w = w[0].data();
+      weight(0);
       if (config.version != GemmVersion::kCublasLt && !GemmSupported(p, config, device_).ok()) continue;
       auto run = [&](int i) {
-        p.w = w[i % w_sets].data();
+        weight(i);
         return RunConfig(p, config, workspace, stream);
       };
-      LS_RETURN_IF_ERROR(run(0));  // plans, module load, L2 state
+      // Plans, module load, L2 state. cuBLASLt's FP8 may have no algorithm
+      // for the shape: then it is no candidate.
+      if (absl::Status first = run(0); !first.ok()) {
+        if (fp8 != Fp8Scaling::kNone && config.version == GemmVersion::kCublasLt) continue;
+        return first;
+      }
       LaunchGraph graph;
       LS_RETURN_IF_ERROR(graph.Capture(run, stream));
       configs.push_back(config);
       graphs.push_back(std::move(graph));
     }
+    if (graphs.empty()) continue;
     std::vector<std::array<float, kTuneRounds>> times(graphs.size());
     for (int round = 0; round < kTuneRounds; ++round) {
       for (size_t i = 0; i < graphs.size(); ++i) {
         LS_ASSIGN_OR_RETURN(times[i][round], graphs[i].Time(stream, start.get(), stop.get()));
       }
     }
-    GemmTuneResult result{bucket, p.m, n, k, gated, configs.front(), -1.f, -1.f};
+    GemmTuneResult result{bucket, p.m, n, k, gated, fp8, configs.front(), -1.f, -1.f};
     for (size_t i = 0; i < graphs.size(); ++i) {
       std::sort(times[i].begin(), times[i].end());
       const float us = 1e3f * times[i][kTuneRounds / 2];
@@ -391,7 +564,7 @@ absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int6
         result.chosen = configs[i];
       }
     }
-    table_[{bucket, n, k}] = result.chosen;
+    table_[{bucket, n, k, fp8}] = result.chosen;
     results.push_back(result);
   }
   LS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));

@@ -155,13 +155,15 @@ class CudaBackendImpl final : public CudaBackend {
  public:
   CudaBackendImpl(const CudaBackendOptions& options, const LlamaConfig& config,
                   std::vector<int> windows, std::string device_name, cuda::DeviceWeights weights,
-                  std::unique_ptr<kernels::GemmRouter> gemm, kernels::DType dtype,
+                  std::unique_ptr<kernels::GemmRouter> gemm,
+                  std::vector<cuda::GemmRoute> gemm_routes, kernels::DType dtype,
                   std::vector<std::unique_ptr<StreamSlot>> slots)
       : options_(options),
         config_(config),
         device_name_(std::move(device_name)),
         weights_(std::move(weights)),
         gemm_(std::move(gemm)),
+        gemm_routes_(std::move(gemm_routes)),
         executor_(cuda::LayerShape::FromConfig(config, dtype), weights_.layers(),
                   weights_.inv_freq(), gemm_.get(), std::move(windows)),
         slots_(std::move(slots)) {
@@ -206,6 +208,7 @@ class CudaBackendImpl final : public CudaBackend {
 
   size_t WeightBytes() const override { return weights_.bytes(); }
   size_t ActivationBytes() const override { return activation_bytes_; }
+  const std::vector<cuda::GemmRoute>& GemmRoutes() const override { return gemm_routes_; }
 
   absl::StatusOr<int64_t> DeviceMemoryUsedBytes() const override {
     LS_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
@@ -579,6 +582,7 @@ class CudaBackendImpl final : public CudaBackend {
   const std::string device_name_;
   const cuda::DeviceWeights weights_;
   const std::unique_ptr<kernels::GemmRouter> gemm_;
+  const std::vector<cuda::GemmRoute> gemm_routes_;
   const cuda::LayerExecutor executor_;
   const std::vector<std::unique_ptr<StreamSlot>> slots_;
   size_t activation_bytes_ = 0;
@@ -660,10 +664,13 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& mo
   LS_ASSIGN_OR_RETURN(cuda::DeviceWeights weights, cuda::DeviceWeights::Upload(model, dtype));
   const cuda::LayerShape shape = cuda::LayerShape::FromConfig(model.config, dtype);
   LogStream gemm_log(LogLevel::kInfo);  // the tuning table, one record per line
-  LS_ASSIGN_OR_RETURN(
-      std::unique_ptr<kernels::GemmRouter> gemm,
-      cuda::MakeGemmRouter(options.gemm_mode, cuda::TunedShapesFor(shape), options.max_batch_tokens,
-                           options.gemm_tuning, gemm_log));
+  const std::vector<cuda::TunedShape> gemm_shapes =
+      cuda::TunedShapesFor(shape, weights.layers().front());
+  LS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::GemmRouter> gemm,
+                      cuda::MakeGemmRouter(options.gemm_mode, gemm_shapes, options.max_batch_tokens,
+                                           options.gemm_tuning, gemm_log));
+  std::vector<cuda::GemmRoute> gemm_routes =
+      cuda::GemmRoutes(*gemm, gemm_shapes, options.max_batch_tokens);
   std::vector<std::unique_ptr<StreamSlot>> slots;
   for (int i = 0; i < options.num_streams; ++i) {
     LS_ASSIGN_OR_RETURN(
@@ -681,7 +688,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(const ModelSpan& mo
   }
   auto backend = std::make_unique<CudaBackendImpl>(options, model.config, std::move(windows),
                                                    props.name, std::move(weights), std::move(gemm),
-                                                   dtype, std::move(slots));
+                                                   std::move(gemm_routes), dtype, std::move(slots));
   if (options.warm_up) LS_RETURN_IF_ERROR(backend->WarmUp());
   const absl::StatusOr<int64_t> used = backend->DeviceMemoryUsedBytes();
   LogInfo(absl::StrCat(

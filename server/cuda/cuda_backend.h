@@ -84,6 +84,9 @@ class CudaBackend : public Backend {
   // Memory in use on the whole device (cudaMemGetInfo: total - free), which
   // includes the CUDA context and other processes. Callable from any thread.
   virtual absl::StatusOr<int64_t> DeviceMemoryUsedBytes() const = 0;
+  // The kernel each projection shape runs per token-count bucket, as the
+  // GEMM router chose at load (what the start-up log's table says).
+  virtual const std::vector<cuda::GemmRoute>& GemmRoutes() const = 0;
 };
 
 // True when the CUDA runtime sees at least one device (for --backend=auto).

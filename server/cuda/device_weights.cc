@@ -148,7 +148,7 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
       return f ? f->codes.size() : static_cast<size_t>(elements) * e;
     };
     const auto scale_bytes = [](const std::optional<Fp8LinearImage>& f) {
-      return f ? f->scales.size() * sizeof(float) : size_t{0};
+      return f ? f->scale_floats() * sizeof(float) : size_t{0};
     };
     // The same Take sequence sizes the layer's buffer, places tensors in the
     // host image and yields the device views.
@@ -218,6 +218,8 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
       }
       std::memcpy(weight, f->codes.data(), f->codes.size());
       std::memcpy(scales, f->scales.data(), f->scales.size() * sizeof(float));
+      std::memcpy(static_cast<float*>(scales) + f->scales_128_at(), f->scales_128.data(),
+                  f->scales_128.size() * sizeof(float));
     };
     ConvertInto({&w.input_layernorm}, host_dtype, at(h.input_norm));
     place(f8.qkv, h.w_qkv, h.qkv_scale, {&w.q_proj, &w.k_proj, &w.v_proj});
@@ -263,8 +265,10 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
                             d.w_shared_down, d.shared_gate, d.q_norm,
                             d.k_norm};
     const auto linear = [&](const std::optional<Fp8LinearImage>& f, void* scales) {
-      return f ? Fp8Linear{*fp8_scaling, static_cast<const float*>(scales), f->input_scale}
-               : Fp8Linear{};
+      if (!f) return Fp8Linear{};
+      const auto* w_scale = static_cast<const float*>(scales);
+      return Fp8Linear{*fp8_scaling, w_scale, f->input_scale,
+                       f->scales_128.empty() ? nullptr : w_scale + f->scales_128_at()};
     };
     view.qkv_fp8 = linear(f8.qkv, d.qkv_scale);
     view.o_fp8 = linear(f8.o, d.o_scale);

@@ -83,6 +83,27 @@ absl::StatusOr<std::vector<float>> ExpandScales(const HostTensor& t, Fp8Scaling 
   return out;
 }
 
+// cuBLASLt's block scales (GemmParams::w_scale_128) of an image's 64-row
+// ones, `rows` x `cols` codes; empty where two halves of a 128-row block
+// differ.
+std::vector<float> CublasLtBlockScales(const std::vector<float>& scales, int64_t rows,
+                                       int64_t cols) {
+  const int64_t kblocks = (cols + kernels::kFp8BlockK - 1) / kernels::kFp8BlockK;
+  const int64_t groups = rows / kernels::kFp8WeightScaleRows;
+  const int64_t padded = kernels::kFp8CublasLtScaleCols(cols);
+  const int64_t blocks = (rows + kernels::kFp8BlockK - 1) / kernels::kFp8BlockK;
+  std::vector<float> out(static_cast<size_t>(blocks * padded), 0.f);
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t kb = 0; kb < kblocks; ++kb) {
+      const float first = scales[static_cast<size_t>(2 * b * kblocks + kb)];
+      if (2 * b + 1 < groups && scales[static_cast<size_t>((2 * b + 1) * kblocks + kb)] != first)
+        return {};
+      out[static_cast<size_t>(b * padded + kb)] = first;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<Fp8LinearImage> MakeFp8LinearImage(std::initializer_list<const HostTensor*> parts,
@@ -106,7 +127,13 @@ absl::StatusOr<Fp8LinearImage> MakeFp8LinearImage(std::initializer_list<const Ho
     if (!scales.ok()) return scales.status();
     image.scales.insert(image.scales.end(), scales->begin(), scales->end());
   }
-  if (!gate_up) return image;
+  const int64_t rows = static_cast<int64_t>(image.codes.size()) / cols;
+  const auto with_cublaslt_scales = [&]() -> Fp8LinearImage {
+    if (scaling == Fp8Scaling::kBlock)
+      image.scales_128 = CublasLtBlockScales(image.scales, rows, cols);
+    return std::move(image);
+  };
+  if (!gate_up) return with_cublaslt_scales();
 
   // Gate rows [0, width) then up rows: interleave rows and their scales.
   const int64_t width = first.shape[0];
@@ -133,7 +160,7 @@ absl::StatusOr<Fp8LinearImage> MakeFp8LinearImage(std::initializer_list<const Ho
       }
     }
   }
-  return image;
+  return with_cublaslt_scales();
 }
 
 namespace {

@@ -29,7 +29,16 @@ absl::StatusOr<kernels::Fp8Scaling> CudaFp8Scaling(const Fp8Quantization& q);
 struct Fp8LinearImage {
   std::vector<uint8_t> codes;  // [rows, cols] e4m3
   std::vector<float> scales;   // GemmParams::w_scale's layout for the scaling
-  float input_scale = 0;       // the static activation scale (> 0), else 0
+  // Block scaling: GemmParams::w_scale_128 (cuBLASLt's layout), where every
+  // 128-row block's two 64-row halves carry the same scales; else empty.
+  std::vector<float> scales_128;
+  float input_scale = 0;  // the static activation scale (> 0), else 0
+  // Floats from the start of `scales` to scales_128 where both lie in one
+  // device region (256-byte aligned, as DeviceWeights places them).
+  size_t scales_128_at() const { return (scales.size() + 63) / 64 * 64; }
+  size_t scale_floats() const {
+    return scales_128.empty() ? scales.size() : scales_128_at() + scales_128.size();
+  }
 };
 
 // Stacks `parts` (FP8 tensors [rows_i, cols] of one input width) into one

@@ -5,11 +5,13 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <system_error>
@@ -19,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "base/cuda/cuda_resources.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -29,27 +32,46 @@ namespace {
 using kernels::GemmTuneResult;
 
 // 2: the gate/up shape is timed with its gated epilogue ("gated" entries).
-constexpr char kCacheFormat[] = "layerserve-gemm-tune-2";
+// 3: FP8 weights' shapes are timed as FP8 products ("fp8" entries).
+constexpr char kCacheFormat[] = "layerserve-gemm-tune-3";
 
-// A dense bf16 call of shape (m, n, k) for asking the router where such a call
-// goes: Route never dereferences, so an aligned placeholder address stands in
-// for the operands.
-kernels::GemmParams DenseBf16Probe(int64_t m, int64_t n, int64_t k) {
+// A dense call of `shape` at m tokens, as serving makes it, for asking the
+// router where such a call goes: Route never dereferences, so an aligned
+// placeholder address stands in for the operands and scales. A block-scaled
+// FP8 one carries cuBLASLt's scales unless it is gated (an FP8 gate/up's
+// 64-row interleave puts gate and up rows in one 128-row block).
+kernels::GemmParams RouteProbe(int64_t m, const TunedShape& shape) {
   kernels::GemmParams p;
-  p.a = p.w = p.d = reinterpret_cast<void*>(uintptr_t{256});
-  p.lda = p.ldw = k;
-  p.ldd = n;
+  void* const placeholder = reinterpret_cast<void*>(uintptr_t{256});
+  p.a = p.w = p.d = placeholder;
+  p.lda = p.ldw = shape.k;
   p.m = m;
-  p.n = n;
-  p.k = k;
+  p.n = shape.n;
+  p.k = shape.k;
   p.dtype = kernels::DType::kBF16;
+  p.silu_mul = shape.gated;
+  p.ldd = p.out_cols();
+  if (shape.gated) p.scratch = placeholder;
+  p.fp8 = shape.fp8;
+  if (shape.fp8 != kernels::Fp8Scaling::kNone) {
+    p.a_scale = p.w_scale = static_cast<const float*>(placeholder);
+    if (shape.fp8 == kernels::Fp8Scaling::kBlock && !shape.gated) p.w_scale_128 = p.w_scale;
+  }
   return p;
+}
+
+std::optional<kernels::Fp8Scaling> ParseFp8Scaling(std::string_view name) {
+  for (const auto s :
+       {kernels::Fp8Scaling::kNone, kernels::Fp8Scaling::kPerRow, kernels::Fp8Scaling::kBlock}) {
+    if (name == kernels::Fp8ScalingName(s)) return s;
+  }
+  return std::nullopt;
 }
 
 absl::Status PinError(absl::string_view entry, absl::string_view why) {
   return absl::InvalidArgumentError(
       absl::StrCat("--gemm-override entry '", entry, "': ", why,
-                   " (expected M:NxK=CONFIG, e.g. 16:6144x4096=v4s2)"));
+                   " (expected M:NxK[/fp8]=CONFIG, e.g. 16:6144x4096=v4s2)"));
 }
 
 bool ParsePositive(absl::string_view text, int64_t* out) {
@@ -62,7 +84,8 @@ std::vector<GemmTuneResult> CachedFor(const std::vector<GemmTuneResult>& cached,
                                       const TunedShape& shape, int last_bucket) {
   std::map<int, GemmTuneResult> by_bucket;
   for (const GemmTuneResult& r : cached) {
-    if (r.n == shape.n && r.k == shape.k && r.gated == shape.gated && r.bucket <= last_bucket) {
+    if (r.n == shape.n && r.k == shape.k && r.gated == shape.gated && r.fp8 == shape.fp8 &&
+        r.bucket <= last_bucket) {
       by_bucket[r.bucket] = r;
     }
   }
@@ -135,8 +158,10 @@ absl::StatusOr<std::vector<GemmPin>> ParseGemmPins(std::string_view text) {
     if (lhs_rhs.size() != 2) return PinError(entry, "no single '='");
     const std::vector<absl::string_view> m_shape = absl::StrSplit(lhs_rhs[0], ':');
     if (m_shape.size() != 2) return PinError(entry, "no single ':'");
-    const std::vector<absl::string_view> n_k = absl::StrSplit(m_shape[1], 'x');
+    absl::string_view dims = m_shape[1];
     GemmPin pin;
+    pin.fp8 = absl::ConsumeSuffix(&dims, "/fp8");
+    const std::vector<absl::string_view> n_k = absl::StrSplit(dims, 'x');
     if (n_k.size() != 2 || !ParsePositive(m_shape[0], &pin.m) || !ParsePositive(n_k[0], &pin.n) ||
         !ParsePositive(n_k[1], &pin.k)) {
       return PinError(entry, "M, N and K must be positive integers");
@@ -145,13 +170,19 @@ absl::StatusOr<std::vector<GemmPin>> ParseGemmPins(std::string_view text) {
         kernels::ParseGemmConfigSpec(std::string_view(lhs_rhs[1].data(), lhs_rhs[1].size()));
     if (!config.ok()) return PinError(entry, config.status().message());
     pin.config = *config;
+    if (pin.config.version == kernels::GemmVersion::kFp8) pin.fp8 = true;
+    if (pin.fp8 && pin.config.version != kernels::GemmVersion::kFp8 &&
+        pin.config.version != kernels::GemmVersion::kCublasLt) {
+      return PinError(entry, "an FP8 weight runs v0 (cuBLASLt's FP8) or v6");
+    }
     pins.push_back(pin);
   }
   return pins;
 }
 
 std::string FormatGemmPin(const GemmPin& pin) {
-  return absl::StrCat(pin.m, ":", pin.n, "x", pin.k, "=", kernels::GemmConfigSpec(pin.config));
+  return absl::StrCat(pin.m, ":", pin.n, "x", pin.k, pin.fp8 ? "/fp8" : "", "=",
+                      kernels::GemmConfigSpec(pin.config));
 }
 
 std::string SerializeGemmTuneCache(const GemmTuneCache& cache) {
@@ -162,6 +193,7 @@ std::string SerializeGemmTuneCache(const GemmTuneCache& cache) {
                        {"m_max", kernels::GemmMBucketUpperBound(r.bucket)},
                        {"m_timed", r.m_timed},
                        {"gated", r.gated},
+                       {"fp8", kernels::Fp8ScalingName(r.fp8)},
                        {"config", kernels::GemmConfigSpec(r.chosen)},
                        {"us", r.chosen_us},
                        {"cublaslt_us", r.cublaslt_us}});
@@ -218,6 +250,13 @@ absl::StatusOr<GemmTuneCache> ParseGemmTuneCache(std::string_view json) {
     if (const auto gated = e.find("gated"); gated != e.end() && gated->is_boolean()) {
       r.gated = gated->get<bool>();
     }
+    if (const auto fp8 = e.find("fp8"); fp8 != e.end()) {
+      const std::optional<kernels::Fp8Scaling> scaling =
+          fp8->is_string() ? ParseFp8Scaling(fp8->get<std::string>()) : std::nullopt;
+      if (!scaling)
+        return absl::InvalidArgumentError(absl::StrCat("gemm tuning cache: bad fp8 in ", e.dump()));
+      r.fp8 = *scaling;
+    }
     if (const nlohmann::json* v = number("m_timed")) r.m_timed = v->get<int64_t>();
     if (const nlohmann::json* v = number("us")) r.chosen_us = v->get<float>();
     if (const nlohmann::json* v = number("cublaslt_us")) r.cublaslt_us = v->get<float>();
@@ -238,27 +277,53 @@ absl::StatusOr<std::string> CurrentDeviceKey(std::string_view build) {
                       "; layerserve ", ToAbsl(build));
 }
 
-std::vector<TunedShape> TunedShapesFor(const LayerShape& shape) {
+std::vector<TunedShape> TunedShapesFor(const LayerShape& shape, const LayerDeviceWeights& layer) {
   if (shape.dtype != kernels::DType::kBF16) return {};  // our GEMM kernels take bf16 only
-  // An FP8 span's linears run version 6, which the table does not tune yet
-  // (its split count comes from its heuristic); a linear the checkpoint left
-  // unquantized takes the built-in route.
-  if (shape.fp8) return {};
-  std::vector<TunedShape> shapes = {{shape.qkv_width(), shape.hidden},
-                                    {shape.hidden, shape.q_width()}};
+  std::vector<TunedShape> shapes = {{shape.qkv_width(), shape.hidden, false, layer.qkv_fp8.scaling},
+                                    {shape.hidden, shape.q_width(), false, layer.o_fp8.scaling}};
   // Experts run grouped GEMMs, which the table does not route; their
-  // router's logits are a plain product.
+  // router's logits are a plain bf16 product.
   if (shape.experts > 0) shapes.push_back({shape.router_rows(), shape.hidden});
   if (shape.experts == 0) {
-    shapes.push_back({2 * shape.intermediate, shape.hidden, /*gated=*/true});
-    shapes.push_back({shape.hidden, shape.intermediate});
+    shapes.push_back({2 * shape.intermediate, shape.hidden, true, layer.gate_up_fp8.scaling});
+    shapes.push_back({shape.hidden, shape.intermediate, false, layer.down_fp8.scaling});
   }
   // A shared expert is a dense MLP of its own width.
   if (shape.shared_intermediate > 0) {
-    shapes.push_back({2 * shape.shared_intermediate, shape.hidden, /*gated=*/true});
-    shapes.push_back({shape.hidden, shape.shared_intermediate});
+    shapes.push_back(
+        {2 * shape.shared_intermediate, shape.hidden, true, layer.shared_gate_up_fp8.scaling});
+    shapes.push_back(
+        {shape.hidden, shape.shared_intermediate, false, layer.shared_down_fp8.scaling});
   }
   return shapes;
+}
+
+std::string GemmPrecisionName(kernels::Fp8Scaling fp8) {
+  return fp8 == kernels::Fp8Scaling::kNone
+             ? "bf16"
+             : absl::StrCat("fp8-", ToAbsl(kernels::Fp8ScalingName(fp8)));
+}
+
+std::string TunedShapeName(const TunedShape& shape) {
+  return absl::StrCat(
+      shape.n, "x", shape.k, shape.gated ? " gated" : "",
+      shape.fp8 != kernels::Fp8Scaling::kNone ? " " + GemmPrecisionName(shape.fp8) : "");
+}
+
+std::vector<GemmRoute> GemmRoutes(const kernels::GemmRouter& router,
+                                  const std::vector<TunedShape>& shapes, int64_t max_m) {
+  std::vector<GemmRoute> routes;
+  std::vector<std::tuple<int64_t, int64_t, bool, kernels::Fp8Scaling>> seen;
+  for (const TunedShape& shape : shapes) {
+    const auto key = std::make_tuple(shape.n, shape.k, shape.gated, shape.fp8);
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;  // one entry routes both
+    seen.push_back(key);
+    for (int b = 0; b <= kernels::GemmMBucket(max_m); ++b) {
+      const int64_t m = kernels::GemmMBucketUpperBound(b);
+      routes.push_back({shape, m, kernels::GemmConfigSpec(router.Route(RouteProbe(m, shape)))});
+    }
+  }
+  return routes;
 }
 
 absl::Status TuneGemmRouter(kernels::GemmRouter& router, const std::vector<TunedShape>& shapes,
@@ -277,8 +342,9 @@ absl::Status TuneGemmRouter(kernels::GemmRouter& router, const std::vector<Tuned
   bool tuned_any = false;
   // Entries for the cache file: everything read (other models' shapes
   // included) with this pass's results replacing those of their shape.
-  std::map<std::tuple<int64_t, int64_t, bool, int>, GemmTuneResult> merged;
-  for (const GemmTuneResult& r : cached) merged[{r.n, r.k, r.gated, r.bucket}] = r;
+  using MergeKey = std::tuple<int64_t, int64_t, bool, kernels::Fp8Scaling, int>;
+  std::map<MergeKey, GemmTuneResult> merged;
+  for (const GemmTuneResult& r : cached) merged[{r.n, r.k, r.gated, r.fp8, r.bucket}] = r;
 
   for (const TunedShape& tuned : shapes) {
     const int64_t n = tuned.n, k = tuned.k;
@@ -292,27 +358,24 @@ absl::Status TuneGemmRouter(kernels::GemmRouter& router, const std::vector<Tuned
       const auto start = std::chrono::steady_clock::now();
       LS_ASSIGN_OR_RETURN(
           results, router.Autotune(n, k, max_m, {workspace.data(), workspace.bytes()}, stream.get(),
-                                   tuned.gated));
+                                   tuned.gated, tuned.fp8));
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       source = absl::StrFormat("autotuned in %.1f s", seconds);
       tuned_any = true;
-      for (const GemmTuneResult& r : results) merged[{r.n, r.k, r.gated, r.bucket}] = r;
+      for (const GemmTuneResult& r : results) merged[{r.n, r.k, r.gated, r.fp8, r.bucket}] = r;
     } else if (results.empty()) {
       source = "defaults, autotune off";
     } else {
       for (const GemmTuneResult& r : results) {
-        router.SetChoice(kernels::GemmMBucketUpperBound(r.bucket), n, k, r.chosen);
+        router.SetChoice(kernels::GemmMBucketUpperBound(r.bucket), n, k, r.chosen, tuned.fp8);
       }
     }
-    std::string line =
-        absl::StrCat("gemm ", n, "x", k, tuned.gated ? " gated" : "", " (", source, "):");
+    std::string line = absl::StrCat("gemm ", TunedShapeName(tuned), " (", source, "):");
     for (const GemmTuneResult& r : results) absl::StrAppend(&line, " ", DescribeResult(r));
     if (results.empty()) {
-      for (int b = 0; b <= last_bucket; ++b) {
-        const int64_t m = kernels::GemmMBucketUpperBound(b);
-        absl::StrAppend(&line, " m<=", m, " ",
-                        kernels::GemmConfigSpec(router.Route(DenseBf16Probe(m, n, k))));
+      for (const GemmRoute& route : GemmRoutes(router, {tuned}, max_m)) {
+        absl::StrAppend(&line, " m<=", route.m_max, " ", route.config);
       }
     }
     log << line << std::endl;
@@ -324,7 +387,13 @@ absl::Status TuneGemmRouter(kernels::GemmRouter& router, const std::vector<Tuned
     log << "gemm: tuning written to " << options.cache_path << std::endl;
   }
   for (const GemmPin& pin : options.pins) {
-    router.SetChoice(pin.m, pin.n, pin.k, pin.config);
+    if (pin.fp8) {
+      for (const auto scaling : {kernels::Fp8Scaling::kPerRow, kernels::Fp8Scaling::kBlock}) {
+        router.SetChoice(pin.m, pin.n, pin.k, pin.config, scaling);
+      }
+    } else {
+      router.SetChoice(pin.m, pin.n, pin.k, pin.config);
+    }
     log << "gemm: pinned " << FormatGemmPin(pin) << std::endl;
   }
   if (!shapes.empty()) {

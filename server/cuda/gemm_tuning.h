@@ -36,16 +36,20 @@
 
 namespace layerserve::cuda {
 
-// One --gemm-override entry: the bucket of `m` for (n, k) runs `config`.
+// One --gemm-override entry: the bucket of `m` for (n, k) runs `config`, for
+// bf16 weights or, with `fp8`, for FP8 ones (of either scaling).
 struct GemmPin {
   int64_t m = 0;
   int64_t n = 0;
   int64_t k = 0;
+  bool fp8 = false;
   kernels::GemmConfig config;
 };
 
-// "M:NxK=SPEC[,M:NxK=SPEC...]", e.g. "16:6144x4096=v4s2,4096:4096x14336=v0";
-// SPEC as kernels::ParseGemmConfigSpec reads it. Empty text: no pins.
+// "M:NxK[/fp8]=SPEC[,...]", e.g. "16:6144x4096=v4s2,4096:4096x14336/fp8=v0";
+// SPEC as kernels::ParseGemmConfigSpec reads it; "/fp8" pins an FP8 weight's
+// route (v0 its cuBLASLt FP8, v6 the project's), and a v6 SPEC implies it.
+// Empty text: no pins.
 absl::StatusOr<std::vector<GemmPin>> ParseGemmPins(std::string_view text);
 std::string FormatGemmPin(const GemmPin& pin);
 
@@ -73,19 +77,28 @@ struct GemmTuningOptions {
 
 // One (n, k) projection shape a model runs, as the tuning times it: `gated`
 // for the MLP's gate/up projection, which runs with its SiLU gate
-// (GemmParams::silu_mul) and is timed so. The router's table is keyed by
-// (n, k) alone: a model whose gate/up shape equals another of its
-// projections gets one of the two timings for both (a choice slower for one
-// of them, never a wrong result).
+// (GemmParams::silu_mul) and is timed so; `fp8` for an FP8 weight of that
+// scaling. The router's table is keyed by (n, k) and the precision: a model
+// whose gate/up shape equals another of its projections of the same
+// precision gets one of the two timings for both (a choice slower for one of
+// them, never a wrong result).
 struct TunedShape {
   int64_t n = 0;
   int64_t k = 0;
   bool gated = false;
+  kernels::Fp8Scaling fp8 = kernels::Fp8Scaling::kNone;
 };
-// The shapes of `shape`'s layers that the table routes: none for fp16
-// (our kernels take bf16), and no MLP shapes for a mixture of experts (its
-// grouped GEMMs are not tuned).
-std::vector<TunedShape> TunedShapesFor(const LayerShape& shape);
+// The shapes of `shape`'s layers that the table routes, each at the
+// precision `layer`'s linear has (FP8 where its Fp8Linear says so, else
+// bf16): none for fp16 (our kernels take bf16), and no MLP shapes for a
+// mixture of experts (its grouped GEMMs are not tuned).
+std::vector<TunedShape> TunedShapesFor(const LayerShape& shape, const LayerDeviceWeights& layer);
+// "bf16", "fp8-row", "fp8-block": a weight's precision as the log and
+// /metrics name it.
+std::string GemmPrecisionName(kernels::Fp8Scaling fp8);
+// "6144x4096", "28672x4096 gated fp8-block": a tuned shape as the log names it
+// (a bf16 one without its precision).
+std::string TunedShapeName(const TunedShape& shape);
 
 // Fills the auto-mode `router`'s table for the `shapes` a model runs
 // at up to `max_m` tokens, as the header comment says, logging to `log`
@@ -95,6 +108,16 @@ std::vector<TunedShape> TunedShapesFor(const LayerShape& shape);
 // unreadable or stale cache is logged and replaced.
 absl::Status TuneGemmRouter(kernels::GemmRouter& router, const std::vector<TunedShape>& shapes,
                             int64_t max_m, const GemmTuningOptions& options, std::ostream& log);
+
+// What `router` runs for each of `shapes` in each M bucket up to `max_m`
+// (the table TuneGemmRouter logs, and /metrics exports).
+struct GemmRoute {
+  TunedShape shape;
+  int64_t m_max = 0;   // the bucket's upper bound
+  std::string config;  // kernels::GemmConfigSpec of the route
+};
+std::vector<GemmRoute> GemmRoutes(const kernels::GemmRouter& router,
+                                  const std::vector<TunedShape>& shapes, int64_t max_m);
 
 // The router for the current device in `mode`, tuned as TuneGemmRouter says
 // (the CUDA backend's and layer_bench's one way to get one). Logs one line

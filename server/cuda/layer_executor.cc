@@ -369,6 +369,7 @@ absl::Status LayerExecutor::RunLinear(kernels::GemmParams p, const Fp8Linear& li
   p.fp8 = linear.scaling;
   p.a_scale = arena.fp8_scales;
   p.w_scale = linear.w_scale;
+  p.w_scale_128 = linear.w_scale_128;
   return gemm_->Run(p, workspace, stream);
 }
 

@@ -105,6 +105,9 @@ struct Fp8Linear {
   kernels::Fp8Scaling scaling = kernels::Fp8Scaling::kNone;
   const float* w_scale = nullptr;  // device, GemmParams::w_scale's layout
   float input_scale = 0;           // > 0: a static activation scale (per row scaling only)
+  // Block scaling: the scales as cuBLASLt's FP8 reads them
+  // (GemmParams::w_scale_128), or null where it cannot take this weight.
+  const float* w_scale_128 = nullptr;
   bool fp8() const { return scaling != kernels::Fp8Scaling::kNone; }
   // How its input is quantized (QuantizeFp8Params' and RmsNormParams' group
   // and static scale): per token and 128 channels with block-128 scaling,

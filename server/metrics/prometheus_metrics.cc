@@ -283,6 +283,12 @@ struct PrometheusMetrics::Impl {
                        .Name("layerserve_build_info")
                        .Help("1, labelled with the server's version, backend and device.")
                        .Register(*registry)),
+        gemm_route(
+            prometheus::BuildGauge()
+                .Name("layerserve_gemm_route")
+                .Help("1 for the kernel each projection shape runs for batches of up to m_max "
+                      "tokens (v0 cuBLASLt, v3-v6 the project's), as chosen at load.")
+                .Register(*registry)),
         max_queue_size(prometheus::BuildGauge()
                            .Name("layerserve_max_queue_size")
                            .Help("Requests the queue holds (--max-queue-size).")
@@ -399,6 +405,7 @@ struct PrometheusMetrics::Impl {
   prometheus::Family<prometheus::Counter>& rejections;
   prometheus::Family<prometheus::Histogram>& request_tokens;
   prometheus::Family<prometheus::Gauge>& build_info;
+  prometheus::Family<prometheus::Gauge>& gemm_route;
   prometheus::Family<prometheus::Gauge>& max_queue_size;
   prometheus::Family<prometheus::Gauge>& max_queue_bytes;
   prometheus::Family<prometheus::Gauge>& max_batch_tokens;
@@ -443,6 +450,7 @@ struct PrometheusMetrics::Impl {
   // (base/mutex.h says why).
   Mutex build_info_mu;
   prometheus::Gauge* build_info_series ABSL_GUARDED_BY(build_info_mu) = nullptr;
+  std::vector<prometheus::Gauge*> gemm_route_series ABSL_GUARDED_BY(build_info_mu);
 
   // The session families, registered by the first SetKvCache so that a
   // server without a KV cache exports none of them.
@@ -491,6 +499,22 @@ void PrometheusMetrics::SetBuildInfo(const BuildInfo& info) {
   impl_->build_info_series = &impl_->build_info.Add(
       {{"version", info.version}, {"backend", info.backend}, {"device", info.device}});
   impl_->build_info_series->Set(1);
+}
+
+void PrometheusMetrics::SetGemmRoutes(const std::vector<GemmRouteInfo>& routes) {
+  MutexLock lock(&impl_->build_info_mu);
+  for (prometheus::Gauge* series : impl_->gemm_route_series) impl_->gemm_route.Remove(series);
+  impl_->gemm_route_series.clear();
+  for (const GemmRouteInfo& route : routes) {
+    prometheus::Gauge& series = impl_->gemm_route.Add({{"model", impl_->model_name},
+                                                       {"shape", route.shape},
+                                                       {"gated", route.gated ? "true" : "false"},
+                                                       {"precision", route.precision},
+                                                       {"m_max", std::to_string(route.m_max)},
+                                                       {"kernel", route.kernel}});
+    series.Set(1);
+    impl_->gemm_route_series.push_back(&series);
+  }
 }
 
 void PrometheusMetrics::SetLimits(const ServingLimits& limits) {

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "server/core/observer.h"
 
@@ -37,6 +38,17 @@ struct KvCacheInfo {
   int64_t max_sessions = 0;  // sessions open at once
 };
 
+// The kernel one projection shape runs in one token-count bucket, as the GEMM
+// router chose it at load (the CUDA backend's table; its start-up log prints
+// the same), for layerserve_gemm_route.
+struct GemmRouteInfo {
+  std::string shape;      // "NxK", e.g. "6144x4096"
+  bool gated = false;     // the MLP's gate/up with its SiLU gate
+  std::string precision;  // "bf16", "fp8-row" or "fp8-block"
+  int64_t m_max = 0;      // the bucket's largest token count
+  std::string kernel;     // the configuration spelling: "v0" (cuBLASLt), "v4s2", "v6"...
+};
+
 // Metric families (all names carry the layerserve_ prefix, times in seconds):
 //   layerserve_requests_total{model,code}               counter
 //   layerserve_rejections_total{model,reason}           counter (see RejectionReason)
@@ -65,6 +77,9 @@ struct KvCacheInfo {
 //   layerserve_max_queue_bytes{model}                   gauge (after SetLimits)
 //   layerserve_max_batch_tokens{model}                  gauge (after SetLimits)
 //   layerserve_max_queue_delay_seconds{model}           gauge (after SetLimits)
+//   layerserve_gemm_route{model,shape,gated,precision,m_max,kernel}  gauge, 1
+//       (CUDA backend, after SetGemmRoutes): the kernel each projection shape
+//       runs for batches of up to m_max tokens (v0 cuBLASLt, v3-v6 ours)
 //   layerserve_expert_tokens_total{model,layer,expert}  counter (after SetExperts): tokens
 //       each expert of a mixture-of-experts layer computed (a token counts
 //       once for each expert it is routed to); layer is the model's index
@@ -111,6 +126,8 @@ class PrometheusMetrics final : public ServerObserver {
   // whose BatchRecord::expert_tokens holds layers x experts counts advance
   // them. Call once at start, before serving, for a mixture-of-experts span.
   void SetExperts(int64_t first_layer, int64_t layers, int64_t experts);
+  // Sets layerserve_gemm_route's series (a later call replaces them).
+  void SetGemmRoutes(const std::vector<GemmRouteInfo>& routes);
 
   void OnRequestFinished(const RequestRecord& r) override;
   void OnDequeued(const DequeueRecord& r) override;

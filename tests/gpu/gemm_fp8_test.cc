@@ -166,6 +166,9 @@ struct Fp8Case {
   // any group's rows the call passes (0: the largest group's).
   std::vector<int64_t> group_rows = {};
   int64_t max_group_rows = 0;
+  // Through cuBLASLt's FP8 (version 0) instead of version 6; a block-scaled
+  // weight then has 128-row scale blocks (w_scale_128).
+  bool cublaslt = false;
 };
 
 std::string CaseName(const ::testing::TestParamInfo<Fp8Case>& info) { return info.param.name; }
@@ -199,6 +202,50 @@ std::vector<Fp8Case> Cases() {
     cases.push_back({tag + "_grouped_silu_decode", s, 0, 768, 640, 0, false, true, {5, 0, 12, 1}, 16});
     cases.push_back({tag + "_grouped_silu_prefill", s, 0, 768, 640, 0, false, true, {150, 3, 0, 140}, 150});
     cases.push_back({tag + "_grouped_residual", s, 0, 384, 1024, 0, true, false, {4, 0, 9}, 9});
+    // cuBLASLt's FP8, the route the router can take instead: small and large
+    // M, a partial 128-row block, the residual and the gate (its plain
+    // product through the scratch buffer, then the SiLU kernel over the FP8
+    // interleave).
+    // (Block-scaled: m a multiple of 4, CublasLtTakesFp8's condition.)
+    const bool row = s == Fp8Scaling::kPerRow;
+    for (const int64_t m : {row ? 1 : 4, row ? 7 : 8, row ? 33 : 36, 200}) {
+      cases.push_back({tag + "_cublaslt_m" + std::to_string(m), s, m, 384, 1024, 0, false, false, {}, 0, true});
+    }
+    cases.push_back({tag + "_cublaslt_n400_m20", s, 20, 400, 1024, 0, false, false, {}, 0, true});
+    cases.push_back({tag + "_cublaslt_residual_m" + std::to_string(row ? 5 : 4),
+                     s,
+                     row ? 5 : 4,
+                     384,
+                     1024,
+                     0,
+                     true,
+                     false,
+                     {},
+                     0,
+                     true});
+    cases.push_back({tag + "_cublaslt_residual_m" + std::to_string(row ? 150 : 152),
+                     s,
+                     row ? 150 : 152,
+                     384,
+                     1024,
+                     0,
+                     true,
+                     false,
+                     {},
+                     0,
+                     true});
+    cases.push_back({tag + "_cublaslt_silu_m" + std::to_string(row ? 3 : 12),
+                     s,
+                     row ? 3 : 12,
+                     768,
+                     640,
+                     0,
+                     false,
+                     true,
+                     {},
+                     0,
+                     true});
+    cases.push_back({tag + "_cublaslt_silu_m100", s, 100, 768, 640, 0, false, true, {}, 0, true});
   }
   return cases;
 }
@@ -242,6 +289,20 @@ TEST_P(Fp8GemmTest, MatchesTheFloat64ReferenceOfItsCodesAndScales) {
   const int64_t scale_cols = block ? kblocks : 1;
   std::vector<float> w_scale(static_cast<size_t>(groups * scale_rows * scale_cols));
   for (auto& s : w_scale) s = std::exp2(std::uniform_real_distribution<float>(-4.f, 0.f)(rng)) / 448.f / std::sqrt(k);
+  // cuBLASLt reads 128x128 weight blocks: both 64-row halves of a block
+  // carry its scale, laid out as GemmParams::w_scale_128 says.
+  std::vector<float> w_scale_128;
+  if (c.cublaslt && block) {
+    const int64_t padded = kFp8CublasLtScaleCols(k);
+    w_scale_128.assign(static_cast<size_t>((n + kFp8BlockK - 1) / kFp8BlockK * padded), 0.f);
+    for (int64_t g = 0; g < scale_rows; ++g) {
+      for (int64_t kb = 0; kb < kblocks; ++kb) {
+        float& scale = w_scale[static_cast<size_t>(g * kblocks + kb)];
+        if (g % 2 == 1) scale = w_scale[static_cast<size_t>((g - 1) * kblocks + kb)];
+        w_scale_128[static_cast<size_t>(g / 2 * padded + kb)] = scale;
+      }
+    }
+  }
   const auto w_scale_of = [&](int64_t g, int64_t row, int64_t kb) {
     const float* group_scales = w_scale.data() + g * scale_rows * scale_cols;
     return block ? group_scales[(row / kFp8WeightScaleRows) * kblocks + kb] : group_scales[row];
@@ -254,13 +315,16 @@ TEST_P(Fp8GemmTest, MatchesTheFloat64ReferenceOfItsCodesAndScales) {
 
   DeviceBuffer x_dev(x_bits.size() * 2), a_codes(static_cast<size_t>(m * k)), a_scale(a.scales.size() * 4),
       w_dev(w_codes.size()), w_scale_dev(w_scale.size() * 4), out(static_cast<size_t>(m * out_cols * 2)),
-      workspace(GemmRouter::kDefaultWorkspaceBytes), offsets_dev(offsets.size() * 4);
+      workspace(GemmRouter::kDefaultWorkspaceBytes), offsets_dev(offsets.size() * 4),
+      w_scale_128_dev(std::max<size_t>(16, w_scale_128.size() * 4)), scratch(static_cast<size_t>(m * n * 2));
   ASSERT_FALSE(HasFailure());
   offsets_dev.Upload(offsets.data(), offsets.size() * 4);
   x_dev.Upload(x_bits.data(), x_bits.size() * 2);
   w_dev.Upload(w_codes.data(), w_codes.size());
   w_scale_dev.Upload(w_scale.data(), w_scale.size() * 4);
+  if (!w_scale_128.empty()) w_scale_128_dev.Upload(w_scale_128.data(), w_scale_128.size() * 4);
   out.Poison();
+  scratch.Poison();
   if (c.residual) out.Upload(residual_bits.data(), residual_bits.size() * 2);
 
   QuantizeFp8Params q;
@@ -295,7 +359,13 @@ TEST_P(Fp8GemmTest, MatchesTheFloat64ReferenceOfItsCodesAndScales) {
   }
   EXPECT_EQ(router_->Route(p).version, GemmVersion::kFp8);
   const GemmWorkspace ws{workspace.get(), workspace.bytes()};
-  const absl::Status status = c.split_k > 0
+  if (c.cublaslt) {
+    if (block) p.w_scale_128 = static_cast<const float*>(w_scale_128_dev.get());
+    if (c.silu_mul) p.scratch = scratch.get();
+    ASSERT_TRUE(CublasLtTakesFp8(p));
+  }
+  const absl::Status status = c.cublaslt ? router_->RunConfig(p, GemmConfig{GemmVersion::kCublasLt}, ws, nullptr)
+                              : c.split_k > 0
                                   ? router_->RunConfig(p, GemmConfig{GemmVersion::kFp8, c.split_k}, ws, nullptr)
                                   : router_->Run(p, ws, nullptr);
   ASSERT_TRUE(status.ok()) << status;
@@ -367,6 +437,9 @@ TEST_P(Fp8GemmTest, MatchesTheFloat64ReferenceOfItsCodesAndScales) {
             kAccumulation * (1.1 * std::fabs(up) * magnitude[gi] + std::fabs(g / (1 + std::exp(-g))) * magnitude[ui]);
       } else {
         allowed = 1.5 * 0x1p-8 * std::fabs(want[i]) + kAccumulation * magnitude[r * n + col];
+        // cuBLASLt may round the product to bf16 before adding the residual
+        // (gemm.h): half an ulp of the product more.
+        if (c.cublaslt && c.residual) allowed += 0x1p-8 * std::fabs(product[r * n + col]);
       }
       allowed += 1e-30;
       const double ratio = std::isfinite(got[i]) ? std::fabs(got[i] - want[i]) / allowed : INFINITY;

@@ -244,7 +244,7 @@ TEST(GatedEpilogueRouteTest, RefusesAndReroutes) {
     EXPECT_EQ(GemmSupported(p, {GemmVersion::kClusterMulticast}, hopper).code(), absl::StatusCode::kInvalidArgument);
     // A table that chose v5 for the shape runs v3 for the gated call.
     GemmTable table;
-    table[{GemmMBucket(p.m), p.n, p.k}] = {GemmVersion::kClusterMulticast};
+    table[{GemmMBucket(p.m), p.n, p.k, Fp8Scaling::kNone}] = {GemmVersion::kClusterMulticast};
     EXPECT_EQ(ChooseGemm(p, GemmMode::kAuto, table, hopper).version, GemmVersion::kWarpSpecialized);
     // ldd counts the gated output's columns.
     p.ldd = 1024;

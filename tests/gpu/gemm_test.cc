@@ -261,7 +261,7 @@ TEST(GemmRouterAutotuneTest, AutotunedChoicesAreCorrect) {
     EXPECT_EQ(res.bad_count, 0) << "worst " << res.worst_out << " vs " << res.worst_ref;
   }
   (*router)->SetChoice(5, n, k, GemmConfig{GemmVersion::kCublasLt, 0});
-  EXPECT_EQ((*router)->table().at({GemmMBucket(7), n, k}).version, GemmVersion::kCublasLt);
+  EXPECT_EQ((*router)->table().at({GemmMBucket(7), n, k, Fp8Scaling::kNone}).version, GemmVersion::kCublasLt);
   cudaStreamDestroy(stream);
 }
 

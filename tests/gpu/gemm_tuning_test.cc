@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "layerserve/kernels/gemm.h"
 #include "server/cuda/gemm_tuning.h"
@@ -22,6 +23,7 @@
 namespace layerserve::cuda {
 namespace {
 
+using kernels::Fp8Scaling;
 using kernels::GemmConfig;
 using kernels::GemmMode;
 using kernels::GemmParams;
@@ -66,6 +68,23 @@ TEST(GemmPinsTest, ParsesAListAndFormatsItBack) {
   EXPECT_TRUE(none->empty());
 }
 
+// "/fp8" pins an FP8 weight's route; a v6 spec is FP8 whether it says so or not.
+TEST(GemmPinsTest, Fp8PinsNameTheirPrecision) {
+  const absl::StatusOr<std::vector<GemmPin>> pins =
+      ParseGemmPins("2048:4096x14336/fp8=v0,16:6144x4096=v6s2,16:6144x4096=v0");
+  ASSERT_TRUE(pins.ok()) << pins.status();
+  ASSERT_EQ(pins->size(), 3u);
+  EXPECT_TRUE((*pins)[0].fp8);
+  EXPECT_EQ((*pins)[0].config.version, GemmVersion::kCublasLt);
+  EXPECT_EQ(FormatGemmPin((*pins)[0]), "2048:4096x14336/fp8=v0");
+  EXPECT_TRUE((*pins)[1].fp8);
+  EXPECT_EQ(FormatGemmPin((*pins)[1]), "16:6144x4096/fp8=v6s2");
+  EXPECT_FALSE((*pins)[2].fp8);
+  for (const char* text : {"16:64x64/fp8=v3", "16:64x64/fp8=v4s2", "16:64x64/fp9=v0", "16:64x64/fp8/fp8=v0"}) {
+    EXPECT_EQ(ParseGemmPins(text).status().code(), absl::StatusCode::kInvalidArgument) << text;
+  }
+}
+
 TEST(GemmPinsTest, BadEntriesNameThemselves) {
   for (const char* text : {"16:6144x4096", "16=v0", "0:64x64=v0", "16:64x0=v0", "a:64x64=v0", "16:64x64x2=v0",
                            "16:64x64=v9", "16:64x64=v0,", "16:64x64=v0=v3"}) {
@@ -95,6 +114,11 @@ TEST(GemmTuneCacheTest, RoundTrips) {
                    Result(5, 4096, 4096, {GemmVersion::kCublasLt, 0, 0}, 20.f, 20.f),
                    Result(4, 28672, 4096, {GemmVersion::kWarpSpecialized, 0, 256}, 91.f, 94.f)};
   cache.results.back().gated = true;
+  cache.results.push_back(Result(9, 4096, 14336, {GemmVersion::kCublasLt, 0, 0}, 300.f, 300.f));
+  cache.results.back().fp8 = Fp8Scaling::kBlock;
+  cache.results.push_back(Result(0, 28672, 4096, {GemmVersion::kFp8, 2, 0}, 40.f, 60.f));
+  cache.results.back().fp8 = Fp8Scaling::kPerRow;
+  cache.results.back().gated = true;
   const absl::StatusOr<GemmTuneCache> back = ParseGemmTuneCache(SerializeGemmTuneCache(cache));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->device_key, cache.device_key);
@@ -107,6 +131,7 @@ TEST(GemmTuneCacheTest, RoundTrips) {
     EXPECT_EQ(b.n, a.n);
     EXPECT_EQ(b.k, a.k);
     EXPECT_EQ(b.gated, a.gated);
+    EXPECT_EQ(b.fp8, a.fp8);
     EXPECT_EQ(kernels::GemmConfigSpec(b.chosen), kernels::GemmConfigSpec(a.chosen));
     EXPECT_FLOAT_EQ(b.chosen_us, a.chosen_us);
     EXPECT_FLOAT_EQ(b.cublaslt_us, a.cublaslt_us);
@@ -116,12 +141,16 @@ TEST(GemmTuneCacheTest, RoundTrips) {
 TEST(GemmTuneCacheTest, RejectsWhatItDidNotWrite) {
   const std::string good_entry = R"({"n":64,"k":64,"m_max":8,"config":"v4s2"})";
   const auto doc = [](const std::string& entry) {
-    return R"({"format":"layerserve-gemm-tune-2","device_key":"d","entries":[)" + entry + "]}";
+    return R"({"format":"layerserve-gemm-tune-3","device_key":"d","entries":[)" + entry + "]}";
   };
   ASSERT_TRUE(ParseGemmTuneCache(doc(good_entry)).ok());
   for (const std::string& text :
        {std::string("not json"), std::string("[]"), std::string(R"({"format":"other","device_key":"d","entries":[]})"),
-        std::string(R"({"format":"layerserve-gemm-tune-2","entries":[]})"),
+        std::string(R"({"format":"layerserve-gemm-tune-3","entries":[]})"),
+        // The format before FP8 entries: it timed FP8 weights' shapes as bf16.
+        std::string(R"({"format":"layerserve-gemm-tune-2","device_key":"d","entries":[]})"),
+        doc(R"({"n":64,"k":64,"m_max":8,"config":"v0","fp8":"tensor"})"),
+        doc(R"({"n":64,"k":64,"m_max":8,"config":"v0","fp8":1})"),
         // The format before gated entries: its gate/up timings are of the plain product.
         std::string(R"({"format":"layerserve-gemm-tune-1","device_key":"d","entries":[]})"),
         doc(R"({"n":64,"k":64,"m_max":100,"config":"v0"})"),  // 100 bounds no bucket
@@ -192,8 +221,8 @@ TEST(ChooseGemmTest, FollowsTheModeTheTableAndWhatOurKernelsTake) {
   EXPECT_EQ(spec(kernels::ChooseGemm(Dense(17, 6144, 4096), GemmMode::kAuto, none, h100)), "v0");
   // Auto, tuned: the table's entry for the call's bucket (17..32 here).
   kernels::GemmTable tuned;
-  tuned[{kernels::GemmMBucket(20), 6144, 4096}] = GemmConfig{GemmVersion::kSmallMSplitK, 2, 0};
-  tuned[{kernels::GemmMBucket(3000), 6144, 4096}] = GemmConfig{GemmVersion::kClusterMulticast, 0, 0};
+  tuned[{kernels::GemmMBucket(20), 6144, 4096, Fp8Scaling::kNone}] = GemmConfig{GemmVersion::kSmallMSplitK, 2, 0};
+  tuned[{kernels::GemmMBucket(3000), 6144, 4096, Fp8Scaling::kNone}] = GemmConfig{GemmVersion::kClusterMulticast, 0, 0};
   EXPECT_EQ(spec(kernels::ChooseGemm(Dense(30, 6144, 4096), GemmMode::kAuto, tuned, h100)), "v4s2");
   EXPECT_EQ(spec(kernels::ChooseGemm(Dense(3000, 6144, 4096), GemmMode::kAuto, tuned, h100)), "v5");
   EXPECT_EQ(spec(kernels::ChooseGemm(Dense(3000, 4096, 4096), GemmMode::kAuto, tuned, h100)), "v0");
@@ -219,8 +248,66 @@ TEST(ChooseGemmTest, FollowsTheModeTheTableAndWhatOurKernelsTake) {
   p.a = reinterpret_cast<void*>(uintptr_t{264});
   EXPECT_EQ(spec(kernels::ChooseGemm(p, GemmMode::kCustom, none, h100)), "v0");
   kernels::GemmTable bad_pin;
-  bad_pin[{kernels::GemmMBucket(100), 4096, 4096}] = GemmConfig{GemmVersion::kSmallMSplitK, 0, 0};
+  bad_pin[{kernels::GemmMBucket(100), 4096, 4096, Fp8Scaling::kNone}] = GemmConfig{GemmVersion::kSmallMSplitK, 0, 0};
   EXPECT_EQ(spec(kernels::ChooseGemm(Dense(100, 4096, 4096), GemmMode::kAuto, bad_pin, h100)), "v0");
+}
+
+// An FP8 product (Fp8Scaling): v6, or cuBLASLt's FP8 where the mode or the
+// table's FP8 entry says so and cuBLASLt takes the call.
+TEST(ChooseGemmTest, Fp8TakesVersion6OrCublasLtsFp8) {
+  if (!kernels::GemmBuiltWithSm90a()) GTEST_SKIP() << "no sm_90a code: FP8 does not run in this build";
+  const kernels::DeviceInfo h100 = H100();
+  const auto spec = [](const GemmConfig& c) { return kernels::GemmConfigSpec(c); };
+  const auto fp8 = [](int64_t m, int64_t n, int64_t k, Fp8Scaling scaling) {
+    GemmParams p = Dense(m, n, k);
+    p.fp8 = scaling;
+    p.a_scale = p.w_scale = static_cast<const float*>(p.w);
+    if (scaling == Fp8Scaling::kBlock) p.w_scale_128 = p.w_scale;
+    return p;
+  };
+  const kernels::GemmTable none;
+  for (const Fp8Scaling s : {Fp8Scaling::kPerRow, Fp8Scaling::kBlock}) {
+    EXPECT_EQ(spec(kernels::ChooseGemm(fp8(1, 6144, 4096, s), GemmMode::kAuto, none, h100)), "v6");
+    EXPECT_EQ(spec(kernels::ChooseGemm(fp8(4096, 6144, 4096, s), GemmMode::kAuto, none, h100)), "v6");
+    EXPECT_EQ(spec(kernels::ChooseGemm(fp8(4096, 6144, 4096, s), GemmMode::kCustom, none, h100)), "v6");
+    EXPECT_EQ(spec(kernels::ChooseGemm(fp8(4096, 6144, 4096, s), GemmMode::kCublasLt, none, h100)), "v0");
+  }
+  kernels::GemmTable tuned;
+  const int big = kernels::GemmMBucket(4096);
+  tuned[{big, 6144, 4096, Fp8Scaling::kBlock}] = GemmConfig{GemmVersion::kCublasLt};
+  tuned[{kernels::GemmMBucket(16), 6144, 4096, Fp8Scaling::kBlock}] = GemmConfig{GemmVersion::kFp8, 2, 0};
+  tuned[{big, 4096, 4096, Fp8Scaling::kNone}] = GemmConfig{GemmVersion::kCublasLt};
+  EXPECT_EQ(spec(kernels::ChooseGemm(fp8(4000, 6144, 4096, Fp8Scaling::kBlock), GemmMode::kAuto, tuned, h100)), "v0");
+  EXPECT_EQ(spec(kernels::ChooseGemm(fp8(16, 6144, 4096, Fp8Scaling::kBlock), GemmMode::kAuto, tuned, h100)), "v6s2");
+  // Entries are per precision: the per-row product and a bf16 entry of the
+  // same shape say nothing to it.
+  EXPECT_EQ(spec(kernels::ChooseGemm(fp8(4000, 6144, 4096, Fp8Scaling::kPerRow), GemmMode::kAuto, tuned, h100)), "v6");
+  EXPECT_EQ(spec(kernels::ChooseGemm(fp8(4000, 4096, 4096, Fp8Scaling::kBlock), GemmMode::kAuto, tuned, h100)), "v6");
+  // What cuBLASLt's FP8 does not take stays on v6, whatever the table or the
+  // mode: a block-scaled weight without its scales, a gated call without
+  // scratch, a grouped product.
+  GemmParams p = fp8(4000, 6144, 4096, Fp8Scaling::kBlock);
+  p.w_scale_128 = nullptr;
+  EXPECT_EQ(spec(kernels::ChooseGemm(p, GemmMode::kAuto, tuned, h100)), "v6");
+  EXPECT_EQ(spec(kernels::ChooseGemm(p, GemmMode::kCublasLt, none, h100)), "v6");
+  // A block-scaled product of m not a multiple of 4, which cuBLASLt 13.1
+  // does not take.
+  EXPECT_EQ(spec(kernels::ChooseGemm(fp8(4001, 6144, 4096, Fp8Scaling::kBlock), GemmMode::kAuto, tuned, h100)), "v6");
+  EXPECT_EQ(spec(kernels::ChooseGemm(fp8(4001, 6144, 4096, Fp8Scaling::kPerRow), GemmMode::kCublasLt, none, h100)),
+            "v0");
+  p = fp8(4000, 6144, 4096, Fp8Scaling::kPerRow);
+  p.silu_mul = true;
+  p.ldd = p.n / 2;
+  EXPECT_EQ(spec(kernels::ChooseGemm(p, GemmMode::kCublasLt, none, h100)), "v6");
+  p.scratch = p.d;
+  EXPECT_EQ(spec(kernels::ChooseGemm(p, GemmMode::kCublasLt, none, h100)), "v0");
+  p = fp8(4000, 6144, 4096, Fp8Scaling::kBlock);
+  const int32_t* offsets = reinterpret_cast<const int32_t*>(uintptr_t{256});
+  p.group_offsets = offsets;
+  p.groups = 8;
+  p.max_group_rows = 1000;
+  EXPECT_EQ(spec(kernels::ChooseGemm(p, GemmMode::kAuto, tuned, h100)), "v6");
+  EXPECT_EQ(spec(kernels::ChooseGemm(p, GemmMode::kCublasLt, none, h100)), "v6");
 }
 
 TEST(GemmModeTest, NamesRoundTripAndOthersAreRejected) {
@@ -311,7 +398,7 @@ TEST(GemmTuningTest, TunesWritesTheCacheAndReadsItBack) {
   EXPECT_NE(stale.log.find("tuning again"), std::string::npos) << stale.log;
 
   // Pins win over the cache; autotune off without a cache keeps the defaults.
-  options.pins = {GemmPin{5, 1024, 1024, GemmConfig{GemmVersion::kWarpSpecialized, 0, 128}}};
+  options.pins = {GemmPin{5, 1024, 1024, false, GemmConfig{GemmVersion::kWarpSpecialized, 0, 128}}};
   const Pass pinned = RunPass({{1024, 1024}}, max_m, options);
   EXPECT_EQ(Choice(pinned, 8, 1024, 1024), "v3b128");
   EXPECT_NE(pinned.log.find("pinned 5:1024x1024=v3b128"), std::string::npos) << pinned.log;
@@ -319,6 +406,67 @@ TEST(GemmTuningTest, TunesWritesTheCacheAndReadsItBack) {
   off.autotune = false;
   const Pass defaults = RunPass({{1024, 1024}}, max_m, off);
   EXPECT_NE(defaults.log.find("defaults, autotune off"), std::string::npos) << defaults.log;
+  std::filesystem::remove(path);
+}
+
+// FP8 weights' shapes are timed as FP8 products of their scaling (cuBLASLt's
+// FP8 against v6 and its split counts), cached and routed apart from the
+// bf16 shape of the same (n, k).
+TEST(GemmTuningTest, TunesFp8ShapesApartFromBf16Ones) {
+  if (!kernels::testing::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  {
+    absl::StatusOr<std::unique_ptr<GemmRouter>> probe = GemmRouter::Create(GemmMode::kAuto);
+    ASSERT_TRUE(probe.ok()) << probe.status();
+    if (!(*probe)->custom_kernels_enabled()) GTEST_SKIP() << "not an sm_90a device/binary: no FP8 GEMM";
+  }
+  const std::string path = (std::filesystem::path(::testing::TempDir()) / "layerserve_gemm_tune_fp8.json").string();
+  std::filesystem::remove(path);
+  const std::vector<TunedShape> shapes = {{1024, 1024},
+                                          {1024, 1024, false, Fp8Scaling::kPerRow},
+                                          {1024, 1024, false, Fp8Scaling::kBlock},
+                                          {2048, 512, true, Fp8Scaling::kPerRow},
+                                          {2048, 512, true, Fp8Scaling::kBlock}};
+  const int64_t max_m = 3000;  // buckets up to 4096
+  GemmTuningOptions options;
+  options.cache_path = path;
+  options.build = "test";
+  const Pass tuned = RunPass(shapes, max_m, options);
+  for (const char* line : {"1024x1024 (autotuned", "1024x1024 fp8-row (autotuned", "1024x1024 fp8-block (autotuned",
+                           "2048x512 gated fp8-row (autotuned", "2048x512 gated fp8-block (autotuned"}) {
+    EXPECT_NE(tuned.log.find(line), std::string::npos) << line << " in\n" << tuned.log;
+  }
+  const absl::StatusOr<GemmTuneCache> written = ParseGemmTuneCache(ReadFile(path));
+  ASSERT_TRUE(written.ok()) << written.status();
+  const int buckets = kernels::GemmMBucket(max_m) + 1;
+  EXPECT_EQ(written->results.size(), shapes.size() * buckets);
+  int cublaslt_timed = 0;
+  for (const GemmTuneResult& r : written->results) {
+    if (r.fp8 == Fp8Scaling::kNone) continue;
+    const std::string where = absl::StrCat(r.n, "x", r.k, " ", std::string(kernels::Fp8ScalingName(r.fp8)),
+                                           " m<=", kernels::GemmMBucketUpperBound(r.bucket));
+    EXPECT_TRUE(r.chosen.version == GemmVersion::kFp8 || r.chosen.version == GemmVersion::kCublasLt) << where;
+    EXPECT_GT(r.chosen_us, 0.f) << where;
+    // cuBLASLt never takes a block-scaled gate/up (no 128-row scale blocks
+    // of its own); everywhere else it is timed.
+    if (r.gated && r.fp8 == Fp8Scaling::kBlock) {
+      EXPECT_EQ(r.chosen.version, GemmVersion::kFp8) << where;
+      EXPECT_LT(r.cublaslt_us, 0.f) << where;
+    } else if (r.cublaslt_us > 0.f) {
+      ++cublaslt_timed;
+      EXPECT_LE(r.chosen_us, r.cublaslt_us) << where;
+    }
+  }
+  EXPECT_GT(cublaslt_timed, 0) << "cuBLASLt's FP8 was never a candidate";
+  // The router follows the FP8 entries for FP8 calls.
+  for (const GemmTuneResult& r : written->results) {
+    if (r.fp8 == Fp8Scaling::kNone || r.gated) continue;
+    GemmParams p = Dense(kernels::GemmMBucketUpperBound(r.bucket), r.n, r.k);
+    p.fp8 = r.fp8;
+    p.a_scale = p.w_scale = p.w_scale_128 = static_cast<const float*>(p.w);
+    EXPECT_EQ(kernels::GemmConfigSpec(tuned.router->Route(p)), kernels::GemmConfigSpec(r.chosen));
+  }
+  const Pass cached = RunPass(shapes, max_m, options);
+  EXPECT_EQ(cached.log.find("autotuned"), std::string::npos) << cached.log;
   std::filesystem::remove(path);
 }
 

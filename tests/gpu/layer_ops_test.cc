@@ -338,6 +338,7 @@ struct SiluMulCase {
   DType dtype;
   int64_t rows;
   int64_t width;
+  int64_t block = kGateUpBlock;  // the interleave (an FP8 gate/up's: 64)
 };
 
 class SiluMulTest : public testing::GpuTestWithParam<SiluMulCase> {};
@@ -348,9 +349,10 @@ TEST_P(SiluMulTest, MatchesReference) {
   std::vector<double> want(c.rows * c.width);
   for (int64_t r = 0; r < c.rows; ++r)
     for (int64_t j = 0; j < c.width; ++j) {
-      // Gate and up columns interleaved in blocks of 8.
-      const double g = gate_up[r * 2 * c.width + GateUpRow(j, false)];
-      const double u = gate_up[r * 2 * c.width + GateUpRow(j, true)];
+      // Gate and up columns interleaved in blocks of c.block.
+      const int64_t gate = (j / c.block) * 2 * c.block + j % c.block;
+      const double g = gate_up[r * 2 * c.width + gate];
+      const double u = gate_up[r * 2 * c.width + gate + c.block];
       want[r * c.width + j] = RoundToDType(c.dtype, RoundToDType(c.dtype, g / (1.0 + std::exp(-g))) * u);
     }
   const size_t in_bytes = gate_up.size() * DTypeBytes(c.dtype), out_bytes = want.size() * DTypeBytes(c.dtype);
@@ -362,6 +364,7 @@ TEST_P(SiluMulTest, MatchesReference) {
   p.out = d_out.get();
   p.rows = c.rows;
   p.width = c.width;
+  p.block = c.block;
   p.dtype = c.dtype;
   ASSERT_TRUE(LaunchSiluMul(p, nullptr).ok());
   LS_ASSERT_CUDA_OK(cudaDeviceSynchronize());
@@ -374,9 +377,12 @@ TEST_P(SiluMulTest, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Kernels, SiluMulTest,
                          ::testing::Values(SiluMulCase{DType::kBF16, 19, 8}, SiluMulCase{DType::kBF16, 19, 1000},
                                            SiluMulCase{DType::kBF16, 7, 14336}, SiluMulCase{DType::kF16, 19, 8},
-                                           SiluMulCase{DType::kF16, 19, 1000}, SiluMulCase{DType::kF16, 7, 14336}),
+                                           SiluMulCase{DType::kF16, 19, 1000}, SiluMulCase{DType::kF16, 7, 14336},
+                                           SiluMulCase{DType::kBF16, 19, 384, 64},
+                                           SiluMulCase{DType::kBF16, 7, 14336, 64}),
                          [](const ::testing::TestParamInfo<SiluMulCase>& info) {
-                           return std::string(DTypeName(info.param.dtype)) + "_w" + std::to_string(info.param.width);
+                           return std::string(DTypeName(info.param.dtype)) + "_w" + std::to_string(info.param.width) +
+                                  (info.param.block != kGateUpBlock ? "_b" + std::to_string(info.param.block) : "");
                          });
 
 // ---------------------------------------------------------------- Cast

@@ -436,6 +436,35 @@ bool IsSessionFamily(const std::string& name) {
 
 // The families of a server whose backend keeps no KV cache: none, not zeros
 // (a max_sessions of 0 would fire any "sessions near the limit" alert).
+TEST(PrometheusMetricsTest, GemmRoutesAfterSetGemmRoutes) {
+  PrometheusMetrics metrics(kModel);
+  for (const auto& sample : Parse(metrics).samples) EXPECT_NE(sample.name, "layerserve_gemm_route");
+  metrics.SetGemmRoutes({{.shape = "1x1", .precision = "bf16", .m_max = 8, .kernel = "v0"}});
+  metrics.SetGemmRoutes(
+      {{.shape = "6144x4096", .precision = "fp8-block", .m_max = 16, .kernel = "v6s2"},
+       {.shape = "6144x4096", .precision = "fp8-block", .m_max = 4096, .kernel = "v0"},
+       {.shape = "28672x4096", .gated = true, .precision = "bf16", .m_max = 16, .kernel = "v4"}});
+  Exposition e = Parse(metrics);
+  int series = 0;
+  for (const auto& sample : e.samples) series += sample.name == "layerserve_gemm_route";
+  EXPECT_EQ(series, 3) << "a second SetGemmRoutes must replace the series";
+  EXPECT_EQ(e.Find("layerserve_gemm_route", {{"model", kModel},
+                                             {"shape", "6144x4096"},
+                                             {"gated", "false"},
+                                             {"precision", "fp8-block"},
+                                             {"m_max", "4096"},
+                                             {"kernel", "v0"}}),
+            1.0);
+  EXPECT_EQ(e.Find("layerserve_gemm_route", {{"model", kModel},
+                                             {"shape", "28672x4096"},
+                                             {"gated", "true"},
+                                             {"precision", "bf16"},
+                                             {"m_max", "16"},
+                                             {"kernel", "v4"}}),
+            1.0);
+  EXPECT_EQ(e.types["layerserve_gemm_route"], "gauge");
+}
+
 TEST(PrometheusMetricsTest, ExpertTokensPerLayerAfterSetExperts) {
   PrometheusMetrics metrics(kModel);
   // Not a mixture of experts: no family, and batches carry no counts.

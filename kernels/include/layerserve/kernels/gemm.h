@@ -17,7 +17,11 @@
 // v3) were removed after commit 92d9569.
 //
 // FP8 (W8A8) products (GemmParams::fp8) take version 6, the project's FP8
-// kernel, whatever the mode: cuBLASLt's FP8 routes are not wired yet.
+// kernel, or cuBLASLt's FP8 (version 0 on an FP8 product: per-row scales as
+// its outer-vector scaling, block-128 ones as its 128-element activation and
+// 128x128 weight blocks) where the tuned table or the cuBLASLt mode says so
+// and cuBLASLt takes the call (CublasLtTakesFp8). The table keys FP8 and
+// bf16 entries apart (GemmTableKey).
 //
 // In-place accumulation (D += A·Wᵀ): our kernels round A·Wᵀ + D once. The
 // cuBLASLt path lets C alias D (beta = 1); cuBLASLt 13.0 was seen to round
@@ -72,8 +76,13 @@ enum class Fp8Scaling {
   // and v, or gate and up, can be stacked at 64-row boundaries).
   kBlock,
 };
+// "bf16" (kNone), "row", "block": as logs, the tuning cache and benchmarks
+// name a product's precision.
+std::string_view Fp8ScalingName(Fp8Scaling scaling);
 inline constexpr int64_t kFp8BlockK = 128;
 inline constexpr int64_t kFp8WeightScaleRows = 64;
+// Columns of GemmParams::w_scale_128: K blocks padded to a multiple of 4.
+constexpr int64_t kFp8CublasLtScaleCols(int64_t k) { return ((k + kFp8BlockK - 1) / kFp8BlockK + 3) / 4 * 4; }
 // The FP8 kernel's gate/up interleave (GemmParams::silu_mul on an FP8
 // product): blocks of 64 gate rows then the matching 64 up rows, so that one
 // 128-row tile holds both halves of 64 outputs and a block-128 scale never
@@ -129,6 +138,13 @@ struct GemmParams {
   Fp8Scaling fp8 = Fp8Scaling::kNone;
   const float* a_scale = nullptr;
   const float* w_scale = nullptr;
+  // cuBLASLt's copy of a kBlock weight's scales (its 128x128 block layout):
+  // [ceil(n / 128)][kFp8CublasLtScaleCols(k)], the checkpoint's 128-row
+  // blocks with each row of K blocks padded to a multiple of 4. Only the
+  // cuBLASLt route reads it, and takes a kBlock call only where it is set:
+  // null where two 64-row halves of one 128-row block carry different scales
+  // (stacked parts of 64-row multiples, the gate/up interleave).
+  const float* w_scale_128 = nullptr;
   int64_t out_cols() const { return silu_mul ? n / 2 : n; }
   bool grouped() const { return group_offsets != nullptr; }
 };
@@ -197,8 +213,11 @@ inline constexpr std::array<int64_t, 12> kGemmBucketUpper = {8,   16,   32,   64
 int GemmMBucket(int64_t m);
 int64_t GemmMBucketUpperBound(int bucket);
 
-// (M bucket, N, K) -> configuration: what autotune measured or a pin says.
-using GemmTable = std::map<std::tuple<int, int64_t, int64_t>, GemmConfig>;
+// (M bucket, N, K, FP8 scaling) -> configuration: what autotune measured or a
+// pin says. The scaling (kNone for a bf16 product) keeps an FP8 weight's
+// choice apart from a bf16 one of the same shape.
+using GemmTableKey = std::tuple<int, int64_t, int64_t, Fp8Scaling>;
+using GemmTable = std::map<GemmTableKey, GemmConfig>;
 
 // True if this library was built with sm_90a device code (wgmma, setmaxnreg).
 bool GemmBuiltWithSm90a();
@@ -211,14 +230,24 @@ bool GemmBuiltWithSm90a();
 // neither the device nor the operands.
 absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const DeviceInfo& dev);
 
+// Whether cuBLASLt's FP8 takes the FP8 product `p` (pure): not grouped, bf16
+// out, n and k multiples of 16, a gated product with its scratch, and a
+// kBlock one with w_scale_128 and m a multiple of 4 (cuBLASLt 13.1 answers
+// NOT_SUPPORTED for its 128-element activation blocks at any other m, even
+// with each K block's scales 16-byte aligned; such calls take v6).
+bool CublasLtTakesFp8(const GemmParams& p);
+
 // The route of one call; pure, as above. A grouped product always takes ours
-// (v4 for max_group_rows <= 64, else v3: cuBLASLt has no form for it), and
-// fails where they cannot run. Otherwise cuBLASLt wherever ours do not take
-// the call or `mode` is kCublasLt; kCustom: v4 for M <= 64, else v3; kAuto:
-// `table`'s entry for the call's bucket, else v4 for M <= 16 (where it matched
-// or beat cuBLASLt on every Llama-3-8B shape on the H100), else cuBLASLt. A
-// silu_mul call routed to v5 runs v3 instead (v5 stores its tiles through
-// TMA, with no gated form; v3 is the same kernel without the multicast).
+// (v4 for max_group_rows <= 64, else v3, v6 for FP8: cuBLASLt has no form for
+// it), and fails where they cannot run. An FP8 product takes v6 unless
+// cuBLASLt takes it (CublasLtTakesFp8) and `mode` is kCublasLt or kAuto's
+// table entry says v0; a table entry of v6 gives its split count. A bf16
+// product takes cuBLASLt wherever ours do not take the call or `mode` is
+// kCublasLt; kCustom: v4 for M <= 64, else v3; kAuto: `table`'s entry for the
+// call's bucket, else v4 for M <= 16 (where it matched or beat cuBLASLt on
+// every Llama-3-8B shape on the H100), else cuBLASLt. A silu_mul call routed
+// to v5 runs v3 instead (v5 stores its tiles through TMA, with no gated form;
+// v3 is the same kernel without the multicast).
 GemmConfig ChooseGemm(const GemmParams& p, GemmMode mode, const GemmTable& table, const DeviceInfo& dev);
 
 // Launches our version `config` (3..5) on `stream`, after GemmSupported.
@@ -232,7 +261,8 @@ struct GemmTuneResult {
   int64_t m_timed = 0;
   int64_t n = 0;
   int64_t k = 0;
-  bool gated = false;  // timed as the gate/up projection (Autotune's `gated`)
+  bool gated = false;                  // timed as the gate/up projection (Autotune's `gated`)
+  Fp8Scaling fp8 = Fp8Scaling::kNone;  // timed as an FP8 product (Autotune's `fp8`)
   GemmConfig chosen;
   float chosen_us = 0;
   float cublaslt_us = 0;
@@ -285,12 +315,16 @@ class GemmRouter {
   // not enabled, nothing is timed and the result is empty. `gated` times the
   // calls as the MLP's gate/up projection runs them (silu_mul: the gate in
   // our epilogues, a second kernel after cuBLASLt), which is what that
-  // shape's table entries then route.
+  // shape's table entries then route. `fp8` times the shape as an FP8
+  // product of that scaling instead (e4m3 codes of random data, quantized
+  // as serving quantizes them): cuBLASLt's FP8 where it takes the call, and
+  // v6 with its own split count and, for M <= 64, 1/2/4/8 splits.
   absl::StatusOr<std::vector<GemmTuneResult>> Autotune(int64_t n, int64_t k, int64_t max_m,
                                                        const GemmWorkspace& workspace, cudaStream_t stream,
-                                                       bool gated = false);
-  // Pins the configuration of m's bucket for (n, k), replacing any tuned one.
-  void SetChoice(int64_t m, int64_t n, int64_t k, const GemmConfig& config);
+                                                       bool gated = false, Fp8Scaling fp8 = Fp8Scaling::kNone);
+  // Pins the configuration of m's bucket for (n, k) and the precision `fp8`
+  // (kNone: bf16), replacing any tuned one.
+  void SetChoice(int64_t m, int64_t n, int64_t k, const GemmConfig& config, Fp8Scaling fp8 = Fp8Scaling::kNone);
   const GemmTable& table() const { return table_; }
   // The row tile of every grouped product versions 3 and 6 run (GemmConfig::
   // block_m; 0, the default, picks per call). For benchmarks' A/B; like
@@ -311,6 +345,7 @@ class GemmRouter {
   GemmRouter(GemmMode mode, DeviceInfo device, bool custom_kernels, size_t workspace_bytes,
              std::unique_ptr<CublasLt> cublaslt);
   absl::Status RunCublasLt(const GemmParams& p, const GemmWorkspace& workspace, cudaStream_t stream);
+  absl::Status RunCublasLtFp8(const GemmParams& p, const GemmWorkspace& workspace, cudaStream_t stream);
 
   const GemmMode mode_;
   const DeviceInfo device_;

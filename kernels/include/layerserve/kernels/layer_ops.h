@@ -73,12 +73,14 @@ constexpr int64_t GateUpRow(int64_t i, bool up) {
 }
 
 // out = silu(gate) * up, where each row of gate_up holds gate and up outputs
-// interleaved as GateUpRow says (column GateUpRow(i, false) is gate i).
+// interleaved as GateUpRow says (column GateUpRow(i, false) is gate i), in
+// blocks of `block` (kGateUpBlock; an FP8 gate/up's kFp8GateUpBlock).
 struct SiluMulParams {
   const void* gate_up = nullptr;  // [rows, 2 * width], interleaved
   void* out = nullptr;            // [rows, width]
   int64_t rows = 0;
-  int64_t width = 0;
+  int64_t width = 0;             // a multiple of block
+  int64_t block = kGateUpBlock;  // a multiple of kGateUpBlock
   DType dtype = DType::kBF16;
 };
 absl::Status LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream);
