@@ -13,6 +13,7 @@
 // offsets, a thread per expert with a block-wide scan (one thread summing
 // 128 counts from L2 in turn took ~35 us, most of a decode step's routing). The gather and the combine are one thread
 // per 16-byte vector; the shared expert's gate one block per token.
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -201,8 +202,44 @@ __global__ void MoeCombineKernel(const MoeCombineParams p) {
   *x = out;
 }
 
+// The dot product x[t] · gate in fp32: bf16/fp16 x and gate, or (an FP8
+// gate) e4m3 codes times their scales and a float32 gate.
+template <typename T>
+__device__ float SharedGateDot(const MoeSharedGateParams& p, int64_t t) {
+  float acc = 0.f;
+  if (p.x_codes == nullptr) {
+    constexpr int kVec = kVec16<T>;
+    using V = Vec<T, kVec>;
+    const V* x = static_cast<const V*>(p.x) + t * (p.hidden / kVec);
+    const V* g = static_cast<const V*>(p.gate);
+    for (int64_t i = threadIdx.x; i < p.hidden / kVec; i += kThreads) {
+      const V a = x[i];
+      const V b = g[i];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc += ToFloat(a.v[e]) * ToFloat(b.v[e]);
+    }
+    return acc;
+  }
+  // Eight codes a thread per step (hidden % 8 == 0; a 128-column group holds
+  // 16 such steps, so one scale serves all eight).
+  const uint2* codes = static_cast<const uint2*>(p.x_codes) + t * (p.hidden / 8);
+  const float4* g = static_cast<const float4*>(p.gate);
+  for (int64_t i = threadIdx.x; i < p.hidden / 8; i += kThreads) {
+    const uint2 c = codes[i];
+    const float4 g0 = g[2 * i], g1 = g[2 * i + 1];
+    const float s = p.x_group > 0 ? p.x_scales[(8 * i / p.x_group) * p.tokens + t] : p.x_scales[t];
+    const __nv_fp8_e4m3* q = reinterpret_cast<const __nv_fp8_e4m3*>(&c);
+    const float w[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+    float part = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) part += static_cast<float>(q[e]) * w[e];
+    acc += part * s;
+  }
+  return acc;
+}
+
 // One block per token: the gate's dot product over the block, then the
-// row's scaling. Both passes read 16-byte vectors.
+// row's scaling. Both passes read 16-byte vectors (8-byte ones of codes).
 template <typename T>
 __global__ void MoeSharedGateKernel(const MoeSharedGateParams p) {
   constexpr int kVec = kVec16<T>;
@@ -210,16 +247,7 @@ __global__ void MoeSharedGateKernel(const MoeSharedGateParams p) {
   __shared__ float warp_sums[kThreads / 32];
   __shared__ float scale;
   const int64_t t = blockIdx.x;
-  const V* x = static_cast<const V*>(p.x) + t * (p.hidden / kVec);
-  const V* g = static_cast<const V*>(p.gate);
-  float acc = 0.f;
-  for (int64_t i = threadIdx.x; i < p.hidden / kVec; i += kThreads) {
-    const V a = x[i];
-    const V b = g[i];
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) acc += ToFloat(a.v[e]) * ToFloat(b.v[e]);
-  }
-  acc = WarpReduceSum(acc);
+  float acc = WarpReduceSum(SharedGateDot<T>(p, t));
   if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -321,6 +349,11 @@ absl::Status LaunchMoeSharedGate(const MoeSharedGateParams& p, cudaStream_t stre
   if (p.x == nullptr || p.gate == nullptr || p.activation == nullptr || !Aligned16(p.x) || !Aligned16(p.gate) ||
       !Aligned16(p.activation)) {
     return absl::InvalidArgumentError("moe_shared_gate: null or unaligned buffer");
+  }
+  if (p.x_codes != nullptr && (p.x_scales == nullptr || reinterpret_cast<uintptr_t>(p.x_codes) % 8 != 0 ||
+                               (p.x_group != 0 && p.x_group != 128))) {
+    return absl::InvalidArgumentError(
+        "moe_shared_gate: FP8 input needs 8-byte aligned codes, scales and group 0 or 128");
   }
   if (p.tokens == 0) return absl::OkStatus();
   return LS_HALF_DTYPE_SWITCH(p.dtype, T, [&] {

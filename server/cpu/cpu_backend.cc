@@ -68,7 +68,7 @@ struct CpuLayer {
   // inputs, W8A8 as the checkpoint's format defines it.
   cpu::Fp8InputQuant qkv_input, o_input, gate_up_input, down_input;
   cpu::Fp8InputQuant experts_gate_up_input, experts_down_input;
-  cpu::Fp8InputQuant shared_gate_up_input, shared_down_input;
+  cpu::Fp8InputQuant shared_gate_up_input, shared_down_input, shared_gate_input;
 };
 
 // The input quantization of a linear with weight `w` (disabled unless `w`
@@ -131,6 +131,7 @@ absl::StatusOr<CpuLayer> ConvertLayer(const LayerWeights& w, const LlamaConfig& 
   out.experts_down_input = InputQuant(w.experts_down, c);
   out.shared_gate_up_input = InputQuant(w.shared_gate_proj, c);
   out.shared_down_input = InputQuant(w.shared_down_proj, c);
+  out.shared_gate_input = InputQuant(w.shared_expert_gate, c);
   return out;
 }
 
@@ -364,10 +365,12 @@ class CpuBackend final : public Backend {
   // x_ += the SiLU-gated MLP (gate/up rows stacked, width `inter`) of
   // normed_; with `sigmoid_gate` (Qwen2-MoE's shared expert), each token's
   // activation row is first scaled by sigmoid(normed_ row · sigmoid_gate),
-  // which scales its output the same since the down projection is linear.
+  // which scales its output the same since the down projection is linear
+  // (an FP8 gate reads normed_ quantized as `sigmoid_gate_input` says).
   void MlpOntoResidual(const float* w_gate_up, const float* w_down, int64_t inter, int64_t tokens,
                        const cpu::Fp8InputQuant& gate_up_input,
-                       const cpu::Fp8InputQuant& down_input, const float* sigmoid_gate = nullptr) {
+                       const cpu::Fp8InputQuant& down_input, const float* sigmoid_gate = nullptr,
+                       const cpu::Fp8InputQuant& sigmoid_gate_input = {}) {
     const int64_t hidden = config_.hidden_size;
     gate_up_.resize(static_cast<size_t>(tokens * 2 * inter));
     act_.resize(static_cast<size_t>(tokens * inter));
@@ -379,8 +382,8 @@ class CpuBackend final : public Backend {
     cpu::QuantizeDequantizeFp8(act_.data(), tokens, inter, down_input, &pool_);
     if (sigmoid_gate != nullptr) {
       shared_gate_.resize(static_cast<size_t>(tokens));
-      cpu::Linear(normed_.data(), tokens, hidden, sigmoid_gate, 1, nullptr, shared_gate_.data(),
-                  &pool_);
+      cpu::Linear(Quantized(normed_, tokens, hidden, sigmoid_gate_input), tokens, hidden,
+                  sigmoid_gate, 1, nullptr, shared_gate_.data(), &pool_);
       for (int64_t t = 0; t < tokens; ++t) {
         const float scale = 1.0f / (1.0f + std::exp(-shared_gate_[t]));
         for (int64_t i = 0; i < inter; ++i) act_[t * inter + i] *= scale;
@@ -417,7 +420,7 @@ class CpuBackend final : public Backend {
     if (c.HasSharedExpert()) {
       MlpOntoResidual(layer.shared_gate_up.data(), layer.shared_down.data(),
                       c.shared_expert_intermediate_size, tokens, layer.shared_gate_up_input,
-                      layer.shared_down_input, layer.shared_gate.data());
+                      layer.shared_down_input, layer.shared_gate.data(), layer.shared_gate_input);
     }
   }
 

@@ -99,6 +99,11 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
     const LayerWeights& w = model.layers[i];
     const int64_t layer_index = model.first_layer + static_cast<int64_t>(i);
     LS_RETURN_IF_ERROR(CheckLayerWeights(w, c, layer_index));
+    // An FP8 shared_expert_gate is kept dequantized in float32 (one row), its
+    // input the shared gate/up's quantized one (LayerDeviceWeights).
+    const bool shared_gate_fp8 =
+        c.HasSharedExpert() && w.shared_expert_gate.dtype == DType::kF8E4M3;
+    const size_t shared_gate_bytes = shared_gate_fp8 ? sizeof(float) : e;
     // The FP8 linears' device images (empty for a linear the checkpoint left
     // unquantized).
     // A mixture of experts' gate_up and down are its experts', stacked.
@@ -190,7 +195,8 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
       o.w_shared_gate_up =
           has_shared ? layout.Take(weight_bytes(f8.shared_gate_up, 2 * shared)) : nullptr;
       o.w_shared_down = has_shared ? layout.Take(weight_bytes(f8.shared_down, shared)) : nullptr;
-      o.shared_gate = has_shared ? layout.Take(static_cast<size_t>(shape.hidden) * e) : nullptr;
+      o.shared_gate =
+          has_shared ? layout.Take(static_cast<size_t>(shape.hidden) * shared_gate_bytes) : nullptr;
       const size_t head = static_cast<size_t>(shape.head_dim) * e;
       o.q_norm = shape.qk_norm ? layout.Take(head) : nullptr;
       o.k_norm = shape.qk_norm ? layout.Take(head) : nullptr;
@@ -247,7 +253,13 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
                          static_cast<size_t>(shape.hidden) * e);
       }
       place(f8.shared_down, h.w_shared_down, h.shared_down_scale, {&w.shared_down_proj});
-      ConvertInto({&w.shared_expert_gate}, host_dtype, at(h.shared_gate));
+      if (shared_gate_fp8) {
+        const std::vector<float> gate =
+            w.shared_expert_gate.ToFloat();  // dequantized, exact in float32
+        std::memcpy(h.shared_gate, gate.data(), gate.size() * sizeof(float));
+      } else {
+        ConvertInto({&w.shared_expert_gate}, host_dtype, at(h.shared_gate));
+      }
     }
     if (shape.qk_norm) {
       ConvertInto({&w.q_norm}, host_dtype, at(h.q_norm));
@@ -276,12 +288,13 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
     view.down_fp8 = linear(f8.down, d.down_scale);
     view.shared_gate_up_fp8 = linear(f8.shared_gate_up, d.shared_gate_up_scale);
     view.shared_down_fp8 = linear(f8.shared_down, d.shared_down_scale);
+    view.shared_gate_fp8 = shared_gate_fp8;
     out.views_.push_back(view);
     const int64_t shared = shape.shared_intermediate * shape.hidden;
     out.bytes_ +=
         e * static_cast<size_t>(2 * shape.hidden + (c.attention_bias ? shape.qkv_width() : 0) +
-                                shape.router_weight_elements() + (shared > 0 ? shape.hidden : 0) +
-                                shape.head_norm_elements()) +
+                                shape.router_weight_elements() + shape.head_norm_elements()) +
+        (shared > 0 ? static_cast<size_t>(shape.hidden) * shared_gate_bytes : 0) +
         weight_bytes(f8.shared_gate_up, 2 * shared) + weight_bytes(f8.shared_down, shared) +
         scale_bytes(f8.shared_gate_up) + scale_bytes(f8.shared_down) +
         weight_bytes(f8.qkv, shape.qkv_weight_elements()) +

@@ -415,13 +415,22 @@ absl::Status LayerExecutor::RunMlp(const MlpRun& run, const ActivationArena& are
   LS_RETURN_IF_ERROR(
       RunLinear(gate_up, run.gate_up_fp8, arena, workspace, stream, run.input_quantized));
   if (run.sigmoid_gate != nullptr) {
-    const kernels::MoeSharedGateParams gate{.x = run.input,
-                                            .gate = run.sigmoid_gate,
-                                            .activation = run.activation,
-                                            .tokens = run.rows,
-                                            .hidden = s.hidden,
-                                            .width = run.intermediate,
-                                            .dtype = s.dtype};
+    kernels::MoeSharedGateParams gate{.x = run.input,
+                                      .gate = run.sigmoid_gate,
+                                      .activation = run.activation,
+                                      .tokens = run.rows,
+                                      .hidden = s.hidden,
+                                      .width = run.intermediate,
+                                      .dtype = s.dtype};
+    if (run.sigmoid_gate_fp8) {
+      // The codes the gate/up GEMM just read: its input, quantized.
+      if (!run.gate_up_fp8.fp8()) {
+        return absl::InternalError("layer executor: an FP8 sigmoid gate beside a BF16 gate/up");
+      }
+      gate.x_codes = arena.fp8_codes;
+      gate.x_scales = arena.fp8_scales;
+      gate.x_group = run.gate_up_fp8.activation_group();
+    }
     LS_RETURN_IF_ERROR(kernels::LaunchMoeSharedGate(gate, stream));
   }
   if (op.empty()) LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmGateUp, stream));
@@ -515,6 +524,7 @@ absl::Status LayerExecutor::ExpertMlps(int layer, const ActivationArena& arena, 
   MlpRun shared = OntoResidual(arena, tokens, w.w_shared_gate_up, w.w_shared_down,
                                s.shared_intermediate, w.shared_gate);
   shared.gate_up_fp8 = w.shared_gate_up_fp8;
+  shared.sigmoid_gate_fp8 = w.shared_gate_fp8;
   shared.down_fp8 = w.shared_down_fp8;
   return RunMlp(shared, arena, workspace, stream, timer, kOpSharedExpert);
 }

@@ -137,7 +137,7 @@ struct LayerDeviceWeights {
   // its gate/up rows interleaved as w_gate_up's, its down, its gate's row.
   const void* w_shared_gate_up = nullptr;  // [2 shared_intermediate, hidden]
   const void* w_shared_down = nullptr;     // [hidden, shared_intermediate]
-  const void* shared_gate = nullptr;       // [hidden]
+  const void* shared_gate = nullptr;       // [hidden]; float32 with shared_gate_fp8
   // Qwen3's per-head norms (LayerShape::qk_norm; null otherwise).
   const void* q_norm = nullptr;  // [head_dim]
   const void* k_norm = nullptr;  // [head_dim]
@@ -147,6 +147,10 @@ struct LayerDeviceWeights {
   // and the shared expert's two.
   Fp8Linear qkv_fp8, o_fp8, gate_up_fp8, down_fp8;
   Fp8Linear shared_gate_up_fp8, shared_down_fp8;
+  // An FP8 shared_expert_gate: shared_gate is its row dequantized, float32,
+  // and reads the input the shared gate/up's FP8 GEMM read (the loader
+  // makes the three agree on quantization).
+  bool shared_gate_fp8 = false;
 };
 
 // One stream's activations for up to max_tokens tokens, in one allocation.
@@ -279,6 +283,7 @@ class LayerExecutor {
     Fp8Linear down_fp8;
     int64_t intermediate = 0;
     const void* sigmoid_gate = nullptr;
+    bool sigmoid_gate_fp8 = false;  // LayerDeviceWeights::shared_gate_fp8
     const void* input = nullptr;
     int64_t rows = 0;
     void* activation = nullptr;

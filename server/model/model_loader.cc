@@ -544,7 +544,8 @@ absl::Status CheckFp8(const HostTensor& t, bool may_be_fp8, int64_t layer, std::
   if (!may_be_fp8) {
     return absl::InvalidArgumentError(
         absl::StrCat("layer ", layer, " ", ToAbsl(what),
-                     " is FP8: only the attention and MLP projections and the experts may be"));
+                     " is FP8: only the attention and MLP projections, the experts and the shared "
+                     "expert's gate may be"));
   }
   if (t.shape.size() < 2 || t.scale_block_rows <= 0 || t.scale_block_cols <= 0) {
     return absl::InvalidArgumentError(
@@ -596,7 +597,7 @@ absl::Status CheckLayerWeights(const LayerWeights& w, const LlamaConfig& c, int6
       {w.shared_gate_proj, shared * hidden, "shared_gate_proj", true},
       {w.shared_up_proj, shared * hidden, "shared_up_proj", true},
       {w.shared_down_proj, hidden * shared, "shared_down_proj", true},
-      {w.shared_expert_gate, c.HasSharedExpert() ? hidden : 0, "shared_expert_gate"},
+      {w.shared_expert_gate, c.HasSharedExpert() ? hidden : 0, "shared_expert_gate", true},
   };
   for (const auto& e : expected) {
     LS_RETURN_IF_ERROR(CheckElements(e.tensor, e.elements, layer, e.name));
@@ -620,8 +621,10 @@ absl::Status CheckLayerWeights(const LayerWeights& w, const LlamaConfig& c, int6
   LS_RETURN_IF_ERROR(agree({&w.q_proj, &w.k_proj, &w.v_proj}, "q_proj, k_proj and v_proj"));
   if (dense) LS_RETURN_IF_ERROR(agree({&w.gate_proj, &w.up_proj}, "gate_proj and up_proj"));
   if (c.HasSharedExpert()) {
-    LS_RETURN_IF_ERROR(agree({&w.shared_gate_proj, &w.shared_up_proj},
-                             "the shared expert's gate_proj and up_proj"));
+    // Its sigmoid gate reads the same input: FP8 only beside an FP8 gate/up
+    // (whose quantized input it then reads too).
+    LS_RETURN_IF_ERROR(agree({&w.shared_gate_proj, &w.shared_up_proj, &w.shared_expert_gate},
+                             "the shared expert's gate_proj, up_proj and shared_expert_gate"));
   }
   return absl::OkStatus();
 }

@@ -217,6 +217,18 @@ TEST(CudaFp8Test, MixtureOfExpertsWithASharedExpertPerChannelMatchesTheReference
   ExpectW8A8(Distance(model, 927, {1, 200}));
 }
 
+// The shared expert's sigmoid gate in FP8 too (QuantizeSpanFp8 quantizes it):
+// read as the codes the shared gate/up read, per token and 128 columns here,
+// per token above.
+TEST(CudaFp8Test, MixtureOfExpertsWithASharedExpertFineGrainedMatchesTheReference) {
+  SKIP_WITHOUT_GPU();
+  ModelSpan model = VariedBlocksModel(929, Fp8MoeConfig(true));
+  QuantizeSpanFp8(model, FineGrainedFp8());
+  ASSERT_EQ(model.layers[0].shared_expert_gate.dtype, DType::kF8E4M3);
+  ExpectW8A8(Distance(model, 930));
+  ExpectW8A8(Distance(model, 931, {1, 200}));
+}
+
 TEST(CudaFp8Test, FormatsTheGpuDoesNotTakeAreRefusedNamingThem) {
   SKIP_WITHOUT_GPU();
   ModelSpan weight_only = RandomModel(Fp8TestConfig(), 0, 1, DType::kBF16, 911);

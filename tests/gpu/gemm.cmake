@@ -23,7 +23,7 @@ layerserve_add_gtest(gemm_pdl_test
 # combine kernels against float64.
 layerserve_add_gtest(moe_gpu_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/moe_test.cc
-  LIBS layerserve_gemm layerserve_kernels layerserve_gemm_reference layerserve_gpu_test_util
+  LIBS layerserve_gemm layerserve_kernels layerserve_base layerserve_gemm_reference layerserve_gpu_test_util
   LABELS gpu)
 
 # The gated epilogue (GemmParams::silu_mul): fused against the plain product

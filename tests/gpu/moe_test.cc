@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "base/dtype.h"
 #include "layerserve/kernels/gemm.h"
 #include "layerserve/kernels/moe.h"
 #include "tests/gpu/gemm_reference.h"
@@ -403,6 +404,70 @@ TEST_F(MoeKernelsTest, SharedGateScalesEachRowBySigmoid) {
   bad.hidden = 12;
   bad.width = 8;
   EXPECT_FALSE(LaunchMoeSharedGate(bad, stream_).ok());
+}
+
+// An FP8 shared expert gate (W8A8): x read as e4m3 codes times their scales,
+// per token or per token and 128 columns (scales 4x apart, so a misread one
+// fails), against float64 over the same codes, scales and float32 gate. The
+// gate is small enough that |logit| stays under ~5, where the bf16 roundings
+// the bound allows for hold (as in the test above).
+TEST_F(MoeKernelsTest, Fp8SharedGateReadsCodesAndScales) {
+  for (const int64_t group : {int64_t{0}, int64_t{128}}) {
+    const int64_t tokens = 37, hidden = 512, width = 64;
+    SCOPED_TRACE(::testing::Message() << "group " << group);
+    const int64_t groups = group > 0 ? hidden / group : 1;
+    std::vector<uint8_t> codes(static_cast<size_t>(tokens * hidden));
+    std::vector<float> scales(static_cast<size_t>(tokens * groups)), gate(static_cast<size_t>(hidden));
+    const std::vector<double> u = testing::RandomValues(DType::kF32, codes.size(), -1, 1, 31);
+    for (size_t i = 0; i < codes.size(); ++i) codes[i] = FloatToFp8E4M3(static_cast<float>(u[i] * 448));
+    const std::vector<double> su = testing::RandomValues(DType::kF32, scales.size(), -2, 2, 32);
+    for (size_t i = 0; i < scales.size(); ++i) scales[i] = std::exp2(static_cast<float>(su[i] / 2)) / 448.f;
+    const std::vector<double> gu = testing::RandomValues(DType::kF32, gate.size(), -1, 1, 33);
+    for (size_t i = 0; i < gate.size(); ++i) gate[i] = static_cast<float>(gu[i] / std::sqrt(hidden));
+    const std::vector<double> act = testing::RandomValues(DType::kBF16, tokens * width, -4, 4, 34);
+    DeviceBuffer codes_d(codes.size()), scales_d(scales.size() * 4), gate_d(gate.size() * 4), act_d(act.size() * 2),
+        x_d(codes.size() * 2);
+    codes_d.Upload(codes.data(), codes.size());
+    scales_d.Upload(scales.data(), scales.size() * 4);
+    gate_d.Upload(gate.data(), gate.size() * 4);
+    act_d.Upload(testing::Encode(DType::kBF16, act).data(), act.size() * 2);
+    x_d.Poison();  // the bf16 input is never read
+    MoeSharedGateParams p;
+    p.x = x_d.get();
+    p.gate = gate_d.get();
+    p.activation = act_d.get();
+    p.tokens = tokens;
+    p.hidden = hidden;
+    p.width = width;
+    p.x_codes = codes_d.get();
+    p.x_scales = static_cast<const float*>(scales_d.get());
+    p.x_group = group;
+    ASSERT_TRUE(LaunchMoeSharedGate(p, stream_).ok());
+    LS_ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
+    std::vector<uint8_t> out_bytes(act.size() * 2);
+    act_d.Download(out_bytes.data(), out_bytes.size());
+    const std::vector<double> got = testing::Decode(DType::kBF16, out_bytes);
+    std::vector<double> want(act.size());
+    for (int64_t t = 0; t < tokens; ++t) {
+      double logit = 0;
+      for (int64_t i = 0; i < hidden; ++i) {
+        const double s = group > 0 ? scales[static_cast<size_t>((i / group) * tokens + t)] : scales[t];
+        logit += Fp8E4M3ToFloat(codes[static_cast<size_t>(t * hidden + i)]) * s * gate[static_cast<size_t>(i)];
+      }
+      const double scale = 1 / (1 + std::exp(-logit));
+      for (int64_t i = 0; i < width; ++i) want[t * width + i] = act[t * width + i] * scale;
+    }
+    EXPECT_TRUE(testing::AllClose(got, want, 1e-6, 4.0 / 256));
+  }
+  MoeSharedGateParams bad;
+  bad.tokens = 1;
+  bad.hidden = 128;
+  bad.width = 8;
+  void* const placeholder = reinterpret_cast<void*>(uintptr_t{256});
+  bad.x = bad.gate = bad.x_codes = placeholder;
+  bad.activation = placeholder;
+  bad.x_group = 64;  // no scales and another group
+  EXPECT_EQ(LaunchMoeSharedGate(bad, stream_).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(MoeKernelsTest, RoutePoisonedTokenStaysInBounds) {

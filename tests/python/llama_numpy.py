@@ -300,7 +300,8 @@ def decoder_layer(x, w, config, margins=None, qdq=None):
     FP8 checkpoint qdq(v, name) gives the input that projection `name` reads
     (quantize_fp8 for an FP8 projection, v for a BF16 one): its names are
     the modules' ("self_attn.q_proj", "mlp.down_proj", "moe.w1" for the
-    experts' gate and up, "moe.w2" for their down, "moe.shared_w1"/"w2")."""
+    experts' gate and up, "moe.w2" for their down, "moe.shared_w1"/"w2",
+    "moe.shared_gate" for the shared expert's sigmoid gate)."""
     b, t, hidden = x.shape
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads", heads)
@@ -341,7 +342,7 @@ def decoder_layer(x, w, config, margins=None, qdq=None):
         if "moe.shared_w1" in w:  # Qwen2-MoE's shared expert, gated by a sigmoid
             y = gated_mlp(qdq(m, "moe.shared_w1"), w["moe.shared_w1"], w["moe.shared_w3"],
                           w["moe.shared_w2"], lambda a: qdq(a, "moe.shared_w2"))
-            out += y / (1.0 + np.exp(-(m @ w["moe.shared_gate"].T)))
+            out += y / (1.0 + np.exp(-(qdq(m, "moe.shared_gate") @ w["moe.shared_gate"].T)))
         return out
     gate = proj(m, "mlp.gate_proj")
     up = proj(m, "mlp.up_proj")

@@ -251,7 +251,8 @@ std::vector<double> ExpertMlps(const std::vector<double>& m, int64_t rows, const
                               Linear(ms, rows, hidden, layer.shared_wup, shared, {})),
                       rows, shared, layer.shared_down_input);
     const std::vector<double> y = Linear(act, rows, shared, layer.shared_wdown, hidden, {});
-    const std::vector<double> g = Linear(m, rows, hidden, layer.shared_gate, 1, {});
+    const std::vector<double> g = Linear(QuantizeInput(m, rows, hidden, layer.shared_gate_input),
+                                         rows, hidden, layer.shared_gate, 1, {});
     for (int64_t r = 0; r < rows; ++r) {
       const double scale = 1.0 / (1.0 + std::exp(-g[r]));
       for (int64_t i = 0; i < hidden; ++i) out[r * hidden + i] += scale * y[r * hidden + i];

@@ -95,7 +95,7 @@ struct Layer {
   // FP8 (W8A8): the quantization of each projection's input.
   InputQuant qkv_input, o_input, gate_up_input, down_input;
   InputQuant experts_gate_up_input, experts_down_input;
-  InputQuant shared_gate_up_input, shared_down_input;
+  InputQuant shared_gate_up_input, shared_down_input, shared_gate_input;
 };
 
 // head_dim/2 inverse frequencies theta^(-2i/d), with llama3 scaling if set.

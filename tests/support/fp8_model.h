@@ -74,7 +74,7 @@ inline HostTensor QuantizeWeightFp8(const HostTensor& t, int64_t block_rows, int
 }
 
 // Quantizes every projection of `span` (attention, MLP, experts, shared
-// expert; never norms, biases or routers) as `fp8` says and sets
+// expert and its sigmoid gate; never norms, biases or routers) as `fp8` says and sets
 // span.config.fp8, leaving the projections in `keep` as they are (a
 // checkpoint's ignored modules). Static activation scales (kStaticPerTensor)
 // are `static_scale` for the projections that read the normed hidden states
@@ -88,12 +88,19 @@ inline void QuantizeSpanFp8(ModelSpan& span, const Fp8Quantization& fp8,
       HostTensor* tensor;
       float input_scale;
     } projections[] = {
-        {&w.q_proj, static_scale},           {&w.k_proj, static_scale},
-        {&w.v_proj, static_scale},           {&w.o_proj, static_scale / 4},
-        {&w.gate_proj, static_scale},        {&w.up_proj, static_scale},
-        {&w.down_proj, static_scale / 4},    {&w.experts_gate_up, static_scale},
-        {&w.experts_down, static_scale / 4}, {&w.shared_gate_proj, static_scale},
-        {&w.shared_up_proj, static_scale},   {&w.shared_down_proj, static_scale / 4},
+        {&w.q_proj, static_scale},
+        {&w.k_proj, static_scale},
+        {&w.v_proj, static_scale},
+        {&w.o_proj, static_scale / 4},
+        {&w.gate_proj, static_scale},
+        {&w.up_proj, static_scale},
+        {&w.down_proj, static_scale / 4},
+        {&w.experts_gate_up, static_scale},
+        {&w.experts_down, static_scale / 4},
+        {&w.shared_gate_proj, static_scale},
+        {&w.shared_up_proj, static_scale},
+        {&w.shared_down_proj, static_scale / 4},
+        {&w.shared_expert_gate, static_scale},
     };
     for (const auto& p : projections) {
       if (p.tensor->data.empty()) continue;

@@ -148,6 +148,7 @@ inline ReferenceModel ToReference(const ModelSpan& span) {
     l.experts_gate_up_input = InputQuantOf(w.experts_gate_up, c);
     l.experts_down_input = InputQuantOf(w.experts_down, c);
     l.shared_gate_up_input = InputQuantOf(w.shared_gate_proj, c);
+    l.shared_gate_input = InputQuantOf(w.shared_expert_gate, c);
     l.shared_down_input = InputQuantOf(w.shared_down_proj, c);
     m.layers.push_back(std::move(l));
   }
@@ -171,7 +172,8 @@ inline ReferenceModel WeightOnly(ReferenceModel m) {
   for (reference::Layer& l : m.layers) {
     for (reference::InputQuant* q :
          {&l.qkv_input, &l.o_input, &l.gate_up_input, &l.down_input, &l.experts_gate_up_input,
-          &l.experts_down_input, &l.shared_gate_up_input, &l.shared_down_input}) {
+          &l.experts_down_input, &l.shared_gate_up_input, &l.shared_down_input,
+          &l.shared_gate_input}) {
       q->enabled = false;
     }
   }

@@ -105,6 +105,12 @@ struct MoeSharedGateParams {
   int64_t hidden = 0;  // a multiple of 8
   int64_t width = 0;   // a multiple of 8
   DType dtype = DType::kBF16;
+  // An FP8 gate (W8A8): x is read as these e4m3 codes [tokens, hidden] times
+  // their scales (LaunchQuantizeFp8's layout for x_group 0 or 128: the
+  // input an FP8 gate/up read), and `gate` is float32, the dequantized row.
+  const void* x_codes = nullptr;
+  const float* x_scales = nullptr;
+  int64_t x_group = 0;
 };
 absl::Status LaunchMoeSharedGate(const MoeSharedGateParams& p, cudaStream_t stream);
 
