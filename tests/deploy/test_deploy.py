@@ -60,7 +60,8 @@ DATASOURCE_UID = "layerserve-prom"
 # Families only the CUDA backend exports: the CPU server here cannot show
 # them, so their names are checked against the metrics header instead.
 CUDA_ONLY = {"layerserve_kernel_duration_seconds", "layerserve_gpu_memory_used_bytes",
-             "layerserve_batch_launches_total", "layerserve_kernel_timing_sample_every"}
+             "layerserve_batch_launches_total", "layerserve_kernel_timing_sample_every",
+             "layerserve_gemm_route"}
 # Families a server exports only when its backend keeps a KV cache (after
 # PrometheusMetrics::SetKvCache, called by server/main.cc). Where the live
 # server's scrape lacks them, their names are checked against the metrics
