@@ -342,9 +342,15 @@ absl::Status GemmRouter::RunConfig(const GemmParams& p, const GemmConfig& config
 }
 
 absl::Status GemmRouter::RunCublasLt(const GemmParams& p, const GemmWorkspace& workspace, cudaStream_t stream) {
-  if (p.fp8 != Fp8Scaling::kNone) return RunCublasLtFp8(p, workspace, stream);
+  const bool fp8 = p.fp8 != Fp8Scaling::kNone;
+  if (fp8 && !CublasLtTakesFp8(p)) {
+    return absl::InvalidArgumentError(
+        "gemm: cuBLASLt's FP8 takes no grouped product, needs bf16 out, n and k multiples of 16, scales, a "
+        "gated product's scratch and a block-scaled weight's w_scale_128 (with m a multiple of 4)");
+  }
   if (p.silu_mul) {
-    // The plain product into the scratch buffer, then the activation.
+    // The plain product into the scratch buffer, then the activation (over
+    // the FP8 interleave for an FP8 product).
     if (p.scratch == nullptr) return absl::InvalidArgumentError("gemm: silu_mul on cuBLASLt needs a scratch buffer");
     GemmParams plain = p;
     plain.silu_mul = false;
@@ -356,9 +362,11 @@ absl::Status GemmRouter::RunCublasLt(const GemmParams& p, const GemmWorkspace& w
     act.out = p.d;
     act.rows = p.m;
     act.width = p.n / 2;
+    act.block = fp8 ? kFp8GateUpBlock : kGateUpBlock;
     act.dtype = p.dtype;
     return LaunchSiluMul(act, stream);
   }
+  if (fp8) return RunCublasLtFp8(p, workspace, stream);
   const int alignment = AlignmentOf({p.a, p.w, p.d, p.bias});
   if (alignment < 2) return absl::InvalidArgumentError("gemm: operand not 2-byte aligned");
   LS_ASSIGN_OR_RETURN(const CublasLt::Plan* plan, cublaslt_->GetPlan(p, alignment));
@@ -380,29 +388,8 @@ absl::Status GemmRouter::RunCublasLt(const GemmParams& p, const GemmWorkspace& w
   return absl::OkStatus();
 }
 
+// An FP8 product, not gated (RunCublasLt checked it and split a gated one).
 absl::Status GemmRouter::RunCublasLtFp8(const GemmParams& p, const GemmWorkspace& workspace, cudaStream_t stream) {
-  if (!CublasLtTakesFp8(p)) {
-    return absl::InvalidArgumentError(
-        "gemm: cuBLASLt's FP8 takes no grouped product, needs bf16 out, n and k multiples of 16, scales, a "
-        "gated product's scratch and a block-scaled weight's w_scale_128");
-  }
-  if (p.silu_mul) {
-    // The plain product into the scratch buffer, then the activation over
-    // the FP8 interleave.
-    GemmParams plain = p;
-    plain.silu_mul = false;
-    plain.d = p.scratch;
-    plain.ldd = p.n;
-    LS_RETURN_IF_ERROR(RunCublasLtFp8(plain, workspace, stream));
-    SiluMulParams act;
-    act.gate_up = p.scratch;
-    act.out = p.d;
-    act.rows = p.m;
-    act.width = p.n / 2;
-    act.block = kFp8GateUpBlock;
-    act.dtype = p.dtype;
-    return LaunchSiluMul(act, stream);
-  }
   const float* w_scale = CublasLtWeightScale(p);
   const int alignment = AlignmentOf({p.a, p.w, p.d, w_scale, p.a_scale});
   if (alignment < 16) return absl::InvalidArgumentError("gemm: cuBLASLt's FP8 needs 16-byte aligned operands");
@@ -491,6 +478,13 @@ absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int6
     p.n = n;
     p.k = k;
     p.dtype = DType::kBF16;
+    // Launch i's weight (and its scales), rotating through the sets.
+    const auto weight = [&](int i) {
+      p.w = w[i % w_sets].data();
+      if (fp8 == Fp8Scaling::kPerRow) p.w_scale = static_cast<const float*>(w_row_scales[i % w_sets].data());
+      if (fp8 == Fp8Scaling::kBlock) p.w_scale = static_cast<const float*>(w_scale.data());
+    };
+    weight(0);
     std::vector<GemmConfig> candidates = {{GemmVersion::kCublasLt, 0, 0}};
     if (fp8 != Fp8Scaling::kNone) {
       QuantizeFp8Params q;
@@ -507,7 +501,6 @@ absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int6
       // (A block-scaled gate/up has no cuBLASLt scales in serving: its
       // 64-row interleave puts gate and up rows in one 128-row block.)
       if (!(gated && fp8 == Fp8Scaling::kBlock)) p.w_scale_128 = static_cast<const float*>(w_scale_128.data());
-      p.w_scale = static_cast<const float*>(fp8 == Fp8Scaling::kBlock ? w_scale.data() : w_row_scales[0].data());
       if (!CublasLtTakesFp8(p)) candidates.clear();
       candidates.push_back({GemmVersion::kFp8, 0, 0});
       if (p.m <= 64) {
@@ -522,11 +515,6 @@ absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int6
         candidates.push_back({GemmVersion::kClusterMulticast, 0, 0});
       }
     }
-    const auto weight = [&](int i) {
-      p.w = w[i % w_sets].data();
-      if (fp8 == Fp8Scaling::kPerRow) p.w_scale = static_cast<const float*>(w_row_scales[i % w_sets].data());
-      if (fp8 == Fp8Scaling::kBlock) p.w_scale = static_cast<const float*>(w_scale.data());
-    };
     std::vector<GemmConfig> configs;
     std::vector<LaunchGraph> graphs;
     for (const GemmConfig& config : candidates) {

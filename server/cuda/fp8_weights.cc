@@ -96,8 +96,9 @@ std::vector<float> CublasLtBlockScales(const std::vector<float>& scales, int64_t
   for (int64_t b = 0; b < blocks; ++b) {
     for (int64_t kb = 0; kb < kblocks; ++kb) {
       const float first = scales[static_cast<size_t>(2 * b * kblocks + kb)];
-      if (2 * b + 1 < groups && scales[static_cast<size_t>((2 * b + 1) * kblocks + kb)] != first)
+      if (2 * b + 1 < groups && scales[static_cast<size_t>((2 * b + 1) * kblocks + kb)] != first) {
         return {};
+      }
       out[static_cast<size_t>(b * padded + kb)] = first;
     }
   }
@@ -129,8 +130,9 @@ absl::StatusOr<Fp8LinearImage> MakeFp8LinearImage(std::initializer_list<const Ho
   }
   const int64_t rows = static_cast<int64_t>(image.codes.size()) / cols;
   const auto with_cublaslt_scales = [&]() -> Fp8LinearImage {
-    if (scaling == Fp8Scaling::kBlock)
+    if (scaling == Fp8Scaling::kBlock) {
       image.scales_128 = CublasLtBlockScales(image.scales, rows, cols);
+    }
     return std::move(image);
   };
   if (!gate_up) return with_cublaslt_scales();

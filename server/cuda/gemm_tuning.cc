@@ -32,7 +32,8 @@ namespace {
 using kernels::GemmTuneResult;
 
 // 2: the gate/up shape is timed with its gated epilogue ("gated" entries).
-// 3: FP8 weights' shapes are timed as FP8 products ("fp8" entries).
+// 3: FP8 weights' shapes are timed as FP8 products ("precision" fp8-row or
+// fp8-block).
 constexpr char kCacheFormat[] = "layerserve-gemm-tune-3";
 
 // A dense call of `shape` at m tokens, as serving makes it, for asking the
@@ -60,10 +61,11 @@ kernels::GemmParams RouteProbe(int64_t m, const TunedShape& shape) {
   return p;
 }
 
-std::optional<kernels::Fp8Scaling> ParseFp8Scaling(std::string_view name) {
+// GemmPrecisionName's inverse.
+std::optional<kernels::Fp8Scaling> ParsePrecision(std::string_view name) {
   for (const auto s :
        {kernels::Fp8Scaling::kNone, kernels::Fp8Scaling::kPerRow, kernels::Fp8Scaling::kBlock}) {
-    if (name == kernels::Fp8ScalingName(s)) return s;
+    if (name == GemmPrecisionName(s)) return s;
   }
   return std::nullopt;
 }
@@ -193,7 +195,7 @@ std::string SerializeGemmTuneCache(const GemmTuneCache& cache) {
                        {"m_max", kernels::GemmMBucketUpperBound(r.bucket)},
                        {"m_timed", r.m_timed},
                        {"gated", r.gated},
-                       {"fp8", kernels::Fp8ScalingName(r.fp8)},
+                       {"precision", GemmPrecisionName(r.fp8)},
                        {"config", kernels::GemmConfigSpec(r.chosen)},
                        {"us", r.chosen_us},
                        {"cublaslt_us", r.cublaslt_us}});
@@ -250,11 +252,13 @@ absl::StatusOr<GemmTuneCache> ParseGemmTuneCache(std::string_view json) {
     if (const auto gated = e.find("gated"); gated != e.end() && gated->is_boolean()) {
       r.gated = gated->get<bool>();
     }
-    if (const auto fp8 = e.find("fp8"); fp8 != e.end()) {
+    if (const auto precision = e.find("precision"); precision != e.end()) {
       const std::optional<kernels::Fp8Scaling> scaling =
-          fp8->is_string() ? ParseFp8Scaling(fp8->get<std::string>()) : std::nullopt;
-      if (!scaling)
-        return absl::InvalidArgumentError(absl::StrCat("gemm tuning cache: bad fp8 in ", e.dump()));
+          precision->is_string() ? ParsePrecision(precision->get<std::string>()) : std::nullopt;
+      if (!scaling) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("gemm tuning cache: bad precision in ", e.dump()));
+      }
       r.fp8 = *scaling;
     }
     if (const nlohmann::json* v = number("m_timed")) r.m_timed = v->get<int64_t>();

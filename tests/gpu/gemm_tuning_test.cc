@@ -149,8 +149,8 @@ TEST(GemmTuneCacheTest, RejectsWhatItDidNotWrite) {
         std::string(R"({"format":"layerserve-gemm-tune-3","entries":[]})"),
         // The format before FP8 entries: it timed FP8 weights' shapes as bf16.
         std::string(R"({"format":"layerserve-gemm-tune-2","device_key":"d","entries":[]})"),
-        doc(R"({"n":64,"k":64,"m_max":8,"config":"v0","fp8":"tensor"})"),
-        doc(R"({"n":64,"k":64,"m_max":8,"config":"v0","fp8":1})"),
+        doc(R"({"n":64,"k":64,"m_max":8,"config":"v0","precision":"fp8-tensor"})"),
+        doc(R"({"n":64,"k":64,"m_max":8,"config":"v0","precision":1})"),
         // The format before gated entries: its gate/up timings are of the plain product.
         std::string(R"({"format":"layerserve-gemm-tune-1","device_key":"d","entries":[]})"),
         doc(R"({"n":64,"k":64,"m_max":100,"config":"v0"})"),  // 100 bounds no bucket

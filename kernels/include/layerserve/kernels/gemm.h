@@ -345,7 +345,7 @@ class GemmRouter {
   GemmRouter(GemmMode mode, DeviceInfo device, bool custom_kernels, size_t workspace_bytes,
              std::unique_ptr<CublasLt> cublaslt);
   absl::Status RunCublasLt(const GemmParams& p, const GemmWorkspace& workspace, cudaStream_t stream);
-  absl::Status RunCublasLtFp8(const GemmParams& p, const GemmWorkspace& workspace, cudaStream_t stream);
+  absl::Status RunCublasLtFp8(const GemmParams& p, const GemmWorkspace& workspace, cudaStream_t stream);  // not gated
 
   const GemmMode mode_;
   const DeviceInfo device_;
