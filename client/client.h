@@ -11,7 +11,7 @@
 // as tritonclient does, so large [B, T, hidden] tensors are not cut off by
 // gRPC's 4 MiB default.
 //
-// Security (README.md: Security): ConnectOptions turn on TLS (a server
+// Security (docs/security.md): ConnectOptions turn on TLS (a server
 // started with --tls-cert-file), a client certificate (mutual TLS,
 // --tls-client-ca-file) and a bearer token sent with every call
 // (--auth-token-file).
@@ -252,7 +252,7 @@ class Client {
 // Ownership: the stream holds a reference to its client's channel, not to
 // the Client. Destroying a stream that was not closed cancels the call
 // (the server sees CANCELLED; a request in flight may still have been
-// computed, advancing its session: see README.md, Sessions).
+// computed, advancing its session: see docs/sessions.md).
 class InferStream {
  public:
   InferStream(const InferStream&) = delete;

@@ -28,7 +28,7 @@ enum class Command { kHealth, kMetadata, kInfer, kBench };
 struct LayerctlArgs {
   Command command = Command::kHealth;
   std::string url = "localhost:8001";
-  // Every command's connection (README.md: Security): TLS when `tls` or any
+  // Every command's connection (docs/security.md): TLS when `tls` or any
   // --tls-* file is given, with the server's CAs (empty: the system's roots)
   // and a client certificate and key for mutual TLS; a bearer token read
   // from a file (a token on the command line would show in `ps`).

@@ -196,7 +196,7 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
                  "(cuBLASLt), v3, v3b128, v3b256, v4, v4s1..v4s8, v5; e.g. 16:6144x4096=v0")
       ->group(cuda);
 
-  const std::string security = "Security (README.md: Security)";
+  const std::string security = "Security (docs/security.md)";
   CLI::Option* tls_cert =
       app.add_option(FlagNames("tls-cert-file"), flags.tls_cert_file,
                      "PEM certificate chain: the gRPC port speaks TLS only (with --tls-key-file)")

@@ -1,4 +1,4 @@
-// layerserve's command line: every flag with its default (README.md's flag
+// layerserve's command line: every flag with its default (docs/flags.md's
 // table), parsed with CLI11, and the checks of their values. Only main.cc
 // uses it; it is a file of its own to keep main.cc to the wiring.
 #pragma once
@@ -13,7 +13,7 @@
 
 namespace layerserve {
 
-// Every command-line flag, with its default (README.md's flag table).
+// Every command-line flag, with its default (docs/flags.md's table).
 // Filled once by ParseCommandLine, then only read.
 struct ServerFlags {
   std::string model_dir;
@@ -37,7 +37,7 @@ struct ServerFlags {
   int grpc_threads = 0;                      // GrpcFrontendOptions::queue_threads
   int reply_threads = 4;                     // BatcherOptions::reply_threads
   std::string log_format = "text";           // base/log.h's ParseLogFormat
-  // Sessions (README: Sessions).
+  // Sessions (docs/sessions.md).
   std::string kv_cache_memory = "auto";  // see KvCacheBytes
   int64_t kv_block_tokens = 16;
   int64_t max_sessions = 1024;
@@ -55,7 +55,7 @@ struct ServerFlags {
   bool gemm_autotune = true;
   std::string gemm_tune_cache;
   std::string gemm_override;
-  // Security (README: Security); server_security.h loads and checks them.
+  // Security (docs/security.md); server_security.h loads and checks them.
   std::string tls_cert_file;       // set: the gRPC port speaks TLS only
   std::string tls_key_file;        // its key
   std::string tls_client_ca_file;  // set: mutual TLS

@@ -51,7 +51,7 @@ std::string ServerSecurity::Summary() const {
           ? "no token: any client that reaches the gRPC port can run inference"
           : absl::StrCat("bearer token required except for ", FormatAuthOpen(auth_open));
   return absl::StrCat("security: gRPC ", grpc, ", /metrics ", metrics_transport, "; ", token,
-                      " (README.md: Security)");
+                      " (docs/security.md)");
 }
 
 }  // namespace layerserve

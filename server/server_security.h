@@ -1,4 +1,4 @@
-// The security the command line asks for (README.md: Security), loaded and
+// The security the command line asks for (docs/security.md), loaded and
 // checked before anything binds a port: the gRPC port's TLS material, the
 // metrics endpoint's HTTPS and token, and the bearer token with what stays
 // open without it. Only main.cc uses it; a file of its own beside

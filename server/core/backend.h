@@ -104,8 +104,8 @@ class Backend {
   // failed. Must not block the caller on compute.
   virtual void Execute(std::shared_ptr<Batch> batch, std::function<void(absl::Status)> done) = 0;
 
-  // The paged KV cache that sessions keep their keys and values in (README:
-  // Sessions). A backend that has one reports what a block of `block_tokens`
+  // The paged KV cache that sessions keep their keys and values in
+  // (docs/sessions.md). A backend that has one reports what a block of `block_tokens`
   // tokens costs (K and V of every layer of its span, in bytes) and how much
   // memory a pool could take (what --kv-cache-memory's fraction is of), and
   // allocates its pool once, before serving. The core then hands out block

@@ -20,8 +20,8 @@
 
 namespace layerserve {
 
-// A request's session parameters (Triton's sequence batcher spelling, README:
-// Sessions), as the edge parsed them.
+// A request's session parameters (Triton's sequence batcher spelling,
+// docs/sessions.md), as the edge parsed them.
 struct SessionParams {
   SessionId id;
   bool start = false;  // sequence_start: open the session, or reset it

@@ -16,7 +16,7 @@
 // cuBLASLt's planning of each shape happen then, not on the first requests
 // of each size.
 //
-// Sessions (README: Sessions): AllocateKvCache makes one paged KV pool on the
+// Sessions (docs/sessions.md): AllocateKvCache makes one paged KV pool on the
 // device (kv_pool.h), shared by the streams; a batch with session steps
 // rotates at the sequences' absolute positions, stores their new K/V in the
 // pool and attends over it (layer_executor.h).

@@ -11,7 +11,7 @@
 // completion-queue API hands over a unary call only once its request is in, so
 // an unauthenticated ModelInfer is refused after gRPC has received and parsed
 // its message (at most the receive limit); a ModelStreamInfer is refused
-// before its first message is read. README.md's Security section says so.
+// before its first message is read. docs/security.md says so.
 //
 // Threading: Check() is const and only reads what the constructor set; any
 // gRPC thread may call it.

@@ -12,7 +12,7 @@
 // no received call to cancel; then it stops the server, which answers the
 // calls the service holds and cancels what is still open at the deadline.
 //
-// Security (README.md: Security): options.tls makes the port TLS only, and
+// Security (docs/security.md): options.tls makes the port TLS only, and
 // mutual TLS with client CAs; options.auth_token makes every call but those
 // --auth-open names need a bearer token (call_auth.h).
 #pragma once

@@ -39,7 +39,7 @@ absl::StatusOr<std::optional<SteadyTime>> TimeoutParameterDeadline(
 inline constexpr size_t kMaxSequenceIdBytes = 256;
 
 // The session parameters of `request` (Triton's sequence batcher spelling,
-// README: Sessions), or nullopt for a stateless request:
+// docs/sessions.md), or nullopt for a stateless request:
 //   sequence_id        int64_param or string_param (what tritonclient sends for
 //                      an int and a str id), or uint64_param (Triton's
 //                      correlation ids are uint64: it is reinterpreted as

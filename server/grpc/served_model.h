@@ -18,7 +18,7 @@ struct ServedModel {
   int64_t max_batch_tokens = 0;  // also the per-request token limit
   int64_t max_queue_delay_us = 0;
   int64_t max_queue_size = 0;
-  // Sessions (README: Sessions): served when the backend keeps a KV cache.
+  // Sessions (docs/sessions.md): served when the backend keeps a KV cache.
   bool sessions = false;
   // Without sessions: why, for the error a session request gets ("the cuda
   // backend keeps no KV cache yet", "--kv-cache-memory=0").

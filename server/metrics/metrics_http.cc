@@ -2,7 +2,7 @@
 // HTTP or HTTPS, optionally behind a bearer token, on a port that slow and
 // hostile clients cannot take from the scrapers.
 //
-// How the limits hold (MetricsHttpLimits; README.md: Security):
+// How the limits hold (MetricsHttpLimits; docs/security.md):
 //  - Each connection gets a thread of its own, so no number of slow clients
 //    below max_connections can keep a scrape waiting for a thread (httplib's
 //    pool of a few threads, each stuck on a client that drips its request,

@@ -24,7 +24,7 @@ namespace layerserve {
 
 class PrometheusMetrics;
 
-// What the metrics endpoint asks of its clients (README.md: Security). The
+// What the metrics endpoint asks of its clients (docs/security.md). The
 // default: plain HTTP, open to all.
 struct MetricsHttpSecurity {
   // Both set: HTTPS only (TLS 1.2 or later), with this certificate chain and
@@ -41,7 +41,7 @@ struct MetricsHttpSecurity {
   bool healthz_open = true;  // GET /healthz without a token
 };
 
-// What the endpoint gives any one connection (README.md: Security). The
+// What the endpoint gives any one connection (docs/security.md). The
 // defaults suit Prometheus (one short GET a scrape interval, never a body)
 // and hold against clients that send slowly, send nothing or send too much;
 // tests shrink them.

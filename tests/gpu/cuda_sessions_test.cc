@@ -1,4 +1,4 @@
-// Sessions on the CUDA backend (README: Sessions; server/cuda/kv_pool.h). The
+// Sessions on the CUDA backend (docs/sessions.md; server/cuda/kv_pool.h). The
 // oracle: a session fed its sequences in steps must give every new token the
 // hidden state that one stateless request over the whole sequences gives it
 // (on the CUDA backend itself, whose stateless path is flash attention), and

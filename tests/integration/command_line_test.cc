@@ -1,5 +1,5 @@
 // The command lines of the real binaries: `layerserve --help` documents every
-// flag of README.md's flag table with its default, --version names the
+// flag of docs/flags.md's table with its default, --version names the
 // project's version, an unknown flag or bad value ends the process with one
 // line naming it, and every spelling the project's scripts and deploy files
 // use (dashes or underscores, --flag=value or --flag value, booleans) reaches
@@ -40,10 +40,10 @@ std::string PathFromEnv(const char* name, const char* built) {
 std::string SourceDir() { return PathFromEnv("LAYERSERVE_SOURCE_DIR", LAYERSERVE_SOURCE_DIR); }
 std::string LayerctlBinary() { return PathFromEnv("LAYERCTL_BINARY", LAYERCTL_BINARY); }
 
-// The flag names in the first column of README.md's "## Flags" table
+// The flag names in the first column of docs/flags.md's "## Flags" table
 // ("| `--model-dir DIR` | ..." gives "--model-dir").
-std::vector<std::string> ReadmeFlagNames() {
-  std::ifstream readme(SourceDir() + "/README.md");
+std::vector<std::string> DocumentedFlagNames() {
+  std::ifstream readme(SourceDir() + "/docs/flags.md");
   std::vector<std::string> names;
   bool in_flags = false;
   for (std::string line; std::getline(readme, line);) {
@@ -64,8 +64,8 @@ ProcessResult RunLayerserve(const std::vector<std::string>& flags) {
 }
 
 TEST(LayerserveCommandLineTest, HelpListsEveryDocumentedFlagWithItsDefault) {
-  const std::vector<std::string> documented = ReadmeFlagNames();
-  ASSERT_GE(documented.size(), 18u) << "README.md's flag table was not found or has changed shape";
+  const std::vector<std::string> documented = DocumentedFlagNames();
+  ASSERT_GE(documented.size(), 18u) << "docs/flags.md's table was not found or has changed shape";
   const ProcessResult help = RunLayerserve({"--help"});
   EXPECT_EQ(help.exit_code, 0) << help.err;
   for (const std::string& flag : documented) {

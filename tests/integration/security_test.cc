@@ -1,4 +1,4 @@
-// Security end to end (README.md: Security): the real server with TLS, mutual
+// Security end to end (docs/security.md): the real server with TLS, mutual
 // TLS and a bearer token, driven by the C++ client, raw gRPC stubs, layerctl
 // and an HTTPS client of /metrics.
 //
@@ -459,8 +459,8 @@ TEST_F(SecurityTest, MutualTlsTokenAndHttpsMetrics) {
 // Fifty connections to the HTTPS metrics port that never finish a TLS
 // handshake (every other one sends the first byte of a handshake record, the
 // rest nothing) do not keep scrapes from being answered: each connection has
-// a thread of its own and a deadline for its handshake and head (README.md:
-// Security). Before, httplib's four threads each waited out a stalled
+// a thread of its own and a deadline for its handshake and head
+// (docs/security.md). Before, httplib's four threads each waited out a stalled
 // handshake, and no scrape was answered within 3 s.
 TEST_F(SecurityTest, HttpsMetricsOutlastStalledHandshakes) {
   std::vector<std::string> flags = TlsFlags(/*mutual=*/false);

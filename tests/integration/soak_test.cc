@@ -169,7 +169,7 @@ Tensor MakeInput(int64_t batch, int64_t tokens, const char* datatype, uint64_t s
 }
 
 // The malformed requests the soak keeps sending, each with the code the
-// README's error table gives it.
+// docs/protocol.md's error table gives it.
 struct BadRequest {
   std::string name;
   ModelInferRequest request;

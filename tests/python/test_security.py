@@ -1,5 +1,5 @@
 """tritonclient against a server with mutual TLS, a bearer token and /metrics
-over HTTPS (README.md: Security): InferenceServerClient(url, ssl=True,
+over HTTPS (docs/security.md): InferenceServerClient(url, ssl=True,
 root_certificates=..., private_key=..., certificate_chain=...) with
 headers={"authorization": "Bearer ..."}, as a tritonclient application would
 connect; without the header (or with another token) every call but the

@@ -122,7 +122,7 @@ struct FuzzCase {
   std::optional<std::chrono::microseconds> transport_timeout;
   std::vector<Mutation> mutations;  // in the order applied; empty: a valid request
   // The byte flips left bytes protobuf refuses to parse: gRPC answers such a
-  // message itself (README: Errors), so there is nothing of ours to check.
+  // message itself (docs/protocol.md: Errors), so there is nothing of ours to check.
   bool unparsable = false;
 };
 

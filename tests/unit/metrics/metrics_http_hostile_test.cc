@@ -1,4 +1,4 @@
-// The metrics endpoint under slow and hostile clients (README.md: Security):
+// The metrics endpoint under slow and hostile clients (docs/security.md):
 // scrapes keep answering while many connections drip their requests a byte
 // at a time or send nothing, and request bodies and oversized header blocks
 // are refused without the server reading (or holding) them. The hostile
