@@ -18,6 +18,8 @@
      and 2:4 chained with `layerctl infer` give the full model's output;
   8. the README's quick start: scripts/serve.sh builds every binary the
      README then runs; its BF16 tritonclient example runs against a server;
+     `cmake --install` of that build puts both on a prefix's PATH, with the
+     example and the docs;
   9. Kubernetes: the claim the Deployment mounts exists, a disruption
      budget covers it, its image is pinned to the project version, and every
      flag the Deployment and compose pass is one the server accepts.
@@ -761,6 +763,30 @@ def test_serve_script_builds_every_binary_the_quick_start_runs():
     assert built, "serve.sh no longer names its build targets"
     missing = used - set(built.group(1).split())
     assert not missing, f"scripts/serve.sh does not build {sorted(missing)}"
+
+
+def test_cmake_install_puts_the_server_layerctl_and_the_example_on_a_prefix(server_bin, ctl_bin, tmp_path):
+    """Finding 3 of the adoption issue: nothing could be installed, and
+    examples/README.md calls a bare `layerserve`. `cmake --install` of the
+    build that made the server (the tree above build/server/) puts layerserve
+    and layerctl in PREFIX/bin, runnable from there, the pipeline example in
+    PREFIX/share/layerserve/examples and the license and docs in
+    PREFIX/share/doc/layerserve."""
+    build = Path(server_bin).resolve().parents[1]
+    assert (build / "cmake_install.cmake").exists(), f"{build} is not a CMake build tree"
+    prefix = tmp_path / "prefix"
+    run(tool("cmake"), "--install", build, "--prefix", prefix)
+    version = (ROOT / "CMakeLists.txt").read_text().split("project(layerserve VERSION ", 1)[1].split()[0]
+    for name in ("layerserve", "layerctl"):
+        found = shutil.which(name, path=f"{prefix / 'bin'}:/usr/bin:/bin")
+        assert found == str(prefix / "bin" / name), f"{name} is not on the prefix's PATH: {found}"
+        out = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0 and out.stdout == f"{name} {version}\n", (name, out.stdout, out.stderr)
+    example = prefix / "share/layerserve/examples/pipeline_generate.py"
+    assert os.access(example, os.X_OK), "the pipeline example is not installed as a program"
+    assert (prefix / "share/layerserve/examples/README.md").exists()
+    for doc in ("LICENSE", "README.md", "docs/protocol.md", "docs/flags.md"):
+        assert (prefix / "share/doc/layerserve" / doc).exists(), doc
 
 
 def cuda_choice(tmp_path, nvidia_smi=None, env_cuda=None):
