@@ -40,10 +40,7 @@ void InferHandler::Submit(const grpc::ServerContextBase& context,
   // It is never accepted, so it is not in flight either.
   if (absl::Status unknown = CheckModel(model_, request->model_name(), request->model_version());
       !unknown.ok()) {
-    const std::string code = StatusCodeName(unknown);
-    observer_->OnRequestFinished(
-        {.model = {}, .code = code, .duration_seconds = SecondsSince(receipt), .tokens = 0});
-    return reply(unknown);
+    return RefuseUnserved(unknown, receipt, reply);
   }
   AddInflight(1);
   absl::Status status = state_->Readiness();
@@ -78,6 +75,18 @@ void InferHandler::Submit(const grpc::ServerContextBase& context,
   // back to us and on_done will not run.
   status = batcher_->Enqueue(infer);
   if (!status.ok()) Complete(reply, status, receipt, tokens);
+}
+
+void InferHandler::RefuseUnparsed(const absl::Status& why, const Reply& reply) {
+  RefuseUnserved(why, SteadyClock::Get()->Now(), reply);
+}
+
+void InferHandler::RefuseUnserved(const absl::Status& status, SteadyTime receipt,
+                                  const Reply& reply) {
+  const std::string code = StatusCodeName(status);
+  observer_->OnRequestFinished(
+      {.model = {}, .code = code, .duration_seconds = SecondsSince(receipt), .tokens = 0});
+  reply(status);
 }
 
 void InferHandler::Complete(const Reply& reply, const absl::Status& status, SteadyTime receipt,

@@ -52,7 +52,15 @@ class InferHandler {
               const inference::ModelInferRequest* request, inference::ModelInferResponse* response,
               Reply reply);
 
+  // A request whose bytes do not parse as a ModelInferRequest: reported as a
+  // request of no model with `why`'s code (INVALID_ARGUMENT), then replied.
+  void RefuseUnparsed(const absl::Status& why, const Reply& reply);
+
  private:
+  // Reports a request that names no model this server serves (or none it
+  // could read) as a request of no model, then replies with `status`: never
+  // accepted, so never in flight either.
+  void RefuseUnserved(const absl::Status& status, SteadyTime receipt, const Reply& reply);
   // Reports the finished request, then replies. `ran`: the request's
   // InferRequest, for its compute and reply-wait times (null when it never
   // ran).

@@ -44,9 +44,12 @@ class InferenceService {
   void RequestCalls(int q);
 
  private:
-  using Service = inference::GRPCInferenceService::AsyncService;
-  template <typename Request, typename Response>
-  using Method = UnaryMethod<Request, Response>;
+  // ModelInfer is raw (unary_call.h): a request that does not parse gets
+  // INVALID_ARGUMENT and is counted, not gRPC's INTERNAL.
+  using Service = inference::GRPCInferenceService::WithRawMethod_ModelInfer<
+      inference::GRPCInferenceService::AsyncService>;
+  template <typename Request, typename Response, bool kRaw = false>
+  using Method = UnaryMethod<Request, Response, kRaw>;
 
   const ServedModel& model_;
   const std::string server_version_;
@@ -65,7 +68,7 @@ class InferenceService {
   Method<inference::ModelConfigRequest, inference::ModelConfigResponse> model_config_;
   Method<inference::ModelStatisticsRequest, inference::ModelStatisticsResponse> model_statistics_;
   Method<inference::RepositoryIndexRequest, inference::RepositoryIndexResponse> repository_index_;
-  Method<inference::ModelInferRequest, inference::ModelInferResponse> model_infer_;
+  Method<inference::ModelInferRequest, inference::ModelInferResponse, /*kRaw=*/true> model_infer_;
   StreamInferCall::Deps stream_deps_;
 };
 

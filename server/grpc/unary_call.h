@@ -9,33 +9,51 @@
 // thread (ModelInfer replies from the batcher's). The call object lives until
 // its reply and its "done" notification (which also says whether the client
 // cancelled) are both back from the queue.
+//
+// A raw method (kRaw) takes its request as bytes and parses it itself, and
+// serializes its response: gRPC's generated code answers a request it cannot
+// parse with INTERNAL ("Unable to parse request"), which says the server is
+// at fault and reaches no handler, so no metric counts it. A raw call that
+// does not parse goes to the method's `unparsed` handler instead.
 #pragma once
 
 #include <atomic>
 #include <functional>
+#include <type_traits>
 #include <utility>
+#include <variant>
 
 #include "absl/status/status.h"
 #include "grpcpp/completion_queue.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/async_unary_call.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "grpcpp/support/proto_buffer_writer.h"
 #include "server/grpc/call_auth.h"
 #include "server/grpc/completion_queues.h"
 #include "server/grpc/status_convert.h"
 
 namespace layerserve {
 
-template <typename Request, typename Response>
+template <typename Request, typename Response, bool kRaw = false>
 class UnaryCall;
 
-template <typename Request, typename Response>
+template <typename Request, typename Response, bool kRaw = false>
 struct UnaryMethod {
-  using Call = UnaryCall<Request, Response>;
-  std::function<void(grpc::ServerContext*, Request*, grpc::ServerAsyncResponseWriter<Response>*,
-                     grpc::ServerCompletionQueue*, void*)>
+  using Call = UnaryCall<Request, Response, kRaw>;
+  // What crosses the wire: the messages, or their bytes for a raw method.
+  using WireRequest = std::conditional_t<kRaw, grpc::ByteBuffer, Request>;
+  using WireResponse = std::conditional_t<kRaw, grpc::ByteBuffer, Response>;
+  std::function<void(grpc::ServerContext*, WireRequest*,
+                     grpc::ServerAsyncResponseWriter<WireResponse>*, grpc::ServerCompletionQueue*,
+                     void*)>
       request;
   std::function<void(Call&)> handle;
   int calls_per_queue = 1;
+  // A raw method's request that is not a valid Request: `unparsed` replies
+  // (with `why`, INVALID_ARGUMENT), or, unset, the call replies with it.
+  std::function<void(Call&, const absl::Status& why)> unparsed;
 
   // Requests calls_per_queue calls on queue q; Start() does it per queue.
   void RequestCalls(CompletionQueues& queues, int q) const {
@@ -43,10 +61,10 @@ struct UnaryMethod {
   }
 };
 
-template <typename Request, typename Response>
+template <typename Request, typename Response, bool kRaw>
 class UnaryCall {
  public:
-  using Method = UnaryMethod<Request, Response>;
+  using Method = UnaryMethod<Request, Response, kRaw>;
 
   // Requests one call of `method` on queue q (both must outlive it).
   static void Await(const Method& method, CompletionQueues& queues, int q) {
@@ -55,7 +73,8 @@ class UnaryCall {
       // Before the call starts, as gRPC requires: the "done" tag is how a
       // cancellation becomes visible (cancelled()).
       call->context_.AsyncNotifyWhenDone(&call->done_);
-      method.request(&call->context_, &call->request_, &call->responder_, cq, &call->accepted_);
+      method.request(&call->context_, call->wire_request(), &call->responder_, cq,
+                     &call->accepted_);
     });
   }
 
@@ -71,10 +90,20 @@ class UnaryCall {
   // Sends the response (OK) or the error alone; exactly once, from any
   // thread. Nothing of the call may be touched after it.
   void Reply(const absl::Status& status) {
-    if (status.ok()) {
-      responder_.Finish(response_, grpc::Status::OK, &finished_);
-    } else {
+    if (!status.ok()) {
       responder_.FinishWithError(ToGrpcStatus(status), &finished_);
+    } else if constexpr (kRaw) {
+      grpc::ByteBuffer bytes;
+      bool own_buffer = false;
+      const grpc::Status serialized =
+          grpc::SerializationTraits<Response>::Serialize(response_, &bytes, &own_buffer);
+      if (serialized.ok()) {
+        responder_.Finish(bytes, grpc::Status::OK, &finished_);
+      } else {
+        responder_.FinishWithError(serialized, &finished_);
+      }
+    } else {
+      responder_.Finish(response_, grpc::Status::OK, &finished_);
     }
   }
 
@@ -90,7 +119,22 @@ class UnaryCall {
       return;
     }
     Await(method_, queues_, queue_);  // the successor waits for the next arrival
+    if constexpr (kRaw) {
+      if (!grpc::SerializationTraits<Request>::Deserialize(&wire_request_, &request_).ok()) {
+        const absl::Status why = absl::InvalidArgumentError(
+            "the request is not a valid message of this RPC's type (it does not parse as a "
+            "protobuf)");
+        return method_.unparsed ? method_.unparsed(*this, why) : Reply(why);
+      }
+    }
     method_.handle(*this);
+  }
+  typename Method::WireRequest* wire_request() {
+    if constexpr (kRaw) {
+      return &wire_request_;
+    } else {
+      return &request_;
+    }
   }
   void Done(bool) {
     cancelled_.store(context_.IsCancelled(), std::memory_order_release);
@@ -109,7 +153,10 @@ class UnaryCall {
   grpc::ServerContext context_;
   Request request_;
   Response response_;
-  grpc::ServerAsyncResponseWriter<Response> responder_;
+  // A raw call's bytes, parsed into request_ when the call arrives (empty
+  // otherwise).
+  std::conditional_t<kRaw, grpc::ByteBuffer, std::monostate> wire_request_;
+  grpc::ServerAsyncResponseWriter<typename Method::WireResponse> responder_;
   std::atomic<bool> cancelled_{false};
   std::atomic<int> outstanding_{2};  // of an accepted call: finished and done
   MemberOp<UnaryCall> accepted_{this, &UnaryCall::Accepted};

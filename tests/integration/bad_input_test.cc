@@ -279,6 +279,36 @@ TEST_F(BadInputTest, HugeEchoedInputsKeepTheirCode) {
   }
 }
 
+// Bytes that are no ModelInferRequest at all (issue 40, finding 2): gRPC's
+// generated code answered INTERNAL ("Unable to parse request"), saying the
+// server was at fault, and no metric counted them. ModelInfer parses its own
+// request now: INVALID_ARGUMENT, counted under model="other".
+TEST_F(BadInputTest, BytesThatDoNotParseAreInvalidArgumentAndCounted) {
+  const auto invalid_other = [] {
+    absl::StatusOr<std::string> metrics = HttpGet(server_->metrics_port(), "/metrics");
+    EXPECT_TRUE(metrics.ok()) << metrics.status();
+    absl::StatusOr<double> count = metrics.ok()
+                                       ? MetricSum(*metrics, "layerserve_requests_total",
+                                                   {"code=\"INVALID_ARGUMENT\"", "model=\"other\""})
+                                       : absl::StatusOr<double>(0.0);
+    return count.ok() ? *count : 0.0;
+  };
+  const double before = invalid_other();
+  // A field number 0 (never valid), and a length-delimited field that runs
+  // past the end of the message.
+  const std::string garbage[] = {std::string("\x00\x01\x02\x03", 4),
+                                 std::string("\x0a\xff\xff\xff\x0f xx", 8)};
+  for (const std::string& body : garbage) {
+    absl::StatusOr<RawGrpcReply> reply =
+        RawGrpcCall(server_->grpc_port(), "/inference.GRPCInferenceService/ModelInfer",
+                    {.body = GrpcFrame(body)});
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->grpc_status, static_cast<int>(kInvalid)) << reply->grpc_message;
+    EXPECT_NE(reply->grpc_message.find("parse"), std::string::npos) << reply->grpc_message;
+  }
+  EXPECT_EQ(invalid_other() - before, 2.0);
+}
+
 // Runs last in the suite's order (gtest keeps definition order): every bad
 // request above left the server able to serve a good one correctly.
 TEST_F(BadInputTest, ServerStillServesCorrectlyAfterBadRequests) {
@@ -300,8 +330,8 @@ TEST_F(BadInputTest, ServerStillServesCorrectlyAfterBadRequests) {
   EXPECT_TRUE(MatchesReference(*output, {1, 3, kHidden}, "FP32", reference.Run(x, 1, 3)));
 }
 
-// A string field with invalid UTF-8 fails to parse (proto3: gRPC 1.51 then
-// answers UNIMPLEMENTED), and protobuf logs one error line per such message:
+// A string field with invalid UTF-8 fails to parse (proto3: ModelInfer then
+// answers INVALID_ARGUMENT), and protobuf logs one error line per such message:
 // a client could fill the server's log at its request rate. Past a few lines
 // the server's log stays quiet.
 TEST(InvalidUtf8Test, LogStaysBounded) {
