@@ -65,11 +65,25 @@ namespace layerserve {
 // or a string. The two kinds never compare equal: 7 and "7" are two sessions.
 // Which values are legal (Triton reserves 0 and "" for "no sequence") is the
 // protocol layer's business; the table accepts any.
+//
+// An id also carries its owner: the identity of the caller that named it, as
+// the edge authenticates callers (a client certificate's; empty where the
+// server authenticates none). Two callers' ids never compare equal, so a
+// caller sees only its own sessions, and another's id is as unknown as one
+// that was never opened. The owner is never printed.
 class SessionId {
  public:
   SessionId() = default;  // the integer 0
   explicit SessionId(int64_t id) : value_(id) {}
   explicit SessionId(std::string id) : value_(std::move(id)) {}
+
+  // This id as `owner` names it.
+  SessionId OwnedBy(std::string owner) const {
+    SessionId id = *this;
+    id.owner_ = std::move(owner);
+    return id;
+  }
+  const std::string& owner() const { return owner_; }
 
   bool is_string() const { return std::holds_alternative<std::string>(value_); }
   // Requires !is_string().
@@ -84,15 +98,18 @@ class SessionId {
   static constexpr size_t kMaxPrintedBytes = 64;
   std::string ToString() const;
 
-  friend bool operator==(const SessionId& a, const SessionId& b) { return a.value_ == b.value_; }
+  friend bool operator==(const SessionId& a, const SessionId& b) {
+    return a.value_ == b.value_ && a.owner_ == b.owner_;
+  }
   friend bool operator!=(const SessionId& a, const SessionId& b) { return !(a == b); }
   template <typename H>
   friend H AbslHashValue(H h, const SessionId& id) {
-    return H::combine(std::move(h), id.value_);
+    return H::combine(std::move(h), id.value_, id.owner_);
   }
 
  private:
   std::variant<int64_t, std::string> value_{int64_t{0}};
+  std::string owner_;
 };
 
 struct SessionTableOptions {

@@ -1,11 +1,20 @@
 // Bearer-token checks of gRPC calls (see call_auth.h).
 #include "server/grpc/call_auth.h"
 
+#include <memory>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 namespace layerserve {
+
+std::string CallerIdentity(const grpc::ServerContextBase& context) {
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return {};
+  const std::vector<grpc::string_ref> pem = auth->FindPropertyValues("x509_pem_cert");
+  if (pem.empty()) return {};
+  return std::string("x509:") + std::string(pem.front().data(), pem.front().size());
+}
 
 CallAuthenticator::CallAuthenticator(std::string token, const OpenWithoutToken& open,
                                      ServerObserver* observer)

@@ -36,6 +36,12 @@ enum class AuthRpc {
   kInference,   // ModelInfer, ModelStreamInfer: never open
 };
 
+// Who the caller is, for what it owns (its sessions: SessionId::OwnedBy): the
+// client certificate the TLS handshake verified (its PEM, as gRPC's auth
+// context holds it), or empty where the call carries none. A bearer token
+// names no one: every holder of the one token is one caller.
+std::string CallerIdentity(const grpc::ServerContextBase& context);
+
 class CallAuthenticator {
  public:
   // `token` empty: no authentication, every call proceeds. Otherwise the

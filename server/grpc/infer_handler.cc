@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/grpc/call_auth.h"
 #include "server/grpc/model_info.h"
 #include "server/grpc/request_convert.h"
 #include "server/grpc/status_convert.h"
@@ -56,6 +57,8 @@ void InferHandler::Submit(const grpc::ServerContextBase& context,
   if (!made.ok()) return Complete(reply, made.status(), receipt, 0);
 
   std::unique_ptr<InferRequest> infer = *std::move(made);
+  // A session belongs to the caller that names it (call_auth.h).
+  if (infer->session) infer->session->id = infer->session->id.OwnedBy(CallerIdentity(context));
   InferRequest* const raw = infer.get();  // owned by the core until on_done returns
   const int64_t tokens = raw->tokens();
   raw->is_cancelled = std::move(is_cancelled);

@@ -50,6 +50,7 @@ namespace {
 
 using client::Client;
 using client::ConnectOptions;
+using client::InferOptions;
 using client::Tensor;
 using client::TlsOptions;
 
@@ -397,6 +398,63 @@ TEST_F(SecurityTest, AuthOpenNoneClosesTheProbesAndMetrics) {
 // Mutual TLS, a token and --metrics-tls: the C++ client, layerctl and an
 // HTTPS scrape, each with what the server asks for; /metrics no longer
 // answers plain HTTP.
+// Sessions belong to the caller that opened them (issue 40, finding 5): over
+// mutual TLS, a second client certificate naming the first one's session gets
+// NOT_FOUND for a step or an end (as for an id never opened), and opening its
+// own session of that id does not touch the first one's, which continues to
+// the stateless answer.
+TEST_F(SecurityTest, SessionsBelongToTheCertificateThatOpenedThem) {
+  std::unique_ptr<ServerProcess> server = Start(TlsFlags(/*mutual=*/true));
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<Client> owner = Connect(*server, {.tls = Tls("ca", "client")});
+  std::unique_ptr<Client> stranger = Connect(*server, {.tls = Tls("ca", "client2")});
+  ASSERT_NE(owner, nullptr);
+  ASSERT_NE(stranger, nullptr);
+  const Tensor whole = Input(1, 6);
+  // The first 4 tokens as the prefill, then two 1-token steps.
+  const auto piece = [&whole](int64_t from, int64_t to) {
+    const size_t row = 512 * 4;  // FP32 bytes per token
+    return Tensor{"FP32", {1, to - from, 512}, whole.data.substr(from * row, (to - from) * row)};
+  };
+  ASSERT_TRUE(owner
+                  ->Infer("demo", piece(0, 4), In(absl::Seconds(30)),
+                          {.sequence_id = int64_t{7}, .sequence_start = true})
+                  .ok());
+  for (const InferOptions& options :
+       {InferOptions{.sequence_id = int64_t{7}},
+        InferOptions{.sequence_id = int64_t{7}, .sequence_end = true},
+        InferOptions{.sequence_id = int64_t{7}, .sequence_position = 0}}) {
+    const absl::StatusOr<Tensor> stolen =
+        stranger->Infer("demo", piece(4, 5), In(absl::Seconds(30)), options);
+    EXPECT_EQ(stolen.status().code(), absl::StatusCode::kNotFound) << stolen.status();
+  }
+  // The stranger's own session 7, with other tokens, is its own.
+  ASSERT_TRUE(stranger
+                  ->Infer("demo", Input(1, 3), In(absl::Seconds(30)),
+                          {.sequence_id = int64_t{7}, .sequence_start = true})
+                  .ok());
+  ASSERT_TRUE(
+      owner->Infer("demo", piece(4, 5), In(absl::Seconds(30)), {.sequence_id = int64_t{7}}).ok());
+  const absl::StatusOr<Tensor> last =
+      owner->Infer("demo", piece(5, 6), In(absl::Seconds(30)),
+                   {.sequence_id = int64_t{7}, .sequence_end = true});
+  ASSERT_TRUE(last.ok()) << last.status();
+  const absl::StatusOr<Tensor> stateless = owner->Infer("demo", whole, In(absl::Seconds(30)));
+  ASSERT_TRUE(stateless.ok()) << stateless.status();
+  // The session's last token is the stateless request's last token (to
+  // float32 rounding: the CPU backend's sessions agree to ~1e-6).
+  const absl::StatusOr<std::vector<float>> got = client::TensorToFloats(*last);
+  const absl::StatusOr<std::vector<float>> want = client::TensorToFloats(*stateless);
+  ASSERT_TRUE(got.ok() && want.ok());
+  ASSERT_EQ(got->size(), 512u);
+  float worst = 0;
+  for (size_t i = 0; i < got->size(); ++i) {
+    worst = std::max(worst, std::fabs((*got)[i] - (*want)[5 * 512 + i]) /
+                                (1.f + std::fabs((*want)[5 * 512 + i])));
+  }
+  EXPECT_LT(worst, 1e-4f) << "the owner's session was disturbed";
+}
+
 TEST_F(SecurityTest, MutualTlsTokenAndHttpsMetrics) {
   std::vector<std::string> flags = TlsFlags(/*mutual=*/true);
   flags.push_back("--auth-token-file=" + File("token"));

@@ -3,6 +3,7 @@
 #   ca.crt                 the CA that signed the server and client certificates
 #   server.crt server.key  CN=localhost, SAN localhost, 127.0.0.1, ::1 (serverAuth)
 #   client.crt client.key  CN=layerserve-test-client (clientAuth), signed by ca
+#   client2.crt client2.key  CN=layerserve-test-client-2, another caller ca signed
 #   other-ca.crt           another CA, which signed nothing the server trusts
 #   other-client.crt other-client.key  a client certificate other-ca signed
 #   expired.crt expired.key  a server certificate, signed by ca, that expired a
@@ -54,6 +55,7 @@ ca ca layerserve-test-ca
 ca other-ca layerserve-other-test-ca
 leaf server ca localhost "$server_ext" -days 2
 leaf client ca layerserve-test-client "$client_ext" -days 2
+leaf client2 ca layerserve-test-client-2 "$client_ext" -days 2
 leaf other-client other-ca layerserve-other-test-client "$client_ext" -days 2
 leaf expired ca localhost "$server_ext" -days -1
 rm -f ca.key other-ca.key
