@@ -380,12 +380,12 @@ GemmConfig ChooseGemm(const GemmParams& p, GemmMode mode, const GemmTable& table
   // the mode or the tuned entry says so.
   if (p.fp8 != Fp8Scaling::kNone) {
     config.version = GemmVersion::kFp8;
-    if (p.grouped() || !CublasLtTakesFp8(p)) {
-      if (!p.grouped() && entry != table.end() && entry->second.version == GemmVersion::kFp8) config = entry->second;
-      return config;
+    if (CublasLtTakesFp8(p)) {
+      if (mode == GemmMode::kCublasLt) return cublaslt;
+      if (mode == GemmMode::kAuto && entry != table.end()) return entry->second;
+    } else if (!p.grouped() && entry != table.end() && entry->second.version == GemmVersion::kFp8) {
+      return entry->second;  // a tuned or pinned split count
     }
-    if (mode == GemmMode::kCublasLt) return cublaslt;
-    if (mode == GemmMode::kAuto && entry != table.end()) config = entry->second;
     return config;
   }
   if (p.grouped()) {

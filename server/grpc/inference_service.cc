@@ -101,28 +101,21 @@ InferenceService::InferenceService(const ServedModel& model, std::string server_
             FillRepositoryIndex(model_, state_->Readiness(), q.ready(), r);
             return absl::OkStatus();
           })};
-  model_infer_ = {
-      RequestOf(&service_, &Service::RequestModelInfer),
-      [this](decltype(model_infer_)::Call& call) {
-        if (absl::Status refused = auth_->Check(call.context(), AuthRpc::kInference);
-            !refused.ok()) {
-          return call.Reply(refused);
-        }
-        // The call keeps its request until it has replied, which is what
-        // lets the core read the tensor in place.
-        infer_->Submit(
-            call.context(), [&call] { return call.cancelled(); }, &call.request(), call.response(),
-            [&call](const absl::Status& status) { call.Reply(status); });
-      },
-      kInferCallsPerQueue,
-      [this](decltype(model_infer_)::Call& call, const absl::Status& why) {
-        // Authentication first, as for a request that parses.
-        if (absl::Status refused = auth_->Check(call.context(), AuthRpc::kInference);
-            !refused.ok()) {
-          return call.Reply(refused);
-        }
-        infer_->RefuseUnparsed(why, [&call](const absl::Status& status) { call.Reply(status); });
-      }};
+  model_infer_ = {RequestOf(&service_, &Service::RequestModelInfer),
+                  [this](decltype(model_infer_)::Call& call) {
+                    if (absl::Status refused = auth_->Check(call.context(), AuthRpc::kInference);
+                        !refused.ok()) {
+                      return call.Reply(refused);
+                    }
+                    const auto reply = [&call](const absl::Status& status) { call.Reply(status); };
+                    if (!call.parsed().ok()) return infer_->RefuseUnparsed(call.parsed(), reply);
+                    // The call keeps its request until it has replied, which is what
+                    // lets the core read the tensor in place.
+                    infer_->Submit(
+                        call.context(), [&call] { return call.cancelled(); }, &call.request(),
+                        call.response(), reply);
+                  },
+                  kInferCallsPerQueue};
 }
 
 void InferenceService::RequestCalls(int q) {

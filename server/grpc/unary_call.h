@@ -13,8 +13,8 @@
 // A raw method (kRaw) takes its request as bytes and parses it itself, and
 // serializes its response: gRPC's generated code answers a request it cannot
 // parse with INTERNAL ("Unable to parse request"), which says the server is
-// at fault and reaches no handler, so no metric counts it. A raw call that
-// does not parse goes to the method's `unparsed` handler instead.
+// at fault and reaches no handler, so no metric counts it. A raw call's
+// handler runs whether its request parsed or not, and reads which in parsed().
 #pragma once
 
 #include <atomic>
@@ -51,9 +51,6 @@ struct UnaryMethod {
       request;
   std::function<void(Call&)> handle;
   int calls_per_queue = 1;
-  // A raw method's request that is not a valid Request: `unparsed` replies
-  // (with `why`, INVALID_ARGUMENT), or, unset, the call replies with it.
-  std::function<void(Call&, const absl::Status& why)> unparsed;
 
   // Requests calls_per_queue calls on queue q; Start() does it per queue.
   void RequestCalls(CompletionQueues& queues, int q) const {
@@ -83,6 +80,9 @@ class UnaryCall {
 
   const grpc::ServerContext& context() const { return context_; }
   const Request& request() const { return request_; }
+  // OK, or (a raw call whose bytes are not a valid Request) INVALID_ARGUMENT
+  // saying so; request() is then empty or partial.
+  const absl::Status& parsed() const { return parsed_; }
   Response* response() { return &response_; }
   // Whether the client has cancelled; safe from any thread.
   bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
@@ -121,10 +121,9 @@ class UnaryCall {
     Await(method_, queues_, queue_);  // the successor waits for the next arrival
     if constexpr (kRaw) {
       if (!grpc::SerializationTraits<Request>::Deserialize(&wire_request_, &request_).ok()) {
-        const absl::Status why = absl::InvalidArgumentError(
+        parsed_ = absl::InvalidArgumentError(
             "the request is not a valid message of this RPC's type (it does not parse as a "
             "protobuf)");
-        return method_.unparsed ? method_.unparsed(*this, why) : Reply(why);
       }
     }
     method_.handle(*this);
@@ -152,6 +151,7 @@ class UnaryCall {
   const int queue_;
   grpc::ServerContext context_;
   Request request_;
+  absl::Status parsed_;  // parsed()
   Response response_;
   // A raw call's bytes, parsed into request_ when the call arrives (empty
   // otherwise).
