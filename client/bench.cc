@@ -330,10 +330,9 @@ absl::StatusOr<BenchReport> RunBench(const std::vector<Client*>& clients, BenchO
                                                   options.datatype, options.seed, 4);
   // The closed loop's requests are built once, before the clock starts:
   // copying a tensor into a new request for every call costs the client as
-  // much as the server's own copies (2 MiB per 128-token FP32 request) and
-  // made the bench, not the server, the limit at large requests
-  // (docs/perf.md, perf_analyzer_check.py); and four copies of a large input
-  // (32 MiB each at 2048 FP32 tokens) can take longer than a short run.
+  // much as the server's own copies (2 MiB per 128-token FP32 request).
+  // Design record 0014. Four copies of a large input (32 MiB each at 2048
+  // FP32 tokens) can take longer than a short run.
   std::vector<inference::ModelInferRequest> requests;
   if (options.concurrency > 0) {
     for (const Tensor& input : inputs) {

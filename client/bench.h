@@ -35,8 +35,8 @@ namespace layerserve::client {
 // concurrent calls. Like perf_analyzer's few worker threads (and unlike a
 // thread per call blocked in it), completions are taken where they arrive,
 // and a concurrency of hundreds needs no more threads. The bench's CPU
-// matters: it shares the machine with the server it measures (docs/perf.md,
-// "The request path on the completion-queue API").
+// matters: it shares the machine with the server it measures. Design record
+// 0014.
 inline constexpr int kClosedLoopThreads = 4;
 
 enum class Arrivals { kPoisson, kUniform };

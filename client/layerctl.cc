@@ -211,9 +211,9 @@ int main(int argc, char** argv) {
   // Debian's Abseil is built without NDEBUG, so by default every absl::Mutex
   // lock (gRPC's own included, several per call) also updates a global
   // lock-order graph to detect deadlocks. The server turns it off for the
-  // same reason (server/main.cc); in `layerctl bench` it had doubled the
-  // client's CPU per request, which shares the machine with the server it
-  // measures (docs/perf.md).
+  // same reason (server/main.cc); `layerctl bench` shares the machine with
+  // the server it measures, so its CPU per request counts. Design record
+  // 0013.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   return layerserve::client::Main(argc, argv);
 }

@@ -16,7 +16,7 @@ for t in ${LAYERSERVE_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
 log "build with $jobs jobs ${LAYERSERVE_BUILD_TARGETS:-(all targets)}"
 # ptxas reports a wgmma loop it had to serialize (advisory C7518, "wgmma.mma_async
 # instructions are serialized") as info, not as an error, yet such a kernel runs
-# 20-35% slower (docs/perf-moe.md): a build that prints it fails. Incremental
+# 20-35% slower (design record 0012): a build that prints it fails. Incremental
 # builds see it for the files they recompile; a fresh build (CI) for all.
 build_log=$(mktemp)
 trap 'rm -f "$build_log"' EXIT

@@ -585,7 +585,8 @@ int main(int argc, char** argv) {
   // lock (gRPC's own included, several per call) also updates a global
   // lock-order graph to detect deadlocks: a few percent of the server's CPU
   // under load (GraphCycles in a profile). The ThreadSanitizer build of the
-  // tests checks lock order instead; the server does not pay for it.
+  // tests checks lock order instead; the server does not pay for it. Design
+  // record 0013.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   layerserve::ServerFlags flags;
   if (const std::optional<int> exit_status =

@@ -70,7 +70,7 @@ const char* FlashAttentionVersionName(int version) {
 //   1 x 1:    9 /   8 /   8 / 7     97 x 1:  80 /  48 / 108 / 8
 //   28 x 1:  29 /  18 /  35 / 8    256 x 1: 199 / 120 / 271 / 8
 //   16 x 8:  18 /  12 /  22 / 9      8 x 32: 12 /   9 /  14 / 25
-// (docs/perf-attention.md, "Short sequences").
+// Design record 0006.
 int DefaultFlashAttentionVersion(const FlashAttentionParams& p, const DeviceInfo& dev) {
   constexpr int kV1BlockM = 128, kV1CtasPerSm = 2, kMinWaves = 3, kShortSeqlen = 1024;
   const int64_t v1_tiles_per_seq = int64_t{(p.max_seqlen + kV1BlockM - 1) / kV1BlockM} * p.num_heads;

@@ -5,8 +5,8 @@
 // can choose are built: 6 and 7 (sm80 mma.sync, every head_dim and dtype),
 // 8 (sm90 wgmma, head_dim 128 bf16) and 9 (sequences of at most
 // kFlashV9MaxSeqlen tokens, a warp per query row and head on CUDA cores). Versions 1-5 and the non-causal
-// instantiations were removed after commit 92d9569; docs/perf-attention.md
-// keeps what each measured. The GPU tests validate every built version, the
+// instantiations were removed after commit 92d9569 (design record 0007).
+// The GPU tests validate every built version, the
 // benchmark times them side by side, and LaunchFlashAttention (the production
 // entry point) calls DefaultFlashAttentionVersion's. Plain C++: no nvcc needed
 // to include.
@@ -41,8 +41,8 @@ const char* FlashAttentionVersionName(int version);
 int FlashHeadsPerSection(const FlashAttentionParams& p, int64_t l2_bytes);
 
 // The version production uses for this problem on `dev` (a pure function:
-// tests call it with a hand-made DeviceInfo). The rule and the measurements
-// behind it are in flash_attention.cu and docs/perf-attention.md.
+// tests call it with a hand-made DeviceInfo). The rule, with worked examples,
+// is in flash_attention.cu; design record 0006 says why.
 int DefaultFlashAttentionVersion(const FlashAttentionParams& p, const DeviceInfo& dev);
 
 // INVALID_ARGUMENT naming the first problem with `p`, else OK.

@@ -17,8 +17,8 @@
 // and masks the older keys of that boundary tile as the causal mask does the
 // newer keys of the diagonal, so a tile reads at most about window + kBlockM
 // keys however long the sequence. Two choices of the version ladder stay
-// built in (docs/perf-attention.md has the numbers; the versions without them
-// were removed once serving could no longer pick them):
+// built in (the versions without them were removed once serving could no
+// longer pick them; design record 0007):
 // - Longest-first schedule: the grid enumerates (query tile, head) pairs so
 //   that, within a section of heads that share L2-resident K/V, every head's
 //   longest causal tile is dispatched before any shorter one

@@ -8,7 +8,7 @@
 // fragments in registers (lazy rescale, as v6), packs P to bf16 in place and
 // issues O += P·V with P as the register A operand and V read MN-major from
 // the same swizzled [key][dim] layout. Three ways of keeping the tensor
-// cores busy (docs/perf-attention.md has what each was worth):
+// cores busy (design record 0005 has what each was worth):
 // - the P·V of one tile is issued with the next tile's Q·Kᵀ, so each
 //   warpgroup's softmax overlaps its own P·V;
 // - the two warpgroups take turns issuing their products (named barriers),

@@ -4,10 +4,9 @@
 // Why: the tiled versions give every sequence at least one query tile per
 // head (v8: 128 rows, two warpgroups and a TMA pipeline), however short the
 // sequence. A batch of stateless one-token requests, the server's commonest
-// small batch, is num_seqs x heads such tiles with one valid row each: on the
-// H100, 28 one-token sequences of the 8B layout took 38 us a layer under v8
-// and 97 of them 112 us, a fifth to a third of the whole 4-layer batch
-// (docs/perf-attention.md, "Short sequences"). Here the work is what the
+// small batch, is num_seqs x heads such tiles with one valid row each, a
+// fifth to a third of a whole 4-layer batch's time (design record 0006).
+// Here the work is what the
 // rows need: a warp holds its query row in registers (head_dim / 32 elements
 // a lane), walks its sequence's visible keys (causal, through the window),
 // and keeps an online softmax in fp32. With one key the output is exactly V

@@ -97,9 +97,9 @@ absl::StatusOr<CUtensorMap> MakeFp8TensorMap(const void* base, int64_t rows, int
 
 int Fp8TokenTile(int64_t m) { return m <= 64 ? SmallMPad(m) : 128; }
 
-// The decode kernel (M <= 64) takes version 4's rule (docs/perf-gemm.md:
-// 8-CTA clusters cost ~4 us more than 4-CTA ones on the H100) with K blocks
-// of 128: the fewest of 1, 2, 4 splits
+// The decode kernel (M <= 64) takes version 4's rule (design record 0008:
+// 8-CTA clusters cost more than 4-CTA ones) with K blocks of 128: the
+// fewest of 1, 2, 4 splits
 // whose CTAs cover the SMs, else 4, keeping at least two K blocks a split.
 // Worked examples, Llama-3-8B on 132 SMs at M <= 64 (one token tile): qkv
 // (n 6144: 48 tiles) 4 splits; o (n 4096: 32 tiles) 4 splits of 8 K blocks;
@@ -140,10 +140,9 @@ int SmallMPad(int64_t m) {
 
 // Version 4 is bound by HBM, not by the SMs: what matters is that every SM
 // streams (tiles x splits >= SMs) while each CTA keeps a long run of k-blocks
-// and clusters stay small. Measured on H100 (docs/perf-gemm.md): 4 splits
-// beat 8 on every Llama-3-8B shape with N <= 6144 (8-CTA clusters cost ~4 us
-// more), and N = 28672 needs no split. So: the smallest of 1, 2, 4 that
-// covers the SMs, else 4.
+// and clusters stay small: 4 splits beat 8 on every Llama-3-8B shape with
+// N <= 6144, and N = 28672 needs no split. So: the smallest of 1, 2, 4 that
+// covers the SMs, else 4. Design record 0008.
 int SplitKHeuristic(int64_t n, int64_t k, int num_sms) {
   const int64_t tiles = (n + 127) / 128;
   const int64_t num_kb = (k + 63) / 64;

@@ -51,13 +51,9 @@
 namespace layerserve {
 namespace {
 
-// Below this many bytes moved per batch, a stream copies on its own thread.
-// Measured on the H100 with 1-token FP32 requests of Llama-3-8B (16 KiB
-// each way): a batch of 30 unpacked in 0.071 ms inline and 0.049-0.058 ms on
-// the pool, one of 18 in 0.043 and 0.028, but one of 8 (128 KiB) in 0.017
-// inline against 0.024-0.029 on the pool, whose wake-up costs more than it
-// saves there (docs/perf.md, "The floor under the request path": tokens/s
-// at 64 clients +5% on one machine, level on another).
+// Below this many bytes moved per batch, a stream copies on its own thread:
+// for a few 16 KiB rows, waking the pool costs more than it saves; from a
+// few hundred KiB the pool unpacks faster. Design record 0002.
 constexpr size_t kParallelCopyBytes = size_t{256} << 10;
 
 using cuda::ActivationArena;
@@ -264,16 +260,13 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   // The first launch of each kernel loads its module, and cuBLASLt plans
-  // each GEMM shape on its first use: 3-9 ms more for the first small batch
-  // of a size on the H100 (docs/perf.md, "A warm-up before serving"), which
-  // that batch's requests would wait for. So, before serving, batches of
-  // zeros run through Execute like any batch (server/core/warm_up.h),
-  // outside the kernel-time metrics: one of every size up to
-  // kWarmUpEverySizeUpTo, since cuBLASLt plans each exact M (a decode batch
-  // of 64 sessions takes any size from 1 to 64, and the first of each paid
-  // its plan mid-run: docs/perf.md, "Every batch size warmed"), then one per
-  // GEMM token-count bucket up to max_batch_tokens. Logs what it ran and how
-  // long it took.
+  // each GEMM shape on its first use, which the first batch of a size would
+  // otherwise wait for. So, before serving, batches of zeros run through
+  // Execute like any batch (server/core/warm_up.h), outside the kernel-time
+  // metrics: one of every size up to kWarmUpEverySizeUpTo, since cuBLASLt
+  // plans each exact M (a decode batch of 64 sessions takes any size from 1
+  // to 64), then one per GEMM token-count bucket up to max_batch_tokens.
+  // Design record 0003. Logs what it ran and how long it took.
   absl::Status WarmUp() {
     const std::vector<int64_t> sizes =
         WarmUpSizes(options_.max_batch_tokens, kWarmUpEverySizeUpTo, kernels::kGemmBucketUpper);
@@ -443,10 +436,8 @@ class CudaBackendImpl final : public CudaBackend {
 
   // Runs copy(i) for every request of the batch: on the stream's copy pool
   // when the batch moves at least kParallelCopyBytes (a 128-token FP32
-  // request of Llama-3-8B is 2 MiB each way, and one thread copying 16 of
-  // them in and out took two thirds of the batch's time on the H100; a
-  // batch of 30 1-token requests unpacks faster there too; see docs/perf.md),
-  // else inline, where waking the pool would cost more.
+  // request of Llama-3-8B is 2 MiB each way), else inline, where waking the
+  // pool would cost more. Design record 0002.
   static void ForEachRequest(StreamSlot& slot, const Batch& batch, size_t io_bytes,
                              absl::FunctionRef<void(size_t)> copy) {
     const auto n = static_cast<int64_t>(batch.requests.size());

@@ -76,11 +76,7 @@ int64_t GraphPlanCount(int64_t n);
 // the backend computes. A graph saves the host's launch path, which matters
 // only when the device waits for it: behind a running batch the host
 // enqueues a direct launch well before the device gets to it, and a
-// capture there only costs host time. Measured on the H100 (docs/perf.md,
-// "CUDA graphs only onto an idle device"): under load, no graphs beat graphs
-// for every batch in 28 of 32 interleaved pairs (median +4.7%), most where
-// session batches met keys not seen before (a quarter to a half of them
-// replayed); alone on the device, graphs were ahead in 3 of 4 pairs (1-4%).
+// capture there only costs host time. Design record 0004.
 bool UseForwardGraph(int64_t tokens, int64_t max_tokens, bool timed, int other_batches_running);
 
 // How a batch's layers were launched: directly; directly, then captured for

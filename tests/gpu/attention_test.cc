@@ -256,7 +256,7 @@ TEST_P(FlashAttentionTest, WithinTwiceThePlainImplementationsError) {
     EXPECT_LE(kernel.max_abs, 2 * plain.max_abs + floor) << report;
     EXPECT_LE(kernel.mean_abs, 2 * plain.mean_abs + floor) << report;
     if (run.heads_per_section > 0) continue;
-    // Kept in the XML report (--gtest_output=xml) for docs/perf-attention.md.
+    // Kept in the XML report (--gtest_output=xml) for docs/log/attention.md.
     RecordProperty(version == 0 ? "default" : "v" + std::to_string(version),
                    std::to_string(kernel.max_abs) + " " + std::to_string(kernel.mean_abs) + " " +
                        std::to_string(plain.max_abs) + " " + std::to_string(plain.mean_abs));

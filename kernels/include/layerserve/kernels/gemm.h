@@ -11,10 +11,10 @@
 // version on the same launch code, which is how tests and benchmarks compare
 // versions. LaunchGemm is the kernels' own launcher underneath.
 //
-// Numbered versions follow docs/perf-gemm.md. Only versions serving can
-// choose are built: v1 (mma.sync, pre-Hopper GPUs, where serving uses
-// cuBLASLt) and v2 (TMA + wgmma without warp specialization, superseded by
-// v3) were removed after commit 92d9569.
+// Numbered versions (design record 0007): only versions serving can choose
+// are built; v1 (mma.sync, pre-Hopper GPUs, where serving uses cuBLASLt) and
+// v2 (TMA + wgmma without warp specialization, superseded by v3) were
+// removed after commit 92d9569.
 //
 // FP8 (W8A8) products (GemmParams::fp8) take version 6, the project's FP8
 // kernel, or cuBLASLt's FP8 (version 0 on an FP8 product: per-row scales as
@@ -25,7 +25,7 @@
 //
 // In-place accumulation (D += A·Wᵀ): our kernels round A·Wᵀ + D once. The
 // cuBLASLt path lets C alias D (beta = 1); cuBLASLt 13.0 was seen to round
-// A·Wᵀ to the output type before that add at small M (docs/perf-gemm.md),
+// A·Wᵀ to the output type before that add at small M (design record 0010),
 // i.e. what an unfused `x + linear(a)` computes. Copying D aside on every
 // call would cost an extra read and write of D (about a tenth of o_proj's
 // time at M = 8192), so the router accepts the double rounding and the tests
@@ -153,8 +153,8 @@ struct GemmParams {
 // their tile counts in shared memory).
 inline constexpr int kMaxGemmGroups = 256;
 
-// Numbered kernel versions; the benchmark and docs/perf-gemm.md use the same
-// numbers.
+// Numbered kernel versions; the benchmark, the tests and docs/log/gemm.md
+// use the same numbers (design record 0007).
 enum class GemmVersion : int {
   kCublasLt = 0,          // cuBLASLt, through the router's plan cache
   kWarpSpecialized = 3,   // producer warpgroup + 2 consumer warpgroups, 128x256 or 128x128 tiles (sm_90a)

@@ -37,8 +37,8 @@
 //   shared by every layer of the span: a list of work items (one per CTA and
 //   KV head) and of combine tasks, uploaded by the caller.
 // The previous kernel (one warp per query and head, walking its keys eight
-// at a time) cost 0.67 us per context token per layer in a served decode
-// step; docs/perf-attention.md keeps its numbers.
+// at a time) neither filled the SMs nor shared K/V reads across a group's
+// query heads. Design record 0011.
 //
 // Launchers validate their params (INVALID_ARGUMENT), launch on `stream`,
 // check the launch, and return; nothing synchronizes. Block ids and table
