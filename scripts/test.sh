@@ -2,7 +2,9 @@
 # THE test command: installs dependencies, builds, runs every ctest test (unit,
 # fuzz, integration, the 60 s soak, reference, Python/perf_analyzer
 # compatibility; GPU tests skip visibly without a GPU), checks the formatting
-# of every C++/CUDA source and the deployment files (pytest on tests/deploy),
+# of every C++/CUDA source, that docs/performance.md is what
+# scripts/perf_report.py generates (pytest on tests/docs), and the deployment
+# files (pytest on tests/deploy),
 # then builds the core with ThreadSanitizer in
 # build-tsan and runs its tests. Exits non-zero on any failure and always ends
 # with one summary line.
@@ -62,6 +64,12 @@ if git -C "$LAYERSERVE_ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; th
 else
   echo "[test.sh] not a git checkout: format check skipped" >&2
 fi
+
+# docs/performance.md against the results it is generated from, and
+# scripts/perf_report.py on a fixture (tests/docs); needs no build.
+stage="docs-check"
+PYTHONDONTWRITEBYTECODE=1 "$PYTHON" -m pytest -q -p no:cacheprovider tests/docs
+done_stages+=("docs-check")
 
 stage="build"
 # AUTO unless the arguments say otherwise, so that a tree scripts/serve.sh

@@ -1,10 +1,13 @@
 """scripts/perf_report.py: the tables it generates from a fixture results folder (the
-formats scripts/gpu-run.sh's bench stages write), and that it leaves the hand-written text
-alone. No build and no GPU needed:
+formats scripts/gpu-run.sh's bench stages write), that it leaves the hand-written text alone,
+and that docs/performance.md is what it generates from the committed docs/results/.
+
+No build and no GPU needed; scripts/test.sh runs this file in its "docs-check" stage:
   python3 -m pytest -q tests/docs
 """
 
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -152,3 +155,17 @@ def test_a_run_without_its_commit_is_refused(tmp_path):
     doc.write_text(DOC)
     with pytest.raises(SystemExit, match="commit"):
         perf_report.main(["--results", str(results), "--doc", str(doc)])
+
+
+def test_performance_md_is_up_to_date_with_committed_results():
+    # The one command the page names, as a user runs it.
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "perf_report.py"), "--check"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr + "\nrun scripts/perf_report.py and commit docs/performance.md"
+
+
+def test_every_committed_run_names_gpu_commit_date_and_where_it_came_from():
+    runs = perf_report.load_runs(ROOT / "docs" / "results")
+    assert runs, "docs/results/ holds no run"
+    for run in runs:
+        assert run.meta.get("source"), f"{run.path}/meta.txt: say where the figures came from (source:)"
