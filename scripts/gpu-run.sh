@@ -265,7 +265,7 @@ for stage in "${stages[@]}"; do
       # One probe.py setting per PROBE_SPECS entry, in order, each at its own
       # load: "label|concurrency|client args|span or demo|server flags",
       # entries separated by ';' (e.g. A/B pairs of a batching flag at several
-      # concurrencies, as docs/perf.md's "The cohort hold" ran them).
+      # concurrencies, as docs/log/serving.md's "The cohort hold" ran them).
       span_checkpoint
       IFS=';' read -ra specs <<< "${PROBE_SPECS:?set PROBE_SPECS}"
       for spec in "${specs[@]}"; do

@@ -7,7 +7,7 @@
 // drives it as it drives layerserve (pass --hidden, since it has no
 // metadata RPC), so the difference between the two is what layerserve adds,
 // and what is left on the echo is gRPC's and the client's own cost
-// (docs/perf.md, "The floor under the request path").
+// (docs/log/serving.md, "The floor under the request path").
 //
 // --delay-us=D answers each request D microseconds after it arrived, from
 // --reply-threads threads (4, as layerserve's default) that take requests in

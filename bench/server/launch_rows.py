@@ -21,7 +21,7 @@ graph, replayed). --ops adds a line per row with each op's share of that
 GPU time. --threads adds a line per row with the CPU time per request of the
 server's threads by role (bench/server/thread_cpu.py: grpc-cq, batcher,
 reply, stream, ...) and of the client.
-The tables of docs/perf.md's "Where a unary session step loses" were taken
+The tables of docs/log/serving.md's "Where a unary session step loses" were taken
 with an uncommitted script that did the same, of which this is the kept form.
 
   python3 bench/server/launch_rows.py OUT_DIR --settings SETTINGS [--rows ROWS]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """One-shot probe of the server under load at 1 token per request, concurrency 64
-(docs/perf.md "The server under load": where the ~2.5 ms between the client's
+(docs/log/serving.md "The server under load": where the ~2.5 ms between the client's
 latency and the server's own request time goes, and which knob moves
 throughput). Closed-loop `layerctl bench` runs over a small matrix: baseline,
 --streams 1 and 4, --max-queue-delay-us 0 and 500, BF16 on the wire, 2x32 and

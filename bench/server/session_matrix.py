@@ -9,7 +9,7 @@ phase, and while all N sessions still ran, the like-for-like figure beside
 a closed loop at concurrency N), step latency and how the
 run's batches launched their layers ("graphs direct/captured/replayed", from
 /metrics: session batches that keep meeting new CUDA graph keys cost more,
-docs/perf.md), and the KV cache memory a session holds (from the start-up
+docs/log/serving.md), and the KV cache memory a session holds (from the start-up
 line's bytes per token).
 A run with failures is followed by one line per error code with its count
 and the first message the client kept (bench_errors.py).
