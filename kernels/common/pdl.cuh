@@ -29,21 +29,33 @@ namespace layerserve::kernels {
 
 // Launches kernel<<<grid, block, smem_bytes, stream>>>(args...) as a
 // programmatic dependent of the kernel ahead of it on `stream` (after a copy
-// or an event it starts as an ordinary launch would).
+// or an event it starts as an ordinary launch would), in clusters of
+// `cluster_x` CTAs along x (0: launched without clusters; a kernel that
+// uses cluster operations gets 1 or more).
 template <typename... Params, typename... Args>
-cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
-                            Args&&... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+cudaError_t LaunchDependentInClusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
+                                      unsigned cluster_x, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attrs[2]{};
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  attrs[1].id = cudaLaunchAttributeClusterDimension;
+  attrs[1].val.clusterDim.x = cluster_x;
+  attrs[1].val.clusterDim.y = 1;
+  attrs[1].val.clusterDim.z = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = 1;
+  config.attrs = attrs;
+  config.numAttrs = cluster_x > 0 ? 2 : 1;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... Params, typename... Args>
+cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
+                            Args&&... args) {
+  return LaunchDependentInClusters(kernel, grid, block, smem_bytes, 0, stream, std::forward<Args>(args)...);
 }
 
 __device__ __forceinline__ void AllowDependentLaunch() {

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/common/pdl.cuh"
 #include "kernels/gemm/gemm_fp8_prefill_sm90.cuh"
 #include "kernels/gemm/gemm_fp8_sm90.cuh"
 #include "kernels/gemm/gemm_internal.h"
@@ -51,14 +52,6 @@ absl::Status Launch(const DenseGemm& p, int splits, cudaStream_t stream) {
   if (!map_a.ok()) return map_a.status();
   const auto kernel = fp8::Fp8GemmKernel<kTokN, kBlockScaled, kBlocks>;
   LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemBytes));
-  cudaLaunchAttribute attrs[2]{};
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = static_cast<unsigned>(splits);
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
   const int64_t tiles_n = (p.n + fp8::kBlockN - 1) / fp8::kBlockN;
   // Dense: one token tile (m <= kTokN). Grouped: a grid row per slot, a
   // bound on the (group, token tile) pairs with rows: at most one partial
@@ -69,13 +62,9 @@ absl::Status Launch(const DenseGemm& p, int splits, cudaStream_t stream) {
     const int64_t with_rows = std::min<int64_t>(p.groups, p.m);
     slots = std::min(p.m / kTokN + with_rows, with_rows * ((p.max_group_rows + kTokN - 1) / kTokN));
   }
-  config.gridDim = dim3(static_cast<unsigned>(tiles_n * splits), static_cast<unsigned>(slots));
-  config.blockDim = dim3(fp8::kThreads);
-  config.dynamicSmemBytes = L::kSmemBytes;
-  config.stream = stream;
-  config.attrs = attrs;
-  config.numAttrs = 2;
-  LS_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, *map_w, *map_a, args));
+  LS_CUDA_RETURN_IF_ERROR(LaunchDependentInClusters(
+      kernel, dim3(static_cast<unsigned>(tiles_n * splits), static_cast<unsigned>(slots)), dim3(fp8::kThreads),
+      L::kSmemBytes, static_cast<unsigned>(splits), stream, *map_w, *map_a, args));
   return absl::OkStatus();
 }
 
@@ -91,17 +80,8 @@ absl::Status LaunchPrefill(const DenseGemm& p, const DeviceInfo& dev, cudaStream
   LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, pf::kSmemBytes));
   // (A grouped product's tiles are known on the device only: a bound.)
   const int64_t tiles = TileBound(p, pf::kBlockN, pf::kBlockM);
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(tiles, dev.num_sms)));
-  config.blockDim = dim3(pf::kThreads);
-  config.dynamicSmemBytes = pf::kSmemBytes;
-  config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  LS_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, *map_a, *map_w, args));
+  LS_CUDA_RETURN_IF_ERROR(LaunchDependent(kernel, dim3(static_cast<unsigned>(std::min<int64_t>(tiles, dev.num_sms))),
+                                          dim3(pf::kThreads), pf::kSmemBytes, stream, *map_a, *map_w, args));
   return absl::OkStatus();
 }
 

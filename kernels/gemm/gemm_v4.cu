@@ -8,6 +8,7 @@
 // A grouped product launches a grid row per group (blockIdx.y).
 #include <cstdint>
 
+#include "kernels/common/pdl.cuh"
 #include "kernels/gemm/gemm_internal.h"
 #include "kernels/gemm/gemm_v4_small_m_sm90.cuh"
 
@@ -28,25 +29,14 @@ absl::Status Launch(const DenseGemm& p, int splits, cudaStream_t stream) {
   if (!map_a.ok()) return map_a.status();
   LS_CUDA_RETURN_IF_ERROR(
       cudaFuncSetAttribute(v4::GemmSmallMKernel<kMPad>, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemBytes));
-  cudaLaunchAttribute attrs[2]{};
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = static_cast<unsigned>(splits);
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
   // Programmatic dependent launch: the kernel may start before the preceding
-  // kernel on the stream completes, and streams W meanwhile.
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  // Grouped products: one grid row per group.
-  config.gridDim = dim3(static_cast<unsigned>(args.tiles_n * splits),
-                        static_cast<unsigned>(p.group_offsets != nullptr ? p.groups : 1));
-  config.blockDim = dim3(v4::kThreads);
-  config.dynamicSmemBytes = L::kSmemBytes;
-  config.stream = stream;
-  config.attrs = attrs;
-  config.numAttrs = 2;
-  LS_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, v4::GemmSmallMKernel<kMPad>, *map_w, *map_a, args));
+  // kernel on the stream completes, and streams W meanwhile. Grouped
+  // products: one grid row per group.
+  const dim3 grid(static_cast<unsigned>(args.tiles_n * splits),
+                  static_cast<unsigned>(p.group_offsets != nullptr ? p.groups : 1));
+  LS_CUDA_RETURN_IF_ERROR(LaunchDependentInClusters(v4::GemmSmallMKernel<kMPad>, grid, dim3(v4::kThreads),
+                                                    L::kSmemBytes, static_cast<unsigned>(splits), stream, *map_w,
+                                                    *map_a, args));
   return absl::OkStatus();
 }
 

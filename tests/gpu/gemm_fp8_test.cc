@@ -97,14 +97,26 @@ class QuantizeFp8Test : public testing::GpuTest {};
 
 TEST_F(QuantizeFp8Test, CodesAndScalesEqualTheHostsBitForBit) {
   struct Case {
+    int64_t rows;
+    int64_t cols;
     int64_t group;
     float static_scale;
   };
-  const int64_t rows = 37, cols = 1040;  // 8 full groups of 128 and one of 16
-  for (const Case c : {Case{0, 0.f}, Case{128, 0.f}, Case{0, 0.037f}}) {
-    SCOPED_TRACE(::testing::Message() << "group " << c.group << " static " << c.static_scale);
-    std::vector<uint16_t> x_bits = RandomActivations(rows, cols, 7 + c.group);
-    std::fill(x_bits.begin() + 5 * cols, x_bits.begin() + 6 * cols, 0);  // an all-zero row
+  // 1 040 columns: 8 full groups of 128 and one of 16. Per row, the widths
+  // of each form of the row kernel: one CTA a row (4 096), a cluster of 4
+  // (14 336) or 7 (28 672) with two vectors a thread, 8 with four (65 536),
+  // and past what a cluster holds (65 552: one CTA, two passes); a decode
+  // step's one row, and many.
+  std::vector<Case> cases = {
+      {37, 1040, 0, 0.f}, {37, 1040, 128, 0.f}, {37, 1040, 0, 0.037f}, {1, 14336, 128, 0.f}, {37, 14336, 0, 0.037f}};
+  for (const int64_t rows : {1, 37}) {
+    for (const int64_t cols : {4096, 14336, 28672, 65536, 65552}) cases.push_back({rows, cols, 0, 0.f});
+  }
+  for (const Case c : cases) {
+    const int64_t rows = c.rows, cols = c.cols;
+    SCOPED_TRACE(::testing::Message() << rows << "x" << cols << " group " << c.group << " static " << c.static_scale);
+    std::vector<uint16_t> x_bits = RandomActivations(rows, cols, 7 + c.group + cols);
+    if (rows > 5) std::fill(x_bits.begin() + 5 * cols, x_bits.begin() + 6 * cols, 0);  // an all-zero row
     const std::vector<float> x = ToFloat(x_bits);
     const HostQuantized want = QuantizeOnHost(x, rows, cols, c.group, c.static_scale);
     DeviceBuffer x_dev(x_bits.size() * 2), codes(want.codes.size()), scales(want.scales.size() * 4);
