@@ -36,7 +36,7 @@
 //
 //   layer_bench [--csv PATH] [--decode-csv PATH] [--iters N] [--gemm MODE]
 //               [--no-autotune] [--compare cublaslt|untuned|bm64|bm128|graph|bf16]
-//               [--model llama3|mixtral|qwen2-moe|qwen3-moe] [--mixtral] [--fp8 block|row]
+//               [--model llama3|mixtral|qwen2-moe|qwen3-moe] [--mixtral] [--fp8 block|row] [--graphs]
 // --fp8 runs the layer's four projections (a mixture of experts': its
 // experts' two, grouped) on the FP8 GEMM (W8A8, each
 // input quantized on the way as serving does), their weights the bf16 ones
@@ -55,6 +55,10 @@
 // the paged plan padded as the server pads it for its graphs
 // (server/cuda/forward_graphs.h): what the launches themselves and the gaps
 // between kernels cost, against what the server's graphs save.
+// --graphs times every executor (the layer, and the --compare one) as a CUDA
+// graph replay, as the server runs a batch it captured: with --fp8 and
+// --compare bf16, the ratio a served step sees, without the host's launch
+// rate in either time. The per-op split is still taken from launches.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -257,13 +261,16 @@ absl::StatusOr<cuda::LayerDeviceWeights> Fp8Layer(const cuda::LayerDeviceWeights
 
 absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path, int iters,
                  kernels::GemmMode gemm_mode, bool autotune, const std::string& compare, const LlamaConfig& config,
-                 kernels::Fp8Scaling fp8) {
+                 kernels::Fp8Scaling fp8, bool graphs) {
   LS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
   cudaDeviceProp props{};
   LS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, 0));
   const bool moe = config.IsMixtureOfExperts();
   if (compare == "bf16" && fp8 == kernels::Fp8Scaling::kNone) {
     return absl::InvalidArgumentError("--compare bf16 goes with --fp8");
+  }
+  if (graphs && compare == "graph") {
+    return absl::InvalidArgumentError("--graphs already replays graphs: --compare graph has nothing to compare");
   }
   const cuda::LayerShape bf16_shape = cuda::LayerShape::FromConfig(config, kernels::DType::kBF16);
   cuda::LayerShape shape = bf16_shape;
@@ -377,12 +384,12 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
   LS_ASSIGN_OR_RETURN(cuda::CudaEvent start, cuda::CreateEvent(cudaEventDefault));
   LS_ASSIGN_OR_RETURN(cuda::CudaEvent stop, cuda::CreateEvent(cudaEventDefault));
 
-  std::printf("device: %s, %d SMs; %s layer, weights %.1f MB (%s); %d timed runs per case\n", props.name,
+  std::printf("device: %s, %d SMs; %s layer, weights %.1f MB (%s); %d timed runs per case%s\n", props.name,
               props.multiProcessorCount, config.model_type.c_str(), weight_bytes / 1e6,
               fp8 == kernels::Fp8Scaling::kBlock    ? "fp8, block-128 scales"
               : fp8 == kernels::Fp8Scaling::kPerRow ? "fp8, per-row scales"
                                                     : "bf16",
-              iters);
+              iters, graphs ? ", each a CUDA graph replay" : "");
   std::printf("%13s %10s %10s %10s %10s %9s %9s  %s\n", "tokens seqs", "median_ms", "min_ms", "floor_ms", "floor/med",
               "TFLOP/s", "GB/s_w", "per-op medians (us)");
   std::ofstream csv;
@@ -500,24 +507,36 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
     }
 
     std::vector<double> times, times_b;
-    cuda::CudaGraphExec graph;
+    const auto capture = [&](const cuda::LayerExecutor& which) {
+      return cuda::CaptureGraph(stream.get(), cudaStreamCaptureModeThreadLocal,
+                                [&] { return which.Forward(arena, graph_geometry, workspace, stream.get(), nullptr); });
+    };
+    // graph: what --compare graph replays; graph_a and graph_b: the two
+    // executors under --graphs.
+    cuda::CudaGraphExec graph, graph_a, graph_b;
     double capture_ms = 0;  // host time of the capture and instantiation, what a server pays once per key
     if (compare == "graph") {
       const auto capture_start = std::chrono::steady_clock::now();
-      LS_ASSIGN_OR_RETURN(graph, cuda::CaptureGraph(stream.get(), cudaStreamCaptureModeThreadLocal, [&] {
-                            return executor.Forward(arena, graph_geometry, workspace, stream.get(), nullptr);
-                          }));
+      LS_ASSIGN_OR_RETURN(graph, capture(executor));
       capture_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - capture_start).count();
     }
+    if (graphs) {
+      LS_ASSIGN_OR_RETURN(graph_a, capture(executor));
+      if (executor_b != nullptr) {
+        LS_ASSIGN_OR_RETURN(graph_b, capture(*executor_b));
+      }
+      for (int i = 0; i < 5; ++i) LS_RETURN_IF_ERROR(forward(nullptr, &ms, nullptr, graph_a.get()));
+    }
+    cudaGraphExec_t replay_b = graphs ? graph_b.get() : graph.get();
     const bool alternate = executor_b != nullptr || graph.get() != nullptr;
     if (alternate) {
-      for (int i = 0; i < 5; ++i) LS_RETURN_IF_ERROR(forward(nullptr, &ms, executor_b.get(), graph.get()));
+      for (int i = 0; i < 5; ++i) LS_RETURN_IF_ERROR(forward(nullptr, &ms, executor_b.get(), replay_b));
     }
     for (int i = 0; i < iters; ++i) {
-      LS_RETURN_IF_ERROR(forward(nullptr, &ms));
+      LS_RETURN_IF_ERROR(forward(nullptr, &ms, nullptr, graph_a.get()));
       times.push_back(ms);
       if (alternate) {
-        LS_RETURN_IF_ERROR(forward(nullptr, &ms, executor_b.get(), graph.get()));
+        LS_RETURN_IF_ERROR(forward(nullptr, &ms, executor_b.get(), replay_b));
         times_b.push_back(ms);
       }
     }
@@ -610,6 +629,7 @@ int main(int argc, char** argv) {
   std::string compare;
   std::string model = "llama3";
   layerserve::kernels::Fp8Scaling fp8 = layerserve::kernels::Fp8Scaling::kNone;
+  bool graphs = false;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--csv" && i + 1 < argc) {
@@ -625,6 +645,8 @@ int main(int argc, char** argv) {
         return 2;
       }
       gemm_mode = *mode;
+    } else if (arg == "--graphs") {
+      graphs = true;
     } else if (arg == "--no-autotune") {
       autotune = false;
     } else if (arg == "--mixtral") {
@@ -643,14 +665,14 @@ int main(int argc, char** argv) {
     } else {
       std::cerr << "usage: layer_bench [--csv PATH] [--decode-csv PATH] [--iters N] [--gemm auto|cublaslt|custom] "
                    "[--no-autotune] [--compare cublaslt|untuned|bm64|bm128|graph|bf16] "
-                   "[--model llama3|mixtral|qwen2-moe|qwen3-moe] [--mixtral] [--fp8 block|row]\n";
+                   "[--model llama3|mixtral|qwen2-moe|qwen3-moe] [--mixtral] [--fp8 block|row] [--graphs]\n";
       return 2;
     }
   }
   const absl::StatusOr<layerserve::LlamaConfig> config = layerserve::bench::BenchConfig(model);
-  const absl::Status status =
-      config.ok() ? layerserve::bench::Run(csv_path, decode_csv_path, iters, gemm_mode, autotune, compare, *config, fp8)
-                  : config.status();
+  const absl::Status status = config.ok() ? layerserve::bench::Run(csv_path, decode_csv_path, iters, gemm_mode,
+                                                                   autotune, compare, *config, fp8, graphs)
+                                          : config.status();
   if (!status.ok()) {
     std::cerr << "layer_bench: " << status << "\n";
     return 1;
