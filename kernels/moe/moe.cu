@@ -173,6 +173,24 @@ __global__ void MoeGatherKernel(const MoeGatherParams p) {
   static_cast<V*>(p.permuted)[row * vecs + i] = static_cast<const V*>(p.x)[(choice / c.top_k) * vecs + i];
 }
 
+// One thread per 16 codes of a choice's row; the row's first threads also
+// move its scales, one each (one a row, or one per 128 columns: never more
+// than the row's 16-code vectors).
+__global__ void MoeGatherFp8Kernel(const MoeGatherParams p) {
+  const MoeChoices& c = p.choices;
+  const int64_t vecs = p.hidden / 16;
+  const int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  const int64_t choices = c.tokens * c.top_k;
+  if (idx >= choices * vecs) return;
+  const int64_t choice = idx / vecs;
+  const int64_t i = idx % vecs;
+  const int64_t token = choice / c.top_k;
+  const int64_t row = c.offsets[c.expert_ids[choice]] + c.ranks[choice];
+  static_cast<uint4*>(p.permuted_codes)[row * vecs + i] = static_cast<const uint4*>(p.fp8_codes)[token * vecs + i];
+  const int64_t groups = p.fp8_group == 0 ? 1 : p.hidden / p.fp8_group;
+  if (i < groups) p.permuted_scales[i * choices + row] = p.fp8_scales[i * c.tokens + token];
+}
+
 template <typename T>
 __global__ void MoeCombineKernel(const MoeCombineParams p) {
   constexpr int kVec = kVec16<T>;
@@ -315,6 +333,21 @@ absl::Status LaunchMoeGather(const MoeGatherParams& p, cudaStream_t stream) {
   const MoeChoices& c = p.choices;
   if (absl::Status s = CheckShape("moe_gather", c.tokens, p.hidden, c.top_k); !s.ok()) return s;
   if (absl::Status s = CheckChoices("moe_gather", c); !s.ok()) return s;
+  if (p.fp8_codes != nullptr) {
+    if (p.fp8_scales == nullptr || p.permuted_codes == nullptr || p.permuted_scales == nullptr ||
+        !Aligned16(p.fp8_codes) || !Aligned16(p.permuted_codes)) {
+      return absl::InvalidArgumentError("moe_gather: null or unaligned FP8 buffer");
+    }
+    if ((p.fp8_group != 0 && p.fp8_group != 128) || p.hidden % (p.fp8_group == 0 ? 16 : p.fp8_group) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("moe_gather: FP8 rows of ", p.hidden, " codes in groups of ",
+                                                     p.fp8_group,
+                                                     " (0 or 128, hidden a multiple of 16 and of the group)"));
+    }
+    if (c.tokens == 0) return absl::OkStatus();
+    MoeGatherFp8Kernel<<<Blocks(c.tokens * c.top_k * (p.hidden / 16)), kThreads, 0, stream>>>(p);
+    LS_CUDA_RETURN_IF_LAUNCH_ERROR(MoeGatherFp8Kernel);
+    return absl::OkStatus();
+  }
   if (p.x == nullptr || p.permuted == nullptr || !Aligned16(p.x) || !Aligned16(p.permuted)) {
     return absl::InvalidArgumentError("moe_gather: null or unaligned buffer");
   }

@@ -83,22 +83,24 @@ absl::StatusOr<ActivationArena> ActivationArena::Create(const LayerShape& shape,
   const size_t hidden = static_cast<size_t>(shape.hidden);
   const bool moe = shape.experts > 0;
   // Per token, the most an FP8 linear's quantized input takes: its K codes
-  // (and K / 128 scales, rounded up) for each of its rows (the experts' rows,
-  // or one).
+  // (and K / 128 scales, rounded up); the experts' inputs, top_k rows a
+  // token, have buffers of their own.
   const auto groups_of = [](int64_t width) {
     return (width + kernels::kFp8BlockK - 1) / kernels::kFp8BlockK;
   };
+  const int64_t dense_intermediate = moe ? 0 : shape.intermediate;
   const size_t fp8_width =
-      shape.fp8 ? static_cast<size_t>(std::max({shape.hidden, shape.q_width(),
-                                                rows * std::max(shape.hidden, shape.intermediate),
+      shape.fp8 ? static_cast<size_t>(std::max({shape.hidden, shape.q_width(), dense_intermediate,
                                                 shape.shared_intermediate}))
                 : 0;
   const size_t fp8_groups =
-      shape.fp8 ? static_cast<size_t>(std::max(
-                      {groups_of(shape.hidden), groups_of(shape.q_width()),
-                       rows * std::max(groups_of(shape.hidden), groups_of(shape.intermediate)),
-                       groups_of(shape.shared_intermediate)}))
-                : 0;
+      shape.fp8 ? static_cast<size_t>(groups_of(static_cast<int64_t>(fp8_width))) : 0;
+  const size_t expert_width =
+      shape.fp8 && moe ? static_cast<size_t>(rows * std::max(shape.hidden, shape.intermediate)) : 0;
+  const size_t expert_groups =
+      shape.fp8 && moe
+          ? static_cast<size_t>(rows * groups_of(std::max(shape.hidden, shape.intermediate)))
+          : 0;
   const size_t choices = moe ? t * static_cast<size_t>(shape.top_k) : 0;
   const size_t experts = moe ? static_cast<size_t>(shape.experts) : 0;
   // The same sequence of Takes sizes the allocation and then carves it.
@@ -119,9 +121,14 @@ absl::StatusOr<ActivationArena> ActivationArena::Create(const LayerShape& shape,
             : nullptr;
     void* fp8_codes = shape.fp8 ? layout.Take(t * fp8_width) : nullptr;
     void* fp8_scales = shape.fp8 ? layout.Take(t * fp8_groups * sizeof(float)) : nullptr;
+    void* fp8_expert_codes = expert_width > 0 ? layout.Take(t * expert_width) : nullptr;
+    void* fp8_expert_scales =
+        expert_width > 0 ? layout.Take(t * expert_groups * sizeof(float)) : nullptr;
     if (arena != nullptr) {
       arena->fp8_codes = fp8_codes;
       arena->fp8_scales = static_cast<float*>(fp8_scales);
+      arena->fp8_expert_codes = fp8_expert_codes;
+      arena->fp8_expert_scales = static_cast<float*>(fp8_expert_scales);
       arena->x = x;
       arena->normed = normed;
       arena->qkv = arena->gate_up = big_buffer;
@@ -269,7 +276,7 @@ absl::Status LayerExecutor::ForwardLayer(int layer, const ActivationArena& arena
 
   kernels::GemmParams qkv = FromNormed(arena, s, tokens, w.w_qkv, arena.qkv, s.qkv_width());
   qkv.bias = w.b_qkv;
-  LS_RETURN_IF_ERROR(RunLinear(qkv, w.qkv_fp8, arena, workspace, stream, qkv_quantized));
+  LS_RETURN_IF_ERROR(RunLinear(qkv, w.qkv_fp8, MainFp8(arena), workspace, stream, qkv_quantized));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmQkv, stream));
 
   kernels::RopeParams rope;
@@ -317,20 +324,23 @@ absl::Status LayerExecutor::ForwardLayer(int layer, const ActivationArena& arena
   o.n = s.hidden;
   o.k = s.q_width();
   o.dtype = s.dtype;
-  LS_RETURN_IF_ERROR(RunLinear(o, w.o_fp8, arena, workspace, stream));
+  LS_RETURN_IF_ERROR(RunLinear(o, w.o_fp8, MainFp8(arena), workspace, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpGemmO, stream));
 
   norm.weight = w.post_norm;
   norm.fp8_codes = nullptr;
-  const bool gate_up_quantized = s.experts == 0 && QuantizeInNorm(w.gate_up_fp8, arena, &norm);
+  // (A mixture of experts': the experts' gate/up's quantization.)
+  const bool gate_up_quantized = QuantizeInNorm(w.gate_up_fp8, arena, &norm);
   LS_RETURN_IF_ERROR(kernels::LaunchRmsNorm(norm, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpNorm, stream));
-  if (s.experts > 0) return ExpertMlps(layer, arena, tokens, workspace, stream, timer);
+  if (s.experts > 0) {
+    return ExpertMlps(layer, arena, tokens, gate_up_quantized, workspace, stream, timer);
+  }
   MlpRun mlp = OntoResidual(arena, tokens, w.w_gate_up, w.w_down, s.intermediate);
   mlp.gate_up_fp8 = w.gate_up_fp8;
   mlp.down_fp8 = w.down_fp8;
   mlp.input_quantized = gate_up_quantized;
-  return RunMlp(mlp, arena, workspace, stream, timer);
+  return RunMlp(mlp, workspace, stream, timer);
 }
 
 bool LayerExecutor::QuantizeInNorm(const Fp8Linear& linear, const ActivationArena& arena,
@@ -347,27 +357,26 @@ bool LayerExecutor::QuantizeInNorm(const Fp8Linear& linear, const ActivationAren
 }
 
 absl::Status LayerExecutor::RunLinear(kernels::GemmParams p, const Fp8Linear& linear,
-                                      const ActivationArena& arena,
-                                      const kernels::GemmWorkspace& workspace, cudaStream_t stream,
-                                      bool quantized) const {
+                                      Fp8Input input, const kernels::GemmWorkspace& workspace,
+                                      cudaStream_t stream, bool quantized) const {
   if (!linear.fp8()) return gemm_->Run(p, workspace, stream);
-  if (arena.fp8_codes == nullptr || p.lda != p.k) {
+  if (input.codes == nullptr || input.scales == nullptr || p.lda != p.k) {
     return absl::InternalError("layer executor: an FP8 linear without the arena's FP8 buffers");
   }
   if (!quantized) {
     kernels::QuantizeFp8Params q;
     q.x = p.a;
-    q.codes = arena.fp8_codes;
-    q.scales = arena.fp8_scales;
+    q.codes = input.codes;
+    q.scales = input.scales;
     q.rows = p.m;
     q.cols = p.k;
     q.group = linear.activation_group();
     q.static_scale = linear.static_scale();
     LS_RETURN_IF_ERROR(kernels::LaunchQuantizeFp8(q, stream));
   }
-  p.a = arena.fp8_codes;
+  p.a = input.codes;
   p.fp8 = linear.scaling;
-  p.a_scale = arena.fp8_scales;
+  p.a_scale = input.scales;
   p.w_scale = linear.w_scale;
   p.w_scale_128 = linear.w_scale_128;
   return gemm_->Run(p, workspace, stream);
@@ -385,12 +394,12 @@ LayerExecutor::MlpRun LayerExecutor::OntoResidual(const ActivationArena& arena, 
           .activation = arena.mlp,
           .scratch = arena.gate_up,
           .output = arena.x,
-          .accumulate = true};
+          .accumulate = true,
+          .fp8_input = MainFp8(arena)};
 }
 
-absl::Status LayerExecutor::RunMlp(const MlpRun& run, const ActivationArena& arena,
-                                   const kernels::GemmWorkspace& workspace, cudaStream_t stream,
-                                   OpTimer* timer, std::string_view op) const {
+absl::Status LayerExecutor::RunMlp(const MlpRun& run, const kernels::GemmWorkspace& workspace,
+                                   cudaStream_t stream, OpTimer* timer, std::string_view op) const {
   const LayerShape& s = shape_;
   // gate/up and the SiLU gate in one call: the weight's rows are interleaved
   // (DeviceWeights), so our kernels apply the activation in their epilogue
@@ -413,7 +422,7 @@ absl::Status LayerExecutor::RunMlp(const MlpRun& run, const ActivationArena& are
   gate_up.groups = run.groups;
   gate_up.max_group_rows = run.max_group_rows;
   LS_RETURN_IF_ERROR(
-      RunLinear(gate_up, run.gate_up_fp8, arena, workspace, stream, run.input_quantized));
+      RunLinear(gate_up, run.gate_up_fp8, run.fp8_input, workspace, stream, run.input_quantized));
   if (run.sigmoid_gate != nullptr) {
     kernels::MoeSharedGateParams gate{.x = run.input,
                                       .gate = run.sigmoid_gate,
@@ -427,8 +436,8 @@ absl::Status LayerExecutor::RunMlp(const MlpRun& run, const ActivationArena& are
       if (!run.gate_up_fp8.fp8()) {
         return absl::InternalError("layer executor: an FP8 sigmoid gate beside a BF16 gate/up");
       }
-      gate.x_codes = arena.fp8_codes;
-      gate.x_scales = arena.fp8_scales;
+      gate.x_codes = run.fp8_input.codes;
+      gate.x_scales = run.fp8_input.scales;
       gate.x_group = run.gate_up_fp8.activation_group();
     }
     LS_RETURN_IF_ERROR(kernels::LaunchMoeSharedGate(gate, stream));
@@ -447,11 +456,12 @@ absl::Status LayerExecutor::RunMlp(const MlpRun& run, const ActivationArena& are
   down.accumulate = run.accumulate;
   down.n = s.hidden;
   down.k = run.intermediate;
-  LS_RETURN_IF_ERROR(RunLinear(down, run.down_fp8, arena, workspace, stream));
+  LS_RETURN_IF_ERROR(RunLinear(down, run.down_fp8, run.fp8_input, workspace, stream));
   return MarkOp(timer, op.empty() ? kOpGemmDown : op, stream);
 }
 
 absl::Status LayerExecutor::ExpertMlps(int layer, const ActivationArena& arena, int64_t tokens,
+                                       bool normed_quantized,
                                        const kernels::GemmWorkspace& workspace, cudaStream_t stream,
                                        OpTimer* timer) const {
   const LayerShape& s = shape_;
@@ -484,10 +494,22 @@ absl::Status LayerExecutor::ExpertMlps(int layer, const ActivationArena& arena, 
   choices.top_k = s.top_k;
   kernels::MoeGatherParams gather;
   gather.choices = choices;
-  gather.x = arena.normed;
   gather.hidden = s.hidden;
   gather.dtype = s.dtype;
-  gather.permuted = arena.moe_input;
+  const Fp8Input expert_fp8{arena.fp8_expert_codes, arena.fp8_expert_scales};
+  // FP8 experts whose input the RMSNorm quantized: their rows' codes and
+  // scales, in expert order, are all their gate/up reads.
+  const bool gather_codes = w.gate_up_fp8.fp8() && normed_quantized;
+  if (gather_codes) {
+    gather.fp8_codes = arena.fp8_codes;
+    gather.fp8_scales = arena.fp8_scales;
+    gather.fp8_group = w.gate_up_fp8.activation_group();
+    gather.permuted_codes = expert_fp8.codes;
+    gather.permuted_scales = expert_fp8.scales;
+  } else {
+    gather.x = arena.normed;
+    gather.permuted = arena.moe_input;
+  }
   LS_RETURN_IF_ERROR(kernels::LaunchMoeGather(gather, stream));
   LS_RETURN_IF_ERROR(MarkOp(timer, kOpMoeRoute, stream));
 
@@ -506,8 +528,10 @@ absl::Status LayerExecutor::ExpertMlps(int layer, const ActivationArena& arena, 
                              .accumulate = false,
                              .group_offsets = arena.expert_offsets,
                              .groups = s.experts,
-                             .max_group_rows = tokens},
-                            arena, workspace, stream, timer));
+                             .max_group_rows = tokens,
+                             .fp8_input = expert_fp8,
+                             .input_quantized = gather_codes},
+                            workspace, stream, timer));
 
   kernels::MoeCombineParams combine;
   combine.choices = choices;
@@ -526,7 +550,14 @@ absl::Status LayerExecutor::ExpertMlps(int layer, const ActivationArena& arena, 
   shared.gate_up_fp8 = w.shared_gate_up_fp8;
   shared.sigmoid_gate_fp8 = w.shared_gate_fp8;
   shared.down_fp8 = w.shared_down_fp8;
-  return RunMlp(shared, arena, workspace, stream, timer, kOpSharedExpert);
+  // The normed rows' codes are still in the main buffers (the experts used
+  // their own): the shared expert's gate/up reads them where it quantizes
+  // its input as the experts' does.
+  shared.input_quantized =
+      normed_quantized && w.shared_gate_up_fp8.fp8() &&
+      w.shared_gate_up_fp8.activation_group() == w.gate_up_fp8.activation_group() &&
+      w.shared_gate_up_fp8.static_scale() == w.gate_up_fp8.static_scale();
+  return RunMlp(shared, workspace, stream, timer, kOpSharedExpert);
 }
 
 }  // namespace layerserve::cuda

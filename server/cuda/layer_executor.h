@@ -194,9 +194,16 @@ class ActivationArena {
   // expert] (MoeRouteParams::counts_out; Batch::expert_tokens).
   int32_t* expert_tokens = nullptr;
   // FP8 spans only (LayerShape::fp8; null otherwise): the input of the FP8
-  // linear running now, quantized (LaunchQuantizeFp8), and its scales.
+  // linear running now, quantized (LaunchQuantizeFp8, or by the RMSNorm
+  // before it), and its scales.
   void* fp8_codes = nullptr;    // [tokens, widest linear input] e4m3
   float* fp8_scales = nullptr;  // [tokens, ceil(widest input / 128)]
+  // And an FP8 mixture of experts' own (null otherwise), R = tokens top_k:
+  // its gate/up's input (the normed rows' codes in expert order, MoeGather)
+  // and then its down's, so fp8_codes keeps the normed rows' codes for the
+  // shared expert.
+  void* fp8_expert_codes = nullptr;    // [R, max(hidden, intermediate)] e4m3
+  float* fp8_expert_scales = nullptr;  // [R, ceil(max(hidden, intermediate) / 128)]
 
  private:
   DeviceBuffer buffer_;
@@ -276,6 +283,15 @@ class LayerExecutor {
   // residual add). With group_offsets, each projection is one grouped GEMM
   // over the experts (GemmParams::group_offsets). `activation` must not
   // overlap `input`: the GEMM writes it while other tiles still read input.
+  // Where an FP8 linear's input goes quantized (ActivationArena's FP8
+  // buffers: the main ones, or an FP8 mixture of experts' own).
+  struct Fp8Input {
+    void* codes = nullptr;
+    float* scales = nullptr;
+  };
+  static Fp8Input MainFp8(const ActivationArena& arena) {
+    return {arena.fp8_codes, arena.fp8_scales};
+  }
   struct MlpRun {
     const void* w_gate_up = nullptr;
     const void* w_down = nullptr;
@@ -293,6 +309,7 @@ class LayerExecutor {
     const int32_t* group_offsets = nullptr;
     int groups = 0;
     int64_t max_group_rows = 0;
+    Fp8Input fp8_input;            // where gate/up's and down's inputs go quantized
     bool input_quantized = false;  // RunLinear's `quantized`, for gate/up
   };
   // A dense MLP over the batch's normed rows whose output adds onto the
@@ -302,12 +319,12 @@ class LayerExecutor {
                              const void* sigmoid_gate = nullptr);
   // Runs the product `p` (dense, reading its input at p.a) through the GEMM
   // router: as is for a weight in the activation dtype; for an FP8 one,
-  // after quantizing p.a into the arena's FP8 buffers as `linear` says.
-  // `quantized`: p.a's quantization is in the arena already (the RMSNorm
-  // before wrote it, QuantizeInNorm).
-  absl::Status RunLinear(kernels::GemmParams p, const Fp8Linear& linear,
-                         const ActivationArena& arena, const kernels::GemmWorkspace& workspace,
-                         cudaStream_t stream, bool quantized = false) const;
+  // after quantizing p.a into `input` as `linear` says. `quantized`: p.a's
+  // quantization is in `input` already (the RMSNorm before wrote it,
+  // QuantizeInNorm, or MoeGather moved it there).
+  absl::Status RunLinear(kernels::GemmParams p, const Fp8Linear& linear, Fp8Input input,
+                         const kernels::GemmWorkspace& workspace, cudaStream_t stream,
+                         bool quantized = false) const;
   // Makes `norm` also write its output quantized for `linear` into the
   // arena's FP8 buffers, where `linear` is FP8 and the norm kernel takes its
   // scaling (block-128 needs hidden % 128 == 0); returns whether it did.
@@ -315,13 +332,15 @@ class LayerExecutor {
                       kernels::RmsNormParams* norm) const;
   // Marks the gate/up and down GEMMs as their ops, or the whole run as
   // `op` where that is given.
-  absl::Status RunMlp(const MlpRun& run, const ActivationArena& arena,
-                      const kernels::GemmWorkspace& workspace, cudaStream_t stream, OpTimer* timer,
-                      std::string_view op = {}) const;
-  // `layer`'s experts; its tokens per expert go to arena.expert_tokens.
+  absl::Status RunMlp(const MlpRun& run, const kernels::GemmWorkspace& workspace,
+                      cudaStream_t stream, OpTimer* timer, std::string_view op = {}) const;
+  // `layer`'s experts (and shared expert); its tokens per expert go to
+  // arena.expert_tokens. `normed_quantized`: the RMSNorm also wrote the
+  // normed rows quantized for the experts' gate/up into the main FP8
+  // buffers (QuantizeInNorm), so the gather moves codes, not rows.
   absl::Status ExpertMlps(int layer, const ActivationArena& arena, int64_t tokens,
-                          const kernels::GemmWorkspace& workspace, cudaStream_t stream,
-                          OpTimer* timer) const;
+                          bool normed_quantized, const kernels::GemmWorkspace& workspace,
+                          cudaStream_t stream, OpTimer* timer) const;
 
   const LayerShape shape_;
   const std::vector<LayerDeviceWeights> layers_;

@@ -15,7 +15,9 @@
 #include <cstdio>
 #include <memory>
 #include <numeric>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/dtype.h"
@@ -577,6 +579,73 @@ TEST_F(MoeKernelsTest, GatherPutsRowsInExpertOrderAndCombineSumsThemBack) {
     // One bf16 rounding of an fp32 sum.
     EXPECT_TRUE(testing::AllClose(testing::Decode(DType::kBF16, out_bytes), want, 1e-6, 1.01 / 256));
   }
+}
+
+TEST_F(MoeKernelsTest, Fp8GatherMovesCodesAndScalesWithTheirRows) {
+  for (const auto& [tokens, group] : {std::pair<int64_t, int64_t>{1, 0}, {77, 0}, {1, 128}, {77, 128}}) {
+    SCOPED_TRACE(::testing::Message() << tokens << " tokens, group " << group);
+    const int64_t hidden = 384;  // three groups of 128
+    const int experts = 32, top_k = 3;
+    const int64_t choices = tokens * top_k;
+    const int64_t groups = group == 0 ? 1 : hidden / group;
+    std::vector<int32_t> ids(choices), ranks(choices), counts(experts, 0);
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int j = 0; j < top_k; ++j) ids[t * top_k + j] = static_cast<int32_t>((3 * t + 7 * j) % (experts / 2) + j);
+    }
+    for (int64_t c = choices - 1; c >= 0; --c) ranks[c] = counts[ids[c]]++;
+    std::vector<int32_t> offsets(experts + 1, 0);
+    std::partial_sum(counts.begin(), counts.end(), offsets.begin() + 1);
+    std::mt19937 rng(static_cast<unsigned>(tokens + group));
+    std::vector<uint8_t> codes(tokens * hidden);
+    for (uint8_t& b : codes) b = static_cast<uint8_t>(rng());
+    std::vector<float> scales(groups * tokens);
+    for (float& s : scales) s = std::uniform_real_distribution<float>(0.001f, 2.f)(rng);
+    DeviceBuffer ids_d(choices * 4), ranks_d(choices * 4), offsets_d((experts + 1) * 4), codes_d(codes.size()),
+        scales_d(scales.size() * 4), permuted_codes_d(choices * hidden), permuted_scales_d(groups * choices * 4);
+    ids_d.Upload(ids.data(), choices * 4);
+    ranks_d.Upload(ranks.data(), choices * 4);
+    offsets_d.Upload(offsets.data(), offsets.size() * 4);
+    codes_d.Upload(codes.data(), codes.size());
+    scales_d.Upload(scales.data(), scales.size() * 4);
+    permuted_codes_d.Poison();
+    permuted_scales_d.Poison();
+    MoeGatherParams gp;
+    gp.choices = MoeChoices{.expert_ids = static_cast<const int32_t*>(ids_d.get()),
+                            .ranks = static_cast<const int32_t*>(ranks_d.get()),
+                            .offsets = static_cast<const int32_t*>(offsets_d.get()),
+                            .tokens = tokens,
+                            .top_k = top_k};
+    gp.hidden = hidden;
+    gp.fp8_codes = codes_d.get();
+    gp.fp8_scales = static_cast<const float*>(scales_d.get());
+    gp.fp8_group = group;
+    gp.permuted_codes = permuted_codes_d.get();
+    gp.permuted_scales = static_cast<float*>(permuted_scales_d.get());
+    ASSERT_TRUE(LaunchMoeGather(gp, stream_).ok());
+    LS_ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
+    std::vector<uint8_t> got_codes(choices * hidden);
+    std::vector<float> got_scales(groups * choices);
+    permuted_codes_d.Download(got_codes.data(), got_codes.size());
+    permuted_scales_d.Download(got_scales.data(), got_scales.size() * 4);
+    for (int64_t c = 0; c < choices; ++c) {
+      const int64_t row = offsets[ids[c]] + ranks[c], t = c / top_k;
+      for (int64_t i = 0; i < hidden; ++i) {
+        ASSERT_EQ(got_codes[row * hidden + i], codes[t * hidden + i]) << "choice " << c << " code " << i;
+      }
+      for (int64_t g = 0; g < groups; ++g) {
+        ASSERT_EQ(got_scales[g * choices + row], scales[g * tokens + t]) << "choice " << c << " group " << g;
+      }
+    }
+  }
+  MoeGatherParams bad;
+  bad.choices.expert_ids = bad.choices.ranks = bad.choices.offsets = reinterpret_cast<const int32_t*>(16);
+  bad.choices.tokens = 1;
+  bad.choices.top_k = 1;
+  bad.hidden = 200;  // not a multiple of 128
+  bad.fp8_codes = bad.permuted_codes = reinterpret_cast<void*>(16);
+  bad.fp8_scales = bad.permuted_scales = reinterpret_cast<float*>(16);
+  bad.fp8_group = 128;
+  EXPECT_EQ(LaunchMoeGather(bad, stream_).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -9,7 +9,8 @@
 //                its expert's choices, and each expert's first row (offsets,
 //                [experts + 1]): choice (t, j) of expert e takes row
 //                offsets[e] + rank[t, j] of the expert-ordered activations
-//   MoeGather    p [tokens k, hidden]: n's rows in that order
+//   MoeGather    p [tokens k, hidden]: n's rows in that order (or their
+//                FP8 codes and scales)
 //   grouped GEMM gu = p W_gate_upᵀ per expert, SiLU·mul, grouped GEMM down
 //   MoeCombine   x[t] += Σ_j weight[t, j] · y[row of (t, j)]
 //
@@ -69,12 +70,21 @@ struct MoeChoices {
 };
 
 // permuted[offsets[e] + rank] = x[t] for every choice (t, j) of expert e.
+// FP8 experts (fp8_codes set, x and permuted unused): the same for x's e4m3
+// codes and their scales, in LaunchQuantizeFp8's layout (the RMSNorm before
+// wrote them), so the experts' gate/up reads its input quantized with no
+// pass of its own: a row of codes moves whole, and its scales with it.
 struct MoeGatherParams {
   MoeChoices choices;
   const void* x = nullptr;  // [tokens, hidden]
-  int64_t hidden = 0;       // a multiple of 8
+  int64_t hidden = 0;       // a multiple of 8 (of 16 with fp8_codes; of 128 with fp8_group 128)
   DType dtype = DType::kBF16;
-  void* permuted = nullptr;  // out [tokens top_k, hidden]
+  void* permuted = nullptr;           // out [tokens top_k, hidden]
+  const void* fp8_codes = nullptr;    // [tokens, hidden]
+  const float* fp8_scales = nullptr;  // [tokens], or [hidden / 128][tokens] with fp8_group 128
+  int64_t fp8_group = 0;              // 0 (per row) or 128
+  void* permuted_codes = nullptr;     // out [tokens top_k, hidden]
+  float* permuted_scales = nullptr;   // out [tokens top_k], or [hidden / 128][tokens top_k]
 };
 absl::Status LaunchMoeGather(const MoeGatherParams& p, cudaStream_t stream);
 
