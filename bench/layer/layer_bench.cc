@@ -363,12 +363,14 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
   const size_t x_bytes = static_cast<size_t>(kMaxTokens * shape.hidden) * 2;
   LS_ASSIGN_OR_RETURN(DeviceBuffer x0, DeviceBuffer::Allocate(x_bytes));
   LS_RETURN_IF_ERROR(FillUniformBf16(x0.data(), kMaxTokens * shape.hidden, 99, 0.0f, 1.7f, stream.get()));
-  const cuda::LayerExecutor executor(shape, {served}, static_cast<const float*>(inv_freq_dev.data()), gemm.get());
+  const cuda::LayerExecutor executor(shape, {served}, static_cast<const float*>(inv_freq_dev.data()), gemm.get(),
+                                     gemm->device());
   std::unique_ptr<kernels::GemmRouter> gemm_b;
   std::unique_ptr<cuda::LayerExecutor> executor_b;
   if (compare == "bf16") {
     executor_b = std::make_unique<cuda::LayerExecutor>(shape, std::vector<cuda::LayerDeviceWeights>{layer},
-                                                       static_cast<const float*>(inv_freq_dev.data()), gemm.get());
+                                                       static_cast<const float*>(inv_freq_dev.data()), gemm.get(),
+                                                       gemm->device());
   } else if (!compare.empty() && compare != "graph") {
     cuda::GemmTuningOptions untuned = tuning;
     untuned.autotune = false;
@@ -378,7 +380,8 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
                                      gemm_shapes, kMaxTokens, row_tile ? tuning : untuned, std::cerr));
     if (row_tile) gemm_b->SetGroupedBlockM(compare == "bm64" ? 64 : 128);
     executor_b = std::make_unique<cuda::LayerExecutor>(shape, std::vector<cuda::LayerDeviceWeights>{served},
-                                                       static_cast<const float*>(inv_freq_dev.data()), gemm_b.get());
+                                                       static_cast<const float*>(inv_freq_dev.data()), gemm_b.get(),
+                                                       gemm_b->device());
   }
   LS_ASSIGN_OR_RETURN(cuda::OpTimer timer, cuda::OpTimer::Create(cuda::kOpsPerLayer));
   LS_ASSIGN_OR_RETURN(cuda::CudaEvent start, cuda::CreateEvent(cudaEventDefault));

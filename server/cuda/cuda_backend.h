@@ -5,8 +5,10 @@
 // each stream owns its activation arena, pinned host staging, cuBLASLt
 // workspace and events, all allocated here, so the request path never calls
 // cudaMalloc. Each stream has one thread that takes the next queued batch,
-// packs its inputs into pinned memory, enqueues copy-in, the layers and
-// copy-out, waits for the stream's event, fills the outputs and calls `done`.
+// packs its inputs into pinned memory, launches copy-in, the layers and
+// copy-out on its stream, waits for the stream's event, fills the outputs
+// and calls `done` (stream_pool.h, with the batch's parts in stream_slot.h,
+// batch_staging.h and batch_launch.h).
 // Execute only queues, so it never blocks its caller; with num_streams
 // streams, that many batches overlap (MaxInflightBatches). Small batches
 // replay their layers as CUDA graphs, one per batch shape and stream

@@ -159,12 +159,13 @@ absl::StatusOr<ActivationArena> ActivationArena::Create(const LayerShape& shape,
 
 LayerExecutor::LayerExecutor(LayerShape shape, std::vector<LayerDeviceWeights> layers,
                              const float* inv_freq, kernels::GemmRouter* gemm,
-                             std::vector<int> windows)
+                             kernels::DeviceInfo device, std::vector<int> windows)
     : shape_(shape),
       layers_(std::move(layers)),
       windows_(windows.empty() ? std::vector<int>(layers_.size(), 0) : std::move(windows)),
       inv_freq_(inv_freq),
-      gemm_(gemm) {}
+      gemm_(gemm),
+      device_(device) {}
 
 absl::Status LayerExecutor::Forward(const ActivationArena& arena, const BatchGeometry& batch,
                                     const kernels::GemmWorkspace& workspace, cudaStream_t stream,
@@ -207,7 +208,7 @@ absl::Status LayerExecutor::FlashAttend(int layer, const ActivationArena& arena,
   attention.softmax_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   attention.window = windows_[static_cast<size_t>(layer)];
   attention.dtype = s.dtype;
-  return kernels::LaunchFlashAttention(attention, gemm_->device(), stream);
+  return kernels::LaunchFlashAttention(attention, device_, stream);
 }
 
 kernels::PagedKv LayerExecutor::CacheOf(int layer, const BatchGeometry& batch) const {

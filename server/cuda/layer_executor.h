@@ -245,11 +245,13 @@ struct BatchGeometry {
 class LayerExecutor {
  public:
   // `layers` and `inv_freq` (head_dim / 2 floats, device) must outlive the
-  // executor, as must `gemm`. `windows`: each layer's sliding attention window
-  // (0: none), applied by flash attention and by the paged attention of
-  // batches with sessions alike; empty: no layer has one.
+  // executor, as must `gemm`. `device`: the GPU the attention kernels choose
+  // their launches for. `windows`: each layer's sliding attention window (0:
+  // none), applied by flash attention and by the paged attention of batches
+  // with sessions alike; empty: no layer has one.
   LayerExecutor(LayerShape shape, std::vector<LayerDeviceWeights> layers, const float* inv_freq,
-                kernels::GemmRouter* gemm, std::vector<int> windows = {});
+                kernels::GemmRouter* gemm, kernels::DeviceInfo device,
+                std::vector<int> windows = {});
 
   // Enqueues every layer over arena.x[0, tokens) on `stream`; nothing
   // synchronizes. With a timer, records an event after each op.
@@ -347,6 +349,7 @@ class LayerExecutor {
   const std::vector<int> windows_;  // one per layer
   const float* const inv_freq_;
   kernels::GemmRouter* const gemm_;
+  const kernels::DeviceInfo device_;
 };
 
 }  // namespace layerserve::cuda
