@@ -47,7 +47,40 @@ bool IsTokenText(std::string_view token) {
          std::all_of(token.begin(), token.end(), [](char c) { return c >= 0x21 && c <= 0x7e; });
 }
 
+// The session a request's sequence_id parameter names, as Infer sends it
+// (int64_param or string_param; uint64_param too, for hand-built requests).
+SequenceId SequenceIdOf(const inference::ModelInferRequest& request) {
+  const auto it = request.parameters().find("sequence_id");
+  if (it == request.parameters().end()) return int64_t{0};
+  const inference::InferParameter& p = it->second;
+  switch (p.parameter_choice_case()) {
+    case inference::InferParameter::kInt64Param:
+      return p.int64_param();
+    case inference::InferParameter::kUint64Param:
+      return static_cast<int64_t>(p.uint64_param());
+    case inference::InferParameter::kStringParam:
+      return p.string_param();
+    default:
+      return int64_t{0};
+  }
+}
+
 }  // namespace
+
+std::optional<std::string> SessionHeaderValue(const SequenceId& id) {
+  if (IsNoSequence(id)) return std::nullopt;
+  if (const int64_t* integer = std::get_if<int64_t>(&id)) return absl::StrCat(*integer);
+  const std::string& text = std::get<std::string>(id);
+  const bool printable =
+      std::all_of(text.begin(), text.end(), [](char c) { return c >= 0x20 && c <= 0x7e; });
+  // Longer ids are refused by the server (INVALID_ARGUMENT); without the
+  // header, a long one still reaches it to be told so.
+  constexpr size_t kMaxStringIdBytes = 256;
+  if (!printable || text.front() == ' ' || text.back() == ' ' || text.size() > kMaxStringIdBytes) {
+    return std::nullopt;
+  }
+  return text;
+}
 
 absl::StatusOr<std::string> ReadPemFile(const std::string& path, std::string_view flag) {
   absl::StatusOr<std::string> text = ReadCredentialFile(path, flag);
@@ -150,6 +183,14 @@ void Client::PrepareContext(grpc::ClientContext& context, absl::Time deadline) c
   // only over TLS: a token must also reach a server behind a proxy that
   // terminates TLS.
   if (!authorization_.empty()) context.AddMetadata("authorization", authorization_);
+}
+
+void Client::PrepareInferContext(grpc::ClientContext& context, absl::Time deadline,
+                                 const inference::ModelInferRequest& request) const {
+  PrepareContext(context, deadline);
+  if (const std::optional<std::string> session = SessionHeaderValue(SequenceIdOf(request))) {
+    context.AddMetadata(kSessionHeader, *session);
+  }
 }
 
 Client::~Client() {
@@ -298,7 +339,7 @@ absl::StatusOr<Tensor> Client::OutputFromResponse(inference::ModelInferResponse&
 absl::StatusOr<inference::ModelInferResponse> Client::InferRaw(
     const inference::ModelInferRequest& request, absl::Time deadline) {
   grpc::ClientContext context;
-  PrepareContext(context, deadline);
+  PrepareInferContext(context, deadline, request);
   inference::ModelInferResponse response;
   absl::Status status = FromGrpcStatus(inference_->ModelInfer(&context, request, &response));
   if (!status.ok()) return status;
@@ -308,7 +349,7 @@ absl::StatusOr<inference::ModelInferResponse> Client::InferRaw(
 std::unique_ptr<grpc::ClientAsyncResponseReader<inference::ModelInferResponse>> Client::StartInfer(
     grpc::ClientContext& context, const inference::ModelInferRequest& request, absl::Time deadline,
     grpc::CompletionQueue* cq) {
-  PrepareContext(context, deadline);
+  PrepareInferContext(context, deadline, request);
   return inference_->AsyncModelInfer(&context, request, cq);
 }
 
@@ -336,8 +377,8 @@ void Client::AsyncInfer(std::string_view model, const Tensor& input, absl::Time 
     InferCallback done;
   };
   auto call = std::make_unique<Call>();
-  PrepareContext(call->context, deadline);
   call->request = MakeInferRequest(model, input, options);
+  PrepareInferContext(call->context, deadline, call->request);
   call->done = std::move(done);
   {
     absl::MutexLock lock(&inflight_->mu);
@@ -368,9 +409,12 @@ void Client::AsyncInfer(std::string_view model, const Tensor& input, absl::Time 
                                   });
 }
 
-std::unique_ptr<InferStream> Client::OpenStream(absl::Time deadline) {
+std::unique_ptr<InferStream> Client::OpenStream(absl::Time deadline, const SequenceId& session) {
   std::unique_ptr<InferStream> stream(new InferStream(channel_));
   PrepareContext(stream->context_, deadline);
+  if (const std::optional<std::string> value = SessionHeaderValue(session)) {
+    stream->context_.AddMetadata(kSessionHeader, *value);
+  }
   absl::MutexLock lock(&stream->mu_);
   stream->stream_ = inference_->ModelStreamInfer(&stream->context_);
   return stream;

@@ -49,6 +49,19 @@ using SequenceId = std::variant<int64_t, std::string>;
 // True for 0 and "": no sequence.
 bool IsNoSequence(const SequenceId& id);
 
+// The request header (gRPC metadata) that carries a call's session, so that
+// an L7 proxy in front of several replicas can route every step of a
+// session to the one holding its KV cache (deploy/README.md). The server
+// refuses a call whose header names another session than its sequence_id.
+inline constexpr char kSessionHeader[] = "x-session-id";
+
+// The header's value for `id`: an integer in decimal, a string as itself.
+// nullopt for no sequence (0, "") and for a string no header can carry (a
+// byte outside printable ASCII, or a space at either end) or the server
+// refuses (longer than 256 bytes): such a session is sent without the
+// header, so a proxy cannot keep it on one replica.
+std::optional<std::string> SessionHeaderValue(const SequenceId& id);
+
 // Per-request options of Infer and AsyncInfer: the session (server-side KV
 // cache) a request is a step of, in Triton's sequence batcher spelling.
 // With a sequence_id, the request carries the request parameters
@@ -173,13 +186,19 @@ class Client {
   // another on one HTTP/2 stream, each reply read before the next request
   // is written (InferStream). `deadline` is the whole stream's: once it
   // passes, the stream breaks with DEADLINE_EXCEEDED (absl::InfiniteFuture():
-  // none). Never null. Like Connect, lazy: an unreachable server, or a
+  // none). `session`: the one session the stream carries, sent as the
+  // stream's kSessionHeader so that a proxy routes the stream by it; every
+  // request of such a stream must name it (0: none, a stream of any
+  // requests). Never null. Like Connect, lazy: an unreachable server, or a
   // refused bearer token, shows up as the first Infer's status. The stream
   // shares this client's channel and may outlive the Client.
-  std::unique_ptr<InferStream> OpenStream(absl::Time deadline);
+  std::unique_ptr<InferStream> OpenStream(absl::Time deadline,
+                                          const SequenceId& session = int64_t{0});
 
-  // Sends a hand-built request unchanged: for tests of the server's
-  // validation and for callers that need fields Infer does not set.
+  // Sends a hand-built request unchanged (with kSessionHeader when its
+  // sequence_id parameter names a session, as every call of this client
+  // has): for tests of the server's validation and for callers that need
+  // fields Infer does not set.
   absl::StatusOr<inference::ModelInferResponse> InferRaw(
       const inference::ModelInferRequest& request, absl::Time deadline);
 
@@ -218,6 +237,9 @@ class Client {
 
   // Sets the call's deadline and, with a token, its authorization metadata.
   void PrepareContext(grpc::ClientContext& context, absl::Time deadline) const;
+  // PrepareContext, plus kSessionHeader for the session `request` names.
+  void PrepareInferContext(grpc::ClientContext& context, absl::Time deadline,
+                           const inference::ModelInferRequest& request) const;
 
   const std::shared_ptr<Inflight> inflight_ = std::make_shared<Inflight>();
   const std::string authorization_;  // "Bearer <token>", or empty

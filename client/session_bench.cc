@@ -209,7 +209,8 @@ void RunStreamSession(Client& client, const SessionRequests& requests, int64_t i
   // One deadline for the whole stream: a share per request and one for the
   // barrier (session_bench.h).
   std::unique_ptr<InferStream> stream = client.OpenStream(
-      absl::Now() + absl::Seconds(options.timeout_seconds * static_cast<double>(plan_size + 1)));
+      absl::Now() + absl::Seconds(options.timeout_seconds * static_cast<double>(plan_size + 1)),
+      SessionBenchId(options.session_id_prefix, index));
   const auto send = [&](size_t i) {
     const absl::Time issued = absl::Now();
     absl::Status status =

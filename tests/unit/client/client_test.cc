@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 
@@ -172,6 +173,80 @@ TEST(ClientSecurityTest, TheTokenRidesOnEveryCall) {
   EXPECT_TRUE((*plain)->Live(deadline).ok());
   EXPECT_EQ(service.seen(), (std::vector<std::string>{"Bearer t0ken", "Bearer t0ken",
                                                       "Bearer t0ken", "Bearer t0ken", "(none)"}));
+  server->Shutdown();
+}
+
+TEST(SessionHeaderValueTest, IntegersInDecimalStringsAsThemselves) {
+  EXPECT_EQ(SessionHeaderValue(SequenceId(int64_t{42})), "42");
+  EXPECT_EQ(SessionHeaderValue(SequenceId(int64_t{-7})), "-7");
+  EXPECT_EQ(SessionHeaderValue(SequenceId(std::string("chat 7"))), "chat 7");
+  EXPECT_EQ(SessionHeaderValue(SequenceId(int64_t{0})), std::nullopt);
+  EXPECT_EQ(SessionHeaderValue(SequenceId(std::string())), std::nullopt);
+  // What no header value can carry, or the server refuses anyway.
+  EXPECT_EQ(SessionHeaderValue(SequenceId(std::string("a\nb"))), std::nullopt);
+  EXPECT_EQ(SessionHeaderValue(SequenceId(std::string(" a"))), std::nullopt);
+  EXPECT_EQ(SessionHeaderValue(SequenceId(std::string(257, 'a'))), std::nullopt);
+  EXPECT_EQ(SessionHeaderValue(SequenceId(std::string(256, 'a'))), std::string(256, 'a'));
+}
+
+// Records the x-session-id header of every ModelInfer and ModelStreamInfer.
+class SessionHeaderService final : public inference::GRPCInferenceService::Service {
+ public:
+  grpc::Status ModelInfer(grpc::ServerContext* context, const inference::ModelInferRequest*,
+                          inference::ModelInferResponse*) override {
+    Record(*context);
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "recorded");
+  }
+  grpc::Status ModelStreamInfer(grpc::ServerContext* context,
+                                grpc::ServerReaderWriter<inference::ModelStreamInferResponse,
+                                                         inference::ModelInferRequest>*) override {
+    Record(*context);
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "recorded");
+  }
+  std::vector<std::string> seen() {
+    absl::MutexLock lock(&mu_);
+    return seen_;
+  }
+
+ private:
+  void Record(const grpc::ServerContext& context) {
+    std::vector<std::string> values;
+    const auto [begin, end] = context.client_metadata().equal_range(kSessionHeader);
+    for (auto it = begin; it != end; ++it)
+      values.emplace_back(it->second.data(), it->second.size());
+    absl::MutexLock lock(&mu_);
+    seen_.push_back(values.empty() ? "(none)" : absl::StrJoin(values, ","));
+  }
+  absl::Mutex mu_;
+  std::vector<std::string> seen_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST(ClientSessionHeaderTest, EveryCallOfASessionCarriesIt) {
+  SessionHeaderService service;
+  std::string address;
+  std::unique_ptr<grpc::Server> server = ServeOnLoopback(&service, &address);
+  ASSERT_NE(server, nullptr);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  {
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(address);
+    ASSERT_TRUE(client.ok()) << client.status();
+    Client& c = **client;
+    c.Infer("demo", kInput, deadline).IgnoreError();
+    c.Infer("demo", kInput, deadline, {.sequence_id = int64_t{7}, .sequence_start = true})
+        .IgnoreError();
+    c.Infer("demo", kInput, deadline, {.sequence_id = std::string("chat-9")}).IgnoreError();
+    absl::Notification done;
+    c.AsyncInfer("demo", kInput, deadline, {.sequence_id = int64_t{8}},
+                 [&done](absl::StatusOr<Tensor>) { done.Notify(); });
+    done.WaitForNotification();
+    inference::ModelInferRequest raw = Client::MakeInferRequest("demo", kInput);
+    (*raw.mutable_parameters())["sequence_id"].set_uint64_param(9);
+    c.InferRaw(raw, deadline).IgnoreError();
+    c.OpenStream(deadline, int64_t{10})->Infer("demo", kInput).IgnoreError();
+    c.OpenStream(deadline)->Infer("demo", kInput).IgnoreError();
+  }
+  EXPECT_EQ(service.seen(),
+            (std::vector<std::string>{"(none)", "7", "chat-9", "8", "9", "10", "(none)"}));
   server->Shutdown();
 }
 
