@@ -10,6 +10,7 @@
 #include "server/grpc/call_auth.h"
 #include "server/grpc/model_info.h"
 #include "server/grpc/request_convert.h"
+#include "server/grpc/session_header.h"
 #include "server/grpc/status_convert.h"
 
 namespace layerserve {
@@ -57,6 +58,8 @@ void InferHandler::Submit(const grpc::ServerContextBase& context,
   if (!made.ok()) return Complete(reply, made.status(), receipt, 0);
 
   std::unique_ptr<InferRequest> infer = *std::move(made);
+  status = CheckSessionHeader(SessionHeaderValues(context), infer->session);
+  if (!status.ok()) return Complete(reply, status, receipt, 0);
   // A session belongs to the caller that names it (call_auth.h).
   if (infer->session) infer->session->id = infer->session->id.OwnedBy(CallerIdentity(context));
   InferRequest* const raw = infer.get();  // owned by the core until on_done returns
