@@ -519,7 +519,8 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
       " max_queue_bytes=", batcher_options.max_queue_bytes, " cpu_threads=", flags.cpu_threads,
       " streams=", flags.streams, " max_message_bytes=", DefaultMaxMessageBytes(served),
       " grpc_threads=", grpc_options.queue_threads, " reply_threads=", flags.reply_threads,
-      " drain_timeout_s=", flags.drain_timeout_s));
+      " drain_timeout_s=", flags.drain_timeout_s,
+      " drain_sessions_timeout_s=", flags.drain_sessions_timeout_s));
   std::cout << "layerserve ready: model=" << served.name << " layers=" << first_layer << ":"
             << end_layer << " backend=" << served.backend << " grpc_port=" << (*frontend)->port()
             << " metrics_port=" << (*metrics_server)->port() << std::endl;
@@ -532,23 +533,55 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
       WaitForSignalUnless(signals, [&] { return (*frontend)->AcceptFailed(); });
   const bool listener_failed = signal_number == 0;
   const absl::Duration drain_timeout = absl::Seconds(flags.drain_timeout_s);
-  const absl::Time deadline = absl::Now() + drain_timeout;
+  const absl::Duration sessions_timeout =
+      absl::Seconds(*sessions != nullptr ? flags.drain_sessions_timeout_s : 0);
   if (listener_failed) {
     LogError(absl::StrCat(
         "the gRPC port stopped accepting connections (accept failed; see the [grpc] line above: "
         "with too many open files, gRPC 1.51 never listens again); draining for up to ",
-        absl::FormatDuration(drain_timeout), ", then exiting with status 1 to be restarted"));
+        absl::FormatDuration(sessions_timeout + drain_timeout),
+        ", then exiting with status 1 to be restarted"));
   } else {
     Log(absl::StrCat("received ", strsignal(signal_number), "; draining for up to ",
-                     absl::FormatDuration(drain_timeout)));
+                     absl::FormatDuration(sessions_timeout + drain_timeout)));
   }
 
-  // Readiness goes false first so load balancers stop sending; the batcher
-  // then runs everything already queued, and the gRPC server waits for open
-  // calls (streams) until the deadline. A backend that never returns must not
-  // keep the process alive, so main waits with the deadline and leaves
-  // without cleanup if it passes; a second signal leaves at once.
+  // Readiness goes false first so load balancers stop sending, and new work
+  // is refused, but the steps of open sessions are still taken
+  // (server/core/drain.h): their KV caches are here only. Once every session
+  // has ended, or --drain-sessions-timeout-s has passed, the rest are
+  // dropped; then the batcher runs everything already queued, and the gRPC
+  // server waits for open calls (streams) until the deadline. A backend that
+  // never returns must not keep the process alive, so main waits with the
+  // deadline and leaves without cleanup if it passes; a second signal leaves
+  // at once.
   (*frontend)->BeginDrain();
+  if (*sessions != nullptr) {
+    SessionTable& table = **sessions;
+    const int64_t open = table.Stats().sessions_open;
+    Log(absl::StrCat("drain: no new sessions; waiting up to ",
+                     absl::FormatDuration(sessions_timeout), " for the ", open, " open to end"));
+    const absl::Time sessions_deadline = absl::Now() + sessions_timeout;
+    // Requests queued before the signal (a sequence_start among them) are
+    // still to open their sessions: the phase lasts until they have run.
+    const int second_signal = WaitForSignalUnless(signals, [&] {
+      return (table.Stats().sessions_open == 0 && batcher.queue_depth() == 0) ||
+             absl::Now() >= sessions_deadline;
+    });
+    if (second_signal > 0) {
+      Log("second signal; exiting without finishing the drain");
+      std::fflush(nullptr);
+      std::_Exit(1);
+    }
+    const int64_t still_open = table.Stats().sessions_open;
+    // Sessions with a step running are dropped as it finishes.
+    table.DropForDrain();
+    observers.OnSessions(table.Stats());
+    Log(absl::StrCat(
+        "drain: sessions dropped: ", still_open, " (", open, " were open at the signal)",
+        still_open > 0 ? "; a later step of one gets NOT_FOUND: dropped by a drain" : ""));
+  }
+  const absl::Time deadline = absl::Now() + drain_timeout;
   absl::Notification drained;
   std::thread drainer([&] {
     batcher.Shutdown();

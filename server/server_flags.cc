@@ -126,6 +126,10 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
                          "threads shorten that wait but take cores from gRPC and clients)"));
   integer(app.add_option(FlagNames("drain-timeout-s"), flags.drain_timeout_s,
                          "on SIGTERM/SIGINT, how long queued and open calls may take to finish"));
+  integer(app.add_option(
+      FlagNames("drain-sessions-timeout-s"), flags.drain_sessions_timeout_s,
+      "on SIGTERM/SIGINT, how long open sessions may go on stepping (no new session is opened) "
+      "before the rest are dropped, before --drain-timeout-s begins; 0: drop them at once"));
   app.add_option(FlagNames("log-format"), flags.log_format,
                  "stderr log lines: text (UTC time, level, message) or json (one object per "
                  "line: time, level, logger, msg)");
@@ -319,6 +323,9 @@ absl::Status CheckFlags(const ServerFlags& flags) {
   }
   if (flags.drain_timeout_s < 0) {
     return absl::InvalidArgumentError("--drain-timeout-s must be >= 0");
+  }
+  if (flags.drain_sessions_timeout_s < 0) {
+    return absl::InvalidArgumentError("--drain-sessions-timeout-s must be >= 0");
   }
   // The range's syntax before any port is bound or the load is logged; that
   // it lies inside the model is known only once config.json is read.

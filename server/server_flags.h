@@ -32,6 +32,7 @@ struct ServerFlags {
   int64_t max_queue_bytes = 0;  // 0: DefaultMaxQueueBytes
   int cpu_threads = 0;
   int drain_timeout_s = 30;
+  int drain_sessions_timeout_s = 30;         // before drain_timeout_s: open sessions' time to end
   int64_t grpc_max_connection_age_s = 0;     // 0: connections live as long as clients keep them
   int64_t grpc_max_connection_idle_s = 300;  // GrpcFrontendOptions::max_connection_idle_s
   int grpc_threads = 0;                      // GrpcFrontendOptions::queue_threads

@@ -112,6 +112,9 @@ class Batcher {
 
   int64_t queue_depth() const;
 
+  // The session table (BatcherOptions::sessions; null when none).
+  const SessionTable* sessions() const { return options_.sessions; }
+
  private:
   void Run();
   // A request answered without running, and why.

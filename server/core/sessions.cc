@@ -97,6 +97,11 @@ absl::StatusOr<SessionStep> SessionTable::BeginStep(const SessionStepRequest& re
                      " already has a request in flight; a session runs one request at a time, "
                      "so send the next after the previous one's reply"));
   }
+  if (request.start && dropped_for_drain_) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot start session ", id.ToString(),
+        ": the server is draining and opens no new session; start it on another replica"));
+  }
   if (!request.start) {
     if (s == nullptr) return NotFoundLocked(id);
     if (request.batch != s->batch) {
@@ -220,7 +225,12 @@ absl::Status SessionTable::FinishStep(const SessionId& id, bool ok, bool end, St
   }
   s.step_tokens = 0;
   s.step_new_blocks = 0;
-  if (ok && end) EraseLocked(id, &freed_end_);
+  if (ok && end) {
+    EraseLocked(id, &freed_end_);
+  } else if (dropped_for_drain_) {
+    EraseLocked(id, &freed_drain_);
+    dropped_.insert(id);
+  }
   return absl::OkStatus();
 }
 
@@ -296,6 +306,13 @@ void SessionTable::RememberExpiredLocked(const SessionId& id) {
 void SessionTable::ForgetExpiredLocked(const SessionId& id) { expired_.erase(id); }
 
 absl::Status SessionTable::NotFoundLocked(const SessionId& id) const {
+  if (dropped_.contains(id)) {
+    return absl::NotFoundError(absl::StrCat(
+        "session ", id.ToString(),
+        " was dropped by a drain: the server is shutting down, and the session was still open "
+        "when its time to end ran out, so its KV cache was freed; start it again with "
+        "sequence_start (another replica takes it)"));
+  }
   if (expired_.contains(id)) {
     return absl::NotFoundError(
         absl::StrCat("session ", id.ToString(), " expired: it was idle for ",
@@ -304,6 +321,26 @@ absl::Status SessionTable::NotFoundLocked(const SessionId& id) const {
   }
   return absl::NotFoundError(
       absl::StrCat("session ", id.ToString(), " not found; a session begins with sequence_start"));
+}
+
+int64_t SessionTable::DropForDrain() {
+  MutexLock lock(&mu_);
+  dropped_for_drain_ = true;
+  std::vector<SessionId> idle;
+  for (const auto& [id, s] : sessions_) {
+    if (!s.in_flight) idle.push_back(id);
+  }
+  for (const SessionId& id : idle) {
+    EraseLocked(id, &freed_drain_);
+    dropped_.insert(id);
+  }
+  return static_cast<int64_t>(idle.size());
+}
+
+absl::Status SessionTable::CheckOpen(const SessionId& id) const {
+  MutexLock lock(&mu_);
+  if (sessions_.contains(id)) return absl::OkStatus();
+  return NotFoundLocked(id);
 }
 
 SessionTableStats SessionTable::Stats() const {
@@ -316,6 +353,7 @@ SessionTableStats SessionTable::Stats() const {
   stats.freed_end = freed_end_;
   stats.freed_idle = freed_idle_;
   stats.freed_reset = freed_reset_;
+  stats.freed_drain = freed_drain_;
   stats.rejected_no_blocks = rejected_no_blocks_;
   return stats;
 }

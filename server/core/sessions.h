@@ -53,6 +53,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "base/mutex.h"
@@ -178,6 +179,7 @@ struct SessionTableStats {
   int64_t freed_end = 0;           // sessions freed by a successful step with sequence_end
   int64_t freed_idle = 0;          // sessions freed by the idle timeout
   int64_t freed_reset = 0;         // sessions replaced by a sequence_start naming them
+  int64_t freed_drain = 0;         // sessions dropped by a drain (DropForDrain)
   int64_t rejected_no_blocks = 0;  // steps refused for want of free KV cache blocks
 };
 
@@ -197,7 +199,10 @@ class SessionTable {
   //   INVALID_ARGUMENT    batch < 1, tokens < 0, position < 0; without start,
   //                       a batch different from the session's B.
   //   NOT_FOUND           without start: no such session ("expired" when it
-  //                       was freed for idleness and is still remembered).
+  //                       was freed for idleness and is still remembered,
+  //                       "dropped by a drain" after DropForDrain).
+  //   UNAVAILABLE         a start after DropForDrain: the table opens no
+  //                       session any more.
   //   FAILED_PRECONDITION a step of the session is already in flight (also
   //                       for a start); position larger than L (0 on start).
   //   RESOURCE_EXHAUSTED  B larger than the pool's block count (a sequence
@@ -232,6 +237,20 @@ class SessionTable {
   int64_t ExpireIdle(SteadyTime now);
 
   SessionTableStats Stats() const;
+
+  // The end of a drain (the server is shutting down and its time for open
+  // sessions to end has run out): frees every session not in flight now and
+  // each session in flight as its step finishes (FinishStep, whatever its
+  // `end`), counting them under freed_drain, and remembers their ids, so
+  // that a later step naming one is NOT_FOUND "dropped by a drain" rather
+  // than "not found". From then on BeginStep opens no session (UNAVAILABLE
+  // for a start). Returns how many it freed now. Idempotent.
+  int64_t DropForDrain();
+
+  // OK when `id` names an open session; otherwise the NOT_FOUND a step
+  // naming it would get from BeginStep (not found, expired, or dropped by a
+  // drain). O(1).
+  absl::Status CheckOpen(const SessionId& id) const;
 
   // Marks session `id` used at `now` (nothing when none is open under it), so
   // that it does not expire while a request of it waits in a queue. O(1).
@@ -287,6 +306,11 @@ class SessionTable {
   int64_t freed_end_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t freed_idle_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t freed_reset_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t freed_drain_ ABSL_GUARDED_BY(mu_) = 0;
+  // Set by DropForDrain: sessions are freed as their steps finish, and the
+  // ids freed so are remembered (at most the sessions open then).
+  bool dropped_for_drain_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_set<SessionId> dropped_ ABSL_GUARDED_BY(mu_);
   int64_t rejected_no_blocks_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/drain.h"
 #include "server/grpc/call_auth.h"
 #include "server/grpc/model_info.h"
 #include "server/grpc/request_convert.h"
@@ -45,7 +46,7 @@ void InferHandler::Submit(const grpc::ServerContextBase& context,
     return RefuseUnserved(unknown, receipt, reply);
   }
   AddInflight(1);
-  absl::Status status = state_->Readiness();
+  absl::Status status = state_->BackendReadiness();
   if (!status.ok()) return Complete(reply, status, receipt, 0);
 
   // raw_deadline(), not deadline(): gRPC's conversion to system_clock
@@ -62,6 +63,11 @@ void InferHandler::Submit(const grpc::ServerContextBase& context,
   if (!status.ok()) return Complete(reply, status, receipt, 0);
   // A session belongs to the caller that names it (call_auth.h).
   if (infer->session) infer->session->id = infer->session->id.OwnedBy(CallerIdentity(context));
+  // Draining: only steps of the sessions still open get in.
+  if (state_->draining()) {
+    status = AdmitWhileDraining(infer->session, batcher_->sessions());
+    if (!status.ok()) return Complete(reply, status, receipt, 0);
+  }
   InferRequest* const raw = infer.get();  // owned by the core until on_done returns
   const int64_t tokens = raw->tokens();
   raw->is_cancelled = std::move(is_cancelled);

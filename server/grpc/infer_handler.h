@@ -1,6 +1,7 @@
 // One ModelInfer request's path through the edge, shared by the unary RPC and
 // ModelStreamInfer: check the model and readiness, validate and convert,
 // check the x-session-id header against the sequence_id (session_header.h),
+// while draining let only steps of open sessions in (server/core/drain.h),
 // enqueue on the Batcher, and when the core is done build the response, check
 // its size, report the outcome to the observer and reply.
 //

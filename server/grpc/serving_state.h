@@ -39,9 +39,16 @@ class ServingState {
 
   // OK when ready; UNAVAILABLE with the reason otherwise.
   absl::Status Readiness() const {
-    if (draining_.load(std::memory_order_acquire)) {
-      return absl::UnavailableError("the server is shutting down");
-    }
+    if (draining()) return absl::UnavailableError("the server is shutting down");
+    return BackendReadiness();
+  }
+
+  // Whether BeginDrain has been called. A draining server still takes the
+  // steps of its open sessions (server/core/drain.h).
+  bool draining() const { return draining_.load(std::memory_order_acquire); }
+
+  // Readiness without the drain: OK unless the backend reports an error.
+  absl::Status BackendReadiness() const {
     const absl::Status health = backend_->Health();
     if (!health.ok()) {
       return absl::UnavailableError(

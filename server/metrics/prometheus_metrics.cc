@@ -210,6 +210,7 @@ struct SessionSeries {
   prometheus::Counter& freed_end;
   prometheus::Counter& freed_idle;
   prometheus::Counter& freed_reset;
+  prometheus::Counter& freed_drain;
   prometheus::Counter& rejected_kv_memory;
 };
 
@@ -227,7 +228,8 @@ SessionSeries::SessionSeries(prometheus::Registry& registry, const prometheus::L
     : freed(prometheus::BuildCounter()
                 .Name("layerserve_sessions_freed_total")
                 .Help("Sessions freed, by reason: end (a step with sequence_end), idle_timeout, "
-                      "reset (replaced by a sequence_start).")
+                      "reset (replaced by a sequence_start), drain (still open when a shutdown's "
+                      "time for sessions ran out).")
                 .Register(registry)),
       steps_rejected(prometheus::BuildCounter()
                          .Name("layerserve_session_steps_rejected_total")
@@ -249,6 +251,7 @@ SessionSeries::SessionSeries(prometheus::Registry& registry, const prometheus::L
       freed_end(freed.Add(WithReason(model, "end"))),
       freed_idle(freed.Add(WithReason(model, "idle_timeout"))),
       freed_reset(freed.Add(WithReason(model, "reset"))),
+      freed_drain(freed.Add(WithReason(model, "drain"))),
       rejected_kv_memory(steps_rejected.Add(WithReason(model, "kv_memory"))) {}
 
 // The counter's increase from `seen` to `now` (cumulative counts), never
@@ -564,7 +567,7 @@ void PrometheusMetrics::OnSessions(const SessionTableStats& stats) {
   // before a report already applied: its gauges would go back in time. (One
   // with equal counts may still be older; the next report corrects it.)
   const bool older = stats.freed_end < seen.freed_end || stats.freed_idle < seen.freed_idle ||
-                     stats.freed_reset < seen.freed_reset ||
+                     stats.freed_reset < seen.freed_reset || stats.freed_drain < seen.freed_drain ||
                      stats.rejected_no_blocks < seen.rejected_no_blocks;
   if (!older) {
     s.open.Set(static_cast<double>(stats.sessions_open));
@@ -575,6 +578,7 @@ void PrometheusMetrics::OnSessions(const SessionTableStats& stats) {
   Advance(s.freed_end, stats.freed_end, seen.freed_end);
   Advance(s.freed_idle, stats.freed_idle, seen.freed_idle);
   Advance(s.freed_reset, stats.freed_reset, seen.freed_reset);
+  Advance(s.freed_drain, stats.freed_drain, seen.freed_drain);
   Advance(s.rejected_kv_memory, stats.rejected_no_blocks, seen.rejected_no_blocks);
 }
 

@@ -95,7 +95,8 @@ struct GemmRouteInfo {
 //   layerserve_kv_cache_bytes{model}                    gauge (the pool's bytes)
 //   layerserve_max_sessions{model}                      gauge
 //   layerserve_sessions_freed_total{model,reason}       counter: end (a step with
-//       sequence_end), idle_timeout, reset (replaced by a sequence_start)
+//       sequence_end), idle_timeout, reset (replaced by a sequence_start),
+//       drain (still open when a shutdown's --drain-sessions-timeout-s ran out)
 //   layerserve_session_steps_rejected_total{model,reason}  counter: kv_memory
 //       (too few free KV cache blocks for the step; RESOURCE_EXHAUSTED, so
 //       also in rejections_total{reason="resource_exhausted"})
@@ -172,7 +173,7 @@ class PrometheusMetrics final : public ServerObserver {
 //   unknown_model       NOT_FOUND for a model or version this server does not
 //                       serve (only under model="other")
 //   unknown_session     NOT_FOUND for the served model: no such session, or it
-//                       was freed for idleness
+//                       was freed for idleness or dropped by a drain
 //   session_state       FAILED_PRECONDITION: a session request out of turn
 //                       (a sequence_start while the session has a request
 //                       queued or running, a sequence_position past the

@@ -3,13 +3,21 @@
 //     request's sequence_id: a mismatch, on ModelInfer or on a
 //     ModelStreamInfer stream, is INVALID_ARGUMENT naming both values and
 //     leaves the session as it was; a matching header and no header work;
+//   - SIGTERM with sessions open: new sessions and stateless requests are
+//     refused (UNAVAILABLE, for another replica) at once, open sessions go on
+//     stepping and may end, and once --drain-sessions-timeout-s has passed
+//     the rest are dropped: a later step gets NOT_FOUND naming the session
+//     and the drain; the server then exits 0.
 // The same through a real nginx with the shipped configuration:
 // tests/deploy/test_session_routing.py.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <chrono>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -128,6 +136,83 @@ TEST_F(SessionHeaderRoutingTest, AStreamsHeaderMustNameEachRequestsSession) {
               {.sequence_id = std::string("chat-1"), .sequence_end = true, .sequence_position = 2})
           .ok());
   EXPECT_TRUE(stream->Close().ok());
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// SIGTERM with two sessions open, one that ends during the drain and one
+// that keeps stepping until the drain drops it.
+TEST(SessionDrainTest, OpenSessionsFinishNewOnesGoElsewhereTheRestAreDropped) {
+  const std::string log = ::testing::TempDir() + "session_drain_test.log";
+  absl::StatusOr<std::unique_ptr<ServerProcess>> started = ServerProcess::Start(
+      {"--kv-cache-memory=16MiB", "--drain-sessions-timeout-s=2", "--drain-timeout-s=10"},
+      absl::Seconds(30), log);
+  ASSERT_TRUE(started.ok()) << started.status();
+  ServerProcess& server = **started;
+  absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(server.grpc_target());
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  Client& client = **connected;
+  const auto step = [&](const InferOptions& options) {
+    return client
+        .Infer(kModel, Tokens(options.sequence_start ? 4 : 1, 9), In(absl::Seconds(30)), options)
+        .status();
+  };
+  ASSERT_TRUE(step({.sequence_id = int64_t{1}, .sequence_start = true}).ok());
+  ASSERT_TRUE(step({.sequence_id = int64_t{2}, .sequence_start = true}).ok());
+
+  server.Signal(SIGTERM);
+  // Refused at once, whatever the server's clock: a drain begins before
+  // anything else happens after the signal, and the client waits until it
+  // shows (health turns NOT_SERVING as the drain begins).
+  const absl::Time give_up = In(absl::Seconds(10));
+  while (client.Health(In(absl::Seconds(5)))
+                 .value_or(grpc::health::v1::HealthCheckResponse::SERVING) ==
+             grpc::health::v1::HealthCheckResponse::SERVING &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const absl::Status fresh = step({.sequence_id = int64_t{3}, .sequence_start = true});
+  EXPECT_EQ(fresh.code(), absl::StatusCode::kUnavailable) << fresh;
+  EXPECT_TRUE(absl::StrContains(fresh.message(),
+                                "opens no new session; start session 3 on "
+                                "another replica"))
+      << fresh;
+  const absl::Status stateless = step({});
+  EXPECT_EQ(stateless.code(), absl::StatusCode::kUnavailable) << stateless;
+
+  // Open sessions step on, and one ends as its client wants.
+  EXPECT_TRUE(step({.sequence_id = int64_t{1}}).ok());
+  EXPECT_TRUE(step({.sequence_id = int64_t{1}, .sequence_end = true}).ok());
+  // Session 2 steps until the drain drops it. A step that crosses the drop
+  // on its way into the queue may be refused as the queue closes
+  // (UNAVAILABLE); the next one hears why.
+  absl::Status last;
+  int unavailable = 0;
+  for (int i = 0; i < 400; ++i) {  // 2 s of drain at most: well under 400 steps' time
+    last = step({.sequence_id = int64_t{2}});
+    if (last.code() == absl::StatusCode::kUnavailable && unavailable++ == 0) continue;
+    if (!last.ok()) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_LE(unavailable, 1);
+  EXPECT_EQ(last.code(), absl::StatusCode::kNotFound) << last;
+  EXPECT_TRUE(absl::StrContains(last.message(), "session 2 was dropped by a drain")) << last;
+
+  absl::StatusOr<int> exit_code = server.WaitForExit(absl::Seconds(20));
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
+  const std::string text = ReadFile(log);
+  EXPECT_TRUE(absl::StrContains(text,
+                                "drain: no new sessions; waiting up to 2s for the 2 open "
+                                "to end"))
+      << text;
+  EXPECT_TRUE(absl::StrContains(text, "drain: sessions dropped: 1 (2 were open at the signal)"))
+      << text;
 }
 
 }  // namespace

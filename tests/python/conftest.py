@@ -37,9 +37,12 @@ def start_server(tmp_path_factory):
     def start(*flags):
         log = tmp_path_factory.mktemp("server") / "layerserve.log"
         try:
-            # A drain timeout below the helper's stop timeout, so that a server
-            # stuck in its drain shows as a non-zero exit, not as a kill.
-            server = LayerserveProcess(layerserve_bin(), ["--drain-timeout-s=20", *flags], log)
+            # Drain timeouts below the helper's stop timeout, so that a server
+            # stuck in its drain shows as a non-zero exit, not as a kill; the
+            # sessions' share short, since tests leave sessions open.
+            server = LayerserveProcess(
+                layerserve_bin(),
+                ["--drain-timeout-s=20", "--drain-sessions-timeout-s=2", *flags], log)
         except ServerStartError as e:
             pytest.fail(str(e), pytrace=False)
         servers.append(server)

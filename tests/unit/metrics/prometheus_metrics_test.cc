@@ -589,6 +589,7 @@ TEST(PrometheusMetricsTest, SessionGaugesAndCountersFollowTheTable) {
   EXPECT_EQ(freed(e, "end"), 2.0);
   EXPECT_EQ(freed(e, "idle_timeout"), 1.0);
   EXPECT_EQ(freed(e, "reset"), 0.0);
+  EXPECT_EQ(freed(e, "drain"), 0.0);
   EXPECT_EQ(rejected(e), 5.0);
 
   // The counters grow by the counts' growth, not by the counts.
@@ -598,10 +599,12 @@ TEST(PrometheusMetricsTest, SessionGaugesAndCountersFollowTheTable) {
                       .freed_end = 4,
                       .freed_idle = 1,
                       .freed_reset = 3,
+                      .freed_drain = 2,
                       .rejected_no_blocks = 5});
   e = Parse(metrics);
   EXPECT_EQ(e.Find("layerserve_sessions_open", model), 1.0);
   EXPECT_EQ(e.Find("layerserve_sessions_in_flight", model), 0.0);
+  EXPECT_EQ(freed(e, "drain"), 2.0);
   EXPECT_EQ(e.Find("layerserve_kv_cache_blocks_used", model), 10.0);
   EXPECT_EQ(freed(e, "end"), 4.0);
   EXPECT_EQ(freed(e, "idle_timeout"), 1.0);
