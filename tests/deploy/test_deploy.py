@@ -21,8 +21,12 @@
      `cmake --install` of that build puts both on a prefix's PATH, with the
      example and the docs;
   9. Kubernetes: the claim the Deployment mounts exists, a disruption
-     budget covers it, its image is pinned to the project version, and every
-     flag the Deployment and compose pass is one the server accepts.
+     budget covers it, its image is pinned to the project version, every
+     flag the Deployment and compose pass is one the server accepts, the
+     kill timeouts outlast the drain, the HPA scales on what its adapter
+     serves, and the Ingress hashes sessions onto the pods;
+ 10. deploy/nginx/nginx.conf passes `nginx -t` and hashes on x-session-id
+     (test_session_routing.py runs it in front of three replicas).
 
 scripts/test.sh runs this file as its "deploy-check" stage, after ctest; alone,
 from the repository root:
@@ -416,13 +420,36 @@ def promql_expressions():
         for g in yaml.safe_load(open(f))["groups"]:
             for r in g["rules"]:
                 exprs.append((f"rule {r.get('record') or r.get('alert')}", str(r["expr"])))
-    adapter = yaml.safe_load(open(DEPLOY / "k8s/prometheus-adapter-values.yaml"))
-    for r in adapter["rules"]["custom"]:
+    for r in adapter_rules():
         exprs.append(("adapter seriesQuery", r["seriesQuery"]))
-    hpa = yaml.safe_load(open(DEPLOY / "k8s/hpa.yaml"))
-    for m in hpa["spec"]["metrics"]:
-        exprs.append(("hpa metric", m["pods"]["metric"]["name"]))
+        exprs.append(("adapter metricsQuery", r["metricsQuery"]))
+    # The HPA names what the adapter serves; a name the adapter gives a
+    # computed series (as:) is checked through the adapter's queries above.
+    renamed = {r["name"]["as"] for r in adapter_rules()
+               if r["name"]["as"] != r["name"]["matches"].strip("^$")}
+    for name in hpa_metric_names():
+        if name not in renamed:
+            exprs.append(("hpa metric", name))
     return exprs
+
+
+def adapter_rules():
+    return yaml.safe_load(open(DEPLOY / "k8s/prometheus-adapter-values.yaml"))["rules"]["custom"]
+
+
+def hpa_metric_names():
+    hpa = yaml.safe_load(open(DEPLOY / "k8s/hpa.yaml"))
+    return [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]]
+
+
+def test_hpa_scales_on_what_the_adapter_serves():
+    """Queue depth, KV cache use and open sessions (issue 38), each a metric
+    the adapter's rules expose under that name."""
+    served = {r["name"]["as"] for r in adapter_rules()}
+    names = hpa_metric_names()
+    assert set(names) <= served, f"HPA metrics the adapter does not serve: {set(names) - served}"
+    assert {"layerserve_queue_depth", "layerserve_kv_cache_used_ratio",
+            "layerserve_sessions_open"} <= set(names)
 
 
 # The series names a family of each type puts on the wire (a histogram has no
@@ -884,6 +911,80 @@ def test_k8s_image_is_pinned_to_the_project_version():
                         (ROOT / "CMakeLists.txt").read_text()).group(1)
     assert image_is_fully_qualified(container["image"]), container["image"]
     assert container["image"].endswith(":" + version), (container["image"], version)
+
+
+def flag_value(args, flag, default):
+    """The integer value of --flag=N in `args`, or `default`."""
+    for a in args:
+        if a.startswith(flag + "="):
+            return int(a.split("=", 1)[1])
+    return default
+
+
+def server_default(server_bin, flag):
+    """A flag's default as `layerserve --help` prints it."""
+    m = re.search(re.escape(flag) + r" INT=(\d+)", run(server_bin, "--help"))
+    assert m, f"--help shows no default for {flag}"
+    return int(m.group(1))
+
+
+def drain_seconds(server_bin, args):
+    """How long a server with `args` may take from SIGTERM to exit: the
+    sessions' time, the drain's, and 3 s for its last refusals and exit."""
+    sessions = flag_value(args, "--drain-sessions-timeout-s",
+                          server_default(server_bin, "--drain-sessions-timeout-s"))
+    drain = flag_value(args, "--drain-timeout-s", server_default(server_bin, "--drain-timeout-s"))
+    return sessions + drain + 3
+
+
+def test_k8s_grace_period_outlasts_the_drain(server_bin):
+    """SIGKILL must not cut the drain (sessions included) short."""
+    spec = k8s_deployment()["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert spec["terminationGracePeriodSeconds"] > drain_seconds(server_bin, container["args"])
+
+
+def test_compose_stop_grace_period_outlasts_the_drain(server_bin):
+    for name, service in compose_config("demo", "gpu", "cpu")["services"].items():
+        if name.startswith("layerserve"):
+            grace = service["stop_grace_period"]
+            seconds = int(re.fullmatch(r"(\d+)s", str(grace)).group(1))
+            assert seconds > drain_seconds(server_bin, service["command"]), (name, grace)
+
+
+def test_k8s_ingress_hashes_sessions_onto_the_deployments_pods():
+    """The ingress-nginx form of session routing: a consistent hash of the
+    x-session-id header, gRPC to the pods, no body limit, through a Service
+    whose selector and port reach the Deployment's gRPC port."""
+    (ingress,) = [o for o in k8s_objects() if o["kind"] == "Ingress"]
+    annotations = ingress["metadata"]["annotations"]
+    assert annotations["nginx.ingress.kubernetes.io/upstream-hash-by"] == "$http_x_session_id"
+    assert annotations["nginx.ingress.kubernetes.io/backend-protocol"] == "GRPC"
+    assert annotations["nginx.ingress.kubernetes.io/proxy-body-size"] == "0"
+    assert ingress["spec"]["tls"], "ingress-nginx serves HTTP/2 (gRPC) only over TLS"
+    (rule,) = ingress["spec"]["rules"]
+    (path,) = rule["http"]["paths"]
+    backend = path["backend"]["service"]
+    (service,) = [o for o in k8s_objects()
+                  if o["kind"] == "Service" and o["metadata"]["name"] == backend["name"]]
+    pod_labels = k8s_deployment()["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    (port,) = [p for p in service["spec"]["ports"] if p["name"] == backend["port"]["name"]]
+    (container,) = k8s_deployment()["spec"]["template"]["spec"]["containers"]
+    assert port["targetPort"] in {p["name"] for p in container["ports"]}
+
+
+def test_nginx_config_hashes_sessions_and_passes_grpc():
+    """deploy/nginx/nginx.conf as nginx itself reads it (nginx -t), and the
+    directives session routing rests on. tests/deploy/test_session_routing.py
+    runs it in front of three replicas."""
+    conf = DEPLOY / "nginx/nginx.conf"
+    text = conf.read_text()
+    assert re.search(r"^\s*hash \$http_x_session_id consistent;", text, re.M)
+    assert re.search(r"^\s*listen \d+ http2;", text, re.M)
+    assert re.search(r"^\s*grpc_pass grpc://layerserve;", text, re.M)
+    assert re.search(r"^\s*client_max_body_size 0;", text, re.M)
+    run(tool("nginx"), "-t", "-q", "-c", conf, "-g", "pid /tmp/layerserve-nginx-check.pid;")
 
 
 def test_deploy_files_pass_only_flags_the_server_has(server_bin):
