@@ -42,10 +42,26 @@ for b in "$bundle"/bin/*; do
     grep -v -E '/(libc|libm|libgcc_s|libstdc\+\+|libpthread|libdl|librt|ld-linux[^/]*)\.so|libcuda|libcublas|libcudart' |
     xargs -r -I{} cp -L -n {} "$bundle/lib/"
 done
+# nginx for the bench-replicas stage (the GPU machine has none): Debian's
+# binary with the libraries it links that the GPU machine may lack, run
+# through a wrapper that finds them.
+if nginx=$(command -v nginx || command -v /usr/sbin/nginx); then
+  mkdir -p "$bundle/nginx/lib"
+  cp "$nginx" "$bundle/nginx/nginx.bin"
+  ldd "$nginx" | awk '/=> \// {print $3}' |
+    grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
+    xargs -r -I{} cp -L -n {} "$bundle/nginx/lib/"
+  cat > "$bundle/nginx/nginx" << 'WRAPPER'
+#!/usr/bin/env bash
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/nginx.bin" "$@"
+WRAPPER
+  chmod +x "$bundle/nginx/nginx"
+fi
 mkdir -p "$bundle/python"
 cp -r "$("$PYTHON" -c 'import os, prometheus_client; print(os.path.dirname(prometheus_client.__file__))')" \
   "$bundle/python/"
 find "$bundle/python" -name __pycache__ -prune -exec rm -rf {} +
 mkdir -p .gpubundle
-tar -C "$bundle" -cf - bin lib python | xz -T2 -6 > .gpubundle/layerserve-gpu.tar.xz
+tar -C "$bundle" -cf - bin lib python $([[ -d $bundle/nginx ]] && echo nginx) | xz -T2 -6 > .gpubundle/layerserve-gpu.tar.xz
 du -sh "$bundle" .gpubundle/layerserve-gpu.tar.xz

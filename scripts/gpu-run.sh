@@ -6,7 +6,7 @@
 #   usage: scripts/gpu-run.sh [tests] [bench-kernels] [bench-layer] [bench-server]
 #          [bench-sessions] [bench-decode] [bench-probe] [bench-probe-specs] [bench-pipeline]
 #          [bench-perf-analyzer] [bench-moe] [bench-interference] [bench-first-batch]
-#          [bench-rows] [bench-echo] [bench-sessions-fp8] [bench-fp8-span]
+#          [bench-rows] [bench-echo] [bench-sessions-fp8] [bench-fp8-span] [bench-replicas]
 #          (no argument: the first four)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -289,6 +289,20 @@ for stage in "${stages[@]}"; do
       # shellcheck disable=SC2086
       python3 bench/server/pipeline_bench.py "$bundle/bin" "$out/pipeline" --model-dir="$ckpt" \
         --backend=cuda --kv-cache-memory=4GiB ${PIPELINE_ARGS:-} || failed=1
+      ;;
+    bench-replicas)
+      # Sessions behind the shipped nginx (deploy/nginx/nginx.conf): one
+      # replica alone, through the proxy, and over REPLICAS replicas (2), one
+      # per GPU where the machine has that many (bench/server/replicas_bench.py;
+      # REPLICAS_ARGS e.g. --sessions=1,64 --steps=128). The bundle carries
+      # nginx; NGINX names another.
+      span_checkpoint
+      gpus=$(nvidia-smi -L | wc -l)
+      # shellcheck disable=SC2086
+      python3 bench/server/replicas_bench.py "$bundle/bin" "$out/replicas" --gpus="$gpus" \
+        --replicas="${REPLICAS:-2}" --nginx="${NGINX:-$bundle/nginx/nginx}" \
+        --model-dir="$ckpt" --model-name=llama3-8b-4l --backend=cuda ${REPLICAS_ARGS:-} \
+        ${LOAD_SERVER_ARGS:-} || failed=1
       ;;
     bench-perf-analyzer)
       # layerctl bench against Triton's perf_analyzer on the same server,
