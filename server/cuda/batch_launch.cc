@@ -45,11 +45,10 @@ BatchLaunch::BatchLaunch(StreamSlot& slot, const Batch& batch, const BatchStagin
 absl::StatusOr<std::string_view> BatchLaunch::Launch(bool graph) {
   LS_RETURN_IF_ERROR(CopyIn(graph));
   if (graph) {
-    LS_ASSIGN_OR_RETURN(
-        const GraphLaunch launch,
-        slot_.graphs->Run(
-            GraphKeyOf(geometry_), slot_.stream.get(), [this] { return Layers(); },
-            [this] { return CopyOut(); }));
+    LS_ASSIGN_OR_RETURN(const GraphLaunch launch,
+                        slot_.graphs->Run(
+                            GraphKeyOf(geometry_), slot_.stream.get(), [this] { return Layers(); },
+                            [this] { return CopyOut(); }));
     return GraphLaunchName(launch);
   }
   LS_RETURN_IF_ERROR(Layers());

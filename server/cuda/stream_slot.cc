@@ -26,9 +26,9 @@ absl::StatusOr<std::unique_ptr<StreamSlot>> MakeStreamSlot(int index, const Laye
   // Inputs of the widest wire dtype (fp32).
   const size_t io_bytes = t * static_cast<size_t>(shape.hidden) * sizeof(float);
   LS_ASSIGN_OR_RETURN(slot->stream, CreateStream());
-  LS_ASSIGN_OR_RETURN(slot->done,
-                      CreateEvent(cudaEventDisableTiming |
-                                  (options.blocking_wait ? cudaEventBlockingSync : 0u)));
+  LS_ASSIGN_OR_RETURN(
+      slot->done,
+      CreateEvent(cudaEventDisableTiming | (options.blocking_wait ? cudaEventBlockingSync : 0u)));
   LS_ASSIGN_OR_RETURN(slot->arena,
                       ActivationArena::Create(shape, options.max_tokens, options.num_layers));
   if (shape.experts > 0) {
