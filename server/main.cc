@@ -17,7 +17,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -48,10 +47,12 @@
 #include "server/metrics/metrics_http.h"
 #include "server/metrics/prometheus_metrics.h"
 #include "server/model/model.h"
-#include "server_flags.h"
-#include "server_security.h"
+#include "server/server_flags.h"
+#include "server/server_options.h"
+#include "server/server_security.h"
 #ifdef LAYERSERVE_WITH_CUDA
 #include "server/cuda/cuda_backend.h"
+#include "server/cuda_backend_flags.h"
 #endif
 
 namespace layerserve {
@@ -110,37 +111,18 @@ class KernelTimesToMetrics final : public KernelTimingSink {
 #endif
 
 #ifdef LAYERSERVE_WITH_CUDA
-// The CUDA backend the flags ask for, with its device memory exported as a
-// gauge. `kernel_times` must outlive the backend.
+// The CUDA backend the flags ask for, with its GEMM routes and device memory
+// exported to `metrics`. `kernel_times` must outlive the backend.
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackendFromFlags(const ServerFlags& flags,
                                                                   const ModelSpan& span,
                                                                   PrometheusMetrics* metrics,
                                                                   KernelTimingSink* kernel_times) {
-  CudaBackendOptions options;
-  options.device = flags.cuda_device;
-  options.num_streams = flags.streams;
-  options.cuda_graph_max_tokens = flags.cuda_graph_max_tokens;
-  options.warm_up = flags.cuda_warmup;
-  options.blocking_wait = flags.cuda_wait == "block";
-  options.max_batch_tokens = flags.max_batch_tokens;
-  options.timing_sink = kernel_times;
-  absl::StatusOr<kernels::GemmMode> gemm_mode = kernels::ParseGemmMode(flags.gemm);
-  if (!gemm_mode.ok()) return gemm_mode.status();
-  options.gemm_mode = *gemm_mode;
-  absl::StatusOr<std::vector<cuda::GemmPin>> pins = cuda::ParseGemmPins(flags.gemm_override);
-  if (!pins.ok()) return pins.status();
-  if (!pins->empty() && *gemm_mode != kernels::GemmMode::kAuto) {
-    return absl::InvalidArgumentError("--gemm-override needs --gemm=auto");
-  }
-  options.gemm_tuning.autotune = flags.gemm_autotune;
-  options.gemm_tuning.cache_path = flags.gemm_tune_cache;
-  options.gemm_tuning.build = kVersion;
-  options.gemm_tuning.pins = *std::move(pins);
-  absl::StatusOr<std::unique_ptr<CudaBackend>> cuda = MakeCudaBackend(span, options);
-  if (!cuda.ok()) return cuda.status();
+  LS_ASSIGN_OR_RETURN(const CudaBackendOptions options,
+                      CudaBackendOptionsFromFlags(flags, kVersion, kernel_times));
+  LS_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> cuda, MakeCudaBackend(span, options));
   metrics->SetKernelTimingSampleEvery(options.timing_sample_every);
   std::vector<GemmRouteInfo> routes;
-  for (const cuda::GemmRoute& r : (*cuda)->GemmRoutes()) {
+  for (const cuda::GemmRoute& r : cuda->GemmRoutes()) {
     routes.push_back({.shape = absl::StrCat(r.shape.n, "x", r.shape.k),
                       .gated = r.shape.gated,
                       .precision = cuda::GemmPrecisionName(r.shape.fp8),
@@ -149,20 +131,12 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackendFromFlags(const ServerFl
   }
   metrics->SetGemmRoutes(routes);
   // Nothing is allocated on the request path, so the start-up figure holds.
-  if (absl::StatusOr<int64_t> used = (*cuda)->DeviceMemoryUsedBytes(); used.ok()) {
+  if (absl::StatusOr<int64_t> used = cuda->DeviceMemoryUsedBytes(); used.ok()) {
     metrics->SetGpuMemoryUsedBytes(*used);
   }
-  return std::unique_ptr<Backend>(std::move(*cuda));
+  return std::unique_ptr<Backend>(std::move(cuda));
 }
 #endif
-
-std::string DefaultModelName(const std::string& model_dir) {
-  if (model_dir.empty()) return "demo";
-  std::filesystem::path path(model_dir);
-  if (!path.has_filename()) path = path.parent_path();  // "dir/" names "dir"
-  const std::string name = path.filename().string();
-  return name.empty() ? "model" : name;
-}
 
 // The model's config and the layer range against it, before a port is bound
 // or a line logged: a wrong directory or range is start-up's only line. The
@@ -283,56 +257,14 @@ void RaiseOpenFileLimit() {
       before < 4096 ? " (low: every gRPC connection takes one; raise the hard limit)" : ""));
 }
 
-// The KV cache and session table that sessions need, sized by the flags, or
-// null when sessions are off (the backend keeps no KV cache, or
-// --kv-cache-memory=0). Logs what it chose.
+// The KV cache and session table that sessions need, as `plan` sized them,
+// or null when sessions are off.
 absl::StatusOr<std::unique_ptr<SessionTable>> MakeSessions(const ServerFlags& flags,
-                                                           Backend& backend,
-                                                           const std::string& backend_name) {
-  const int64_t block_bytes = backend.KvBlockBytes(flags.kv_block_tokens);
-  if (block_bytes <= 0) {
-    Log(absl::StrCat("sessions: off (the ", backend_name,
-                     " backend keeps no KV cache yet); requests with a sequence_id are refused"));
-    return nullptr;
-  }
-  // auto: for the CUDA backend 0.9 of what the device has free after the
-  // weights and arenas (less a reserve the backend keeps back); for the CPU
-  // backend a quarter of the host's available memory, whose pages are taken
-  // only as sessions fill them.
-  const double auto_fraction = backend_name == "cuda" ? 0.9 : 0.25;
-  const int64_t available = backend.KvMemoryAvailable();
-  LS_ASSIGN_OR_RETURN(const int64_t bytes,
-                      KvCacheBytes(flags.kv_cache_memory, available, auto_fraction));
-  if (bytes == 0 && flags.kv_cache_memory == "0") {
-    Log("sessions: off (--kv-cache-memory=0)");
-    return nullptr;
-  }
-  const int64_t blocks = std::min<int64_t>(bytes / block_bytes, INT32_MAX);
-  if (blocks < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--kv-cache-memory=", flags.kv_cache_memory, " gives ", bytes,
-                     " bytes, less than one KV cache block of ", flags.kv_block_tokens, " tokens (",
-                     block_bytes, " bytes for this span)"));
-  }
-  const KvCacheShape shape{.num_blocks = static_cast<int32_t>(blocks),
-                           .block_tokens = flags.kv_block_tokens};
-  LS_RETURN_IF_ERROR(backend.AllocateKvCache(shape));
-  SessionTableOptions options;
-  options.num_blocks = shape.num_blocks;
-  options.block_tokens = shape.block_tokens;
-  options.max_sessions = flags.max_sessions;
-  options.max_session_tokens = flags.max_session_tokens;
-  options.idle_timeout = std::chrono::seconds(flags.session_idle_timeout_s);
-  LS_ASSIGN_OR_RETURN(std::unique_ptr<SessionTable> table, SessionTable::Create(options));
-  const double mib = static_cast<double>(blocks * block_bytes) / (1 << 20);
-  Log(absl::StrCat("sessions: KV cache of ", blocks, " blocks x ", flags.kv_block_tokens,
-                   " tokens = ", blocks * flags.kv_block_tokens, " tokens in ",
-                   absl::StrFormat("%.1f", mib), " MiB (", block_bytes / flags.kv_block_tokens,
-                   " bytes per token; --kv-cache-memory=", flags.kv_cache_memory, " of ", available,
-                   " bytes available); max_sessions=", flags.max_sessions,
-                   " max_session_tokens=", flags.max_session_tokens,
-                   " session_idle_timeout_s=", flags.session_idle_timeout_s));
-  return table;
+                                                           const KvCachePlan& plan,
+                                                           Backend& backend) {
+  if (!plan.shape) return nullptr;
+  LS_RETURN_IF_ERROR(backend.AllocateKvCache(*plan.shape));
+  return SessionTable::Create(SessionTableOptionsFromFlags(flags, *plan.shape));
 }
 
 int Run(const ServerFlags& flags, const sigset_t& signals) {
@@ -344,41 +276,32 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   if (!backend_name.ok()) return Fail(backend_name.status());
   absl::StatusOr<ServerSecurity> security = LoadServerSecurity(flags);
   if (!security.ok()) return Fail(security.status());
-
-  const std::string model_dir = flags.model_dir;
-  std::string model_name = flags.model_name;
-  if (model_name.empty()) model_name = DefaultModelName(model_dir);
-  // CheckFlags checked the range's syntax.
-  const absl::StatusOr<LayerRange> range = ParseLayerRange(flags.layers);
-  if (!range.ok()) return Fail(range.status());
-  if (absl::Status s = CheckModel(model_dir, *range); !s.ok()) return Fail(s);
+  const absl::StatusOr<ModelSource> source = ModelSourceFromFlags(flags);
+  if (!source.ok()) return Fail(source.status());
+  if (absl::Status s = CheckModel(source->model_dir, source->range); !s.ok()) return Fail(s);
 
   // The ports first: one in use is found before a load of minutes. The
   // metrics server can serve at once (its gauges read zero until requests
   // come); the gRPC port is only held until the model is loaded (see
   // PortReservation).
-  const std::string host = flags.host;
-  if (IsWildcardHost(host)) {
-    LogWarning(absl::StrCat("binding all interfaces (--host=", host,
+  if (IsWildcardHost(flags.host)) {
+    LogWarning(absl::StrCat("binding all interfaces (--host=", flags.host,
                             "): the gRPC and metrics ports are reachable from other machines; "
                             "--host=127.0.0.1 keeps them to this one"));
   }
-  absl::StatusOr<PortReservation> grpc_port = PortReservation::Reserve(host, flags.grpc_port);
+  absl::StatusOr<PortReservation> grpc_port = PortReservation::Reserve(flags.host, flags.grpc_port);
   if (!grpc_port.ok()) return Fail(grpc_port.status());
-  PrometheusMetrics metrics(model_name);
+  PrometheusMetrics metrics(source->model_name);
   absl::StatusOr<std::unique_ptr<MetricsHttpServer>> metrics_server =
-      MetricsHttpServer::Start(host, flags.metrics_port, &metrics, security->metrics);
+      MetricsHttpServer::Start(flags.host, flags.metrics_port, &metrics, security->metrics);
   if (!metrics_server.ok()) return Fail(metrics_server.status());
   Log(security->Summary());
 
-  Log(absl::StrCat("version ", kVersion, "; loading ",
-                   model_dir.empty() ? std::string("the built-in demo model") : model_dir,
-                   flags.layers.empty() || flags.layers == ":" ? std::string(", all layers")
-                                                               : " layers " + flags.layers));
+  Log(absl::StrCat("version ", kVersion, "; loading ", source->Description(flags.layers)));
   absl::StatusOr<ModelSpan> span;
   absl::Notification span_loaded;
   std::thread span_loader([&] {
-    span = LoadModel(model_dir, *range, model_name);
+    span = LoadModel(source->model_dir, source->range, source->model_name);
     span_loaded.Notify();
   });
   if (const int signal_number =
@@ -387,11 +310,9 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   }
   span_loader.join();
   if (!span.ok()) return Fail(span.status());
-  const int64_t first_layer = span->first_layer;
-  const int64_t end_layer = first_layer + static_cast<int64_t>(span->layers.size());
   Log("model " + span->Summary());
-  if (const int64_t window =
-          span->config.SmallestAttentionWindow(first_layer, end_layer - first_layer);
+  if (const int64_t window = span->config.SmallestAttentionWindow(
+          span->first_layer, static_cast<int64_t>(span->layers.size()));
       window > 0) {
     Log(absl::StrCat("sliding-window attention: window ", window,
                      " tokens in some or all of the served layers"));
@@ -412,11 +333,7 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
       backend = MakeCudaBackendFromFlags(flags, *span, &metrics, &kernel_times);
     }
 #endif
-    if (*backend_name == "cpu") {
-      CpuBackendOptions options;
-      options.num_threads = flags.cpu_threads;
-      backend = MakeCpuBackend(*span, options);
-    }
+    if (*backend_name == "cpu") backend = MakeCpuBackend(*span, CpuBackendOptionsFromFlags(flags));
     backend_made.Notify();
   });
   if (const int signal_number =
@@ -426,33 +343,15 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   backend_maker.join();
   if (!backend.ok()) return Fail(backend.status());
 
-  absl::StatusOr<std::unique_ptr<SessionTable>> sessions =
-      MakeSessions(flags, **backend, *backend_name);
+  const absl::StatusOr<KvCachePlan> kv_plan =
+      PlanKvCache(flags, *backend_name, (*backend)->KvBlockBytes(flags.kv_block_tokens),
+                  (*backend)->KvMemoryAvailable());
+  if (!kv_plan.ok()) return Fail(kv_plan.status());
+  absl::StatusOr<std::unique_ptr<SessionTable>> sessions = MakeSessions(flags, *kv_plan, **backend);
   if (!sessions.ok()) return Fail(sessions.status());
+  Log(kv_plan->Summary(flags));
 
-  ServedModel served;
-  served.name = span->name;
-  served.config = span->config;
-  served.first_layer = first_layer;
-  served.num_layers = end_layer - first_layer;
-  served.backend = *backend_name;
-  served.max_batch_tokens = flags.max_batch_tokens;
-  served.max_queue_delay_us = flags.max_queue_delay_us;
-  served.max_queue_size = flags.max_queue_size;
-  if (*sessions == nullptr) {
-    served.sessions_off_reason =
-        (*backend)->KvBlockBytes(flags.kv_block_tokens) > 0
-            ? "--kv-cache-memory=0"
-            : absl::StrCat("the ", *backend_name, " backend keeps no KV cache yet");
-  } else {
-    const SessionTableOptions& options = (*sessions)->options();
-    served.sessions = true;
-    served.kv_block_tokens = options.block_tokens;
-    served.kv_blocks = options.num_blocks;
-    served.max_sessions = options.max_sessions;
-    served.max_session_tokens = options.max_session_tokens;
-    served.session_idle_timeout_us = flags.session_idle_timeout_s * 1'000'000;
-  }
+  const ServedModel served = ServedModelFromFlags(flags, *span, *backend_name, *kv_plan);
   span.value().layers.clear();  // the backend holds its own copy of the weights
 
   StatsRecorder stats;
@@ -460,70 +359,35 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   observers.Add(&stats);
   observers.Add(&metrics);
 
-  BatcherOptions batcher_options;
-  batcher_options.policy.max_batch_tokens = served.max_batch_tokens;
-  batcher_options.policy.max_queue_delay = std::chrono::microseconds(served.max_queue_delay_us);
-  batcher_options.policy.delay_when_idle = flags.batch_delay_when_idle;
-  batcher_options.policy.max_device_wait = std::chrono::microseconds(flags.max_device_wait_us);
-  batcher_options.policy.device_lead = std::chrono::microseconds(flags.device_lead_us);
-  batcher_options.max_queue_size = served.max_queue_size;
-  batcher_options.reply_threads = flags.reply_threads;
-  batcher_options.max_queue_bytes =
-      flags.max_queue_bytes > 0
-          ? flags.max_queue_bytes
-          : DefaultMaxQueueBytes(batcher_options.policy, served.config.hidden_size);
-  batcher_options.sessions = sessions->get();
-  batcher_options.prefill_chunk_tokens = flags.prefill_chunk_tokens;
+  const BatcherOptions batcher_options =
+      BatcherOptionsFromFlags(flags, served.config.hidden_size, sessions->get());
   Batcher batcher(batcher_options, backend->get(), &observers, SteadyClock::Get());
   metrics.SetBuildInfo(
       {.version = kVersion, .backend = *backend_name, .device = (*backend)->Device()});
-  if (*sessions != nullptr) {
-    metrics.SetKvCache(
-        {.block_tokens = served.kv_block_tokens,
-         .blocks = served.kv_blocks,
-         .bytes = served.kv_blocks * (*backend)->KvBlockBytes(served.kv_block_tokens),
-         .max_sessions = served.max_sessions});
+  if (served.sessions) {
+    metrics.SetKvCache({.block_tokens = served.kv_block_tokens,
+                        .blocks = served.kv_blocks,
+                        .bytes = served.kv_blocks * kv_plan->block_bytes,
+                        .max_sessions = served.max_sessions});
   }
   if (served.config.IsMixtureOfExperts()) {
     metrics.SetExperts(served.first_layer, served.num_layers, served.config.num_experts);
   }
-  metrics.SetLimits(
-      {.max_queue_size = served.max_queue_size,
-       .max_queue_bytes = batcher_options.max_queue_bytes,
-       .max_batch_tokens = served.max_batch_tokens,
-       .max_queue_delay_seconds = static_cast<double>(served.max_queue_delay_us) * 1e-6});
+  metrics.SetLimits(ServingLimitsOf(batcher_options));
 
-  GrpcFrontendOptions grpc_options;
-  grpc_options.host = host;
-  grpc_options.port = grpc_port->port();
+  const GrpcFrontendOptions grpc_options =
+      GrpcFrontendOptionsFromFlags(flags, *security, grpc_port->port(), kVersion);
   grpc_port->Release();  // gRPC binds it next
-  grpc_options.server_version = kVersion;
-  grpc_options.max_connection_age_s = flags.grpc_max_connection_age_s;
-  grpc_options.max_connection_idle_s = flags.grpc_max_connection_idle_s;
-  grpc_options.queue_threads = flags.grpc_threads > 0 ? flags.grpc_threads : DefaultQueueThreads();
-  grpc_options.max_connection_age_grace_s = flags.drain_timeout_s;
-  grpc_options.tls = security->grpc_tls;
-  grpc_options.auth_token = security->auth_token;
-  grpc_options.auth_open = security->auth_open;
   RaiseOpenFileLimit();  // before the port accepts its first connection
   absl::StatusOr<std::unique_ptr<GrpcFrontend>> frontend =
       GrpcFrontend::Start(grpc_options, served, &batcher, backend->get(), &observers, &stats);
   if (!frontend.ok()) return Fail(frontend.status());
 
-  Log(absl::StrCat(
-      "max_batch_tokens=", served.max_batch_tokens,
-      " max_queue_delay_us=", served.max_queue_delay_us,
-      batcher_options.policy.delay_when_idle ? " (also when idle)" : " (while busy)",
-      " max_device_wait_us=", flags.max_device_wait_us, " device_lead_us=", flags.device_lead_us,
-      " max_queue_size=", served.max_queue_size,
-      " max_queue_bytes=", batcher_options.max_queue_bytes, " cpu_threads=", flags.cpu_threads,
-      " streams=", flags.streams, " max_message_bytes=", DefaultMaxMessageBytes(served),
-      " grpc_threads=", grpc_options.queue_threads, " reply_threads=", flags.reply_threads,
-      " drain_timeout_s=", flags.drain_timeout_s,
-      " drain_sessions_timeout_s=", flags.drain_sessions_timeout_s));
-  std::cout << "layerserve ready: model=" << served.name << " layers=" << first_layer << ":"
-            << end_layer << " backend=" << served.backend << " grpc_port=" << (*frontend)->port()
-            << " metrics_port=" << (*metrics_server)->port() << std::endl;
+  Log(ServingSummary(flags, batcher_options, grpc_options, served));
+  std::cout << "layerserve ready: model=" << served.name << " layers=" << served.first_layer << ":"
+            << served.first_layer + served.num_layers << " backend=" << served.backend
+            << " grpc_port=" << (*frontend)->port() << " metrics_port=" << (*metrics_server)->port()
+            << std::endl;
 
   // Wait for SIGTERM/SIGINT, or for gRPC's listener to fail (see
   // GrpcAcceptFailed): then the port takes no new connection ever again, and
@@ -532,18 +396,16 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   const int signal_number =
       WaitForSignalUnless(signals, [&] { return (*frontend)->AcceptFailed(); });
   const bool listener_failed = signal_number == 0;
-  const absl::Duration drain_timeout = absl::Seconds(flags.drain_timeout_s);
-  const absl::Duration sessions_timeout =
-      absl::Seconds(*sessions != nullptr ? flags.drain_sessions_timeout_s : 0);
+  const DrainOptions drain = DrainOptionsFromFlags(flags, served.sessions);
   if (listener_failed) {
     LogError(absl::StrCat(
         "the gRPC port stopped accepting connections (accept failed; see the [grpc] line above: "
         "with too many open files, gRPC 1.51 never listens again); draining for up to ",
-        absl::FormatDuration(sessions_timeout + drain_timeout),
+        absl::FormatDuration(drain.sessions_timeout + drain.calls_timeout),
         ", then exiting with status 1 to be restarted"));
   } else {
     Log(absl::StrCat("received ", strsignal(signal_number), "; draining for up to ",
-                     absl::FormatDuration(sessions_timeout + drain_timeout)));
+                     absl::FormatDuration(drain.sessions_timeout + drain.calls_timeout)));
   }
 
   // Readiness goes false first so load balancers stop sending, and new work
@@ -560,8 +422,9 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
     SessionTable& table = **sessions;
     const int64_t open = table.Stats().sessions_open;
     Log(absl::StrCat("drain: no new sessions; waiting up to ",
-                     absl::FormatDuration(sessions_timeout), " for the ", open, " open to end"));
-    const absl::Time sessions_deadline = absl::Now() + sessions_timeout;
+                     absl::FormatDuration(drain.sessions_timeout), " for the ", open,
+                     " open to end"));
+    const absl::Time sessions_deadline = absl::Now() + drain.sessions_timeout;
     // Requests queued before the signal (a sequence_start among them) are
     // still to open their sessions: the phase lasts until they have run.
     const int second_signal = WaitForSignalUnless(signals, [&] {
@@ -581,7 +444,7 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
         "drain: sessions dropped: ", still_open, " (", open, " were open at the signal)",
         still_open > 0 ? "; a later step of one gets NOT_FOUND: dropped by a drain" : ""));
   }
-  const absl::Time deadline = absl::Now() + drain_timeout;
+  const absl::Time deadline = absl::Now() + drain.calls_timeout;
   absl::Notification drained;
   std::thread drainer([&] {
     batcher.Shutdown();

@@ -1,6 +1,6 @@
 // layerserve's command line (see server_flags.h): CLI11 with both spellings
 // of every flag, and the range checks.
-#include "server_flags.h"
+#include "server/server_flags.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,5 +1,5 @@
 // Loading the security flags (see server_security.h).
-#include "server_security.h"
+#include "server/server_security.h"
 
 #include <string>
 

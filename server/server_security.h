@@ -12,7 +12,7 @@
 #include "base/auth_token.h"
 #include "server/grpc/tls_files.h"
 #include "server/metrics/metrics_http.h"
-#include "server_flags.h"
+#include "server/server_flags.h"
 
 namespace layerserve {
 
