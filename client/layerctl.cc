@@ -22,11 +22,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "client/bench.h"
+#include "client/bench/bench.h"
+#include "client/bench/session_bench.h"
 #include "client/client.h"
 #include "client/layerctl_cli.h"
 #include "client/npy.h"
-#include "client/session_bench.h"
 
 namespace layerserve::client {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "client/bench.h"
+#include "client/bench/bench.h"
 #include "client/client.h"
 
 namespace layerserve::client {

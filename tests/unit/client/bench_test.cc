@@ -4,7 +4,7 @@
 // requests (back-off, stop on a fatal status, the first message of each
 // code kept) against an in-process fake
 // server and a port nothing listens on.
-#include "client/bench.h"
+#include "client/bench/bench.h"
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -17,7 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "client/bench_common.h"
+#include "client/bench/bench_common.h"
 #include "client/client.h"
 #include "client/layerctl_cli.h"
 #include "client/tensor.h"

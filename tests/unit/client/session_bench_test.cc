@@ -3,7 +3,7 @@
 // whole runs, over unary calls and over streams (--streaming), against an
 // in-process fake server that records the sequence parameters of every
 // request and the stream it came on.
-#include "client/session_bench.h"
+#include "client/bench/session_bench.h"
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>

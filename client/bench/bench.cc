@@ -3,7 +3,7 @@
 // once (RunClosedLoop). Open loop: this thread sleeps
 // until each arrival time and fires AsyncInfer; completions are recorded from gRPC's callback
 // threads, so everything they touch is shared-owned and locked.
-#include "client/bench.h"
+#include "client/bench/bench.h"
 
 #include <algorithm>
 #include <atomic>
@@ -21,7 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "client/bench_common.h"
+#include "client/bench/bench_common.h"
 #include "grpcpp/alarm.h"
 #include "grpcpp/completion_queue.h"
 #include "grpcpp/support/async_unary_call.h"

@@ -1,7 +1,7 @@
 // Pieces shared by the two load generators of `layerctl bench`: the request
 // bench (bench.h: independent requests, closed or open loop) and the session
 // bench (session_bench.h: sessions of a prefill and decode steps). Internal
-// to the client library.
+// to client/bench, which layerctl links; not part of the client library.
 #pragma once
 
 #include <cstdint>

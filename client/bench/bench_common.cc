@@ -1,5 +1,5 @@
 // Shared pieces of the load generators (see bench_common.h).
-#include "client/bench_common.h"
+#include "client/bench/bench_common.h"
 
 #include <algorithm>
 #include <random>

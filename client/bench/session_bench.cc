@@ -2,7 +2,7 @@
 // threads polling completion queues, or one std::thread per session over an
 // InferStream; a barrier between the prefill and decode phases, and one
 // locked sink for the samples.
-#include "client/session_bench.h"
+#include "client/bench/session_bench.h"
 
 #include <algorithm>
 #include <atomic>
@@ -18,7 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "client/bench_common.h"
+#include "client/bench/bench_common.h"
 
 namespace layerserve::client {
 namespace {

@@ -58,7 +58,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "client/bench.h"
+#include "client/bench/bench.h"
 #include "client/client.h"
 
 namespace layerserve::client {
