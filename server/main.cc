@@ -34,7 +34,6 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/log.h"
-#include "base/memory_trimmer.h"
 #include "base/status_macros.h"
 #include "server/core/batcher.h"
 #include "server/core/observer.h"
@@ -44,6 +43,7 @@
 #include "server/grpc/completion_queues.h"
 #include "server/grpc/grpc_frontend.h"
 #include "server/grpc/served_model.h"
+#include "server/memory_trimmer.h"
 #include "server/metrics/metrics_http.h"
 #include "server/metrics/prometheus_metrics.h"
 #include "server/model/model.h"
@@ -270,7 +270,7 @@ absl::StatusOr<std::unique_ptr<SessionTable>> MakeSessions(const ServerFlags& fl
 int Run(const ServerFlags& flags, const sigset_t& signals) {
   if (absl::Status s = CheckFlags(flags); !s.ok()) return Fail(s);
   // Heap a burst freed (a reset-stream flood, a large load) goes back to the
-  // kernel within seconds rather than staying resident (base/memory_trimmer.h).
+  // kernel within seconds rather than staying resident (server/memory_trimmer.h).
   const MemoryTrimmer trimmer(kMemoryTrimPeriod, kMemoryTrimGrowthBytes);
   absl::StatusOr<std::string> backend_name = ChooseBackend(flags.backend);
   if (!backend_name.ok()) return Fail(backend_name.status());

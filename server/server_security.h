@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "base/auth_token.h"
+#include "server/auth/auth_token.h"
 #include "server/grpc/tls_files.h"
 #include "server/metrics/metrics_http.h"
 #include "server/server_flags.h"

@@ -20,8 +20,8 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "base/auth_token.h"
 #include "grpcpp/server_context.h"
+#include "server/auth/auth_token.h"
 #include "server/core/observer.h"
 
 namespace layerserve {

@@ -26,7 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "base/auth_token.h"
+#include "server/auth/auth_token.h"
 #include "server/core/backend.h"
 #include "server/core/batcher.h"
 #include "server/core/observer.h"

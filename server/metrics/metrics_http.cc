@@ -53,9 +53,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "base/auth_token.h"
 #include "base/mutex.h"
 #include "base/thread_name.h"
+#include "server/auth/auth_token.h"
 #include "server/metrics/http_connection.h"
 #include "server/metrics/prometheus_metrics.h"
 

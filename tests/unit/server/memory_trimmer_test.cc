@@ -2,7 +2,7 @@
 // stay, remains resident under glibc until the trimmer notices and trims,
 // also when it first saw the burst while it was live; growth under the
 // threshold is left alone.
-#include "base/memory_trimmer.h"
+#include "server/memory_trimmer.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // Bearer tokens (see auth_token.h).
-#include "base/auth_token.h"
+#include "server/auth/auth_token.h"
 
 #include <string>
 #include <utility>

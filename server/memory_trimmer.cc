@@ -1,5 +1,5 @@
 // The memory trimmer (see memory_trimmer.h).
-#include "base/memory_trimmer.h"
+#include "server/memory_trimmer.h"
 
 #include <unistd.h>
 

@@ -1,7 +1,7 @@
 // The bearer-token primitives the gRPC edge and the metrics endpoint share
-// (base/auth_token.h): the token file's rules, the comparison, the parsing of
+// (server/auth/auth_token.h): the token file's rules, the comparison, the parsing of
 // an authorization value and of --auth-open. No message may hold the token.
-#include "base/auth_token.h"
+#include "server/auth/auth_token.h"
 
 #include <gtest/gtest.h>
 
