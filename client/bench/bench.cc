@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -89,43 +90,23 @@ class Recorder {
   absl::Time last_completion_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
-// Prints "elapsed, done, req/s, errors" to stderr once a second, rewriting
-// the same line, until destroyed.
-class ProgressLine {
- public:
-  ProgressLine(const Recorder* recorder, absl::Time start, absl::Time measure_start, bool enabled)
-      : recorder_(recorder), start_(start), measure_start_(measure_start) {
-    if (enabled) thread_ = std::thread([this] { Run(); });
-  }
-  ~ProgressLine() {
-    stop_.Notify();
-    if (thread_.joinable()) {
-      thread_.join();
-      std::fputc('\n', stderr);
-    }
-  }
-
- private:
-  void Run() {
-    int64_t previous_done = 0;
-    while (!stop_.WaitForNotificationWithTimeout(absl::Seconds(1))) {
-      const absl::Time now = absl::Now();
-      const int64_t done = recorder_->completed_total();
-      std::fprintf(stderr, "\r[%6.1fs%s] done %lld | %.1f req/s | errors %lld   ",
-                   absl::ToDoubleSeconds(now - start_), now < measure_start_ ? " warm-up" : "",
-                   static_cast<long long>(done), static_cast<double>(done - previous_done),
-                   static_cast<long long>(recorder_->errors_total()));
-      std::fflush(stderr);
-      previous_done = done;
-    }
-  }
-
-  const Recorder* recorder_;
-  const absl::Time start_;
-  const absl::Time measure_start_;
-  absl::Notification stop_;
-  std::thread thread_;
-};
+// The progress line's text (bench_common.h's ProgressLine), once a second:
+// elapsed time (marking the warm-up), requests done, requests/s over the last
+// second, errors.
+std::function<std::string()> RequestProgress(const Recorder* recorder, absl::Time start,
+                                             absl::Time measure_start) {
+  return [recorder, start, measure_start, previous_done = int64_t{0}]() mutable {
+    const absl::Time now = absl::Now();
+    const int64_t done = recorder->completed_total();
+    std::string line =
+        absl::StrFormat("[%6.1fs%s] done %lld | %.1f req/s | errors %lld   ",
+                        absl::ToDoubleSeconds(now - start), now < measure_start ? " warm-up" : "",
+                        static_cast<long long>(done), static_cast<double>(done - previous_done),
+                        static_cast<long long>(recorder->errors_total()));
+    previous_done = done;
+    return line;
+  };
+}
 
 // One concurrent stream of the closed loop: its call in flight, or its
 // backoff after a failure.
@@ -347,7 +328,7 @@ absl::StatusOr<BenchReport> RunBench(const std::vector<Client*>& clients, BenchO
   auto recorder = std::make_shared<Recorder>(measure_start, measure_end);
   auto fatal = std::make_shared<FatalStop>();
   {
-    ProgressLine progress(recorder.get(), start, measure_start, options.progress);
+    ProgressLine progress(options.progress, RequestProgress(recorder.get(), start, measure_start));
     if (options.concurrency > 0) {
       RunClosedLoop(clients, options, requests, measure_end, *recorder, *fatal);
     } else {

@@ -2,13 +2,35 @@
 #include "client/bench/bench_common.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <random>
+#include <utility>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
 namespace layerserve::client {
+
+ProgressLine::ProgressLine(bool enabled, std::function<std::string()> line)
+    : line_(std::move(line)) {
+  if (enabled) thread_ = std::thread([this] { Run(); });
+}
+
+ProgressLine::~ProgressLine() {
+  stop_.Notify();
+  if (thread_.joinable()) {
+    thread_.join();
+    std::fputc('\n', stderr);
+  }
+}
+
+void ProgressLine::Run() {
+  while (!stop_.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+    std::fprintf(stderr, "\r%s", line_().c_str());
+    std::fflush(stderr);
+  }
+}
 
 absl::Status StoppedBy(const absl::Status& fatal) {
   absl::Status out(

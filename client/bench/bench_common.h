@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -79,6 +81,25 @@ class FatalStop {
 // payloads (a call's status stays one, see IsCallStatus), the message says
 // the run stopped.
 absl::Status StoppedBy(const absl::Status& fatal);
+
+// A live progress line on stderr: once a second, until destroyed, `line()`
+// gives the text, which rewrites the line before it ("\r"); a newline ends
+// it at destruction. Disabled, it starts no thread and prints nothing.
+// `line` runs on the line's own thread.
+class ProgressLine {
+ public:
+  ProgressLine(bool enabled, std::function<std::string()> line);
+  ~ProgressLine();
+  ProgressLine(const ProgressLine&) = delete;
+  ProgressLine& operator=(const ProgressLine&) = delete;
+
+ private:
+  void Run();
+
+  const std::function<std::string()> line_;
+  absl::Notification stop_;
+  std::thread thread_;
+};
 
 // INVALID_ARGUMENT naming --datatype unless it is FP32, FP16 or BF16.
 absl::Status CheckBenchDatatype(const std::string& datatype);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -122,50 +123,25 @@ class SessionRun {
   std::atomic<int64_t> errors_{0};
 };
 
-// Prints "elapsed, prefills, steps, decode tokens/s, errors" to stderr once a
-// second, rewriting the same line, until destroyed.
-class SessionProgressLine {
- public:
-  SessionProgressLine(const SessionRun* run, const BenchOptions& options, absl::Time start,
-                      bool enabled)
-      : run_(run), options_(options), start_(start) {
-    if (enabled) thread_ = std::thread([this] { Run(); });
-  }
-  ~SessionProgressLine() {
-    stop_.Notify();
-    if (thread_.joinable()) {
-      thread_.join();
-      std::fputc('\n', stderr);
-    }
-  }
-
- private:
-  void Run() {
-    const int64_t total_steps = options_.sessions * options_.steps;
-    int64_t previous_steps = 0;
-    while (!stop_.WaitForNotificationWithTimeout(absl::Seconds(1))) {
-      const int64_t steps = run_->steps_done();
-      const double tokens_per_second =
-          static_cast<double>((steps - previous_steps) * options_.batch * options_.step_tokens);
-      std::fprintf(stderr,
-                   "\r[%6.1fs] prefill %lld/%lld | steps %lld/%lld | %.1f decode tok/s | errors "
-                   "%lld   ",
-                   absl::ToDoubleSeconds(absl::Now() - start_),
-                   static_cast<long long>(run_->prefills_done()),
-                   static_cast<long long>(options_.sessions), static_cast<long long>(steps),
-                   static_cast<long long>(total_steps), tokens_per_second,
-                   static_cast<long long>(run_->errors()));
-      std::fflush(stderr);
-      previous_steps = steps;
-    }
-  }
-
-  const SessionRun* run_;
-  const BenchOptions& options_;
-  const absl::Time start_;
-  absl::Notification stop_;
-  std::thread thread_;
-};
+// The progress line's text (bench_common.h's ProgressLine), once a second:
+// elapsed time, prefills and steps answered of all, decode tokens/s over the
+// last second, errors. `run` and `options` must outlive the line.
+std::function<std::string()> SessionProgress(const SessionRun* run, const BenchOptions& options,
+                                             absl::Time start) {
+  return [run, &options, start, previous_steps = int64_t{0}]() mutable {
+    const int64_t steps = run->steps_done();
+    const double tokens_per_second =
+        static_cast<double>((steps - previous_steps) * options.batch * options.step_tokens);
+    std::string line = absl::StrFormat(
+        "[%6.1fs] prefill %lld/%lld | steps %lld/%lld | %.1f decode tok/s | errors %lld   ",
+        absl::ToDoubleSeconds(absl::Now() - start), static_cast<long long>(run->prefills_done()),
+        static_cast<long long>(options.sessions), static_cast<long long>(steps),
+        static_cast<long long>(options.sessions * options.steps), tokens_per_second,
+        static_cast<long long>(run->errors()));
+    previous_steps = steps;
+    return line;
+  };
+}
 
 // What every transport sends: session `index`'s request `i` of the plan,
 // its input picked by rotation.
@@ -430,7 +406,7 @@ absl::StatusOr<SessionBenchReport> RunSessionBench(const std::vector<Client*>& c
   SessionRun run(threads, start);
   FatalStop fatal;
   {
-    SessionProgressLine progress(&run, options, start, options.progress);
+    ProgressLine progress(options.progress, SessionProgress(&run, options, start));
     std::vector<std::thread> workers;
     workers.reserve(static_cast<size_t>(threads));
     for (int64_t t = 0; t < threads; ++t) {
