@@ -23,6 +23,7 @@
 #include "server/core/backend.h"
 #include "server/cuda/cuda_backend.h"
 #include "server/model/model.h"
+#include "tests/support/model_zoo.h"
 #include "tests/support/random_model.h"
 #include "tests/support/run_batch.h"
 
@@ -39,17 +40,7 @@ inline constexpr double kNormTol = 1e-2;
 // A qwen2-shaped span (q/k/v biases, GQA 2:1, head_dim 64) with random weights
 // stored in `dtype`.
 inline ModelSpan MakeQwenModel(DType dtype, uint64_t seed) {
-  LlamaConfig c;
-  c.model_type = "qwen2";
-  c.hidden_size = 256;
-  c.intermediate_size = 688;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 64;
-  c.num_hidden_layers = 2;
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 1e6;
-  c.attention_bias = true;
+  const LlamaConfig c = test_support::Qwen2Gqa2Config();
   ModelSpan m = test_support::RandomModel(c, /*first_layer=*/0, c.num_hidden_layers, dtype, seed);
   m.name = "qwen-test";
   return m;
@@ -57,15 +48,7 @@ inline ModelSpan MakeQwenModel(DType dtype, uint64_t seed) {
 
 // A Mixtral-style span's configuration on MakeQwenModel's attention shapes
 // (without its biases): 8 experts of intermediate 384, 2 per token.
-inline LlamaConfig MixtralTestConfig() {
-  LlamaConfig c = MakeQwenModel(DType::kBF16, 1).config;
-  c.model_type = "mixtral";
-  c.attention_bias = false;
-  c.intermediate_size = 384;
-  c.num_experts = 8;
-  c.experts_per_token = 2;
-  return c;
-}
+inline LlamaConfig MixtralTestConfig() { return test_support::MixtralGqa2Config(); }
 
 using test_support::RunSync;
 using test_support::Start;

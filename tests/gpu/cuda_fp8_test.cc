@@ -38,6 +38,7 @@
 #include "tests/gpu/backend_test_util.h"
 #include "tests/reference/llama_reference.h"
 #include "tests/support/fp8_model.h"
+#include "tests/support/model_zoo.h"
 #include "tests/support/random_model.h"
 #include "tests/support/reference_model.h"
 #include "tests/unit/cpu/backend_test_util.h"
@@ -58,19 +59,7 @@ using test_support::WeightOnly;
 using Activations = Fp8Quantization::Activations;
 
 // A Llama-style span the FP8 GEMM takes: widths multiples of 128, GQA 2:1.
-LlamaConfig Fp8TestConfig() {
-  LlamaConfig c;
-  c.model_type = "llama";
-  c.hidden_size = 256;
-  c.intermediate_size = 768;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 64;
-  c.num_hidden_layers = 1;
-  c.rms_norm_eps = 1e-5;
-  c.rope_theta = 10000.0;
-  return c;
-}
+LlamaConfig Fp8TestConfig() { return test_support::LlamaFp8Config(); }
 
 struct Distances {
   double w8a8 = 1;         // to the float64 W8A8 reference

@@ -34,6 +34,7 @@
 #include "server/cpu/cpu_backend.h"
 #include "server/cuda/cuda_backend.h"
 #include "tests/gpu/backend_test_util.h"
+#include "tests/support/model_zoo.h"
 #include "tests/support/random_model.h"
 
 namespace layerserve {
@@ -259,17 +260,7 @@ void FeedInSteps(const Backends& backends, const Sequences& in, const Sequences&
 // A llama3-style span: head_dim 128, 4 query heads per KV head, llama3 RoPE
 // scaling whose scaled bands matter at these positions.
 ModelSpan MakeLlama3Model(uint64_t seed) {
-  LlamaConfig c;
-  c.model_type = "llama";
-  c.hidden_size = 256;
-  c.intermediate_size = 384;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 1;
-  c.head_dim = 128;
-  c.num_hidden_layers = 2;
-  c.rms_norm_eps = 1e-5;
-  c.rope_theta = 10000.0;
-  c.rope_scaling = Llama3RopeScaling{8.0, 1.0, 4.0, 64};
+  const LlamaConfig c = test_support::Llama3GqaConfig();
   return test_support::RandomModel(c, 0, 2, DType::kBF16, seed);
 }
 

@@ -1,6 +1,7 @@
-// Shared helpers for the CPU backend tests: the small model configurations
-// they build random checkpoints from, and batches of requests built, run and
-// compared against a reference rounded to each request's dtype.
+// Shared helpers for the CPU backend tests: batches of requests built, run and
+// compared against a reference rounded to each request's dtype. The small
+// model configurations they build random checkpoints from are the zoo's
+// (tests/support/model_zoo.h).
 #pragma once
 
 #include <cmath>
@@ -13,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "server/core/backend.h"
 #include "server/model/model.h"
+#include "tests/support/model_zoo.h"
 #include "tests/support/run_batch.h"
 #include "tests/unit/cpu/test_util.h"
 
@@ -22,109 +24,14 @@ using test_support::RunSync;
 
 // ---- models -------------------------------------------------------------
 
-// qwen2-style: q/k/v biases, 4 query heads per KV head.
-inline LlamaConfig Qwen2StyleConfig() {
-  LlamaConfig c;
-  c.model_type = "qwen2";
-  c.hidden_size = 256;
-  c.intermediate_size = 320;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 1;
-  c.head_dim = 64;
-  c.num_hidden_layers = 2;
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 1e6;
-  c.attention_bias = true;
-  return c;
-}
-
-// llama with llama3 RoPE scaling; original_max_position_embeddings is tiny so
-// the scaled bands matter at the positions these tests use. head_dim 128, MHA.
-inline LlamaConfig Llama3StyleConfig() {
-  LlamaConfig c;
-  c.model_type = "llama";
-  c.hidden_size = 256;
-  c.intermediate_size = 384;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 2;
-  c.head_dim = 128;
-  c.num_hidden_layers = 8;
-  c.rms_norm_eps = 1e-5;
-  c.rope_theta = 10000.0;
-  c.rope_scaling = Llama3RopeScaling{8.0, 1.0, 4.0, 64};
-  return c;
-}
-
-// mistral-style: every layer attends through a window of 4 tokens, shorter
-// than most test sequences. GQA ratio 2.
-inline LlamaConfig MistralStyleConfig() {
-  LlamaConfig c;
-  c.model_type = "mistral";
-  c.hidden_size = 256;
-  c.intermediate_size = 320;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 64;
-  c.num_hidden_layers = 4;
-  c.rms_norm_eps = 1e-5;
-  c.rope_theta = 10000.0;
-  c.sliding_window = 4;
-  return c;
-}
-
-// Mixtral-shaped, small: 8 experts of intermediate 128, 2 per token, and a
-// sliding window shorter than the longest test sequence.
-inline LlamaConfig MixtralStyleConfig() {
-  LlamaConfig c = MistralStyleConfig();
-  c.model_type = "mixtral";
-  c.intermediate_size = 128;
-  c.num_experts = 8;
-  c.experts_per_token = 2;
-  c.sliding_window = 6;
-  return c;
-}
-
-// Qwen2-MoE-shaped, small: 12 experts of intermediate 64, 4 per token whose
-// weights are not renormalised (norm_topk_prob false, the default), a shared
-// expert of intermediate 160, q/k/v biases.
-inline LlamaConfig Qwen2MoeStyleConfig() {
-  LlamaConfig c = Qwen2StyleConfig();
-  c.model_type = "qwen2_moe";
-  c.intermediate_size = 64;
-  c.num_experts = 12;
-  c.experts_per_token = 4;
-  c.normalize_top_k = false;
-  c.shared_expert_intermediate_size = 160;
-  return c;
-}
-
-// Qwen3-style: RMSNorm over each q and k head before RoPE, head_dim 128
-// (not hidden / heads), 2 query heads per KV head, no biases.
-inline LlamaConfig Qwen3StyleConfig() {
-  LlamaConfig c;
-  c.model_type = "qwen3";
-  c.hidden_size = 192;
-  c.intermediate_size = 256;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 128;
-  c.num_hidden_layers = 2;
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 1e6;
-  c.qk_norm = true;
-  return c;
-}
-
-// Qwen3-MoE-style: the above with 8 experts of intermediate 64, 3 per token,
-// weights renormalised (Qwen3-30B-A3B's norm_topk_prob), no shared expert.
-inline LlamaConfig Qwen3MoeStyleConfig() {
-  LlamaConfig c = Qwen3StyleConfig();
-  c.model_type = "qwen3_moe";
-  c.intermediate_size = 64;
-  c.num_experts = 8;
-  c.experts_per_token = 3;
-  return c;
-}
+// The configurations come from the test model zoo (tests/support/model_zoo.h).
+using test_support::Llama3StyleConfig;
+using test_support::MistralStyleConfig;
+using test_support::MixtralStyleConfig;
+using test_support::Qwen2MoeStyleConfig;
+using test_support::Qwen2StyleConfig;
+using test_support::Qwen3MoeStyleConfig;
+using test_support::Qwen3StyleConfig;
 
 // ---- batches ------------------------------------------------------------
 
