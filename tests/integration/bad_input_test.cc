@@ -16,6 +16,7 @@
 #include "tests/integration/raw_grpc.h"
 #include "tests/integration/reference_check.h"
 #include "tests/integration/server_process.h"
+#include "tests/integration/server_suite.h"
 
 namespace layerserve::integration {
 namespace {
@@ -26,25 +27,13 @@ using inference::ModelInferRequest;
 constexpr int64_t kHidden = 512;
 constexpr int64_t kMaxBatchTokens = 256;
 
-class BadInputTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-        ServerProcess::Start({"--max-batch-tokens=" + std::to_string(kMaxBatchTokens)});
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = server->release();
-    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server_->grpc_target());
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = client->release();
+class BadInputTest : public ServerSuite<BadInputTest> {
+ public:
+  static std::vector<std::string> ServerArgs() {
+    return {"--max-batch-tokens=" + std::to_string(kMaxBatchTokens)};
   }
-  static void TearDownTestSuite() {
-    delete client_;
-    delete server_;
-    client_ = nullptr;
-    server_ = nullptr;
-  }
-  void SetUp() override { ASSERT_NE(client_, nullptr) << "the server did not start"; }
 
+ protected:
   // A valid FP32 request for [1, 2, hidden].
   static ModelInferRequest GoodRequest() {
     client::Tensor tensor{"FP32", {1, 2, kHidden}, std::string(2 * kHidden * 4, '\0')};
@@ -72,13 +61,7 @@ class BadInputTest : public ::testing::Test {
     for (int64_t dim : shape) request.mutable_inputs(0)->add_shape(dim);
     return request;
   }
-
-  static ServerProcess* server_;
-  static Client* client_;
 };
-
-ServerProcess* BadInputTest::server_ = nullptr;
-Client* BadInputTest::client_ = nullptr;
 
 constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
 

@@ -15,6 +15,7 @@
 #include "tests/integration/async_results.h"
 #include "tests/integration/reference_check.h"
 #include "tests/integration/server_process.h"
+#include "tests/integration/server_suite.h"
 
 namespace layerserve::integration {
 namespace {
@@ -31,16 +32,14 @@ struct Case {
   std::vector<double> expected;
 };
 
-class ConcurrencyTest : public ::testing::Test {
+class ConcurrencyTest : public ServerSuite<ConcurrencyTest> {
+ public:
+  static std::vector<std::string> ServerArgs() { return {"--max-queue-delay-us=20000"}; }
+
  protected:
   static void SetUpTestSuite() {
-    absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-        ServerProcess::Start({"--max-queue-delay-us=20000"});
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = server->release();
-    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server_->grpc_target());
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = client->release();
+    ServerSuite::SetUpTestSuite();
+    if (HasFatalFailure()) return;
     const DemoReference reference(0, 4);
     cases_ = new std::vector<Case>();
     for (int i = 0; i < kDistinctInputs; ++i) {
@@ -53,11 +52,8 @@ class ConcurrencyTest : public ::testing::Test {
   }
   static void TearDownTestSuite() {
     delete cases_;
-    delete client_;
-    delete server_;
     cases_ = nullptr;
-    client_ = nullptr;
-    server_ = nullptr;
+    ServerSuite::TearDownTestSuite();
   }
   void SetUp() override { ASSERT_NE(cases_, nullptr) << "suite set-up failed"; }
 
@@ -79,13 +75,9 @@ class ConcurrencyTest : public ::testing::Test {
     EXPECT_LT(*single, *executions);
   }
 
-  static ServerProcess* server_;
-  static Client* client_;
   static std::vector<Case>* cases_;
 };
 
-ServerProcess* ConcurrencyTest::server_ = nullptr;
-Client* ConcurrencyTest::client_ = nullptr;
 std::vector<Case>* ConcurrencyTest::cases_ = nullptr;
 
 TEST_F(ConcurrencyTest, SixtyFourThreadsAllCorrectAndBatched) {

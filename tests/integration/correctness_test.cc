@@ -12,6 +12,7 @@
 #include "client/client.h"
 #include "tests/integration/reference_check.h"
 #include "tests/integration/server_process.h"
+#include "tests/integration/server_suite.h"
 
 namespace layerserve::integration {
 namespace {
@@ -21,37 +22,22 @@ using client::Tensor;
 
 absl::Time In(absl::Duration d) { return absl::Now() + d; }
 
-class CorrectnessTest : public ::testing::TestWithParam<std::tuple<int64_t, int64_t>> {
+class CorrectnessTest
+    : public ServerSuite<CorrectnessTest, ::testing::TestWithParam<std::tuple<int64_t, int64_t>>> {
  protected:
   static void SetUpTestSuite() {
-    absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start({});
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = server->release();
-    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server_->grpc_target());
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = client->release();
+    ServerSuite::SetUpTestSuite();
     reference_ = new DemoReference(0, 4);
   }
   static void TearDownTestSuite() {
     delete reference_;
-    delete client_;
-    delete server_;  // kills the child
     reference_ = nullptr;
-    client_ = nullptr;
-    server_ = nullptr;
-  }
-  void SetUp() override {
-    ASSERT_NE(server_, nullptr) << "the server did not start";
-    ASSERT_NE(client_, nullptr);
+    ServerSuite::TearDownTestSuite();
   }
 
-  static ServerProcess* server_;
-  static Client* client_;
   static DemoReference* reference_;
 };
 
-ServerProcess* CorrectnessTest::server_ = nullptr;
-Client* CorrectnessTest::client_ = nullptr;
 DemoReference* CorrectnessTest::reference_ = nullptr;
 
 TEST_F(CorrectnessTest, ReadyLineNamesTheDemoModelAndAllLayers) {

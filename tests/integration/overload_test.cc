@@ -24,6 +24,7 @@
 #include "tests/integration/raw_grpc.h"
 #include "tests/integration/reference_check.h"
 #include "tests/integration/server_process.h"
+#include "tests/integration/server_suite.h"
 
 namespace layerserve::integration {
 namespace {
@@ -50,27 +51,15 @@ std::vector<absl::Status> Burst(Client& client, const Tensor& input, int calls) 
   return statuses;
 }
 
-class OverloadTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
-        {"--max-queue-size=1",
-         "--max-queue-delay-us=" + std::to_string(absl::ToInt64Microseconds(kQueueDelay)),
-         "--batch-delay-when-idle"});
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = server->release();
-    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server_->grpc_target());
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = client->release();
+class OverloadTest : public ServerSuite<OverloadTest> {
+ public:
+  static std::vector<std::string> ServerArgs() {
+    return {"--max-queue-size=1",
+            "--max-queue-delay-us=" + std::to_string(absl::ToInt64Microseconds(kQueueDelay)),
+            "--batch-delay-when-idle"};
   }
-  static void TearDownTestSuite() {
-    delete client_;
-    delete server_;
-    client_ = nullptr;
-    server_ = nullptr;
-  }
-  void SetUp() override { ASSERT_NE(client_, nullptr) << "the server did not start"; }
 
+ protected:
   // One [1, 2, hidden] request, checked against the reference.
   static void ExpectGoodRequestServed() {
     const std::vector<float> x = RandomBf16ExactValues(2 * kHidden, 77);
@@ -107,13 +96,7 @@ class OverloadTest : public ::testing::Test {
     ASSERT_TRUE(executed_after.ok()) << executed_after.status();
     EXPECT_EQ(*executed_after - executed_before, 1) << why;
   }
-
-  static ServerProcess* server_;
-  static Client* client_;
 };
-
-ServerProcess* OverloadTest::server_ = nullptr;
-Client* OverloadTest::client_ = nullptr;
 
 TEST_F(OverloadTest, FullQueueIsResourceExhausted) {
   constexpr int kCalls = 16;

@@ -30,6 +30,7 @@
 #include "grpc_service.grpc.pb.h"
 #include "tests/integration/reference_check.h"
 #include "tests/integration/server_process.h"
+#include "tests/integration/server_suite.h"
 
 namespace layerserve::integration {
 namespace {
@@ -65,20 +66,10 @@ absl::Status InferWithHeaders(const std::string& target, const InferOptions& opt
       &context, Client::MakeInferRequest(kModel, Tokens(1, 3), options), &response));
 }
 
-class SessionHeaderRoutingTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-        ServerProcess::Start({"--kv-cache-memory=16MiB"});
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server_->grpc_target());
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = *std::move(client);
-  }
-
-  std::unique_ptr<ServerProcess> server_;
-  std::unique_ptr<Client> client_;
+// One server for both tests: they use sessions of distinct ids.
+class SessionHeaderRoutingTest : public ServerSuite<SessionHeaderRoutingTest> {
+ public:
+  static std::vector<std::string> ServerArgs() { return {"--kv-cache-memory=16MiB"}; }
 };
 
 TEST_F(SessionHeaderRoutingTest, AMismatchedHeaderIsRefusedOnModelInfer) {

@@ -34,6 +34,7 @@
 #include "grpc_service.grpc.pb.h"
 #include "tests/integration/reference_check.h"
 #include "tests/integration/server_process.h"
+#include "tests/integration/server_suite.h"
 
 namespace layerserve::integration {
 namespace {
@@ -87,18 +88,18 @@ struct Stateless {
   std::vector<double> reference;
 };
 
-class StreamOrderTest : public ::testing::Test {
+class StreamOrderTest : public ServerSuite<StreamOrderTest> {
+ public:
+  // Several reply threads, and a queue delay long enough that requests from
+  // many streams meet in batches of several requests.
+  static std::vector<std::string> ServerArgs() {
+    return {"--reply-threads=4", "--max-queue-delay-us=2000", "--kv-cache-memory=64MiB"};
+  }
+
  protected:
   static void SetUpTestSuite() {
-    // Several reply threads, and a queue delay long enough that requests
-    // from many streams meet in batches of several requests.
-    absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
-        {"--reply-threads=4", "--max-queue-delay-us=2000", "--kv-cache-memory=64MiB"});
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = server->release();
-    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server_->grpc_target());
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = client->release();
+    ServerSuite::SetUpTestSuite();
+    if (HasFatalFailure()) return;
 
     const DemoReference reference(0, 4);
     stateless_ = new std::vector<Stateless>();
@@ -113,12 +114,9 @@ class StreamOrderTest : public ::testing::Test {
   static void TearDownTestSuite() {
     delete streams_;
     delete stateless_;
-    delete client_;
-    delete server_;
     streams_ = nullptr;
     stateless_ = nullptr;
-    client_ = nullptr;
-    server_ = nullptr;
+    ServerSuite::TearDownTestSuite();
   }
   void SetUp() override { ASSERT_NE(streams_, nullptr) << "suite set-up failed"; }
 
@@ -208,14 +206,10 @@ class StreamOrderTest : public ::testing::Test {
                          << ": the replies are not in the order of the requests";
   }
 
-  static ServerProcess* server_;
-  static Client* client_;
   static std::vector<Stateless>* stateless_;
   static std::vector<std::vector<Expected>>* streams_;
 };
 
-ServerProcess* StreamOrderTest::server_ = nullptr;
-Client* StreamOrderTest::client_ = nullptr;
 std::vector<Stateless>* StreamOrderTest::stateless_ = nullptr;
 std::vector<std::vector<Expected>>* StreamOrderTest::streams_ = nullptr;
 
