@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds layerserve for the H100 (sm_90a) on a machine without a GPU and
-# bundles what the GPU machine needs to run the GPU tests, the CUDA-backend
+# bundles what the GPU machine needs to run the GPU tests (the ctest label
+# "gpu", listed in the bundle's gpu-tests.txt), the CUDA-backend
 # integration suite and the benchmarks into .gpubundle/layerserve-gpu.tar.xz
 # (git-ignored; ~20 MB, to stay well inside what a transfer may carry): the
 # binaries, stripped of debug info, and the non-system shared libraries they
@@ -21,13 +22,27 @@ LAYERSERVE_BUILD_DIR="$LAYERSERVE_ROOT/$build" bash scripts/build.sh \
 
 rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/lib"
+# The GPU tests are the binaries of every test with the ctest label "gpu"
+# (LABELS gpu in tests/gpu/CMakeLists.txt and its fragments). The GPU machine
+# has no ctest, so their names go into the bundle as gpu-tests.txt, the list
+# scripts/gpu-run.sh runs.
+mapfile -t gpu_tests < <(ctest --test-dir "$build" -L '^gpu$' --show-only=json-v1 |
+  "$PYTHON" -c '
+import json, os, sys
+build = os.path.realpath(sys.argv[1])
+seen = []
+for test in json.load(sys.stdin)["tests"]:
+    binary = os.path.relpath(os.path.realpath(test["command"][0]), build)
+    if binary not in seen:
+        seen.append(binary)
+print("\n".join(seen))' "$build")
+if [[ ${#gpu_tests[@]} -eq 0 || -z ${gpu_tests[0]} ]]; then
+  echo "no test in $build carries the ctest label gpu" >&2
+  exit 1
+fi
 binaries=(
   server/layerserve client/layerctl
-  tests/gpu/layer_ops_gpu_test tests/gpu/attention_gpu_test tests/gpu/gemm_test tests/gpu/gemm_pdl_test
-  tests/gpu/cuda_backend_test tests/gpu/gemm_router_test tests/gpu/gemm_tuning_test
-  tests/gpu/paged_attention_gpu_test tests/gpu/cuda_sessions_test tests/gpu/cuda_graphs_test tests/gpu/moe_gpu_test
-  tests/gpu/gemm_silu_gpu_test tests/gpu/gemm_fp8_gpu_test tests/gpu/cuda_fp8_test
-  tests/unit/metrics/metrics_cublaslt_test
+  "${gpu_tests[@]}"
   bench/attention/flash_attention_bench bench/attention/decode_attention_bench bench/gemm/gemm_bench
   bench/layer/layer_bench bench/grpc/grpc_echo
 )
@@ -42,6 +57,7 @@ for b in "$bundle"/bin/*; do
     grep -v -E '/(libc|libm|libgcc_s|libstdc\+\+|libpthread|libdl|librt|ld-linux[^/]*)\.so|libcuda|libcublas|libcudart' |
     xargs -r -I{} cp -L -n {} "$bundle/lib/"
 done
+for t in "${gpu_tests[@]}"; do basename "$t"; done > "$bundle/gpu-tests.txt"
 # nginx for the bench-replicas stage (the GPU machine has none): Debian's
 # binary with the libraries it links that the GPU machine may lack, run
 # through a wrapper that finds them.
@@ -63,5 +79,5 @@ cp -r "$("$PYTHON" -c 'import os, prometheus_client; print(os.path.dirname(prome
   "$bundle/python/"
 find "$bundle/python" -name __pycache__ -prune -exec rm -rf {} +
 mkdir -p .gpubundle
-tar -C "$bundle" -cf - bin lib python $([[ -d $bundle/nginx ]] && echo nginx) | xz -T2 -6 > .gpubundle/layerserve-gpu.tar.xz
+tar -C "$bundle" -cf - bin lib python gpu-tests.txt $([[ -d $bundle/nginx ]] && echo nginx) | xz -T2 -6 > .gpubundle/layerserve-gpu.tar.xz
 du -sh "$bundle" .gpubundle/layerserve-gpu.tar.xz
