@@ -441,8 +441,10 @@ TEST_F(SecurityTest, SessionsBelongToTheCertificateThatOpenedThem) {
   ASSERT_TRUE(last.ok()) << last.status();
   const absl::StatusOr<Tensor> stateless = owner->Infer("demo", whole, In(absl::Seconds(30)));
   ASSERT_TRUE(stateless.ok()) << stateless.status();
-  // The session's last token is the stateless request's last token (to
-  // float32 rounding: the CPU backend's sessions agree to ~1e-6).
+  // The session's last token is the stateless request's last token, to the
+  // backend's rounding (the CPU backend's sessions agree to ~1e-6; the CUDA
+  // backend computes in BF16): another session's tokens in its context
+  // would move it by tens of percent.
   const absl::StatusOr<std::vector<float>> got = client::TensorToFloats(*last);
   const absl::StatusOr<std::vector<float>> want = client::TensorToFloats(*stateless);
   ASSERT_TRUE(got.ok() && want.ok());
@@ -452,7 +454,7 @@ TEST_F(SecurityTest, SessionsBelongToTheCertificateThatOpenedThem) {
     worst = std::max(worst, std::fabs((*got)[i] - (*want)[5 * 512 + i]) /
                                 (1.f + std::fabs((*want)[5 * 512 + i])));
   }
-  EXPECT_LT(worst, 1e-4f) << "the owner's session was disturbed";
+  EXPECT_LT(worst, ToleranceFor("FP32")) << "the owner's session was disturbed";
 }
 
 TEST_F(SecurityTest, MutualTlsTokenAndHttpsMetrics) {

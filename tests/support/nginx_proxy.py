@@ -62,7 +62,13 @@ class NginxProxy:
         self.port = free_port()
         self.url = f"127.0.0.1:{self.port}"
         conf = workdir / "nginx.conf"
-        conf.write_text(render_nginx_conf(self.port, upstreams))
+        # The temporary files' folders in the work directory too: the
+        # binary's built-in ones (/var/lib/nginx/...) exist only where the
+        # package was installed.
+        temp = "".join(f"    {kind}_temp_path {workdir}/{kind};\n"
+                       for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+        conf.write_text(render_nginx_conf(self.port, upstreams).replace("http {\n",
+                                                                       "http {\n" + temp, 1))
         self.log = workdir / "nginx.log"
         # Only what a foreground process outside /etc needs: no daemon, its
         # pid and error log in the work directory.
