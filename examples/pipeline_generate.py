@@ -32,7 +32,6 @@ BF16 with tritonclient r26.06 or later) are optional. See examples/README.md.
 
 import argparse
 import json
-import struct
 import sys
 import time
 import uuid
@@ -42,87 +41,12 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
+# The safetensors reader, beside this file (installed with it).
+from hf_checkpoint import Checkpoint, bf16_bits_to_f32, f32_to_bf16_bits
+
 RPC_TIMEOUT_S = 300
 
-# ------------------------------------------------------------ safetensors
-
-# Stored dtype -> little-endian numpy dtype of its bytes (BF16 as bit patterns).
-_STORED = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2"}
-
-
-def bf16_bits_to_f32(bits):
-    """bfloat16 bit patterns (uint16) -> float32 (exact)."""
-    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
-def f32_to_bf16_bits(x):
-    """float32 -> bfloat16 bit patterns, rounding to nearest even."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-class Checkpoint:
-    """The tensors of a Hugging Face checkpoint directory: model.safetensors,
-    or the shards model.safetensors.index.json names. A .safetensors file is
-    an 8-byte little-endian header length, a JSON header {name: {dtype,
-    shape, data_offsets}}, then the data; tensors are memory-mapped, so only
-    the rows read are loaded."""
-
-    def __init__(self, model_dir):
-        self.dir = Path(model_dir)
-        index = self.dir / "model.safetensors.index.json"
-        if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            files = sorted(set(weight_map.values()))
-        elif (self.dir / "model.safetensors").is_file():
-            files = ["model.safetensors"]
-        else:
-            raise SystemExit(f"{self.dir}: no model.safetensors or model.safetensors.index.json")
-        self.entries = {}  # name -> (path, dtype, shape, absolute offset, bytes)
-        for file in files:
-            path = self.dir / file
-            with open(path, "rb") as f:
-                (header_len,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(header_len))
-            size = path.stat().st_size
-            data_start = 8 + header_len
-            for name, entry in header.items():
-                if name == "__metadata__":
-                    continue
-                dtype, shape = entry["dtype"], [int(d) for d in entry["shape"]]
-                begin, end = entry["data_offsets"]
-                if dtype not in _STORED:
-                    raise SystemExit(f"{path}: tensor {name} has dtype {dtype}; "
-                                     f"this reader knows {', '.join(_STORED)}")
-                nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(_STORED[dtype]).itemsize
-                if end - begin != nbytes or data_start + end > size:
-                    raise SystemExit(f"{path}: tensor {name}: data_offsets {begin}..{end} do not "
-                                     f"hold {dtype}{shape} inside the file")
-                self.entries[name] = (path, dtype, shape, data_start + begin, nbytes)
-
-    def __contains__(self, name):
-        return name in self.entries
-
-    def raw(self, name):
-        """The stored array (memory-mapped; BF16 as uint16 bit patterns)."""
-        if name not in self.entries:
-            raise SystemExit(f"{self.dir}: the checkpoint has no tensor {name}")
-        path, dtype, shape, offset, nbytes = self.entries[name]
-        if nbytes == 0:
-            return np.zeros(shape, dtype=_STORED[dtype])
-        return np.memmap(path, dtype=_STORED[dtype], mode="r", offset=offset, shape=tuple(shape))
-
-    def dtype(self, name):
-        return self.entries[name][1]
-
-    def float32(self, name, rows=None):
-        """The tensor (or the given rows of it) as float32."""
-        values = self.raw(name)
-        if rows is not None:
-            values = values[np.asarray(rows)]
-        if self.dtype(name) == "BF16":
-            return bf16_bits_to_f32(values)
-        return np.asarray(values, dtype=np.float32)
+# ------------------------------------------------------------- the model's ends
 
 
 class ModelEnds:
@@ -173,12 +97,29 @@ def bf16_client_dtype():
         return None
 
 
+def wait_until_ready(client, url, wait_s):
+    """Waits up to wait_s for the server at `url` to answer ready (a server
+    started just before this client may still be loading its layers)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if client.is_server_ready(client_timeout=5):
+                return
+            why = "not ready"
+        except Exception as e:
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if time.monotonic() >= deadline:
+            raise SystemExit(f"{url}: not ready after {wait_s:g} s ({why})")
+        time.sleep(0.5)
+
+
 class Stage:
     """One server and the span of layers it runs."""
 
-    def __init__(self, url, model, datatype):
+    def __init__(self, url, model, datatype, wait_s=0.0):
         self.url, self.model, self.datatype = url, model, datatype
         self.client = grpcclient.InferenceServerClient(url)
+        wait_until_ready(self.client, url, wait_s)
         try:
             config = self.client.get_model_config(model, client_timeout=RPC_TIMEOUT_S).config
         except Exception as e:
@@ -221,8 +162,8 @@ class Stage:
         self.client.close()
 
 
-def connect(urls, models, datatype, num_layers, hidden):
-    stages = [Stage(url, model, datatype) for url, model in zip(urls, models)]
+def connect(urls, models, datatype, num_layers, hidden, wait_s=0.0):
+    stages = [Stage(url, model, datatype, wait_s) for url, model in zip(urls, models)]
     spans = [s.layers for s in stages]
     if all(spans):
         chained = spans[0][0] == 0 and spans[-1][1] == num_layers and all(
@@ -337,6 +278,8 @@ def parse_args(argv):
                    help="hidden states on the wire (BF16 halves the bytes, rounds each hop)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="generate --max-new-tokens even past the model's eos_token_id")
+    p.add_argument("--wait-s", type=float, default=60.0,
+                   help="how long to wait for each server to be ready (default 60)")
     p.add_argument("--json", help="also write the result to this JSON file")
     return p.parse_args(argv)
 
@@ -368,7 +311,8 @@ def main(argv=None):
                else tuple(eos if isinstance(eos, list) else [eos]))
 
     ends = ModelEnds(Checkpoint(model_dir), config)
-    stages = connect(urls, models, args.datatype, int(config["num_hidden_layers"]), ends.hidden)
+    stages = connect(urls, models, args.datatype, int(config["num_hidden_layers"]), ends.hidden,
+                     args.wait_s)
     if not args.stateless:
         refusing = [s.url for s in stages if not s.sessions]
         if refusing:
