@@ -796,8 +796,9 @@ def test_cmake_install_puts_the_server_layerctl_and_the_example_on_a_prefix(serv
     """Finding 3 of the adoption issue: nothing could be installed, and
     examples/README.md calls a bare `layerserve`. `cmake --install` of the
     build that made the server (the tree above build/server/) puts layerserve
-    and layerctl in PREFIX/bin, runnable from there, the pipeline example in
-    PREFIX/share/layerserve/examples and the license and docs in
+    and layerctl in PREFIX/bin, runnable from there, the pipeline example and
+    the checkpoint commands in PREFIX/share/layerserve/examples and the
+    license and docs in
     PREFIX/share/doc/layerserve."""
     build = Path(server_bin).resolve().parents[1]
     assert (build / "cmake_install.cmake").exists(), f"{build} is not a CMake build tree"
@@ -809,9 +810,14 @@ def test_cmake_install_puts_the_server_layerctl_and_the_example_on_a_prefix(serv
         assert found == str(prefix / "bin" / name), f"{name} is not on the prefix's PATH: {found}"
         out = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=30)
         assert out.returncode == 0 and out.stdout == f"{name} {version}\n", (name, out.stdout, out.stderr)
-    example = prefix / "share/layerserve/examples/pipeline_generate.py"
-    assert os.access(example, os.X_OK), "the pipeline example is not installed as a program"
-    assert (prefix / "share/layerserve/examples/README.md").exists()
+    examples = prefix / "share/layerserve/examples"
+    for program in ("pipeline_generate.py", "gguf_to_hf.py", "random_checkpoint.py"):
+        assert os.access(examples / program, os.X_OK), f"{program} is not installed as a program"
+    assert (examples / "README.md").exists()
+    # The installed commands find the module they share beside them.
+    run(sys.executable, examples / "random_checkpoint.py", tmp_path / "tiny", "--layers", "1",
+        "--hidden", "64", "--intermediate", "64", "--vocab", "16")
+    assert (tmp_path / "tiny/model.safetensors").exists()
     for doc in ("LICENSE", "README.md", "docs/protocol.md", "docs/flags.md"):
         assert (prefix / "share/doc/layerserve" / doc).exists(), doc
 

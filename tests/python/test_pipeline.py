@@ -23,7 +23,8 @@ import pytest
 from layerserve_process import sample
 from llama_numpy import decoder_layers, make_checkpoint, stored_values, write_safetensors
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pipeline_generate.py"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLE = EXAMPLES / "pipeline_generate.py"
 EXAMPLE_TIMEOUT_S = 120
 NEW_TOKENS = 12
 PROMPT = [3, 14, 15, 92, 65]
@@ -233,3 +234,44 @@ def test_text_prompt_through_tokenizer_json(untied, tmp_path):
     assert result["generated_ids"] == want
     assert result["text"] == " ".join(f"w{i}" for i in want), result["text"]
     assert "text:" in stdout
+
+
+def test_the_documented_random_checkpoint(start_server, tmp_path):
+    """examples/random_checkpoint.py with its defaults, as examples/README.md
+    runs it: two servers of its spans and the example with token ids give
+    the float64 model of what the command wrote (read back from its file)."""
+    directory = tmp_path / "tiny-llama"
+    subprocess.run([sys.executable, str(EXAMPLES / "random_checkpoint.py"), str(directory)],
+                   check=True, capture_output=True, timeout=EXAMPLE_TIMEOUT_S)
+    config = json.loads((directory / "config.json").read_text())
+    sys.path.insert(0, str(EXAMPLES))
+    from hf_checkpoint import Checkpoint
+
+    ckpt = Checkpoint(directory)
+    read = lambda name: ckpt.float32(name).astype(np.float64)  # noqa: E731
+    layers = [{n[len(f"model.layers.{i}."):]: read(n) for n in ckpt.names()
+               if n.startswith(f"model.layers.{i}.")} for i in range(config["num_hidden_layers"])]
+    embed, norm = read("model.embed_tokens.weight"), read("model.norm.weight")
+    lm_head = read("lm_head.weight")
+    ids, want, margin = list(PROMPT), [], math.inf
+    for _ in range(8):
+        h = decoder_layers(embed[ids][None], layers, config)[0, -1]
+        logits = lm_head @ (h / np.sqrt(np.mean(h * h) + config["rms_norm_eps"]) * norm)
+        top2 = np.sort(logits)[-2:]
+        margin = min(margin, (top2[1] - top2[0]) / np.std(logits))
+        want.append(int(np.argmax(logits)))
+        ids.append(want[-1])
+    assert margin > 1e-3 and len(set(want)) > 1, (want, margin)
+
+    servers = [start_server(f"--model-dir={directory}", f"--layers={span}", *KV_CACHE_FLAGS)
+               for span in ("0:2", "2:4")]
+    result = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, str(EXAMPLE), "--model-dir", str(directory),
+                           "--servers", ",".join(s.grpc_url for s in servers),
+                           "--prompt-ids", ",".join(map(str, PROMPT)), "--max-new-tokens", "8",
+                           "--json", str(result)],
+                          capture_output=True, text=True, timeout=EXAMPLE_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(result.read_text())["generated_ids"] == want
+    for server in servers:
+        assert server.stop() == 0, server.log_text()
