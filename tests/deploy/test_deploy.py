@@ -1,8 +1,11 @@
 """The deployment and observability files, checked without Docker or a GPU:
   1. Dockerfile and .dockerignore: instruction-level checks (no Dockerfile
-     linter is packaged for Debian 12);
+     linter is packaged for Debian 12) of both images: the CPU one on Debian
+     slim with nothing of CUDA, the CUDA one the default target; the script
+     that picks their runtime packages, on this machine's build;
   2. deploy/docker-compose.yml: `docker-compose config -q` for every profile,
-     a demo profile without a checkpoint, fully qualified pinned images;
+     a demo profile without a checkpoint, fully qualified pinned images, the
+     cpu and demo profiles on the CPU image and the gpu one on the CUDA image;
   3. Prometheus: `promtool check config`, `check rules`, `test rules`;
   4. the Grafana dashboard: parses; every query reads the ${datasource}
      variable (default: the provisioned uid) and filters by $model and
@@ -147,6 +150,22 @@ class Dockerfile:
         last_from = max((i for i, x in enumerate(self.instructions) if x.startswith("FROM ")),
                         default=0)
         self.final_stage = self.instructions[last_from:]
+        # {stage name: its instructions, FROM first}, in file order.
+        self.stages = {}
+        for ins in self.instructions:
+            m = FROM_RE.fullmatch(ins[len("FROM "):].strip()) if ins.startswith("FROM ") else None
+            if m:
+                current = self.stages.setdefault(m.group(2) or f"stage{len(self.stages)}", [])
+            if self.stages:
+                current.append(ins)
+
+    def base_image(self, stage):
+        return FROM_RE.fullmatch(self.stages[stage][0][len("FROM "):].strip()).group(1)
+
+    def copied_from(self, stage):
+        """The stages `stage` copies files from."""
+        return {m.group(1) for x in self.stages[stage] if x.startswith("COPY ")
+                for m in [re.search(r"--from=(\S+)", x)] if m}
 
     def split(self):
         """(keyword, rest) of every instruction."""
@@ -205,33 +224,112 @@ def test_dockerfile_base_images_are_fully_qualified(dockerfile):
     assert not bad, "FROM images without a registry or with a floating tag"
 
 
-def test_dockerfile_build_comment_tags_the_image_compose_runs(dockerfile):
-    default = re.search(r"\$\{LAYERSERVE_IMAGE:-([^}]+)\}",
-                        (DEPLOY / "docker-compose.yml").read_text()).group(1)
+# The images compose runs: {its variable: the Dockerfile target that makes it}.
+COMPOSE_IMAGES = {"LAYERSERVE_IMAGE": "runtime", "LAYERSERVE_CPU_IMAGE": "cpu"}
+
+
+def compose_default_image(variable):
+    return re.search(r"\$\{" + variable + r":-([^}]+)\}",
+                     (DEPLOY / "docker-compose.yml").read_text()).group(1)
+
+
+def test_dockerfile_build_comments_tag_the_images_compose_runs(dockerfile):
     text = (ROOT / "Dockerfile").read_text()
-    assert f"docker build -t {default} ." in text, f"the build comment should tag {default}"
+    for variable, target in COMPOSE_IMAGES.items():
+        default = compose_default_image(variable)
+        # The last stage is what a build without --target makes.
+        target_arg = "" if target == list(dockerfile.stages)[-1] else f"--target {target} "
+        assert f"docker build {target_arg}-t {default} ." in text, (
+            f"the build comment should tag {default} ({target_arg or 'no --target'})")
 
 
-def test_dockerfile_final_stage(dockerfile):
-    """Non-root, both ports, a health check and layerserve as the entry point."""
-    tail = dockerfile.final_stage
+@pytest.mark.parametrize("stage", ["cpu", "runtime"])
+def test_dockerfile_image_stages(dockerfile, stage):
+    """Non-root, both ports, a health check and layerserve as the entry
+    point, in each image compose and Kubernetes run."""
+    assert stage in dockerfile.stages, f"no stage {stage}"
+    tail = dockerfile.stages[stage]
     errors = []
     users = [x[len("USER "):].strip() for x in tail if x.startswith("USER ")]
     if (users[-1] if users else "root") in ("root", "0"):
-        errors.append("final stage runs as root")
+        errors.append("runs as root")
     exposed = " ".join(x[len("EXPOSE "):] for x in tail if x.startswith("EXPOSE ")).split()
-    errors += [f"final stage does not EXPOSE {port}" for port in ("8001", "8002")
-               if port not in exposed]
+    errors += [f"does not EXPOSE {port}" for port in ("8001", "8002") if port not in exposed]
     healthchecks = [x for x in tail if x.startswith("HEALTHCHECK")]
     if not healthchecks or "health" not in healthchecks[0]:
-        errors.append("final stage has no layerctl health HEALTHCHECK")
+        errors.append("has no layerctl health HEALTHCHECK")
     if not any(x.startswith("ENTRYPOINT") and "layerserve" in x for x in tail):
-        errors.append("final stage ENTRYPOINT is not layerserve")
+        errors.append("ENTRYPOINT is not layerserve")
     assert not errors
 
 
-def test_dockerfile_build_turns_tests_off(dockerfile):
-    assert any("LAYERSERVE_BUILD_TESTS=OFF" in x for x in dockerfile.instructions)
+def test_dockerfile_last_stage_is_the_cuda_image(dockerfile):
+    """`docker build .` without --target keeps making the CUDA image that
+    deploy/k8s and the gpu profile run."""
+    assert list(dockerfile.stages)[-1] == "runtime"
+    assert dockerfile.final_stage == dockerfile.stages["runtime"]
+    assert "cuda" in dockerfile.base_image("runtime")
+
+
+def test_cpu_image_is_debian_slim_without_cuda(dockerfile):
+    """The cpu and demo profiles' image (finding 5 of the adoption issue:
+    they shipped the multi-GB CUDA runtime): Debian slim, built and run with
+    no CUDA, from stages that take nothing from the CUDA ones."""
+    stages, todo = set(), ["cpu"]
+    while todo:  # the cpu stage and every stage it copies from
+        stage = todo.pop()
+        stages.add(stage)
+        todo += [s for s in dockerfile.copied_from(stage) if s not in stages]
+    assert stages == {"cpu", "cpu-build"}, stages
+    errors = []
+    for stage in sorted(stages):
+        base = dockerfile.base_image(stage)
+        if not re.fullmatch(r"docker\.io/library/debian:\d+-slim", base):
+            errors.append(f"{stage} is FROM {base}, not Debian slim")
+        for ins in dockerfile.stages[stage]:
+            if re.search(r"cuda|nvidia", ins.replace("-DLAYERSERVE_CUDA=OFF", ""), re.I):
+                errors.append(f"{stage} mentions CUDA: {ins[:80]}")
+    build = " ".join(dockerfile.stages["cpu-build"])
+    if "-DLAYERSERVE_CUDA=OFF" not in build or "LAYERSERVE_BUILD_TESTS=OFF" not in build:
+        errors.append("cpu-build does not configure -DLAYERSERVE_CUDA=OFF without tests")
+    assert not errors
+
+
+def apt_installs(instructions):
+    """The packages `apt-get install` names in these instructions."""
+    names = []
+    for ins in instructions:
+        for part in ins.split("&&"):
+            if "apt-get install" in part:
+                names += [w for w in part.split("apt-get install", 1)[1].split()
+                          if not w.startswith("-")]
+    return names
+
+
+def test_cpu_build_installs_only_what_the_project_builds_with(dockerfile):
+    """The CPU image builds with the packages scripts/install-deps.sh gives
+    every build the project tests (its SERVE_DEBS; g++ is build-essential's),
+    so that it builds as those do."""
+    text = (ROOT / "scripts/install-deps.sh").read_text()
+    serve_debs = set(re.search(r"SERVE_DEBS=\(([^)]*)\)", text).group(1).split()) | {"g++"}
+    installed = apt_installs(dockerfile.stages["cpu-build"])
+    assert installed, "the cpu-build stage installs nothing"
+    assert not set(installed) - serve_debs, sorted(set(installed) - serve_debs)
+
+
+def test_runtime_debs_names_the_packages_of_the_built_server(server_bin, ctl_bin):
+    """scripts/runtime-debs.sh, which both build stages run to choose what
+    their image installs, on this machine's build (Debian 12, as the cpu
+    image): the C library, gRPC's and OpenBLAS's packages, nothing of CUDA."""
+    debs = run("bash", ROOT / "scripts/runtime-debs.sh", server_bin, ctl_bin).split()
+    assert "libc6" in debs and any(d.startswith("libgrpc++") for d in debs), debs
+    assert any(d.startswith("libopenblas0") for d in debs), debs
+    assert not [d for d in debs if "cuda" in d or "cublas" in d], debs
+
+
+@pytest.mark.parametrize("stage", ["cpu-build", "build"])
+def test_dockerfile_build_turns_tests_off(dockerfile, stage):
+    assert any("LAYERSERVE_BUILD_TESTS=OFF" in x for x in dockerfile.stages[stage])
 
 
 def test_dockerignore_keeps_what_the_build_reads():
@@ -272,6 +370,21 @@ def test_compose_demo_profile_needs_no_checkpoint():
     assert not any(a.startswith("--model-dir") for a in demo["command"]), demo["command"]
     assert not demo.get("volumes"), "the demo profile mounts a checkpoint"
     assert "--backend=cpu" in demo["command"] and "deploy" not in demo
+
+
+@pytest.mark.parametrize("service,variable", [("layerserve-demo", "LAYERSERVE_CPU_IMAGE"),
+                                              ("layerserve-cpu", "LAYERSERVE_CPU_IMAGE"),
+                                              ("layerserve-gpu", "LAYERSERVE_IMAGE")])
+def test_compose_profiles_build_and_run_their_image(dockerfile, service, variable):
+    """demo and cpu: the Dockerfile's Debian-slim CPU image; gpu: its CUDA
+    image. Each service builds the target that makes the image it runs."""
+    config = compose_config("demo", "gpu", "cpu")["services"][service]
+    target = COMPOSE_IMAGES[variable]
+    assert config["image"] == compose_default_image(variable), config["image"]
+    assert config["build"].get("target") == target, config["build"]
+    assert Path(config["build"]["context"]).resolve() == ROOT
+    assert config["build"].get("dockerfile", "Dockerfile") == "Dockerfile"
+    assert target in dockerfile.stages
 
 
 def image_is_fully_qualified(image):
