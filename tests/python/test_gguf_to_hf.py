@@ -63,26 +63,29 @@ def hf_weights(rng, tied):
     d = hidden // heads
     vocab = len(vocabulary()[0])
     lin = lambda o, i: rng.normal(0, 1 / math.sqrt(i), (o, i)).astype(np.float32)  # noqa: E731
+    norm = lambda: (1 + 0.1 * rng.normal(size=hidden)).astype(np.float32)  # noqa: E731
     w = {"model.embed_tokens.weight": rng.normal(size=(vocab, hidden)).astype(np.float32),
-         "model.norm.weight": (1 + 0.1 * rng.normal(size=hidden)).astype(np.float32)}
+         "model.norm.weight": norm()}
     if not tied:
         w["lm_head.weight"] = lin(vocab, hidden)
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        w.update({p + "input_layernorm.weight": (1 + 0.1 * rng.normal(size=hidden)).astype(np.float32),
+        w.update({p + "input_layernorm.weight": norm(),
                   p + "self_attn.q_proj.weight": lin(heads * d, hidden),
                   p + "self_attn.k_proj.weight": lin(kv * d, hidden),
                   p + "self_attn.v_proj.weight": lin(kv * d, hidden),
                   p + "self_attn.o_proj.weight": lin(hidden, heads * d),
-                  p + "post_attention_layernorm.weight": (1 + 0.1 * rng.normal(size=hidden)).astype(np.float32),
+                  p + "post_attention_layernorm.weight": norm(),
                   p + "mlp.gate_proj.weight": lin(inter, hidden),
                   p + "mlp.up_proj.weight": lin(inter, hidden),
                   p + "mlp.down_proj.weight": lin(hidden, inter)})
     return w
 
 
-GGUF_NAMES = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
-              "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
+GGUF_NAMES = {"input_layernorm.weight": "attn_norm.weight",
+              "self_attn.q_proj.weight": "attn_q.weight",
+              "self_attn.k_proj.weight": "attn_k.weight",
+              "self_attn.v_proj.weight": "attn_v.weight",
               "self_attn.o_proj.weight": "attn_output.weight",
               "post_attention_layernorm.weight": "ffn_norm.weight",
               "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",

@@ -135,5 +135,6 @@ def test_pipeline_generates_the_reference_tokens(spans, checkpoint, reference, t
                  "--max-new-tokens", NEW_TOKENS, "--json", result)
     out = json.loads(result.read_text())
     assert out["prompt_ids"] == PROMPT_IDS
-    assert out["generated_ids"] == want, f"served {out['generated_ids']} != float64 {want}\n{stdout}"
+    assert out["generated_ids"] == want, (
+        f"served {out['generated_ids']} != float64 {want}\n{stdout}")
     assert out["text"].startswith(" Paris"), out["text"]
