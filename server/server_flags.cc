@@ -117,6 +117,10 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
   integer(app.add_option(FlagNames("grpc-max-connection-idle-s"), flags.grpc_max_connection_idle_s,
                          "close a gRPC connection that has had no call for this many seconds "
                          "(clients reconnect at their next call); 0: never"));
+  integer(app.add_option(FlagNames("grpc-max-concurrent-streams"),
+                         flags.grpc_max_concurrent_streams,
+                         "most calls one gRPC connection may hold open at once (HTTP/2 "
+                         "SETTINGS_MAX_CONCURRENT_STREAMS; clients queue the rest); 0: no limit"));
   integer(app.add_option(FlagNames("grpc-threads"), flags.grpc_threads,
                          "threads receiving gRPC calls and running their handlers, each polling "
                          "its own completion queue; 0: a quarter of the cores, 2 to 8"));
@@ -320,6 +324,9 @@ absl::Status CheckFlags(const ServerFlags& flags) {
   }
   if (flags.grpc_max_connection_idle_s < 0 || flags.grpc_max_connection_idle_s > INT32_MAX / 1000) {
     return absl::InvalidArgumentError("--grpc-max-connection-idle-s must be in [0, 2147483]");
+  }
+  if (flags.grpc_max_concurrent_streams < 0 || flags.grpc_max_concurrent_streams > INT32_MAX) {
+    return absl::InvalidArgumentError("--grpc-max-concurrent-streams must be in [0, 2147483647]");
   }
   if (flags.drain_timeout_s < 0) {
     return absl::InvalidArgumentError("--drain-timeout-s must be >= 0");

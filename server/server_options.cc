@@ -154,6 +154,7 @@ GrpcFrontendOptions GrpcFrontendOptionsFromFlags(const ServerFlags& flags,
   options.server_version = std::string(version);
   options.max_connection_age_s = flags.grpc_max_connection_age_s;
   options.max_connection_idle_s = flags.grpc_max_connection_idle_s;
+  options.max_concurrent_streams = static_cast<int>(flags.grpc_max_concurrent_streams);
   options.queue_threads = flags.grpc_threads > 0 ? flags.grpc_threads : DefaultQueueThreads();
   options.max_connection_age_grace_s = flags.drain_timeout_s;
   options.tls = security.grpc_tls;
@@ -186,6 +187,7 @@ std::string ServingSummary(const ServerFlags& flags, const BatcherOptions& batch
       " max_queue_size=", batcher.max_queue_size, " max_queue_bytes=", batcher.max_queue_bytes,
       " cpu_threads=", flags.cpu_threads, " streams=", flags.streams,
       " max_message_bytes=", DefaultMaxMessageBytes(served), " grpc_threads=", grpc.queue_threads,
+      " grpc_max_concurrent_streams=", grpc.max_concurrent_streams,
       " reply_threads=", batcher.reply_threads, " drain_timeout_s=", flags.drain_timeout_s,
       " drain_sessions_timeout_s=", flags.drain_sessions_timeout_s);
 }

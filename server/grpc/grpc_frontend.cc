@@ -246,6 +246,9 @@ absl::StatusOr<std::unique_ptr<GrpcFrontend>> GrpcFrontend::Start(
         static_cast<int>(std::min<int64_t>(options.max_connection_idle_s, INT32_MAX / 1000) *
                          1000));
   }
+  if (options.max_concurrent_streams > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
+  }
   const auto ms = [](std::chrono::seconds s) {
     return static_cast<int>(std::chrono::milliseconds(s).count());
   };

@@ -52,6 +52,15 @@ struct GrpcFrontendOptions {
   // a gRPC client reconnects at its next call. Bounds the descriptors and
   // memory that idle connections hold.
   int64_t max_connection_idle_s = 300;
+  // > 0: the most streams (calls) a connection may hold open at once,
+  // announced in the server's HTTP/2 SETTINGS (a gRPC client queues the calls
+  // beyond it on its side); a client that has acknowledged the SETTINGS and
+  // opens more anyway loses the connection. Bounds what one connection's open
+  // calls hold (a stream that is not read holds its receive buffer and
+  // backlog). 0: gRPC's default, no limit. It does not bound streams opened
+  // and reset at once (a reset stream no longer counts), nor a client that
+  // never acknowledges the SETTINGS (docs/security.md).
+  int max_concurrent_streams = 100;
   // Set: the port speaks TLS only (with client certificates required when
   // tls->client_ca_pem is set); unset: plaintext.
   std::optional<TlsMaterial> tls;

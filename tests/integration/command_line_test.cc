@@ -104,6 +104,8 @@ TEST(LayerserveCommandLineTest, BadValuesFailWithOneLine) {
       {{"--max-device-wait-us=-1"}, "--max-device-wait-us and --device-lead-us must be >= 0"},
       {{"--device-lead-us=-5"}, "--max-device-wait-us and --device-lead-us must be >= 0"},
       {{"--grpc-max-connection-idle-s=-1"}, "--grpc-max-connection-idle-s must be in [0, 2147483]"},
+      {{"--grpc-max-concurrent-streams=-1"},
+       "--grpc-max-concurrent-streams must be in [0, 2147483647]"},
       {{"--max-queue-size=4294967296"}, "--max-queue-size must be in [1, 4294967295]"},
       {{"--max-queue-bytes=-1"}, "--max-queue-bytes must be >= 0"},
       {{"--grpc_port=65536"}, "port 65536 is outside [0, 65535]"},

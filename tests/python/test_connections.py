@@ -225,3 +225,104 @@ def test_a_reset_stream_flood_leaves_no_memory_behind(start_server, method):
     assert now < before + 128, (
         f"RSS {now:.0f} MiB, {before:.0f} MiB before a flood of 50 000 reset {method} streams "
         f"({peak:.0f} MiB right after it): the memory stayed")
+
+
+class RawConnection:
+    """One raw HTTP/2 connection: the client preface and SETTINGS, then, if
+    `ack`, an acknowledgement of each SETTINGS the server sends (which is
+    what makes gRPC apply its own). A thread records what the server sends:
+    its SETTINGS, the streams it resets, whether it closed."""
+
+    def __init__(self, port, ack):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.ack = ack
+        self.settings, self.reset, self.closed = {}, set(), threading.Event()
+        self.sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + self.frame(0x4, 0, 0, b""))
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    @staticmethod
+    def frame(kind, flags, stream, payload):
+        return (struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) +
+                struct.pack(">I", stream) + payload)
+
+    def _read(self):
+        buf = b""
+        try:
+            while chunk := self.sock.recv(65536):
+                buf += chunk
+                while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+                    length, kind, flags = int.from_bytes(buf[:3], "big"), buf[3], buf[4]
+                    stream, payload = int.from_bytes(buf[5:9], "big"), buf[9:9 + length]
+                    buf = buf[9 + length:]
+                    if kind == 0x4 and not flags & 0x1:
+                        for i in range(0, len(payload), 6):
+                            self.settings[int.from_bytes(payload[i:i + 2], "big")] = \
+                                int.from_bytes(payload[i + 2:i + 6], "big")
+                        if self.ack:
+                            self.sock.sendall(self.frame(0x4, 0x1, 0, b""))
+                    elif kind == 0x3:
+                        self.reset.add(stream)
+        except OSError:
+            pass
+        self.closed.set()
+
+    def open_streams(self, count, first=1):
+        """HEADERS of `count` ModelStreamInfer calls that send nothing more."""
+        def literal(name, value):
+            return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+        block = b"".join(literal(n, v) for n, v in [
+            (b":method", b"POST"), (b":scheme", b"http"),
+            (b":path", b"/inference.GRPCInferenceService/ModelStreamInfer"),
+            (b":authority", b"127.0.0.1"), (b"content-type", b"application/grpc"),
+            (b"te", b"trailers")])
+        try:
+            self.sock.sendall(b"".join(self.frame(0x1, 0x4, first + 2 * i, block)
+                                       for i in range(count)))
+        except OSError:
+            pass
+
+    def close(self):
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the reader's recv
+        except OSError:
+            pass
+        self.reader.join(timeout=10)
+        self.sock.close()
+
+
+def test_streams_per_connection_are_bounded_for_clients_that_acknowledge_settings(start_server):
+    """--grpc-max-concurrent-streams (100 by default) goes out in the server's
+    SETTINGS. gRPC 1.51 enforces it once the client has acknowledged them: a
+    101st open stream ends the connection (its 100 streams are answered and
+    reset), while 100 stay open, and a bystander is served throughout. A
+    client that never acknowledges is held to nothing: gRPC 1.51 counts
+    against the acknowledged SETTINGS only and has no timeout for the
+    acknowledgement. That gap, pinned here, is why docs/security.md puts the
+    proxy in front (deploy/nginx/nginx.conf refuses streams past 100 on its
+    own)."""
+    server = start_server()
+
+    within = RawConnection(server.grpc_port, ack=True)
+    over = RawConnection(server.grpc_port, ack=True)
+    deadline = time.monotonic() + 10
+    while (3 not in within.settings or 3 not in over.settings) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert within.settings.get(3) == 100 and over.settings.get(3) == 100, within.settings
+    time.sleep(0.5)  # the acknowledgements reach the server
+    within.open_streams(100)
+    over.open_streams(101)
+    assert over.closed.wait(10), "101 streams on one connection did not end it"
+    assert len(over.reset) == 100, f"{len(over.reset)} streams reset"
+    assert not within.closed.wait(1) and not within.reset, "100 open streams were refused"
+    assert live(server)
+    within.close()
+    over.close()
+
+    never_acks = RawConnection(server.grpc_port, ack=False)
+    never_acks.open_streams(300)
+    assert not never_acks.closed.wait(2) and not never_acks.reset, (
+        "a client that never acknowledges SETTINGS was held to the limit: gRPC now enforces "
+        "it alone, so update docs/security.md")
+    assert live(server)
+    never_acks.close()

@@ -194,7 +194,7 @@ TEST(ServerOptionsTest, ServedModelReportsTheSpanAndItsSessions) {
 TEST(ServerOptionsTest, GrpcFrontendOptions) {
   const ServerFlags flags =
       Parse({"--host=127.0.0.1", "--grpc-max-connection-age-s=60", "--grpc-max-connection-idle-s=7",
-             "--drain-timeout-s=11", "--grpc-threads=3"});
+             "--drain-timeout-s=11", "--grpc-threads=3", "--grpc-max-concurrent-streams=50"});
   ServerSecurity security;
   security.auth_token = "secret";
   const GrpcFrontendOptions options = GrpcFrontendOptionsFromFlags(flags, security, 4321, "1.2.3");
@@ -206,11 +206,13 @@ TEST(ServerOptionsTest, GrpcFrontendOptions) {
   // Calls in flight on a connection that reached its age get the drain's time.
   EXPECT_EQ(options.max_connection_age_grace_s, 11);
   EXPECT_EQ(options.queue_threads, 3);
+  EXPECT_EQ(options.max_concurrent_streams, 50);
   EXPECT_EQ(options.auth_token, "secret");
   EXPECT_FALSE(options.tls.has_value());
   // 0: the default number of threads for this machine.
   EXPECT_EQ(GrpcFrontendOptionsFromFlags(Parse({}), security, 1, "v").queue_threads,
             DefaultQueueThreads());
+  EXPECT_EQ(GrpcFrontendOptionsFromFlags(Parse({}), security, 1, "v").max_concurrent_streams, 100);
 }
 
 TEST(ServerOptionsTest, BadValuesAndCombinationsAreRefused) {
