@@ -1093,17 +1093,28 @@ def test_k8s_ingress_hashes_sessions_onto_the_deployments_pods():
     assert port["targetPort"] in {p["name"] for p in container["ports"]}
 
 
-def test_nginx_config_hashes_sessions_and_passes_grpc():
-    """deploy/nginx/nginx.conf as nginx itself reads it (nginx -t), and the
-    directives session routing rests on. tests/deploy/test_session_routing.py
-    runs it in front of three replicas."""
+def test_nginx_config_hashes_sessions_and_passes_grpc(tmp_path):
+    """deploy/nginx/nginx.conf as nginx itself reads it (nginx -t, with a
+    throwaway certificate in place of the operator's), and the directives
+    session routing and the proxy's limits rest on.
+    tests/deploy/test_session_routing.py runs it in front of three replicas,
+    tests/deploy/test_proxy_limits.py attacks through it."""
+    from nginx_proxy import make_certificate, render_nginx_conf
+
     conf = DEPLOY / "nginx/nginx.conf"
     text = conf.read_text()
-    assert re.search(r"^\s*hash \$http_x_session_id consistent;", text, re.M)
-    assert re.search(r"^\s*listen \d+ http2;", text, re.M)
-    assert re.search(r"^\s*grpc_pass grpc://layerserve;", text, re.M)
-    assert re.search(r"^\s*client_max_body_size 0;", text, re.M)
-    run(tool("nginx"), "-t", "-q", "-c", conf, "-g", "pid /tmp/layerserve-nginx-check.pid;")
+    for directive in [r"hash \$http_x_session_id consistent;", r"listen 8001;",
+                      r"listen 8443 ssl;", r"ssl_alpn h2;", r"grpc_pass grpc://layerserve;",
+                      r"limit_conn connections_per_address \d+;",
+                      r"limit_conn calls_per_address \d+;", r"http2_max_concurrent_streams \d+;",
+                      r"keepalive_requests \d+;", r"client_max_body_size \d+m;",
+                      r"listen unix:\S+ http2 proxy_protocol;"]:
+        assert re.search(rf"^\s*{directive}", text, re.M), f"nginx.conf lost `{directive}`"
+    cert, key = make_certificate(tmp_path)
+    rendered = tmp_path / "nginx.conf"
+    rendered.write_text(render_nginx_conf(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], 8001,
+                                          8443, tmp_path / "http.sock", cert, key))
+    run(tool("nginx"), "-t", "-q", "-c", rendered, "-g", f"pid {tmp_path}/nginx.pid;")
 
 
 def test_deploy_files_pass_only_flags_the_server_has(server_bin):

@@ -1,8 +1,8 @@
 """Sessions behind replicas, with real components: three CPU layerserve
 replicas of a tiny random checkpoint behind Debian's nginx, started with the
-configuration shipped in deploy/nginx/nginx.conf (only its addresses and
-ports replaced), driven by tritonclient clients that send x-session-id as
-docs/sessions.md tells them to.
+configuration shipped in deploy/nginx/nginx.conf (only its addresses, ports,
+socket and certificate replaced: tests/deploy/nginx_proxy.py), driven by
+tritonclient clients that send x-session-id as docs/sessions.md tells them to.
 
   1. 64 sessions opened and stepped from several clients at once: every
      answer equals what a stateless request over the session's whole
@@ -17,16 +17,12 @@ docs/sessions.md tells them to.
      equal the stateless answers), and new sessions land on the survivors.
 
 Ports are the kernel's; every wait is bounded. nginx comes from
-scripts/install-deps.sh (the Debian package); the test fails, naming it,
+scripts/install-deps.sh (the Debian packages nginx and libnginx-mod-stream); the test fails, naming it,
 where it is missing. Runs in about 20 s on two cores.
 """
 
 import os
-import re
-import shutil
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -43,8 +39,8 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 sys.path.insert(0, str(ROOT / "tests" / "python"))
 from layerserve_process import LayerserveProcess  # noqa: E402
 from llama_numpy import assert_close, make_checkpoint  # noqa: E402
+from nginx_proxy import Nginx  # noqa: E402
 
-NGINX_CONF = ROOT / "deploy" / "nginx" / "nginx.conf"
 CONFIG = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_attention_heads=4,
               num_key_value_heads=2, num_hidden_layers=2, rms_norm_eps=1e-5,
               rope_theta=10000.0, torch_dtype="float32")
@@ -70,65 +66,6 @@ def binary(env, default):
     return path
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def render_nginx_conf(listen_port, upstreams):
-    """The shipped configuration with its listen port and upstream servers
-    replaced, and nothing else."""
-    text = NGINX_CONF.read_text()
-    text, listens = re.subn(r"listen \d+ http2;", f"listen 127.0.0.1:{listen_port} http2;", text)
-    assert listens == 1, "deploy/nginx/nginx.conf lost its `listen ... http2` line"
-    addresses = iter(upstreams)
-    text, servers = re.subn(r"^(\s*server )127\.0\.0\.1:\d+( .*;)$",
-                            lambda m: f"{m.group(1)}{next(addresses)}{m.group(2)}", text,
-                            flags=re.M)
-    assert servers == len(upstreams), "expected one upstream server line per replica"
-    return text
-
-
-class Nginx:
-    def __init__(self, conf_text, workdir):
-        nginx = shutil.which("nginx") or shutil.which("/usr/sbin/nginx")
-        if not nginx:
-            pytest.fail("missing nginx (run scripts/install-deps.sh)")
-        workdir.mkdir(parents=True, exist_ok=True)
-        conf = workdir / "nginx.conf"
-        conf.write_text(conf_text)
-        self.log = workdir / "nginx.log"
-        # Only what a foreground process outside /etc needs: no daemon, its
-        # pid and error log in the test's directory.
-        globals_ = f"daemon off; pid {workdir}/nginx.pid; error_log {workdir}/error.log;"
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen([nginx, "-p", str(workdir), "-c", str(conf),
-                                          "-g", globals_], stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
-
-    def wait_listening(self, port, timeout_s=20):
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"nginx exited with {self.proc.returncode}: {self.log.read_text()}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        pytest.fail(f"nginx did not listen on {port} within {timeout_s}s")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGQUIT)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     """(nginx's gRPC address, [replica, replica, replica])."""
@@ -142,10 +79,8 @@ def fleet(tmp_path_factory):
         for i in range(3):
             replicas.append(LayerserveProcess(server_bin, [*SERVER_FLAGS, f"--model-dir={model_dir}"],
                                               work / f"replica-{i}.log"))
-        port = free_port()
-        nginx = Nginx(render_nginx_conf(port, [r.grpc_url for r in replicas]), work / "nginx")
-        nginx.wait_listening(port)
-        yield f"127.0.0.1:{port}", replicas
+        nginx = Nginx([r.grpc_url for r in replicas], work / "nginx")
+        yield nginx.h2c_url, replicas
     finally:
         if nginx is not None:
             nginx.stop()
