@@ -53,11 +53,12 @@ fi
 
 # tests/deploy checks the compose file, promtool's rule tests and a real
 # Prometheus, and runs nginx with deploy/nginx/nginx.conf in front of
-# servers (libnginx-mod-stream: the configuration's stream tier). Debian's
-# prometheus and nginx packages start their daemons on install; a
+# servers (libnginx-mod-stream: the configuration's stream tier) and haproxy
+# with deploy/haproxy/haproxy.cfg. Debian's prometheus, nginx and haproxy
+# packages start their daemons on install; a
 # policy-rc.d that answers 101 tells invoke-rc.d not to. A machine that
 # already has a policy (Docker images do) keeps its own.
-DEPLOY_DEBS=(docker-compose prometheus nginx libnginx-mod-stream)
+DEPLOY_DEBS=(docker-compose prometheus nginx libnginx-mod-stream haproxy)
 if debs_installed "${DEPLOY_DEBS[@]}"; then
   log "deployment test tools: all present"
 else

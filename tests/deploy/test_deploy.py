@@ -28,15 +28,17 @@
      flag the Deployment and compose pass is one the server accepts, the
      kill timeouts outlast the drain, the HPA scales on what its adapter
      serves, and the Ingress hashes sessions onto the pods;
- 10. deploy/nginx/nginx.conf passes `nginx -t` and hashes on x-session-id
-     (test_session_routing.py runs it in front of three replicas).
+ 10. deploy/nginx/nginx.conf passes `nginx -t`, hashes on x-session-id and
+     keeps its limits; deploy/haproxy/haproxy.cfg passes `haproxy -c` and
+     rate-limits connections before TLS (test_session_routing.py runs nginx
+     in front of three replicas, test_proxy_limits.py attacks through both).
 
 scripts/test.sh runs this file as its "deploy-check" stage, after ctest; alone,
 from the repository root:
   LAYERSERVE_BIN=build/server/layerserve LAYERCTL_BIN=build/client/layerctl \\
     python3 -m pytest -v tests/deploy
-(those two are also the defaults). docker-compose, promtool and prometheus come
-from scripts/install-deps.sh; a missing one fails the tests that need it.
+(those two are also the defaults). docker-compose, promtool, prometheus, nginx
+and haproxy come from scripts/install-deps.sh; a missing one fails the tests that need it.
 Servers and Prometheus listen on loopback only, on ports the kernel picks.
 """
 
@@ -1113,8 +1115,25 @@ def test_nginx_config_hashes_sessions_and_passes_grpc(tmp_path):
     cert, key = make_certificate(tmp_path)
     rendered = tmp_path / "nginx.conf"
     rendered.write_text(render_nginx_conf(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], 8001,
-                                          8443, tmp_path / "http.sock", cert, key))
+                                          8443, 8444, tmp_path / "http.sock", cert, key))
     run(tool("nginx"), "-t", "-q", "-c", rendered, "-g", f"pid {tmp_path}/nginx.pid;")
+
+
+def test_haproxy_config_is_valid_and_rate_limits_before_tls(tmp_path):
+    """deploy/haproxy/haproxy.cfg as haproxy reads it (haproxy -c), and the
+    rules the handshake rate limit rests on. tests/deploy/test_proxy_limits.py
+    floods through it."""
+    from nginx_proxy import render_haproxy_cfg
+
+    text = (DEPLOY / "haproxy/haproxy.cfg").read_text()
+    for rule in [r"mode tcp", r"tcp-request connection track-sc0 src",
+                 r"tcp-request connection reject if \{ sc0_conn_rate gt \d+ \}",
+                 r"server nginx 127\.0\.0\.1:8444 send-proxy-v2"]:
+        assert re.search(rf"^\s*{rule}", text, re.M), f"haproxy.cfg lost `{rule}`"
+    assert "listen 127.0.0.1:8444 ssl proxy_protocol;" in (DEPLOY / "nginx/nginx.conf").read_text()
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(render_haproxy_cfg(9443, 8444))
+    run(tool("haproxy"), "-c", "-q", "-f", cfg)
 
 
 def test_deploy_files_pass_only_flags_the_server_has(server_bin):

@@ -23,9 +23,12 @@ served during or right after it:
      replica the same flood took +2.2 GB (docs/security.md; not repeated here:
      its size depends on how far the CPU lets gRPC fall behind);
   4. a TLS handshake flood: nginx ends TLS, so the replicas spend no CPU on
-     it, and a TLS client is served during it (finding 9).
+     it, and a TLS client is served during it (finding 9); nginx itself does
+     every handshake asked for (it caps connections at once, not their
+     rate), while behind deploy/haproxy/haproxy.cfg one address gets at most
+     200 connections in 10 s and the rest are closed before any TLS.
 
-Every wait is bounded; runs in about 30 s on two cores.
+nginx and haproxy come from scripts/install-deps.sh (Debian's packages). Every\nwait is bounded; runs in about 20 s on two cores.
 """
 
 import os
@@ -48,7 +51,7 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 sys.path.insert(0, str(ROOT / "tests" / "python"))
 from layerserve_process import LayerserveProcess  # noqa: E402
 from llama_numpy import make_checkpoint  # noqa: E402
-from nginx_proxy import Nginx  # noqa: E402
+from nginx_proxy import HAProxy, Nginx  # noqa: E402
 
 CONFIG = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_attention_heads=4,
               num_key_value_heads=2, num_hidden_layers=2, rms_norm_eps=1e-5,
@@ -257,8 +260,10 @@ class RawH2:
         (b":authority", b"127.0.0.1"), (b"content-type", b"application/grpc"),
         (b"te", b"trailers")])
 
-    def __init__(self, port):
+    def __init__(self, port, tls=None):
         self.sock = attacker_socket(port, timeout=30)
+        if tls is not None:
+            self.sock = tls.wrap_socket(self.sock, server_hostname="localhost")
         self.reset_codes, self.goaway, self.closed = [], None, threading.Event()
         self.sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + self.frame(0x4, 0, 0, b""))
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -288,13 +293,13 @@ class RawH2:
             pass
         self.closed.set()
 
-    def streams(self, count, reset):
+    def streams(self, count, reset, headers=HEADERS, flags=0x4):
         """`count` new streams (HEADERS), each reset at once (RST_STREAM
         CANCEL) if `reset`, written as fast as the peer reads; returns how
         many were written before it closed."""
         batch, written = [], 0
         for i in range(count):
-            batch.append(self.frame(0x1, 0x4, 1 + 2 * i, self.HEADERS))
+            batch.append(self.frame(0x1, flags, 1 + 2 * i, headers))
             if reset:
                 batch.append(self.frame(0x3, 0, 1 + 2 * i, struct.pack(">I", 0x8)))
             if len(batch) >= 256 or i + 1 == count:
@@ -352,10 +357,11 @@ def test_stream_floods_and_rapid_reset_end_at_the_proxy(fleet):
           f"replicas' RSS +{peak.growth_mib():.0f} MiB")
 
 
-def test_a_tls_handshake_flood_costs_the_replicas_nothing(fleet):
-    nginx, replicas = fleet
-    pids = [r.pid for r in replicas]
-    context = ssl.create_default_context(cafile=str(nginx.cert))
+def handshake_flood(port, cafile, seconds, during):
+    """TLS handshakes from the attacker's address on 4 threads for `seconds`,
+    each connection closed once its handshake is done; runs `during()` once a
+    second has passed. Returns (handshakes done, connections refused)."""
+    context = ssl.create_default_context(cafile=str(cafile))
     context.set_alpn_protocols(["h2"])
     stop = threading.Event()
     done, refused = [0], [0]
@@ -363,29 +369,92 @@ def test_a_tls_handshake_flood_costs_the_replicas_nothing(fleet):
     def flood():
         while not stop.is_set():
             try:
-                with attacker_socket(nginx.tls_port) as raw:
+                with attacker_socket(port) as raw:
                     with context.wrap_socket(raw, server_hostname="localhost"):
                         done[0] += 1
             except (OSError, ssl.SSLError):
                 refused[0] += 1
 
-    cpu_before = [cpu_seconds(p) for p in pids]
     threads = [threading.Thread(target=flood, daemon=True) for _ in range(4)]
     for t in threads:
         t.start()
+    started = time.monotonic()
     try:
         time.sleep(1)
-        normal_client_is_served(nginx, replicas[0].model, sid=74, tls=True)
-        time.sleep(1)
+        during()
+        time.sleep(max(0.0, seconds - (time.monotonic() - started)))
     finally:
         stop.set()
         for t in threads:
             t.join(timeout=10)
+    return done[0], refused[0]
+
+
+def test_a_tls_handshake_flood_costs_the_replicas_nothing(fleet):
+    nginx, replicas = fleet
+    pids = [r.pid for r in replicas]
+    cpu_before = [cpu_seconds(p) for p in pids]
+    done, refused = handshake_flood(
+        nginx.tls_port, nginx.cert, 2,
+        lambda: normal_client_is_served(nginx, replicas[0].model, sid=74, tls=True))
     spent = [cpu_seconds(p) - b for p, b in zip(pids, cpu_before)]
-    assert done[0] > 100, f"only {done[0]} handshakes completed ({refused[0]} refused)"
+    assert done > 100, f"only {done} handshakes completed ({refused} refused)"
     # What the replicas spent is the normal client's calls and their own
     # timers, nothing per handshake.
-    assert max(spent) < 0.5, f"replicas spent {spent} s of CPU during {done[0]} handshakes"
+    assert max(spent) < 0.5, f"replicas spent {spent} s of CPU during {done} handshakes"
     assert nginx.alive()
-    print(f"TLS handshake flood: {done[0]} handshakes in 2 s ({refused[0]} refused), "
+    print(f"TLS handshake flood at nginx: {done} handshakes in 2 s ({refused} refused), "
           f"replicas' CPU {[f'{s:.2f}' for s in spent]} s")
+
+
+def test_haproxy_limits_the_rate_of_handshakes_per_address(fleet, tmp_path):
+    """nginx caps one address's connections at once, not how fast it opens
+    them: the flood above completes every handshake it asks for. Behind
+    deploy/haproxy/haproxy.cfg, one address gets at most 200 connections in
+    10 s (and 32 at once); those over it are closed before any TLS byte, so
+    nginx does no handshake for them, while a client from another address is
+    served through the same HAProxy and nginx's per-address limits still see
+    each client's own address (PROXY protocol)."""
+    nginx, replicas = fleet
+    haproxy = HAProxy(nginx, tmp_path / "haproxy")
+    try:
+        # A call from the attacker's address through HAProxy reaches nginx's
+        # http tier, which logs it under that address, not HAProxy's.
+        context = ssl.create_default_context(cafile=str(nginx.cert))
+        context.set_alpn_protocols(["h2"])
+        call = RawH2(haproxy.port, tls=context)
+        call.streams(1, reset=False, flags=0x5,  # END_STREAM | END_HEADERS
+                     headers=RawH2.HEADERS.replace(b"ModelStreamInfer", b"ServerLive"))
+        deadline = time.monotonic() + 10
+        while not logged(nginx, ATTACKER) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        call.close()
+        assert logged(nginx, ATTACKER), "nginx did not see the client's address"
+
+        nginx_cpu = cpu_seconds(nginx.proc.pid) + sum(
+            cpu_seconds(int(c)) for c in worker_pids(nginx.proc.pid))
+
+        def during():
+            with grpcclient.InferenceServerClient(haproxy.url, ssl=True,
+                                                  root_certificates=str(nginx.cert)) as client:
+                x = np.ones((1, 2, HIDDEN), dtype=np.float32)
+                assert infer(client, replicas[0].model, x).shape == (1, 2, HIDDEN)
+
+        done, refused = handshake_flood(haproxy.port, nginx.cert, 3, during)
+        nginx_spent = cpu_seconds(nginx.proc.pid) + sum(
+            cpu_seconds(int(c)) for c in worker_pids(nginx.proc.pid)) - nginx_cpu
+    finally:
+        haproxy.stop()
+    assert 150 <= done <= 200 + 32, f"{done} handshakes through HAProxy ({refused} refused)"
+    assert refused > done, f"HAProxy refused {refused}, let {done} through"
+    print(f"TLS handshake flood through HAProxy: {done} handshakes in 3 s, {refused} "
+          f"connections refused before TLS; nginx's CPU {nginx_spent:.2f} s")
+
+
+def logged(nginx, address):
+    return nginx.access_log.exists() and f"\n{address} - " in "\n" + nginx.access_log.read_text()
+
+
+def worker_pids(pid):
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    return children.read_text().split() if children.exists() else []
