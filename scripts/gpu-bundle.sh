@@ -60,10 +60,12 @@ done
 for t in "${gpu_tests[@]}"; do basename "$t"; done > "$bundle/gpu-tests.txt"
 # nginx for the bench-replicas stage (the GPU machine has none): Debian's
 # binary with the libraries it links that the GPU machine may lack, run
-# through a wrapper that finds them.
+# through a wrapper that finds them, and the stream module the shipped
+# configuration loads (tests/support/nginx_proxy.py finds it in modules/).
 if nginx=$(command -v nginx || command -v /usr/sbin/nginx); then
-  mkdir -p "$bundle/nginx/lib"
+  mkdir -p "$bundle/nginx/lib" "$bundle/nginx/modules"
   cp "$nginx" "$bundle/nginx/nginx.bin"
+  cp /usr/lib/nginx/modules/ngx_stream_module.so "$bundle/nginx/modules/"
   ldd "$nginx" | awk '/=> \// {print $3}' |
     grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
     xargs -r -I{} cp -L -n {} "$bundle/nginx/lib/"

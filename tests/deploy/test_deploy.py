@@ -66,6 +66,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 from layerserve_process import LayerserveProcess  # noqa: E402
+from nginx_proxy import make_certificate, render_haproxy_cfg, render_nginx_conf  # noqa: E402
 
 DATASOURCE_UID = "layerserve-prom"
 # Families only the CUDA backend exports: the CPU server here cannot show
@@ -1101,8 +1102,6 @@ def test_nginx_config_hashes_sessions_and_passes_grpc(tmp_path):
     session routing and the proxy's limits rest on.
     tests/deploy/test_session_routing.py runs it in front of three replicas,
     tests/deploy/test_proxy_limits.py attacks through it."""
-    from nginx_proxy import make_certificate, render_nginx_conf
-
     conf = DEPLOY / "nginx/nginx.conf"
     text = conf.read_text()
     for directive in [r"hash \$http_x_session_id consistent;", r"listen 8001;",
@@ -1123,8 +1122,6 @@ def test_haproxy_config_is_valid_and_rate_limits_before_tls(tmp_path):
     """deploy/haproxy/haproxy.cfg as haproxy reads it (haproxy -c), and the
     rules the handshake rate limit rests on. tests/deploy/test_proxy_limits.py
     floods through it."""
-    from nginx_proxy import render_haproxy_cfg
-
     text = (DEPLOY / "haproxy/haproxy.cfg").read_text()
     for rule in [r"mode tcp", r"tcp-request connection track-sc0 src",
                  r"tcp-request connection reject if \{ sc0_conn_rate gt \d+ \}",

@@ -1,6 +1,6 @@
 """Attacks through the shipped proxy (issue 40, findings 6 to 9): two CPU
 layerserve replicas of a tiny checkpoint behind Debian's nginx on
-deploy/nginx/nginx.conf (tests/deploy/nginx_proxy.py replaces its ports,
+deploy/nginx/nginx.conf (tests/support/nginx_proxy.py replaces its ports,
 socket, certificate, upstreams and body limit, which it sets from the
 replicas' max_message_bytes as deploy/README.md says). The attacker speaks
 from 127.0.0.2, a normal client from 127.0.0.1; each attack must cost the
@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 sys.path.insert(0, str(ROOT / "tests" / "python"))
 from layerserve_process import LayerserveProcess  # noqa: E402
 from llama_numpy import make_checkpoint  # noqa: E402
-from nginx_proxy import HAProxy, Nginx  # noqa: E402
+from nginx_proxy import HAProxy, NginxProxy  # noqa: E402
 
 CONFIG = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_attention_heads=4,
               num_key_value_heads=2, num_hidden_layers=2, rms_norm_eps=1e-5,
@@ -87,7 +87,8 @@ def fleet(tmp_path_factory):
         limit = int(re.search(r"max_message_bytes=(\d+)", replicas[0].log_text()).group(1))
         # The message and gRPC's 5 bytes of framing, rounded up to MiB.
         body = f"{-(-(limit + 5) // MIB)}m"
-        nginx = Nginx([r.grpc_url for r in replicas], work / "nginx", client_max_body_size=body)
+        nginx = NginxProxy([r.grpc_url for r in replicas], work / "nginx",
+                           client_max_body_size=body)
         nginx.max_message_bytes = limit
         yield nginx, replicas
     finally:
@@ -170,7 +171,7 @@ def normal_client_is_served(nginx, model, sid, tls=False):
         client = grpcclient.InferenceServerClient(nginx.tls_url, ssl=True,
                                                   root_certificates=str(nginx.cert))
     else:
-        client = grpcclient.InferenceServerClient(nginx.h2c_url)
+        client = grpcclient.InferenceServerClient(nginx.url)
     with client:
         x = np.random.default_rng(sid).normal(size=(1, 3, HIDDEN)).astype(np.float32)
         assert infer(client, model, x).shape == (1, 3, HIDDEN)
@@ -221,7 +222,7 @@ def test_connections_from_one_address_are_capped_before_they_reach_a_replica(fle
     # see none, and the normal client is served meanwhile.
     time.sleep(1)
     before = [descriptors(p) for p in pids]
-    socks, closed = hold_connections(nginx.h2c_port, 200)
+    socks, closed = hold_connections(nginx.port, 200)
     try:
         assert closed >= 200 - CONNECTIONS_PER_ADDRESS, f"nginx closed {closed} of 200"
         after = [descriptors(p) for p in pids]
@@ -254,7 +255,7 @@ def test_an_oversized_message_is_refused_before_it_reaches_a_replica(fleet):
     assert direct.growth_mib() > 48, f"+{direct.growth_mib():.0f} MiB straight at a replica"
 
     with PeakRss([r.pid for r in replicas]) as proxied:
-        error = oversized_call(nginx.h2c_url, size)
+        error = oversized_call(nginx.url, size)
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
     assert "client_max_body_size" in error.details(), error.details()
     assert proxied.growth_mib() < limit_mib + 8, f"+{proxied.growth_mib():.0f} MiB behind nginx"
@@ -338,7 +339,7 @@ def test_stream_floods_and_rapid_reset_end_at_the_proxy(fleet):
 
     with PeakRss(pids) as peak:
         # 300 streams opened and held on one connection.
-        held = RawH2(nginx.h2c_port)
+        held = RawH2(nginx.port)
         held.streams(300, reset=False)
         assert held.closed.wait(10), "nginx kept a connection that opened 300 streams"
         refused = held.reset_codes.count(0x7)  # REFUSED_STREAM
@@ -349,7 +350,7 @@ def test_stream_floods_and_rapid_reset_end_at_the_proxy(fleet):
         accepted = []
         started = time.monotonic()
         for _ in range(20):
-            flood = RawH2(nginx.h2c_port)
+            flood = RawH2(nginx.port)
             written = flood.streams(50_000, reset=True)
             assert flood.closed.wait(10), "nginx kept a connection that reset streams"
             # nginx closes with the flood's bytes unread, so the kernel may

@@ -1,7 +1,7 @@
 """Sessions behind replicas, with real components: three CPU layerserve
 replicas of a tiny random checkpoint behind Debian's nginx, started with the
 configuration shipped in deploy/nginx/nginx.conf (only its addresses, ports,
-socket and certificate replaced: tests/deploy/nginx_proxy.py), driven by
+socket and certificate replaced: tests/support/nginx_proxy.py), driven by
 tritonclient clients that send x-session-id as docs/sessions.md tells them to.
 
   1. 64 sessions opened and stepped from several clients at once: every
@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 sys.path.insert(0, str(ROOT / "tests" / "python"))
 from layerserve_process import LayerserveProcess  # noqa: E402
 from llama_numpy import assert_close, make_checkpoint  # noqa: E402
-from nginx_proxy import Nginx  # noqa: E402
+from nginx_proxy import NginxProxy  # noqa: E402
 
 CONFIG = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_attention_heads=4,
               num_key_value_heads=2, num_hidden_layers=2, rms_norm_eps=1e-5,
@@ -79,8 +79,8 @@ def fleet(tmp_path_factory):
         for i in range(3):
             replicas.append(LayerserveProcess(server_bin, [*SERVER_FLAGS, f"--model-dir={model_dir}"],
                                               work / f"replica-{i}.log"))
-        nginx = Nginx([r.grpc_url for r in replicas], work / "nginx")
-        yield nginx.h2c_url, replicas
+        nginx = NginxProxy([r.grpc_url for r in replicas], work / "nginx")
+        yield nginx.url, replicas
     finally:
         if nginx is not None:
             nginx.stop()
