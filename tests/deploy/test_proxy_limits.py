@@ -266,7 +266,9 @@ def test_an_oversized_message_is_refused_before_it_reaches_a_replica(fleet):
 
 class RawH2:
     """A raw HTTP/2 connection from the attacker's address that acknowledges
-    SETTINGS and records the peer's RST_STREAM codes, GOAWAY and close."""
+    the peer's first SETTINGS and records its RST_STREAM codes, GOAWAY and
+    close. A thread reads; only the caller's thread writes, so frames are
+    never interleaved."""
 
     HEADERS = b"".join(b"\x00" + bytes([len(n)]) + n + bytes([len(v)]) + v for n, v in [
         (b":method", b"POST"), (b":scheme", b"http"),
@@ -274,14 +276,15 @@ class RawH2:
         (b":authority", b"127.0.0.1"), (b"content-type", b"application/grpc"),
         (b"te", b"trailers")])
 
-    def __init__(self, port, tls=None):
+    def __init__(self, port):
         self.sock = attacker_socket(port, timeout=30)
-        if tls is not None:
-            self.sock = tls.wrap_socket(self.sock, server_hostname="localhost")
         self.reset_codes, self.goaway, self.closed = [], None, threading.Event()
+        self.settings = threading.Event()
         self.sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + self.frame(0x4, 0, 0, b""))
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
+        assert self.settings.wait(10), "no SETTINGS from the peer"
+        self.sock.sendall(self.frame(0x4, 0x1, 0, b""))
 
     @staticmethod
     def frame(kind, flags, stream, payload):
@@ -298,7 +301,7 @@ class RawH2:
                     payload = buf[9:9 + length]
                     buf = buf[9 + length:]
                     if kind == 0x4 and not flags & 0x1:
-                        self.sock.sendall(self.frame(0x4, 0x1, 0, b""))
+                        self.settings.set()
                     elif kind == 0x3:
                         self.reset_codes.append(int.from_bytes(payload, "big"))
                     elif kind == 0x7 and self.goaway is None:
@@ -307,13 +310,13 @@ class RawH2:
             pass
         self.closed.set()
 
-    def streams(self, count, reset, headers=HEADERS, flags=0x4):
+    def streams(self, count, reset):
         """`count` new streams (HEADERS), each reset at once (RST_STREAM
         CANCEL) if `reset`, written as fast as the peer reads; returns how
         many were written before it closed."""
         batch, written = [], 0
         for i in range(count):
-            batch.append(self.frame(0x1, flags, 1 + 2 * i, headers))
+            batch.append(self.frame(0x1, 0x4, 1 + 2 * i, self.HEADERS))
             if reset:
                 batch.append(self.frame(0x3, 0, 1 + 2 * i, struct.pack(">I", 0x8)))
             if len(batch) >= 256 or i + 1 == count:
@@ -434,15 +437,10 @@ def test_haproxy_limits_the_rate_of_handshakes_per_address(fleet, tmp_path):
     try:
         # A call from the attacker's address through HAProxy reaches nginx's
         # http tier, which logs it under that address, not HAProxy's.
-        context = ssl.create_default_context(cafile=str(nginx.cert))
-        context.set_alpn_protocols(["h2"])
-        call = RawH2(haproxy.port, tls=context)
-        call.streams(1, reset=False, flags=0x5,  # END_STREAM | END_HEADERS
-                     headers=RawH2.HEADERS.replace(b"ModelStreamInfer", b"ServerLive"))
+        server_live_from_attacker(haproxy.port, nginx.cert)
         deadline = time.monotonic() + 10
         while not logged(nginx, ATTACKER) and time.monotonic() < deadline:
             time.sleep(0.05)
-        call.close()
         assert logged(nginx, ATTACKER), "nginx did not see the client's address"
 
         nginx_cpu = cpu_seconds(nginx.proc.pid) + sum(
@@ -463,6 +461,33 @@ def test_haproxy_limits_the_rate_of_handshakes_per_address(fleet, tmp_path):
     assert refused > done, f"HAProxy refused {refused}, let {done} through"
     print(f"TLS handshake flood through HAProxy: {done} handshakes in 3 s, {refused} "
           f"connections refused before TLS; nginx's CPU {nginx_spent:.2f} s")
+
+
+def server_live_from_attacker(port, cafile):
+    """One ServerLive call over TLS from the attacker's address, written and
+    read on this thread alone (an SSL socket must not be read and written
+    from two threads at once); returns once a response HEADERS frame or the
+    end of the connection arrives, or after 10 s."""
+    context = ssl.create_default_context(cafile=str(cafile))
+    context.set_alpn_protocols(["h2"])
+    headers = RawH2.HEADERS.replace(b"ModelStreamInfer", b"ServerLive")
+    with context.wrap_socket(attacker_socket(port), server_hostname="localhost") as tls:
+        tls.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + RawH2.frame(0x4, 0, 0, b"") +
+                    RawH2.frame(0x1, 0x5, 1, headers))  # END_STREAM | END_HEADERS
+        buf, deadline = b"", time.monotonic() + 10
+        tls.settimeout(0.5)
+        while time.monotonic() < deadline:
+            try:
+                chunk = tls.recv(65536)
+            except (socket.timeout, ssl.SSLWantReadError):
+                continue
+            if not chunk:
+                return
+            buf += chunk
+            while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+                if buf[3] == 0x1 and int.from_bytes(buf[5:9], "big") == 1:
+                    return
+                buf = buf[9 + int.from_bytes(buf[:3], "big"):]
 
 
 def logged(nginx, address):

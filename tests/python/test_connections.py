@@ -229,17 +229,21 @@ def test_a_reset_stream_flood_leaves_no_memory_behind(start_server, method):
 
 class RawConnection:
     """One raw HTTP/2 connection: the client preface and SETTINGS, then, if
-    `ack`, an acknowledgement of each SETTINGS the server sends (which is
-    what makes gRPC apply its own). A thread records what the server sends:
-    its SETTINGS, the streams it resets, whether it closed."""
+    `ack`, an acknowledgement of the server's first SETTINGS (which is what
+    makes gRPC apply its own). A thread records what the server sends: its
+    SETTINGS, the streams it resets, whether it closed; only the caller's
+    thread writes, so frames are never interleaved."""
 
     def __init__(self, port, ack):
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-        self.ack = ack
         self.settings, self.reset, self.closed = {}, set(), threading.Event()
+        self.settings_seen = threading.Event()
         self.sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + self.frame(0x4, 0, 0, b""))
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
+        assert self.settings_seen.wait(10), "no SETTINGS from the server"
+        if ack:
+            self.sock.sendall(self.frame(0x4, 0x1, 0, b""))
 
     @staticmethod
     def frame(kind, flags, stream, payload):
@@ -259,8 +263,7 @@ class RawConnection:
                         for i in range(0, len(payload), 6):
                             self.settings[int.from_bytes(payload[i:i + 2], "big")] = \
                                 int.from_bytes(payload[i + 2:i + 6], "big")
-                        if self.ack:
-                            self.sock.sendall(self.frame(0x4, 0x1, 0, b""))
+                        self.settings_seen.set()
                     elif kind == 0x3:
                         self.reset.add(stream)
         except OSError:
@@ -305,9 +308,6 @@ def test_streams_per_connection_are_bounded_for_clients_that_acknowledge_setting
 
     within = RawConnection(server.grpc_port, ack=True)
     over = RawConnection(server.grpc_port, ack=True)
-    deadline = time.monotonic() + 10
-    while (3 not in within.settings or 3 not in over.settings) and time.monotonic() < deadline:
-        time.sleep(0.05)
     assert within.settings.get(3) == 100 and over.settings.get(3) == 100, within.settings
     time.sleep(0.5)  # the acknowledgements reach the server
     within.open_streams(100)
