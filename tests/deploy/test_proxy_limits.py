@@ -28,7 +28,8 @@ served during or right after it:
      rate), while behind deploy/haproxy/haproxy.cfg one address gets at most
      200 connections in 10 s and the rest are closed before any TLS.
 
-nginx and haproxy come from scripts/install-deps.sh (Debian's packages). Every\nwait is bounded; runs in about 20 s on two cores.
+nginx and haproxy come from scripts/install-deps.sh (Debian's packages). Every
+wait is bounded; runs in about 15 s on two cores.
 """
 
 import os
@@ -88,7 +89,7 @@ def fleet(tmp_path_factory):
         # The message and gRPC's 5 bytes of framing, rounded up to MiB.
         body = f"{-(-(limit + 5) // MIB)}m"
         nginx = NginxProxy([r.grpc_url for r in replicas], work / "nginx",
-                           client_max_body_size=body)
+                           client_max_body_size=body, access_log=True)
         nginx.max_message_bytes = limit
         yield nginx, replicas
     finally:
@@ -261,7 +262,8 @@ def test_an_oversized_message_is_refused_before_it_reaches_a_replica(fleet):
     assert proxied.growth_mib() < limit_mib + 8, f"+{proxied.growth_mib():.0f} MiB behind nginx"
     normal_client_is_served(nginx, replicas[0].model, sid=72)
     print(f"a 64 MiB message: peak RSS +{direct.growth_mib():.0f} MiB straight at a replica, "
-          f"+{proxied.growth_mib():.0f} MiB behind nginx (the replicas' limit: {limit_mib:.0f} MiB)")
+          f"+{proxied.growth_mib():.0f} MiB behind nginx "
+          f"(the replicas' limit: {limit_mib:.0f} MiB)")
 
 
 class RawH2:

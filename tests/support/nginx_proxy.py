@@ -3,9 +3,10 @@ benchmarks (bench/server) and the deployment tests (tests/deploy):
 deploy/nginx/nginx.conf with its listen ports, the unix socket between its
 tiers, the stream module's path, the certificate, its upstream servers and
 (when asked) its body limit and access log replaced, and nothing else, run in
-the foreground from a work directory (its temporary folders there too); and deploy/haproxy/haproxy.cfg with
-its port and nginx's address replaced. Nothing here imports pytest: a proxy
-that does not come up raises ProxyError. Every wait is bounded.
+the foreground from a work directory (its temporary folders there too); and
+deploy/haproxy/haproxy.cfg with its port and nginx's address replaced.
+Nothing here imports pytest: a proxy that does not come up raises ProxyError.
+Every wait is bounded.
 """
 
 import re
@@ -111,12 +112,14 @@ def _wait_listening(proc, log, port, what, timeout_s):
 class NginxProxy:
     """nginx on the shipped configuration in the foreground: `url` is its
     plaintext gRPC (h2c) address, `tls_url` its TLS one (certificate `cert`),
-    `haproxy_tls_port` the TLS port HAProxy forwards to, `access_log` its
-    access log. `nginx`: the binary (default: the one on PATH, or
-    /usr/sbin/nginx); its stream module is the Debian package's, or the one in
-    modules/ beside a bundled binary."""
+    `haproxy_tls_port` the TLS port HAProxy forwards to. `access_log`: each
+    call's line goes, unbuffered, to the file self.access_log in the work
+    directory rather than where the configuration says. `nginx`: the binary
+    (default: the one on PATH, or /usr/sbin/nginx); its stream module is the
+    Debian package's, or the one in modules/ beside a bundled binary."""
 
-    def __init__(self, upstreams, workdir, nginx=None, timeout_s=20, client_max_body_size=None):
+    def __init__(self, upstreams, workdir, nginx=None, timeout_s=20, client_max_body_size=None,
+                 access_log=False):
         binary = nginx or shutil.which("nginx") or shutil.which("/usr/sbin/nginx")
         if not binary:
             raise ProxyError("missing nginx (scripts/install-deps.sh installs it)")
@@ -135,7 +138,7 @@ class NginxProxy:
         # workers, which run as nobody under a root master, may reach.
         self.socket_dir = Path(tempfile.mkdtemp(prefix="ls-nginx-"))
         self.socket_dir.chmod(0o755)
-        self.access_log = workdir / "access.log"
+        self.access_log = workdir / "access.log" if access_log else None
         conf = workdir / "nginx.conf"
         text = render_nginx_conf(upstreams, self.port, self.tls_port, self.haproxy_tls_port,
                                  self.socket_dir / "http.sock", self.cert, self.key,
