@@ -32,13 +32,13 @@ struct ServerFlags {
   int64_t max_queue_bytes = 0;  // 0: DefaultMaxQueueBytes
   int cpu_threads = 0;
   int drain_timeout_s = 30;
-  int drain_sessions_timeout_s = 30;          // before drain_timeout_s: open sessions' time to end
-  int64_t grpc_max_connection_age_s = 0;      // 0: connections live as long as clients keep them
-  int64_t grpc_max_connection_idle_s = 300;   // GrpcFrontendOptions::max_connection_idle_s
-  int64_t grpc_max_concurrent_streams = 100;  // GrpcFrontendOptions::max_concurrent_streams
-  int grpc_threads = 0;                       // GrpcFrontendOptions::queue_threads
-  int reply_threads = 4;                      // BatcherOptions::reply_threads
-  std::string log_format = "text";            // base/log.h's ParseLogFormat
+  int drain_sessions_timeout_s = 30;           // before drain_timeout_s: open sessions' time to end
+  int64_t grpc_max_connection_age_s = 0;       // 0: connections live as long as clients keep them
+  int64_t grpc_max_connection_idle_s = 300;    // GrpcFrontendOptions::max_connection_idle_s
+  int64_t grpc_max_concurrent_streams = 1024;  // GrpcFrontendOptions::max_concurrent_streams
+  int grpc_threads = 0;                        // GrpcFrontendOptions::queue_threads
+  int reply_threads = 4;                       // BatcherOptions::reply_threads
+  std::string log_format = "text";             // base/log.h's ParseLogFormat
   // Sessions (docs/sessions.md).
   std::string kv_cache_memory = "auto";  // see KvCacheBytes
   int64_t kv_block_tokens = 16;

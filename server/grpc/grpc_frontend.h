@@ -59,8 +59,11 @@ struct GrpcFrontendOptions {
   // calls hold (a stream that is not read holds its receive buffer and
   // backlog). 0: gRPC's default, no limit. It does not bound streams opened
   // and reset at once (a reset stream no longer counts), nor a client that
-  // never acknowledges the SETTINGS (docs/security.md).
-  int max_concurrent_streams = 100;
+  // never acknowledges the SETTINGS (docs/security.md). The default leaves a
+  // client that multiplexes its calls on one connection (layerctl bench,
+  // tritonclient, perf_analyzer at a concurrency of hundreds) unthrottled:
+  // past the limit a client's calls wait on its side for one to end.
+  int max_concurrent_streams = 1024;
   // Set: the port speaks TLS only (with client certificates required when
   // tls->client_ca_pem is set); unset: plaintext.
   std::optional<TlsMaterial> tls;

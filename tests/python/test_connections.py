@@ -295,8 +295,8 @@ class RawConnection:
 
 
 def test_streams_per_connection_are_bounded_for_clients_that_acknowledge_settings(start_server):
-    """--grpc-max-concurrent-streams (100 by default) goes out in the server's
-    SETTINGS. gRPC 1.51 enforces it once the client has acknowledged them: a
+    """--grpc-max-concurrent-streams (100 here; 1 024 by default) goes out in
+    the server's SETTINGS. gRPC 1.51 enforces it once the client has acknowledged them: a
     101st open stream ends the connection (its 100 streams are answered and
     reset), while 100 stay open, and a bystander is served throughout. A
     client that never acknowledges is held to nothing: gRPC 1.51 counts
@@ -304,7 +304,7 @@ def test_streams_per_connection_are_bounded_for_clients_that_acknowledge_setting
     acknowledgement. That gap, pinned here, is why docs/security.md puts the
     proxy in front (deploy/nginx/nginx.conf refuses streams past 100 on its
     own)."""
-    server = start_server()
+    server = start_server("--grpc-max-concurrent-streams=100")
 
     within = RawConnection(server.grpc_port, ack=True)
     over = RawConnection(server.grpc_port, ack=True)

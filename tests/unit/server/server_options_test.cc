@@ -212,7 +212,7 @@ TEST(ServerOptionsTest, GrpcFrontendOptions) {
   // 0: the default number of threads for this machine.
   EXPECT_EQ(GrpcFrontendOptionsFromFlags(Parse({}), security, 1, "v").queue_threads,
             DefaultQueueThreads());
-  EXPECT_EQ(GrpcFrontendOptionsFromFlags(Parse({}), security, 1, "v").max_concurrent_streams, 100);
+  EXPECT_EQ(GrpcFrontendOptionsFromFlags(Parse({}), security, 1, "v").max_concurrent_streams, 1024);
 }
 
 TEST(ServerOptionsTest, BadValuesAndCombinationsAreRefused) {
