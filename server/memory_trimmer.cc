@@ -3,7 +3,9 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
@@ -57,6 +59,9 @@ void MemoryTrimmer::Loop() {
   // heap held free. Growth of either since then makes the next trim.
   int64_t rss_after = ResidentBytes();
   int64_t free_after = FreeHeapBytes();
+  // The free bytes as last seen, and since when they have not changed.
+  int64_t free_seen = free_after;
+  auto free_since = std::chrono::steady_clock::now();
   while (true) {
     {
       MutexLock lock(&mu_);
@@ -74,12 +79,30 @@ void MemoryTrimmer::Loop() {
     // RSS did not grow after the last trim (one during a burst, say).
     const bool grew = rss >= 0 && rss_after >= 0 && rss - rss_after >= growth_bytes_;
     const bool freed = heap_free >= 0 && free_after >= 0 && heap_free - free_after >= growth_bytes_;
-    if (!grew && !freed) continue;
+    // `settled`: memory was freed since the last trim, less than
+    // growth_bytes, and the heap has been still for a second. A trim in the
+    // middle of a release (a burst freed block by block) gives back only
+    // what was free by then; the rest, under the threshold, would stay
+    // resident until the next burst.
+    // (Still: within a 64th of growth_bytes, so that the small allocations
+    // of a quiet process do not count as motion.)
+    const auto now = std::chrono::steady_clock::now();
+    if (std::abs(heap_free - free_seen) >= growth_bytes_ / 64) {
+      free_seen = heap_free;
+      free_since = now;
+    }
+    const bool settled = heap_free >= 0 && free_after >= 0 &&
+                         heap_free - free_after >= growth_bytes_ / 8 &&
+                         now - free_since >= std::chrono::seconds(1);
+    if (!grew && !freed && !settled) continue;
 #if defined(__GLIBC__)
     malloc_trim(0);
 #endif
     rss_after = ResidentBytes();
-    free_after = FreeHeapBytes();
+    // The free bytes as read before the trim, not after it: what another
+    // thread frees while the trim holds the heap's lock is freed once the
+    // trim has passed, and must count as freed since it.
+    free_after = heap_free >= 0 ? heap_free : FreeHeapBytes();
     // A line only for a real give-back: trims that find little stay quiet.
     if (rss >= 0 && rss_after >= 0 && rss - rss_after >= growth_bytes_) {
       LogInfo(absl::StrCat("memory: gave ", (rss - rss_after) >> 20,

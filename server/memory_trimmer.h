@@ -13,8 +13,11 @@
 // exceeds its value after the previous trim (or at start) by `growth_bytes`.
 // Both matter: a trim in the middle of a burst finds little free and sets the
 // RSS reference at the burst's height, so it is the free bytes that grow when
-// the burst is released. Where malloc_trim does not exist (not glibc), it does
-// nothing.
+// the burst is released. And once the heap has been still for a second with
+// an eighth of `growth_bytes` freed since the last trim, it trims once more:
+// a trim in the middle of a release leaves the rest of it, under the
+// threshold, resident otherwise. Where malloc_trim does not exist (not
+// glibc), it does nothing.
 #pragma once
 
 #include <chrono>
