@@ -100,13 +100,6 @@ COMMAND_TIMEOUT_S = 120
 WAIT_S = 30  # for Prometheus to get ready, and then to scrape the server
 
 
-def binary(env, default):
-    path = Path(os.environ.get(env) or ROOT / default)
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"no binary at {path} (run scripts/build.sh, or set {env})")
-    return path
-
-
 def tool(name):
     path = shutil.which(name)
     if not path:
@@ -587,16 +580,6 @@ def queryable_names(metrics_text):
 def declared_in_header():
     header = (ROOT / "server/metrics/prometheus_metrics.h").read_text()
     return set(re.findall(r"(layerserve_\w+)\{", header))
-
-
-@pytest.fixture(scope="module")
-def server_bin():
-    return binary("LAYERSERVE_BIN", "build/server/layerserve")
-
-
-@pytest.fixture(scope="module")
-def ctl_bin():
-    return binary("LAYERCTL_BIN", "build/client/layerctl")
 
 
 @pytest.fixture(scope="module")

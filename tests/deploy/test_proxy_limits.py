@@ -66,15 +66,8 @@ CONNECTIONS_PER_ADDRESS = 32  # the stream tier's limit_conn in nginx.conf
 MIB = 1 << 20
 
 
-def binary(env, default):
-    path = Path(os.environ.get(env) or ROOT / default)
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"no binary at {path} (run scripts/build.sh, or set {env})")
-    return path
-
-
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
+def fleet(tmp_path_factory, server_bin):
     """(nginx, [replica, replica])."""
     work = tmp_path_factory.mktemp("proxy")
     model_dir = work / "tiny-llama"
@@ -82,7 +75,7 @@ def fleet(tmp_path_factory):
     replicas, nginx = [], None
     try:
         for i in range(2):
-            replicas.append(LayerserveProcess(binary("LAYERSERVE_BIN", "build/server/layerserve"),
+            replicas.append(LayerserveProcess(server_bin,
                                               [*SERVER_FLAGS, f"--model-dir={model_dir}"],
                                               work / f"replica-{i}.log"))
         limit = int(re.search(r"max_message_bytes=(\d+)", replicas[0].log_text()).group(1))

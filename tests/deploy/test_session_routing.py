@@ -21,7 +21,6 @@ scripts/install-deps.sh (the Debian packages nginx and libnginx-mod-stream); the
 where it is missing. Runs in about 20 s on two cores.
 """
 
-import os
 import signal
 import sys
 import threading
@@ -59,20 +58,12 @@ TIMEOUT_S = 30
 TOLERANCE = dict(max_rel=1e-4, rms_rel=1e-5)
 
 
-def binary(env, default):
-    path = Path(os.environ.get(env) or ROOT / default)
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"no binary at {path} (run scripts/build.sh, or set {env})")
-    return path
-
-
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
+def fleet(tmp_path_factory, server_bin):
     """(nginx's gRPC address, [replica, replica, replica])."""
     work = tmp_path_factory.mktemp("routing")
     model_dir = work / "tiny-llama"
     make_checkpoint(model_dir, CONFIG, "F32", seed=38)
-    server_bin = binary("LAYERSERVE_BIN", "build/server/layerserve")
     replicas = []
     nginx = None
     try:
