@@ -10,8 +10,8 @@
 //    columns), while the FP8 GEMM after it waits; or no amax at all with a
 //    static scale. Rows wider than the cluster holds (over 65 536 columns)
 //    take one CTA a row in two passes, the second from L1/L2.
-// The conversion is cvt.rn.satfinite.e4m3x2 (cuda_fp8.h), the format's own
-// rounding; x / s is an IEEE division, as the CPU reference divides.
+// The conversion is kernels/common/e4m3.cuh's (x / s correctly rounded,
+// then cvt.rn.satfinite.e4m3x2), as the CPU reference quantizes.
 // Launched as a programmatic dependent (kernels/common/pdl.cuh) that lets
 // the FP8 GEMM after it launch at once: the GEMM streams its first weights
 // while this runs, and waits for the codes.
@@ -26,30 +26,19 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/cuda/cuda_status.h"
+#include "kernels/common/e4m3.cuh"
 #include "kernels/common/pdl.cuh"
 #include "layerserve/kernels/layer_ops.h"
 
 namespace layerserve::kernels {
 namespace {
 
-constexpr float kE4m3Max = 448.f;
 constexpr int kRowThreads = 256;
 constexpr int kGroupWarpsPerBlock = 8;
 // The cluster form: at most 8 CTAs a row (the portable cluster size), each
 // thread at most kMaxVectors vectors of 8 elements.
 constexpr int kMaxClusterCtas = 8;
 constexpr int kMaxVectors = 4;
-
-__device__ __forceinline__ uint16_t E4m3x2(float lo, float hi) {
-  return static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
-}
-
-// Four values / s as four e4m3 codes in one word (the first in the low byte,
-// the byte order of memory).
-__device__ __forceinline__ uint32_t Quantize4(const float (&v)[4], float s) {
-  if (s == 0.f) return 0;
-  return uint32_t{E4m3x2(v[0] / s, v[1] / s)} | (uint32_t{E4m3x2(v[2] / s, v[3] / s)} << 16);
-}
 
 // Eight bf16 (16 bytes) as floats.
 __device__ __forceinline__ void Load8(const __nv_bfloat16* x, float (&v)[8]) {
@@ -90,8 +79,10 @@ __global__ void QuantizeGroupsKernel(const __nv_bfloat16* __restrict__ x, uint8_
   float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-  const float s = amax / kE4m3Max;
-  if (in) *reinterpret_cast<uint32_t*>(codes + row * cols + col) = Quantize4(v, s);
+  const float s = amax / kE4m3MaxValue;
+  uint32_t word[1];
+  E4m3Scale(s, true).Codes(v, word);
+  if (in) *reinterpret_cast<uint32_t*>(codes + row * cols + col) = word[0];
   if (lane == 0) scales[group * rows + row] = s;
 }
 
@@ -143,14 +134,15 @@ __global__ void __launch_bounds__(kRowThreads)
     // No CTA may leave (and free its shared memory) while another still
     // reads it: arrive now, wait after the stores.
     cluster.barrier_arrive();
-    s = amax / kE4m3Max;
+    s = amax / kE4m3MaxValue;
   }
+  const E4m3Scale scale(s, !(static_scale > 0.f));
 #pragma unroll
   for (int j = 0; j < kVectors; ++j) {
     if (col[j] < cols) {
-      const float lo[4] = {v[j][0], v[j][1], v[j][2], v[j][3]};
-      const float hi[4] = {v[j][4], v[j][5], v[j][6], v[j][7]};
-      *reinterpret_cast<uint2*>(out + col[j]) = make_uint2(Quantize4(lo, s), Quantize4(hi, s));
+      uint32_t words[2];
+      scale.Codes(v[j], words);
+      *reinterpret_cast<uint2*>(out + col[j]) = make_uint2(words[0], words[1]);
     }
   }
   if (rank == 0 && threadIdx.x == 0) scales[row] = s;
@@ -181,12 +173,15 @@ __global__ void QuantizeRowsKernel(const __nv_bfloat16* __restrict__ x, uint8_t*
     amax = warp_amax[0];
 #pragma unroll
     for (int w = 1; w < kRowThreads / 32; ++w) amax = fmaxf(amax, warp_amax[w]);
-    s = amax / kE4m3Max;
+    s = amax / kE4m3MaxValue;
   }
+  const E4m3Scale scale(s, !(static_scale > 0.f));
   for (int64_t c = 4 * static_cast<int64_t>(threadIdx.x); c < cols; c += 4 * kRowThreads) {
     float v[4];
     Load4(in + c, v);
-    *reinterpret_cast<uint32_t*>(out + c) = Quantize4(v, s);
+    uint32_t word[1];
+    scale.Codes(v, word);
+    *reinterpret_cast<uint32_t*>(out + c) = word[0];
   }
   if (threadIdx.x == 0) scales[row] = s;
 }

@@ -20,33 +20,27 @@
 
 #include <cstdint>
 
-#include <cuda_fp8.h>
-
 #include "kernels/common/dtype.cuh"
+#include "kernels/common/e4m3.cuh"
 #include "kernels/common/pdl.cuh"
 #include "kernels/common/reduce.cuh"
 #include "layerserve/kernels/layer_ops.h"
 
 namespace layerserve::kernels::norm {
 
-// The kVec values of `v` divided by s as e4m3 codes at `dst` (as
-// LaunchQuantizeFp8: IEEE division, cvt.rn.satfinite; s == 0: zeros).
+// The kVec values of `v` as e4m3 codes at `dst`, at `scale`
+// (kernels/common/e4m3.cuh, as LaunchQuantizeFp8 quantizes).
 template <typename V>
-__device__ __forceinline__ void Fp8Store(const V& v, float s, uint8_t* dst) {
+__device__ __forceinline__ void Fp8Store(const V& v, const E4m3Scale& scale, uint8_t* dst) {
   constexpr int kVec = sizeof(v.v) / sizeof(v.v[0]);
   static_assert(kVec % 4 == 0, "codes are stored four at a time");
+  float x[kVec];
 #pragma unroll
-  for (int e = 0; e < kVec; e += 4) {
-    uint32_t word = 0;
-    if (s != 0.f) {
-      const auto pair = [&](int a) {
-        return uint32_t{static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(
-            make_float2(ToFloat(v.v[a]) / s, ToFloat(v.v[a + 1]) / s), __NV_SATFINITE, __NV_E4M3))};
-      };
-      word = pair(e) | (pair(e + 2) << 16);
-    }
-    *reinterpret_cast<uint32_t*>(dst + e) = word;
-  }
+  for (int e = 0; e < kVec; ++e) x[e] = ToFloat(v.v[e]);
+  uint32_t words[kVec / 4];
+  scale.Codes(x, words);
+#pragma unroll
+  for (int e = 0; e < kVec / 4; ++e) *reinterpret_cast<uint32_t*>(dst + 4 * e) = words[e];
 }
 
 template <typename T, int kWarpsPerRow, int kWarpsPerBlock>
@@ -130,8 +124,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) RmsNormKernel(const RmsNo
       for (int offset = 8; offset > 0; offset /= 2) {
         group_amax = fmaxf(group_amax, __shfl_xor_sync(half, group_amax, offset));
       }
-      const float s = group_amax / 448.f;
-      Fp8Store(out, s, static_cast<uint8_t*>(p.fp8_codes) + (row * nvec + i) * kVec);
+      const float s = group_amax / kE4m3MaxValue;
+      Fp8Store(out, E4m3Scale(s, true), static_cast<uint8_t*>(p.fp8_codes) + (row * nvec + i) * kVec);
       if (i % 16 == 0) p.fp8_scales[(i / 16) * p.rows + row] = s;
     } else {
       parked[i] = out;
@@ -153,10 +147,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) RmsNormKernel(const RmsNo
 #pragma unroll
       for (int w = 0; w < kWarpsPerRow; ++w) amax = fmaxf(amax, warp_sums[group * kWarpsPerRow + w]);
     }
-    s = amax / 448.f;
+    s = amax / kE4m3MaxValue;
   }
+  const E4m3Scale scale(s, !(p.fp8_static_scale > 0.f));
   for (int64_t i = t; i < nvec; i += kThreadsPerRow) {
-    Fp8Store(parked[i], s, static_cast<uint8_t*>(p.fp8_codes) + (row * nvec + i) * kVec);
+    Fp8Store(parked[i], scale, static_cast<uint8_t*>(p.fp8_codes) + (row * nvec + i) * kVec);
   }
   if (t == 0) p.fp8_scales[row] = s;
 }

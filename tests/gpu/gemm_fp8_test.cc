@@ -167,6 +167,71 @@ TEST_F(QuantizeFp8Test, RefusesWhatItCannotTake) {
   EXPECT_EQ(LaunchQuantizeFp8(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Ties and the quotient's short form (kernels/common/e4m3.cuh): groups whose
+// scale amax / 448 is exactly 2^e (1, 1.25, 1.5 or 1.75), e from -100 to
+// 110 (past both ends of the short form's range), holding values whose
+// quotient is exactly the midpoint between two e4m3 codes (round to even
+// decides), and values anywhere in [-amax, amax]. Per 128 columns and per
+// row (one group a row): codes equal the host's division bit for bit.
+TEST_F(QuantizeFp8Test, TiesAndEveryScaleRangeEqualTheHostsDivision) {
+  std::vector<float> midpoints;  // between consecutive positive codes, 0 .. 448
+  for (int code = 0; code < 0x7e; ++code) {
+    midpoints.push_back((Fp8E4M3ToFloat(static_cast<uint8_t>(code)) + Fp8E4M3ToFloat(static_cast<uint8_t>(code + 1))) /
+                        2);
+  }
+  constexpr int64_t kCols = 128;
+  const int64_t rows = 2048;
+  std::mt19937_64 rng(2026);
+  std::vector<uint16_t> x_bits(static_cast<size_t>(rows * kCols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int e = -100 + static_cast<int>(r % 211);
+    const float mantissa = 1.f + 0.25f * static_cast<float>(rng() % 4);
+    const float s = std::ldexp(mantissa, e);
+    const float amax = s * 448.f;  // exact: 448 s has at most 6 significant bits
+    for (int64_t c = 0; c < kCols; ++c) {
+      float v;
+      if (c == 0) {
+        v = amax;
+      } else if (c % 2 == 1) {
+        v = midpoints[rng() % midpoints.size()] * s;
+      } else {
+        v = std::uniform_real_distribution<float>(-1.f, 1.f)(rng) * amax;
+      }
+      if (rng() % 2 == 0) v = -v;
+      x_bits[static_cast<size_t>(r * kCols + c)] = FloatToBf16(v);
+    }
+  }
+  const std::vector<float> x = ToFloat(x_bits);
+  for (const int64_t group : {int64_t{128}, int64_t{0}}) {
+    SCOPED_TRACE(::testing::Message() << "group " << group);
+    const HostQuantized want = QuantizeOnHost(x, rows, kCols, group, 0.f);
+    DeviceBuffer x_dev(x_bits.size() * 2), codes(want.codes.size()), scales(want.scales.size() * 4);
+    ASSERT_FALSE(HasFailure());
+    x_dev.Upload(x_bits.data(), x_bits.size() * 2);
+    codes.Poison();
+    QuantizeFp8Params p;
+    p.x = x_dev.get();
+    p.codes = codes.get();
+    p.scales = static_cast<float*>(scales.get());
+    p.rows = rows;
+    p.cols = kCols;
+    p.group = group;
+    ASSERT_TRUE(LaunchQuantizeFp8(p, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint8_t> got(want.codes.size());
+    codes.Download(got.data(), got.size());
+    int64_t bad = 0, first = -1;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (got[i] != want.codes[i] && bad++ == 0) first = static_cast<int64_t>(i);
+    }
+    EXPECT_EQ(bad, 0) << bad << " codes differ; first at row " << first / kCols << " (scale 2^"
+                      << -100 + first / kCols % 211 << ") col " << first % kCols << ": x "
+                      << x[static_cast<size_t>(std::max<int64_t>(first, 0))] << " got 0x" << std::hex
+                      << int{got[std::max<int64_t>(first, 0)]} << " want 0x"
+                      << int{want.codes[std::max<int64_t>(first, 0)]};
+  }
+}
+
 struct Fp8Case {
   std::string name;
   Fp8Scaling scaling;
