@@ -10,7 +10,7 @@
 // cache three times over, so timings include the weight streaming from HBM
 // that serving sees.
 //
-//   gemm_bench [--versions=0,3,4,5,auto,6row,6block,0row,0block] [--shapes=6144x4096,...] [--ms=1,8,...]
+//   gemm_bench [--versions=0,3,4,5,auto,6row,6block,6rowp,0row,0block] [--shapes=6144x4096,...] [--ms=1,8,...]
 //              [--iters=5] [--rounds=5] [--csv=PATH] [--gated]
 // A version may pin a configuration: 3b128 / 3b256 (v3 tile width), 4s2
 // (v4 with 2 K splits); plain 3 and 4 use the launchers' own choice.
@@ -25,7 +25,9 @@
 // They are validated against cuBLASLt's bf16 product within FP8's
 // quantization error (tests/gpu/gemm_fp8_test.cc checks the exact numerics).
 // With --gated, FP8 rows run only fused (their gate/up interleave is
-// kFp8GateUpBlock).
+// kFp8GateUpBlock). A trailing "p" ("6rowp", "6s4blockp") times the
+// activations' quantization pass with each GEMM, as a served product whose
+// input no producer quantized pays it.
 // Every variant runs through one GemmRouter, the code serving runs: a
 // numbered version through RunConfig, "auto" through Run after the router was
 // autotuned for the shape (as at model load, up to the largest --ms); its row
@@ -49,6 +51,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "layerserve/kernels/gemm.h"
@@ -127,6 +130,10 @@ struct Variant {
   bool is_auto = false;                // the autotuned dispatcher; config unused
   bool fused = false;                  // --gated: the gate in the epilogue (else a second kernel)
   Fp8Scaling fp8 = Fp8Scaling::kNone;  // version 6's scaling
+  // FP8 rows: LaunchQuantizeFp8 of A before each GEMM, inside the timed
+  // graph (suffix "p": what a served product pays where no producer
+  // quantized its input); else the GEMM alone, on codes made before.
+  bool quantize_pass = false;
 };
 
 bool ParseVariant(const std::string& text, Variant* v) {
@@ -136,6 +143,13 @@ bool ParseVariant(const std::string& text, Variant* v) {
     return true;
   }
   std::string spec = text;
+  const auto ends_with = [&](std::string_view suffix) {
+    return spec.size() > suffix.size() && spec.compare(spec.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (ends_with("rowp") || ends_with("blockp")) {
+    v->quantize_pass = true;
+    spec.pop_back();
+  }
   for (const auto& [suffix, scaling] : {std::pair<std::string, Fp8Scaling>{"row", Fp8Scaling::kPerRow},
                                         std::pair<std::string, Fp8Scaling>{"block", Fp8Scaling::kBlock}}) {
     if (spec.size() > suffix.size() && spec.compare(spec.size() - suffix.size(), suffix.size(), suffix) == 0) {
@@ -150,9 +164,12 @@ bool ParseVariant(const std::string& text, Variant* v) {
        config->version != GemmVersion::kCublasLt)) {
     return false;
   }
-  v->label = GemmConfigSpec(*config) + (v->fp8 == Fp8Scaling::kPerRow  ? "row"
-                                        : v->fp8 == Fp8Scaling::kBlock ? "block"
-                                                                       : "");
+  if (v->quantize_pass && config->version != GemmVersion::kFp8) return false;
+  v->label = GemmConfigSpec(*config) +
+             (v->fp8 == Fp8Scaling::kPerRow  ? "row"
+              : v->fp8 == Fp8Scaling::kBlock ? "block"
+                                             : "") +
+             (v->quantize_pass ? "p" : "");
   v->config = *config;
   return true;
 }
@@ -261,7 +278,8 @@ class Bench {
     return p;
   }
   // `act`: where --gated writes the gated output ([m, n / 2]).
-  absl::Status Launch(const Variant& variant, const GemmParams& p, void* act);
+  // a_bf16: the bf16 activations `p`'s codes come from ("p" rows).
+  absl::Status Launch(const Variant& variant, const GemmParams& p, void* act, const void* a_bf16 = nullptr);
   bool RunShape(int64_t n, int64_t k);
   void Print(const Row& r) const;
 
@@ -284,8 +302,18 @@ absl::Status GateKernel(const void* gate_up, void* out, int64_t m, int64_t n, cu
   return LaunchSiluMul(gate, stream);
 }
 
-absl::Status Bench::Launch(const Variant& variant, const GemmParams& plain, void* act) {
+absl::Status Bench::Launch(const Variant& variant, const GemmParams& plain, void* act, const void* a_bf16) {
   GemmParams p = plain;
+  if (variant.quantize_pass) {
+    QuantizeFp8Params q;
+    q.x = a_bf16;
+    q.codes = const_cast<void*>(p.a);
+    q.scales = const_cast<float*>(p.a_scale);
+    q.rows = p.m;
+    q.cols = p.k;
+    q.group = p.fp8 == Fp8Scaling::kBlock ? kFp8BlockK : 0;
+    if (absl::Status st = LaunchQuantizeFp8(q, stream_); !st.ok()) return st;
+  }
   if (variant.fused) {
     p.silu_mul = true;
     p.scratch = plain.d;  // the cuBLASLt route's plain product
@@ -475,7 +503,7 @@ bool Bench::RunShape(int64_t n, int64_t k) {
       BENCH_CHECK_CUDA(cudaMemsetAsync(c[0], 0xFF, m * n * 2, stream_));
       BENCH_CHECK_CUDA(cudaMemsetAsync(act[0], 0xFF, m * n, stream_));
       BENCH_CHECK_CUDA(cudaMemsetAsync(bad, 0, sizeof(unsigned long long) + sizeof(float), stream_));
-      const absl::Status st = Launch(variant, params(0, c[0], variant.fp8), act[0]);
+      const absl::Status st = Launch(variant, params(0, c[0], variant.fp8), act[0], a[0]);
       if (st.ok()) {
         const float scale = std::sqrt(static_cast<float>(k)) / 3.f;  // uniform [-1, 1) inputs
         // FP8 rows: within e4m3's quantization error of the bf16 product
@@ -508,7 +536,7 @@ bool Bench::RunShape(int64_t n, int64_t k) {
       BENCH_CHECK_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
       bool captured = true;
       for (int i = 0; i < kGraphLaunches && captured; ++i) {
-        captured = Launch(variant, params(i % sets, c[i % sets], variant.fp8), act[i % sets]).ok();
+        captured = Launch(variant, params(i % sets, c[i % sets], variant.fp8), act[i % sets], a[i % sets]).ok();
       }
       BENCH_CHECK_CUDA(cudaStreamEndCapture(stream_, &graph));
       if (!captured) {

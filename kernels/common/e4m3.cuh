@@ -12,10 +12,9 @@
 // rounded quotient (Markstein's theorem: r within half an ulp of 1/s, q
 // within one ulp of x / s, the remainder exact in an fma) wherever nothing
 // overflows or goes subnormal. Two fmas and a multiply a value, where the
-// division is about ten instructions with its range check; the consumer
-// side of the fused quantization (the FP8 GEMM converting bf16 tiles
-// itself, design record 0015) does this for every element of every W tile's
-// K block. The short form is used only where it is exact:
+// division is about ten instructions with its range check and a branch;
+// the quotients of a run of values share one branch. The short form is used
+// only where it is exact:
 //  - `bounded`: |x| <= 448 s, true of a dynamic scale (s = amax / 448 over
 //    the same values); a static scale may leave x / s anywhere, and takes
 //    the division;
