@@ -67,6 +67,7 @@ DEPLOY = ROOT / "deploy"
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 from layerserve_process import LayerserveProcess  # noqa: E402
 from nginx_proxy import make_certificate, render_haproxy_cfg, render_nginx_conf  # noqa: E402
+from commands import run, tool  # noqa: E402
 
 DATASOURCE_UID = "layerserve-prom"
 # Families only the CUDA backend exports: the CPU server here cannot show
@@ -96,25 +97,7 @@ SET_AT_START = {"layerserve_max_queue_size", "layerserve_max_queue_bytes",
                 "layerserve_max_batch_tokens", "layerserve_max_queue_delay_seconds",
                 "layerserve_build_info"}
 SERVER_FLAGS = ["--backend=cpu", "--cpu-threads=2"]
-COMMAND_TIMEOUT_S = 120
 WAIT_S = 30  # for Prometheus to get ready, and then to scrape the server
-
-
-def tool(name):
-    path = shutil.which(name)
-    if not path:
-        pytest.fail(f"missing {name} (run scripts/install-deps.sh)")
-    return path
-
-
-def run(*args, cwd=None, timeout_s=COMMAND_TIMEOUT_S):
-    """Runs a command to completion; fails the test, with its output, on a
-    non-zero exit. Returns its stdout."""
-    proc = subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=timeout_s)
-    assert proc.returncode == 0, (
-        f"exit {proc.returncode}: {' '.join(map(str, args))}\n{proc.stdout}{proc.stderr}")
-    return proc.stdout
 
 
 # --- 1. Dockerfile ---------------------------------------------------------------
