@@ -766,6 +766,7 @@ def live_prometheus_config(full_server, tmp_path_factory):
     cfg["global"]["evaluation_interval"] = "1s"
     cfg["rule_files"] = [str(DEPLOY / "prometheus/rules/*.yml")]
     (job,) = cfg["scrape_configs"]
+    job.pop("dns_sd_configs")  # the compose network's alias
     job["static_configs"] = [{"targets": [f"127.0.0.1:{full_server.metrics_port}"]}]
     path = tmp_path_factory.mktemp("prometheus") / "prometheus.yml"
     path.write_text(yaml.safe_dump(cfg))
