@@ -5,7 +5,8 @@
      that picks their runtime packages, on this machine's build;
   2. deploy/docker-compose.yml: `docker-compose config -q` for every profile,
      a demo profile without a checkpoint, fully qualified pinned images, the
-     cpu and demo profiles on the CPU image and the gpu one on the CUDA image;
+     cpu and demo profiles on the CPU image and the gpu one on the CUDA image
+     (test_scale_out.py checks the replicas profile);
   3. Prometheus: `promtool check config`, `check rules`, `test rules`;
   4. the Grafana dashboard: parses; every query reads the ${datasource}
      variable (default: the provisioned uid) and filters by $model and
@@ -323,12 +324,16 @@ def test_dockerignore_keeps_what_the_build_reads():
 
 # --- 2. docker-compose --------------------------------------------------------------
 
+# Every profile of docker-compose.yml (test_scale_out.py checks replicas
+# further).
+PROFILES = ("demo", "gpu", "cpu", "replicas")
+
+
 def compose(*args):
     return run(tool("docker-compose"), "-f", DEPLOY / "docker-compose.yml", *args)
 
 
-@pytest.mark.parametrize("profile", ["", "demo", "gpu", "cpu"],
-                         ids=["no-profile", "demo", "gpu", "cpu"])
+@pytest.mark.parametrize("profile", ["", *PROFILES], ids=["no-profile", *PROFILES])
 def test_compose_config_is_valid(profile):
     compose(*(["--profile", profile] if profile else []), "config", "-q")
 
@@ -336,7 +341,8 @@ def test_compose_config_is_valid(profile):
 def test_compose_services():
     services = sorted(compose("config", "--services").split())
     assert services == ["grafana", "layerserve-cpu", "layerserve-demo", "layerserve-gpu",
-                        "prometheus"]
+                        "layerserve-gpu0", "layerserve-gpu1", "layerserve-gpu2", "layerserve-gpu3",
+                        "nginx", "prometheus"]
 
 
 def compose_config(*profiles):
@@ -357,7 +363,7 @@ def test_compose_demo_profile_needs_no_checkpoint():
 def test_compose_profiles_build_and_run_their_image(dockerfile, service, variable):
     """demo and cpu: the Dockerfile's Debian-slim CPU image; gpu: its CUDA
     image. Each service builds the target that makes the image it runs."""
-    config = compose_config("demo", "gpu", "cpu")["services"][service]
+    config = compose_config(*PROFILES)["services"][service]
     target = COMPOSE_IMAGES[variable]
     assert config["image"] == compose_default_image(variable), config["image"]
     assert config["build"].get("target") == target, config["build"]
@@ -376,7 +382,7 @@ def image_is_fully_qualified(image):
 
 
 def test_compose_images_are_fully_qualified_and_pinned():
-    config = compose_config("demo", "gpu", "cpu")
+    config = compose_config(*PROFILES)
     bad = {n: s.get("image") for n, s in config["services"].items()
            if not image_is_fully_qualified(s.get("image", ""))}
     assert not bad, "images without a registry or with a floating tag"
@@ -1034,7 +1040,7 @@ def test_k8s_grace_period_outlasts_the_drain(server_bin):
 
 
 def test_compose_stop_grace_period_outlasts_the_drain(server_bin):
-    for name, service in compose_config("demo", "gpu", "cpu")["services"].items():
+    for name, service in compose_config(*PROFILES)["services"].items():
         if name.startswith("layerserve"):
             grace = service["stop_grace_period"]
             seconds = int(re.fullmatch(r"(\d+)s", str(grace)).group(1))
@@ -1107,7 +1113,7 @@ def test_deploy_files_pass_only_flags_the_server_has(server_bin):
     known = set(re.findall(r"--[a-z0-9][a-z0-9-]*", run(server_bin, "--help")))
     (container,) = k8s_deployment()["spec"]["template"]["spec"]["containers"]
     used = {("k8s", a.split("=")[0]) for a in container["args"]}
-    for name, service in compose_config("demo", "gpu", "cpu")["services"].items():
+    for name, service in compose_config(*PROFILES)["services"].items():
         if name.startswith("layerserve"):
             used |= {(name, a.split("=")[0]) for a in service["command"]}
     unknown = sorted(u for u in used if u[1] not in known)
