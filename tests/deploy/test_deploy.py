@@ -6,7 +6,7 @@
   2. deploy/docker-compose.yml: `docker-compose config -q` for every profile,
      a demo profile without a checkpoint, fully qualified pinned images, the
      cpu and demo profiles on the CPU image and the gpu one on the CUDA image
-     (test_scale_out.py checks the replicas profile);
+     (test_scale_out.py checks the replicas and pipeline profiles);
   3. Prometheus: `promtool check config`, `check rules`, `test rules`;
   4. the Grafana dashboard: parses; every query reads the ${datasource}
      variable (default: the provisioned uid) and filters by $model and
@@ -324,9 +324,9 @@ def test_dockerignore_keeps_what_the_build_reads():
 
 # --- 2. docker-compose --------------------------------------------------------------
 
-# Every profile of docker-compose.yml (test_scale_out.py checks replicas
-# further).
-PROFILES = ("demo", "gpu", "cpu", "replicas")
+# Every profile of docker-compose.yml (test_scale_out.py checks replicas and
+# pipeline further).
+PROFILES = ("demo", "gpu", "cpu", "replicas", "pipeline")
 
 
 def compose(*args):
@@ -342,7 +342,7 @@ def test_compose_services():
     services = sorted(compose("config", "--services").split())
     assert services == ["grafana", "layerserve-cpu", "layerserve-demo", "layerserve-gpu",
                         "layerserve-gpu0", "layerserve-gpu1", "layerserve-gpu2", "layerserve-gpu3",
-                        "nginx", "prometheus"]
+                        "layerserve-stage0", "layerserve-stage1", "nginx", "prometheus"]
 
 
 def compose_config(*profiles):
