@@ -969,8 +969,8 @@ def test_serve_script_installs_only_what_the_build_needs():
 def k8s_objects():
     objects = []
     for f in sorted(glob.glob(str(DEPLOY / "k8s/*.yaml"))):
-        if f.endswith("prometheus-adapter-values.yaml"):
-            continue  # helm values, not a manifest
+        if f.endswith(("-values.yaml", "kustomization.yaml")):
+            continue  # helm values and the kustomize base, not manifests
         objects += [o for o in yaml.safe_load_all(open(f)) if o]
     return objects
 
