@@ -143,9 +143,14 @@ class Stage:
                 bits.view(bf16) if bf16 is not None else bf16_bits_to_f32(bits))
         else:
             tensor.set_data_from_numpy(np.ascontiguousarray(hidden, dtype=np.float32))
+        # A session's steps carry its id as the x-session-id header too, so a
+        # proxy that hashes on it (deploy/README.md, Sessions behind replicas)
+        # sends each step to the replica of this stage that holds the session.
+        headers = ({"x-session-id": str(sequence["sequence_id"])}
+                   if sequence.get("sequence_id") else None)
         result = self.client.infer(self.model, [tensor],
                                    outputs=[grpcclient.InferRequestedOutput(self.output_name)],
-                                   client_timeout=RPC_TIMEOUT_S, **sequence)
+                                   headers=headers, client_timeout=RPC_TIMEOUT_S, **sequence)
         # Decoded from the raw bytes, whichever BF16 convention the client has.
         response = result.get_response()
         output = response.outputs[0]
