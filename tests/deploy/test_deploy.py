@@ -28,7 +28,9 @@
      budget covers it, its image is pinned to the project version, every
      flag the Deployment and compose pass is one the server accepts, the
      kill timeouts outlast the drain, the HPA scales on what its adapter
-     serves, and the Ingress hashes sessions onto the pods;
+     serves, and the Ingresses hash sessions onto the pods
+     (test_ingress_limits.py checks their limits, test_scale_out.py the
+     overlays in deploy/k8s-overlays);
  10. deploy/nginx/nginx.conf passes `nginx -t`, hashes on x-session-id and
      keeps its limits; deploy/haproxy/haproxy.cfg passes `haproxy -c` and
      rate-limits connections before TLS (test_session_routing.py runs nginx
@@ -1049,24 +1051,27 @@ def test_compose_stop_grace_period_outlasts_the_drain(server_bin):
 
 def test_k8s_ingress_hashes_sessions_onto_the_deployments_pods():
     """The ingress-nginx form of session routing: a consistent hash of the
-    x-session-id header, gRPC to the pods, no body limit, through a Service
-    whose selector and port reach the Deployment's gRPC port."""
-    (ingress,) = [o for o in k8s_objects() if o["kind"] == "Ingress"]
-    annotations = ingress["metadata"]["annotations"]
-    assert annotations["nginx.ingress.kubernetes.io/upstream-hash-by"] == "$http_x_session_id"
-    assert annotations["nginx.ingress.kubernetes.io/backend-protocol"] == "GRPC"
-    assert annotations["nginx.ingress.kubernetes.io/proxy-body-size"] == "0"
-    assert ingress["spec"]["tls"], "ingress-nginx serves HTTP/2 (gRPC) only over TLS"
-    (rule,) = ingress["spec"]["rules"]
-    (path,) = rule["http"]["paths"]
-    backend = path["backend"]["service"]
-    (service,) = [o for o in k8s_objects()
-                  if o["kind"] == "Service" and o["metadata"]["name"] == backend["name"]]
+    x-session-id header, gRPC to the pods, through a Service whose selector
+    and port reach the Deployment's gRPC port; on both Ingresses, the one for
+    unary calls and the one for ModelStreamInfer (test_ingress_limits.py
+    checks their limits)."""
+    ingresses = [o for o in k8s_objects() if o["kind"] == "Ingress"]
+    assert len(ingresses) == 2, [i["metadata"]["name"] for i in ingresses]
     pod_labels = k8s_deployment()["spec"]["template"]["metadata"]["labels"]
-    assert service["spec"]["selector"].items() <= pod_labels.items()
-    (port,) = [p for p in service["spec"]["ports"] if p["name"] == backend["port"]["name"]]
     (container,) = k8s_deployment()["spec"]["template"]["spec"]["containers"]
-    assert port["targetPort"] in {p["name"] for p in container["ports"]}
+    for ingress in ingresses:
+        annotations = ingress["metadata"]["annotations"]
+        assert annotations["nginx.ingress.kubernetes.io/upstream-hash-by"] == "$http_x_session_id"
+        assert annotations["nginx.ingress.kubernetes.io/backend-protocol"] == "GRPC"
+        assert ingress["spec"]["tls"], "ingress-nginx serves HTTP/2 (gRPC) only over TLS"
+        (rule,) = ingress["spec"]["rules"]
+        (path,) = rule["http"]["paths"]
+        backend = path["backend"]["service"]
+        (service,) = [o for o in k8s_objects()
+                      if o["kind"] == "Service" and o["metadata"]["name"] == backend["name"]]
+        assert service["spec"]["selector"].items() <= pod_labels.items()
+        (port,) = [p for p in service["spec"]["ports"] if p["name"] == backend["port"]["name"]]
+        assert port["targetPort"] in {p["name"] for p in container["ports"]}
 
 
 def test_nginx_config_hashes_sessions_and_passes_grpc(tmp_path):
