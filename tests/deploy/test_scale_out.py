@@ -26,13 +26,12 @@ to build them). Ports are the kernel's; every wait is bounded.
 
 import copy
 import re
-import subprocess
+import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import shutil
 import tritonclient.grpc as grpcclient
 import yaml
 
