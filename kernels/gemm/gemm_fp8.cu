@@ -26,6 +26,7 @@ fp8::Fp8GemmArgs MakeArgs(const DenseGemm& p, int splits) {
   fp8::Fp8GemmArgs args{};
   args.a_scale = p.a_scale;
   args.w_scale = p.w_scale;
+  args.bias = static_cast<const __nv_bfloat16*>(p.bias);
   args.residual = static_cast<const __nv_bfloat16*>(p.residual);
   args.c = static_cast<__nv_bfloat16*>(p.c);
   args.m = static_cast<int>(p.m);

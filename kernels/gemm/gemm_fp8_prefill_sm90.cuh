@@ -14,7 +14,7 @@
 // scaled there by the block's scales with block-128 scaling:
 // a_scale of the thread's two rows times w_scale of its columns' two 64-row
 // groups. With per-row scaling both scales apply at the epilogue. The
-// epilogue writes bf16 straight from registers (residual added, or the
+// epilogue writes bf16 straight from registers (bias and residual added, or the
 // gated MLP's silu(gate) * up of columns c and c + 64, the kFp8GateUpBlock
 // interleave), while the producer already streams the next tile.
 //
@@ -259,6 +259,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           const int64_t offset = out_row * args.n + col;
           if (in) {
+            if (args.bias != nullptr) {
+              const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(args.bias + col));
+              x += b.x;
+              y += b.y;
+            }
             if (args.residual != nullptr) {
               const float2 r = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(args.residual + offset));
               x += r.x;

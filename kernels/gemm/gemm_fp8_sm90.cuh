@@ -19,7 +19,8 @@
 // Warps 0-7 are the two consumer warpgroups, warp 8 the TMA producer; the
 // ring goes through TmaPipeline (kernels/common/pipeline_sm90.cuh). The
 // epilogue stages the fp32 tile in the ring's shared memory ([token][W row],
-// W rows contiguous) and writes bf16 rows of C: with the residual added, or,
+// W rows contiguous) and writes bf16 rows of C: with the bias (fp32, before
+// the one rounding) and the residual added, or,
 // for the gated MLP (silu_mul), silu(gate) * up of W rows r and r + 64 (the
 // kFp8GateUpBlock interleave), which never leave the CTA.
 //
@@ -71,6 +72,7 @@ static_assert(kHalfRows == kFp8WeightScaleRows && kHalfRows == kFp8GateUpBlock &
 struct Fp8GemmArgs {
   const float* a_scale;           // [m] or [kblocks][m]
   const float* w_scale;           // [n] or [ceil(n / 64)][kblocks] (per group)
+  const __nv_bfloat16* bias;      // [n] or null (dense, not gated)
   const __nv_bfloat16* residual;  // [m, n] or null (may alias c)
   __nv_bfloat16* c;               // [m, ldc]
   int m, n, k;                    // m: all rows of A (every group's)
@@ -346,6 +348,15 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
     } else {
       if constexpr (!kBlockScaled) sum = Scale4(sum, sa, args.w_scale + n0 + r);
       offset = row * args.n + n0 + r;
+      if (args.bias != nullptr) {
+        const uint2 bits = *reinterpret_cast<const uint2*>(args.bias + n0 + r);
+        const float2 b01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.x));
+        const float2 b23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.y));
+        sum.x += b01.x;
+        sum.y += b01.y;
+        sum.z += b23.x;
+        sum.w += b23.y;
+      }
       if (args.residual != nullptr) {
         const uint2 bits = *reinterpret_cast<const uint2*>(args.residual + offset);
         const float2 r01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.x));

@@ -24,6 +24,7 @@ struct DenseGemm {
   const void* a = nullptr;         // [m, k]
   const void* w = nullptr;         // [n, k]
   const void* residual = nullptr;  // [m, n] or null
+  const void* bias = nullptr;      // [n] or null: version 6 only (GemmParams::bias)
   void* c = nullptr;               // [m, n]
   int64_t m = 0;
   int64_t n = 0;

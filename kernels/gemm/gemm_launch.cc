@@ -282,7 +282,11 @@ absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const 
   if ((p.fp8 != Fp8Scaling::kNone) != (config.version == GemmVersion::kFp8)) {
     return absl::InvalidArgumentError("gemm: FP8 products take version 6, and version 6 takes only them");
   }
-  if (p.bias != nullptr) return absl::InvalidArgumentError("gemm v3-v5 have no bias epilogue");
+  if (p.bias != nullptr && (config.version != GemmVersion::kFp8 || p.grouped() || p.silu_mul)) {
+    return absl::InvalidArgumentError(
+        "gemm: of our kernels only version 6 has a bias epilogue, for dense products without silu_mul");
+  }
+  if (p.bias != nullptr && !gemm::Aligned16(p.bias)) return absl::InvalidArgumentError("gemm v6: unaligned bias");
   if (p.a == nullptr || p.w == nullptr || p.d == nullptr) return absl::InvalidArgumentError("gemm: null operand");
   if (p.m < 1 || p.n < 1 || p.k < 1) {
     return absl::InvalidArgumentError(absl::StrCat("gemm: bad shape m=", p.m, " n=", p.n, " k=", p.k));
@@ -364,7 +368,8 @@ absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const 
 }
 
 bool CublasLtTakesFp8(const GemmParams& p) {
-  if (p.fp8 == Fp8Scaling::kNone || p.grouped() || p.dtype != DType::kBF16) return false;
+  // (No bias: version 6 adds it.)
+  if (p.fp8 == Fp8Scaling::kNone || p.grouped() || p.dtype != DType::kBF16 || p.bias != nullptr) return false;
   if (p.n % 16 != 0 || p.k % 16 != 0 || p.a_scale == nullptr || p.w_scale == nullptr) return false;
   if (p.silu_mul && (p.scratch == nullptr || p.n % (2 * kFp8GateUpBlock) != 0)) return false;
   // Block-scaled: cuBLASLt 13.1 takes m a multiple of 4 only (gemm.h).
@@ -426,6 +431,7 @@ absl::Status LaunchGemm(const GemmParams& p, const GemmConfig& config, const Dev
   dense.w = p.w;
   dense.c = p.d;
   dense.residual = p.accumulate ? p.d : nullptr;
+  dense.bias = p.bias;
   dense.m = p.m;
   dense.n = p.n;
   dense.k = p.k;

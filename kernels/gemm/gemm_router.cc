@@ -159,9 +159,6 @@ absl::Status Validate(const GemmParams& p) {
                                                    " ldd=", p.ldd, " too small for m=", p.m, " n=", p.n, " k=", p.k));
   }
   if (p.dtype == DType::kF32) return absl::InvalidArgumentError("gemm: operands must be bf16 or fp16");
-  if (p.fp8 != Fp8Scaling::kNone && p.bias != nullptr) {
-    return absl::InvalidArgumentError("gemm: an FP8 product takes no bias");
-  }
   if (p.silu_mul) {
     if (p.fp8 == Fp8Scaling::kNone && p.n % (2 * kGateUpBlock) != 0) {
       return absl::InvalidArgumentError(absl::StrCat("gemm: silu_mul needs n a multiple of 16, got ", p.n));

@@ -85,11 +85,6 @@ absl::StatusOr<DeviceWeights> DeviceWeights::Upload(const ModelSpan& model, kern
   // FP8 checkpoints: the scaling the GEMM runs their FP8 linears with.
   std::optional<kernels::Fp8Scaling> fp8_scaling;
   if (c.fp8) {
-    if (c.attention_bias) {
-      return absl::UnimplementedError(
-          "cuda backend: the FP8 GEMM has no bias epilogue, so FP8 checkpoints with q/k/v biases "
-          "are served by --backend=cpu only");
-    }
     LS_ASSIGN_OR_RETURN(fp8_scaling, CudaFp8Scaling(*c.fp8));
   }
 

@@ -3,7 +3,8 @@
 // the same format (tests/reference), in each format the GPU serves:
 // fine-grained 128x128 blocks, compressed-tensors per-channel with dynamic
 // per-token activations, and per-tensor with static activation scales; plus
-// a model that leaves one projection in BF16 (a checkpoint's ignore list).
+// a model that leaves one projection in BF16 (a checkpoint's ignore list),
+// and Qwen2's q/k/v biases.
 //
 // What is compared is the layer's contribution y - x. The CUDA backend
 // cannot land as close to the float64 reference as the CPU backend does
@@ -176,6 +177,23 @@ TEST(CudaFp8Test, AnUnquantizedProjectionStaysBf16) {
   ExpectW8A8(Distance(model, 908));
 }
 
+// Qwen2's q/k/v biases on an FP8 q/k/v projection: the FP8 GEMM's bias
+// epilogue, on the prefill kernel (a batch of 1 + 9 + 100 tokens) and the
+// decode kernel (1 + 9).
+TEST(CudaFp8Test, QkvBiasesMatchTheReference) {
+  SKIP_WITHOUT_GPU();
+  LlamaConfig config = Fp8TestConfig();
+  config.model_type = "qwen2";
+  config.attention_bias = true;
+  for (const Fp8Quantization& fp8 : {FineGrainedFp8(), PerChannelFp8()}) {
+    ModelSpan model = VariedBlocksModel(933, config);
+    ASSERT_FALSE(model.layers[0].q_bias.data.empty());
+    QuantizeSpanFp8(model, fp8);
+    ExpectW8A8(Distance(model, 934));
+    ExpectW8A8(Distance(model, 935, {1, 9}));
+  }
+}
+
 // A mixture of experts of the test's widths: 8 experts of 384, 2 a token
 // (Mixtral's routing), or Qwen2-MoE's 4 of 8 unnormalized with a shared
 // expert of 256.
@@ -198,9 +216,12 @@ TEST(CudaFp8Test, MixtureOfExpertsFineGrainedMatchesTheReference) {
   ExpectW8A8(Distance(model, 923, {1, 200}));
 }
 
+// Qwen2-MoE as its checkpoints are: a shared expert and q/k/v biases.
 TEST(CudaFp8Test, MixtureOfExpertsWithASharedExpertPerChannelMatchesTheReference) {
   SKIP_WITHOUT_GPU();
-  ModelSpan model = VariedBlocksModel(925, Fp8MoeConfig(true));
+  LlamaConfig config = Fp8MoeConfig(true);
+  config.attention_bias = true;
+  ModelSpan model = VariedBlocksModel(925, config);
   QuantizeSpanFp8(model, PerChannelFp8());
   ExpectW8A8(Distance(model, 926));
   ExpectW8A8(Distance(model, 927, {1, 200}));

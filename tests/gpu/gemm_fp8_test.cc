@@ -16,7 +16,7 @@
 // partial W tiles and a partial last K block, explicit K splits, the residual
 // add and the gated epilogue, and grouped products (a mixture of experts:
 // each group's rows by its own W and scales, empty groups among them) on
-// both kernels. Outputs are poisoned first. The tolerance is
+// both kernels, and the bias epilogue. Outputs are poisoned first. The tolerance is
 // bf16 output rounding plus the tensor cores' FP8 accumulation inside one K
 // block; the worst element is printed. Skips without a Hopper GPU and sm_90a
 // build.
@@ -246,6 +246,8 @@ struct Fp8Case {
   // Through cuBLASLt's FP8 (version 0) instead of version 6; a block-scaled
   // weight then has 128-row scale blocks (w_scale_128).
   bool cublaslt = false;
+  // A bias (q/k/v's in Qwen2), added by version 6's epilogue.
+  bool bias = false;
 };
 
 std::string CaseName(const ::testing::TestParamInfo<Fp8Case>& info) { return info.param.name; }
@@ -267,6 +269,18 @@ std::vector<Fp8Case> Cases() {
     cases.push_back({tag + "_residual_m150", s, 150, 384, 1024, 0, true});
     cases.push_back({tag + "_silu_m3", s, 3, 512, 1024, 0, false, true});
     cases.push_back({tag + "_silu_m100", s, 100, 768, 640, 0, false, true});
+    // The bias epilogue: the decode kernel (with K splits) and the prefill
+    // kernel, partial W tiles, and with the residual.
+    for (const int64_t m : {3, 100}) {
+      Fp8Case c{tag + "_bias_m" + std::to_string(m), s, m, 400, 1040};
+      c.bias = true;
+      cases.push_back(c);
+    }
+    {
+      Fp8Case c{tag + "_bias_residual_s2_m9", s, 9, 256, 2048, 2, true};
+      c.bias = true;
+      cases.push_back(c);
+    }
     // Llama-3-8B's o projection at decode (4 splits) and its gate/up.
     cases.push_back({tag + "_llama_o_m4", s, 4, 4096, 4096});
     cases.push_back({tag + "_llama_gate_up_m4", s, 4, 28672, 4096, 0, false, true});
@@ -389,11 +403,14 @@ TEST_P(Fp8GemmTest, MatchesTheFloat64ReferenceOfItsCodesAndScales) {
   const HostQuantized a = QuantizeOnHost(ToFloat(x_bits), m, k, block ? kFp8BlockK : 0, 0.f);
   std::vector<uint16_t> residual_bits;
   if (c.residual) residual_bits = RandomActivations(m, n, rng());
+  std::vector<uint16_t> bias_bits;
+  if (c.bias) bias_bits = RandomActivations(1, n, rng());
 
   DeviceBuffer x_dev(x_bits.size() * 2), a_codes(static_cast<size_t>(m * k)), a_scale(a.scales.size() * 4),
       w_dev(w_codes.size()), w_scale_dev(w_scale.size() * 4), out(static_cast<size_t>(m * out_cols * 2)),
       workspace(GemmRouter::kDefaultWorkspaceBytes), offsets_dev(offsets.size() * 4),
-      w_scale_128_dev(std::max<size_t>(16, w_scale_128.size() * 4)), scratch(static_cast<size_t>(m * n * 2));
+      w_scale_128_dev(std::max<size_t>(16, w_scale_128.size() * 4)), scratch(static_cast<size_t>(m * n * 2)),
+      bias_dev(static_cast<size_t>(n * 2));
   ASSERT_FALSE(HasFailure());
   offsets_dev.Upload(offsets.data(), offsets.size() * 4);
   x_dev.Upload(x_bits.data(), x_bits.size() * 2);
@@ -403,6 +420,7 @@ TEST_P(Fp8GemmTest, MatchesTheFloat64ReferenceOfItsCodesAndScales) {
   out.Poison();
   scratch.Poison();
   if (c.residual) out.Upload(residual_bits.data(), residual_bits.size() * 2);
+  if (c.bias) bias_dev.Upload(bias_bits.data(), bias_bits.size() * 2);
 
   QuantizeFp8Params q;
   q.x = x_dev.get();
@@ -428,6 +446,7 @@ TEST_P(Fp8GemmTest, MatchesTheFloat64ReferenceOfItsCodesAndScales) {
   p.fp8 = c.scaling;
   p.a_scale = static_cast<const float*>(a_scale.get());
   p.w_scale = static_cast<const float*>(w_scale_dev.get());
+  if (c.bias) p.bias = bias_dev.get();
   if (grouped) {
     p.group_offsets = static_cast<const int32_t*>(offsets_dev.get());
     p.groups = static_cast<int>(groups);
@@ -488,7 +507,8 @@ TEST_P(Fp8GemmTest, MatchesTheFloat64ReferenceOfItsCodesAndScales) {
         const double silu = testing::RoundToDType(DType::kBF16, gr / (1 + std::exp(-gr)));
         want[r * out_cols + col] = silu * testing::RoundToDType(DType::kBF16, up);
       } else {
-        want[r * out_cols + col] = product[r * n + col] + (c.residual ? Bf16ToFloat(residual_bits[r * n + col]) : 0.0);
+        want[r * out_cols + col] = product[r * n + col] + (c.bias ? Bf16ToFloat(bias_bits[col]) : 0.0) +
+                                   (c.residual ? Bf16ToFloat(residual_bits[r * n + col]) : 0.0);
       }
     }
   }
@@ -573,6 +593,23 @@ TEST_F(Fp8GemmRefusalTest, RefusesWhatVersion6CannotTake) {
   gated.ldd = 96;
   EXPECT_FALSE(GemmSupported(gated, v6, dev).ok());
   EXPECT_EQ(ChooseGemm(p, GemmMode::kCublasLt, {}, dev).version, GemmVersion::kFp8);
+  // A bias: version 6 adds it (dense, not gated); cuBLASLt's FP8 does not
+  // take it, so even its mode routes to version 6.
+  alignas(16) static uint16_t bias[256];
+  GemmParams with_bias = p;
+  with_bias.bias = bias;
+  EXPECT_TRUE(GemmSupported(with_bias, v6, dev).ok());
+  EXPECT_FALSE(CublasLtTakesFp8(with_bias));
+  EXPECT_EQ(ChooseGemm(with_bias, GemmMode::kCublasLt, {}, dev).version, GemmVersion::kFp8);
+  GemmParams bf16_bias = bf16;
+  bf16_bias.bias = bias;
+  EXPECT_FALSE(GemmSupported(bf16_bias, GemmConfig{GemmVersion::kSmallMSplitK}, dev).ok());
+  GemmParams grouped_bias = with_bias;
+  static int32_t offsets[3] = {0, 2, 4};
+  grouped_bias.group_offsets = offsets;
+  grouped_bias.groups = 2;
+  grouped_bias.max_group_rows = 2;
+  EXPECT_FALSE(GemmSupported(grouped_bias, v6, dev).ok());
 }
 
 }  // namespace

@@ -130,7 +130,9 @@ struct GemmParams {
   void* scratch = nullptr;
   // An FP8 product (Fp8Scaling): a and w hold float8_e4m3fn codes, one byte
   // each (lda, ldw count them), d is dtype (bf16), and a_scale / w_scale
-  // (device fp32) are laid out as the scaling says. Takes no bias;
+  // (device fp32) are laid out as the scaling says. A bias (dense, not
+  // gated) is added to the scaled fp32 sum before the output's one rounding,
+  // by version 6 only (cuBLASLt's FP8 route does not take it);
   // silu_mul interleaves w by kFp8GateUpBlock; n, k multiples of 16. A
   // grouped FP8 product stacks the groups' scales as it stacks W (w_scale
   // holds groups x one group's layout) and indexes a_scale by A's row over
@@ -225,13 +227,13 @@ bool GemmBuiltWithSm90a();
 // OK if our version `config` can run `p` on `dev` with this build, else why
 // not: UNIMPLEMENTED for a missing architecture or feature (not a CC 9.0
 // device, no sm_90a code), INVALID_ARGUMENT for what the version does not
-// take (dtype other than bf16, a bias, strided operands, N or K not a multiple
+// take (dtype other than bf16, a bias but on v6, strided operands, N or K not a multiple
 // of 8, operands not 16-byte aligned, M > 64 for v4, silu_mul on v5, bad options). Pure: reads
 // neither the device nor the operands.
 absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const DeviceInfo& dev);
 
-// Whether cuBLASLt's FP8 takes the FP8 product `p` (pure): not grouped, bf16
-// out, n and k multiples of 16, a gated product with its scratch, and a
+// Whether cuBLASLt's FP8 takes the FP8 product `p` (pure): not grouped, no
+// bias, bf16 out, n and k multiples of 16, a gated product with its scratch, and a
 // kBlock one with w_scale_128 and m a multiple of 4 (cuBLASLt 13.1 answers
 // NOT_SUPPORTED for its 128-element activation blocks at any other m, even
 // with each K block's scales 16-byte aligned; such calls take v6).
