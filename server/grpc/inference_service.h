@@ -16,6 +16,7 @@
 #include "server/grpc/call_auth.h"
 #include "server/grpc/completion_queues.h"
 #include "server/grpc/infer_handler.h"
+#include "server/grpc/inference_async_service.h"
 #include "server/grpc/served_model.h"
 #include "server/grpc/serving_state.h"
 #include "server/grpc/stream_infer_call.h"
@@ -44,10 +45,7 @@ class InferenceService {
   void RequestCalls(int q);
 
  private:
-  // ModelInfer is raw (unary_call.h): a request that does not parse gets
-  // INVALID_ARGUMENT and is counted, not gRPC's INTERNAL.
-  using Service = inference::GRPCInferenceService::WithRawMethod_ModelInfer<
-      inference::GRPCInferenceService::AsyncService>;
+  using Service = InferenceAsyncService;
   template <typename Request, typename Response, bool kRaw = false>
   using Method = UnaryMethod<Request, Response, kRaw>;
 

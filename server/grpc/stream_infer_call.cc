@@ -3,6 +3,9 @@
 
 #include <utility>
 
+#include "absl/status/status.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "grpcpp/support/proto_buffer_writer.h"
 #include "server/grpc/status_convert.h"
 
 namespace layerserve {
@@ -44,8 +47,20 @@ void StreamInferCall::Accepted(bool ok) {
 }
 
 void StreamInferCall::StartRead() {
-  reading_ = std::make_unique<inference::ModelInferRequest>();
-  stream_.Read(reading_.get(), &read_op_);
+  reading_.Clear();
+  stream_.Read(&reading_, &read_op_);
+}
+
+void StreamInferCall::StartWrite(const inference::ModelStreamInferResponse& response) {
+  written_.Clear();  // the last write's bytes: that write is done
+  bool own_buffer = false;
+  if (!grpc::SerializationTraits<inference::ModelStreamInferResponse>::Serialize(
+           response, &written_, &own_buffer)
+           .ok()) {
+    WriteDone(false);  // unwritable (past protobuf's 2 GiB): as a client gone
+    return;
+  }
+  stream_.Write(written_, &write_op_);
 }
 
 void StreamInferCall::ReadDone(bool ok) {
@@ -59,23 +74,35 @@ void StreamInferCall::ReadDone(bool ok) {
     if (finish) stream_.Finish(grpc::Status::OK, &finish_op_);
     return;
   }
+  const size_t bytes = reading_.Length();
+  auto request = std::make_unique<inference::ModelInferRequest>();
+  const bool parsed =
+      grpc::SerializationTraits<inference::ModelInferRequest>::Deserialize(&reading_, request.get())
+          .ok();
+  if (!parsed) request->Clear();  // (a partial parse carries no id to echo)
   Pending* pending = nullptr;
   {
     absl::MutexLock lock(&mu_);
     // Its place in the reply order; also keeps the call from finishing
     // until it is answered and written.
-    const size_t bytes = reading_->ByteSizeLong();
-    in_order_.push_back(std::make_unique<Pending>(Pending{std::move(reading_), {}, false, bytes}));
+    in_order_.push_back(std::make_unique<Pending>(Pending{std::move(request), {}, false, bytes}));
     backlog_bytes_ += bytes;
     pending = in_order_.back().get();
   }
-  // Submit before the next read starts (the ordering guarantee). Submit
-  // never blocks; the call cannot finish in between, since reads are not
-  // done.
-  deps_.infer->Submit(
-      context_, [this] { return cancelled_.load(std::memory_order_acquire); },
-      pending->request.get(), pending->response.mutable_infer_response(),
-      [this, pending](const absl::Status& status) { Answer(pending, status); });
+  // Submit (or refuse) before the next read starts (the ordering
+  // guarantee). Neither blocks; the call cannot finish in between, since
+  // reads are not done.
+  const auto answer = [this, pending](const absl::Status& status) { Answer(pending, status); };
+  if (!parsed) {
+    deps_.infer->RefuseUnparsed(
+        absl::InvalidArgumentError("the stream's message is not a valid ModelInferRequest (it does "
+                                   "not parse as a protobuf)"),
+        answer);
+  } else {
+    deps_.infer->Submit(
+        context_, [this] { return cancelled_.load(std::memory_order_acquire); },
+        pending->request.get(), pending->response.mutable_infer_response(), answer);
+  }
   // The next read, unless the backlog is at its bound: then the write path
   // resumes reading once it has drained. Decided after the Submit, so that
   // no read can start before it.
@@ -124,7 +151,7 @@ void StreamInferCall::Answer(Pending* pending, const absl::Status& status) {
     finish = ShouldFinishLocked();
     resume = ShouldResumeReadingLocked();
   }
-  if (write != nullptr) stream_.Write(*write, &write_op_);
+  if (write != nullptr) StartWrite(*write);
   if (resume) StartRead();
   if (finish) stream_.Finish(grpc::Status::OK, &finish_op_);
 }
@@ -142,7 +169,7 @@ void StreamInferCall::WriteDone(bool ok) {
     finish = ShouldFinishLocked();
     resume = ShouldResumeReadingLocked();
   }
-  if (next != nullptr) stream_.Write(*next, &write_op_);
+  if (next != nullptr) StartWrite(*next);
   if (resume) StartRead();
   if (finish) stream_.Finish(grpc::Status::OK, &finish_op_);
 }

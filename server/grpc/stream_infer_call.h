@@ -22,6 +22,11 @@
 // by request id. Separate calls (unary ModelInfer, or two streams) are not
 // ordered with respect to each other.
 //
+// A message that does not parse as a ModelInferRequest (the method is raw:
+// inference_async_service.h) gets INVALID_ARGUMENT in error_message at its
+// place in the order, is counted as a refused request, and leaves the stream
+// open, as any other request's error does.
+//
 // Backpressure: a stream holds at most kMaxUnwritten requests (or
 // kMaxUnwrittenBytes of them) whose replies are not yet written. Past that it
 // stops reading until the client takes replies and the backlog is half gone;
@@ -41,9 +46,11 @@
 #include "grpc_service.grpc.pb.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/async_stream.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "server/grpc/call_auth.h"
 #include "server/grpc/completion_queues.h"
 #include "server/grpc/infer_handler.h"
+#include "server/grpc/inference_async_service.h"
 #include "server/grpc/serving_state.h"
 
 namespace layerserve {
@@ -52,7 +59,7 @@ class StreamInferCall {
  public:
   // What the stream calls share; must outlive every call.
   struct Deps {
-    inference::GRPCInferenceService::AsyncService* service;
+    InferenceAsyncService* service;
     InferHandler* infer;
     ServingState* state;  // counts open streams
     const CallAuthenticator* auth;
@@ -107,16 +114,19 @@ class StreamInferCall {
   // caller then starts the next read, outside the lock.
   bool ShouldResumeReadingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartRead();
+  // Writes `response` (the one outstanding write), as bytes.
+  void StartWrite(const inference::ModelStreamInferResponse& response);
   void Release();
 
   const Deps& deps_;
   const int queue_;
   grpc::ServerContext context_;
-  grpc::ServerAsyncReaderWriter<inference::ModelStreamInferResponse, inference::ModelInferRequest>
-      stream_;
+  grpc::ServerAsyncReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer> stream_;
   // Only touched by StartRead and ReadDone, and reads never overlap (a
   // paused stream has none outstanding).
-  std::unique_ptr<inference::ModelInferRequest> reading_;
+  grpc::ByteBuffer reading_;
+  // The outstanding write's bytes (one at a time).
+  grpc::ByteBuffer written_;
   bool opened_ = false;  // counted as an open stream (set before any read)
   std::atomic<bool> cancelled_{false};
   std::atomic<int> outstanding_{2};  // of an accepted call: finished and done

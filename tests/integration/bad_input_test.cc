@@ -292,6 +292,57 @@ TEST_F(BadInputTest, BytesThatDoNotParseAreInvalidArgumentAndCounted) {
   EXPECT_EQ(invalid_other() - before, 2.0);
 }
 
+// The same on a stream (ModelStreamInfer is raw too): a message that does not
+// parse is answered INVALID_ARGUMENT at its place in the order and counted,
+// and the stream goes on: the request after it is answered, and the stream
+// ends OK when the client closes it. (gRPC's own parsing ended the stream at
+// the bad message with status OK, as if the client had half-closed, and the
+// requests after it were never read.)
+TEST_F(BadInputTest, AStreamMessageThatDoesNotParseIsAnsweredInItsPlaceAndTheStreamGoesOn) {
+  const auto invalid_other = [] {
+    absl::StatusOr<std::string> metrics = HttpGet(server_->metrics_port(), "/metrics");
+    EXPECT_TRUE(metrics.ok()) << metrics.status();
+    absl::StatusOr<double> count = metrics.ok()
+                                       ? MetricSum(*metrics, "layerserve_requests_total",
+                                                   {"code=\"INVALID_ARGUMENT\"", "model=\"other\""})
+                                       : absl::StatusOr<double>(0.0);
+    return count.ok() ? *count : 0.0;
+  };
+  const double before = invalid_other();
+  ModelInferRequest first = GoodRequest();
+  first.set_id("first");
+  ModelInferRequest last = GoodRequest();
+  last.set_id("last");
+  const std::string body = GrpcFrame(first.SerializeAsString()) +
+                           GrpcFrame(std::string("\x0a\xff\xff\xff\x0f xx", 8)) +
+                           GrpcFrame(last.SerializeAsString());
+  absl::StatusOr<RawGrpcReply> reply = RawGrpcCall(
+      server_->grpc_port(), "/inference.GRPCInferenceService/ModelStreamInfer", {.body = body});
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->grpc_status, 0) << reply->grpc_message;
+  // The replies: gRPC length-prefixed messages, in the requests' order.
+  std::vector<inference::ModelStreamInferResponse> replies;
+  for (size_t at = 0; at + 5 <= reply->data.size();) {
+    const size_t length = (size_t{static_cast<unsigned char>(reply->data[at + 1])} << 24) |
+                          (size_t{static_cast<unsigned char>(reply->data[at + 2])} << 16) |
+                          (size_t{static_cast<unsigned char>(reply->data[at + 3])} << 8) |
+                          size_t{static_cast<unsigned char>(reply->data[at + 4])};
+    ASSERT_LE(at + 5 + length, reply->data.size());
+    ASSERT_TRUE(replies.emplace_back().ParseFromString(reply->data.substr(at + 5, length)));
+    at += 5 + length;
+  }
+  ASSERT_EQ(replies.size(), 3u);
+  EXPECT_EQ(replies[0].error_message(), "");
+  EXPECT_EQ(replies[0].infer_response().id(), "first");
+  EXPECT_NE(replies[1].error_message().find("INVALID_ARGUMENT"), std::string::npos)
+      << replies[1].error_message();
+  EXPECT_NE(replies[1].error_message().find("parse"), std::string::npos)
+      << replies[1].error_message();
+  EXPECT_EQ(replies[2].error_message(), "") << replies[2].error_message();
+  EXPECT_EQ(replies[2].infer_response().id(), "last");
+  EXPECT_EQ(invalid_other() - before, 1.0);
+}
+
 // Runs last in the suite's order (gtest keeps definition order): every bad
 // request above left the server able to serve a good one correctly.
 TEST_F(BadInputTest, ServerStillServesCorrectlyAfterBadRequests) {
