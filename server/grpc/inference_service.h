@@ -58,14 +58,20 @@ class InferenceService {
   CompletionQueues* const queues_;
   Service service_;
 
-  Method<inference::ServerLiveRequest, inference::ServerLiveResponse> server_live_;
-  Method<inference::ServerReadyRequest, inference::ServerReadyResponse> server_ready_;
-  Method<inference::ModelReadyRequest, inference::ModelReadyResponse> model_ready_;
-  Method<inference::ServerMetadataRequest, inference::ServerMetadataResponse> server_metadata_;
-  Method<inference::ModelMetadataRequest, inference::ModelMetadataResponse> model_metadata_;
-  Method<inference::ModelConfigRequest, inference::ModelConfigResponse> model_config_;
-  Method<inference::ModelStatisticsRequest, inference::ModelStatisticsResponse> model_statistics_;
-  Method<inference::RepositoryIndexRequest, inference::RepositoryIndexResponse> repository_index_;
+  Method<inference::ServerLiveRequest, inference::ServerLiveResponse, /*kRaw=*/true> server_live_;
+  Method<inference::ServerReadyRequest, inference::ServerReadyResponse, /*kRaw=*/true>
+      server_ready_;
+  Method<inference::ModelReadyRequest, inference::ModelReadyResponse, /*kRaw=*/true> model_ready_;
+  Method<inference::ServerMetadataRequest, inference::ServerMetadataResponse, /*kRaw=*/true>
+      server_metadata_;
+  Method<inference::ModelMetadataRequest, inference::ModelMetadataResponse, /*kRaw=*/true>
+      model_metadata_;
+  Method<inference::ModelConfigRequest, inference::ModelConfigResponse, /*kRaw=*/true>
+      model_config_;
+  Method<inference::ModelStatisticsRequest, inference::ModelStatisticsResponse, /*kRaw=*/true>
+      model_statistics_;
+  Method<inference::RepositoryIndexRequest, inference::RepositoryIndexResponse, /*kRaw=*/true>
+      repository_index_;
   Method<inference::ModelInferRequest, inference::ModelInferResponse, /*kRaw=*/true> model_infer_;
   StreamInferCall::Deps stream_deps_;
 };

@@ -187,6 +187,7 @@ std::function<void(Call&)> AnswerNow(const CallAuthenticator* auth, AuthRpc rpc,
     if (absl::Status refused = auth->Check(call.context(), rpc); !refused.ok()) {
       return call.Reply(refused);
     }
+    if (!call.parsed().ok()) return call.Reply(call.parsed());  // raw: bytes that do not parse
     call.Reply(answer(call.request(), call.response()));
   };
 }

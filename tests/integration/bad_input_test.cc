@@ -292,6 +292,30 @@ TEST_F(BadInputTest, BytesThatDoNotParseAreInvalidArgumentAndCounted) {
   EXPECT_EQ(invalid_other() - before, 2.0);
 }
 
+// Every other RPC parses its own message too: bytes that do not parse are
+// INVALID_ARGUMENT, not gRPC's INTERNAL ("Unable to parse request").
+TEST_F(BadInputTest, EveryRpcAnswersBytesThatDoNotParseWithInvalidArgument) {
+  for (const char* rpc : {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata",
+                          "ModelMetadata", "ModelConfig", "ModelStatistics", "RepositoryIndex"}) {
+    SCOPED_TRACE(rpc);
+    absl::StatusOr<RawGrpcReply> reply =
+        RawGrpcCall(server_->grpc_port(), std::string("/inference.GRPCInferenceService/") + rpc,
+                    {.body = GrpcFrame(std::string("\x0a\xff\xff\xff\x0f xx", 8))});
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->grpc_status, static_cast<int>(kInvalid)) << reply->grpc_message;
+    EXPECT_NE(reply->grpc_message.find("parse"), std::string::npos) << reply->grpc_message;
+  }
+  // A good one still answers.
+  absl::StatusOr<RawGrpcReply> live = RawGrpcCall(
+      server_->grpc_port(), "/inference.GRPCInferenceService/ServerLive", {.body = GrpcFrame("")});
+  ASSERT_TRUE(live.ok()) << live.status();
+  EXPECT_EQ(live->grpc_status, 0) << live->grpc_message;
+  inference::ServerLiveResponse response;
+  ASSERT_GE(live->data.size(), 5u);
+  ASSERT_TRUE(response.ParseFromString(live->data.substr(5)));
+  EXPECT_TRUE(response.live());
+}
+
 // The same on a stream (ModelStreamInfer is raw too): a message that does not
 // parse is answered INVALID_ARGUMENT at its place in the order and counted,
 // and the stream goes on: the request after it is answered, and the stream
