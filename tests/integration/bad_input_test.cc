@@ -34,6 +34,18 @@ class BadInputTest : public ServerSuite<BadInputTest> {
   }
 
  protected:
+  // Refused requests that named no model (layerserve_requests_total under
+  // model="other", INVALID_ARGUMENT): those that did not parse.
+  static double InvalidOtherCount() {
+    absl::StatusOr<std::string> metrics = HttpGet(server_->metrics_port(), "/metrics");
+    EXPECT_TRUE(metrics.ok()) << metrics.status();
+    absl::StatusOr<double> count = metrics.ok()
+                                       ? MetricSum(*metrics, "layerserve_requests_total",
+                                                   {"code=\"INVALID_ARGUMENT\"", "model=\"other\""})
+                                       : absl::StatusOr<double>(0.0);
+    return count.ok() ? *count : 0.0;
+  }
+
   // A valid FP32 request for [1, 2, hidden].
   static ModelInferRequest GoodRequest() {
     client::Tensor tensor{"FP32", {1, 2, kHidden}, std::string(2 * kHidden * 4, '\0')};
@@ -267,16 +279,7 @@ TEST_F(BadInputTest, HugeEchoedInputsKeepTheirCode) {
 // server was at fault, and no metric counted them. ModelInfer parses its own
 // request now: INVALID_ARGUMENT, counted under model="other".
 TEST_F(BadInputTest, BytesThatDoNotParseAreInvalidArgumentAndCounted) {
-  const auto invalid_other = [] {
-    absl::StatusOr<std::string> metrics = HttpGet(server_->metrics_port(), "/metrics");
-    EXPECT_TRUE(metrics.ok()) << metrics.status();
-    absl::StatusOr<double> count = metrics.ok()
-                                       ? MetricSum(*metrics, "layerserve_requests_total",
-                                                   {"code=\"INVALID_ARGUMENT\"", "model=\"other\""})
-                                       : absl::StatusOr<double>(0.0);
-    return count.ok() ? *count : 0.0;
-  };
-  const double before = invalid_other();
+  const double before = InvalidOtherCount();
   // A field number 0 (never valid), and a length-delimited field that runs
   // past the end of the message.
   const std::string garbage[] = {std::string("\x00\x01\x02\x03", 4),
@@ -289,7 +292,7 @@ TEST_F(BadInputTest, BytesThatDoNotParseAreInvalidArgumentAndCounted) {
     EXPECT_EQ(reply->grpc_status, static_cast<int>(kInvalid)) << reply->grpc_message;
     EXPECT_NE(reply->grpc_message.find("parse"), std::string::npos) << reply->grpc_message;
   }
-  EXPECT_EQ(invalid_other() - before, 2.0);
+  EXPECT_EQ(InvalidOtherCount() - before, 2.0);
 }
 
 // Every other RPC parses its own message too: bytes that do not parse are
@@ -323,16 +326,7 @@ TEST_F(BadInputTest, EveryRpcAnswersBytesThatDoNotParseWithInvalidArgument) {
 // the bad message with status OK, as if the client had half-closed, and the
 // requests after it were never read.)
 TEST_F(BadInputTest, AStreamMessageThatDoesNotParseIsAnsweredInItsPlaceAndTheStreamGoesOn) {
-  const auto invalid_other = [] {
-    absl::StatusOr<std::string> metrics = HttpGet(server_->metrics_port(), "/metrics");
-    EXPECT_TRUE(metrics.ok()) << metrics.status();
-    absl::StatusOr<double> count = metrics.ok()
-                                       ? MetricSum(*metrics, "layerserve_requests_total",
-                                                   {"code=\"INVALID_ARGUMENT\"", "model=\"other\""})
-                                       : absl::StatusOr<double>(0.0);
-    return count.ok() ? *count : 0.0;
-  };
-  const double before = invalid_other();
+  const double before = InvalidOtherCount();
   ModelInferRequest first = GoodRequest();
   first.set_id("first");
   ModelInferRequest last = GoodRequest();
@@ -364,7 +358,7 @@ TEST_F(BadInputTest, AStreamMessageThatDoesNotParseIsAnsweredInItsPlaceAndTheStr
       << replies[1].error_message();
   EXPECT_EQ(replies[2].error_message(), "") << replies[2].error_message();
   EXPECT_EQ(replies[2].infer_response().id(), "last");
-  EXPECT_EQ(invalid_other() - before, 1.0);
+  EXPECT_EQ(InvalidOtherCount() - before, 1.0);
 }
 
 // Runs last in the suite's order (gtest keeps definition order): every bad
