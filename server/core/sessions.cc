@@ -124,10 +124,16 @@ absl::StatusOr<SessionStep> SessionTable::BeginStep(const SessionStepRequest& re
   if (request.tokens > std::numeric_limits<int64_t>::max() - position ||
       (options_.max_session_tokens > 0 &&
        position + request.tokens > options_.max_session_tokens / request.batch)) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("session ", id.ToString(), ": ", Sequences(request.batch), " x (", position,
-                     " + ", request.tokens, ") tokens would exceed the limit of ",
-                     options_.max_session_tokens, " tokens per session"));
+    // As when the pool is full (below): a session its client asked to end
+    // is ended, whatever its last step would have needed.
+    const bool ended = request.end && s != nullptr;
+    if (ended) EraseLocked(id, &freed_end_);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session ", id.ToString(), ": ", Sequences(request.batch), " x (", position, " + ",
+        request.tokens, ") tokens would exceed the limit of ", options_.max_session_tokens,
+        " tokens per session",
+        ended ? "; the step was not computed, and the session is ended as sequence_end asked"
+              : ""));
   }
   const int64_t new_length = position + request.tokens;
 

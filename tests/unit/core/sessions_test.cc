@@ -412,6 +412,27 @@ TEST_F(SessionErrorTest, AnEndStepWithNoBlocksStillEndsTheSession) {
   EXPECT_EQ(Begin(step).code(), absl::StatusCode::kNotFound);
 }
 
+// The same for an end step past --max-session-tokens: the client can always
+// end its own session.
+TEST_F(SessionErrorTest, AnEndStepPastTheTokenLimitStillEndsTheSession) {
+  SessionStepRequest step = Req(id_, false, 2, 15);  // 2 x (6 + 15) = 42 > 40
+  step.end = true;
+  const absl::Status s = Begin(step);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(
+      s.message(),
+      "session \"chat-1\": 2 sequences x (6 + 15) tokens would exceed the limit of 40 tokens "
+      "per session; the step was not computed, and the session is ended as sequence_end asked");
+  EXPECT_FALSE(t_->Find(id_).has_value());
+  EXPECT_EQ(t_->Stats().freed_end, stats_before_.freed_end + 1);
+  EXPECT_TRUE(t_->CheckConsistency().ok());
+  // A start step past the limit has no session to end.
+  SessionStepRequest start = Req(SessionId(5), true, 3, 14);
+  start.end = true;
+  EXPECT_EQ(Begin(start).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(t_->Find(SessionId(5)).has_value());
+}
+
 TEST_F(SessionErrorTest, OverMaxSessionTokens) {
   // 2 x (6 + 15) = 42 > 40.
   const absl::Status s = Begin(Req(id_, false, 2, 15));
