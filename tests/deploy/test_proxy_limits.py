@@ -36,7 +36,6 @@ import os
 import re
 import socket
 import ssl
-import struct
 import sys
 import threading
 import time
@@ -53,6 +52,7 @@ sys.path.insert(0, str(ROOT / "tests" / "python"))
 from layerserve_process import LayerserveProcess  # noqa: E402
 from llama_numpy import make_checkpoint  # noqa: E402
 from nginx_proxy import HAProxy, NginxProxy  # noqa: E402
+import raw_h2  # noqa: E402
 
 CONFIG = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_attention_heads=4,
               num_key_value_heads=2, num_hidden_layers=2, rms_norm_eps=1e-5,
@@ -259,85 +259,13 @@ def test_an_oversized_message_is_refused_before_it_reaches_a_replica(fleet):
           f"(the replicas' limit: {limit_mib:.0f} MiB)")
 
 
-class RawH2:
-    """A raw HTTP/2 connection from the attacker's address that acknowledges
-    the peer's first SETTINGS and records its RST_STREAM codes, GOAWAY and
-    close. A thread reads; only the caller's thread writes, so frames are
-    never interleaved."""
-
-    HEADERS = b"".join(b"\x00" + bytes([len(n)]) + n + bytes([len(v)]) + v for n, v in [
-        (b":method", b"POST"), (b":scheme", b"http"),
-        (b":path", b"/inference.GRPCInferenceService/ModelStreamInfer"),
-        (b":authority", b"127.0.0.1"), (b"content-type", b"application/grpc"),
-        (b"te", b"trailers")])
-
-    def __init__(self, port):
-        self.sock = attacker_socket(port, timeout=30)
-        self.reset_codes, self.goaway, self.closed = [], None, threading.Event()
-        self.settings = threading.Event()
-        self.sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + self.frame(0x4, 0, 0, b""))
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        assert self.settings.wait(10), "no SETTINGS from the peer"
-        self.sock.sendall(self.frame(0x4, 0x1, 0, b""))
-
-    @staticmethod
-    def frame(kind, flags, stream, payload):
-        return (struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) +
-                struct.pack(">I", stream) + payload)
-
-    def _read(self):
-        buf = b""
-        try:
-            while chunk := self.sock.recv(1 << 20):
-                buf += chunk
-                while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
-                    length, kind, flags = int.from_bytes(buf[:3], "big"), buf[3], buf[4]
-                    payload = buf[9:9 + length]
-                    buf = buf[9 + length:]
-                    if kind == 0x4 and not flags & 0x1:
-                        self.settings.set()
-                    elif kind == 0x3:
-                        self.reset_codes.append(int.from_bytes(payload, "big"))
-                    elif kind == 0x7 and self.goaway is None:
-                        self.goaway = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF
-        except OSError:
-            pass
-        self.closed.set()
-
-    def streams(self, count, reset):
-        """`count` new streams (HEADERS), each reset at once (RST_STREAM
-        CANCEL) if `reset`, written as fast as the peer reads; returns how
-        many were written before it closed."""
-        batch, written = [], 0
-        for i in range(count):
-            batch.append(self.frame(0x1, 0x4, 1 + 2 * i, self.HEADERS))
-            if reset:
-                batch.append(self.frame(0x3, 0, 1 + 2 * i, struct.pack(">I", 0x8)))
-            if len(batch) >= 256 or i + 1 == count:
-                try:
-                    self.sock.sendall(b"".join(batch))
-                except OSError:
-                    return written
-                written, batch = i + 1, []
-        return written
-
-    def close(self):
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.reader.join(timeout=10)
-        self.sock.close()
-
-
 def test_stream_floods_and_rapid_reset_end_at_the_proxy(fleet):
     nginx, replicas = fleet
     pids = [r.pid for r in replicas]
 
     with PeakRss(pids) as peak:
         # 300 streams opened and held on one connection.
-        held = RawH2(nginx.port)
+        held = raw_h2.Connection(attacker_socket(nginx.port, timeout=30))
         held.streams(300, reset=False)
         assert held.closed.wait(10), "nginx kept a connection that opened 300 streams"
         refused = held.reset_codes.count(0x7)  # REFUSED_STREAM
@@ -348,7 +276,7 @@ def test_stream_floods_and_rapid_reset_end_at_the_proxy(fleet):
         accepted = []
         started = time.monotonic()
         for _ in range(20):
-            flood = RawH2(nginx.port)
+            flood = raw_h2.Connection(attacker_socket(nginx.port, timeout=30))
             written = flood.streams(50_000, reset=True)
             assert flood.closed.wait(10), "nginx kept a connection that reset streams"
             # nginx closes with the flood's bytes unread, so the kernel may
@@ -465,10 +393,10 @@ def server_live_from_attacker(port, cafile):
     end of the connection arrives, or after 10 s."""
     context = ssl.create_default_context(cafile=str(cafile))
     context.set_alpn_protocols(["h2"])
-    headers = RawH2.HEADERS.replace(b"ModelStreamInfer", b"ServerLive")
+    headers = raw_h2.grpc_headers("ServerLive")
     with context.wrap_socket(attacker_socket(port), server_hostname="localhost") as tls:
-        tls.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + RawH2.frame(0x4, 0, 0, b"") +
-                    RawH2.frame(0x1, 0x5, 1, headers))  # END_STREAM | END_HEADERS
+        tls.sendall(raw_h2.PREFACE + raw_h2.frame(raw_h2.SETTINGS, 0, 0, b"") +
+                    raw_h2.frame(raw_h2.HEADERS, 0x5, 1, headers))  # END_STREAM | END_HEADERS
         buf, deadline = b"", time.monotonic() + 10
         tls.settimeout(0.5)
         while time.monotonic() < deadline:

@@ -18,6 +18,7 @@ import time
 import pytest
 import tritonclient.grpc as grpcclient
 
+import raw_h2
 from conftest import layerserve_bin
 from layerserve_process import LayerserveProcess
 
@@ -137,8 +138,7 @@ def test_an_idle_connection_gets_a_goaway(start_server):
     sock = socket.create_connection(("127.0.0.1", server.grpc_port), timeout=5)
     try:
         # The client preface and an empty SETTINGS frame: a connection, and no call.
-        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + struct.pack(">I", 0)[1:] +
-                     bytes([0x4, 0x0]) + struct.pack(">I", 0))
+        sock.sendall(raw_h2.PREFACE + raw_h2.frame(raw_h2.SETTINGS, 0, 0, b""))
         types = read_frames(sock, time.monotonic() + 10)
     finally:
         sock.close()
@@ -150,23 +150,12 @@ def reset_flood(port, streams, method="ModelInfer"):
     HEADERS of a `method` call, then RST_STREAM(CANCEL), on `streams` new
     streams, written as fast as the server reads them while another thread
     drains what it sends."""
-    def frame(kind, flags, stream, payload):
-        return (struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) +
-                struct.pack(">I", stream) + payload)
-
-    def literal(name, value):  # HPACK literal without indexing, no Huffman
-        return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
-
-    block = b"".join(literal(n, v) for n, v in [
-        (b":method", b"POST"), (b":scheme", b"http"),
-        (b":path", b"/inference.GRPCInferenceService/" + method.encode()),
-        (b":authority", b"127.0.0.1"), (b"content-type", b"application/grpc"),
-        (b"te", b"trailers")])
-    flood = bytearray(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(0x4, 0, 0, b""))
+    block = raw_h2.grpc_headers(method)
+    flood = bytearray(raw_h2.PREFACE + raw_h2.frame(raw_h2.SETTINGS, 0, 0, b""))
     for i in range(streams):
         stream = 2 * i + 1
-        flood += frame(0x1, 0x4, stream, block)  # HEADERS, END_HEADERS
-        flood += frame(0x3, 0, stream, struct.pack(">I", 0x8))  # RST_STREAM, CANCEL
+        flood += raw_h2.frame(raw_h2.HEADERS, 0x4, stream, block)  # END_HEADERS
+        flood += raw_h2.frame(raw_h2.RST_STREAM, 0, stream, struct.pack(">I", 0x8))  # CANCEL
     sock = socket.create_connection(("127.0.0.1", port), timeout=60)
 
     def drain():
@@ -227,71 +216,8 @@ def test_a_reset_stream_flood_leaves_no_memory_behind(start_server, method):
         f"({peak:.0f} MiB right after it): the memory stayed")
 
 
-class RawConnection:
-    """One raw HTTP/2 connection: the client preface and SETTINGS, then, if
-    `ack`, an acknowledgement of the server's first SETTINGS (which is what
-    makes gRPC apply its own). A thread records what the server sends: its
-    SETTINGS, the streams it resets, whether it closed; only the caller's
-    thread writes, so frames are never interleaved."""
-
-    def __init__(self, port, ack):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-        self.settings, self.reset, self.closed = {}, set(), threading.Event()
-        self.settings_seen = threading.Event()
-        self.sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + self.frame(0x4, 0, 0, b""))
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        assert self.settings_seen.wait(10), "no SETTINGS from the server"
-        if ack:
-            self.sock.sendall(self.frame(0x4, 0x1, 0, b""))
-
-    @staticmethod
-    def frame(kind, flags, stream, payload):
-        return (struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) +
-                struct.pack(">I", stream) + payload)
-
-    def _read(self):
-        buf = b""
-        try:
-            while chunk := self.sock.recv(65536):
-                buf += chunk
-                while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
-                    length, kind, flags = int.from_bytes(buf[:3], "big"), buf[3], buf[4]
-                    stream, payload = int.from_bytes(buf[5:9], "big"), buf[9:9 + length]
-                    buf = buf[9 + length:]
-                    if kind == 0x4 and not flags & 0x1:
-                        for i in range(0, len(payload), 6):
-                            self.settings[int.from_bytes(payload[i:i + 2], "big")] = \
-                                int.from_bytes(payload[i + 2:i + 6], "big")
-                        self.settings_seen.set()
-                    elif kind == 0x3:
-                        self.reset.add(stream)
-        except OSError:
-            pass
-        self.closed.set()
-
-    def open_streams(self, count, first=1):
-        """HEADERS of `count` ModelStreamInfer calls that send nothing more."""
-        def literal(name, value):
-            return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
-        block = b"".join(literal(n, v) for n, v in [
-            (b":method", b"POST"), (b":scheme", b"http"),
-            (b":path", b"/inference.GRPCInferenceService/ModelStreamInfer"),
-            (b":authority", b"127.0.0.1"), (b"content-type", b"application/grpc"),
-            (b"te", b"trailers")])
-        try:
-            self.sock.sendall(b"".join(self.frame(0x1, 0x4, first + 2 * i, block)
-                                       for i in range(count)))
-        except OSError:
-            pass
-
-    def close(self):
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the reader's recv
-        except OSError:
-            pass
-        self.reader.join(timeout=10)
-        self.sock.close()
+def raw_connection(port, ack):
+    return raw_h2.Connection(socket.create_connection(("127.0.0.1", port), timeout=30), ack)
 
 
 def test_streams_per_connection_are_bounded_for_clients_that_acknowledge_settings(start_server):
@@ -306,12 +232,12 @@ def test_streams_per_connection_are_bounded_for_clients_that_acknowledge_setting
     own)."""
     server = start_server("--grpc-max-concurrent-streams=100")
 
-    within = RawConnection(server.grpc_port, ack=True)
-    over = RawConnection(server.grpc_port, ack=True)
+    within = raw_connection(server.grpc_port, ack=True)
+    over = raw_connection(server.grpc_port, ack=True)
     assert within.settings.get(3) == 100 and over.settings.get(3) == 100, within.settings
     time.sleep(0.5)  # the acknowledgements reach the server
-    within.open_streams(100)
-    over.open_streams(101)
+    within.streams(100)
+    over.streams(101)
     assert over.closed.wait(10), "101 streams on one connection did not end it"
     assert len(over.reset) == 100, f"{len(over.reset)} streams reset"
     assert not within.closed.wait(1) and not within.reset, "100 open streams were refused"
@@ -319,8 +245,8 @@ def test_streams_per_connection_are_bounded_for_clients_that_acknowledge_setting
     within.close()
     over.close()
 
-    never_acks = RawConnection(server.grpc_port, ack=False)
-    never_acks.open_streams(300)
+    never_acks = raw_connection(server.grpc_port, ack=False)
+    never_acks.streams(300)
     assert not never_acks.closed.wait(2) and not never_acks.reset, (
         "a client that never acknowledges SETTINGS was held to the limit: gRPC now enforces "
         "it alone, so update docs/security.md")
