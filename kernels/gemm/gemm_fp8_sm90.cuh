@@ -152,9 +152,9 @@ __device__ __forceinline__ void ConsumeAndStage(const TmaPipeline<Layout<kTokN, 
   const int lane = threadIdx.x % 32;
   const int warp = (threadIdx.x / 32) % 4;
   float acc[kTokN / 2];
-  float part[kTokN / 2];
 #pragma unroll
-  for (int i = 0; i < kTokN / 2; ++i) acc[i] = part[i] = 0.f;
+  for (int i = 0; i < kTokN / 2; ++i) acc[i] = 0.f;
+  FenceAccumulators(acc);
   // The scale rows this thread needs: its warpgroup's 64 W rows, and its
   // accumulator columns, tokens tokens.row0 + 8 j + 2 (lane % 4) + e.
   const int w_group = n0 / kHalfRows + consumer;
@@ -177,18 +177,16 @@ __device__ __forceinline__ void ConsumeAndStage(const TmaPipeline<Layout<kTokN, 
       }
     }
   };
-  load_scales(kb_begin);
-  PipeState<L::kStages> state;
-  int buffer = 0;
-  for (int kb = kb_begin; kb < kb_end; ++kb, buffer ^= 1) {
-    const float sw = sw_next;
-    if constexpr (kBlockScaled) {
-      if (t < kTokN) parked_sa[consumer][buffer][t] = sa_next;
-      load_scales(kb + 1);
-      NamedBarrierSync(2 + consumer, 128);
-    }
-    pipe.ConsumerWait(state);
-    const uint32_t stage = ring + state.index * L::kStageBytes;
+  // Two partial sums: K block kb + 1's wgmmas run while kb's partial is
+  // promoted (the wgmma groups retire in order, so waiting for all but the
+  // newest retires kb's).
+  float part0[kTokN / 2];
+  float part1[kTokN / 2];
+  PipeState<L::kStages> issue_state;
+  PipeState<L::kStages> retire_state;
+  const auto issue = [&](float(&part)[kTokN / 2]) {
+    pipe.ConsumerWait(issue_state);
+    const uint32_t stage = ring + issue_state.index * L::kStageBytes;
     const uint64_t desc_w = SmemDescSw128(stage + consumer * (kHalfRows * kBlockK));
     const uint64_t desc_a = SmemDescSw128(stage + kWBytes);
     FenceAccumulators(part);
@@ -196,10 +194,23 @@ __device__ __forceinline__ void ConsumeAndStage(const TmaPipeline<Layout<kTokN, 
 #pragma unroll
     for (int kk = 0; kk < kBlockK / 32; ++kk) WgmmaE4m3M64<kTokN>(part, desc_w + 2 * kk, desc_a + 2 * kk, kk > 0);
     WgmmaCommit();
-    WgmmaWait<0>();
+    issue_state.Advance();
+  };
+  // Block kb's scales, parked before its promotion (buffer kb % 2).
+  float sw = 1.f;
+  const auto park = [&](int kb) {
+    sw = sw_next;
+    if constexpr (kBlockScaled) {
+      if (t < kTokN) parked_sa[consumer][kb & 1][t] = sa_next;
+      load_scales(kb + 1);
+      NamedBarrierSync(2 + consumer, 128);
+    }
+  };
+  // kb's wgmmas have retired: free its stage, promote its partial.
+  const auto retire = [&](float(&part)[kTokN / 2], int kb) {
     FenceAccumulators(part);
-    pipe.ConsumerRelease(state);
-    state.Advance();
+    pipe.ConsumerRelease(retire_state);
+    retire_state.Advance();
 #pragma unroll
     for (int j = 0; j < kTokN / 8; ++j)
 #pragma unroll
@@ -208,11 +219,35 @@ __device__ __forceinline__ void ConsumeAndStage(const TmaPipeline<Layout<kTokN, 
         for (int e = 0; e < 2; ++e) {
           const int i = 4 * j + 2 * h + e;
           if constexpr (kBlockScaled) {
-            acc[i] += part[i] * (sw * parked_sa[consumer][buffer][8 * j + 2 * (lane % 4) + e]);
+            acc[i] += part[i] * (sw * parked_sa[consumer][kb & 1][8 * j + 2 * (lane % 4) + e]);
           } else {
             acc[i] += part[i];
           }
         }
+  };
+  // K blocks in pairs, so that no wgmma is in flight across the loop's back
+  // edge (where the compiler would copy its accumulators and serialize every
+  // wgmma of the kernel). Not for 64 tokens: at two CTAs an SM a thread has
+  // 96 registers, and three 32-register sums would spill.
+  load_scales(kb_begin);
+  int kb = kb_begin;
+  if constexpr (kTokN <= 32) {
+    for (; kb + 1 < kb_end; kb += 2) {
+      park(kb);
+      issue(part0);
+      issue(part1);
+      WgmmaWait<1>();
+      retire(part0, kb);
+      park(kb + 1);
+      WgmmaWait<0>();
+      retire(part1, kb + 1);
+    }
+  }
+  for (; kb < kb_end; ++kb) {
+    park(kb);
+    issue(part0);
+    WgmmaWait<0>();
+    retire(part0, kb);
   }
 
   // Accumulator element (row r, col c) of this warpgroup is Cᵀ: tile row
