@@ -1,24 +1,21 @@
 // LaunchGemm and the pure decisions around it: which calls our versions take
 // (GemmSupported), the route of a call (ChooseGemm), M buckets, mode and
-// configuration spellings; and the host helpers behind the launchers: TMA
-// descriptors (cuTensorMapEncodeTiled reached through the runtime's driver
-// entry point, so nothing links libcuda; remembered per thread) and the
-// split-K heuristic.
+// configuration spellings; and the host helpers behind the launchers: the
+// GEMMs' TMA descriptors (over kernels/common/tensor_map.h) and the split-K
+// heuristic.
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <string>
 #include <string_view>
-#include <tuple>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/common/tensor_map.h"
 #include "kernels/gemm/gemm_internal.h"
 #include "layerserve/kernels/gemm.h"
 
@@ -27,72 +24,16 @@ namespace gemm {
 
 namespace {
 
-absl::StatusOr<PFN_cuTensorMapEncodeTiled_v12000> TensorMapEncoder() {
-  // Resolved once; the driver entry point is process-wide.
-  static const absl::StatusOr<PFN_cuTensorMapEncodeTiled_v12000> encoder =
-      []() -> absl::StatusOr<PFN_cuTensorMapEncodeTiled_v12000> {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult query = cudaDriverEntryPointSymbolNotFound;
-    LS_CUDA_RETURN_IF_ERROR(
-        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &query));
-    if (query != cudaDriverEntryPointSuccess || fn == nullptr) {
-      return absl::UnimplementedError("driver has no cuTensorMapEncodeTiled");
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encoder;
-}
-
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
-namespace {
-
-// A 2-D tensor map with 128-byte swizzled boxes of box_rows x (128 bytes).
-absl::StatusOr<CUtensorMap> MakeSw128TensorMap(const void* base, int64_t rows, int64_t cols, int box_rows,
-                                               CUtensorMapDataType type, int element_bytes) {
-  // The descriptor is a pure function of these values (device addresses
-  // are unified), so a remembered one is never stale, not even for memory
-  // freed and allocated again at the same address. Serving repeats a few
-  // hundred (weight or activation buffer, M) combinations, so most launches
-  // skip the driver call. Per thread, so the launch path takes no lock (the
-  // server drives each stream from its own thread); bounded: a full memo is
-  // dropped and refills.
-  constexpr size_t kMaxRemembered = 1024;
-  using Key = std::tuple<const void*, int64_t, int64_t, int, int>;
-  thread_local std::map<Key, CUtensorMap> remembered;
-  const Key key{base, rows, cols, box_rows, element_bytes};
-  if (const auto it = remembered.find(key); it != remembered.end()) return it->second;
-
-  absl::StatusOr<PFN_cuTensorMapEncodeTiled_v12000> encode = TensorMapEncoder();
-  if (!encode.ok()) return encode.status();
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * element_bytes};  // bytes, of dim 1
-  const cuuint32_t box_cols = static_cast<cuuint32_t>(128 / element_bytes);
-  const cuuint32_t box[2] = {box_cols, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult res = (*encode)(&map, type, 2, const_cast<void*>(base), dims, strides, box, element_strides,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (res != CUDA_SUCCESS) {
-    return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(res),
-                                            ") for [", rows, ", ", cols, "] box ", box_rows, "x", box_cols));
-  }
-  if (remembered.size() >= kMaxRemembered) remembered.clear();
-  remembered.emplace(key, map);
-  return map;
-}
-
-}  // namespace
-
 absl::StatusOr<CUtensorMap> MakeBf16TensorMap(const void* base, int64_t rows, int64_t cols, int box_rows) {
-  return MakeSw128TensorMap(base, rows, cols, box_rows, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2);
+  return MakeSw128TensorMap(base, rows, cols, cols, box_rows, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2);
 }
 
 absl::StatusOr<CUtensorMap> MakeFp8TensorMap(const void* base, int64_t rows, int64_t cols, int box_rows) {
-  return MakeSw128TensorMap(base, rows, cols, box_rows, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1);
+  return MakeSw128TensorMap(base, rows, cols, cols, box_rows, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1);
 }
 
 int Fp8TokenTile(int64_t m) { return m <= 64 ? SmallMPad(m) : 128; }
