@@ -133,10 +133,26 @@ struct InputSet {
   std::unique_ptr<cuda::DeviceBuffer> pool_k, pool_v, qkv, out;
 };
 
+// Random pools and rows; then, as RopeKvAppend does before the attention in a
+// served step, each new token's K and V row stored at its cache position.
 InputSet MakeSet(const Batch& b, uint32_t seed) {
   const int64_t pool_elems = int64_t{b.batch} * b.blocks_per_seq * kBlockElems;
-  return {RandomBuffer(pool_elems, seed), RandomBuffer(pool_elems, seed + 1),
-          RandomBuffer(b.tokens * kQkvWidth, seed + 2), MustAllocate(b.tokens * kQWidth * 2)};
+  InputSet set{RandomBuffer(pool_elems, seed), RandomBuffer(pool_elems, seed + 1),
+               RandomBuffer(b.tokens * kQkvWidth, seed + 2), MustAllocate(b.tokens * kQWidth * 2)};
+  const auto* qkv = static_cast<const __nv_bfloat16*>(set.qkv->data());
+  for (int s = 0; s < b.batch; ++s) {
+    for (int i = 0; i < b.q_tokens; ++i) {
+      const int pos = b.context + i;
+      const int64_t row =
+          int64_t{b.block_tables[b.cu_blocks[s] + pos / kBlockTokens]} * kBlockTokens + pos % kBlockTokens;
+      const __nv_bfloat16* src = qkv + (b.cu_seqlens[s] + i) * kQkvWidth + kQWidth;
+      BENCH_CHECK_CUDA(cudaMemcpy(static_cast<__nv_bfloat16*>(set.pool_k->data()) + row * kKvWidth, src, kKvWidth * 2,
+                                  cudaMemcpyDeviceToDevice));
+      BENCH_CHECK_CUDA(cudaMemcpy(static_cast<__nv_bfloat16*>(set.pool_v->data()) + row * kKvWidth, src + kKvWidth,
+                                  kKvWidth * 2, cudaMemcpyDeviceToDevice));
+    }
+  }
+  return set;
 }
 
 PagedAttentionParams Params(const Batch& b, const InputSet& set) {
@@ -153,6 +169,7 @@ PagedAttentionParams Params(const Batch& b, const InputSet& set) {
   p.tokens = b.tokens;
   p.cache.k = set.pool_k->data();
   p.cache.v = set.pool_v->data();
+  p.cache.num_blocks = int64_t{b.batch} * b.blocks_per_seq;
   p.cache.block_tokens = kBlockTokens;
   p.cache.start = static_cast<const int32_t*>(b.d_start->data());
   p.cache.cu_blocks = static_cast<const int32_t*>(b.d_cu_blocks->data());
@@ -185,7 +202,8 @@ std::vector<uint16_t> Download(const void* src, int64_t elems) {
 
 // Checks every new token and head of two sequences of `set`'s output against
 // float64 attention over the downloaded bf16 inputs: keys 0 .. L-1 read from
-// the pools through the sequence's table, keys L .. from the new rows, causal.
+// the pools through the sequence's table, keys L .. from the new rows (which
+// MakeSet also stored in the pools, where the kernel reads them), causal.
 // Returns whether all are within tolerance; `report` names the worst element.
 bool Validate(const Batch& b, const InputSet& set, std::string& report) {
   const int L = b.context, nq = b.q_tokens, keys = L + nq;

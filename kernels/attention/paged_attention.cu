@@ -1,8 +1,9 @@
 // Launchers of the paged KV cache's kernels (paged_attention.h): validation,
-// grid math and dtype / head_dim dispatch. The device code is in
+// the attention's tensor maps, grid math and dtype / head_dim dispatch. The device code is in
 // paged_attention.cuh, the plan (host only) in paged_plan.cc.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -10,6 +11,7 @@
 #include "base/status_macros.h"
 #include "kernels/attention/paged_attention.cuh"
 #include "kernels/common/static_switch.h"
+#include "kernels/common/tensor_map.h"
 #include "layerserve/kernels/paged_attention.h"
 
 namespace layerserve::kernels {
@@ -103,7 +105,29 @@ absl::Status LaunchPagedAttention(const PagedAttentionParams& p, cudaStream_t st
   if (!Aligned16(p.partial_out)) {
     return absl::InvalidArgumentError("paged attention: partial_out must be 16-byte aligned");
   }
+  if (p.cache.num_blocks <= 0) {
+    return absl::InvalidArgumentError("paged attention: the cache's num_blocks must be positive");
+  }
   if (p.tokens == 0) return absl::OkStatus();
+#if !defined(LAYERSERVE_ATTENTION_HAVE_SM90A)
+  return absl::UnimplementedError("paged attention: built without sm_90a (its K/V loads are TMA)");
+#else
+  // The K/V boxes: runs of gcd(block_tokens, 64) keys, one cache block's or
+  // the step's rows (paged_attention.cuh).
+  const int box = std::min(kPagedKeyTile, p.cache.block_tokens & -p.cache.block_tokens);
+  paged::PagedKvMaps maps;
+  const auto make_map = [&](CUtensorMap* map, const void* base, int64_t rows, int64_t stride) -> absl::Status {
+    absl::StatusOr<CUtensorMap> made =
+        MakeSw128TensorMap(base, rows, kv_width, stride, box, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
+    if (!made.ok()) return made.status();
+    *map = *made;
+    return absl::OkStatus();
+  };
+  const int64_t pool_rows = p.cache.num_blocks * p.cache.block_tokens;
+  LS_RETURN_IF_ERROR(make_map(&maps.k_pool, p.cache.k, pool_rows, kv_width));
+  LS_RETURN_IF_ERROR(make_map(&maps.v_pool, p.cache.v, pool_rows, kv_width));
+  LS_RETURN_IF_ERROR(make_map(&maps.k_rows, p.k, p.tokens, p.k_row_stride));
+  LS_RETURN_IF_ERROR(make_map(&maps.v_rows, p.v, p.tokens, p.v_row_stride));
   return LS_HALF_DTYPE_SWITCH(p.dtype, T, [&]() -> absl::Status {
     return LS_HEAD_DIM_SWITCH(p.head_dim, kHeadDim, [&]() -> absl::Status {
       constexpr int kSmemBytes = paged::PagedTraits<kHeadDim>::kSmemBytes;
@@ -117,7 +141,7 @@ absl::Status LaunchPagedAttention(const PagedAttentionParams& p, cudaStream_t st
       // attention).
       const dim3 grid(static_cast<unsigned>(p.num_items), static_cast<unsigned>(p.num_kv_heads));
       LS_CUDA_RETURN_IF_ERROR(LaunchDependent(paged::PagedAttentionKernel<T, kHeadDim>, grid,
-                                              dim3(paged::kPagedThreads), kSmemBytes, stream, p));
+                                              dim3(paged::kPagedThreads), kSmemBytes, stream, p, maps));
       if (p.num_combines > 0) {
         const dim3 combine_grid(static_cast<unsigned>(p.num_combines), static_cast<unsigned>(p.num_kv_heads));
         LS_CUDA_RETURN_IF_ERROR(LaunchDependent(paged::PagedCombineKernel<T, kHeadDim>, combine_grid,
@@ -126,6 +150,7 @@ absl::Status LaunchPagedAttention(const PagedAttentionParams& p, cudaStream_t st
       return absl::OkStatus();
     });
   });
+#endif
 }
 
 }  // namespace layerserve::kernels

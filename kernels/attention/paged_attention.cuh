@@ -4,6 +4,7 @@
 // results. All address a position of a sequence the same way (KvRow).
 #pragma once
 
+#include <cuda.h>  // CUtensorMap
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include "kernels/common/mma_sm80.cuh"
 #include "kernels/common/pdl.cuh"
 #include "kernels/common/reduce.cuh"
+#include "kernels/common/sm90_utils.cuh"
 #include "kernels/rope/rope.cuh"
 #include "layerserve/kernels/paged_attention.h"
 
@@ -92,16 +94,16 @@ __global__ void __launch_bounds__(kAppendThreads) RopeKvAppendKernel(const RopeP
 //
 // One CTA per (work item, KV head): 16 query rows (pairs of a new token and a
 // query head of the KV head's group) against the item's keys, which stream
-// through shared memory in tiles of kBlockN = 64 keys on a kStages-deep
-// cp.async ring. Each of the 4 warps takes 16 keys of every tile (keys
-// 16w .. 16w + 15) for all 16 rows: S = Q K^T and O += P V are one m16 tile
-// of mma.sync each, and each warp keeps its own online softmax (running max
-// m, sum l, output o) over the keys it saw. At the end the warps' results
-// are merged through shared memory: with M the largest of the four maxima,
-// O = sum_w 2^(m_w - M) o_w and L = sum_w 2^(m_w - M) l_w (scores in log2
-// units). An item that covers all of its rows' keys writes O / L rounded to
-// T; a split item writes O / L and its log-sum-exp M + log2 L in fp32 for the
-// combine kernel.
+// through shared memory in tiles of kBlockN = 64 keys on a kStages-deep ring
+// that a producer warp fills by TMA. Each of the 4 consumer warps takes 16
+// keys of every tile (keys 16w .. 16w + 15) for all 16 rows: S = Q K^T and
+// O += P V are one m16 tile of mma.sync each, and each warp keeps its own
+// online softmax (running max m, sum l, output o) over the keys it saw. At
+// the end the warps' results are merged through shared memory: with M the
+// largest of the four maxima, O = sum_w 2^(m_w - M) o_w and L = sum_w
+// 2^(m_w - M) l_w (scores in log2 units). An item that covers all of its
+// rows' keys writes O / L rounded to T; a split item writes O / L and its
+// log-sum-exp M + log2 L in fp32 for the combine kernel.
 //
 // Why this shape: a decode step is bound by reading K/V, and a KV head's G
 // query heads all read the same rows, so a CTA that holds the whole group
@@ -109,14 +111,44 @@ __global__ void __launch_bounds__(kAppendThreads) RopeKvAppendKernel(const RopeP
 // times, one dependent key group at a time). Splitting the keys over warps
 // rather than the rows keeps every warp busy when a tile has only G rows (4
 // of 16 for Llama-3-8B decode: the tensor cores idle 3/4 of the time, which
-// they can afford). Shared tiles use the flash kernel's XOR swizzle, so
-// ldmatrix reads are conflict-free.
-constexpr int kPagedWarps = 4;
-constexpr int kPagedThreads = kPagedWarps * 32;
+// they can afford).
+//
+// The loads: a tile's keys sit in runs of g = gcd(block_tokens, 64) rows of
+// one cache block (or of the step's qkv rows, for a stateless sequence), and
+// each run is one TMA box of g rows x 64 columns per 64-column half of the
+// head, K and V (16 boxes for a tile of blocks of 16 tokens at head_dim 128),
+// landing in the 128-byte swizzle the ldmatrix reads are conflict-free in.
+// The producer warp reads the block table a tile ahead and runs up to
+// kStages tiles ahead of the consumers, on full / empty mbarriers: no
+// consumer thread computes a key's address or waits on the table (the
+// cp.async ring did both for 16 chunks a thread per tile, which cost ~2.5x
+// the instructions of cuDNN's kernel at the same grid and left it short of
+// the memory's rate; design record 0015).
+//
+// A session sequence's keys are all read from the cache, its new ones
+// included (RopeKvAppend stored them before); a stateless sequence's from
+// its own K and V rows. Rows of a box past the item's keys are whatever the
+// cache or the rows hold there (another sequence's, or never written): their
+// scores are masked, and the V rows of the tile's tail are zeroed before
+// P V, so that no NaN there reaches the output through a zero probability.
+constexpr int kPagedWarps = 4;  // consumer warps
+constexpr int kPagedConsumerThreads = kPagedWarps * 32;
+constexpr int kPagedThreads = kPagedConsumerThreads + 32;  // and the producer warp
 constexpr int kPagedStages = 3;
 constexpr int kCombineThreads = 128;
+constexpr int kKvBoxCols = 64;  // one 128-byte swizzle row of 16-bit elements
 static_assert(kPagedKeyTile == kPagedWarps * 16, "each warp takes 16 keys of a tile");
 static_assert(kPagedQueryRows == 16, "a work item is one m16 tile");
+
+// The four tensor maps of a launch: the layer's K and V pools as [num_blocks
+// * block_tokens, kv_width] and the step's K and V rows as [tokens, kv_width]
+// (row strides k_row_stride, v_row_stride), boxes of g rows x 64 columns.
+struct PagedKvMaps {
+  CUtensorMap k_pool;
+  CUtensorMap v_pool;
+  CUtensorMap k_rows;
+  CUtensorMap v_rows;
+};
 
 template <int kHeadDim>
 struct PagedTraits {
@@ -124,63 +156,34 @@ struct PagedTraits {
   static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
   static constexpr int kKSteps = kHeadDim / 16;       // k16 steps of Q K^T
   static constexpr int kDTiles = kHeadDim / 8;        // n8 tiles of the output
+  static constexpr int kHalves = kHeadDim / kKvBoxCols;
   static constexpr int kTileElems = kBlockN * kHeadDim;
-  // Q (a wide item's 64 rows; a narrow one uses the first 16), then kStages
-  // (K, V) tile pairs; the narrow merge reuses the ring.
-  static constexpr int kSmemBytes = (kPagedWideRows * kHeadDim + 2 * kPagedStages * kTileElems) * 2;
+  static constexpr int kTileBytes = kTileElems * 2;
+  // The ring first (1024-byte aligned, as the swizzle needs): kStages (K, V)
+  // tile pairs; then Q (a wide item's 64 rows; a narrow one uses the first
+  // 16); then each stage's full and empty mbarriers. The merge reuses the
+  // ring.
+  static constexpr int kRingBytes = 2 * kPagedStages * kTileBytes;
+  static constexpr int kQueryOffset = kRingBytes;
+  static constexpr int kBarrierOffset = kQueryOffset + kPagedWideRows * kHeadDim * 2;
+  static constexpr int kSmemBytes = kBarrierOffset + 2 * kPagedStages * 8;
   static constexpr int kMergeBytes = kPagedWarps * kPagedQueryRows * (kHeadDim + 2) * 4;
-  static_assert(kMergeBytes <= kSmemBytes, "the merge fits in the ring");
-  static_assert(kHeadDim % 64 == 0, "the swizzle permutes 8 chunks of 16 bytes");
-  static_assert((kBlockN * kChunksPerRow) % kPagedThreads == 0, "K/V tile loads split evenly");
+  static_assert(kMergeBytes <= kRingBytes, "the merge fits in the ring");
+  static_assert(kHeadDim % kKvBoxCols == 0, "a head is whole 64-column boxes");
 };
 
-// Element offset of 16-byte chunk `chunk` of row `row` in a swizzled tile
-// (the same layout as the flash kernel's).
+// Element offset of 16-byte chunk `chunk` of row `row` of the query tile (an
+// XOR swizzle over the row's chunks, as the flash kernel's).
 template <int kHeadDim>
 __device__ __forceinline__ int PagedSwizzle(int row, int chunk) {
   return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
 }
 
-// Where one sequence's keys live: below `start` in the pool through `table`,
-// from `start` on in the step's own rows, from packed row first_row.
-struct SeqKeys {
-  const int32_t* table;
-  int start;
-  int first_row;
-};
-
-// Starts the async copy of keys [key0, key0 + 64) of KV head kv_head into a
-// K and a V tile; keys at or past key_end are zero-filled, not read.
-template <typename T, int kHeadDim>
-__device__ __forceinline__ void LoadKvTile(T* sK, T* sV, const PagedAttentionParams& p, const SeqKeys& seq, int kv_head,
-                                           int key0, int key_end, int tid) {
-  using Traits = PagedTraits<kHeadDim>;
-  constexpr int kIters = Traits::kBlockN * Traits::kChunksPerRow / kPagedThreads;
-  const int64_t kv_width = int64_t{p.num_kv_heads} * kHeadDim;
-#pragma unroll
-  for (int i = 0; i < kIters; ++i) {
-    const int idx = i * kPagedThreads + tid;
-    const int row = idx / Traits::kChunksPerRow;
-    const int chunk = idx % Traits::kChunksPerRow;
-    const int j = key0 + row;
-    const bool valid = j < key_end;
-    const T* k_src = static_cast<const T*>(p.k);
-    const T* v_src = static_cast<const T*>(p.v);
-    if (valid) {
-      const int64_t column = int64_t{kv_head} * kHeadDim + chunk * 8;
-      if (j < seq.start) {
-        const int64_t pool_row = KvRow(seq.table, p.cache.block_tokens, j);
-        k_src = static_cast<const T*>(p.cache.k) + pool_row * kv_width + column;
-        v_src = static_cast<const T*>(p.cache.v) + pool_row * kv_width + column;
-      } else {
-        const int64_t r = seq.first_row + (j - seq.start);
-        k_src += r * p.k_row_stride + column;
-        v_src += r * p.v_row_stride + column;
-      }
-    }
-    CpAsync16(sK + PagedSwizzle<kHeadDim>(row, chunk), k_src, valid);
-    CpAsync16(sV + PagedSwizzle<kHeadDim>(row, chunk), v_src, valid);
-  }
+// Element offset of 16-byte chunk `chunk` of key `row` in a K or V tile as
+// the TMA's 128-byte swizzle lays it out: [half][key][64 columns], the 8
+// chunks of a 128-byte row permuted by the key's row within 8.
+__device__ __forceinline__ int KvSwizzle(int row, int chunk) {
+  return (chunk >> 3) * (kPagedKeyTile * kKvBoxCols) + row * kKvBoxCols + (((chunk & 7) ^ (row & 7)) << 3);
 }
 
 // ---- Pieces both tiles share ----
@@ -189,11 +192,12 @@ __device__ __forceinline__ void LoadKvTile(T* sK, T* sV, const PagedAttentionPar
 // table, and the key range it reads, [begin, end) in tiles of kBlockN (the
 // tiles wholly below the window of the item's first query skipped).
 struct ItemContext {
-  int group;      // query heads per KV head
-  int first_row;  // the sequence's first packed row
-  int q_rows;     // its valid query rows (new tokens x group)
-  int start;      // position of its first new token
-  SeqKeys seq;
+  int group;             // query heads per KV head
+  int first_row;         // the sequence's first packed row
+  int q_rows;            // its valid query rows (new tokens x group)
+  int start;             // position of its first new token
+  const int32_t* table;  // its block table
+  bool pooled;           // a session sequence (a table): every key from the cache
   int key_begin;
   int key_end;
   int n_tiles;
@@ -205,7 +209,9 @@ __device__ __forceinline__ ItemContext ContextOf(const PagedAttentionParams& p, 
   c.first_row = p.cu_seqlens[item.seq];
   c.q_rows = (p.cu_seqlens[item.seq + 1] - c.first_row) * c.group;
   c.start = p.cache.start[item.seq];
-  c.seq = SeqKeys{p.cache.block_tables + p.cache.cu_blocks[item.seq], c.start, c.first_row};
+  const int32_t table_begin = p.cache.cu_blocks[item.seq];
+  c.table = p.cache.block_tables + table_begin;
+  c.pooled = p.cache.cu_blocks[item.seq + 1] != table_begin;
   c.key_begin = item.kv_begin;
   if (p.window > 0) {
     const int lo = c.start + item.q_row0 / c.group - p.window + 1;
@@ -217,13 +223,13 @@ __device__ __forceinline__ ItemContext ContextOf(const PagedAttentionParams& p, 
 }
 
 // Starts the async copy of kRows query rows from item.q_row0 (row r is token
-// r / G, head r % G of the KV head's group); rows past the sequence's are
-// zero-filled and never written back.
+// r / G, head r % G of the KV head's group) by the consumer threads; rows
+// past the sequence's are zero-filled and never written back.
 template <typename T, int kHeadDim, int kRows>
 __device__ __forceinline__ void LoadQueryRows(T* sQ, const PagedAttentionParams& p, const PagedWorkItem& item,
                                               const ItemContext& c, int kv_head, int tid) {
   constexpr int kChunksPerRow = PagedTraits<kHeadDim>::kChunksPerRow;
-  for (int idx = tid; idx < kRows * kChunksPerRow; idx += kPagedThreads) {
+  for (int idx = tid; idx < kRows * kChunksPerRow; idx += kPagedConsumerThreads) {
     const int r = idx / kChunksPerRow;
     const int chunk = idx % kChunksPerRow;
     const int row = item.q_row0 + r;
@@ -235,39 +241,94 @@ __device__ __forceinline__ void LoadQueryRows(T* sQ, const PagedAttentionParams&
     }
     CpAsync16(sQ + PagedSwizzle<kHeadDim>(r, chunk), src, valid);
   }
-}
-
-// The K/V ring. Prologue: the first kStages - 1 tiles (with the query rows
-// in the first group), one commit group each (empty groups keep the count
-// uniform). Then, before tile t: it has landed once at most kStages - 2
-// younger groups are pending; the barrier also says every warp is done with
-// tile t - 1's stage, which the next prefetch refills.
-template <typename T, int kHeadDim>
-__device__ __forceinline__ void StartKvRing(T* sK, T* sV, const PagedAttentionParams& p, const ItemContext& c,
-                                            int kv_head, int tid) {
-  constexpr int kTileElems = PagedTraits<kHeadDim>::kTileElems;
-#pragma unroll
-  for (int t = 0; t < kPagedStages - 1; ++t) {
-    if (t < c.n_tiles) {
-      LoadKvTile<T, kHeadDim>(sK + t * kTileElems, sV + t * kTileElems, p, c.seq, kv_head,
-                              c.key_begin + t * kPagedKeyTile, c.key_end, tid);
-    }
-    CpAsyncCommit();
-  }
-}
-
-template <typename T, int kHeadDim>
-__device__ __forceinline__ void AdvanceKvRing(T* sK, T* sV, const PagedAttentionParams& p, const ItemContext& c,
-                                              int kv_head, int t, int tid) {
-  constexpr int kTileElems = PagedTraits<kHeadDim>::kTileElems;
-  CpAsyncWait<kPagedStages - 2>();
-  __syncthreads();
-  if (t + kPagedStages - 1 < c.n_tiles) {
-    const int stage = (t + kPagedStages - 1) % kPagedStages;
-    LoadKvTile<T, kHeadDim>(sK + stage * kTileElems, sV + stage * kTileElems, p, c.seq, kv_head,
-                            c.key_begin + (t + kPagedStages - 1) * kPagedKeyTile, c.key_end, tid);
-  }
   CpAsyncCommit();
+}
+
+// The K/V ring's stage s: its K and V tiles and its full and empty
+// mbarriers (TmaPipeline's protocol: one producer arrival with the tile's
+// bytes; one arrival per consumer warp once it is done with the stage).
+template <int kHeadDim>
+struct KvRing {
+  uint32_t base;  // shared address of the ring (1024-byte aligned)
+  __device__ __forceinline__ uint32_t K(int s) const { return base + 2 * s * PagedTraits<kHeadDim>::kTileBytes; }
+  __device__ __forceinline__ uint32_t V(int s) const { return K(s) + PagedTraits<kHeadDim>::kTileBytes; }
+  __device__ __forceinline__ uint32_t Full(int s) const { return base + PagedTraits<kHeadDim>::kBarrierOffset + 8 * s; }
+  __device__ __forceinline__ uint32_t Empty(int s) const { return Full(s) + 8 * kPagedStages; }
+};
+
+// The producer warp: fills the ring with the item's key tiles, each a box of
+// `box` keys per (K or V, 64-column half) at a time, lane b issuing the boxes
+// b, b + 32, ... of a tile (box >= 1, so at most 64 boxes: two a lane). The
+// boxes' source rows (cache rows through the table, or the step's rows) are
+// read a tile ahead. Boxes wholly past the keys are not loaded; the tile's
+// expected bytes count the rest.
+template <int kHeadDim>
+__device__ __forceinline__ void ProduceKvTiles(const PagedAttentionParams& p, const PagedKvMaps& maps,
+                                               const ItemContext& c, const KvRing<kHeadDim>& ring, int kv_head,
+                                               int lane) {
+  using Traits = PagedTraits<kHeadDim>;
+  const int bt = p.cache.block_tokens;
+  const int box = min(kPagedKeyTile, bt & -bt);  // gcd(block_tokens, 64)
+  const int boxes = kPagedKeyTile / box;
+  const CUtensorMap* map_k = c.pooled ? &maps.k_pool : &maps.k_rows;
+  const CUtensorMap* map_v = c.pooled ? &maps.v_pool : &maps.v_rows;
+  // Source row of box b of tile t (valid for keys below key_end).
+  const auto source_row = [&](int t, int b) {
+    const int j = c.key_begin + t * kPagedKeyTile + b * box;
+    if (j >= c.key_end) return 0;
+    return c.pooled ? c.table[j / bt] * bt + j % bt : c.first_row + j;
+  };
+  int rows[2] = {source_row(0, lane), source_row(0, lane + 32)};
+  for (int t = 0; t < c.n_tiles; ++t) {
+    const int s = t % kPagedStages;
+    if (t >= kPagedStages) gemm::MbarWait(ring.Empty(s), ((t / kPagedStages) - 1) & 1);
+    const int key0 = c.key_begin + t * kPagedKeyTile;
+    const int live = min(boxes, (c.key_end - key0 + box - 1) / box);
+    if (lane == 0) {
+      gemm::MbarArriveExpectTx(ring.Full(s), static_cast<uint32_t>(live * box * 128 * Traits::kHalves * 2));
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int b = lane + 32 * i;
+      if (b < live) {
+#pragma unroll
+        for (int h = 0; h < Traits::kHalves; ++h) {
+          const uint32_t offset = static_cast<uint32_t>(h * kPagedKeyTile * 128 + b * box * 128);
+          const int col = kv_head * kHeadDim + h * kKvBoxCols;
+          gemm::TmaLoad2d(ring.K(s) + offset, map_k, ring.Full(s), col, rows[i]);
+          gemm::TmaLoad2d(ring.V(s) + offset, map_v, ring.Full(s), col, rows[i]);
+        }
+      }
+    }
+    rows[0] = source_row(t + 1, lane);
+    rows[1] = source_row(t + 1, lane + 32);
+  }
+}
+
+// A consumer waits until tile t has landed.
+template <int kHeadDim>
+__device__ __forceinline__ void WaitKvTile(const KvRing<kHeadDim>& ring, int t) {
+  gemm::MbarWait(ring.Full(t % kPagedStages), (t / kPagedStages) & 1);
+}
+
+// A warp zeroes V rows [from, to) of a tile: the rows past the item's keys
+// that it reads (a NaN there would turn a zero probability into a NaN
+// output). Only in an item's last tile, which no TMA writes again.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void ZeroValueRows(T* sVs, int from, int to, int lane) {
+  constexpr int kChunksPerRow = PagedTraits<kHeadDim>::kChunksPerRow;
+  for (int idx = from * kChunksPerRow + lane; idx < to * kChunksPerRow; idx += 32) {
+    *reinterpret_cast<uint4*>(sVs + KvSwizzle(idx / kChunksPerRow, idx % kChunksPerRow)) = make_uint4(0, 0, 0, 0);
+  }
+  __syncwarp();
+}
+
+// A consumer warp is done reading stage t % kStages.
+template <int kHeadDim>
+__device__ __forceinline__ void ReleaseKvTile(const KvRing<kHeadDim>& ring, int t, int lane) {
+  __syncwarp();
+  if (lane == 0) gemm::MbarArrive(ring.Empty(t % kPagedStages));
 }
 
 // The A fragments of the m16 query tile at rows row0 .. row0 + 15 of sQ, for
@@ -293,7 +354,7 @@ __device__ __forceinline__ void ScoreKeys(float (&acc_s)[2 * kN16][4],
     for (int g = 0; g < kN16; ++g) {
       uint32_t b[4];
       const int row = key_row0 + g * 16 + (lane & 7) + ((lane >> 4) << 3);
-      LdMatrixX4(b, sKs + PagedSwizzle<kHeadDim>(row, kk * 2 + ((lane >> 3) & 1)));
+      LdMatrixX4(b, sKs + KvSwizzle(row, kk * 2 + ((lane >> 3) & 1)));
       MmaM16N8K16<T>(acc_s[2 * g], q_frag[kk], b[0], b[1]);
       MmaM16N8K16<T>(acc_s[2 * g + 1], q_frag[kk], b[2], b[3]);
     }
@@ -366,25 +427,25 @@ __device__ __forceinline__ void AccumulateValues(float (&acc_o)[PagedTraits<kHea
     for (int dp = 0; dp < PagedTraits<kHeadDim>::kDTiles / 2; ++dp) {
       uint32_t b[4];
       const int row = key_row0 + g * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-      LdMatrixX4Trans(b, sVs + PagedSwizzle<kHeadDim>(row, dp * 2 + (lane >> 4)));
+      LdMatrixX4Trans(b, sVs + KvSwizzle(row, dp * 2 + (lane >> 4)));
       MmaM16N8K16<T>(acc_o[2 * dp], a, b[0], b[1]);
       MmaM16N8K16<T>(acc_o[2 * dp + 1], a, b[2], b[3]);
     }
   }
 }
 
-// A narrow item: 16 rows, the warps splitting each key tile (above).
+// A narrow item: 16 rows, the consumer warps splitting each key tile
+// (above).
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void PagedNarrowTile(const PagedAttentionParams& p, const PagedWorkItem& item,
+                                                const ItemContext& c, const KvRing<kHeadDim>& ring,
                                                 unsigned char* smem_raw) {
   using Traits = PagedTraits<kHeadDim>;
   constexpr int kKSteps = Traits::kKSteps;
   constexpr int kDTiles = Traits::kDTiles;
   const int kv_head = blockIdx.y;
-  const ItemContext c = ContextOf(p, item);
-  T* sQ = reinterpret_cast<T*>(smem_raw);
-  T* sK = sQ + kPagedQueryRows * kHeadDim;         // [kStages][kBlockN][kHeadDim]
-  T* sV = sK + kPagedStages * Traits::kTileElems;  // [kStages][kBlockN][kHeadDim]
+  T* sQ = reinterpret_cast<T*>(smem_raw + Traits::kQueryOffset);
+  T* sK = reinterpret_cast<T*>(smem_raw);
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -400,20 +461,24 @@ __device__ __forceinline__ void PagedNarrowTile(const PagedAttentionParams& p, c
   const int last_row = min(item.q_row0 + kPagedQueryRows, c.q_rows) - 1;
   const int min_pos = c.start + item.q_row0 / c.group;
   const int max_pos = c.start + last_row / c.group;
-  StartKvRing<T, kHeadDim>(sK, sV, p, c, kv_head, tid);
 
   float acc_o[kDTiles][4] = {};
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   uint32_t q_frag[kKSteps][4];
+  CpAsyncWait<0>();
+  gemm::NamedBarrierSync(1, kPagedConsumerThreads);
+  LoadQueryFragments<T, kHeadDim>(q_frag, sQ, 0, lane);
 
   for (int t = 0; t < c.n_tiles; ++t) {
-    AdvanceKvRing<T, kHeadDim>(sK, sV, p, c, kv_head, t, tid);
-    if (t == 0) LoadQueryFragments<T, kHeadDim>(q_frag, sQ, 0, lane);
-    const T* sKs = sK + (t % kPagedStages) * Traits::kTileElems;
-    const T* sVs = sV + (t % kPagedStages) * Traits::kTileElems;
+    WaitKvTile(ring, t);
+    const T* sKs = sK + (t % kPagedStages) * 2 * Traits::kTileElems;
+    T* sVs = sK + ((t % kPagedStages) * 2 + 1) * Traits::kTileElems;
     const int key0 = c.key_begin + t * kPagedKeyTile + warp * 16;  // this warp's first key
+    // The tail past the keys, in this warp's 16 rows.
+    if (key0 + 16 > c.key_end)
+      ZeroValueRows<T, kHeadDim>(sVs, max(warp * 16, c.key_end - (key0 - warp * 16)), warp * 16 + 16, lane);
 
     float acc_s[2][4] = {};
     ScoreKeys<T, kHeadDim, 1>(acc_s, q_frag, sKs, warp * 16, lane);
@@ -424,12 +489,12 @@ __device__ __forceinline__ void PagedNarrowTile(const PagedAttentionParams& p, c
     }
     SoftmaxStep(acc_s, acc_o, row_max, row_sum, scale_log2);
     AccumulateValues<T, kHeadDim, 1>(acc_o, acc_s, sVs, warp * 16, lane);
+    ReleaseKvTile(ring, t, lane);
   }
 
-  // Merge the warps through shared memory (the ring is free once every copy
-  // has landed and every warp has left the loop).
-  CpAsyncWait<0>();
-  __syncthreads();
+  // Merge the warps through shared memory (the ring is free once every
+  // consumer warp has left the loop: every tile has landed and been read).
+  gemm::NamedBarrierSync(1, kPagedConsumerThreads);
   float* sO = reinterpret_cast<float*>(smem_raw);             // [warps][16][kHeadDim]
   float* sM = sO + kPagedWarps * kPagedQueryRows * kHeadDim;  // [warps][16], log2 units
   float* sL = sM + kPagedWarps * kPagedQueryRows;             // [warps][16]
@@ -447,11 +512,11 @@ __device__ __forceinline__ void PagedNarrowTile(const PagedAttentionParams& p, c
       *reinterpret_cast<float2*>(o_row + dt * 8 + quad_col) = make_float2(acc_o[dt][2 * h], acc_o[dt][2 * h + 1]);
     }
   }
-  __syncthreads();
+  gemm::NamedBarrierSync(1, kPagedConsumerThreads);
 
   // Each thread finishes 4 consecutive dimensions of a row at a time.
   constexpr int kGroups = kPagedQueryRows * kHeadDim / 4;
-  for (int g = tid; g < kGroups; g += kPagedThreads) {
+  for (int g = tid; g < kGroups; g += kPagedConsumerThreads) {
     const int r = g / (kHeadDim / 4);
     const int col = (g % (kHeadDim / 4)) * 4;
     const int row = item.q_row0 + r;
@@ -491,13 +556,14 @@ __device__ __forceinline__ void PagedNarrowTile(const PagedAttentionParams& p, c
   }
 }
 
-// A wide item (a prefill piece): 64 query rows, warp w owning rows
+// A wide item (a prefill piece): 64 query rows, consumer warp w owning rows
 // 16w .. 16w + 15 and every key of each tile, as flash attention's warps do:
 // S = Q K^T is 8 n8 score tiles per warp, each warp keeps the online softmax
 // of its own rows, and O needs no merge between warps. Never split, so it
 // writes the output directly.
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void PagedWideTile(const PagedAttentionParams& p, const PagedWorkItem& item,
+                                              const ItemContext& c, const KvRing<kHeadDim>& ring,
                                               unsigned char* smem_raw) {
   using Traits = PagedTraits<kHeadDim>;
   constexpr int kKSteps = Traits::kKSteps;
@@ -505,10 +571,8 @@ __device__ __forceinline__ void PagedWideTile(const PagedAttentionParams& p, con
   constexpr int kN16 = kPagedKeyTile / 16;  // 16-key groups per tile
   static_assert(kPagedWideRows == kPagedWarps * 16, "each warp owns one m16 row tile");
   const int kv_head = blockIdx.y;
-  const ItemContext c = ContextOf(p, item);
-  T* sQ = reinterpret_cast<T*>(smem_raw);          // [64][kHeadDim]
-  T* sK = sQ + kPagedWideRows * kHeadDim;          // [kStages][kBlockN][kHeadDim]
-  T* sV = sK + kPagedStages * Traits::kTileElems;  // [kStages][kBlockN][kHeadDim]
+  T* sQ = reinterpret_cast<T*>(smem_raw + Traits::kQueryOffset);  // [64][kHeadDim]
+  T* sK = reinterpret_cast<T*>(smem_raw);
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -525,35 +589,41 @@ __device__ __forceinline__ void PagedWideTile(const PagedAttentionParams& p, con
   const int last_row = min(item.q_row0 + kPagedWideRows, c.q_rows) - 1;
   const int warp_min_pos = c.start + warp_row0 / c.group;
   const int warp_max_pos = c.start + min(warp_row0 + 15, last_row) / c.group;
-  StartKvRing<T, kHeadDim>(sK, sV, p, c, kv_head, tid);
 
   float acc_o[kDTiles][4] = {};
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   uint32_t q_frag[kKSteps][4];
+  CpAsyncWait<0>();
+  gemm::NamedBarrierSync(1, kPagedConsumerThreads);
+  LoadQueryFragments<T, kHeadDim>(q_frag, sQ, warp * 16, lane);
 
   for (int t = 0; t < c.n_tiles; ++t) {
-    AdvanceKvRing<T, kHeadDim>(sK, sV, p, c, kv_head, t, tid);
-    if (t == 0) LoadQueryFragments<T, kHeadDim>(q_frag, sQ, warp * 16, lane);
+    WaitKvTile(ring, t);
     const int key0 = c.key_begin + t * kPagedKeyTile;
-    // A warp whose rows all come before the tile's keys, or whose window
-    // ends below them, has nothing to do with it (it still took part in the
-    // loads and the barrier above).
-    if (key0 > warp_max_pos || (p.window > 0 && key0 + kPagedKeyTile - 1 <= warp_min_pos - p.window)) continue;
-    const T* sKs = sK + (t % kPagedStages) * Traits::kTileElems;
-    const T* sVs = sV + (t % kPagedStages) * Traits::kTileElems;
-
-    float acc_s[2 * kN16][4] = {};
-    ScoreKeys<T, kHeadDim, kN16>(acc_s, q_frag, sKs, 0, lane);
-    if (key0 + kPagedKeyTile - 1 > warp_min_pos || key0 + kPagedKeyTile - 1 >= c.key_end ||
-        (p.window > 0 && key0 <= warp_max_pos - p.window)) {
-      MaskScores(acc_s, key0, quad_col, q_pos, c.key_end, p.window);
+    const T* sKs = sK + (t % kPagedStages) * 2 * Traits::kTileElems;
+    T* sVs = sK + ((t % kPagedStages) * 2 + 1) * Traits::kTileElems;
+    // Every warp reads every V row: each zeroes the tail in its 16, then
+    // all meet (the same condition for every consumer warp).
+    if (key0 + kPagedKeyTile > c.key_end) {
+      ZeroValueRows<T, kHeadDim>(sVs, max(warp * 16, c.key_end - key0), warp * 16 + 16, lane);
+      gemm::NamedBarrierSync(1, kPagedConsumerThreads);
     }
-    SoftmaxStep(acc_s, acc_o, row_max, row_sum, scale_log2);
-    AccumulateValues<T, kHeadDim, kN16>(acc_o, acc_s, sVs, 0, lane);
+    // A warp whose rows all come before the tile's keys, or whose window
+    // ends below them, has nothing to do with it.
+    if (!(key0 > warp_max_pos || (p.window > 0 && key0 + kPagedKeyTile - 1 <= warp_min_pos - p.window))) {
+      float acc_s[2 * kN16][4] = {};
+      ScoreKeys<T, kHeadDim, kN16>(acc_s, q_frag, sKs, 0, lane);
+      if (key0 + kPagedKeyTile - 1 > warp_min_pos || key0 + kPagedKeyTile - 1 >= c.key_end ||
+          (p.window > 0 && key0 <= warp_max_pos - p.window)) {
+        MaskScores(acc_s, key0, quad_col, q_pos, c.key_end, p.window);
+      }
+      SoftmaxStep(acc_s, acc_o, row_max, row_sum, scale_log2);
+      AccumulateValues<T, kHeadDim, kN16>(acc_o, acc_s, sVs, 0, lane);
+    }
+    ReleaseKvTile(ring, t, lane);
   }
-  CpAsyncWait<0>();
 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -571,21 +641,47 @@ __device__ __forceinline__ void PagedWideTile(const PagedAttentionParams& p, con
   }
 }
 
-// One CTA per (work item, KV head): the item's width picks the tile.
+// One CTA per (work item, KV head): the producer warp fills the ring, the
+// consumer warps take the item's tile, by its width. Hopper only (TMA and
+// mbarriers); other device passes compile it empty (the launcher refuses
+// builds without sm_90a).
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kPagedThreads, 2) PagedAttentionKernel(const PagedAttentionParams p) {
+__global__ void __launch_bounds__(kPagedThreads, 2)
+    PagedAttentionKernel(const PagedAttentionParams p, const __grid_constant__ PagedKvMaps maps) {
+#if LS_GEMM_DEVICE_SM90A
+  using Traits = PagedTraits<kHeadDim>;
   AllowDependentLaunch();  // o_proj may start streaming its weights
   // Launched as a programmatic dependent of RopeKvAppend: its rotated rows
   // and cache writes are complete and visible past this point.
   WaitForPrerequisiteGrids();
-  extern __shared__ __align__(128) unsigned char smem_raw[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
   const PagedWorkItem item = p.items[blockIdx.x];
   if (item.rows == 0) return;  // idle: padding of a plan sized for a CUDA graph
-  if (item.rows == kPagedWideRows) {
-    PagedWideTile<T, kHeadDim>(p, item, smem_raw);
-  } else {
-    PagedNarrowTile<T, kHeadDim>(p, item, smem_raw);
+  const KvRing<kHeadDim> ring{gemm::SmemAddr(smem_raw)};
+  if (threadIdx.x == 0) {
+    if (ring.base % 1024 != 0) __trap();  // the swizzle's atoms would be misplaced
+    for (int s = 0; s < kPagedStages; ++s) {
+      gemm::MbarInit(ring.Full(s), 1);
+      gemm::MbarInit(ring.Empty(s), kPagedWarps);
+    }
+    gemm::FenceBarrierInit();
   }
+  __syncthreads();
+  const ItemContext c = ContextOf(p, item);
+  if (threadIdx.x >= kPagedConsumerThreads) {
+    if (threadIdx.x == kPagedConsumerThreads) {
+      gemm::PrefetchTensorMap(c.pooled ? &maps.k_pool : &maps.k_rows);
+      gemm::PrefetchTensorMap(c.pooled ? &maps.v_pool : &maps.v_rows);
+    }
+    ProduceKvTiles<kHeadDim>(p, maps, c, ring, blockIdx.y, threadIdx.x % 32);
+    return;
+  }
+  if (item.rows == kPagedWideRows) {
+    PagedWideTile<T, kHeadDim>(p, item, c, ring, smem_raw);
+  } else {
+    PagedNarrowTile<T, kHeadDim>(p, item, c, ring, smem_raw);
+  }
+#endif
 }
 
 // One CTA per (combine task, KV head), launched as a programmatic dependent

@@ -97,9 +97,11 @@ int64_t BlocksFor(int64_t tokens, int64_t block_tokens) { return (tokens + block
 
 // Tables take block ids from a shuffled permutation of the pool, which has
 // three spare blocks no table names. With `history`, each session sequence's
-// positions below its start hold random keys and values and every other row
-// NaN (the attention test); without, every row holds random values (the
-// append test, which checks that the rows it does not own keep theirs).
+// positions below its start hold random keys and values, its new positions
+// its new K and V rows (as RopeKvAppend leaves them for the attention), and
+// every other row NaN (the attention test); without, every row holds random
+// values (the append test, which checks that the rows it does not own keep
+// theirs).
 PagedProblem BuildProblem(const PagedCase& c, bool history, uint64_t seed) {
   PagedProblem pr;
   pr.qkv_width = int64_t{c.heads + 2 * c.kv_heads} * c.head_dim;
@@ -131,12 +133,17 @@ PagedProblem BuildProblem(const PagedCase& c, bool history, uint64_t seed) {
   pr.pool_k.assign(pool_elements, NAN);
   pr.pool_v.assign(pool_elements, NAN);
   for (size_t s = 0; s < c.seqs.size(); ++s) {
-    for (int p = 0; p < c.seqs[s].start; ++p) {
+    if (!c.seqs[s].session) continue;
+    for (int p = 0; p < c.seqs[s].start + c.seqs[s].len; ++p) {
       const int64_t row =
           int64_t{pr.block_tables[pr.cu_blocks[s] + p / c.block_tokens]} * c.block_tokens + p % c.block_tokens;
-      for (int64_t e = row * pr.kv_width; e < (row + 1) * pr.kv_width; ++e) {
-        pr.pool_k[e] = random_k[e];
-        pr.pool_v[e] = random_v[e];
+      const int64_t token = pr.cu_seqlens[s] + (p - c.seqs[s].start);  // a new row, for p >= start
+      for (int64_t e = 0; e < pr.kv_width; ++e) {
+        const int64_t at = row * pr.kv_width + e;
+        const bool fresh = p >= c.seqs[s].start;
+        pr.pool_k[at] = fresh ? pr.qkv[token * pr.qkv_width + int64_t{c.heads} * c.head_dim + e] : random_k[at];
+        pr.pool_v[at] =
+            fresh ? pr.qkv[token * pr.qkv_width + int64_t{c.heads + c.kv_heads} * c.head_dim + e] : random_v[at];
       }
     }
   }
@@ -241,6 +248,7 @@ struct DeviceProblem {
     block_tables.Upload(pr.block_tables.data(), block_tables.bytes());
     cache.k = pool_k.get();
     cache.v = pool_v.get();
+    cache.num_blocks = pr.num_blocks;
     cache.block_tokens = c.block_tokens;
     cache.start = static_cast<const int32_t*>(start.get());
     cache.cu_blocks = static_cast<const int32_t*>(cu_blocks.get());
@@ -514,7 +522,7 @@ TEST(PagedAttentionValidationTest, RejectsBadParams) {
   good.cu_seqlens = dummy;
   good.num_seqs = 1;
   good.tokens = 1;
-  good.cache = {dummy, dummy, 16, dummy, dummy, dummy};
+  good.cache = {dummy, dummy, 1, 16, dummy, dummy, dummy};
   good.num_heads = 2;
   good.num_kv_heads = 1;
   good.head_dim = 128;
@@ -559,6 +567,7 @@ TEST(PagedAttentionValidationTest, RejectsBadParams) {
        },
        false},
       {"negative window", [](PagedAttentionParams& p) { p.window = -1; }, false},
+      {"num_blocks 0", [](PagedAttentionParams& p) { p.cache.num_blocks = 0; }, false},
       {"no q", [](PagedAttentionParams& p) { p.q = nullptr; }, false},
       {"zero softmax scale", [](PagedAttentionParams& p) { p.softmax_scale = 0.f; }, false},
       {"no work items", [](PagedAttentionParams& p) { p.num_items = 0; }, false},

@@ -17,8 +17,9 @@
 //
 // Worked example, block_tokens 4: a step of 2 tokens at start 5 with table
 // {7, 2} stores positions 5 and 6 at block 2, rows 1 and 2; its second query
-// (position 6) reads keys 0..3 from block 7, key 4 from block 2 row 0, and
-// keys 5 and 6 from the step's own qkv rows.
+// (position 6) reads keys 0..3 from block 7 and keys 4..6 from block 2, rows
+// 0..2. PagedAttention reads a session sequence's new keys from the cache
+// too, so RopeKvAppend must have stored them (the layer runs it first).
 //
 // PagedAttention is a split-KV ("flash-decoding") kernel on tensor cores,
 // built for decode steps (one to a few new tokens per sequence over a long
@@ -62,8 +63,9 @@ namespace layerserve::kernels {
 // One layer's paged KV cache and where each packed sequence sits in it. All
 // pointers are device memory; none is owned.
 struct PagedKv {
-  void* k = nullptr;  // [num_blocks, block_tokens, num_kv_heads * head_dim]
-  void* v = nullptr;  // same
+  void* k = nullptr;       // [num_blocks, block_tokens, num_kv_heads * head_dim]
+  void* v = nullptr;       // same
+  int64_t num_blocks = 0;  // of each pool (PagedAttention's bound on its reads)
   int block_tokens = 0;
   const int32_t* start = nullptr;         // [num_seqs]: position of each sequence's first new token
   const int32_t* cu_blocks = nullptr;     // [num_seqs + 1]: offsets of the tables in block_tables
@@ -188,14 +190,16 @@ absl::Status PadPagedPlan(int64_t items, int64_t combines, PagedAttentionPlan* p
 // Causal grouped-query attention of every new token over its sequence's keys:
 // query i of sequence s sits at position q = start[s] + i and sees key j iff
 // j <= q, and with window > 0 only iff q - j < window (sliding-window
-// attention, as the CPU backend and transformers define it). Keys below
-// start[s] come from the cache through the sequence's table, keys from
-// start[s] on from the new rows k and v. Query head h reads KV head
+// attention, as the CPU backend and transformers define it). A session
+// sequence's keys all come from the cache through its table (the new ones
+// stored there by RopeKvAppend before the launch); a stateless sequence's
+// from its new rows k and v. Query head h reads KV head
 // h / (num_heads / num_kv_heads). Scores, the softmax and the sums are fp32;
 // as in flash attention the probabilities are rounded to the dtype for the
-// P V product on tensor cores, and the output is rounded once. A launch reads
-// only rows of positions below each sequence's start + new tokens (its own
-// keys), so a NaN elsewhere in the cache cannot reach it.
+// P V product on tensor cores, and the output is rounded once. A launch may
+// load rows past a sequence's keys (the rest of its last block, or the rows
+// after its own), but none of them reaches the output, a NaN included.
+// Hopper only (UNIMPLEMENTED in builds without sm_90a).
 struct PagedAttentionParams {
   const void* q = nullptr;  // [tokens, num_heads * head_dim], row stride q_row_stride
   const void* k = nullptr;  // the new tokens' keys: [tokens, num_kv_heads * head_dim]
