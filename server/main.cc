@@ -233,6 +233,22 @@ int WaitForSignalUnless(const sigset_t& signals, absl::FunctionRef<bool()> done)
   std::_Exit(0);
 }
 
+// Runs `work` (a load of seconds to minutes) on a thread of its own while
+// main waits for it or a shutdown signal; a signal first ends the process
+// (ExitBeforeReady).
+void RunBeforeReady(const sigset_t& signals, absl::FunctionRef<void()> work) {
+  absl::Notification done;
+  std::thread worker([&] {
+    work();
+    done.Notify();
+  });
+  if (const int signal_number =
+          WaitForSignalUnless(signals, [&] { return done.HasBeenNotified(); })) {
+    ExitBeforeReady(signal_number);
+  }
+  worker.join();
+}
+
 // Lifts the soft limit on open files to the hard one and says so. Each gRPC
 // connection holds a descriptor, and when gRPC 1.51 runs out of them its
 // listener stops for good (GrpcFrontend::AcceptFailed): at the usual soft
@@ -299,16 +315,8 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
 
   Log(absl::StrCat("version ", kVersion, "; loading ", source->Description(flags.layers)));
   absl::StatusOr<ModelSpan> span;
-  absl::Notification span_loaded;
-  std::thread span_loader([&] {
-    span = LoadModel(source->model_dir, source->range, source->model_name);
-    span_loaded.Notify();
-  });
-  if (const int signal_number =
-          WaitForSignalUnless(signals, [&] { return span_loaded.HasBeenNotified(); })) {
-    ExitBeforeReady(signal_number);
-  }
-  span_loader.join();
+  RunBeforeReady(signals,
+                 [&] { span = LoadModel(source->model_dir, source->range, source->model_name); });
   if (!span.ok()) return Fail(span.status());
   Log("model " + span->Summary());
   if (const int64_t window = span->config.SmallestAttentionWindow(
@@ -326,21 +334,14 @@ int Run(const ServerFlags& flags, const sigset_t& signals) {
   // for.
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       absl::InvalidArgumentError(absl::StrCat("no backend ", *backend_name));
-  absl::Notification backend_made;
-  std::thread backend_maker([&] {
+  RunBeforeReady(signals, [&] {
 #ifdef LAYERSERVE_WITH_CUDA
     if (*backend_name == "cuda") {
       backend = MakeCudaBackendFromFlags(flags, *span, &metrics, &kernel_times);
     }
 #endif
     if (*backend_name == "cpu") backend = MakeCpuBackend(*span, CpuBackendOptionsFromFlags(flags));
-    backend_made.Notify();
   });
-  if (const int signal_number =
-          WaitForSignalUnless(signals, [&] { return backend_made.HasBeenNotified(); })) {
-    ExitBeforeReady(signal_number);
-  }
-  backend_maker.join();
   if (!backend.ok()) return Fail(backend.status());
 
   const absl::StatusOr<KvCachePlan> kv_plan =
