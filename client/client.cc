@@ -202,77 +202,56 @@ Client::~Client() {
 }
 
 absl::StatusOr<bool> Client::Live(absl::Time deadline) {
-  grpc::ClientContext context;
-  PrepareContext(context, deadline);
-  inference::ServerLiveRequest request;
-  inference::ServerLiveResponse response;
-  absl::Status status = FromGrpcStatus(inference_->ServerLive(&context, request, &response));
-  if (!status.ok()) return status;
-  return response.live();
+  using Stub = inference::GRPCInferenceService::Stub;
+  absl::StatusOr<inference::ServerLiveResponse> response =
+      CallUnary(*inference_, &Stub::ServerLive, inference::ServerLiveRequest(), deadline);
+  if (!response.ok()) return response.status();
+  return response->live();
 }
 
 absl::StatusOr<bool> Client::Ready(absl::Time deadline) {
-  grpc::ClientContext context;
-  PrepareContext(context, deadline);
-  inference::ServerReadyRequest request;
-  inference::ServerReadyResponse response;
-  absl::Status status = FromGrpcStatus(inference_->ServerReady(&context, request, &response));
-  if (!status.ok()) return status;
-  return response.ready();
+  using Stub = inference::GRPCInferenceService::Stub;
+  absl::StatusOr<inference::ServerReadyResponse> response =
+      CallUnary(*inference_, &Stub::ServerReady, inference::ServerReadyRequest(), deadline);
+  if (!response.ok()) return response.status();
+  return response->ready();
 }
 
 absl::StatusOr<bool> Client::ModelReady(std::string_view model, absl::Time deadline) {
-  grpc::ClientContext context;
-  PrepareContext(context, deadline);
+  using Stub = inference::GRPCInferenceService::Stub;
   inference::ModelReadyRequest request;
   request.set_name(std::string(model));
-  inference::ModelReadyResponse response;
-  absl::Status status = FromGrpcStatus(inference_->ModelReady(&context, request, &response));
-  if (!status.ok()) return status;
-  return response.ready();
+  absl::StatusOr<inference::ModelReadyResponse> response =
+      CallUnary(*inference_, &Stub::ModelReady, request, deadline);
+  if (!response.ok()) return response.status();
+  return response->ready();
 }
 
 absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Client::Health(
     absl::Time deadline) {
-  grpc::ClientContext context;
-  PrepareContext(context, deadline);
-  grpc::health::v1::HealthCheckRequest request;
-  grpc::health::v1::HealthCheckResponse response;
-  absl::Status status = FromGrpcStatus(health_->Check(&context, request, &response));
-  if (!status.ok()) return status;
-  return response.status();
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse> response =
+      CallUnary(*health_, &grpc::health::v1::Health::Stub::Check,
+                grpc::health::v1::HealthCheckRequest(), deadline);
+  if (!response.ok()) return response.status();
+  return response->status();
 }
 
 absl::StatusOr<inference::ServerMetadataResponse> Client::ServerMetadata(absl::Time deadline) {
-  grpc::ClientContext context;
-  PrepareContext(context, deadline);
-  inference::ServerMetadataRequest request;
-  inference::ServerMetadataResponse response;
-  absl::Status status = FromGrpcStatus(inference_->ServerMetadata(&context, request, &response));
-  if (!status.ok()) return status;
-  return response;
+  return CallUnary(*inference_, &inference::GRPCInferenceService::Stub::ServerMetadata,
+                   inference::ServerMetadataRequest(), deadline);
 }
 
 absl::StatusOr<inference::RepositoryIndexResponse> Client::RepositoryIndex(absl::Time deadline) {
-  grpc::ClientContext context;
-  PrepareContext(context, deadline);
-  inference::RepositoryIndexRequest request;
-  inference::RepositoryIndexResponse response;
-  absl::Status status = FromGrpcStatus(inference_->RepositoryIndex(&context, request, &response));
-  if (!status.ok()) return status;
-  return response;
+  return CallUnary(*inference_, &inference::GRPCInferenceService::Stub::RepositoryIndex,
+                   inference::RepositoryIndexRequest(), deadline);
 }
 
 absl::StatusOr<inference::ModelMetadataResponse> Client::ModelMetadata(std::string_view model,
                                                                        absl::Time deadline) {
-  grpc::ClientContext context;
-  PrepareContext(context, deadline);
   inference::ModelMetadataRequest request;
   request.set_name(std::string(model));
-  inference::ModelMetadataResponse response;
-  absl::Status status = FromGrpcStatus(inference_->ModelMetadata(&context, request, &response));
-  if (!status.ok()) return status;
-  return response;
+  return CallUnary(*inference_, &inference::GRPCInferenceService::Stub::ModelMetadata, request,
+                   deadline);
 }
 
 inference::ModelInferRequest Client::MakeInferRequest(std::string_view model, const Tensor& input,

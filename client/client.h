@@ -240,6 +240,21 @@ class Client {
   // PrepareContext, plus kSessionHeader for the session `request` names.
   void PrepareInferContext(grpc::ClientContext& context, absl::Time deadline,
                            const inference::ModelInferRequest& request) const;
+  // One blocking call of a unary method of `stub` (e.g.
+  // &inference::GRPCInferenceService::Stub::ServerLive), prepared as above:
+  // its response, or its status as an absl::Status.
+  template <typename Response, typename Stub, typename Request>
+  absl::StatusOr<Response> CallUnary(Stub& stub,
+                                     grpc::Status (Stub::*method)(grpc::ClientContext*,
+                                                                  const Request&, Response*),
+                                     const Request& request, absl::Time deadline) const {
+    grpc::ClientContext context;
+    PrepareContext(context, deadline);
+    Response response;
+    absl::Status status = FromGrpcStatus((stub.*method)(&context, request, &response));
+    if (!status.ok()) return status;
+    return response;
+  }
 
   const std::shared_ptr<Inflight> inflight_ = std::make_shared<Inflight>();
   const std::string authorization_;  // "Bearer <token>", or empty
