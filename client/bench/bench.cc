@@ -66,15 +66,12 @@ class Recorder {
       report.tokens_per_second = report.requests_per_second *
                                  static_cast<double>(report.options.batch * report.options.tokens);
     }
-    if (!latencies_ms_.empty()) {
-      double sum = 0;
-      for (double v : latencies_ms_) sum += v;
-      report.latency_mean_ms = sum / static_cast<double>(latencies_ms_.size());
-      report.latency_max_ms = *std::max_element(latencies_ms_.begin(), latencies_ms_.end());
-    }
-    report.latency_p50_ms = Percentile(latencies_ms_, 50);
-    report.latency_p90_ms = Percentile(latencies_ms_, 90);
-    report.latency_p99_ms = Percentile(latencies_ms_, 99);
+    const LatencySummary latency = SummarizeLatencies(latencies_ms_);
+    report.latency_mean_ms = latency.mean_ms;
+    report.latency_max_ms = latency.max_ms;
+    report.latency_p50_ms = latency.p50_ms;
+    report.latency_p90_ms = latency.p90_ms;
+    report.latency_p99_ms = latency.p99_ms;
   }
 
  private:
@@ -265,6 +262,20 @@ double Percentile(std::vector<double> samples, double p) {
   const double rank = std::ceil(p / 100.0 * static_cast<double>(samples.size()));
   const size_t index = rank < 1 ? 0 : static_cast<size_t>(rank) - 1;
   return samples[std::min(index, samples.size() - 1)];
+}
+
+LatencySummary SummarizeLatencies(const std::vector<double>& samples_ms) {
+  LatencySummary summary;
+  if (samples_ms.empty()) return summary;
+  summary.count = static_cast<int64_t>(samples_ms.size());
+  double sum = 0;
+  for (double v : samples_ms) sum += v;
+  summary.mean_ms = sum / static_cast<double>(samples_ms.size());
+  summary.max_ms = *std::max_element(samples_ms.begin(), samples_ms.end());
+  summary.p50_ms = Percentile(samples_ms, 50);
+  summary.p90_ms = Percentile(samples_ms, 90);
+  summary.p99_ms = Percentile(samples_ms, 99);
+  return summary;
 }
 
 absl::StatusOr<BenchReport> RunBench(Client& client, BenchOptions options) {

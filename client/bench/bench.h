@@ -140,4 +140,17 @@ absl::Duration BenchBackoff(int consecutive_failures);
 // Nearest-rank percentile (p in [0, 100]) of unsorted samples; 0 if empty.
 double Percentile(std::vector<double> samples, double p);
 
+struct LatencySummary {
+  int64_t count = 0;
+  double mean_ms = 0;
+  double p50_ms = 0;
+  double p90_ms = 0;
+  double p99_ms = 0;
+  double max_ms = 0;
+};
+
+// Count, mean, nearest-rank percentiles (Percentile) and maximum; all zero
+// for no samples.
+LatencySummary SummarizeLatencies(const std::vector<double>& samples_ms);
+
 }  // namespace layerserve::client

@@ -320,20 +320,6 @@ std::string SessionBenchId(std::string_view prefix, int64_t index) {
   return absl::StrCat(absl::string_view(prefix.data(), prefix.size()), "-", index);
 }
 
-LatencySummary SummarizeLatencies(const std::vector<double>& samples_ms) {
-  LatencySummary summary;
-  if (samples_ms.empty()) return summary;
-  summary.count = static_cast<int64_t>(samples_ms.size());
-  double sum = 0;
-  for (double v : samples_ms) sum += v;
-  summary.mean_ms = sum / static_cast<double>(samples_ms.size());
-  summary.max_ms = *std::max_element(samples_ms.begin(), samples_ms.end());
-  summary.p50_ms = Percentile(samples_ms, 50);
-  summary.p90_ms = Percentile(samples_ms, 90);
-  summary.p99_ms = Percentile(samples_ms, 99);
-  return summary;
-}
-
 int64_t SteadySteps(const std::vector<double>& done_s, double window_s) {
   return std::count_if(done_s.begin(), done_s.end(), [&](double t) { return t <= window_s; });
 }

@@ -85,19 +85,6 @@ std::string SessionBenchId(std::string_view prefix, int64_t index);
 // server's 256-byte limit on string sequence ids (20 digits and a '-' left).
 inline constexpr size_t kMaxSessionIdPrefixBytes = 256 - 21;
 
-struct LatencySummary {
-  int64_t count = 0;
-  double mean_ms = 0;
-  double p50_ms = 0;
-  double p90_ms = 0;
-  double p99_ms = 0;
-  double max_ms = 0;
-};
-
-// Count, mean, nearest-rank percentiles (Percentile) and maximum; all zero
-// for no samples.
-LatencySummary SummarizeLatencies(const std::vector<double>& samples_ms);
-
 struct SessionBenchReport {
   BenchOptions options;            // as run (hidden and session_id_prefix resolved)
   int64_t sessions_completed = 0;  // every request answered
