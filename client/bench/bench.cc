@@ -53,13 +53,17 @@ class Recorder {
   int64_t completed_total() const { return completed_total_.load(std::memory_order_relaxed); }
   int64_t errors_total() const { return errors_total_.load(std::memory_order_relaxed); }
 
-  void Fill(BenchReport& report) const {
+  // `finished`: when the run's last call ended. A closed loop that stopped at
+  // --requests before the measured window closed is measured up to then, not
+  // to the window's end.
+  void Fill(BenchReport& report, absl::Time finished) const {
     absl::MutexLock lock(&mu_);
     report.requests_ok = static_cast<int64_t>(latencies_ms_.size());
     report.requests_failed = failed_;
     report.errors_by_code = errors_by_code_;
     report.first_error_by_code = first_error_by_code_;
-    const absl::Time end = std::max(last_completion_, measure_end_);
+    const absl::Time end =
+        std::max({last_completion_, std::min(measure_end_, finished), measure_start_});
     report.measured_seconds = absl::ToDoubleSeconds(end - measure_start_);
     if (report.measured_seconds > 0) {
       report.requests_per_second = report.requests_ok / report.measured_seconds;
@@ -349,7 +353,7 @@ absl::StatusOr<BenchReport> RunBench(const std::vector<Client*>& clients, BenchO
     }
   }
   if (fatal->stopped()) return StoppedBy(fatal->status());
-  recorder->Fill(report);
+  recorder->Fill(report, absl::Now());
   return report;
 }
 
