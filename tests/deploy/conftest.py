@@ -1,13 +1,17 @@
 """What the deployment tests share: the built binaries they start, from
 LAYERSERVE_BIN and LAYERCTL_BIN or the build folder (the test fails, naming
-the path, where one is missing)."""
+the path, where one is missing), and tests/support and tests/python on
+sys.path for their helpers (the process and proxy helpers, llama_numpy)."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+sys.path.insert(0, str(ROOT / "tests" / "python"))
 
 
 def binary(env, default):

@@ -65,12 +65,12 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from commands import run, tool
+from layerserve_process import LayerserveProcess
+from nginx_proxy import make_certificate, render_haproxy_cfg, render_nginx_conf
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-sys.path.insert(0, str(ROOT / "tests" / "support"))
-from layerserve_process import LayerserveProcess  # noqa: E402
-from nginx_proxy import make_certificate, render_haproxy_cfg, render_nginx_conf  # noqa: E402
-from commands import run, tool  # noqa: E402
 
 DATASOURCE_UID = "layerserve-prom"
 # Families only the CUDA backend exports: the CPU server here cannot show

@@ -36,7 +36,6 @@ import os
 import re
 import socket
 import ssl
-import sys
 import threading
 import time
 from pathlib import Path
@@ -46,21 +45,13 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "support"))
-sys.path.insert(0, str(ROOT / "tests" / "python"))
-from layerserve_process import LayerserveProcess  # noqa: E402
-from llama_numpy import make_checkpoint  # noqa: E402
-from nginx_proxy import HAProxy, NginxProxy  # noqa: E402
-import raw_h2  # noqa: E402
+from layerserve_process import LayerserveProcess
+from nginx_proxy import HAProxy, NginxProxy
+from tiny_servers import SMALL_SERVER_FLAGS, TINY_LLAMA, write_tiny_llama
+import raw_h2
 
-CONFIG = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_attention_heads=4,
-              num_key_value_heads=2, num_hidden_layers=2, rms_norm_eps=1e-5,
-              rope_theta=10000.0, torch_dtype="float32")
-HIDDEN = CONFIG["hidden_size"]
-SERVER_FLAGS = ["--backend=cpu", "--cpu-threads=1", "--kv-cache-memory=16MiB",
-                "--grpc-threads=2", "--reply-threads=1", "--drain-sessions-timeout-s=1",
-                "--drain-timeout-s=5"]
+HIDDEN = TINY_LLAMA["hidden_size"]
+SERVER_FLAGS = [*SMALL_SERVER_FLAGS, "--drain-sessions-timeout-s=1"]
 ATTACKER = "127.0.0.2"
 CONNECTIONS_PER_ADDRESS = 32  # the stream tier's limit_conn in nginx.conf
 MIB = 1 << 20
@@ -70,8 +61,7 @@ MIB = 1 << 20
 def fleet(tmp_path_factory, server_bin):
     """(nginx, [replica, replica])."""
     work = tmp_path_factory.mktemp("proxy")
-    model_dir = work / "tiny-llama"
-    make_checkpoint(model_dir, CONFIG, "F32", seed=40)
+    model_dir = write_tiny_llama(work, seed=40)
     replicas, nginx = [], None
     try:
         for i in range(2):

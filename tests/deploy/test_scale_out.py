@@ -35,11 +35,12 @@ import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 
+from commands import run, tool
+from layerserve_process import LayerserveProcess
+from tiny_servers import SMALL_SERVER_FLAGS
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-sys.path.insert(0, str(ROOT / "tests" / "support"))
-from commands import run, tool  # noqa: E402
-from layerserve_process import LayerserveProcess  # noqa: E402
 
 NGINX_CONF = DEPLOY / "nginx" / "nginx.conf"
 NGINX_DOCKERFILE = DEPLOY / "nginx" / "Dockerfile"
@@ -340,8 +341,7 @@ def test_k8s_pipeline_overlay_runs_two_chained_stages_on_their_own_pods():
 
 CHECKPOINT = dict(layers=4, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=100)
 SPLIT = 2
-SERVER_FLAGS = ["--backend=cpu", "--cpu-threads=1", "--grpc-threads=2", "--reply-threads=1",
-                "--kv-cache-memory=16MiB", "--drain-sessions-timeout-s=0", "--drain-timeout-s=5"]
+SERVER_FLAGS = [*SMALL_SERVER_FLAGS, "--drain-sessions-timeout-s=0"]
 TOLERANCE = 1e-5
 TIMEOUT_S = 60
 

@@ -22,32 +22,23 @@ where it is missing. Runs in about 20 s on two cores.
 """
 
 import signal
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "support"))
-sys.path.insert(0, str(ROOT / "tests" / "python"))
-from layerserve_process import LayerserveProcess  # noqa: E402
-from llama_numpy import assert_close, make_checkpoint  # noqa: E402
-from nginx_proxy import NginxProxy  # noqa: E402
+from layerserve_process import LayerserveProcess
+from llama_numpy import assert_close
+from nginx_proxy import NginxProxy
+from tiny_servers import SMALL_SERVER_FLAGS, TINY_LLAMA, write_tiny_llama
 
-CONFIG = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_attention_heads=4,
-              num_key_value_heads=2, num_hidden_layers=2, rms_norm_eps=1e-5,
-              rope_theta=10000.0, torch_dtype="float32")
-HIDDEN = CONFIG["hidden_size"]
+HIDDEN = TINY_LLAMA["hidden_size"]
 DRAIN_SESSIONS_S = 4
-SERVER_FLAGS = ["--backend=cpu", "--cpu-threads=1", "--kv-cache-memory=16MiB",
-                "--grpc-threads=2", "--reply-threads=1",
-                f"--drain-sessions-timeout-s={DRAIN_SESSIONS_S}", "--drain-timeout-s=5"]
+SERVER_FLAGS = [*SMALL_SERVER_FLAGS, f"--drain-sessions-timeout-s={DRAIN_SESSIONS_S}"]
 SESSIONS = 64
 CLIENTS = 4
 PROMPT_TOKENS = 4
@@ -62,8 +53,7 @@ TOLERANCE = dict(max_rel=1e-4, rms_rel=1e-5)
 def fleet(tmp_path_factory, server_bin):
     """(nginx's gRPC address, [replica, replica, replica])."""
     work = tmp_path_factory.mktemp("routing")
-    model_dir = work / "tiny-llama"
-    make_checkpoint(model_dir, CONFIG, "F32", seed=38)
+    model_dir = write_tiny_llama(work, seed=38)
     replicas = []
     nginx = None
     try:
