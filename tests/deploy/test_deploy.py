@@ -52,7 +52,6 @@ import math
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -65,9 +64,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from commands import run, tool
+from commands import compose, compose_services, run, tool
 from layerserve_process import LayerserveProcess
-from nginx_proxy import make_certificate, render_haproxy_cfg, render_nginx_conf
+from nginx_proxy import free_port, make_certificate, render_haproxy_cfg, render_nginx_conf
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -331,10 +330,6 @@ def test_dockerignore_keeps_what_the_build_reads():
 PROFILES = ("demo", "gpu", "cpu", "replicas", "pipeline")
 
 
-def compose(*args):
-    return run(tool("docker-compose"), "-f", DEPLOY / "docker-compose.yml", *args)
-
-
 @pytest.mark.parametrize("profile", ["", *PROFILES], ids=["no-profile", *PROFILES])
 def test_compose_config_is_valid(profile):
     compose(*(["--profile", profile] if profile else []), "config", "-q")
@@ -347,13 +342,8 @@ def test_compose_services():
                         "layerserve-stage0", "layerserve-stage1", "nginx", "prometheus"]
 
 
-def compose_config(*profiles):
-    args = [a for p in profiles for a in ("--profile", p)]
-    return yaml.safe_load(compose(*args, "config"))
-
-
 def test_compose_demo_profile_needs_no_checkpoint():
-    demo = compose_config("demo")["services"]["layerserve-demo"]
+    demo = compose_services("demo")["layerserve-demo"]
     assert not any(a.startswith("--model-dir") for a in demo["command"]), demo["command"]
     assert not demo.get("volumes"), "the demo profile mounts a checkpoint"
     assert "--backend=cpu" in demo["command"] and "deploy" not in demo
@@ -365,7 +355,7 @@ def test_compose_demo_profile_needs_no_checkpoint():
 def test_compose_profiles_build_and_run_their_image(dockerfile, service, variable):
     """demo and cpu: the Dockerfile's Debian-slim CPU image; gpu: its CUDA
     image. Each service builds the target that makes the image it runs."""
-    config = compose_config(*PROFILES)["services"][service]
+    config = compose_services(*PROFILES)[service]
     target = COMPOSE_IMAGES[variable]
     assert config["image"] == compose_default_image(variable), config["image"]
     assert config["build"].get("target") == target, config["build"]
@@ -384,8 +374,7 @@ def image_is_fully_qualified(image):
 
 
 def test_compose_images_are_fully_qualified_and_pinned():
-    config = compose_config(*PROFILES)
-    bad = {n: s.get("image") for n, s in config["services"].items()
+    bad = {n: s.get("image") for n, s in compose_services(*PROFILES).items()
            if not image_is_fully_qualified(s.get("image", ""))}
     assert not bad, "images without a registry or with a floating tag"
 
@@ -714,12 +703,6 @@ def dashboard_queries():
     return params
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Prometheus:
     """A prometheus process and its HTTP API."""
 
@@ -1042,7 +1025,7 @@ def test_k8s_grace_period_outlasts_the_drain(server_bin):
 
 
 def test_compose_stop_grace_period_outlasts_the_drain(server_bin):
-    for name, service in compose_config(*PROFILES)["services"].items():
+    for name, service in compose_services(*PROFILES).items():
         if name.startswith("layerserve"):
             grace = service["stop_grace_period"]
             seconds = int(re.fullmatch(r"(\d+)s", str(grace)).group(1))
@@ -1118,7 +1101,7 @@ def test_deploy_files_pass_only_flags_the_server_has(server_bin):
     known = set(re.findall(r"--[a-z0-9][a-z0-9-]*", run(server_bin, "--help")))
     (container,) = k8s_deployment()["spec"]["template"]["spec"]["containers"]
     used = {("k8s", a.split("=")[0]) for a in container["args"]}
-    for name, service in compose_config(*PROFILES)["services"].items():
+    for name, service in compose_services(*PROFILES).items():
         if name.startswith("layerserve"):
             used |= {(name, a.split("=")[0]) for a in service["command"]}
     unknown = sorted(u for u in used if u[1] not in known)

@@ -35,7 +35,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 
-from commands import run, tool
+from commands import compose_services, run
 from layerserve_process import LayerserveProcess
 from tiny_servers import SMALL_SERVER_FLAGS
 
@@ -50,13 +50,6 @@ SESSION_HASH = "$http_x_session_id"
 
 
 # --- 1, 2. docker-compose ---------------------------------------------------------------
-
-def compose_config(*profiles, **env):
-    args = [a for p in profiles for a in ("--profile", p)]
-    out = run(tool("docker-compose"), "-f", DEPLOY / "docker-compose.yml", *args, "config",
-              env=env or None)
-    return yaml.safe_load(out)["services"]
-
 
 def in_profile(services, profile):
     return {name: s for name, s in services.items() if profile in s.get("profiles", [])}
@@ -96,7 +89,7 @@ def nginx_directive(name, text=None):
 
 
 def test_compose_replicas_are_one_per_gpu_behind_the_shipped_nginx():
-    services = compose_config("replicas")
+    services = compose_services("replicas")
     profile = in_profile(services, "replicas")
     replicas = {n: s for n, s in profile.items() if n.startswith("layerserve")}
     assert set(profile) - set(replicas) == {"nginx"}, sorted(profile)
@@ -126,11 +119,11 @@ def test_compose_replicas_are_one_per_gpu_behind_the_shipped_nginx():
 
 
 def test_compose_nginx_runs_the_shipped_configuration():
-    nginx = compose_config("replicas")["nginx"]
+    nginx = compose_services("replicas")["nginx"]
     # On the host's network, where the upstream's 127.0.0.1 addresses are the
     # replicas' published ports and clients keep their own addresses.
     assert nginx["network_mode"] == "host" and "ports" not in nginx
-    assert set(nginx["depends_on"]) == {n for n in in_profile(compose_config("replicas"),
+    assert set(nginx["depends_on"]) == {n for n in in_profile(compose_services("replicas"),
                                                                "replicas") if n != "nginx"}
     mounts = {}
     for v in nginx["volumes"]:
@@ -166,14 +159,14 @@ def test_compose_replicas_leave_nginx_its_ports():
     profile publishes one of those."""
     listen = {int(re.search(r"(\d+)", a).group(1)) for a in nginx_directive("listen")
               if not a.startswith("unix:")}
-    services = compose_config("replicas")
+    services = compose_services("replicas")
     taken = {p[1] for n, s in services.items()
              if "replicas" in s.get("profiles", ["replicas"]) for p in published(s)}
     assert listen and not listen & taken, (listen, taken)
 
 
 def pipeline_stages(**env):
-    stages = in_profile(compose_config("pipeline", **env), "pipeline")
+    stages = in_profile(compose_services("pipeline", **env), "pipeline")
     assert sorted(stages) == ["layerserve-stage0", "layerserve-stage1"], sorted(stages)
     return stages["layerserve-stage0"], stages["layerserve-stage1"]
 
@@ -195,7 +188,7 @@ def test_compose_pipeline_splits_the_layers_at_one_number_over_two_gpus():
     assert first["volumes"] == second["volumes"], "the stages read different checkpoints"
 
     # Apart from the span, both run the gpu profile's command.
-    gpu = compose_config("gpu")["layerserve-gpu"]["command"]
+    gpu = compose_services("gpu")["layerserve-gpu"]["command"]
     for stage in (first, second):
         assert [a for a in stage["command"] if not a.startswith("--layers=")] == \
             [a for a in gpu if not a.startswith("--layers=")]
