@@ -1,7 +1,7 @@
 """Hugging Face checkpoint files with numpy only: the safetensors reader the
 pipeline example uses for the parts of a model layerserve does not run, and
 the writer the two checkpoint commands (gguf_to_hf.py, random_checkpoint.py)
-write with.
+write with (the Python tests write their checkpoints with it too).
 
 A .safetensors file is an 8-byte little-endian header length, a JSON header
 {name: {dtype, shape, data_offsets}} (offsets relative to the end of the
@@ -17,6 +17,9 @@ import numpy as np
 
 # Stored dtype -> little-endian numpy dtype of its bytes (BF16 as bit patterns).
 _STORED = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2"}
+# The dtypes the writer writes, and the bytes of each (F8_E4M3: the
+# float8_e4m3fn bit patterns it is given).
+_WRITTEN = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F8_E4M3": "u1"}
 
 
 def bf16_bits_to_f32(bits):
@@ -30,17 +33,24 @@ def f32_to_bf16_bits(x):
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
-def write_safetensors(path, tensors, dtype="F32"):
+def write_safetensors(path, tensors, dtype="F32", dtypes=None):
     """Writes {name: float array} to `path` as one .safetensors file, every
-    tensor in `dtype` ("F32", "F16" or "BF16", rounded to nearest even)."""
-    if dtype not in ("F32", "F16", "BF16"):
-        raise ValueError(f"cannot write dtype {dtype}")
-    itemsize = np.dtype(_STORED[dtype]).itemsize
+    tensor in `dtype` ("F32", "F16" or "BF16", rounded to nearest even) or in
+    the one `dtypes` maps its name to; an "F8_E4M3" tensor is given as its
+    float8_e4m3fn bit patterns (uint8)."""
+    kinds = {name: (dtypes or {}).get(name, dtype) for name in tensors}
+    unknown = sorted({dtype, *kinds.values()} - set(_WRITTEN))
+    if unknown:
+        raise ValueError(f"cannot write dtype {', '.join(unknown)}")
+    for name in tensors:
+        if kinds[name] == "F8_E4M3" and np.asarray(tensors[name]).dtype != np.uint8:
+            raise ValueError(f"{name}: F8_E4M3 is written from its bit patterns (uint8)")
     header, offset = {}, 0
     for name in sorted(tensors):
         shape = [int(d) for d in np.shape(tensors[name])]
-        size = int(np.prod(shape, dtype=np.int64)) * itemsize
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(_WRITTEN[kinds[name]]).itemsize
+        header[name] = {"dtype": kinds[name], "shape": shape,
+                        "data_offsets": [offset, offset + size]}
         offset += size
     header["__metadata__"] = {"format": "pt"}
     text = json.dumps(header).encode()
@@ -49,10 +59,10 @@ def write_safetensors(path, tensors, dtype="F32"):
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
         for name in sorted(tensors):
-            if dtype == "BF16":
+            if kinds[name] == "BF16":
                 blob = f32_to_bf16_bits(tensors[name]).astype("<u2")
             else:
-                blob = np.ascontiguousarray(tensors[name], dtype=_STORED[dtype])
+                blob = np.ascontiguousarray(tensors[name], dtype=_WRITTEN[kinds[name]])
             f.write(blob.tobytes())
 
 

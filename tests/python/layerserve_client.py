@@ -13,7 +13,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
-from llama_numpy import bf16_to_f32, round_to_bf16
+from llama_numpy import bf16_bits_to_f32, round_to_bf16
 
 RPC_TIMEOUT_S = 60
 
@@ -56,7 +56,7 @@ def output_as_f32(result, name):
         if output.datatype == "FP32":
             values = np.frombuffer(raw, dtype="<f4")
         elif output.datatype == "BF16":
-            values = bf16_to_f32(np.frombuffer(raw, dtype="<u2"))
+            values = bf16_bits_to_f32(np.frombuffer(raw, dtype="<u2"))
         else:
             raise AssertionError(f"unexpected output datatype {output.datatype}")
         assert values.size == int(np.prod(shape)), (

@@ -4,35 +4,28 @@ tiny Hugging Face checkpoints (config.json + model.safetensors) to serve.
 The compatibility tests write a random checkpoint with this module, start
 layerserve on it with --model-dir, and compare what tritonclient gets back
 with `decoder_layers` below. Nothing here is shared with the server: the
-safetensors format is written by hand and the layer math follows Hugging
-Face's LlamaDecoderLayer / Qwen2DecoderLayer directly.
+safetensors file is written by examples/hf_checkpoint.py (numpy, by hand;
+its writer and bfloat16 conversions are imported here for the tests) and the
+layer math follows Hugging Face's LlamaDecoderLayer / Qwen2DecoderLayer
+directly.
 """
 
 import json
 import math
-import struct
+import sys
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from hf_checkpoint import bf16_bits_to_f32, f32_to_bf16_bits, write_safetensors  # noqa: E402
+
 # ---------------------------------------------------------------- bfloat16
-
-
-def bf16_bits(x):
-    """float -> bfloat16 bit patterns (uint16), round to nearest even."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    return rounded.astype(np.uint16)
-
-
-def bf16_to_f32(bits):
-    """bfloat16 bit patterns (uint16) -> float32."""
-    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
 def round_to_bf16(x):
     """The float32 values nearest to `x` that bfloat16 represents exactly."""
-    return bf16_to_f32(bf16_bits(x))
+    return bf16_bits_to_f32(f32_to_bf16_bits(x))
 
 
 # ------------------------------------------------------------- checkpoint
@@ -42,8 +35,8 @@ _SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16}
 
 def e4m3_codes(values):
     """float8_e4m3fn bit patterns (uint8) of values that e4m3 represents
-    exactly (e4m3() rounds to them): looked up in a table of the 254 finite
-    codes decoded by hand."""
+    exactly (e4m3() rounds to them), as write_safetensors takes an F8_E4M3
+    tensor: looked up in a table of the 254 finite codes decoded by hand."""
     codes = np.arange(256)
     codes = codes[(codes & 0x7F) != 0x7F]
     exponent, mantissa = (codes >> 3) & 15, codes & 7
@@ -53,35 +46,6 @@ def e4m3_codes(values):
     table = {float(v): int(c) for v, c in zip(decoded, codes) if not (v == 0 and c & 0x80)}
     flat = np.asarray(values, dtype=np.float64).ravel()
     return np.array([table[float(v)] for v in flat], dtype=np.uint8).reshape(np.shape(values))
-
-
-def write_safetensors(path, tensors, dtype, dtypes=None):
-    """Writes {name: float array} as one .safetensors file in `dtype`
-    ("F32", "F16" or "BF16"; `dtypes` maps names to another, "F8_E4M3" too,
-    whose values must be exact e4m3 ones): an 8-byte little-endian header
-    length, the JSON header, then the tensors' bytes back to back."""
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        value = np.asarray(tensors[name])
-        kind = (dtypes or {}).get(name, dtype)
-        if kind == "BF16":
-            blob = bf16_bits(value).astype("<u2").tobytes()
-        elif kind == "F8_E4M3":
-            blob = e4m3_codes(value).tobytes()
-        else:
-            blob = value.astype(np.dtype(_SAFETENSORS_DTYPES[kind]).newbyteorder("<")).tobytes()
-        header[name] = {"dtype": kind, "shape": list(value.shape),
-                        "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    header["__metadata__"] = {"format": "pt"}
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)  # keeps the data section 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for blob in blobs:
-            f.write(blob)
 
 
 def stored_values(value, dtype):

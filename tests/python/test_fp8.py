@@ -20,8 +20,8 @@ import tritonclient.grpc as grpcclient
 
 from conftest import layerserve_bin
 from layerserve_client import infer, io_names
-from llama_numpy import (decoder_layers, e4m3, make_checkpoint, quantize_fp8, round_to_bf16,
-                         write_safetensors)
+from llama_numpy import (decoder_layers, e4m3, e4m3_codes, make_checkpoint, quantize_fp8,
+                         round_to_bf16, write_safetensors)
 
 CONFIG = dict(model_type="llama", hidden_size=256, intermediate_size=384, num_attention_heads=4,
               num_key_value_heads=2, num_hidden_layers=1, rms_norm_eps=1e-5, rope_theta=10000.0,
@@ -94,7 +94,7 @@ def served(request, tmp_path_factory, start_server):
         name = f"model.layers.0.{module}.weight"
         w, q, scales = quantize_weight(layers[0][module + ".weight"], block, scale_dtype)
         layers[0][module + ".weight"] = w
-        tensors[name], dtypes[name] = q, "F8_E4M3"
+        tensors[name], dtypes[name] = e4m3_codes(q), "F8_E4M3"
         scale_name = f"model.layers.0.{module}.{suffix}"
         tensors[scale_name] = scales if block[0] != 1 else scales.reshape(-1, 1)
         if block == (None, None):
