@@ -15,16 +15,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from layerserve_process import LayerserveProcess, ServerStartError  # noqa: E402
+from server_binary import layerserve_bin  # noqa: E402
 
 
-def layerserve_bin():
-    path = os.environ.get("LAYERSERVE_BIN")
-    if not path:
-        pytest.fail("LAYERSERVE_BIN is not set: run these tests through ctest "
-                    "(or set it to the built server/layerserve)")
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"LAYERSERVE_BIN={path} is not an executable file")
-    return path
 
 
 @pytest.fixture(scope="session")

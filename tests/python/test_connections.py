@@ -19,7 +19,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 import raw_h2
-from conftest import layerserve_bin
+from server_binary import layerserve_bin
 from layerserve_process import LayerserveProcess
 
 SPIKE = 200  # idle sockets at once: more than a limit of 64 allows

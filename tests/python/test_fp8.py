@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from conftest import layerserve_bin
+from server_binary import layerserve_bin
 from layerserve_client import infer, io_names
 from llama_numpy import (decoder_layers, e4m3, e4m3_codes, make_checkpoint, quantize_fp8,
                          round_to_bf16, write_safetensors)

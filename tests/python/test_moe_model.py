@@ -21,7 +21,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import layerserve_bin
+from server_binary import layerserve_bin
 from layerserve_client import RPC_TIMEOUT_S, infer, io_names
 from llama_numpy import (assert_close, decoder_layers, make_checkpoint, moe_routing, num_experts,
                          rms_norm, round_to_bf16, routing_of)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from conftest import layerserve_bin
+from server_binary import layerserve_bin
 from layerserve_client import RPC_TIMEOUT_S, infer, io_names
 from llama_numpy import assert_close, decoder_layers, make_checkpoint, round_to_bf16
 
