@@ -50,26 +50,31 @@ LogLevel ToLogLevel(google::protobuf::LogLevel level) {
   return LogLevel::kError;
 }
 
-// Allocated once and never destroyed: protobuf may log during exit.
-struct LimitedLog {
-  absl::Mutex mu;
-  LogRateLimiter limiter ABSL_GUARDED_BY(mu) = LogRateLimiter(kProtobufLogBurst,
-                                                              kProtobufLogWindow);
+// A limiter shared by every thread that logs through it. Each is allocated
+// once and never destroyed: protobuf and gRPC may log during exit.
+class SharedLimiter {
+ public:
+  SharedLimiter(int burst, std::chrono::steady_clock::duration window) : limiter_(burst, window) {}
+  // Whether to log now; `suppressed`: the lines dropped since the last one.
+  bool Allow(int64_t* suppressed) {
+    absl::MutexLock lock(&mu_);
+    return limiter_.Allow(std::chrono::steady_clock::now(), suppressed);
+  }
+
+ private:
+  absl::Mutex mu_;
+  LogRateLimiter limiter_ ABSL_GUARDED_BY(mu_);
 };
 
-LimitedLog& Limited() {
-  static LimitedLog* const log = new LimitedLog;
-  return *log;
+SharedLimiter& ProtobufLines() {
+  static SharedLimiter* const limiter = new SharedLimiter(kProtobufLogBurst, kProtobufLogWindow);
+  return *limiter;
 }
 
 void RateLimitedLog(google::protobuf::LogLevel level, const char* filename, int line,
                     const std::string& message) {
   int64_t suppressed = 0;
-  if (level != google::protobuf::LOGLEVEL_FATAL) {
-    LimitedLog& log = Limited();
-    absl::MutexLock lock(&log.mu);
-    if (!log.limiter.Allow(std::chrono::steady_clock::now(), &suppressed)) return;
-  }
+  if (level != google::protobuf::LOGLEVEL_FATAL && !ProtobufLines().Allow(&suppressed)) return;
   if (suppressed > 0) {
     LogWarning(absl::StrCat("[libprotobuf] ", suppressed, " similar lines suppressed (at most ",
                             kProtobufLogBurst, " per ", kProtobufLogWindow.count(), " s)"));
@@ -77,16 +82,9 @@ void RateLimitedLog(google::protobuf::LogLevel level, const char* filename, int 
   Log(ToLogLevel(level), absl::StrCat("[libprotobuf ", filename, ":", line, "] ", message));
 }
 
-// Allocated once and never destroyed: gRPC may log during exit.
-struct HandshakeLog {
-  absl::Mutex mu;
-  LogRateLimiter limiter ABSL_GUARDED_BY(mu) = LogRateLimiter(kHandshakeLogBurst,
-                                                              kHandshakeLogWindow);
-};
-
-HandshakeLog& Handshakes() {
-  static HandshakeLog* const log = new HandshakeLog;
-  return *log;
+SharedLimiter& FailedHandshakes() {
+  static SharedLimiter* const limiter = new SharedLimiter(kHandshakeLogBurst, kHandshakeLogWindow);
+  return *limiter;
 }
 
 std::atomic<bool> accept_failed{false};
@@ -98,11 +96,7 @@ void GrpcCoreLog(gpr_log_func_args* args) {
   }
   if (std::strstr(args->message, "Handshake failed") != nullptr) {
     int64_t suppressed = 0;
-    {
-      HandshakeLog& log = Handshakes();
-      absl::MutexLock lock(&log.mu);
-      if (!log.limiter.Allow(std::chrono::steady_clock::now(), &suppressed)) return;
-    }
+    if (!FailedHandshakes().Allow(&suppressed)) return;
     if (suppressed > 0) {
       LogWarning(absl::StrCat("[grpc] ", suppressed, " failed TLS handshakes not logged (at most ",
                               kHandshakeLogBurst, " per ", kHandshakeLogWindow.count(), " s)"));
