@@ -114,7 +114,7 @@ absl::Status LaunchPagedAttention(const PagedAttentionParams& p, cudaStream_t st
 #else
   // The K/V boxes: runs of gcd(block_tokens, 64) keys, one cache block's or
   // the step's rows (paged_attention.cuh).
-  const int box = std::min(kPagedKeyTile, p.cache.block_tokens & -p.cache.block_tokens);
+  const int box = paged::PagedKvBoxRows(p.cache.block_tokens);
   paged::PagedKvMaps maps;
   const auto make_map = [&](CUtensorMap* map, const void* base, int64_t rows, int64_t stride) -> absl::Status {
     absl::StatusOr<CUtensorMap> made =

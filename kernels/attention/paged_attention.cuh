@@ -12,6 +12,7 @@
 #include "kernels/common/dtype.cuh"
 #include "kernels/common/mma_sm80.cuh"
 #include "kernels/common/pdl.cuh"
+#include "kernels/common/pipeline_sm90.cuh"
 #include "kernels/common/reduce.cuh"
 #include "kernels/common/sm90_utils.cuh"
 #include "kernels/rope/rope.cuh"
@@ -139,6 +140,16 @@ constexpr int kCombineThreads = 128;
 constexpr int kKvBoxCols = 64;  // one 128-byte swizzle row of 16-bit elements
 static_assert(kPagedKeyTile == kPagedWarps * 16, "each warp takes 16 keys of a tile");
 static_assert(kPagedQueryRows == 16, "a work item is one m16 tile");
+using KvPipeline = gemm::TmaPipeline<kPagedStages>;
+using KvStage = gemm::PipeState<kPagedStages>;
+
+// Rows of one K/V box: gcd(block_tokens, 64), the longest run of keys that
+// is one cache block's for any tile start (block_tokens & -block_tokens is
+// its largest power-of-two divisor). The kernel's producer and the
+// launcher's tensor maps both take it from here.
+__host__ __device__ constexpr int PagedKvBoxRows(int block_tokens) {
+  return (block_tokens & -block_tokens) < kPagedKeyTile ? (block_tokens & -block_tokens) : kPagedKeyTile;
+}
 
 // The four tensor maps of a launch: the layer's K and V pools as [num_blocks
 // * block_tokens, kv_width] and the step's K and V rows as [tokens, kv_width]
@@ -167,6 +178,9 @@ struct PagedTraits {
   static constexpr int kQueryOffset = kRingBytes;
   static constexpr int kBarrierOffset = kQueryOffset + kPagedWideRows * kHeadDim * 2;
   static constexpr int kSmemBytes = kBarrierOffset + 2 * kPagedStages * 8;
+  // Byte offsets of stage s's K and V tiles in the ring.
+  static constexpr __host__ __device__ int KTile(int s) { return 2 * s * kTileBytes; }
+  static constexpr __host__ __device__ int VTile(int s) { return KTile(s) + kTileBytes; }
   static constexpr int kMergeBytes = kPagedWarps * kPagedQueryRows * (kHeadDim + 2) * 4;
   static_assert(kMergeBytes <= kRingBytes, "the merge fits in the ring");
   static_assert(kHeadDim % kKvBoxCols == 0, "a head is whole 64-column boxes");
@@ -244,18 +258,6 @@ __device__ __forceinline__ void LoadQueryRows(T* sQ, const PagedAttentionParams&
   CpAsyncCommit();
 }
 
-// The K/V ring's stage s: its K and V tiles and its full and empty
-// mbarriers (TmaPipeline's protocol: one producer arrival with the tile's
-// bytes; one arrival per consumer warp once it is done with the stage).
-template <int kHeadDim>
-struct KvRing {
-  uint32_t base;  // shared address of the ring (1024-byte aligned)
-  __device__ __forceinline__ uint32_t K(int s) const { return base + 2 * s * PagedTraits<kHeadDim>::kTileBytes; }
-  __device__ __forceinline__ uint32_t V(int s) const { return K(s) + PagedTraits<kHeadDim>::kTileBytes; }
-  __device__ __forceinline__ uint32_t Full(int s) const { return base + PagedTraits<kHeadDim>::kBarrierOffset + 8 * s; }
-  __device__ __forceinline__ uint32_t Empty(int s) const { return Full(s) + 8 * kPagedStages; }
-};
-
 // The producer warp: fills the ring with the item's key tiles, each a box of
 // `box` keys per (K or V, 64-column half) at a time, lane b issuing the boxes
 // b, b + 32, ... of a tile (box >= 1, so at most 64 boxes: two a lane). The
@@ -264,11 +266,11 @@ struct KvRing {
 // expected bytes count the rest.
 template <int kHeadDim>
 __device__ __forceinline__ void ProduceKvTiles(const PagedAttentionParams& p, const PagedKvMaps& maps,
-                                               const ItemContext& c, const KvRing<kHeadDim>& ring, int kv_head,
+                                               const ItemContext& c, uint32_t ring, const KvPipeline& pipe, int kv_head,
                                                int lane) {
   using Traits = PagedTraits<kHeadDim>;
   const int bt = p.cache.block_tokens;
-  const int box = min(kPagedKeyTile, bt & -bt);  // gcd(block_tokens, 64)
+  const int box = PagedKvBoxRows(bt);
   const int boxes = kPagedKeyTile / box;
   const CUtensorMap* map_k = c.pooled ? &maps.k_pool : &maps.k_rows;
   const CUtensorMap* map_v = c.pooled ? &maps.v_pool : &maps.v_rows;
@@ -279,15 +281,15 @@ __device__ __forceinline__ void ProduceKvTiles(const PagedAttentionParams& p, co
     return c.pooled ? c.table[j / bt] * bt + j % bt : c.first_row + j;
   };
   int rows[2] = {source_row(0, lane), source_row(0, lane + 32)};
-  for (int t = 0; t < c.n_tiles; ++t) {
-    const int s = t % kPagedStages;
-    if (t >= kPagedStages) gemm::MbarWait(ring.Empty(s), ((t / kPagedStages) - 1) & 1);
+  KvStage stage;
+  for (int t = 0; t < c.n_tiles; ++t, stage.Advance()) {
     const int key0 = c.key_begin + t * kPagedKeyTile;
     const int live = min(boxes, (c.key_end - key0 + box - 1) / box);
-    if (lane == 0) {
-      gemm::MbarArriveExpectTx(ring.Full(s), static_cast<uint32_t>(live * box * 128 * Traits::kHalves * 2));
-    }
+    // Lane 0 waits for the consumers to free the stage and announces its
+    // bytes; the warp's boxes go after that.
+    if (lane == 0) pipe.ProducerAcquire(stage, static_cast<uint32_t>(live * box * 128 * Traits::kHalves * 2));
     __syncwarp();
+    const uint32_t full = pipe.FullBarrier(stage);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int b = lane + 32 * i;
@@ -296,20 +298,14 @@ __device__ __forceinline__ void ProduceKvTiles(const PagedAttentionParams& p, co
         for (int h = 0; h < Traits::kHalves; ++h) {
           const uint32_t offset = static_cast<uint32_t>(h * kPagedKeyTile * 128 + b * box * 128);
           const int col = kv_head * kHeadDim + h * kKvBoxCols;
-          gemm::TmaLoad2d(ring.K(s) + offset, map_k, ring.Full(s), col, rows[i]);
-          gemm::TmaLoad2d(ring.V(s) + offset, map_v, ring.Full(s), col, rows[i]);
+          gemm::TmaLoad2d(ring + Traits::KTile(stage.index) + offset, map_k, full, col, rows[i]);
+          gemm::TmaLoad2d(ring + Traits::VTile(stage.index) + offset, map_v, full, col, rows[i]);
         }
       }
     }
     rows[0] = source_row(t + 1, lane);
     rows[1] = source_row(t + 1, lane + 32);
   }
-}
-
-// A consumer waits until tile t has landed.
-template <int kHeadDim>
-__device__ __forceinline__ void WaitKvTile(const KvRing<kHeadDim>& ring, int t) {
-  gemm::MbarWait(ring.Full(t % kPagedStages), (t / kPagedStages) & 1);
 }
 
 // A warp zeroes V rows [from, to) of a tile: the rows past the item's keys
@@ -322,13 +318,6 @@ __device__ __forceinline__ void ZeroValueRows(T* sVs, int from, int to, int lane
     *reinterpret_cast<uint4*>(sVs + KvSwizzle(idx / kChunksPerRow, idx % kChunksPerRow)) = make_uint4(0, 0, 0, 0);
   }
   __syncwarp();
-}
-
-// A consumer warp is done reading stage t % kStages.
-template <int kHeadDim>
-__device__ __forceinline__ void ReleaseKvTile(const KvRing<kHeadDim>& ring, int t, int lane) {
-  __syncwarp();
-  if (lane == 0) gemm::MbarArrive(ring.Empty(t % kPagedStages));
 }
 
 // The A fragments of the m16 query tile at rows row0 .. row0 + 15 of sQ, for
@@ -438,14 +427,12 @@ __device__ __forceinline__ void AccumulateValues(float (&acc_o)[PagedTraits<kHea
 // (above).
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void PagedNarrowTile(const PagedAttentionParams& p, const PagedWorkItem& item,
-                                                const ItemContext& c, const KvRing<kHeadDim>& ring,
-                                                unsigned char* smem_raw) {
+                                                const ItemContext& c, const KvPipeline& pipe, unsigned char* smem_raw) {
   using Traits = PagedTraits<kHeadDim>;
   constexpr int kKSteps = Traits::kKSteps;
   constexpr int kDTiles = Traits::kDTiles;
   const int kv_head = blockIdx.y;
   T* sQ = reinterpret_cast<T*>(smem_raw + Traits::kQueryOffset);
-  T* sK = reinterpret_cast<T*>(smem_raw);
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -471,10 +458,11 @@ __device__ __forceinline__ void PagedNarrowTile(const PagedAttentionParams& p, c
   gemm::NamedBarrierSync(1, kPagedConsumerThreads);
   LoadQueryFragments<T, kHeadDim>(q_frag, sQ, 0, lane);
 
-  for (int t = 0; t < c.n_tiles; ++t) {
-    WaitKvTile(ring, t);
-    const T* sKs = sK + (t % kPagedStages) * 2 * Traits::kTileElems;
-    T* sVs = sK + ((t % kPagedStages) * 2 + 1) * Traits::kTileElems;
+  KvStage stage;
+  for (int t = 0; t < c.n_tiles; ++t, stage.Advance()) {
+    pipe.ConsumerWait(stage);
+    const T* sKs = reinterpret_cast<const T*>(smem_raw + Traits::KTile(stage.index));
+    T* sVs = reinterpret_cast<T*>(smem_raw + Traits::VTile(stage.index));
     const int key0 = c.key_begin + t * kPagedKeyTile + warp * 16;  // this warp's first key
     // The tail past the keys, in this warp's 16 rows.
     if (key0 + 16 > c.key_end)
@@ -489,7 +477,7 @@ __device__ __forceinline__ void PagedNarrowTile(const PagedAttentionParams& p, c
     }
     SoftmaxStep(acc_s, acc_o, row_max, row_sum, scale_log2);
     AccumulateValues<T, kHeadDim, 1>(acc_o, acc_s, sVs, warp * 16, lane);
-    ReleaseKvTile(ring, t, lane);
+    pipe.ConsumerRelease(stage);
   }
 
   // Merge the warps through shared memory (the ring is free once every
@@ -563,8 +551,7 @@ __device__ __forceinline__ void PagedNarrowTile(const PagedAttentionParams& p, c
 // writes the output directly.
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void PagedWideTile(const PagedAttentionParams& p, const PagedWorkItem& item,
-                                              const ItemContext& c, const KvRing<kHeadDim>& ring,
-                                              unsigned char* smem_raw) {
+                                              const ItemContext& c, const KvPipeline& pipe, unsigned char* smem_raw) {
   using Traits = PagedTraits<kHeadDim>;
   constexpr int kKSteps = Traits::kKSteps;
   constexpr int kDTiles = Traits::kDTiles;
@@ -572,7 +559,6 @@ __device__ __forceinline__ void PagedWideTile(const PagedAttentionParams& p, con
   static_assert(kPagedWideRows == kPagedWarps * 16, "each warp owns one m16 row tile");
   const int kv_head = blockIdx.y;
   T* sQ = reinterpret_cast<T*>(smem_raw + Traits::kQueryOffset);  // [64][kHeadDim]
-  T* sK = reinterpret_cast<T*>(smem_raw);
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -599,11 +585,12 @@ __device__ __forceinline__ void PagedWideTile(const PagedAttentionParams& p, con
   gemm::NamedBarrierSync(1, kPagedConsumerThreads);
   LoadQueryFragments<T, kHeadDim>(q_frag, sQ, warp * 16, lane);
 
-  for (int t = 0; t < c.n_tiles; ++t) {
-    WaitKvTile(ring, t);
+  KvStage stage;
+  for (int t = 0; t < c.n_tiles; ++t, stage.Advance()) {
+    pipe.ConsumerWait(stage);
     const int key0 = c.key_begin + t * kPagedKeyTile;
-    const T* sKs = sK + (t % kPagedStages) * 2 * Traits::kTileElems;
-    T* sVs = sK + ((t % kPagedStages) * 2 + 1) * Traits::kTileElems;
+    const T* sKs = reinterpret_cast<const T*>(smem_raw + Traits::KTile(stage.index));
+    T* sVs = reinterpret_cast<T*>(smem_raw + Traits::VTile(stage.index));
     // Every warp reads every V row: each zeroes the tail in its 16, then
     // all meet (the same condition for every consumer warp).
     if (key0 + kPagedKeyTile > c.key_end) {
@@ -622,7 +609,7 @@ __device__ __forceinline__ void PagedWideTile(const PagedAttentionParams& p, con
       SoftmaxStep(acc_s, acc_o, row_max, row_sum, scale_log2);
       AccumulateValues<T, kHeadDim, kN16>(acc_o, acc_s, sVs, 0, lane);
     }
-    ReleaseKvTile(ring, t, lane);
+    pipe.ConsumerRelease(stage);
   }
 
 #pragma unroll
@@ -649,7 +636,6 @@ template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kPagedThreads, 2)
     PagedAttentionKernel(const PagedAttentionParams p, const __grid_constant__ PagedKvMaps maps) {
 #if LS_GEMM_DEVICE_SM90A
-  using Traits = PagedTraits<kHeadDim>;
   AllowDependentLaunch();  // o_proj may start streaming its weights
   // Launched as a programmatic dependent of RopeKvAppend: its rotated rows
   // and cache writes are complete and visible past this point.
@@ -657,14 +643,11 @@ __global__ void __launch_bounds__(kPagedThreads, 2)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const PagedWorkItem item = p.items[blockIdx.x];
   if (item.rows == 0) return;  // idle: padding of a plan sized for a CUDA graph
-  const KvRing<kHeadDim> ring{gemm::SmemAddr(smem_raw)};
+  const uint32_t ring = gemm::SmemAddr(smem_raw);
+  const KvPipeline pipe(ring + PagedTraits<kHeadDim>::kBarrierOffset);
   if (threadIdx.x == 0) {
-    if (ring.base % 1024 != 0) __trap();  // the swizzle's atoms would be misplaced
-    for (int s = 0; s < kPagedStages; ++s) {
-      gemm::MbarInit(ring.Full(s), 1);
-      gemm::MbarInit(ring.Empty(s), kPagedWarps);
-    }
-    gemm::FenceBarrierInit();
+    if (ring % 1024 != 0) __trap();  // the swizzle's atoms would be misplaced
+    pipe.Init(kPagedWarps);
   }
   __syncthreads();
   const ItemContext c = ContextOf(p, item);
@@ -673,13 +656,13 @@ __global__ void __launch_bounds__(kPagedThreads, 2)
       gemm::PrefetchTensorMap(c.pooled ? &maps.k_pool : &maps.k_rows);
       gemm::PrefetchTensorMap(c.pooled ? &maps.v_pool : &maps.v_rows);
     }
-    ProduceKvTiles<kHeadDim>(p, maps, c, ring, blockIdx.y, threadIdx.x % 32);
+    ProduceKvTiles<kHeadDim>(p, maps, c, ring, pipe, blockIdx.y, threadIdx.x % 32);
     return;
   }
   if (item.rows == kPagedWideRows) {
-    PagedWideTile<T, kHeadDim>(p, item, c, ring, smem_raw);
+    PagedWideTile<T, kHeadDim>(p, item, c, pipe, smem_raw);
   } else {
-    PagedNarrowTile<T, kHeadDim>(p, item, c, ring, smem_raw);
+    PagedNarrowTile<T, kHeadDim>(p, item, c, pipe, smem_raw);
   }
 #endif
 }
