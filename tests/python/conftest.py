@@ -4,7 +4,8 @@ process handling is tests/support/layerserve_process.py.
 
 ctest runs these files with LAYERSERVE_BIN (the built server) and
 LAYERSERVE_PERF_ANALYZER (the wrapper scripts/install-perf-analyzer.sh writes)
-set; see tests/python/CMakeLists.txt. Every wait is bounded.
+set; see tests/python/CMakeLists.txt. LAYERSERVE_SERVER_ARGS adds flags to
+every server (server_binary.py). Every wait is bounded.
 """
 
 import os
@@ -15,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from layerserve_process import LayerserveProcess, ServerStartError  # noqa: E402
-from server_binary import layerserve_bin  # noqa: E402
+from server_binary import layerserve_bin, server_args  # noqa: E402
 
 
 
@@ -35,7 +36,7 @@ def start_server(tmp_path_factory):
             # sessions' share short, since tests leave sessions open.
             server = LayerserveProcess(
                 layerserve_bin(),
-                ["--drain-timeout-s=20", "--drain-sessions-timeout-s=2", *flags], log)
+                ["--drain-timeout-s=20", "--drain-sessions-timeout-s=2", *server_args(), *flags], log)
         except ServerStartError as e:
             pytest.fail(str(e), pytrace=False)
         servers.append(server)
