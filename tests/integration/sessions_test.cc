@@ -176,6 +176,13 @@ absl::StatusOr<Tensor> Step(Client& client, const Sequence& seq, int64_t from, i
 }
 
 // The oracle: one stateless request over the whole of `seq`, decoded.
+// A stateless reply used as a session's oracle is itself rounded as the
+// steps are: each is within the compute type's tolerance of the exact
+// result, so the two are within twice that of each other (on the CUDA
+// backend, bf16 through 4 layers, batched with other requests through other
+// GEMM configurations: a few ulps apart).
+constexpr double kStatelessOracleFactor = 2.0;
+
 absl::StatusOr<std::vector<double>> Stateless(Client& client, const Sequence& seq,
                                               const std::string& datatype) {
   absl::StatusOr<Tensor> out =
@@ -189,14 +196,15 @@ absl::StatusOr<std::vector<double>> Stateless(Client& client, const Sequence& se
 // A step's reply against the oracle's rows [from, from + count).
 ::testing::AssertionResult StepMatches(const absl::StatusOr<Tensor>& got,
                                        const std::vector<double>& oracle, const Sequence& seq,
-                                       int64_t from, int64_t count, const std::string& datatype) {
+                                       int64_t from, int64_t count, const std::string& datatype,
+                                       double tolerance_factor) {
   if (!got.ok()) {
     return ::testing::AssertionFailure()
            << "tokens [" << from << ", " << from + count << "): " << got.status();
   }
   ::testing::AssertionResult match =
       MatchesReference(*got, {seq.batch, count, kHidden}, datatype,
-                       Rows(oracle, seq.batch, seq.length, from, count));
+                       Rows(oracle, seq.batch, seq.length, from, count), tolerance_factor);
   if (!match) match << " (tokens [" << from << ", " << from + count << "))";
   return match;
 }
@@ -248,14 +256,17 @@ class Session {
     absl::StatusOr<std::vector<double>> oracle = Stateless(*client_, seq_, datatype_);
     if (!oracle.ok()) return ::testing::AssertionFailure() << "oracle: " << oracle.status();
     oracle_ = *std::move(oracle);
+    oracle_factor_ = kStatelessOracleFactor;
     return ::testing::AssertionSuccess();
   }
   // The float64 reference instead, where a stateless request would wait out
   // a long queue delay.
   void UseReference(const DemoReference& reference) {
     oracle_ = reference.Run(seq_.x, seq_.batch, seq_.length);
+    oracle_factor_ = 1.0;
   }
   const std::vector<double>& oracle() const { return oracle_; }
+  double oracle_factor() const { return oracle_factor_; }
 
   // Sends the next `count` tokens (the first piece with sequence_start) and
   // checks the reply.
@@ -265,7 +276,8 @@ class Session {
     }
     const absl::StatusOr<Tensor> got =
         Step(*client_, seq_, length_, count, datatype_, Options(id_, length_ == 0, end));
-    ::testing::AssertionResult match = StepMatches(got, oracle_, seq_, length_, count, datatype_);
+    ::testing::AssertionResult match =
+        StepMatches(got, oracle_, seq_, length_, count, datatype_, oracle_factor_);
     if (got.ok()) length_ += count;
     if (!match) match << " in session " << IdString(id_);
     return match;
@@ -277,6 +289,7 @@ class Session {
   const Sequence seq_;
   const std::string datatype_;
   std::vector<double> oracle_;
+  double oracle_factor_ = 1.0;  // the tolerance's factor for oracle_
   int64_t length_ = 0;
 };
 
@@ -374,24 +387,25 @@ TEST_F(SessionsTest, RollbackEqualsNeverSendingTheDroppedTokens) {
   const absl::StatusOr<Tensor> prefill =
       Step(client(), mixed, 0, 20, datatype, Options(id, /*start=*/true));
   ASSERT_TRUE(prefill.ok()) << prefill.status();
-  EXPECT_TRUE(StepMatches(FirstTokens(*prefill, 14), *oracle, kept, 0, 14, datatype));
+  EXPECT_TRUE(StepMatches(FirstTokens(*prefill, 14), *oracle, kept, 0, 14, datatype,
+                          kStatelessOracleFactor));
   const absl::StatusOr<Tensor> more = Step(client(), dropped, 20, 12, datatype, Options(id));
   ASSERT_TRUE(more.ok()) << more.status();
 
   // Back to 14: blocks [16, 32) are given back and taken again.
   EXPECT_TRUE(
       StepMatches(Step(client(), kept, 14, 3, datatype, Options(id, false, false, /*position=*/14)),
-                  *oracle, kept, 14, 3, datatype));
+                  *oracle, kept, 14, 3, datatype, kStatelessOracleFactor));
   // An explicit position equal to the length appends.
   EXPECT_TRUE(StepMatches(Step(client(), kept, 17, 7, datatype, Options(id, false, false, 17)),
-                          *oracle, kept, 17, 7, datatype));
+                          *oracle, kept, 17, 7, datatype, kStatelessOracleFactor));
   // Past the length (24): refused, naming both.
   const absl::StatusOr<Tensor> past =
       Step(client(), kept, 24, 1, datatype, Options(id, false, false, 27));
   EXPECT_TRUE(IsError(past.status(), absl::StatusCode::kFailedPrecondition, {"27", "24"}));
   // ... and the session is as it was.
   EXPECT_TRUE(StepMatches(Step(client(), kept, 24, 1, datatype, Options(id, false, true)), *oracle,
-                          kept, 24, 1, datatype));
+                          kept, 24, 1, datatype, kStatelessOracleFactor));
 }
 
 // Errors on one session's requests (unknown ids of either kind, a session
@@ -459,7 +473,8 @@ TEST_F(SessionsTest, AStreamCarriesASessionAsUnaryCallsDo) {
         Step(client(), seq, from, pieces[i], datatype, Options(unary_id, start, end));
     const absl::StatusOr<Tensor> streamed = stream->Infer(
         kModel, Piece(seq, from, pieces[i], datatype), Options(stream_id, start, end));
-    ASSERT_TRUE(StepMatches(streamed, *oracle, seq, from, pieces[i], datatype));
+    ASSERT_TRUE(
+        StepMatches(streamed, *oracle, seq, from, pieces[i], datatype, kStatelessOracleFactor));
     ASSERT_TRUE(unary.ok()) << unary.status();
     EXPECT_EQ(streamed->shape, unary->shape);
     EXPECT_TRUE(streamed->data == unary->data) << "the stream's reply differs from the unary one";
@@ -487,7 +502,8 @@ TEST_F(SessionsTest, AStreamCarriesASessionAsUnaryCallsDo) {
   EXPECT_TRUE(IsError(after.status(), absl::StatusCode::kNotFound, {"twin-stream", "not found"}));
   const absl::StatusOr<Tensor> again =
       stream->Infer(kModel, Piece(seq, 0, 3, datatype), Options(stream_id, true, true));
-  EXPECT_TRUE(StepMatches(again, *oracle, seq, 0, 3, datatype)) << "a new session on the stream";
+  EXPECT_TRUE(StepMatches(again, *oracle, seq, 0, 3, datatype, kStatelessOracleFactor))
+      << "a new session on the stream";
   EXPECT_TRUE(stream->Close().ok());
 }
 
@@ -538,8 +554,8 @@ TEST_F(SessionsTest, PipelinedStepsWithPositionsAreNeverMisapplied) {
     const absl::StatusOr<Tensor>& step = (*waited)[2 * i];
     if (first_refused == steps.size() && !step.ok()) first_refused = i;
     if (i < first_refused) {
-      EXPECT_TRUE(
-          StepMatches(step, session.oracle(), session.seq(), starts[i], steps[i], datatype));
+      EXPECT_TRUE(StepMatches(step, session.oracle(), session.seq(), starts[i], steps[i], datatype,
+                              session.oracle_factor()));
     } else {
       EXPECT_TRUE(IsError(step.status(), absl::StatusCode::kFailedPrecondition,
                           {absl::StrCat("sequence_position ", starts[i]), "past"}));
@@ -553,7 +569,8 @@ TEST_F(SessionsTest, PipelinedStepsWithPositionsAreNeverMisapplied) {
   for (size_t i = first_refused; i < steps.size(); ++i) {
     EXPECT_TRUE(StepMatches(Step(client(), session.seq(), starts[i], steps[i], datatype,
                                  Options(id, false, end(i), starts[i])),
-                            session.oracle(), session.seq(), starts[i], steps[i], datatype))
+                            session.oracle(), session.seq(), starts[i], steps[i], datatype,
+                            session.oracle_factor()))
         << "step " << i << " sent again";
   }
   const absl::StatusOr<Tensor> ended = Step(client(), session.seq(), 0, 1, datatype, Options(id));
@@ -701,8 +718,8 @@ TEST_F(SessionQueueTest, StepsRunInTheOrderTheyAreQueued) {
   ASSERT_TRUE(waited.ok()) << waited.status();
   for (int64_t i = 0, from = 0; i < static_cast<int64_t>(pieces.size()); from += pieces[i++]) {
     SCOPED_TRACE(testing::Message() << "piece " << i);
-    EXPECT_TRUE(
-        StepMatches((*waited)[2 * i], session.oracle(), session.seq(), from, pieces[i], datatype));
+    EXPECT_TRUE(StepMatches((*waited)[2 * i], session.oracle(), session.seq(), from, pieces[i],
+                            datatype, session.oracle_factor()));
     const absl::StatusOr<Tensor>& other = (*waited)[2 * i + 1];
     ASSERT_TRUE(other.ok()) << other.status();
     EXPECT_TRUE(
@@ -732,8 +749,10 @@ TEST_F(SessionQueueTest, SequenceStartWhileAStepIsQueuedIsRefused) {
   ASSERT_TRUE(SendQueued(Piece(first.seq(), 4, 3, datatype), Options(id), results->Callback(1), 2));
   const auto waited = results->Wait(absl::Seconds(30));
   ASSERT_TRUE(waited.ok()) << waited.status();
-  EXPECT_TRUE(StepMatches((*waited)[0], first.oracle(), first.seq(), 0, 4, datatype));
-  EXPECT_TRUE(StepMatches((*waited)[1], first.oracle(), first.seq(), 4, 3, datatype));
+  EXPECT_TRUE(StepMatches((*waited)[0], first.oracle(), first.seq(), 0, 4, datatype,
+                          first.oracle_factor()));
+  EXPECT_TRUE(StepMatches((*waited)[1], first.oracle(), first.seq(), 4, 3, datatype,
+                          first.oracle_factor()));
   EXPECT_TRUE(second.Send(3, /*end=*/true));
 }
 
@@ -802,7 +821,7 @@ TEST(SessionLimitsTest, KvCacheExhaustedSaysHowManyBlocksAreFree) {
   // k2 ends with a step that needs no new block (it rewrites its last token).
   EXPECT_TRUE(StepMatches(Step(client, k2.seq(), block_tokens - 1, 1, "FP32",
                                Options(k2.id(), false, /*end=*/true, block_tokens - 1)),
-                          k2.oracle(), k2.seq(), block_tokens - 1, 1, "FP32"));
+                          k2.oracle(), k2.seq(), block_tokens - 1, 1, "FP32", k2.oracle_factor()));
   // Its blocks are free again, and k1 goes on as if nothing had happened.
   EXPECT_TRUE(k1.Send(3, /*end=*/true));
 }
@@ -882,7 +901,7 @@ TEST(SessionShutdownTest, SigtermDrainsQueuedSessionSteps) {
       const Session& s = *sessions[k];
       SCOPED_TRACE(testing::Message() << "session " << IdString(s.id()) << " piece " << i);
       EXPECT_TRUE(StepMatches((*waited)[i * sessions.size() + k], s.oracle(), s.seq(), from,
-                              pieces[i], s.datatype()));
+                              pieces[i], s.datatype(), s.oracle_factor()));
     }
   }
   absl::StatusOr<int> exit_code = served.process->WaitForExit(absl::Seconds(20));
