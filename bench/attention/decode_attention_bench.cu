@@ -24,7 +24,10 @@
 // kernels and not the host's launch latency (torch_decode.py does the same
 // with torch.cuda._sleep). Input sets rotate so that their total is at least
 // twice the L2; the median is reported. Bandwidth counts the K and V bytes a
-// step must read: B * (L + q_tokens) * 8 * 128 * 2 bytes, for K and for V.
+// step must read: B * (L + q_tokens) * 8 * 128 * 2 bytes, for K and for V,
+// and is given against the device's copy bandwidth measured at the start of
+// the run (bench/layer/device_rates.h: bytes read plus written), the floor
+// a step of this many bytes cannot pass.
 //
 // Usage: decode_attention_bench [--points=1x1024,64x4096] [--q-tokens=N]
 //          [--csv=PATH] [--iters=N] [--warmup=N]   (flags also take "--flag N")
@@ -48,6 +51,7 @@
 #include "absl/status/statusor.h"
 #include "base/cuda/cuda_resources.h"
 #include "bench/attention/bench_util.cuh"
+#include "bench/layer/device_rates.h"
 #include "layerserve/kernels/common.h"
 #include "layerserve/kernels/paged_attention.h"
 
@@ -338,14 +342,18 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "cannot write %s\n", csv_path.c_str());
       return 1;
     }
-    std::fprintf(csv, "B,L,q_tokens,us,kv_bytes,tbps,items,combines\n");
+    std::fprintf(csv, "B,L,q_tokens,us,kv_bytes,tbps,items,combines,of_copy\n");
   }
+  absl::StatusOr<double> copy_bytes_per_s = bench::MeasureCopyBytesPerSecond(nullptr);
+  BENCH_CHECK_OK(copy_bytes_per_s.status());
+  const double copy_tbps = *copy_bytes_per_s / 1e12;
+  std::printf("copy bandwidth (this run, read + written): %.2f TB/s\n", copy_tbps);
   std::printf(
       "\npaged decode attention: bf16, heads %d, kv heads %d, head_dim %d, blocks of %d, q_tokens %d "
       "(median of %d)\n",
       kHeads, kKvHeads, kHeadDim, kBlockTokens, q_tokens, iters);
-  std::printf("%5s %6s %3s %10s %10s %7s %6s %8s %5s\n", "B", "L", "q", "us", "KV MB", "TB/s", "items", "combines",
-              "sets");
+  std::printf("%5s %6s %3s %10s %10s %7s %7s %6s %8s %5s\n", "B", "L", "q", "us", "KV MB", "TB/s", "of_copy", "items",
+              "combines", "sets");
   bool all_ok = true;
   for (const Point& point : points) {
     const Batch b = MakeBatch(point, q_tokens, *dev);
@@ -370,11 +378,12 @@ int Main(int argc, char** argv) {
         sets, warmup, iters, [&](int set) { BENCH_CHECK_OK(LaunchPagedAttention(params[set], nullptr)); },
         /*hold_stream=*/true);
     const double us = ms * 1e3, tbps = kv_bytes / (ms * 1e-3) / 1e12;
-    std::printf("%5d %6d %3d %10.1f %10.1f %7.2f %6zu %8zu %5d\n        %s\n", point.batch, point.context, q_tokens, us,
-                kv_bytes / 1e6, tbps, b.plan.items.size(), b.plan.combines.size(), sets, check.c_str());
+    std::printf("%5d %6d %3d %10.1f %10.1f %7.2f %7.2f %6zu %8zu %5d\n        %s\n", point.batch, point.context,
+                q_tokens, us, kv_bytes / 1e6, tbps, tbps / copy_tbps, b.plan.items.size(), b.plan.combines.size(), sets,
+                check.c_str());
     if (csv != nullptr) {
-      std::fprintf(csv, "%d,%d,%d,%.3f,%.0f,%.4f,%zu,%zu\n", point.batch, point.context, q_tokens, us, kv_bytes, tbps,
-                   b.plan.items.size(), b.plan.combines.size());
+      std::fprintf(csv, "%d,%d,%d,%.3f,%.0f,%.4f,%zu,%zu,%.3f\n", point.batch, point.context, q_tokens, us, kv_bytes,
+                   tbps, b.plan.items.size(), b.plan.combines.size(), tbps / copy_tbps);
       std::fflush(csv);
     }
   }

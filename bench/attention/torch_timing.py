@@ -4,7 +4,9 @@ median_ms (torch_sdpa.py, torch_decode.py, the kernel-only column of
 bench/layer/torch_decode_step.py) rotates input sets whose total is at least
 twice the L2 and queues its calls back to back; synced_median_ms
 (bench/layer/torch_decode_step.py, hf_layer.py, hf_moe.py) synchronizes after each call,
-as layer_bench does. parse_points reads the decode benches' BxL points."""
+as layer_bench does. parse_points reads the decode benches' BxL points.
+device_rates measures a floor's two denominators as bench/layer/device_rates.h
+does."""
 
 import math
 import statistics
@@ -54,6 +56,22 @@ def synced_median_ms(fn, warmup, iters):
         stop.synchronize()
         times.append(start.elapsed_time(stop))
     return statistics.median(times)
+
+
+def device_rates():
+    """(copy bytes read plus written per second, bf16 FLOP/s): a device-to-device
+    copy of 1 GiB and an 8192^3 bf16 matmul (cuBLASLt under torch), random
+    inputs, median of 10 after 3 warm-up calls; bench/layer/device_rates.h
+    measures the same two for layer_bench."""
+    src = torch.randn(1 << 29, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    copy_ms = median_ms([None], 3, 10, lambda _: dst.copy_(src))
+    del src, dst
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, n, device="cuda", dtype=torch.bfloat16) * 0.01
+    mm_ms = median_ms([None], 3, 10, lambda _: a @ w.t())
+    return 2.0 * (1 << 30) / (copy_ms * 1e-3), 2.0 * n ** 3 / (mm_ms * 1e-3)
 
 
 def parse_points(text):

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 import transformers
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "attention"))
-from torch_timing import synced_median_ms  # noqa: E402  (bench/attention/torch_timing.py)
+from torch_timing import device_rates, synced_median_ms  # noqa: E402  (bench/attention/torch_timing.py)
 
 # The shapes of each model (layer_bench's configs), and its routing.
 MODELS = {
@@ -50,8 +50,8 @@ HEAD_DIM = 128
 # Set by main() from --model.
 HIDDEN = INTER = HEADS = KV_HEADS = EXPERTS = TOP_K = SHARED = 0
 NORMALIZE = True
-HBM_BYTES_PER_S = 3.0e12
-BF16_FLOPS_PER_S = 8.0e14
+# The floors' denominators, measured on the device by main() (device_rates).
+HBM_BYTES_PER_S = BF16_FLOPS_PER_S = 0.0
 TOKENS = [1, 16, 128, 1024, 4096, 8192]
 
 
@@ -177,11 +177,14 @@ def main():
     parser.add_argument("--ours", help="layer_bench --model M --csv output")
     parser.add_argument("--iters", type=int, default=30)
     args = parser.parse_args()
-    global HIDDEN, INTER, HEADS, KV_HEADS, EXPERTS, TOP_K, SHARED, NORMALIZE
+    global HIDDEN, INTER, HEADS, KV_HEADS, EXPERTS, TOP_K, SHARED, NORMALIZE, HBM_BYTES_PER_S, BF16_FLOPS_PER_S
     m = MODELS[args.model]
     HIDDEN, INTER, HEADS, KV_HEADS = m["hidden"], m["inter"], m["heads"], m["kv_heads"]
     EXPERTS, TOP_K, SHARED, NORMALIZE = m["experts"], m["top_k"], m["shared"], m["normalize"]
     torch.manual_seed(0)
+    HBM_BYTES_PER_S, BF16_FLOPS_PER_S = device_rates()
+    print(f"floors at this run's rates: copy {HBM_BYTES_PER_S / 1e12:.2f} TB/s (read + written), "
+          f"bf16 8192^3 matmul {BF16_FLOPS_PER_S / 1e12:.0f} TFLOP/s")
     print("transformers", transformers.__version__, "torch", torch.__version__, "device",
           torch.cuda.get_device_name(), "model", args.model)
     layer, rotary, block = make_layer(args.model)

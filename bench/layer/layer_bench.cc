@@ -7,13 +7,16 @@
 // Forward between two CUDA events; warm-up first (heuristics, module load),
 // then the median of many runs. A second pass with the executor's op timer
 // gives the per-op split. Prints a table and, with --csv, writes
-// "tokens,seqs,ms" rows that bench/layer/hf_layer.py puts beside HF's times.
+// "tokens,seqs,ms,floor_ms" rows that bench/layer/hf_layer.py puts beside
+// HF's times. A case's floor is the larger of its bytes read once at the
+// device's copy bandwidth and its FLOPs at cuBLASLt's 8192^3 bf16 rate, both
+// measured at the start of the run (device_rates.h).
 //
 // Decode steps (--decode, on by default): B sessions at context L, each
 // adding one token, through the KV pool and paged attention exactly as a
 // served session batch runs (block tables shuffled across a random-filled
-// pool). The floor of a step is (weight bytes + the K/V bytes it reads) at
-// the device's copy bandwidth; the table gives the step against it. Two
+// pool). The floor of a step counts the K/V bytes it reads beside the
+// weights; the table gives the step against it. Two
 // prefill pieces follow them: the last piece of an 8192-token prompt cut
 // into 2048- and into 512-token pieces (--prefill-chunk-tokens), T new
 // tokens over 8192 - T cached, through the same paged attention. With
@@ -31,8 +34,8 @@
 // experts a batch is expected to read, E (1 - (1 - k/E)^T) of them under
 // uniform routing (plus a shared expert, read whole), and its CSV rows add
 // the experts' part (routing through combine, and the shared expert) and
-// the grouped GEMMs (the SiLU gate in the gate/up epilogue), for
-// bench/layer/hf_moe.py.
+// the grouped GEMMs (the SiLU gate in the gate/up epilogue) before the
+// floor, for bench/layer/hf_moe.py.
 //
 //   layer_bench [--csv PATH] [--decode-csv PATH] [--iters N] [--gemm MODE]
 //               [--no-autotune] [--compare cublaslt|untuned|bm64|bm128|graph|bf16]
@@ -80,6 +83,7 @@
 #include "base/cuda/cuda_resources.h"
 #include "base/cuda/cuda_status.h"
 #include "base/status_macros.h"
+#include "bench/layer/device_rates.h"
 #include "bench/layer/random_fill.h"
 #include "layerserve/kernels/layer_ops.h"
 #include "server/core/backend.h"
@@ -96,8 +100,6 @@ using cuda::ActivationArena;
 using cuda::DeviceBuffer;
 
 constexpr int64_t kMaxTokens = 8192;
-constexpr double kHbmBytesPerSecond = 3.0e12;   // measured device-to-device copy, H100 SXM
-constexpr double kBf16FlopsPerSecond = 8.0e14;  // measured 8192^3 bf16 GEMM, H100 SXM
 
 // A stateless batch of `tokens` tokens in `seqs` equal sequences, or (with
 // context > 0) a session step: `seqs` sessions of tokens / seqs new tokens
@@ -359,6 +361,8 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
                       cuda::MakeGemmRouter(gemm_mode, gemm_shapes, kMaxTokens, tuning, std::cerr));
   LS_ASSIGN_OR_RETURN(DeviceBuffer workspace_buffer, DeviceBuffer::Allocate(gemm->workspace_bytes()));
   const kernels::GemmWorkspace workspace{workspace_buffer.data(), workspace_buffer.bytes()};
+  // The floors' denominators, measured here (device_rates.h).
+  LS_ASSIGN_OR_RETURN(const DeviceRates rates, MeasureDeviceRates(*gemm, workspace, stream.get()));
   LS_ASSIGN_OR_RETURN(ActivationArena arena, ActivationArena::Create(shape, kMaxTokens));
   const size_t x_bytes = static_cast<size_t>(kMaxTokens * shape.hidden) * 2;
   LS_ASSIGN_OR_RETURN(DeviceBuffer x0, DeviceBuffer::Allocate(x_bytes));
@@ -393,12 +397,14 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
               : fp8 == kernels::Fp8Scaling::kPerRow ? "fp8, per-row scales"
                                                     : "bf16",
               iters, graphs ? ", each a CUDA graph replay" : "");
+  std::printf("floors at this run's rates: copy %.2f TB/s (read + written), cuBLASLt bf16 8192^3 %.0f TFLOP/s\n",
+              rates.copy_bytes_per_s / 1e12, rates.bf16_flops_per_s / 1e12);
   std::printf("%13s %10s %10s %10s %10s %9s %9s  %s\n", "tokens seqs", "median_ms", "min_ms", "floor_ms", "floor/med",
               "TFLOP/s", "GB/s_w", "per-op medians (us)");
   std::ofstream csv;
   if (!csv_path.empty()) {
     csv.open(csv_path);
-    csv << (moe ? "tokens,seqs,ms,experts_ms,grouped_gemms_ms\n" : "tokens,seqs,ms\n");
+    csv << (moe ? "tokens,seqs,ms,experts_ms,grouped_gemms_ms,floor_ms\n" : "tokens,seqs,ms,floor_ms\n");
   }
   std::ofstream decode_csv;
   if (!decode_csv_path.empty()) {
@@ -568,8 +574,8 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
     const double keys_attended = static_cast<double>(len) * static_cast<double>(c.context) +
                                  0.5 * static_cast<double>(len) * static_cast<double>(len + 1);
     const double attn_flops = 4.0 * shape.num_heads * shape.head_dim * static_cast<double>(c.seqs) * keys_attended;
-    const double floor_ms =
-        1e3 * std::max((read_bytes + kv_bytes) / kHbmBytesPerSecond, (gemm_flops + attn_flops) / kBf16FlopsPerSecond);
+    const double floor_ms = 1e3 * std::max((read_bytes + kv_bytes) / rates.copy_bytes_per_s,
+                                           (gemm_flops + attn_flops) / rates.bf16_flops_per_s);
     std::string ops;
     std::map<std::string_view, double> op_ms;
     for (const std::string_view op :
@@ -608,7 +614,7 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
         csv << "," << grouped + op_ms[cuda::kOpMoeRoute] + op_ms[cuda::kOpMoeCombine] + op_ms[cuda::kOpSharedExpert]
             << "," << grouped;
       }
-      csv << "\n";
+      csv << "," << floor_ms << "\n";
     }
     if (decode_csv.is_open() && session && len == 1) {
       decode_csv << c.seqs << "," << c.context << "," << median_ms << "," << min_ms << "," << floor_ms;

@@ -51,11 +51,12 @@ the attention output and the layer output, each within 3% of the reference's
 largest magnitude; then the graph's replay against the eager output
 (allclose, rtol = atol = 1e-2), so the graph never times something broken.
 
-floor_ms is layer_bench's: max((weight bytes + B (L + 1) 8 128 2 2 bytes of
-K/V) / 3.0 TB/s, (2 B weight params + 4 32 128 B (L + 1)) FLOP / 800 TFLOP/s).
 With --ours (layer_bench --decode-csv of the Llama-3-8B layer, not --mixtral)
-each row adds our median step and the ratios eager/ours and graph/ours (above
-1: ours is faster), ours/floor and graph/floor (1 is the floor); when that CSV
+each row adds our median step, layer_bench's floor_ms (max((weight bytes +
+B (L + 1) 8 128 2 2 bytes of K/V) / the copy bandwidth, (2 B weight params +
+4 32 128 B (L + 1)) FLOP / the bf16 GEMM rate), both rates measured in
+layer_bench's run on this device) and the ratios eager/ours and graph/ours
+(above 1: ours is faster), ours/floor and graph/floor (1 is the floor); when that CSV
 has layer_bench --compare graph's column, also our graph replay and
 graph/ours_graph. The two programs run one after the other on the same
 machine in one gpu-run.sh call, not interleaved: drift between them (10-25%
@@ -84,8 +85,6 @@ from torch_timing import median_ms, parse_points, synced_median_ms  # noqa: E402
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM = 4096, 14336, 32, 8, 128
 Q_WIDTH, KV_WIDTH = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
 EPS, ROPE_THETA = 1e-5, 500000.0
-HBM_BYTES_PER_S = 3.0e12  # measured device-to-device copy on the H100 SXM (layer_bench's kHbmBytesPerSecond)
-BF16_FLOPS_PER_S = 8.0e14  # measured 8192^3 bf16 GEMM on the H100 SXM (kBf16FlopsPerSecond)
 POINTS = [(1, 1024), (1, 4096), (16, 1024), (16, 4096), (64, 1024), (64, 4096)]
 # About 50 ms at the H100's clock: longer than enqueueing QUEUED_CALLS eager steps takes.
 SPIN_CYCLES = 100_000_000
@@ -277,13 +276,6 @@ def capture(step):
     return graph, out
 
 
-def floor_ms(batch, context, weight_params):
-    """layer_bench's floor of a dense decode step."""
-    kv_bytes = 2.0 * batch * (context + 1) * KV_HEADS * HEAD_DIM * 2
-    flops = 2.0 * batch * weight_params + 4.0 * HEADS * HEAD_DIM * batch * (context + 1)
-    return 1e3 * max((2.0 * weight_params + kv_bytes) / HBM_BYTES_PER_S, flops / BF16_FLOPS_PER_S)
-
-
 def bench_point(weights, batch, context, norm, gqa, warmup, iters):
     """(eager_ms, eager kernels' ms, graph_ms, worst relative errors) for one point."""
     point = f"B={batch} L={context}"
@@ -365,23 +357,17 @@ def main():
           f"{'ours_ms':>9} {'eager/ours':>10} {'graph/ours':>10} {'ours/floor':>10} {'graph/floor':>11}"
           + (f" {'ours_graph':>10} {'graph/ours_graph':>16}" if ours_graph_col else "")
           + "  worst rel err (k, attn, out)")
-    notes = []
     for batch, context, eager, kernels, replay, errors in rows:
-        floor = floor_ms(batch, context, weight_params)
         row = ours.get((batch, context))
         mine = float(row["ms"]) if row else None
-        if row and abs(float(row["floor_ms"]) - floor) > 0.01 * floor:
-            notes.append(f"B={batch} L={context}: layer_bench's floor {float(row['floor_ms']):.4f} ms is not "
-                         f"this script's {floor:.4f} ms (a --mixtral CSV?)")
-        line = (f"{batch:>4} {context:>6} {eager:9.4f} {kernels:9.4f} {replay:9.4f} {floor:9.4f} "
+        floor = float(row["floor_ms"]) if row else None
+        line = (f"{batch:>4} {context:>6} {eager:9.4f} {kernels:9.4f} {replay:9.4f} {fmt(floor, '.4f', 9)} "
                 f"{fmt(mine, '.4f', 9)} {fmt(ratio(eager, mine), '.2f', 10)} {fmt(ratio(replay, mine), '.2f', 10)} "
-                f"{fmt(ratio(mine, floor), '.2f', 10)} {replay / floor:11.2f}")
+                f"{fmt(ratio(mine, floor), '.2f', 10)} {fmt(ratio(replay, floor), '.2f', 11)}")
         if ours_graph_col:
             mine_graph = float(row[ours_graph_col]) if row and row.get(ours_graph_col) else None
             line += f" {fmt(mine_graph, '.4f', 10)} {fmt(ratio(replay, mine_graph), '.2f', 16)}"
         print(line + "  " + " ".join(f"{e:.1e}" for e in errors))
-    for note in notes:
-        print("note: " + note)
 
 
 if __name__ == "__main__":
