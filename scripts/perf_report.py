@@ -8,10 +8,10 @@ scripts/gpu-run.sh writes to $OUT, copied as they are, plus a meta.txt of `key: 
 (gpu, commit and date required; settings, source and note optional). What is read, per stage:
 
   bench-kernels   gemm_bench.csv          gemm_bench --csv (m,n,k,version,status,median_us,...)
-  bench-layer     layer_ours.csv          layer_bench --csv (tokens,seqs,ms)
+  bench-layer     layer_ours.csv          layer_bench --csv (tokens,seqs,ms[,floor_ms])
                   layer_vs_hf.txt         bench/layer/hf_layer.py's table (hf_ms, speedup, floor)
                   layer_decode.csv        layer_bench --decode-csv (seqs,context,ms,min_ms,floor_ms)
-  bench-decode    decode_ours.csv         decode_attention_bench --csv (B,L,q_tokens,us,...,tbps)
+  bench-decode    decode_ours.csv         decode_attention_bench --csv (B,L,q_tokens,us,...,tbps[,of_copy])
   bench-server    server/load_summary.txt bench/server/load_matrix.py (one layerctl report a line)
 
 Each table goes between `<!-- generated: NAME -->` and `<!-- end -->` in FILE; everything
@@ -108,7 +108,7 @@ def gemm_section(run):
                   ">cuBLASLt / own", "router picks", ">router µs"], rows)
 
 
-HF_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+|-)\s+([\d.]+x|-)\s+(\S+)\s+([\d.]+)\s+([\d.]+|-)\s*$")
+HF_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+|-)\s+([\d.]+x|-)\s+(\S+)\s+([\d.]+|-)\s+([\d.]+|-)\s*$")
 
 
 def layer_section(run):
@@ -129,10 +129,17 @@ def layer_section(run):
         h = hf.get(key, {})
         speedup = h.get("speedup", "-")
         target = h.get("target", "-")
-        rows.append([key[0], key[1], r["ms"], h.get("hf_ms", "–"),
+        # The floor layer_bench measured in its run, where its CSV has it;
+        # older runs' came through hf_layer.py's table.
+        if r.get("floor_ms"):
+            floor = f"{float(r['floor_ms']):.4f}"
+            over = f"{float(r['ms']) / float(r['floor_ms']):.2f}"
+        else:
+            floor, over = h.get("floor", "–"), h.get("over_floor", "–")
+        rows.append([key[0], key[1], f"{float(r['ms']):.4f}", h.get("hf_ms", "–"),
                      speedup.replace("x", "×") if speedup != "-" else "–",
                      target.replace("x", "×") if target != "-" else "–",
-                     h.get("floor", "–"), h.get("over_floor", "–").replace("-", "–")])
+                     floor.replace("-", "–"), over.replace("-", "–")])
     return table([">tokens", ">seqs", ">ours ms", ">HF ms", ">HF / ours", ">target", ">floor ms", ">ours / floor"],
                  rows)
 
@@ -144,7 +151,7 @@ def layer_decode_section(run):
     rows = []
     for r in read_csv(path):
         ms, floor = float(r["ms"]), float(r["floor_ms"])
-        rows.append([r["seqs"], number(int(r["context"])), r["ms"], r["floor_ms"],
+        rows.append([r["seqs"], number(int(r["context"])), f"{ms:.4f}", f"{floor:.4f}",
                      f"{ms / floor:.2f}" if floor > 0 else "–"])
     return table([">sessions", ">context", ">ms", ">floor ms", ">ms / floor"], rows)
 
@@ -153,8 +160,9 @@ def decode_attention_section(run):
     path = run.file("decode_ours.csv")
     if path is None:
         return None
-    rows = [[r["B"], number(int(r["L"])), r["q_tokens"], r["us"], r["tbps"]] for r in read_csv(path)]
-    return table([">B", ">L", ">new tokens", ">µs", ">TB/s"], rows)
+    rows = [[r["B"], number(int(r["L"])), r["q_tokens"], r["us"], r["tbps"], r.get("of_copy") or "–"]
+            for r in read_csv(path)]
+    return table([">B", ">L", ">new tokens", ">µs", ">TB/s", ">of copy"], rows)
 
 
 SERVER_LINE = re.compile(r"^tokens=(\d+)\s+concurrency=(\d+)\s+batching=(on|off)\s+(\{.*\})\s*$")

@@ -103,10 +103,22 @@ def test_layer_table_without_hf_output_has_our_times_only(tmp_path):
     assert rows[1] == "| 1 | 1 | 0.1900 | – | – | – | – | – |"
 
 
+def test_layer_table_takes_the_floor_layer_bench_measured_where_its_csv_has_it(tmp_path):
+    results = tmp_path / "results"
+    shutil.copytree(FIXTURE, results)
+    (results / "testgpu-abc1234" / "layer_ours.csv").write_text("tokens,seqs,ms,floor_ms\n1,1,0.19,0.1\n")
+    doc = tmp_path / "p.md"
+    doc.write_text(DOC)
+    perf_report.main(["--results", str(results), "--doc", str(doc)])
+    rows = table_rows(generated(doc.read_text(), "layer"))
+    # HF's time and speedup from hf_layer.py's table, the floor from the CSV.
+    assert rows[1] == "| 1 | 1 | 0.1900 | 0.6430 | 3.38× | 2.5× | 0.1000 | 1.90 |"
+
+
 def test_decode_tables(page):
     assert table_rows(generated(page, "layer-decode"))[1:] == ["| 1 | 1 024 | 0.2100 | 0.1460 | 1.44 |",
                                                                  "| 64 | 4 096 | 0.9000 | 0.6000 | 1.50 |"]
-    assert table_rows(generated(page, "decode-attention"))[1:] == ["| 1 | 1 024 | 1 | 16.800 | 0.2500 |"]
+    assert table_rows(generated(page, "decode-attention"))[1:] == ["| 1 | 1 024 | 1 | 16.800 | 0.2500 | – |"]
 
 
 def test_server_table_pairs_batching_on_and_off(page):

@@ -45,9 +45,13 @@ COMMAND_TIMEOUT_S = 300
 # are off by 4e-3 and 2e-2 (rms, spans 0:15 and 15:30).
 MAX_REL, RMS_REL = 1e-5, 1e-5
 # The CUDA backend's bf16 weights and activations (8 significant bits) over
-# 15 layers: the integration suite holds a 2-layer model to 1.6e-2 of the
-# largest element in BF16; a 15-layer span gets 6e-2 of it and 2e-2 of the rms.
-BF16_MAX_REL, BF16_RMS_REL = 6e-2, 2e-2
+# 15 layers of a model with massive activations: SmolLM2's hidden states
+# carry a few elements of 2e3-2e4 (rms 96-423), where a bf16 ulp is 16-128,
+# and the residual stream is rounded to bf16 after every layer. Measured on
+# an H200: 0.6% of the rms and of the largest element for layers 0:15, 3.3%
+# and 6.4% for 15:30 (docs/log/real-model.md). The greedy tokens, which are
+# what a served model answers, must still be the float64 model's.
+BF16_MAX_REL, BF16_RMS_REL = 1e-1, 5e-2
 
 
 
