@@ -26,9 +26,10 @@
 #   noble, 2.1 in Debian 12). The gRPC health proto is
 #   part of the repository (proto/grpc/health/v1), so no grpc-proto package.
 #
-# UNVERIFIED: this file is checked statically (tests/deploy/test_deploy.py); no
-# image has been built by the project, which has no Docker engine on its
-# machines. Build on a machine with Docker, from the repository root:
+# Checked statically (tests/deploy/test_deploy.py). The project's machines
+# have no Docker engine: scripts/check-cpu-image.sh builds the cpu stages in
+# debootstrap roots and runs the result; the CUDA image has never been built
+# (UNVERIFIED). Build on a machine with Docker, from the repository root:
 #   docker build -t localhost/layerserve:0.1.0 .                  (the CUDA image)
 #   docker build --target cpu -t localhost/layerserve-cpu:0.1.0 . (the CPU image)
 # (the names deploy/docker-compose.yml runs).
