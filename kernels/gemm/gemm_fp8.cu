@@ -15,6 +15,7 @@
 #include "kernels/common/pdl.cuh"
 #include "kernels/gemm/gemm_fp8_prefill_sm90.cuh"
 #include "kernels/gemm/gemm_fp8_sm90.cuh"
+#include "kernels/gemm/gemm_heuristics.h"
 #include "kernels/gemm/gemm_internal.h"
 
 namespace layerserve::kernels::gemm {

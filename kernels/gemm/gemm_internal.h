@@ -1,8 +1,8 @@
 // Host-side pieces behind the GEMM router (gemm_router.cc), LaunchGemm
 // (gemm_launch.cc) and the per-version launchers (gemm_v*.cu): the dense
 // problem our kernels take, TMA descriptor encoding through the driver entry
-// point, split-K and tile sizing, and the per-version launch functions. Plain
-// C++ (no nvcc needed).
+// point, and the per-version launch functions (their sizing rules are in
+// gemm_heuristics.h). Plain C++ (no nvcc needed).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap
@@ -52,48 +52,12 @@ absl::StatusOr<CUtensorMap> MakeBf16TensorMap(const void* base, int64_t rows, in
 // The same over e4m3 codes: boxes of box_rows x 128 (one 128-byte row).
 absl::StatusOr<CUtensorMap> MakeFp8TensorMap(const void* base, int64_t rows, int64_t cols, int box_rows);
 
-// Version 4 sizing. Token count padded to the wgmma N the kernel uses.
-int SmallMPad(int64_t m);
 // Version 4 splits K at most this many ways (the portable cluster size).
 inline constexpr int kMaxSplitK = 8;
-// Default splits of K for (n, k) on `num_sms` SMs.
-int SplitKHeuristic(int64_t n, int64_t k, int num_sms);
 
 // Per-version launchers; the problem already checked by GemmSupported.
 absl::Status LaunchGemmV3(const DenseGemm& p, int block_n, int block_m, const DeviceInfo& dev, cudaStream_t stream);
-// Version 3 tile width for block_n = 0: 256 unless 128 fills the SMs' last
-// wave clearly better.
-int AutoBlockNV3(int64_t m, int64_t n, int num_sms);
-// The tiles of `p` at block_n x block_m (versions 3 and 6's persistent
-// kernels); for a grouped product, a bound.
-int64_t TileBound(const DenseGemm& p, int block_n, int block_m);
-// Version 3 row tile for block_m = 0: 128, or 64 for a grouped product whose
-// groups average under 128 rows.
-int AutoBlockMV3(const DenseGemm& p);
 absl::Status LaunchGemmV4(const DenseGemm& p, int splits, const DeviceInfo& dev, cudaStream_t stream);
-// Version 6 (FP8) sizing: the decode kernel's token tile, the wgmma N (8,
-// 16, 32, 64 for m <= 64, padded up); 128, the prefill kernel's row tile,
-// above.
-int Fp8TokenTile(int64_t m);
-// Whether version 6 runs `p` on its decode kernel: a dense product of m <= 64;
-// a grouped one at block_m 64, or at block_m 0 where its groups hold at most
-// kFp8GroupedDecodeRows rows (a CTA row per group with rows and token tile;
-// the grid is launched for a bound on them, and the rows past the true count
-// end at once, so the bound keeps those empty CTAs few). Else the prefill
-// kernel.
-inline constexpr int64_t kFp8GroupedDecodeRows = 128;
-bool Fp8DecodeKernelTakes(const DenseGemm& p, int block_m);
-// A grouped product's token tile on the decode kernel: the tile for twice
-// the rows an expert with rows averages (min(groups, m) of them share m),
-// within max_group_rows and 64. Larger groups take several tiles (slots).
-int Fp8GroupedTokenTile(const DenseGemm& p);
-// Default K splits for version 6: for M <= 64 the fewest of 1, 2, 4 whose
-// CTAs (W tiles x splits) cover the SMs, else 4, keeping at least two K
-// blocks per split; 1 above (the prefill kernel takes no split).
-int Fp8SplitKHeuristic(int64_t m, int64_t n, int64_t k, int num_sms);
-// The same for a call: a grouped product on the decode kernel counts the W
-// tiles of every group that can have rows.
-int Fp8Splits(const DenseGemm& p, int block_m, int num_sms);
 absl::Status LaunchGemmV6(const DenseGemm& p, int splits, int block_m, const DeviceInfo& dev, cudaStream_t stream);
 absl::Status LaunchGemmV5(const DenseGemm& p, const DeviceInfo& dev, cudaStream_t stream);
 

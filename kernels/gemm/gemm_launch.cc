@@ -1,8 +1,7 @@
-// LaunchGemm and the pure decisions around it: which calls our versions take
-// (GemmSupported), the route of a call (ChooseGemm), M buckets, mode and
-// configuration spellings; and the host helpers behind the launchers: the
-// GEMMs' TMA descriptors (over kernels/common/tensor_map.h) and the split-K
-// heuristic.
+// LaunchGemm and the checks and spellings around it: which calls our
+// versions take (GemmSupported), mode and configuration spellings; and the
+// GEMMs' TMA descriptors (over kernels/common/tensor_map.h). The route of a
+// call and every sizing rule are in gemm_heuristics.cc.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -16,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/common/tensor_map.h"
+#include "kernels/gemm/gemm_heuristics.h"
 #include "kernels/gemm/gemm_internal.h"
 #include "layerserve/kernels/gemm.h"
 
@@ -34,67 +34,6 @@ absl::StatusOr<CUtensorMap> MakeBf16TensorMap(const void* base, int64_t rows, in
 
 absl::StatusOr<CUtensorMap> MakeFp8TensorMap(const void* base, int64_t rows, int64_t cols, int box_rows) {
   return MakeSw128TensorMap(base, rows, cols, cols, box_rows, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1);
-}
-
-int Fp8TokenTile(int64_t m) { return m <= 64 ? SmallMPad(m) : 128; }
-
-// The decode kernel (M <= 64) takes version 4's rule (design record 0008:
-// 8-CTA clusters cost more than 4-CTA ones) with K blocks of 128: the
-// fewest of 1, 2, 4 splits
-// whose CTAs cover the SMs, else 4, keeping at least two K blocks a split.
-// Worked examples, Llama-3-8B on 132 SMs at M <= 64 (one token tile): qkv
-// (n 6144: 48 tiles) 4 splits; o (n 4096: 32 tiles) 4 splits of 8 K blocks;
-// gate/up (n 28672: 224 tiles) 1; down (n 4096, k 14336) 4 splits of 28.
-// The prefill kernel (M > 64) is persistent and takes no split: 1.
-int Fp8SplitKHeuristic(int64_t m, int64_t n, int64_t k, int num_sms) {
-  if (m > 64) return 1;
-  const int64_t tiles = (n + 127) / 128;
-  const int64_t kblocks = (k + kFp8BlockK - 1) / kFp8BlockK;
-  int splits = 1;
-  while (splits < 4 && tiles * splits < num_sms && kblocks >= 4 * splits) splits *= 2;
-  return splits;
-}
-
-bool Fp8DecodeKernelTakes(const DenseGemm& p, int block_m) {
-  if (p.group_offsets == nullptr) return p.m <= 64;
-  return block_m == 0 ? p.max_group_rows <= kFp8GroupedDecodeRows : block_m == 64;
-}
-
-int Fp8GroupedTokenTile(const DenseGemm& p) {
-  const int64_t with_rows = std::max<int64_t>(1, std::min<int64_t>(p.groups, p.m));
-  const int64_t average = (p.m + with_rows - 1) / with_rows;
-  return Fp8TokenTile(std::min<int64_t>({p.max_group_rows, 64, 2 * average}));
-}
-
-int Fp8Splits(const DenseGemm& p, int block_m, int num_sms) {
-  if (!Fp8DecodeKernelTakes(p, block_m)) return 1;
-  if (p.group_offsets == nullptr) return Fp8SplitKHeuristic(p.m, p.n, p.k, num_sms);
-  return Fp8SplitKHeuristic(Fp8GroupedTokenTile(p), p.n * std::min<int64_t>(p.groups, p.m), p.k, num_sms);
-}
-
-int SmallMPad(int64_t m) {
-  if (m <= 8) return 8;
-  if (m <= 16) return 16;
-  if (m <= 32) return 32;
-  return 64;
-}
-
-// Version 4 is bound by HBM, not by the SMs: what matters is that every SM
-// streams (tiles x splits >= SMs) while each CTA keeps a long run of k-blocks
-// and clusters stay small: 4 splits beat 8 on every Llama-3-8B shape with
-// N <= 6144, and N = 28672 needs no split. So: the smallest of 1, 2, 4 that
-// covers the SMs, else 4. Design record 0008.
-int SplitKHeuristic(int64_t n, int64_t k, int num_sms) {
-  const int64_t tiles = (n + 127) / 128;
-  const int64_t num_kb = (k + 63) / 64;
-  int splits = 4;
-  for (int s : {1, 2}) {
-    if (tiles * s >= num_sms) {
-      splits = s;
-      break;
-    }
-  }
-  return static_cast<int>(std::min<int64_t>(splits, std::max<int64_t>(1, num_kb)));
 }
 
 }  // namespace gemm
@@ -199,17 +138,6 @@ absl::StatusOr<GemmMode> ParseGemmMode(std::string_view name) {
       absl::StrCat("gemm mode '", std::string(name), "' is not one of auto, cublaslt, custom"));
 }
 
-int GemmMBucket(int64_t m) {
-  for (size_t b = 0; b < kGemmBucketUpper.size(); ++b) {
-    if (m <= kGemmBucketUpper[b]) return static_cast<int>(b);
-  }
-  return static_cast<int>(kGemmBucketUpper.size()) - 1;
-}
-
-int64_t GemmMBucketUpperBound(int bucket) {
-  return kGemmBucketUpper[std::clamp<size_t>(bucket, 0, kGemmBucketUpper.size() - 1)];
-}
-
 absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const DeviceInfo& dev) {
   if (config.version == GemmVersion::kCublasLt) {
     return absl::InvalidArgumentError("gemm: version 0 is cuBLASLt, not one of our kernels");
@@ -308,63 +236,6 @@ absl::Status GemmSupported(const GemmParams& p, const GemmConfig& config, const 
   return absl::InvalidArgumentError("gemm: unknown version");
 }
 
-bool CublasLtTakesFp8(const GemmParams& p) {
-  // (No bias: version 6 adds it.)
-  if (p.fp8 == Fp8Scaling::kNone || p.grouped() || p.dtype != DType::kBF16 || p.bias != nullptr) return false;
-  if (p.n % 16 != 0 || p.k % 16 != 0 || p.a_scale == nullptr || p.w_scale == nullptr) return false;
-  if (p.silu_mul && (p.scratch == nullptr || p.n % (2 * kFp8GateUpBlock) != 0)) return false;
-  // Block-scaled: cuBLASLt 13.1 takes m a multiple of 4 only (gemm.h).
-  return p.fp8 == Fp8Scaling::kPerRow || (p.w_scale_128 != nullptr && p.m % 4 == 0);
-}
-
-GemmConfig ChooseGemm(const GemmParams& p, GemmMode mode, const GemmTable& table, const DeviceInfo& dev) {
-  GemmConfig config;  // split_k = block_n = 0: the kernels size themselves
-  const GemmConfig cublaslt{GemmVersion::kCublasLt};
-  const auto entry = table.find({GemmMBucket(p.m), p.n, p.k, p.fp8});
-  // FP8 products: our kernel, or cuBLASLt's FP8 where it takes the call and
-  // the mode or the tuned entry says so.
-  if (p.fp8 != Fp8Scaling::kNone) {
-    config.version = GemmVersion::kFp8;
-    if (CublasLtTakesFp8(p)) {
-      if (mode == GemmMode::kCublasLt) return cublaslt;
-      if (mode == GemmMode::kAuto && entry != table.end()) return entry->second;
-    } else if (!p.grouped() && entry != table.end() && entry->second.version == GemmVersion::kFp8) {
-      return entry->second;  // a tuned or pinned split count
-    }
-    return config;
-  }
-  if (p.grouped()) {
-    config.version = p.max_group_rows <= 64 ? GemmVersion::kSmallMSplitK : GemmVersion::kWarpSpecialized;
-    return config;
-  }
-  if (mode == GemmMode::kCublasLt) return cublaslt;
-  if (mode == GemmMode::kCustom) {
-    config.version = p.m <= 64 ? GemmVersion::kSmallMSplitK : GemmVersion::kWarpSpecialized;
-  } else if (entry != table.end()) {
-    config = entry->second;
-  } else {
-    config.version = p.m <= 16 ? GemmVersion::kSmallMSplitK : GemmVersion::kCublasLt;
-  }
-  if (p.silu_mul && config.version == GemmVersion::kClusterMulticast) config = {GemmVersion::kWarpSpecialized};
-  // The per-call conditions (device, dtype, bias, strides, alignment): where
-  // ours do not take the call, cuBLASLt does.
-  if (config.version != GemmVersion::kCublasLt && !GemmSupported(p, config, dev).ok()) return cublaslt;
-  return config;
-}
-
-namespace {
-
-int ResolveSplits(const GemmParams& p, const GemmConfig& config, const DeviceInfo& dev) {
-  const int64_t num_kb = (p.k + 63) / 64;
-  // A grouped product's CTAs: its W tiles times the groups that can have
-  // rows, at most one per row.
-  const int64_t w_rows = p.grouped() ? p.n * std::min<int64_t>(p.groups, p.m) : p.n;
-  const int splits = config.split_k > 0 ? config.split_k : gemm::SplitKHeuristic(w_rows, p.k, dev.num_sms);
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(splits, num_kb)));
-}
-
-}  // namespace
-
 absl::Status LaunchGemm(const GemmParams& p, const GemmConfig& config, const DeviceInfo& dev, cudaStream_t stream) {
   if (absl::Status supported = GemmSupported(p, config, dev); !supported.ok()) return supported;
   gemm::DenseGemm dense;
@@ -387,15 +258,12 @@ absl::Status LaunchGemm(const GemmParams& p, const GemmConfig& config, const Dev
     case GemmVersion::kWarpSpecialized:
       return gemm::LaunchGemmV3(dense, config.block_n, config.block_m, dev, stream);
     case GemmVersion::kSmallMSplitK:
-      return gemm::LaunchGemmV4(dense, ResolveSplits(p, config, dev), dev, stream);
+      return gemm::LaunchGemmV4(dense, gemm::SmallMSplits(p, config, dev.num_sms), dev, stream);
     case GemmVersion::kClusterMulticast:
       return gemm::LaunchGemmV5(dense, dev, stream);
-    case GemmVersion::kFp8: {
-      const int64_t kblocks = (p.k + kFp8BlockK - 1) / kFp8BlockK;
-      const int splits = config.split_k > 0 ? config.split_k : gemm::Fp8Splits(dense, config.block_m, dev.num_sms);
-      return gemm::LaunchGemmV6(dense, static_cast<int>(std::min<int64_t>(splits, kblocks)), config.block_m, dev,
+    case GemmVersion::kFp8:
+      return gemm::LaunchGemmV6(dense, gemm::Fp8ResolvedSplits(dense, config, dev.num_sms), config.block_m, dev,
                                 stream);
-    }
     case GemmVersion::kCublasLt:
       break;
   }

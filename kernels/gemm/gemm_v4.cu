@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/common/pdl.cuh"
+#include "kernels/gemm/gemm_heuristics.h"
 #include "kernels/gemm/gemm_internal.h"
 #include "kernels/gemm/gemm_v4_small_m_sm90.cuh"
 

@@ -6,6 +6,12 @@ target_include_directories(layerserve_gemm_reference PUBLIC ${CMAKE_CURRENT_LIST
 target_link_libraries(layerserve_gemm_reference PUBLIC CUDA::cudart)
 set_target_properties(layerserve_gemm_reference PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
 
+# The sizing rules of every version (kernels/gemm/gemm_heuristics.h) through
+# their worked examples; pure functions, no GPU.
+layerserve_add_gtest(gemm_heuristics_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/gemm_heuristics_test.cc
+  LIBS layerserve_gemm)
+
 layerserve_add_gtest(gemm_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/gemm_test.cc
   LIBS layerserve_gemm layerserve_gemm_reference layerserve_gpu_test_util
