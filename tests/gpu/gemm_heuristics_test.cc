@@ -46,12 +46,12 @@ GemmParams GroupedParams(int64_t rows, int64_t n, int64_t k, int groups) {
 }
 
 TEST(GemmHeuristicsTest, Version4SplitsCoverTheSmsWithTheFewestSplits) {
-  EXPECT_EQ(SplitKHeuristic(kQkv, kHidden, kSms), 4);     // 48 W tiles
-  EXPECT_EQ(SplitKHeuristic(kO, kHidden, kSms), 4);       // 32
-  EXPECT_EQ(SplitKHeuristic(kGateUp, kHidden, kSms), 1);  // 224: the SMs are covered
-  EXPECT_EQ(SplitKHeuristic(kHidden, kInter, kSms), 4);   // down: 32 tiles
+  EXPECT_EQ(SplitKHeuristic(kQkv, kHidden, kSms), 4);       // 48 W tiles
+  EXPECT_EQ(SplitKHeuristic(kO, kHidden, kSms), 4);         // 32
+  EXPECT_EQ(SplitKHeuristic(kGateUp, kHidden, kSms), 1);    // 224: the SMs are covered
+  EXPECT_EQ(SplitKHeuristic(kHidden, kInter, kSms), 4);     // down: 32 tiles
   EXPECT_EQ(SplitKHeuristic(128 * 100, kHidden, kSms), 2);  // 100 tiles: 2 cover 132
-  EXPECT_EQ(SplitKHeuristic(kO, 128, kSms), 2);           // never more than K's 64-wide blocks
+  EXPECT_EQ(SplitKHeuristic(kO, 128, kSms), 2);             // never more than K's 64-wide blocks
 }
 
 TEST(GemmHeuristicsTest, Version4SplitsOfAGroupedProductCountTheGroupsThatCanHaveRows) {
@@ -79,10 +79,10 @@ TEST(GemmHeuristicsTest, Version3TileWidthFillsTheLastWave) {
     int64_t m, n;
     int block_n;
   };
-  for (const Case& c : {Case{128, kO, 128}, Case{512, kO, 128}, Case{1024, kO, 256}, Case{2048, kO, 256},
-                        Case{128, kQkv, 128}, Case{512, kQkv, 256}, Case{1024, kQkv, 128}, Case{2048, kQkv, 256},
-                        Case{128, kGateUp, 256}, Case{512, kGateUp, 128}, Case{1024, kGateUp, 256},
-                        Case{2048, kGateUp, 256}, Case{8192, kGateUp, 256}}) {
+  for (const Case& c :
+       {Case{128, kO, 128}, Case{512, kO, 128}, Case{1024, kO, 256}, Case{2048, kO, 256}, Case{128, kQkv, 128},
+        Case{512, kQkv, 256}, Case{1024, kQkv, 128}, Case{2048, kQkv, 256}, Case{128, kGateUp, 256},
+        Case{512, kGateUp, 128}, Case{1024, kGateUp, 256}, Case{2048, kGateUp, 256}, Case{8192, kGateUp, 256}}) {
     EXPECT_EQ(AutoBlockNV3(c.m, c.n, kSms), c.block_n) << "m " << c.m << " n " << c.n;
   }
 }
