@@ -377,13 +377,13 @@ int Main(int argc, char** argv) {
     const double ms = MedianMs(
         sets, warmup, iters, [&](int set) { BENCH_CHECK_OK(LaunchPagedAttention(params[set], nullptr)); },
         /*hold_stream=*/true);
-    const double us = ms * 1e3, tbps = kv_bytes / (ms * 1e-3) / 1e12;
+    const double us = ms * 1e3, tbps = kv_bytes / (ms * 1e-3) / 1e12, of_copy = tbps / copy_tbps;
     std::printf("%5d %6d %3d %10.1f %10.1f %7.2f %7.2f %6zu %8zu %5d\n        %s\n", point.batch, point.context,
-                q_tokens, us, kv_bytes / 1e6, tbps, tbps / copy_tbps, b.plan.items.size(), b.plan.combines.size(), sets,
+                q_tokens, us, kv_bytes / 1e6, tbps, of_copy, b.plan.items.size(), b.plan.combines.size(), sets,
                 check.c_str());
     if (csv != nullptr) {
       std::fprintf(csv, "%d,%d,%d,%.3f,%.0f,%.4f,%zu,%zu,%.3f\n", point.batch, point.context, q_tokens, us, kv_bytes,
-                   tbps, b.plan.items.size(), b.plan.combines.size(), tbps / copy_tbps);
+                   tbps, b.plan.items.size(), b.plan.combines.size(), of_copy);
       std::fflush(csv);
     }
   }

@@ -52,6 +52,7 @@ MAX_REL, RMS_REL = 1e-5, 1e-5
 # and 6.4% for 15:30 (docs/log/real-model.md). The greedy tokens, which are
 # what a served model answers, must still be the float64 model's.
 BF16_MAX_REL, BF16_RMS_REL = 1e-1, 5e-2
+BOUNDS = {"FP32": (MAX_REL, RMS_REL), "BF16": (BF16_MAX_REL, BF16_RMS_REL)}
 
 
 
@@ -130,10 +131,7 @@ def test_each_span_computes_the_gguf_model(spans, reference, index, first, last)
     print(f"layers {first}:{last} ({compute_dtype()}): rms error {np.sqrt(np.mean(diff * diff)):.3g}, "
           f"reference rms {np.sqrt(np.mean(want * want)):.3g}, max error {np.max(np.abs(diff)):.3g}, "
           f"reference max {np.max(np.abs(want)):.3g}")
-    if compute_dtype() == "BF16":
-        assert_close(got, want, BF16_MAX_REL, BF16_RMS_REL, f"layers {first}:{last}")
-    else:
-        assert_close(got, want, MAX_REL, RMS_REL, f"layers {first}:{last}")
+    assert_close(got, want, *BOUNDS[compute_dtype()], f"layers {first}:{last}")
     # The same weights with q/k rows left in llama.cpp's order, under the
     # server's rotate-half RoPE: what a converter that forgot to undo the
     # permutation would serve. It must be far outside the tolerance, or this
