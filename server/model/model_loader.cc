@@ -621,10 +621,17 @@ absl::Status CheckLayerWeights(const LayerWeights& w, const LlamaConfig& c, int6
   LS_RETURN_IF_ERROR(agree({&w.q_proj, &w.k_proj, &w.v_proj}, "q_proj, k_proj and v_proj"));
   if (dense) LS_RETURN_IF_ERROR(agree({&w.gate_proj, &w.up_proj}, "gate_proj and up_proj"));
   if (c.HasSharedExpert()) {
-    // Its sigmoid gate reads the same input: FP8 only beside an FP8 gate/up
-    // (whose quantized input it then reads too).
-    LS_RETURN_IF_ERROR(agree({&w.shared_gate_proj, &w.shared_up_proj, &w.shared_expert_gate},
-                             "the shared expert's gate_proj, up_proj and shared_expert_gate"));
+    LS_RETURN_IF_ERROR(agree({&w.shared_gate_proj, &w.shared_up_proj},
+                             "the shared expert's gate_proj and up_proj"));
+    // Its one-row sigmoid gate reads the same input: FP8 only beside an FP8
+    // gate/up, whose quantized input it then reads too. BF16 beside either,
+    // reading the input unquantized: FP8 checkpoints leave that one row
+    // unconverted (modules_to_not_convert).
+    if (w.shared_expert_gate.dtype == DType::kF8E4M3) {
+      LS_RETURN_IF_ERROR(
+          agree({&w.shared_gate_proj, &w.shared_up_proj, &w.shared_expert_gate},
+                "the shared expert's gate_proj, up_proj and an FP8 shared_expert_gate"));
+    }
   }
   return absl::OkStatus();
 }

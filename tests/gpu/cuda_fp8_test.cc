@@ -239,6 +239,19 @@ TEST(CudaFp8Test, MixtureOfExpertsWithASharedExpertFineGrainedMatchesTheReferenc
   ExpectW8A8(Distance(model, 931, {1, 200}));
 }
 
+// The one-row sigmoid gate left BF16 beside an FP8 shared expert, as FP8
+// checkpoints leave it (modules_to_not_convert): it reads the normed rows
+// unquantized.
+TEST(CudaFp8Test, MixtureOfExpertsWithABf16SharedExpertGateMatchesTheReference) {
+  SKIP_WITHOUT_GPU();
+  ModelSpan model = VariedBlocksModel(937, Fp8MoeConfig(true));
+  QuantizeSpanFp8(model, FineGrainedFp8(), {&model.layers[0].shared_expert_gate});
+  ASSERT_EQ(model.layers[0].shared_gate_proj.dtype, DType::kF8E4M3);
+  ASSERT_EQ(model.layers[0].shared_expert_gate.dtype, DType::kBF16);
+  ExpectW8A8(Distance(model, 938));
+  ExpectW8A8(Distance(model, 939, {1, 200}));
+}
+
 TEST(CudaFp8Test, FormatsTheGpuDoesNotTakeAreRefusedNamingThem) {
   SKIP_WITHOUT_GPU();
   ModelSpan weight_only = RandomModel(Fp8TestConfig(), 0, 1, DType::kBF16, 911);

@@ -25,9 +25,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "server/cpu/cpu_backend.h"
 #include "server/cpu/cpu_ops.h"
+#include "server/model/model.h"
 #include "tests/reference/llama_reference.h"
 #include "tests/support/fp8_model.h"
 #include "tests/support/random_model.h"
@@ -143,6 +145,35 @@ TEST(CpuFp8Test, PerChannelWithPerTokenActivationsMatchesTheReference) {
 
 TEST(CpuFp8Test, PerChannelSharedExpertMatchesTheReference) {
   ExpectQuantizedModelMatches(cpu_test::Qwen2MoeStyleConfig(), PerChannelFp8(), 811);
+}
+
+// A fine-grained FP8 shared expert beside a BF16 sigmoid gate, which reads
+// the input unquantized: the one-row gate FP8 checkpoints leave unconverted
+// (modules_to_not_convert). Loading refused it until 2026-11-28.
+TEST(CpuFp8Test, ABf16SharedExpertGateBesideAnFp8SharedExpertMatchesTheReference) {
+  ModelSpan model = RandomModel(cpu_test::Qwen2MoeStyleConfig(), 0, 1, DType::kF32, 817);
+  std::vector<const HostTensor*> keep;
+  for (const LayerWeights& w : model.layers) keep.push_back(&w.shared_expert_gate);
+  QuantizeSpanFp8(model, FineGrainedFp8(), keep);
+  ASSERT_EQ(model.layers[0].shared_gate_proj.dtype, DType::kF8E4M3);
+  ASSERT_EQ(model.layers[0].shared_expert_gate.dtype, DType::kF32);
+  EXPECT_TRUE(CheckLayerWeights(model.layers[0], model.config, 0).ok());
+  ExpectW8A8(Distance(model, 818));
+}
+
+// The other way round stays refused: an FP8 gate reads the codes of the
+// shared gate/up's input, which a BF16 gate/up does not make.
+TEST(CpuFp8Test, AnFp8SharedExpertGateBesideABf16SharedExpertIsRefused) {
+  ModelSpan model = RandomModel(cpu_test::Qwen2MoeStyleConfig(), 0, 1, DType::kF32, 819);
+  std::vector<const HostTensor*> keep;
+  for (const LayerWeights& w : model.layers) {
+    keep.insert(keep.end(), {&w.shared_gate_proj, &w.shared_up_proj});
+  }
+  QuantizeSpanFp8(model, FineGrainedFp8(), keep);
+  ASSERT_EQ(model.layers[0].shared_expert_gate.dtype, DType::kF8E4M3);
+  const absl::Status status = CheckLayerWeights(model.layers[0], model.config, 0);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(std::string(status.message()).find("shared_expert_gate"), std::string::npos) << status;
 }
 
 TEST(CpuFp8Test, PerTensorWithStaticActivationsMatchesTheReference) {
