@@ -217,59 +217,90 @@ __global__ void __launch_bounds__(kThreads, 1)
     // branch that depends on the thread (only the stores are predicated):
     // ptxas serializes all of a kernel's wgmma when accumulator registers
     // are touched on a divergent path.
+    // Every value the stores need is loaded before the first store: for all
+    // the compiler knows a store through args.c may alias a scale, the bias
+    // or the residual, so a load after a store waits for it. Such a chain of
+    // 32 loads and stores a thread made the per-row kernel 0.7-0.8x its
+    // block-scaled twin; loads first took it from 710 to 1 072 TFLOP/s at
+    // 8192 x 4096 x 4096 (H200).
     const int col_lane = 2 * (lane % 4);
+    float sa[2];
+    int64_t out_row[2];
+    bool row_in[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row0 + 8 * h;
-      const bool row_in = row < site.rows.rows;
-      const int64_t out_row = first + min(row, site.rows.rows - 1);
-      const float sa = kBlockScaled ? 1.f : args.a_scale[out_row];
-      if (args.silu_mul) {
-        // n % 128 == 0: the tile is whole; columns j < 8 are gates, j + 8
-        // their ups.
+      row_in[h] = row < site.rows.rows;
+      out_row[h] = first + min(row, site.rows.rows - 1);
+      sa[h] = kBlockScaled ? 1.f : args.a_scale[out_row[h]];
+    }
+    if (args.silu_mul) {
+      // n % 128 == 0: the tile is whole; columns j < 8 are gates, j + 8
+      // their ups.
+      float2 wg[kBlockN / 16], wu[kBlockN / 16];
+      if constexpr (!kBlockScaled) {
 #pragma unroll
         for (int j = 0; j < kBlockN / 16; ++j) {
-          const int c = 8 * j + col_lane;
+          wg[j] = *reinterpret_cast<const float2*>(w_scale + n0 + 8 * j + col_lane);
+          wu[j] = *reinterpret_cast<const float2*>(w_scale + n0 + kHalf + 8 * j + col_lane);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int j = 0; j < kBlockN / 16; ++j) {
           float g0 = acc[4 * j + 2 * h], g1 = acc[4 * j + 2 * h + 1];
           float u0 = acc[4 * (j + 8) + 2 * h], u1 = acc[4 * (j + 8) + 2 * h + 1];
           if constexpr (!kBlockScaled) {
-            const float2 wg = *reinterpret_cast<const float2*>(w_scale + n0 + c);
-            const float2 wu = *reinterpret_cast<const float2*>(w_scale + n0 + kHalf + c);
-            g0 *= sa * wg.x;
-            g1 *= sa * wg.y;
-            u0 *= sa * wu.x;
-            u1 *= sa * wu.y;
+            g0 *= sa[h] * wg[j].x;
+            g1 *= sa[h] * wg[j].y;
+            u0 *= sa[h] * wu[j].x;
+            u1 *= sa[h] * wu[j].y;
           }
           const __nv_bfloat162 out = __floats2bfloat162_rn(SiluMulOne(g0, u0), SiluMulOne(g1, u1));
-          if (row_in) {
-            *reinterpret_cast<__nv_bfloat162*>(args.c + out_row * args.ldc + n0 / 2 + c) = out;
+          if (row_in[h]) {
+            *reinterpret_cast<__nv_bfloat162*>(args.c + out_row[h] * args.ldc + n0 / 2 + 8 * j + col_lane) = out;
           }
         }
-      } else {
+      }
+    } else {
+      // Column pairs (n % 16 == 0: a pair is all in or all out), clamped
+      // into C so that every load is in bounds.
+      int col[kBlockN / 8];
+      float2 w[kBlockN / 8], b[kBlockN / 8];
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        col[j] = min(n0 + 8 * j + col_lane, args.n - 2);
+        w[j] = kBlockScaled ? float2{1.f, 1.f} : *reinterpret_cast<const float2*>(w_scale + col[j]);
+        b[j] = args.bias != nullptr ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(args.bias + col[j]))
+                                    : float2{0.f, 0.f};
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float2 r[kBlockN / 8];
 #pragma unroll
         for (int j = 0; j < kBlockN / 8; ++j) {
-          // n % 16 == 0: a pair is all in or all out.
-          const int col = min(n0 + 8 * j + col_lane, args.n - 2);
-          const bool in = row_in && n0 + 8 * j + col_lane < args.n;
+          r[j] = args.residual != nullptr ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(
+                                                args.residual + out_row[h] * args.n + col[j]))
+                                          : float2{0.f, 0.f};
+        }
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j) {
           float x = acc[4 * j + 2 * h], y = acc[4 * j + 2 * h + 1];
           if constexpr (!kBlockScaled) {
-            const float2 w = *reinterpret_cast<const float2*>(w_scale + col);
-            x *= sa * w.x;
-            y *= sa * w.y;
+            x *= sa[h] * w[j].x;
+            y *= sa[h] * w[j].y;
           }
-          const int64_t offset = out_row * args.n + col;
-          if (in) {
-            if (args.bias != nullptr) {
-              const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(args.bias + col));
-              x += b.x;
-              y += b.y;
-            }
-            if (args.residual != nullptr) {
-              const float2 r = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(args.residual + offset));
-              x += r.x;
-              y += r.y;
-            }
-            *reinterpret_cast<__nv_bfloat162*>(args.c + offset) = __floats2bfloat162_rn(x, y);
+          if (args.bias != nullptr) {
+            x += b[j].x;
+            y += b[j].y;
+          }
+          if (args.residual != nullptr) {
+            x += r[j].x;
+            y += r[j].y;
+          }
+          if (row_in[h] && n0 + 8 * j + col_lane < args.n) {
+            *reinterpret_cast<__nv_bfloat162*>(args.c + out_row[h] * args.n + col[j]) = __floats2bfloat162_rn(x, y);
           }
         }
       }

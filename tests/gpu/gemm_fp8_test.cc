@@ -269,6 +269,12 @@ std::vector<Fp8Case> Cases() {
     cases.push_back({tag + "_residual_m150", s, 150, 384, 1024, 0, true});
     cases.push_back({tag + "_silu_m3", s, 3, 512, 1024, 0, false, true});
     cases.push_back({tag + "_silu_m100", s, 100, 768, 640, 0, false, true});
+    // The prefill kernel over more tiles than CTAs (9 x 17 tiles of 128),
+    // with the residual over 3 x 5 tiles, and gated over 3 x 9 (a last tile
+    // of 44 rows).
+    cases.push_back({tag + "_prefill_m1100", s, 1100, 2176, 256});
+    cases.push_back({tag + "_prefill_residual_m333", s, 333, 640, 1040, 0, true});
+    cases.push_back({tag + "_prefill_silu_m300", s, 300, 1152, 512, 0, false, true});
     // The bias epilogue: the decode kernel (with K splits) and the prefill
     // kernel, partial W tiles, and with the residual.
     for (const int64_t m : {3, 100}) {
