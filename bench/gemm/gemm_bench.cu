@@ -11,7 +11,7 @@
 // that serving sees.
 //
 //   gemm_bench [--versions=0,3,4,5,auto,6row,6block,6rowp,0row,0block] [--shapes=6144x4096,...] [--ms=1,8,...]
-//              [--iters=5] [--rounds=5] [--csv=PATH] [--gated]
+//              [--iters=5] [--rounds=5] [--csv=PATH] [--gated] [--accumulate]
 // A version may pin a configuration: 3b128 / 3b256 (v3 tile width), 4s2
 // (v4 with 2 K splits); plain 3 and 4 use the launchers' own choice.
 //
@@ -33,6 +33,10 @@
 // autotuned for the shape (as at model load, up to the largest --ms); its row
 // also gives its ratio to the fastest other variant at that M, which the
 // issue bounds at 2% slower.
+//
+// --accumulate times each product as a layer's o and down projections run:
+// added in place onto C, the residual stream (GemmParams::accumulate); the
+// validation runs without it, and "auto" is tuned with it. Not with --gated.
 //
 // --gated times the MLP's gate/up projection with its SiLU gate instead
 // (N = 2 x the intermediate width): each version twice, as "<v>+act" (the
@@ -185,6 +189,7 @@ struct Options {
   int rounds = 5;  // interleaved rounds over the variants
   std::string csv;
   bool gated = false;
+  bool accumulate = false;
 };
 
 std::vector<std::string> Split(const std::string& s, char sep) {
@@ -230,10 +235,13 @@ bool ParseOptions(int argc, char** argv, Options* opt) {
       opt->csv = value;
     } else if (key == "--gated" && value.empty()) {
       opt->gated = true;
+    } else if (key == "--accumulate" && value.empty()) {
+      opt->accumulate = true;
     } else {
       return false;
     }
   }
+  if (opt->gated && opt->accumulate) return false;
   if (opt->gated) {
     std::vector<Variant> both;
     for (Variant v : opt->versions) {
@@ -414,7 +422,7 @@ bool Bench::RunShape(int64_t n, int64_t k) {
   BENCH_CHECK_CUDA(cudaEventCreate(&stop));
   if (std::any_of(opt_.versions.begin(), opt_.versions.end(), [](const Variant& v) { return v.is_auto; })) {
     const absl::StatusOr<std::vector<GemmTuneResult>> tuned =
-        router_->Autotune(n, k, max_m, workspace_, stream_, opt_.gated);
+        router_->Autotune(n, k, max_m, workspace_, stream_, opt_.gated, Fp8Scaling::kNone, opt_.accumulate);
     if (!tuned.ok()) {
       std::fprintf(stderr, "autotune: %s\n", std::string(tuned.status().message()).c_str());
       return false;
@@ -533,10 +541,15 @@ bool Bench::RunShape(int64_t n, int64_t k) {
       // cost stays out of the numbers).
       cudaGraph_t graph = nullptr;
       cudaGraphExec_t exec = nullptr;
+      if (opt_.accumulate) {
+        for (int s = 0; s < sets; ++s) BENCH_CHECK_CUDA(cudaMemsetAsync(c[s], 0, m * n * 2, stream_));
+      }
       BENCH_CHECK_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
       bool captured = true;
       for (int i = 0; i < kGraphLaunches && captured; ++i) {
-        captured = Launch(variant, params(i % sets, c[i % sets], variant.fp8), act[i % sets], a[i % sets]).ok();
+        GemmParams p = params(i % sets, c[i % sets], variant.fp8);
+        p.accumulate = opt_.accumulate;
+        captured = Launch(variant, p, act[i % sets], a[i % sets]).ok();
       }
       BENCH_CHECK_CUDA(cudaStreamEndCapture(stream_, &graph));
       if (!captured) {
@@ -642,7 +655,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: gemm_bench [--versions=0,3,3b128,4,4s2,5,auto,6row,6block,6s4row,...] [--shapes=NxK,...] "
                  "[--ms=1,8,...] [--iters=N] "
-                 "[--rounds=N] [--csv=PATH] [--gated]\n");
+                 "[--rounds=N] [--csv=PATH] [--gated] [--accumulate]\n");
     return 2;
   }
   layerserve::kernels::Bench bench(std::move(opt));

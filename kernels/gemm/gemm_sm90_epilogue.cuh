@@ -132,16 +132,6 @@ __device__ __forceinline__ GroupTile LocateGroupTile(int t, int groups, int bloc
   return GroupTile{lo, rows, GroupedTile(t - first_tile[lo], tiles_m, tiles_n, group_m)};
 }
 
-// out = bf16(x + residual) for two adjacent columns at `offset`.
-__device__ __forceinline__ void StorePair(const GemmArgs& args, int64_t offset, float x, float y) {
-  if (args.residual != nullptr) {
-    const float2 r = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(args.residual + offset));
-    x += r.x;
-    y += r.y;
-  }
-  *reinterpret_cast<__nv_bfloat162*>(args.c + offset) = __floats2bfloat162_rn(x, y);
-}
-
 // silu(gate) * up in bf16 for one output, from fp32 accumulators, with the
 // roundings of the separate kernel (kernels/activation/silu_mul.cuh) on the
 // bf16 product it would read: gate and up to bf16, silu's result to bf16,
@@ -211,15 +201,38 @@ __device__ __forceinline__ void StoreWgmmaAccumulators(const float (&acc)[kN / 2
     }
     return;
   }
+  // The residual is read a run of kRun column pairs ahead of their stores:
+  // a store through C may alias it for all the compiler knows (with
+  // accumulation it does: each thread reads only what it writes), so a load
+  // after a store waits for the store, and one load-store chain over the
+  // row's pairs costs a memory latency per pair.
+  constexpr int kRun = kN / 8 < 16 ? kN / 8 : 16;
 #pragma unroll
-  for (int j = 0; j < kN / 8; ++j) {
-    // n is a multiple of 8, so col + 8j < n implies col + 8j + 1 < n.
-    if (col + 8 * j >= args.n) continue;
+  for (int h = 0; h < 2; ++h) {
+    const bool row_in = row + 8 * h < args.m;
+    const int64_t row_offset = static_cast<int64_t>(row + 8 * h) * args.n;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (row + 8 * h < args.m) {
-        StorePair(args, static_cast<int64_t>(row + 8 * h) * args.n + col + 8 * j, acc[4 * j + 2 * h],
-                  acc[4 * j + 2 * h + 1]);
+    for (int j0 = 0; j0 < kN / 8; j0 += kRun) {
+      float2 r[kRun];
+#pragma unroll
+      for (int u = 0; u < kRun; ++u) {
+        // n is a multiple of 8, so col + 8j < n implies col + 8j + 1 < n.
+        const bool in = row_in && col + 8 * (j0 + u) < args.n;
+        r[u] = args.residual != nullptr && in ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(
+                                                    args.residual + row_offset + col + 8 * (j0 + u)))
+                                              : float2{0.f, 0.f};
+      }
+#pragma unroll
+      for (int u = 0; u < kRun; ++u) {
+        const int j = j0 + u;
+        float x = acc[4 * j + 2 * h], y = acc[4 * j + 2 * h + 1];
+        if (args.residual != nullptr) {
+          x += r[u].x;
+          y += r[u].y;
+        }
+        if (row_in && col + 8 * j < args.n) {
+          *reinterpret_cast<__nv_bfloat162*>(args.c + row_offset + col + 8 * j) = __floats2bfloat162_rn(x, y);
+        }
       }
     }
   }

@@ -142,6 +142,23 @@ __device__ __forceinline__ void StoreTileThroughSmem(const float (&acc)[kBlockN 
 #pragma unroll
   for (int c = 0; c < kBlockN / kChunkCols; ++c) {
     const uint32_t buf = out + (c % kChunkBuffers) * kChunkBytes;
+    // The chunk's residual, all loaded before its first shared-memory store:
+    // no load moves past those stores (asm with a memory clobber), so one
+    // load before each store made a chain of memory latencies.
+    float2 res[kChunkCols / 8][2];
+#pragma unroll
+    for (int u = 0; u < kChunkCols / 8; ++u) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + warp * 16 + lane / 4 + 8 * h;
+        const int col = col0 + 8 * (c * (kChunkCols / 8) + u) + 2 * (lane % 4);
+        // n % 8 == 0: col + 1 < n too.
+        res[u][h] = args.residual != nullptr && row < args.m && col < args.n
+                        ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(
+                              args.residual + static_cast<int64_t>(row) * args.n + col))
+                        : float2{0.f, 0.f};
+      }
+    }
     // The store issued kChunkBuffers chunks ago has finished reading this buffer.
     if (issuer) BulkWaitRead<kChunkBuffers - 1>();
     NamedBarrierSync(barrier, 128);
@@ -154,14 +171,8 @@ __device__ __forceinline__ void StoreTileThroughSmem(const float (&acc)[kBlockN 
         float x = acc[4 * j + 2 * h];
         float y = acc[4 * j + 2 * h + 1];
         if (args.residual != nullptr) {
-          const int row = row0 + r;
-          const int col = col0 + 8 * j + 2 * (lane % 4);
-          if (row < args.m && col < args.n) {  // n % 8 == 0: col + 1 < n too
-            const float2 res = __bfloat1622float2(
-                *reinterpret_cast<const __nv_bfloat162*>(args.residual + static_cast<int64_t>(row) * args.n + col));
-            x += res.x;
-            y += res.y;
-          }
+          x += res[u][h].x;
+          y += res[u][h].y;
         }
         const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
         // 128B swizzle: unit u of row r lies at unit u ^ (r % 8). A warp's
