@@ -407,8 +407,9 @@ absl::Status GemmRouter::RunCublasLtFp8(const GemmParams& p, const GemmWorkspace
 
 absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int64_t k, int64_t max_m,
                                                                  const GemmWorkspace& workspace, cudaStream_t stream,
-                                                                 bool gated, Fp8Scaling fp8) {
+                                                                 bool gated, Fp8Scaling fp8, bool accumulate) {
   std::vector<GemmTuneResult> results;
+  if (gated && accumulate) return absl::InvalidArgumentError("gemm autotune: a gated product does not accumulate");
   const int64_t multiple = fp8 != Fp8Scaling::kNone ? (gated ? 2 * kFp8GateUpBlock : 16) : (gated ? 16 : 8);
   if (!custom_kernels_ || n % multiple != 0 || k % (fp8 != Fp8Scaling::kNone ? 16 : 8) != 0 || max_m < 1) {
     return results;
@@ -426,6 +427,8 @@ absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int6
   LS_ASSIGN_OR_RETURN(const cuda::DeviceBuffer act,
                       cuda::DeviceBuffer::Allocate(gated ? static_cast<size_t>(rows * n) : size_t{16}));
   LS_RETURN_IF_ERROR(gemm::FillRandomBf16(a.data(), rows * k, 1, stream));
+  // (Accumulating: onto finite values, as a residual stream holds.)
+  if (accumulate) LS_RETURN_IF_ERROR(gemm::FillRandomBf16(c.data(), rows * n, 5, stream));
   std::vector<cuda::DeviceBuffer> w;
   for (int i = 0; i < w_sets; ++i) {
     LS_ASSIGN_OR_RETURN(w.emplace_back(), cuda::DeviceBuffer::Allocate(w_bytes));
@@ -475,6 +478,7 @@ absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int6
     p.n = n;
     p.k = k;
     p.dtype = DType::kBF16;
+    p.accumulate = accumulate;
     // Launch i's weight (and its scales), rotating through the sets.
     const auto weight = [&](int i) {
       p.w = w[i % w_sets].data();
@@ -539,7 +543,7 @@ absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int6
         LS_ASSIGN_OR_RETURN(times[i][round], graphs[i].Time(stream, start.get(), stop.get()));
       }
     }
-    GemmTuneResult result{bucket, p.m, n, k, gated, fp8, configs.front(), -1.f, -1.f};
+    GemmTuneResult result{bucket, p.m, n, k, gated, fp8, accumulate, configs.front(), -1.f, -1.f};
     for (size_t i = 0; i < graphs.size(); ++i) {
       std::sort(times[i].begin(), times[i].end());
       const float us = 1e3f * times[i][kTuneRounds / 2];

@@ -34,7 +34,8 @@ using kernels::GemmTuneResult;
 // 2: the gate/up shape is timed with its gated epilogue ("gated" entries).
 // 3: FP8 weights' shapes are timed as FP8 products ("precision" fp8-row or
 // fp8-block).
-constexpr char kCacheFormat[] = "layerserve-gemm-tune-3";
+// 4: o's and down's shapes are timed adding onto their output ("accumulate").
+constexpr char kCacheFormat[] = "layerserve-gemm-tune-4";
 
 // A dense call of `shape` at m tokens, as serving makes it, for asking the
 // router where such a call goes: Route never dereferences, so an aligned
@@ -51,6 +52,7 @@ kernels::GemmParams RouteProbe(int64_t m, const TunedShape& shape) {
   p.k = shape.k;
   p.dtype = kernels::DType::kBF16;
   p.silu_mul = shape.gated;
+  p.accumulate = shape.accumulate;
   p.ldd = p.out_cols();
   if (shape.gated) p.scratch = placeholder;
   p.fp8 = shape.fp8;
@@ -87,7 +89,7 @@ std::vector<GemmTuneResult> CachedFor(const std::vector<GemmTuneResult>& cached,
   std::map<int, GemmTuneResult> by_bucket;
   for (const GemmTuneResult& r : cached) {
     if (r.n == shape.n && r.k == shape.k && r.gated == shape.gated && r.fp8 == shape.fp8 &&
-        r.bucket <= last_bucket) {
+        r.accumulate == shape.accumulate && r.bucket <= last_bucket) {
       by_bucket[r.bucket] = r;
     }
   }
@@ -195,6 +197,7 @@ std::string SerializeGemmTuneCache(const GemmTuneCache& cache) {
                        {"m_max", kernels::GemmMBucketUpperBound(r.bucket)},
                        {"m_timed", r.m_timed},
                        {"gated", r.gated},
+                       {"accumulate", r.accumulate},
                        {"precision", GemmPrecisionName(r.fp8)},
                        {"config", kernels::GemmConfigSpec(r.chosen)},
                        {"us", r.chosen_us},
@@ -252,6 +255,10 @@ absl::StatusOr<GemmTuneCache> ParseGemmTuneCache(std::string_view json) {
     if (const auto gated = e.find("gated"); gated != e.end() && gated->is_boolean()) {
       r.gated = gated->get<bool>();
     }
+    if (const auto accumulate = e.find("accumulate");
+        accumulate != e.end() && accumulate->is_boolean()) {
+      r.accumulate = accumulate->get<bool>();
+    }
     if (const auto precision = e.find("precision"); precision != e.end()) {
       const std::optional<kernels::Fp8Scaling> scaling =
           precision->is_string() ? ParsePrecision(precision->get<std::string>()) : std::nullopt;
@@ -283,21 +290,24 @@ absl::StatusOr<std::string> CurrentDeviceKey(std::string_view build) {
 
 std::vector<TunedShape> TunedShapesFor(const LayerShape& shape, const LayerDeviceWeights& layer) {
   if (shape.dtype != kernels::DType::kBF16) return {};  // our GEMM kernels take bf16 only
-  std::vector<TunedShape> shapes = {{shape.qkv_width(), shape.hidden, false, layer.qkv_fp8.scaling},
-                                    {shape.hidden, shape.q_width(), false, layer.o_fp8.scaling}};
+  // o and down add onto the residual stream (a shared expert's down too).
+  std::vector<TunedShape> shapes = {
+      {shape.qkv_width(), shape.hidden, false, layer.qkv_fp8.scaling},
+      {shape.hidden, shape.q_width(), false, layer.o_fp8.scaling, /*accumulate=*/true}};
   // Experts run grouped GEMMs, which the table does not route; their
   // router's logits are a plain bf16 product.
   if (shape.experts > 0) shapes.push_back({shape.router_rows(), shape.hidden});
   if (shape.experts == 0) {
     shapes.push_back({2 * shape.intermediate, shape.hidden, true, layer.gate_up_fp8.scaling});
-    shapes.push_back({shape.hidden, shape.intermediate, false, layer.down_fp8.scaling});
+    shapes.push_back(
+        {shape.hidden, shape.intermediate, false, layer.down_fp8.scaling, /*accumulate=*/true});
   }
   // A shared expert is a dense MLP of its own width.
   if (shape.shared_intermediate > 0) {
     shapes.push_back(
         {2 * shape.shared_intermediate, shape.hidden, true, layer.shared_gate_up_fp8.scaling});
-    shapes.push_back(
-        {shape.hidden, shape.shared_intermediate, false, layer.shared_down_fp8.scaling});
+    shapes.push_back({shape.hidden, shape.shared_intermediate, false, layer.shared_down_fp8.scaling,
+                      /*accumulate=*/true});
   }
   return shapes;
 }
@@ -310,16 +320,16 @@ std::string GemmPrecisionName(kernels::Fp8Scaling fp8) {
 
 std::string TunedShapeName(const TunedShape& shape) {
   return absl::StrCat(
-      shape.n, "x", shape.k, shape.gated ? " gated" : "",
+      shape.n, "x", shape.k, shape.gated ? " gated" : "", shape.accumulate ? " accumulating" : "",
       shape.fp8 != kernels::Fp8Scaling::kNone ? " " + GemmPrecisionName(shape.fp8) : "");
 }
 
 std::vector<GemmRoute> GemmRoutes(const kernels::GemmRouter& router,
                                   const std::vector<TunedShape>& shapes, int64_t max_m) {
   std::vector<GemmRoute> routes;
-  std::vector<std::tuple<int64_t, int64_t, bool, kernels::Fp8Scaling>> seen;
+  std::vector<std::tuple<int64_t, int64_t, bool, kernels::Fp8Scaling, bool>> seen;
   for (const TunedShape& shape : shapes) {
-    const auto key = std::make_tuple(shape.n, shape.k, shape.gated, shape.fp8);
+    const auto key = std::make_tuple(shape.n, shape.k, shape.gated, shape.fp8, shape.accumulate);
     if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;  // one entry routes both
     seen.push_back(key);
     for (int b = 0; b <= kernels::GemmMBucket(max_m); ++b) {
@@ -346,9 +356,12 @@ absl::Status TuneGemmRouter(kernels::GemmRouter& router, const std::vector<Tuned
   bool tuned_any = false;
   // Entries for the cache file: everything read (other models' shapes
   // included) with this pass's results replacing those of their shape.
-  using MergeKey = std::tuple<int64_t, int64_t, bool, kernels::Fp8Scaling, int>;
+  using MergeKey = std::tuple<int64_t, int64_t, bool, kernels::Fp8Scaling, bool, int>;
   std::map<MergeKey, GemmTuneResult> merged;
-  for (const GemmTuneResult& r : cached) merged[{r.n, r.k, r.gated, r.fp8, r.bucket}] = r;
+  const auto merge_key = [](const GemmTuneResult& r) {
+    return MergeKey{r.n, r.k, r.gated, r.fp8, r.accumulate, r.bucket};
+  };
+  for (const GemmTuneResult& r : cached) merged[merge_key(r)] = r;
 
   for (const TunedShape& tuned : shapes) {
     const int64_t n = tuned.n, k = tuned.k;
@@ -362,12 +375,12 @@ absl::Status TuneGemmRouter(kernels::GemmRouter& router, const std::vector<Tuned
       const auto start = std::chrono::steady_clock::now();
       LS_ASSIGN_OR_RETURN(
           results, router.Autotune(n, k, max_m, {workspace.data(), workspace.bytes()}, stream.get(),
-                                   tuned.gated, tuned.fp8));
+                                   tuned.gated, tuned.fp8, tuned.accumulate));
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       source = absl::StrFormat("autotuned in %.1f s", seconds);
       tuned_any = true;
-      for (const GemmTuneResult& r : results) merged[{r.n, r.k, r.gated, r.fp8, r.bucket}] = r;
+      for (const GemmTuneResult& r : results) merged[merge_key(r)] = r;
     } else if (results.empty()) {
       source = "defaults, autotune off";
     } else {

@@ -87,6 +87,7 @@ struct TunedShape {
   int64_t k = 0;
   bool gated = false;
   kernels::Fp8Scaling fp8 = kernels::Fp8Scaling::kNone;
+  bool accumulate = false;  // adds onto the residual stream (o, down)
 };
 // The shapes of `shape`'s layers that the table routes, each at the
 // precision `layer`'s linear has (FP8 where its Fp8Linear says so, else

@@ -119,6 +119,8 @@ TEST(GemmTuneCacheTest, RoundTrips) {
   cache.results.push_back(Result(0, 28672, 4096, {GemmVersion::kFp8, 2, 0}, 40.f, 60.f));
   cache.results.back().fp8 = Fp8Scaling::kPerRow;
   cache.results.back().gated = true;
+  cache.results.push_back(Result(7, 4096, 4096, {GemmVersion::kClusterMulticast, 0, 0}, 50.f, 52.f));
+  cache.results.back().accumulate = true;
   const absl::StatusOr<GemmTuneCache> back = ParseGemmTuneCache(SerializeGemmTuneCache(cache));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->device_key, cache.device_key);
@@ -132,6 +134,7 @@ TEST(GemmTuneCacheTest, RoundTrips) {
     EXPECT_EQ(b.k, a.k);
     EXPECT_EQ(b.gated, a.gated);
     EXPECT_EQ(b.fp8, a.fp8);
+    EXPECT_EQ(b.accumulate, a.accumulate);
     EXPECT_EQ(kernels::GemmConfigSpec(b.chosen), kernels::GemmConfigSpec(a.chosen));
     EXPECT_FLOAT_EQ(b.chosen_us, a.chosen_us);
     EXPECT_FLOAT_EQ(b.cublaslt_us, a.cublaslt_us);
@@ -356,8 +359,9 @@ TEST(GemmTuningTest, TunesWritesTheCacheAndReadsItBack) {
   }
   const std::string path = (std::filesystem::path(::testing::TempDir()) / "layerserve_gemm_tune_test.json").string();
   std::filesystem::remove(path);
-  // The second as a gate/up projection (timed gated), keyed apart in the cache.
-  const std::vector<TunedShape> shapes = {{1024, 1024}, {2048, 512, true}};
+  // The second as a gate/up projection (timed gated), the third as a down
+  // projection (timed adding onto its output), each keyed apart in the cache.
+  const std::vector<TunedShape> shapes = {{1024, 1024}, {2048, 512, true}, {512, 1024, false, Fp8Scaling::kNone, true}};
   const int64_t max_m = 100;  // buckets up to 128
   const int last_bucket = kernels::GemmMBucket(max_m);
   GemmTuningOptions options;
@@ -367,11 +371,13 @@ TEST(GemmTuningTest, TunesWritesTheCacheAndReadsItBack) {
   const Pass tuned = RunPass(shapes, max_m, options);
   EXPECT_NE(tuned.log.find("1024x1024 (autotuned"), std::string::npos) << tuned.log;
   EXPECT_NE(tuned.log.find("2048x512 gated (autotuned"), std::string::npos) << tuned.log;
+  EXPECT_NE(tuned.log.find("512x1024 accumulating (autotuned"), std::string::npos) << tuned.log;
   const absl::StatusOr<GemmTuneCache> written = ParseGemmTuneCache(ReadFile(path));
   ASSERT_TRUE(written.ok()) << written.status();
   EXPECT_EQ(written->results.size(), shapes.size() * (last_bucket + 1));
   for (const GemmTuneResult& r : written->results) {
     EXPECT_EQ(r.gated, r.n == 2048) << r.n << "x" << r.k;
+    EXPECT_EQ(r.accumulate, r.n == 512) << r.n << "x" << r.k;
     EXPECT_GT(r.chosen_us, 0.f);
     EXPECT_GT(r.cublaslt_us, 0.f);
     EXPECT_LE(r.chosen_us, r.cublaslt_us) << "the choice is the fastest candidate, cuBLASLt included";

@@ -265,6 +265,7 @@ struct GemmTuneResult {
   int64_t k = 0;
   bool gated = false;                  // timed as the gate/up projection (Autotune's `gated`)
   Fp8Scaling fp8 = Fp8Scaling::kNone;  // timed as an FP8 product (Autotune's `fp8`)
+  bool accumulate = false;             // timed adding onto its output (Autotune's `accumulate`)
   GemmConfig chosen;
   float chosen_us = 0;
   float cublaslt_us = 0;
@@ -321,9 +322,14 @@ class GemmRouter {
   // product of that scaling instead (e4m3 codes of random data, quantized
   // as serving quantizes them): cuBLASLt's FP8 where it takes the call, and
   // v6 with its own split count and, for M <= 64, 1/2/4/8 splits.
+  // `accumulate` times the calls adding onto their output, as a layer's o
+  // and down projections add onto the residual stream: the residual's read
+  // costs our epilogues more than cuBLASLt's (10-20% of v3's and v5's time
+  // at 8192 tokens on the H200), so a choice timed without it can be wrong.
   absl::StatusOr<std::vector<GemmTuneResult>> Autotune(int64_t n, int64_t k, int64_t max_m,
                                                        const GemmWorkspace& workspace, cudaStream_t stream,
-                                                       bool gated = false, Fp8Scaling fp8 = Fp8Scaling::kNone);
+                                                       bool gated = false, Fp8Scaling fp8 = Fp8Scaling::kNone,
+                                                       bool accumulate = false);
   // Pins the configuration of m's bucket for (n, k) and the precision `fp8`
   // (kNone: bf16), replacing any tuned one.
   void SetChoice(int64_t m, int64_t n, int64_t k, const GemmConfig& config, Fp8Scaling fp8 = Fp8Scaling::kNone);
