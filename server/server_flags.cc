@@ -201,7 +201,9 @@ void AddFlags(CLI::App& app, ServerFlags& flags) {
       ->group(cuda);
   app.add_option(FlagNames("gemm-override"), flags.gemm_override,
                  "--gemm=auto: pin choices, M:NxK=CONFIG[,...] with CONFIG one of v0 "
-                 "(cuBLASLt), v3, v3b128, v3b256, v4, v4s1..v4s8, v5; e.g. 16:6144x4096=v0")
+                 "(cuBLASLt), v0a1..v0a7 (its heuristic's answer of that rank), v3, v3b128, "
+                 "v3b256, v4, v4s1..v4s8, v5; M:NxK/fp8=v0|v6|v6s1..v6s8 for an FP8 weight; "
+                 "e.g. 16:6144x4096=v0")
       ->group(cuda);
 
   const std::string security = "Security (docs/security.md)";

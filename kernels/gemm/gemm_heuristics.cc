@@ -128,6 +128,10 @@ int64_t GemmMBucketUpperBound(int bucket) {
   return kGemmBucketUpper[std::clamp<size_t>(bucket, 0, kGemmBucketUpper.size() - 1)];
 }
 
+namespace gemm {
+int64_t GemmTunedM(int bucket) { return std::min<int64_t>(GemmMBucketUpperBound(bucket), 8192); }
+}  // namespace gemm
+
 bool CublasLtTakesFp8(const GemmParams& p) {
   // (No bias: version 6 adds it.)
   if (p.fp8 == Fp8Scaling::kNone || p.grouped() || p.dtype != DType::kBF16 || p.bias != nullptr) return false;

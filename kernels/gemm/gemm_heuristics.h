@@ -16,6 +16,19 @@
 
 namespace layerserve::kernels::gemm {
 
+// The M at which Autotune times M bucket `bucket`: its largest M, at most
+// 8192 (the last bucket has no upper bound). Example: buckets up to 2048
+// and up to 16384 are timed at 2048 and 8192.
+int64_t GemmTunedM(int bucket);
+
+// Version 0 (cuBLASLt): how many of its heuristic's answers Autotune times
+// for an M bucket (at GemmTunedM), keeping the fastest as
+// GemmConfig::cublaslt_answer, which every M of the bucket then runs. The
+// first answer is not always the fastest: the best of the first 8 ran
+// 1-10% faster at M = 2048 and 8192 on Llama-3-8B's shapes (H200; qkv at
+// 8192 10%), and up to 7% at M = 64-128 (design record 0016).
+inline constexpr int kCublasLtTunedAnswers = 8;
+
 // Version 4 (M <= 64): the token count padded to the wgmma N it runs, 8, 16,
 // 32 or 64.
 int SmallMPad(int64_t m);

@@ -53,7 +53,7 @@ std::string_view Fp8ScalingName(Fp8Scaling scaling) {
 std::string GemmConfigName(const GemmConfig& config) {
   switch (config.version) {
     case GemmVersion::kCublasLt:
-      return "v0-cublaslt";
+      return config.cublaslt_answer > 0 ? absl::StrCat("v0-cublaslt-answer", config.cublaslt_answer) : "v0-cublaslt";
     case GemmVersion::kWarpSpecialized:
       return absl::StrCat("v3-warp-specialized", config.block_n > 0 ? absl::StrCat("-bn", config.block_n) : "",
                           config.block_m > 0 ? absl::StrCat("-bm", config.block_m) : "");
@@ -74,6 +74,8 @@ std::string GemmConfigSpec(const GemmConfig& config) {
   } else if ((config.version == GemmVersion::kSmallMSplitK || config.version == GemmVersion::kFp8) &&
              config.split_k > 0) {
     absl::StrAppend(&spec, "s", config.split_k);
+  } else if (config.version == GemmVersion::kCublasLt && config.cublaslt_answer > 0) {
+    absl::StrAppend(&spec, "a", config.cublaslt_answer);
   }
   return spec;
 }
@@ -81,8 +83,9 @@ std::string GemmConfigSpec(const GemmConfig& config) {
 absl::StatusOr<GemmConfig> ParseGemmConfigSpec(std::string_view spec) {
   const std::string text(spec);
   const auto bad = [&text] {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gemm configuration '", text, "' is not one of v0, v3, v3b128, v3b256, v4, v4s1..v4s8, v5, v6, v6s1..v6s8"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gemm configuration '", text,
+                     "' is not one of v0, v0a1..v0a7, v3, v3b128, v3b256, v4, v4s1..v4s8, v5, v6, v6s1..v6s8"));
   };
   std::string_view rest = spec;
   if (!rest.empty() && rest.front() == 'v') rest.remove_prefix(1);
@@ -105,6 +108,10 @@ absl::StatusOr<GemmConfig> ParseGemmConfigSpec(std::string_view spec) {
   if ((config.version == GemmVersion::kSmallMSplitK || config.version == GemmVersion::kFp8) && option == 's' &&
       value >= 1 && value <= gemm::kMaxSplitK) {
     config.split_k = value;
+    return config;
+  }
+  if (config.version == GemmVersion::kCublasLt && option == 'a' && value >= 1 && value < gemm::kCublasLtTunedAnswers) {
+    config.cublaslt_answer = value;
     return config;
   }
   return bad();

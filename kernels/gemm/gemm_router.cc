@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/cuda/cuda_resources.h"
 #include "base/status_macros.h"
+#include "kernels/gemm/gemm_heuristics.h"
 #include "kernels/gemm/gemm_internal.h"
 #include "layerserve/kernels/gemm.h"
 #include "layerserve/kernels/layer_ops.h"
@@ -206,8 +207,6 @@ class LaunchGraph {
 // candidates so clock and power drift during the pass does not favour one,
 // and the median keeps a one-off stall from deciding the choice.
 constexpr int kTuneRounds = 5;
-// Autotune shapes stop here: the last bucket is timed at this M.
-constexpr int64_t kTuneMaxM = 8192;
 
 }  // namespace
 
@@ -218,15 +217,34 @@ struct GemmRouter::CublasLt {
     cublasLtMatmulAlgo_t algo{};
     size_t workspace_bytes = 0;
   };
-  // (m, n, k, lda, ldw, ldd, dtype, bias, accumulate, alignment, FP8 scaling)
-  using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, bool, int, int>;
+  // (m, n, k, lda, ldw, ldd, dtype, bias, accumulate, alignment, FP8
+  // scaling, the heuristic answer's rank: GemmConfig::cublaslt_answer)
+  using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, bool, int, int, int>;
 
   LtHandle handle;
   size_t max_workspace_bytes = 0;
   mutable absl::Mutex mu;
   std::map<PlanKey, std::unique_ptr<Plan>> plans ABSL_GUARDED_BY(mu);
 
-  absl::StatusOr<const Plan*> GetPlan(const GemmParams& p, int alignment) {
+  // The heuristic's limits: the workspace, and operands aligned to `alignment` bytes.
+  absl::StatusOr<MatmulPreference> MakePreference(int alignment) const {
+    cublasLtMatmulPreference_t raw = nullptr;
+    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&raw));
+    MatmulPreference pref(raw);
+    const uint64_t max_workspace = max_workspace_bytes;
+    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                                   &max_workspace, sizeof(max_workspace)));
+    const uint32_t align_bytes = static_cast<uint32_t>(alignment);
+    for (const auto attribute :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+      LS_CUBLAS_RETURN_IF_ERROR(
+          cublasLtMatmulPreferenceSetAttribute(raw, attribute, &align_bytes, sizeof(align_bytes)));
+    }
+    return pref;
+  }
+
+  absl::StatusOr<const Plan*> GetPlan(const GemmParams& p, int alignment, int answer) {
     const bool has_bias = p.bias != nullptr;
     const PlanKey key{p.m,
                       p.n,
@@ -238,7 +256,8 @@ struct GemmRouter::CublasLt {
                       has_bias,
                       p.accumulate,
                       alignment,
-                      static_cast<int>(p.fp8)};
+                      static_cast<int>(p.fp8),
+                      answer};
     absl::MutexLock lock(&mu);
     if (auto it = plans.find(key); it != plans.end()) return it->second.get();
 
@@ -256,18 +275,31 @@ struct GemmRouter::CublasLt {
       LS_ASSIGN_OR_RETURN(plan->desc, MakeDesc(p.dtype, has_bias, nullptr));
     }
 
-    cublasLtMatmulPreference_t raw_pref = nullptr;
-    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&raw_pref));
-    MatmulPreference pref(raw_pref);
-    const uint64_t max_workspace = max_workspace_bytes;
-    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                                   &max_workspace, sizeof(max_workspace)));
-    const uint32_t align_bytes = static_cast<uint32_t>(alignment);
-    for (const auto attribute :
-         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
-      LS_CUBLAS_RETURN_IF_ERROR(
-          cublasLtMatmulPreferenceSetAttribute(raw_pref, attribute, &align_bytes, sizeof(align_bytes)));
+    LS_ASSIGN_OR_RETURN(const MatmulPreference pref, MakePreference(alignment));
+    cublasLtMatmulPreference_t raw_pref = pref.get();
+    // Answer `answer` for the bucket's timed M, where it still runs this
+    // call within the workspace; else the first answer for this M.
+    if (answer > 0) {
+      const int64_t ranked_m = gemm::GemmTunedM(GemmMBucket(p.m));
+      LS_ASSIGN_OR_RETURN(const MatrixLayout ranked_a, MakeLayout(in_type, p.k, ranked_m, p.lda));
+      LS_ASSIGN_OR_RETURN(const MatrixLayout ranked_d, MakeLayout(CudaType(p.dtype), p.n, ranked_m, p.ldd));
+      std::array<cublasLtMatmulHeuristicResult_t, gemm::kCublasLtTunedAnswers> ranked{};
+      int found = 0;
+      LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(
+          handle.get(), plan->desc.get(), plan->w_layout.get(), ranked_a.get(), ranked_d.get(), ranked_d.get(),
+          raw_pref, std::min(answer + 1, gemm::kCublasLtTunedAnswers), ranked.data(), &found));
+      cublasLtMatmulHeuristicResult_t checked{};
+      if (answer < found &&
+          cublasLtMatmulAlgoCheck(handle.get(), plan->desc.get(), plan->w_layout.get(), plan->a_layout.get(),
+                                  plan->d_layout.get(), plan->d_layout.get(), &ranked[answer].algo,
+                                  &checked) == CUBLAS_STATUS_SUCCESS &&
+          checked.workspaceSize <= max_workspace_bytes) {
+        plan->algo = ranked[answer].algo;
+        plan->workspace_bytes = checked.workspaceSize;
+        const Plan* out = plan.get();
+        plans.emplace(key, std::move(plan));
+        return out;
+      }
     }
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
@@ -284,7 +316,23 @@ struct GemmRouter::CublasLt {
     plans.emplace(key, std::move(plan));
     return out;
   }
+
+  // How many answers cuBLASLt's heuristic gives for `p` (at most
+  // kCublasLtTunedAnswers): the ranks Autotune times.
+  absl::StatusOr<int> Answers(const GemmParams& p, int alignment) {
+    // The plan of answer 0 holds the call's layouts and descriptor.
+    LS_ASSIGN_OR_RETURN(const Plan* plan, GetPlan(p, alignment, 0));
+    LS_ASSIGN_OR_RETURN(const MatmulPreference pref, MakePreference(alignment));
+    std::array<cublasLtMatmulHeuristicResult_t, gemm::kCublasLtTunedAnswers> results{};
+    int found = 0;
+    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(
+        handle.get(), plan->desc.get(), plan->w_layout.get(), plan->a_layout.get(), plan->d_layout.get(),
+        plan->d_layout.get(), pref.get(), gemm::kCublasLtTunedAnswers, results.data(), &found));
+    return found;
+  }
 };
+
+size_t CublasLtVersion() { return cublasLtGetVersion(); }
 
 absl::StatusOr<std::unique_ptr<GemmRouter>> GemmRouter::Create(GemmMode mode, size_t workspace_bytes) {
   LS_ASSIGN_OR_RETURN(const DeviceInfo device, CurrentDeviceInfo());
@@ -327,18 +375,19 @@ void GemmRouter::SetChoice(int64_t m, int64_t n, int64_t k, const GemmConfig& co
 absl::Status GemmRouter::Run(const GemmParams& p, const GemmWorkspace& workspace, cudaStream_t stream) {
   LS_RETURN_IF_ERROR(Validate(p));
   const GemmConfig config = Route(p);
-  if (config.version == GemmVersion::kCublasLt) return RunCublasLt(p, workspace, stream);
+  if (config.version == GemmVersion::kCublasLt) return RunCublasLt(p, config.cublaslt_answer, workspace, stream);
   return LaunchGemm(p, config, device_, stream);
 }
 
 absl::Status GemmRouter::RunConfig(const GemmParams& p, const GemmConfig& config, const GemmWorkspace& workspace,
                                    cudaStream_t stream) {
   LS_RETURN_IF_ERROR(Validate(p));
-  if (config.version == GemmVersion::kCublasLt) return RunCublasLt(p, workspace, stream);
+  if (config.version == GemmVersion::kCublasLt) return RunCublasLt(p, config.cublaslt_answer, workspace, stream);
   return LaunchGemm(p, config, device_, stream);
 }
 
-absl::Status GemmRouter::RunCublasLt(const GemmParams& p, const GemmWorkspace& workspace, cudaStream_t stream) {
+absl::Status GemmRouter::RunCublasLt(const GemmParams& p, int answer, const GemmWorkspace& workspace,
+                                     cudaStream_t stream) {
   const bool fp8 = p.fp8 != Fp8Scaling::kNone;
   if (fp8 && !CublasLtTakesFp8(p)) {
     return absl::InvalidArgumentError(
@@ -353,7 +402,7 @@ absl::Status GemmRouter::RunCublasLt(const GemmParams& p, const GemmWorkspace& w
     plain.silu_mul = false;
     plain.d = p.scratch;
     plain.ldd = p.n;
-    LS_RETURN_IF_ERROR(RunCublasLt(plain, workspace, stream));
+    LS_RETURN_IF_ERROR(RunCublasLt(plain, answer, workspace, stream));
     SiluMulParams act;
     act.gate_up = p.scratch;
     act.out = p.d;
@@ -363,10 +412,10 @@ absl::Status GemmRouter::RunCublasLt(const GemmParams& p, const GemmWorkspace& w
     act.dtype = p.dtype;
     return LaunchSiluMul(act, stream);
   }
-  if (fp8) return RunCublasLtFp8(p, workspace, stream);
+  if (fp8) return RunCublasLtFp8(p, answer, workspace, stream);
   const int alignment = AlignmentOf({p.a, p.w, p.d, p.bias});
   if (alignment < 2) return absl::InvalidArgumentError("gemm: operand not 2-byte aligned");
-  LS_ASSIGN_OR_RETURN(const CublasLt::Plan* plan, cublaslt_->GetPlan(p, alignment));
+  LS_ASSIGN_OR_RETURN(const CublasLt::Plan* plan, cublaslt_->GetPlan(p, alignment, answer));
   if (workspace.bytes < plan->workspace_bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("gemm: workspace of ", workspace.bytes, " bytes, the plan needs ", plan->workspace_bytes));
@@ -386,11 +435,12 @@ absl::Status GemmRouter::RunCublasLt(const GemmParams& p, const GemmWorkspace& w
 }
 
 // An FP8 product, not gated (RunCublasLt checked it and split a gated one).
-absl::Status GemmRouter::RunCublasLtFp8(const GemmParams& p, const GemmWorkspace& workspace, cudaStream_t stream) {
+absl::Status GemmRouter::RunCublasLtFp8(const GemmParams& p, int answer, const GemmWorkspace& workspace,
+                                        cudaStream_t stream) {
   const float* w_scale = CublasLtWeightScale(p);
   const int alignment = AlignmentOf({p.a, p.w, p.d, w_scale, p.a_scale});
   if (alignment < 16) return absl::InvalidArgumentError("gemm: cuBLASLt's FP8 needs 16-byte aligned operands");
-  LS_ASSIGN_OR_RETURN(const CublasLt::Plan* plan, cublaslt_->GetPlan(p, alignment));
+  LS_ASSIGN_OR_RETURN(const CublasLt::Plan* plan, cublaslt_->GetPlan(p, alignment, answer));
   if (workspace.bytes < plan->workspace_bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("gemm: workspace of ", workspace.bytes, " bytes, the plan needs ", plan->workspace_bytes));
@@ -405,6 +455,20 @@ absl::Status GemmRouter::RunCublasLtFp8(const GemmParams& p, const GemmWorkspace
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> GemmRouter::CublasLtAnswers(const GemmParams& p) {
+  GemmParams plain = p;  // a gated call's plain product, as RunCublasLt runs it
+  if (p.silu_mul) {
+    plain.silu_mul = false;
+    plain.d = p.scratch;
+    plain.ldd = p.n;
+  }
+  if (p.fp8 != Fp8Scaling::kNone) {
+    if (!CublasLtTakesFp8(p)) return 0;
+    return cublaslt_->Answers(plain, AlignmentOf({p.a, p.w, plain.d, CublasLtWeightScale(p), p.a_scale}));
+  }
+  return cublaslt_->Answers(plain, AlignmentOf({p.a, p.w, plain.d, p.bias}));
+}
+
 absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int64_t k, int64_t max_m,
                                                                  const GemmWorkspace& workspace, cudaStream_t stream,
                                                                  bool gated, Fp8Scaling fp8, bool accumulate) {
@@ -415,7 +479,7 @@ absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int6
     return results;
   }
   const int last_bucket = GemmMBucket(max_m);
-  const int64_t rows = std::min(GemmMBucketUpperBound(last_bucket), kTuneMaxM);
+  const int64_t rows = gemm::GemmTunedM(last_bucket);
   const int64_t kblocks = (k + kFp8BlockK - 1) / kFp8BlockK;
   // Enough copies of W that timed launches stream it from HBM, as serving does.
   const size_t w_bytes = static_cast<size_t>(n * k) * (fp8 != Fp8Scaling::kNone ? 1 : 2);
@@ -474,7 +538,7 @@ absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int6
     p.silu_mul = gated;
     p.scratch = gated ? c.data() : nullptr;
     p.ldw = k;
-    p.m = std::min(GemmMBucketUpperBound(bucket), rows);
+    p.m = gemm::GemmTunedM(bucket);
     p.n = n;
     p.k = k;
     p.dtype = DType::kBF16;
@@ -516,6 +580,15 @@ absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int6
         candidates.push_back({GemmVersion::kClusterMulticast, 0, 0});
       }
     }
+    // cuBLASLt's further heuristic answers (its first is the candidate above).
+    if (!candidates.empty() && candidates.front().version == GemmVersion::kCublasLt) {
+      LS_ASSIGN_OR_RETURN(const int answers, CublasLtAnswers(p));
+      for (int answer = 1; answer < answers; ++answer) {
+        GemmConfig config{GemmVersion::kCublasLt};
+        config.cublaslt_answer = answer;
+        candidates.push_back(config);
+      }
+    }
     std::vector<GemmConfig> configs;
     std::vector<LaunchGraph> graphs;
     for (const GemmConfig& config : candidates) {
@@ -547,7 +620,7 @@ absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int6
     for (size_t i = 0; i < graphs.size(); ++i) {
       std::sort(times[i].begin(), times[i].end());
       const float us = 1e3f * times[i][kTuneRounds / 2];
-      if (configs[i].version == GemmVersion::kCublasLt) result.cublaslt_us = us;
+      if (configs[i].version == GemmVersion::kCublasLt && configs[i].cublaslt_answer == 0) result.cublaslt_us = us;
       if (result.chosen_us < 0.f || us < result.chosen_us) {
         result.chosen_us = us;
         result.chosen = configs[i];

@@ -285,7 +285,7 @@ absl::StatusOr<std::string> CurrentDeviceKey(std::string_view build) {
   LS_CUDA_RETURN_IF_ERROR(cudaRuntimeGetVersion(&runtime));
   return absl::StrCat(props.name, "; sm_", props.major, props.minor, "; ",
                       props.multiProcessorCount, " SMs; driver ", driver, "; runtime ", runtime,
-                      "; layerserve ", ToAbsl(build));
+                      "; cublasLt ", kernels::CublasLtVersion(), "; layerserve ", ToAbsl(build));
 }
 
 std::vector<TunedShape> TunedShapesFor(const LayerShape& shape, const LayerDeviceWeights& layer) {

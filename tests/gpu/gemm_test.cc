@@ -64,6 +64,9 @@ void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 std::vector<Variant> Variants() {
   return {
       {"v0_cublaslt", Runner::kConfig, {GemmVersion::kCublasLt, 0}},
+      // cuBLASLt's fourth heuristic answer for the M bucket's timed size,
+      // where it runs the call (else its first): what a tuned table may pick.
+      {"v0_cublaslt_answer3", Runner::kConfig, {GemmVersion::kCublasLt, 0, 0, 0, 3}},
       {"v3_bn256", Runner::kConfig, {GemmVersion::kWarpSpecialized, 0, 256}},
       {"v3_bn128", Runner::kConfig, {GemmVersion::kWarpSpecialized, 0, 128}},
       {"v4_split_auto", Runner::kConfig, {GemmVersion::kSmallMSplitK, 0}},

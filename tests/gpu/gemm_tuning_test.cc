@@ -32,8 +32,8 @@ using kernels::GemmTuneResult;
 using kernels::GemmVersion;
 
 TEST(GemmConfigSpecTest, EverySpellingRoundTrips) {
-  for (const char* spec :
-       {"v0", "v3", "v3b128", "v3b256", "v4", "v4s1", "v4s2", "v4s4", "v4s8", "v5", "v6", "v6s1", "v6s4"}) {
+  for (const char* spec : {"v0", "v0a1", "v0a7", "v3", "v3b128", "v3b256", "v4", "v4s1", "v4s2", "v4s4", "v4s8", "v5",
+                           "v6", "v6s1", "v6s4"}) {
     const absl::StatusOr<GemmConfig> config = kernels::ParseGemmConfigSpec(spec);
     ASSERT_TRUE(config.ok()) << spec << ": " << config.status();
     EXPECT_EQ(kernels::GemmConfigSpec(*config), spec);
@@ -45,8 +45,9 @@ TEST(GemmConfigSpecTest, EverySpellingRoundTrips) {
 }
 
 TEST(GemmConfigSpecTest, OthersAreRejected) {
-  for (const char* spec : {"", "v", "v1", "v2", "v7", "v6b128", "v6s9", "x3", "v3b64", "v3b", "v3s2", "v4s0", "v4s9",
-                           "v4b128", "v4s2x", "v0s1", "v3b1280000000", "v5b256", "v5s2"}) {
+  for (const char* spec :
+       {"",     "v",    "v1",     "v2",    "v7",   "v6b128",        "v6s9",   "x3",   "v3b64", "v3b",  "v3s2",
+        "v4s0", "v4s9", "v4b128", "v4s2x", "v0s1", "v3b1280000000", "v5b256", "v5s2", "v0a0",  "v0a8", "v3a1"}) {
     EXPECT_EQ(kernels::ParseGemmConfigSpec(spec).status().code(), absl::StatusCode::kInvalidArgument)
         << "'" << spec << "'";
   }
@@ -144,12 +145,12 @@ TEST(GemmTuneCacheTest, RoundTrips) {
 TEST(GemmTuneCacheTest, RejectsWhatItDidNotWrite) {
   const std::string good_entry = R"({"n":64,"k":64,"m_max":8,"config":"v4s2"})";
   const auto doc = [](const std::string& entry) {
-    return R"({"format":"layerserve-gemm-tune-3","device_key":"d","entries":[)" + entry + "]}";
+    return R"({"format":"layerserve-gemm-tune-4","device_key":"d","entries":[)" + entry + "]}";
   };
   ASSERT_TRUE(ParseGemmTuneCache(doc(good_entry)).ok());
   for (const std::string& text :
        {std::string("not json"), std::string("[]"), std::string(R"({"format":"other","device_key":"d","entries":[]})"),
-        std::string(R"({"format":"layerserve-gemm-tune-3","entries":[]})"),
+        std::string(R"({"format":"layerserve-gemm-tune-4","entries":[]})"),
         // The format before FP8 entries: it timed FP8 weights' shapes as bf16.
         std::string(R"({"format":"layerserve-gemm-tune-2","device_key":"d","entries":[]})"),
         doc(R"({"n":64,"k":64,"m_max":8,"config":"v0","precision":"fp8-tensor"})"),

@@ -178,15 +178,24 @@ struct GemmConfig {
   // tiles of up to 64, 128 the prefill kernel.) Not part of the spec
   // strings: grouped products are never tuned or pinned.
   int block_m = 0;
+  // Version 0 only: which of cuBLASLt's heuristic answers runs, by its rank
+  // among the answers for the M bucket's timed size (GemmTuneResult::m_timed;
+  // 0: the first answer for the call's own M, cuBLASLt's default). Autotune
+  // times the first kCublasLtTunedAnswers (gemm_heuristics.h).
+  int cublaslt_answer = 0;
 };
 
 std::string GemmConfigName(const GemmConfig& config);
 
 // Short spelling of a configuration, as flags, the benchmark and the autotune
-// cache write it: "v0" (cuBLASLt), "v3", "v3b128", "v3b256", "v4",
-// "v4s1".."v4s8", "v5", "v6", "v6s1".."v6s8". ParseGemmConfigSpec is its inverse (INVALID_ARGUMENT for
+// cache write it: "v0" (cuBLASLt), "v0a1".."v0a7" (its heuristic's answer of
+// that rank), "v3", "v3b128", "v3b256", "v4", "v4s1".."v4s8", "v5", "v6",
+// "v6s1".."v6s8". ParseGemmConfigSpec is its inverse (INVALID_ARGUMENT for
 // anything else); the leading "v" is optional there.
 std::string GemmConfigSpec(const GemmConfig& config);
+// The loaded cuBLASLt's version (cublasLtGetVersion): a tuned table's
+// cuBLASLt answers (GemmConfig::cublaslt_answer) hold for it only.
+size_t CublasLtVersion();
 absl::StatusOr<GemmConfig> ParseGemmConfigSpec(std::string_view spec);
 
 // Which implementation the calls our kernels can take run on.
@@ -352,8 +361,13 @@ class GemmRouter {
   struct CublasLt;
   GemmRouter(GemmMode mode, DeviceInfo device, bool custom_kernels, size_t workspace_bytes,
              std::unique_ptr<CublasLt> cublaslt);
-  absl::Status RunCublasLt(const GemmParams& p, const GemmWorkspace& workspace, cudaStream_t stream);
-  absl::Status RunCublasLtFp8(const GemmParams& p, const GemmWorkspace& workspace, cudaStream_t stream);  // not gated
+  // The number of cuBLASLt heuristic answers for `p` that Autotune times
+  // (kCublasLtTunedAnswers at most; 0 where cuBLASLt does not take it).
+  absl::StatusOr<int> CublasLtAnswers(const GemmParams& p);
+  // `answer`: GemmConfig::cublaslt_answer.
+  absl::Status RunCublasLt(const GemmParams& p, int answer, const GemmWorkspace& workspace, cudaStream_t stream);
+  absl::Status RunCublasLtFp8(const GemmParams& p, int answer, const GemmWorkspace& workspace,
+                              cudaStream_t stream);  // not gated
 
   const GemmMode mode_;
   const DeviceInfo device_;
