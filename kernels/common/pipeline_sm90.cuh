@@ -33,13 +33,31 @@ class TmaPipeline {
   __device__ __forceinline__ explicit TmaPipeline(uint32_t barriers)
       : full_(barriers), empty_(barriers + 8 * kStages) {}
 
-  // One thread, before any use (then a CTA-wide barrier).
-  __device__ __forceinline__ void Init(uint32_t consumer_warps) const {
+  // One thread, before any use (then a CTA-wide barrier). `producers`: the
+  // arrivals a slot's "full" barrier waits for besides the TMA bytes (the
+  // TMA producer's, and any helper's that fills part of the slot itself).
+  __device__ __forceinline__ void Init(uint32_t consumer_warps, uint32_t producers = 1) const {
     for (int s = 0; s < kStages; ++s) {
-      MbarInit(full_ + 8 * s, 1);
+      MbarInit(full_ + 8 * s, producers);
       MbarInit(empty_ + 8 * s, consumer_warps);
     }
     FenceBarrierInit();
+  }
+  // A helper producer (Init's producers): waits until the consumers
+  // released the slot, as ProducerAcquire does.
+  __device__ __forceinline__ void HelperAcquire(const PipeState<kStages>& s) const {
+    MbarWait(empty_ + 8 * s.index, s.phase ^ 1);
+  }
+  // A helper thread's copy of `bytes` (4: a float; 0: zeros) from global
+  // `src` into the slot's shared memory at `dst`, asynchronously.
+  __device__ __forceinline__ static void HelperCopy4(uint32_t dst, const void* src, uint32_t bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+  }
+  // A helper thread's one arrival on the slot's "full" barrier (Init counted
+  // it among `producers`), made once its copies above have landed: the
+  // helper goes on to the next slot without waiting for them.
+  __device__ __forceinline__ void HelperArriveOnCopies(const PipeState<kStages>& s) const {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(full_ + 8 * s.index) : "memory");
   }
 
   // Producer: waits until the consumers released the slot, then announces

@@ -7,13 +7,14 @@
 // blockIdx.x, + gridDim.x, ...; grouped so that the CTAs running together
 // share bands of A and W in L2) and keeps a TmaPipeline ring of 128 x 128
 // A and W tiles full, running into the next tile while the consumers finish
-// the last. Warpgroups 1 and 2 are consumers: each owns 64 rows of the
-// 128 x 128 output tile. Per 128-wide K block, four m64n128k32 e4m3 wgmma go
-// into a fresh fp32 partial sum that is then promoted into the accumulator
-// (FP8.md), while the next K block's wgmma already run into a second one,
+// the last. With block-128 scaling its second warp walks the same slots and
+// writes each one's scales into shared memory beside it (the slot's "full"
+// barrier waits for both), so the consumers' loop makes no global load. Warpgroups 1 and 2 are consumers: each owns 64
+// rows of the 128 x 128 output tile. Per 128-wide K block, four m64n128k32 e4m3 wgmma go into a fresh fp32 partial sum
+// that is then promoted into the accumulator (FP8.md), while the next K block's wgmma already run into a second one,
 // scaled there by the block's scales with block-128 scaling:
 // a_scale of the thread's two rows times w_scale of its columns' two 64-row
-// groups. With per-row scaling both scales apply at the epilogue. The
+// groups, read from the slot. With per-row scaling both scales apply at the epilogue. The
 // epilogue writes bf16 straight from registers (bias and residual added, or the
 // gated MLP's silu(gate) * up of columns c and c + 64, the kFp8GateUpBlock
 // interleave), while the producer already streams the next tile.
@@ -54,7 +55,12 @@ constexpr int kABytes = kBlockM * kBlockK;
 constexpr int kWBytes = kBlockN * kBlockK;
 constexpr int kStageBytes = kABytes + kWBytes;
 constexpr int kScheduleOffset = kStages * kStageBytes + 2 * kStages * 8;
-constexpr int kSmemBytes = kScheduleOffset + kGroupScheduleInts * 4 + 1024;
+// Block-128 scaling: each ring slot's scales, written by the producer
+// warpgroup's second warp: the tile's 128 rows' A scales and its two 64-row
+// W groups' scales for the slot's K block (floats; 4 of padding).
+constexpr int kSlotScales = kBlockM + 4;
+constexpr int kScalesOffset = kScheduleOffset + kGroupScheduleInts * 4;
+constexpr int kSmemBytes = kScalesOffset + kStages * kSlotScales * 4 + 1024;
 static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
 static_assert(kBlockN == 2 * kHalf, "a tile's columns span two W scale rows (or gate and up halves)");
 
@@ -79,10 +85,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     return LocateGroupTile(t, args.groups, kBlockM, tiles_n, kGroupM, first_row, first_tile);
   };
 
+  float* const slot_scales = reinterpret_cast<float*>(smem_raw + (ring - SmemAddr(smem_raw)) + kScalesOffset);
   if (threadIdx.x == 0) {
     PrefetchTensorMap(&map_a);
     PrefetchTensorMap(&map_w);
-    pipe.Init(kConsumerWarps);
+    // (Block-128: the scale warp's 32 lanes arrive too.)
+    pipe.Init(kConsumerWarps, kBlockScaled ? 1 + 32 : 1);
   }
   __syncthreads();
   // A, its scales, the residual and the group offsets come from the
@@ -103,6 +111,35 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint32_t dst = ring + state.index * kStageBytes;
           TmaLoad2d(dst, &map_a, bar, kb * kBlockK, site.rows.row0 + site.tile.m * kBlockM);
           TmaLoad2d(dst + kABytes, &map_w, bar, kb * kBlockK, site.group * args.n + site.tile.n * kBlockN);
+        }
+      }
+    } else if (kBlockScaled && threadIdx.x / 32 == 1) {
+      // The scales of each slot's K block, copied a ring ahead of their use
+      // (in the consumers' loop, a load's L2 latency showed at every K
+      // block), asynchronously: one wait per slot made this warp the ring's
+      // bottleneck. Rows past the group and W groups past n get zeros.
+      const int lane = threadIdx.x % 32;
+      PipeState<kStages> state;
+      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+        const GroupTile site = locate(t);
+        // This lane's rows (lane + 32 i: in while 32 i < rows_left) and,
+        // for lanes 0 and 1, W group `group`, stepped one K block at a time.
+        const int rows_left = site.rows.rows - site.tile.m * kBlockM - lane;
+        const float* a_scale = args.a_scale + site.rows.row0 + site.tile.m * kBlockM + lane;
+        const int group = site.tile.n * (kBlockN / kHalf) + min(lane, 1);
+        const bool w_in = lane < 2 && group * kHalf < args.n;
+        const float* w_scale =
+            args.w_scale + site.group * args.w_scale_stride + static_cast<int64_t>(w_in ? group : 0) * num_kb;
+        for (int kb = 0; kb < num_kb; ++kb, state.Advance(), a_scale += args.m, ++w_scale) {
+          pipe.HelperAcquire(state);
+          const uint32_t scales = SmemAddr(slot_scales + state.index * kSlotScales) + 4 * lane;
+#pragma unroll
+          for (int i = 0; i < kBlockM / 32; ++i) {
+            const bool in = 32 * i < rows_left;
+            pipe.HelperCopy4(scales + 128 * i, in ? a_scale + 32 * i : args.a_scale, in ? 4 : 0);
+          }
+          if (lane < 2) pipe.HelperCopy4(scales + 4 * kBlockM, w_scale, w_in ? 4 : 0);
+          pipe.HelperArriveOnCopies(state);
         }
       }
     }
@@ -147,30 +184,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Waits for K block kb's partial sum (`more`: the next one stays in
     // flight), frees its slot and promotes it.
     // Block scales: the two rows', and the two 64-row W groups' of the
-    // tile's columns (the last group may be past n); K block kb + 1's are
-    // loaded while kb's partial sum is awaited and promoted.
-    float sa_next[2] = {0.f, 0.f}, sw_next[2] = {0.f, 0.f};
-    const auto load_scales = [&](int kb) {
-      if constexpr (kBlockScaled) {
-        if (kb >= num_kb) return;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = row0 + 8 * h;
-          sa_next[h] = row < site.rows.rows ? args.a_scale[static_cast<int64_t>(kb) * args.m + first + row] : 0.f;
-          const int group = n0 / kHalf + h;
-          sw_next[h] = group * kHalf < args.n ? w_scale[static_cast<int64_t>(group) * num_kb + kb] : 0.f;
-        }
-      }
-    };
-    load_scales(0);
-    const auto retire = [&](float(&part)[kBlockN / 2], int kb, bool more) {
+    // tile's columns, from the slot (read before it is freed).
+    const int local_row = consumer * 64 + warp * 16 + lane / 4;
+    const auto retire = [&](float(&part)[kBlockN / 2], bool more) {
       float s[2][2];
       if constexpr (kBlockScaled) {
+        const float* const scales = slot_scales + state.index * kSlotScales;
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int g = 0; g < 2; ++g) s[h][g] = sa_next[h] * sw_next[g];
-        load_scales(kb + 1);
+          for (int g = 0; g < 2; ++g) s[h][g] = scales[local_row + 8 * h] * scales[kBlockM + g];
       }
       if (more) {
         WgmmaWait<1>();
@@ -200,16 +223,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     int kb = 0;
     for (; kb + 2 < num_kb; kb += 2) {
       issue(part1);
-      retire(part0, kb, true);
+      retire(part0, true);
       issue(part0);
-      retire(part1, kb + 1, true);
+      retire(part1, true);
     }
     if (kb + 1 < num_kb) {
       issue(part1);
-      retire(part0, kb, true);
-      retire(part1, kb + 1, false);
+      retire(part0, true);
+      retire(part1, false);
     } else {
-      retire(part0, kb, false);
+      retire(part0, false);
     }
 
     // Epilogue, from registers: element (h, j, e) is row row0 + 8 h, column
