@@ -516,8 +516,11 @@ bool Bench::RunShape(int64_t n, int64_t k) {
         const float scale = std::sqrt(static_cast<float>(k)) / 3.f;  // uniform [-1, 1) inputs
         // FP8 rows: within e4m3's quantization error of the bf16 product
         // (about a tenth of its scale), which wrong data or a lost scale is not.
+        // Gated, both factors carry it: 0.3 scale^2 failed a few hundred of
+        // 8192 x 14336 outputs (at most 1.7x over) for cuBLASLt's FP8 as
+        // for ours, so the bound is 0.6 scale^2 there.
         const float rel = fp8 ? 0.1f : opt_.gated ? 6.06f / 256.f : 2.02f / 256.f;
-        const float abs_tol = (fp8 ? 0.3f : 1e-3f) * (opt_.gated ? scale * scale : scale);
+        const float abs_tol = (fp8 ? (opt_.gated ? 0.6f : 0.3f) : 1e-3f) * (opt_.gated ? scale * scale : scale);
         CompareKernel<<<1024, 256, 0, stream_>>>(
             static_cast<const __nv_bfloat16*>(opt_.gated ? act[0] : c[0]),
             static_cast<const __nv_bfloat16*>(opt_.gated ? (fp8 ? expected_act8 : expected_act) : expected),
