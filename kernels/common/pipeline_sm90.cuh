@@ -43,8 +43,9 @@ class TmaPipeline {
     }
     FenceBarrierInit();
   }
-  // A helper producer (Init's producers): waits until the consumers
-  // released the slot, as ProducerAcquire does.
+  // Waits until the consumers released the slot: the TMA producer's first
+  // step (ProducerAcquire), and all a helper producer (Init's producers)
+  // waits for.
   __device__ __forceinline__ void HelperAcquire(const PipeState<kStages>& s) const {
     MbarWait(empty_ + 8 * s.index, s.phase ^ 1);
   }
@@ -63,7 +64,7 @@ class TmaPipeline {
   // Producer: waits until the consumers released the slot, then announces
   // `bytes` of TMA copies on its full barrier; returns that barrier.
   __device__ __forceinline__ uint32_t ProducerAcquire(const PipeState<kStages>& s, uint32_t bytes) const {
-    MbarWait(empty_ + 8 * s.index, s.phase ^ 1);
+    HelperAcquire(s);
     return ProducerExpect(s, bytes);
   }
   // The same without the wait: a slot's first fill.

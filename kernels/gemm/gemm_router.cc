@@ -14,6 +14,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -150,6 +151,23 @@ int AlignmentOf(std::initializer_list<const void*> pointers) {
   return alignment;
 }
 
+// What cuBLASLt runs for a gated call: the plain product into the scratch
+// buffer (the activation follows in its own launch).
+GemmParams PlainProductOf(const GemmParams& p) {
+  GemmParams plain = p;
+  plain.silu_mul = false;
+  plain.d = p.scratch;
+  plain.ldd = p.n;
+  return plain;
+}
+
+// The alignment cuBLASLt's plan for `p` (not gated) is made for: every
+// operand it reads or writes, the FP8 scales included.
+int CublasLtAlignment(const GemmParams& p) {
+  if (p.fp8 != Fp8Scaling::kNone) return AlignmentOf({p.a, p.w, p.d, CublasLtWeightScale(p), p.a_scale});
+  return AlignmentOf({p.a, p.w, p.d, p.bias});
+}
+
 absl::Status Validate(const GemmParams& p) {
   if (p.m <= 0 || p.n <= 0 || p.k <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("gemm: non-positive shape m=", p.m, " n=", p.n, " k=", p.k));
@@ -279,42 +297,55 @@ struct GemmRouter::CublasLt {
     cublasLtMatmulPreference_t raw_pref = pref.get();
     // Answer `answer` for the bucket's timed M, where it still runs this
     // call within the workspace; else the first answer for this M.
+    std::optional<cublasLtMatmulHeuristicResult_t> chosen;
     if (answer > 0) {
-      const int64_t ranked_m = gemm::GemmTunedM(GemmMBucket(p.m));
-      LS_ASSIGN_OR_RETURN(const MatrixLayout ranked_a, MakeLayout(in_type, p.k, ranked_m, p.lda));
-      LS_ASSIGN_OR_RETURN(const MatrixLayout ranked_d, MakeLayout(CudaType(p.dtype), p.n, ranked_m, p.ldd));
-      std::array<cublasLtMatmulHeuristicResult_t, gemm::kCublasLtTunedAnswers> ranked{};
+      LS_ASSIGN_OR_RETURN(chosen, RankedAnswer(*plan, p, in_type, raw_pref, answer));
+    }
+    if (!chosen.has_value()) {
+      cublasLtMatmulHeuristicResult_t result{};
       int found = 0;
-      LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(
-          handle.get(), plan->desc.get(), plan->w_layout.get(), ranked_a.get(), ranked_d.get(), ranked_d.get(),
-          raw_pref, std::min(answer + 1, gemm::kCublasLtTunedAnswers), ranked.data(), &found));
-      cublasLtMatmulHeuristicResult_t checked{};
-      if (answer < found &&
-          cublasLtMatmulAlgoCheck(handle.get(), plan->desc.get(), plan->w_layout.get(), plan->a_layout.get(),
-                                  plan->d_layout.get(), plan->d_layout.get(), &ranked[answer].algo,
-                                  &checked) == CUBLAS_STATUS_SUCCESS &&
-          checked.workspaceSize <= max_workspace_bytes) {
-        plan->algo = ranked[answer].algo;
-        plan->workspace_bytes = checked.workspaceSize;
-        const Plan* out = plan.get();
-        plans.emplace(key, std::move(plan));
-        return out;
+      LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(handle.get(), plan->desc.get(), plan->w_layout.get(),
+                                                               plan->a_layout.get(), plan->d_layout.get(),
+                                                               plan->d_layout.get(), raw_pref, 1, &result, &found));
+      if (found == 0) {
+        return absl::InternalError(absl::StrCat("gemm: cuBLASLt has no algorithm for m=", p.m, " n=", p.n, " k=", p.k,
+                                                " bias=", has_bias, " alignment=", alignment, " fp8=", fp8));
       }
+      chosen = result;
     }
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(handle.get(), plan->desc.get(), plan->w_layout.get(),
-                                                             plan->a_layout.get(), plan->d_layout.get(),
-                                                             plan->d_layout.get(), raw_pref, 1, &result, &found));
-    if (found == 0) {
-      return absl::InternalError(absl::StrCat("gemm: cuBLASLt has no algorithm for m=", p.m, " n=", p.n, " k=", p.k,
-                                              " bias=", has_bias, " alignment=", alignment, " fp8=", fp8));
-    }
-    plan->algo = result.algo;
-    plan->workspace_bytes = result.workspaceSize;
+    plan->algo = chosen->algo;
+    plan->workspace_bytes = chosen->workspaceSize;
     const Plan* out = plan.get();
     plans.emplace(key, std::move(plan));
     return out;
+  }
+
+  // The heuristic's answer of rank `answer` for the bucket of p.m, taken at
+  // the bucket's timed M, with the workspace it needs at p.m; nullopt where
+  // it has fewer answers, or cublasLtMatmulAlgoCheck refuses that one for
+  // this call or it needs more than the workspace.
+  absl::StatusOr<std::optional<cublasLtMatmulHeuristicResult_t>> RankedAnswer(const Plan& plan, const GemmParams& p,
+                                                                              cudaDataType_t in_type,
+                                                                              cublasLtMatmulPreference_t pref,
+                                                                              int answer) {
+    const int64_t ranked_m = gemm::GemmTunedM(GemmMBucket(p.m));
+    LS_ASSIGN_OR_RETURN(const MatrixLayout ranked_a, MakeLayout(in_type, p.k, ranked_m, p.lda));
+    LS_ASSIGN_OR_RETURN(const MatrixLayout ranked_d, MakeLayout(CudaType(p.dtype), p.n, ranked_m, p.ldd));
+    std::array<cublasLtMatmulHeuristicResult_t, gemm::kCublasLtTunedAnswers> ranked{};
+    int found = 0;
+    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(
+        handle.get(), plan.desc.get(), plan.w_layout.get(), ranked_a.get(), ranked_d.get(), ranked_d.get(), pref,
+        std::min(answer + 1, gemm::kCublasLtTunedAnswers), ranked.data(), &found));
+    if (answer >= found) return std::nullopt;
+    cublasLtMatmulHeuristicResult_t checked{};
+    if (cublasLtMatmulAlgoCheck(handle.get(), plan.desc.get(), plan.w_layout.get(), plan.a_layout.get(),
+                                plan.d_layout.get(), plan.d_layout.get(), &ranked[answer].algo,
+                                &checked) != CUBLAS_STATUS_SUCCESS ||
+        checked.workspaceSize > max_workspace_bytes) {
+      return std::nullopt;
+    }
+    checked.algo = ranked[answer].algo;
+    return checked;
   }
 
   // How many answers cuBLASLt's heuristic gives for `p` (at most
@@ -398,11 +429,7 @@ absl::Status GemmRouter::RunCublasLt(const GemmParams& p, int answer, const Gemm
     // The plain product into the scratch buffer, then the activation (over
     // the FP8 interleave for an FP8 product).
     if (p.scratch == nullptr) return absl::InvalidArgumentError("gemm: silu_mul on cuBLASLt needs a scratch buffer");
-    GemmParams plain = p;
-    plain.silu_mul = false;
-    plain.d = p.scratch;
-    plain.ldd = p.n;
-    LS_RETURN_IF_ERROR(RunCublasLt(plain, answer, workspace, stream));
+    LS_RETURN_IF_ERROR(RunCublasLt(PlainProductOf(p), answer, workspace, stream));
     SiluMulParams act;
     act.gate_up = p.scratch;
     act.out = p.d;
@@ -413,7 +440,7 @@ absl::Status GemmRouter::RunCublasLt(const GemmParams& p, int answer, const Gemm
     return LaunchSiluMul(act, stream);
   }
   if (fp8) return RunCublasLtFp8(p, answer, workspace, stream);
-  const int alignment = AlignmentOf({p.a, p.w, p.d, p.bias});
+  const int alignment = CublasLtAlignment(p);
   if (alignment < 2) return absl::InvalidArgumentError("gemm: operand not 2-byte aligned");
   LS_ASSIGN_OR_RETURN(const CublasLt::Plan* plan, cublaslt_->GetPlan(p, alignment, answer));
   if (workspace.bytes < plan->workspace_bytes) {
@@ -438,7 +465,7 @@ absl::Status GemmRouter::RunCublasLt(const GemmParams& p, int answer, const Gemm
 absl::Status GemmRouter::RunCublasLtFp8(const GemmParams& p, int answer, const GemmWorkspace& workspace,
                                         cudaStream_t stream) {
   const float* w_scale = CublasLtWeightScale(p);
-  const int alignment = AlignmentOf({p.a, p.w, p.d, w_scale, p.a_scale});
+  const int alignment = CublasLtAlignment(p);
   if (alignment < 16) return absl::InvalidArgumentError("gemm: cuBLASLt's FP8 needs 16-byte aligned operands");
   LS_ASSIGN_OR_RETURN(const CublasLt::Plan* plan, cublaslt_->GetPlan(p, alignment, answer));
   if (workspace.bytes < plan->workspace_bytes) {
@@ -456,17 +483,9 @@ absl::Status GemmRouter::RunCublasLtFp8(const GemmParams& p, int answer, const G
 }
 
 absl::StatusOr<int> GemmRouter::CublasLtAnswers(const GemmParams& p) {
-  GemmParams plain = p;  // a gated call's plain product, as RunCublasLt runs it
-  if (p.silu_mul) {
-    plain.silu_mul = false;
-    plain.d = p.scratch;
-    plain.ldd = p.n;
-  }
-  if (p.fp8 != Fp8Scaling::kNone) {
-    if (!CublasLtTakesFp8(p)) return 0;
-    return cublaslt_->Answers(plain, AlignmentOf({p.a, p.w, plain.d, CublasLtWeightScale(p), p.a_scale}));
-  }
-  return cublaslt_->Answers(plain, AlignmentOf({p.a, p.w, plain.d, p.bias}));
+  if (p.fp8 != Fp8Scaling::kNone && !CublasLtTakesFp8(p)) return 0;
+  const GemmParams plain = p.silu_mul ? PlainProductOf(p) : p;  // as RunCublasLt runs it
+  return cublaslt_->Answers(plain, CublasLtAlignment(plain));
 }
 
 absl::StatusOr<std::vector<GemmTuneResult>> GemmRouter::Autotune(int64_t n, int64_t k, int64_t max_m,
