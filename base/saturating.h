@@ -15,4 +15,11 @@ inline int64_t SaturatingMul(int64_t a, int64_t b) {
   return product;
 }
 
+// a + b, or INT64_MAX when the sum overflows; a, b >= 0.
+inline int64_t SaturatingAdd(int64_t a, int64_t b) {
+  int64_t sum;
+  if (__builtin_add_overflow(a, b, &sum)) return std::numeric_limits<int64_t>::max();
+  return sum;
+}
+
 }  // namespace layerserve

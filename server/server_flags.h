@@ -42,6 +42,7 @@ struct ServerFlags {
   // Sessions (docs/sessions.md).
   std::string kv_cache_memory = "auto";  // see KvCacheBytes
   int64_t kv_block_tokens = 16;
+  std::string kv_cache_dtype = "auto";  // server/core/kv_cache_dtype.h's ParseKvCacheDType
   int64_t max_sessions = 1024;
   int64_t max_session_tokens = 0;  // 0: no limit beyond the pool
   int64_t session_idle_timeout_s = 300;

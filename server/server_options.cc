@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
+#include "server/core/kv_cache_dtype.h"
 #include "server/grpc/completion_queues.h"
 
 namespace layerserve {
@@ -41,6 +42,9 @@ std::string ModelSource::Description(std::string_view layers_flag) const {
 CpuBackendOptions CpuBackendOptionsFromFlags(const ServerFlags& flags) {
   CpuBackendOptions options;
   options.num_threads = flags.cpu_threads;
+  // ValidateFlags refused every other value.
+  options.kv_cache_dtype =
+      ParseKvCacheDType(flags.kv_cache_dtype).value_or(KvCacheDType::kActivation);
   return options;
 }
 
@@ -86,8 +90,9 @@ std::string KvCachePlan::Summary(const ServerFlags& flags) const {
   return absl::StrCat("sessions: KV cache of ", blocks, " blocks x ", shape->block_tokens,
                       " tokens = ", blocks * shape->block_tokens, " tokens in ",
                       absl::StrFormat("%.1f", mib), " MiB (", block_bytes / shape->block_tokens,
-                      " bytes per token; --kv-cache-memory=", flags.kv_cache_memory, " of ",
-                      available_bytes, " bytes available); max_sessions=", flags.max_sessions,
+                      " bytes per token; --kv-cache-dtype=", flags.kv_cache_dtype,
+                      " --kv-cache-memory=", flags.kv_cache_memory, " of ", available_bytes,
+                      " bytes available); max_sessions=", flags.max_sessions,
                       " max_session_tokens=", flags.max_session_tokens,
                       " session_idle_timeout_s=", flags.session_idle_timeout_s);
 }

@@ -142,9 +142,11 @@ constexpr int64_t kGatherRows = 256;
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(const LlamaConfig& config, std::vector<CpuLayer> layers, int num_threads)
+  CpuBackend(const LlamaConfig& config, std::vector<CpuLayer> layers, int num_threads,
+             KvCacheDType kv_cache_dtype)
       : config_(config),
         layers_(std::move(layers)),
+        kv_row_{config.num_key_value_heads, config.head_dim, kv_cache_dtype},
         inv_freq_(RopeInvFreq(config)),
         pool_(num_threads, "cpu-op"),
         worker_([this] {
@@ -168,9 +170,10 @@ class CpuBackend final : public Backend {
     queue_.push_back(Job{std::move(batch), std::move(done)});
   }
 
-  // The cache holds float32 K and V rows of kv_heads * head_dim per layer.
+  // The cache holds K and V rows of kv_heads * head_dim per layer: float32,
+  // or e4m3 codes and a scale per head (kv_cache.h).
   int64_t KvBlockBytes(int64_t block_tokens) const override {
-    return cpu::KvCache::BlockBytes(static_cast<int64_t>(layers_.size()), KvWidth(), block_tokens);
+    return cpu::KvCache::BlockBytes(static_cast<int64_t>(layers_.size()), kv_row_, block_tokens);
   }
 
   int64_t KvMemoryAvailable() const override { return cpu::AvailableMemoryBytes(); }
@@ -190,7 +193,7 @@ class CpuBackend final : public Backend {
     // one Batch::Validate takes); the fields are the same.
     LS_ASSIGN_OR_RETURN(
         std::unique_ptr<cpu::KvCache> cache,
-        cpu::KvCache::Create(static_cast<int64_t>(layers_.size()), KvWidth(),
+        cpu::KvCache::Create(static_cast<int64_t>(layers_.size()), kv_row_,
                              layerserve::KvCacheShape{shape.num_blocks, shape.block_tokens}));
     absl::MutexLock lock(&mu_);
     if (kv_cache_ != nullptr) return already();
@@ -429,11 +432,13 @@ class CpuBackend final : public Backend {
   // sequence attends over in this layer: positions [first, position + T),
   // where first = position - window + 1 (0 without a window, or when the
   // window reaches back past the start) is the oldest key the first new token
-  // sees. Rows below `position` come from the cache, the rest from qkv_.
+  // sees. Rows below `position` come from the cache; a session sequence's
+  // new rows are stored there and read back, so it sees them as later steps
+  // will (an FP8 cache's rounding included).
   // Worked example, block_tokens 4, window 0: a step of T = 2 at position 5
   // writes positions 5, 6 (block table entry 1, rows 1 and 2) and gathers 7
-  // rows, 0..4 from the cache and 5, 6 from qkv_. A stateless sequence has
-  // position 0 and gathers its T rows from qkv_. The tasks run in parallel:
+  // rows, 0..6, from the cache. A stateless sequence has position 0 and
+  // gathers its T rows from qkv_. The tasks run in parallel:
   // they read and write disjoint rows, since the session table never gives
   // two sequences the same block and a step writes only past what it reads.
   void GatherKv(int64_t layer, const Batch& batch, cpu::KvCache* kv_cache) {
@@ -469,18 +474,23 @@ class CpuBackend final : public Backend {
       const int64_t row = batch.cu_seqlens[task.seq] + (task.begin - seq.position);
       const float* k = qkv_.data() + row * qkv_width + heads * config_.head_dim;
       const float* v = k + kv_width;
+      if (seq.block_table != nullptr) {
+        // A session attends over its new rows as the cache holds them (an
+        // FP8 cache's rounding included), as it will in later steps.
+        kv_cache->Write(layer, *seq.block_table, task.begin, task.end, k, v, qkv_width);
+        kv_cache->Read(layer, *seq.block_table, task.begin, task.end, k_out, v_out);
+        return;
+      }
       for (int64_t r = 0; r < task.end - task.begin; ++r) {
         std::copy_n(k + r * qkv_width, kv_width, k_out + r * kv_width);
         std::copy_n(v + r * qkv_width, kv_width, v_out + r * kv_width);
-      }
-      if (seq.block_table != nullptr) {
-        kv_cache->Write(layer, *seq.block_table, task.begin, task.end, k, v, qkv_width);
       }
     });
   }
 
   const LlamaConfig config_;
   const std::vector<CpuLayer> layers_;
+  const cpu::KvCache::RowShape kv_row_;
   const std::vector<float> inv_freq_;
   ThreadPool pool_;
 
@@ -539,8 +549,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const ModelSpan& model,
                               ? options.num_threads
                               : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   cpu::UseSingleThreadedBlas();
-  return std::unique_ptr<Backend>(
-      std::make_unique<CpuBackend>(model.config, std::move(layers), num_threads));
+  return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(
+      model.config, std::move(layers), num_threads, options.kv_cache_dtype));
 }
 
 }  // namespace layerserve

@@ -277,7 +277,7 @@ std::vector<double> AttentionBlock(const std::vector<double>& x,
                     hidden, layer.qkv_input);
   std::vector<double> q = Linear(n, tokens, hidden, layer.wq, q_width, layer.bq);
   std::vector<double> k = Linear(n, tokens, hidden, layer.wk, kv_width, layer.bk);
-  const std::vector<double> v = Linear(n, tokens, hidden, layer.wv, kv_width, layer.bv);
+  std::vector<double> v = Linear(n, tokens, hidden, layer.wv, kv_width, layer.bv);
   const std::vector<double> inv_freq = RopeInvFreq(config);
   if (config.qk_norm) {
     // Each head is a row of head_dim values.
@@ -286,6 +286,12 @@ std::vector<double> AttentionBlock(const std::vector<double>& x,
   }
   Rope(q, config.heads, config.head_dim, cu_seqlens, inv_freq);
   Rope(k, config.kv_heads, config.head_dim, cu_seqlens, inv_freq);
+  if (config.kv_cache_fp8) {
+    // Each head's row of a token, quantized on its own.
+    const InputQuant per_row{.enabled = true};
+    k = QuantizeInput(k, tokens * config.kv_heads, config.head_dim, per_row);
+    v = QuantizeInput(v, tokens * config.kv_heads, config.head_dim, per_row);
+  }
   const std::vector<double> a = Attention(q, k, v, cu_seqlens, config.heads, config.kv_heads,
                                           config.head_dim, config.sliding_window);
   const std::vector<double> o = Linear(QuantizeInput(a, tokens, q_width, layer.o_input), tokens,

@@ -52,6 +52,10 @@ struct Config {
   // Qwen3: RMSNorm (weights q_norm / k_norm, eps rms_norm_eps) over each q
   // and k head, before RoPE.
   bool qk_norm = false;
+  // An FP8 KV cache (server/core/kv_cache_dtype.h): attention reads every
+  // key and value row of each KV head as e4m3(x / s) * s with s = amax / 448
+  // over that head's row (InputQuant per token, over head_dim values).
+  bool kv_cache_fp8 = false;
 };
 
 // An FP8 checkpoint's activation quantization in front of one projection
