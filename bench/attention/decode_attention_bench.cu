@@ -29,8 +29,15 @@
 // the run (bench/layer/device_rates.h: bytes read plus written), the floor
 // a step of this many bytes cannot pass.
 //
+// --kv-cache=fp8 keeps the cache as --kv-cache-dtype=fp8 serves it: e4m3
+// codes (random bytes, none NaN) with a float scale per token and KV head
+// (uniform in [0.002, 0.02]), laid out as PagedKv's FP8 form; the reference
+// reads code * scale, and the bandwidth counts the codes and scales, B * (L
+// + q_tokens) * 8 * (128 + 4) bytes for K and for V.
+//
 // Usage: decode_attention_bench [--points=1x1024,64x4096] [--q-tokens=N]
-//          [--csv=PATH] [--iters=N] [--warmup=N]   (flags also take "--flag N")
+//          [--csv=PATH] [--iters=N] [--warmup=N] [--kv-cache=auto|fp8]
+//          (flags also take "--flag N")
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -45,6 +52,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -132,10 +140,60 @@ Batch MakeBatch(const Point& point, int q_tokens, const DeviceInfo& dev) {
   return b;
 }
 
-// One input set: a layer's K and V pools, the step's fused qkv rows, the output.
+// One input set: a layer's K and V pools (in an FP8 set: the K codes, and
+// the V groups of codes and scales), the step's fused qkv rows, the output.
 struct InputSet {
   std::unique_ptr<cuda::DeviceBuffer> pool_k, pool_v, qkv, out;
+  bool fp8 = false;
 };
+
+constexpr int64_t kGroupBytes = 16 * (kHeadDim + 8);  // an FP8 V group: codes, K scales, V scales
+
+// Random e4m3 codes (the bytes of random bf16 values, a NaN code 0x7f /
+// 0xff moved to 0x7e / 0xfe), then in each V group's scale slots floats
+// uniform in [0.002, 0.02].
+__global__ void SanitizeCodes(unsigned char* codes, int64_t n) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    if ((codes[i] & 0x7f) == 0x7f) codes[i] ^= 1;
+  }
+}
+__global__ void FillGroupScales(unsigned char* groups, int64_t num_groups) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < num_groups * 32;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    reinterpret_cast<float*>(groups + (i / 32) * kGroupBytes + kHeadDim * 16)[i % 32] =
+        0.002f + 0.018f * static_cast<float>(h) / 4294967296.0f;
+  }
+}
+
+InputSet MakeCodeSet(const Batch& b, uint32_t seed) {
+  const int64_t tokens = int64_t{b.batch} * b.blocks_per_seq * kBlockTokens;
+  const int64_t k_bytes = tokens * kKvWidth;
+  const int64_t num_groups = tokens / 16 * kKvHeads;
+  InputSet set;
+  set.fp8 = true;
+  set.pool_k = RandomBuffer((k_bytes + 1) / 2, seed);
+  set.pool_v = RandomBuffer((num_groups * kGroupBytes + 1) / 2, seed + 1);
+  set.qkv = RandomBuffer(b.tokens * kQkvWidth, seed + 2);
+  set.out = MustAllocate(b.tokens * kQWidth * 2);
+  SanitizeCodes<<<1024, 256>>>(static_cast<unsigned char*>(set.pool_k->data()), k_bytes);
+  SanitizeCodes<<<1024, 256>>>(static_cast<unsigned char*>(set.pool_v->data()), num_groups * kGroupBytes);
+  FillGroupScales<<<1024, 256>>>(static_cast<unsigned char*>(set.pool_v->data()), num_groups);
+  BENCH_CHECK_CUDA(cudaDeviceSynchronize());
+  return set;
+}
+
+// An e4m3 byte's value (the kernel's reading: the exponent-15 codes, which
+// SanitizeCodes keeps below 0x7f, as the wider formats read them).
+double CodeValue(unsigned char b) {
+  const int exponent = (b >> 3) & 15;
+  const double mantissa = b & 7;
+  const double v = exponent == 0 ? std::ldexp(mantissa, -9) : std::ldexp(1.0 + mantissa / 8.0, exponent - 7);
+  return (b & 0x80) != 0 ? -v : v;
+}
 
 // Random pools and rows; then, as RopeKvAppend does before the attention in a
 // served step, each new token's K and V row stored at its cache position.
@@ -173,6 +231,7 @@ PagedAttentionParams Params(const Batch& b, const InputSet& set) {
   p.tokens = b.tokens;
   p.cache.k = set.pool_k->data();
   p.cache.v = set.pool_v->data();
+  p.cache.fp8 = set.fp8;
   p.cache.num_blocks = int64_t{b.batch} * b.blocks_per_seq;
   p.cache.block_tokens = kBlockTokens;
   p.cache.start = static_cast<const int32_t*>(b.d_start->data());
@@ -219,7 +278,7 @@ bool Validate(const Batch& b, const InputSet& set, std::string& report) {
   for (const int s : samples) {
     // K and V of the sequence's keys, [keys, kKvWidth]: history, then the new rows.
     std::vector<uint16_t> k_bits(static_cast<size_t>(keys * kKvWidth)), v_bits(k_bits.size());
-    for (int64_t blk = 0; blk * kBlockTokens < L; ++blk) {
+    for (int64_t blk = 0; !set.fp8 && blk * kBlockTokens < L; ++blk) {
       const int64_t rows = std::min<int64_t>(kBlockTokens, L - blk * kBlockTokens);
       const int64_t src = int64_t{b.block_tables[b.cu_blocks[s] + blk]} * kBlockElems * 2;
       const int64_t dst = blk * kBlockElems;
@@ -233,9 +292,38 @@ bool Validate(const Batch& b, const InputSet& set, std::string& report) {
     const std::vector<uint16_t> out =
         Download(static_cast<const uint16_t*>(set.out->data()) + b.cu_seqlens[s] * kQWidth, nq * kQWidth);
     std::vector<float> k = ToFloat(k_bits), v = ToFloat(v_bits);
-    for (int i = 0; i < nq; ++i) {
-      std::copy_n(&qkv[i * kQkvWidth + kQWidth], kKvWidth, &k[(L + i) * kKvWidth]);
-      std::copy_n(&qkv[i * kQkvWidth + kQWidth + kKvWidth], kKvWidth, &v[(L + i) * kKvWidth]);
+    if (set.fp8) {
+      // Every key from the cache: K rows of codes; V groups of 16 keys per
+      // block and KV head (codes transposed in ValueCodeSlot's order, then
+      // the K and V scales).
+      const int64_t blocks = int64_t{b.batch} * b.blocks_per_seq;
+      std::vector<unsigned char> kc(static_cast<size_t>(blocks * kBlockElems));
+      std::vector<unsigned char> groups(static_cast<size_t>(blocks * kBlockTokens / 16 * kKvHeads * kGroupBytes));
+      BENCH_CHECK_CUDA(cudaMemcpy(kc.data(), set.pool_k->data(), kc.size(), cudaMemcpyDeviceToHost));
+      BENCH_CHECK_CUDA(cudaMemcpy(groups.data(), set.pool_v->data(), groups.size(), cudaMemcpyDeviceToHost));
+      for (int j = 0; j < keys; ++j) {
+        const int64_t blk = b.block_tables[b.cu_blocks[s] + j / kBlockTokens];
+        const int slot = j % kBlockTokens;
+        const int in_group = slot % 16;
+        const int place = 4 * ((in_group & 7) >> 1) + (in_group & 1) + 2 * (in_group >> 3);
+        for (int h = 0; h < kKvHeads; ++h) {
+          const unsigned char* group =
+              &groups[static_cast<size_t>(((blk * kKvHeads + h) * (kBlockTokens / 16) + slot / 16) * kGroupBytes)];
+          float ks, vs;
+          std::memcpy(&ks, group + kHeadDim * 16 + in_group * 4, 4);
+          std::memcpy(&vs, group + kHeadDim * 16 + 64 + in_group * 4, 4);
+          for (int e = 0; e < kHeadDim; ++e) {
+            k[int64_t{j} * kKvWidth + h * kHeadDim + e] =
+                static_cast<float>(CodeValue(kc[(blk * kBlockTokens + slot) * kKvWidth + h * kHeadDim + e]) * ks);
+            v[int64_t{j} * kKvWidth + h * kHeadDim + e] = static_cast<float>(CodeValue(group[e * 16 + place]) * vs);
+          }
+        }
+      }
+    } else {
+      for (int i = 0; i < nq; ++i) {
+        std::copy_n(&qkv[i * kQkvWidth + kQWidth], kKvWidth, &k[(L + i) * kKvWidth]);
+        std::copy_n(&qkv[i * kQkvWidth + kQWidth + kKvWidth], kKvWidth, &v[(L + i) * kKvWidth]);
+      }
     }
     std::vector<double> score(static_cast<size_t>(keys)), o(kHeadDim);
     for (int i = 0; i < nq; ++i) {
@@ -296,6 +384,7 @@ const char* FlagValue(int argc, char** argv, int& i, const char* name) {
 
 int Main(int argc, char** argv) {
   int iters = 100, warmup = 20, q_tokens = 1;
+  bool fp8 = false;
   std::string csv_path;
   std::vector<Point> points = {{1, 1024},  {1, 4096},  {1, 16384}, {1, 32768},  {16, 1024},
                                {16, 4096}, {64, 1024}, {64, 4096}, {256, 1024}, {256, 2048}};
@@ -307,6 +396,12 @@ int Main(int argc, char** argv) {
       warmup = std::atoi(v);
     } else if ((v = FlagValue(argc, argv, i, "--q-tokens")) != nullptr) {
       q_tokens = std::atoi(v);
+    } else if ((v = FlagValue(argc, argv, i, "--kv-cache")) != nullptr) {
+      if (std::strcmp(v, "fp8") != 0 && std::strcmp(v, "auto") != 0) {
+        std::fprintf(stderr, "--kv-cache: auto or fp8, got '%s'\n", v);
+        return 2;
+      }
+      fp8 = std::strcmp(v, "fp8") == 0;
     } else if ((v = FlagValue(argc, argv, i, "--csv")) != nullptr) {
       csv_path = v;
     } else if ((v = FlagValue(argc, argv, i, "--points")) != nullptr) {
@@ -349,20 +444,24 @@ int Main(int argc, char** argv) {
   const double copy_tbps = *copy_bytes_per_s / 1e12;
   std::printf("copy bandwidth (this run, read + written): %.2f TB/s\n", copy_tbps);
   std::printf(
-      "\npaged decode attention: bf16, heads %d, kv heads %d, head_dim %d, blocks of %d, q_tokens %d "
+      "\npaged decode attention: bf16, %s cache, heads %d, kv heads %d, head_dim %d, blocks of %d, q_tokens %d "
       "(median of %d)\n",
-      kHeads, kKvHeads, kHeadDim, kBlockTokens, q_tokens, iters);
+      fp8 ? "fp8" : "bf16", kHeads, kKvHeads, kHeadDim, kBlockTokens, q_tokens, iters);
   std::printf("%5s %6s %3s %10s %10s %7s %7s %6s %8s %5s\n", "B", "L", "q", "us", "KV MB", "TB/s", "of_copy", "items",
               "combines", "sets");
   bool all_ok = true;
   for (const Point& point : points) {
     const Batch b = MakeBatch(point, q_tokens, *dev);
-    const double kv_bytes = 2.0 * point.batch * (int64_t{point.context} + q_tokens) * kKvWidth * 2;
-    const size_t set_bytes = static_cast<size_t>(2 * point.batch * b.blocks_per_seq * kBlockElems * 2 +
-                                                 b.tokens * (kQkvWidth + kQWidth) * 2);
+    const double row_bytes = fp8 ? kKvWidth + 4.0 * kKvHeads : kKvWidth * 2.0;  // per token, K or V (and a scale)
+    const double kv_bytes = 2.0 * point.batch * (int64_t{point.context} + q_tokens) * row_bytes;
+    const size_t set_bytes = static_cast<size_t>(2.0 * point.batch * b.blocks_per_seq * kBlockTokens * row_bytes +
+                                                 b.tokens * (kQkvWidth + kQWidth) * 2.0);
     const int sets = SetsFor(set_bytes, static_cast<size_t>(dev->l2_bytes));
     std::vector<InputSet> data;
-    for (int i = 0; i < sets; ++i) data.push_back(MakeSet(b, kSeed + 16 * static_cast<uint32_t>(i)));
+    for (int i = 0; i < sets; ++i) {
+      const uint32_t seed = kSeed + 16 * static_cast<uint32_t>(i);
+      data.push_back(fp8 ? MakeCodeSet(b, seed) : MakeSet(b, seed));
+    }
     BENCH_CHECK_CUDA(cudaMemset(data[0].out->data(), 0xFF, b.tokens * kQWidth * 2));  // NaN: unwritten fails
     BENCH_CHECK_OK(LaunchPagedAttention(Params(b, data[0]), nullptr));
     BENCH_CHECK_CUDA(cudaDeviceSynchronize());

@@ -132,6 +132,8 @@ def main():
     parser.add_argument("--points", type=parse_points, default=POINTS, help="BxL[,BxL...], e.g. 1x1024,64x4096")
     parser.add_argument("--q-tokens", type=int, default=1)
     parser.add_argument("--ours", help="decode_attention_bench --csv output, printed beside PyTorch's times")
+    parser.add_argument("--kv-cache", choices=("auto", "fp8"), default="auto",
+                        help="the cache --ours read (PyTorch's side reads bf16 K/V either way)")
     args = parser.parse_args()
     props = torch.cuda.get_device_properties(0)
     l2_bytes = props.L2_cache_size
@@ -141,7 +143,8 @@ def main():
           f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
           f"enable_gqa {'available' if gqa_native else 'unavailable (torch < 2.5)'}")
     print(f"\ntorch sdpa decode: bf16, heads {HEADS}, kv heads {KV_HEADS}, head_dim {HEAD_DIM}, "
-          f"q_tokens {args.q_tokens}, contiguous K/V (median of {args.iters})")
+          f"q_tokens {args.q_tokens}, contiguous K/V (median of {args.iters}); ours from a "
+          f"{'bf16' if args.kv_cache == 'auto' else 'fp8'} cache")
     print(f"{'B':>5} {'L':>6} {'q':>3}  {'backend':<7} {'us':>10} {'TB/s':>7} {'ours us':>10} {'torch/ours':>10}  how")
     for batch, context in args.points:
         results = bench_point(batch, context, args.q_tokens, args.warmup, args.iters, l2_bytes, gqa_native)

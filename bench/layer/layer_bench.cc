@@ -40,6 +40,9 @@
 //   layer_bench [--csv PATH] [--decode-csv PATH] [--iters N] [--gemm MODE]
 //               [--no-autotune] [--compare cublaslt|untuned|bm64|bm128|graph|bf16]
 //               [--model llama3|mixtral|qwen2-moe|qwen3-moe] [--mixtral] [--fp8 block|row] [--graphs]
+//               [--kv-cache auto|fp8]
+// --kv-cache fp8 keeps the decode steps' KV cache in FP8 (codes and scales,
+// as --kv-cache-dtype=fp8 serves it).
 // --fp8 runs the layer's four projections (a mixture of experts': its
 // experts' two, grouped) on the FP8 GEMM (W8A8, each
 // input quantized on the way as serving does), their weights the bf16 ones
@@ -87,6 +90,7 @@
 #include "bench/layer/random_fill.h"
 #include "layerserve/kernels/layer_ops.h"
 #include "server/core/backend.h"
+#include "server/core/kv_cache_dtype.h"
 #include "server/cuda/gemm_tuning.h"
 #include "server/cuda/kernel_timing.h"
 #include "server/cuda/kv_pool.h"
@@ -263,7 +267,7 @@ absl::StatusOr<cuda::LayerDeviceWeights> Fp8Layer(const cuda::LayerDeviceWeights
 
 absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path, int iters,
                  kernels::GemmMode gemm_mode, bool autotune, const std::string& compare, const LlamaConfig& config,
-                 kernels::Fp8Scaling fp8, bool graphs) {
+                 kernels::Fp8Scaling fp8, bool graphs, KvCacheDType kv_dtype) {
   LS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
   cudaDeviceProp props{};
   LS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, 0));
@@ -435,10 +439,16 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
   }
   LS_ASSIGN_OR_RETURN(
       std::unique_ptr<cuda::KvPool> kv_pool,
-      cuda::KvPool::Create(shape, 1, KvCacheShape{static_cast<int32_t>(pool_blocks), kBlockTokens}, 2, kMaxTokens));
-  const int64_t pool_elements = static_cast<int64_t>(kv_pool->bytes() / 4);  // of K (or V), bf16
-  LS_RETURN_IF_ERROR(FillUniformBf16(kv_pool->k(0), pool_elements, 7, 0.0f, 1.0f, stream.get()));
-  LS_RETURN_IF_ERROR(FillUniformBf16(kv_pool->v(0), pool_elements, 8, 0.0f, 1.0f, stream.get()));
+      cuda::KvPool::Create(shape, kv_dtype, 1, KvCacheShape{static_cast<int32_t>(pool_blocks), kBlockTokens}, 2,
+                           kMaxTokens));
+  if (kv_dtype == KvCacheDType::kFp8E4M3) {
+    // Codes of 1.5 and scales of 0.0115 (bytes 0x3c): finite everywhere.
+    LS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(kv_pool->k(0), 0x3c, kv_pool->bytes(), stream.get()));
+  } else {
+    const int64_t pool_elements = static_cast<int64_t>(kv_pool->bytes() / 4);  // of K (or V), bf16
+    LS_RETURN_IF_ERROR(FillUniformBf16(kv_pool->k(0), pool_elements, 7, 0.0f, 1.0f, stream.get()));
+    LS_RETURN_IF_ERROR(FillUniformBf16(kv_pool->v(0), pool_elements, 8, 0.0f, 1.0f, stream.get()));
+  }
   std::vector<KvBlockId> block_ids(static_cast<size_t>(pool_blocks));
   std::iota(block_ids.begin(), block_ids.end(), 0);
   std::shuffle(block_ids.begin(), block_ids.end(), std::mt19937(3));
@@ -481,7 +491,7 @@ absl::Status Run(const std::string& csv_path, const std::string& decode_csv_path
       LS_ASSIGN_OR_RETURN(const cuda::BatchKvMeta padded, kv_pool->Upload(batch, 1, stream.get(), /*pad_plan=*/true));
       cuda::AttachKv(kv_pool.get(), padded, &graph_geometry);
       kv_bytes = 2.0 * static_cast<double>(c.seqs) * static_cast<double>(c.context + len) * shape.num_kv_heads *
-                 shape.head_dim * 2;
+                 (kv_dtype == KvCacheDType::kFp8E4M3 ? shape.head_dim + 4.0 : shape.head_dim * 2.0);
     }
 
     // `graph`: replay it instead of launching (--compare graph).
@@ -639,6 +649,7 @@ int main(int argc, char** argv) {
   std::string model = "llama3";
   layerserve::kernels::Fp8Scaling fp8 = layerserve::kernels::Fp8Scaling::kNone;
   bool graphs = false;
+  layerserve::KvCacheDType kv_dtype = layerserve::KvCacheDType::kActivation;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--csv" && i + 1 < argc) {
@@ -656,6 +667,13 @@ int main(int argc, char** argv) {
       gemm_mode = *mode;
     } else if (arg == "--graphs") {
       graphs = true;
+    } else if (arg == "--kv-cache" && i + 1 < argc) {
+      const absl::StatusOr<layerserve::KvCacheDType> dtype = layerserve::ParseKvCacheDType(argv[++i]);
+      if (!dtype.ok()) {
+        std::cerr << dtype.status().message() << "\n";
+        return 2;
+      }
+      kv_dtype = *dtype;
     } else if (arg == "--no-autotune") {
       autotune = false;
     } else if (arg == "--mixtral") {
@@ -674,13 +692,14 @@ int main(int argc, char** argv) {
     } else {
       std::cerr << "usage: layer_bench [--csv PATH] [--decode-csv PATH] [--iters N] [--gemm auto|cublaslt|custom] "
                    "[--no-autotune] [--compare cublaslt|untuned|bm64|bm128|graph|bf16] "
-                   "[--model llama3|mixtral|qwen2-moe|qwen3-moe] [--mixtral] [--fp8 block|row] [--graphs]\n";
+                   "[--model llama3|mixtral|qwen2-moe|qwen3-moe] [--mixtral] [--fp8 block|row] [--graphs] "
+                   "[--kv-cache auto|fp8]\n";
       return 2;
     }
   }
   const absl::StatusOr<layerserve::LlamaConfig> config = layerserve::bench::BenchConfig(model);
   const absl::Status status = config.ok() ? layerserve::bench::Run(csv_path, decode_csv_path, iters, gemm_mode,
-                                                                   autotune, compare, *config, fp8, graphs)
+                                                                   autotune, compare, *config, fp8, graphs, kv_dtype)
                                           : config.status();
   if (!status.ok()) {
     std::cerr << "layer_bench: " << status << "\n";

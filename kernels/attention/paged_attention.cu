@@ -45,6 +45,11 @@ absl::Status ValidateCommon(const char* name, const PagedKv& cache, const int32_
   if (!Aligned16(cache.k) || !Aligned16(cache.v)) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": the cache's k and v pools must be 16-byte aligned"));
   }
+  // An FP8 cache's loads: V groups of 16 keys, none straddling a block.
+  if (cache.fp8 && cache.block_tokens % 16 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": an FP8 cache needs block_tokens a multiple of 16, got ", cache.block_tokens));
+  }
   return absl::OkStatus();
 }
 
@@ -52,6 +57,30 @@ absl::Status ValidateCommon(const char* name, const PagedKv& cache, const int32_
 bool RowsOk(const void* ptr, int64_t row_stride, int64_t width) {
   return ptr != nullptr && Aligned16(ptr) && row_stride % 8 == 0 && row_stride >= width;
 }
+
+#if defined(LAYERSERVE_ATTENTION_HAVE_SM90A)
+// The attention, then (with split items) the combine. Both launched as
+// programmatic dependents (kernels/common/pdl.cuh): the combine's CTAs are
+// scheduled as the attention's last CTAs start and wait for its results on
+// the device, instead of the stream's launch gap after it (a few us, much of
+// a one-sequence decode step's attention).
+template <typename T, int kHeadDim, bool kCodes>
+absl::Status Launch(const PagedAttentionParams& p, const paged::PagedKvMaps& maps, cudaStream_t stream) {
+  constexpr int kSmemBytes = paged::PagedTraits<kHeadDim>::kSmemBytes;
+  // Above 48 KiB a kernel must opt in to its dynamic shared memory.
+  LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(paged::PagedAttentionKernel<T, kHeadDim, kCodes>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  const dim3 grid(static_cast<unsigned>(p.num_items), static_cast<unsigned>(p.num_kv_heads));
+  LS_CUDA_RETURN_IF_ERROR(LaunchDependent(paged::PagedAttentionKernel<T, kHeadDim, kCodes>, grid,
+                                          dim3(paged::kPagedThreads), kSmemBytes, stream, p, maps));
+  if (p.num_combines > 0) {
+    const dim3 combine_grid(static_cast<unsigned>(p.num_combines), static_cast<unsigned>(p.num_kv_heads));
+    LS_CUDA_RETURN_IF_ERROR(LaunchDependent(paged::PagedCombineKernel<T, kHeadDim>, combine_grid,
+                                            dim3(paged::kCombineThreads), 0, stream, p));
+  }
+  return absl::OkStatus();
+}
+#endif
 
 }  // namespace
 
@@ -124,30 +153,23 @@ absl::Status LaunchPagedAttention(const PagedAttentionParams& p, cudaStream_t st
     return absl::OkStatus();
   };
   const int64_t pool_rows = p.cache.num_blocks * p.cache.block_tokens;
-  LS_RETURN_IF_ERROR(make_map(&maps.k_pool, p.cache.k, pool_rows, kv_width));
-  LS_RETURN_IF_ERROR(make_map(&maps.v_pool, p.cache.v, pool_rows, kv_width));
+  if (p.cache.fp8) {
+    // The K codes in boxes of `box` rows x head_dim bytes, swizzled as
+    // CodeSwizzle reads them (the V groups are plain bulk copies).
+    LS_ASSIGN_OR_RETURN(maps.k_pool,
+                        MakeByteTensorMap(p.cache.k, pool_rows, kv_width, kv_width, box, p.head_dim,
+                                          p.head_dim == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B));
+    maps.v_pool = maps.k_pool;  // unused: never prefetched from garbage
+  } else {
+    LS_RETURN_IF_ERROR(make_map(&maps.k_pool, p.cache.k, pool_rows, kv_width));
+    LS_RETURN_IF_ERROR(make_map(&maps.v_pool, p.cache.v, pool_rows, kv_width));
+  }
   LS_RETURN_IF_ERROR(make_map(&maps.k_rows, p.k, p.tokens, p.k_row_stride));
   LS_RETURN_IF_ERROR(make_map(&maps.v_rows, p.v, p.tokens, p.v_row_stride));
   return LS_HALF_DTYPE_SWITCH(p.dtype, T, [&]() -> absl::Status {
     return LS_HEAD_DIM_SWITCH(p.head_dim, kHeadDim, [&]() -> absl::Status {
-      constexpr int kSmemBytes = paged::PagedTraits<kHeadDim>::kSmemBytes;
-      // Above 48 KiB a kernel must opt in to its dynamic shared memory.
-      LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(paged::PagedAttentionKernel<T, kHeadDim>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-      // Both launched as programmatic dependents (kernels/common/pdl.cuh):
-      // the combine's CTAs are scheduled as the attention's last CTAs start
-      // and wait for its results on the device, instead of the stream's
-      // launch gap after it (a few us, much of a one-sequence decode step's
-      // attention).
-      const dim3 grid(static_cast<unsigned>(p.num_items), static_cast<unsigned>(p.num_kv_heads));
-      LS_CUDA_RETURN_IF_ERROR(LaunchDependent(paged::PagedAttentionKernel<T, kHeadDim>, grid,
-                                              dim3(paged::kPagedThreads), kSmemBytes, stream, p, maps));
-      if (p.num_combines > 0) {
-        const dim3 combine_grid(static_cast<unsigned>(p.num_combines), static_cast<unsigned>(p.num_kv_heads));
-        LS_CUDA_RETURN_IF_ERROR(LaunchDependent(paged::PagedCombineKernel<T, kHeadDim>, combine_grid,
-                                                dim3(paged::kCombineThreads), 0, stream, p));
-      }
-      return absl::OkStatus();
+      if (p.cache.fp8) return Launch<T, kHeadDim, true>(p, maps, stream);
+      return Launch<T, kHeadDim, false>(p, maps, stream);
     });
   });
 #endif

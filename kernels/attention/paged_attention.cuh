@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/common/dtype.cuh"
+#include "kernels/common/e4m3.cuh"
 #include "kernels/common/mma_sm80.cuh"
 #include "kernels/common/pdl.cuh"
 #include "kernels/common/pipeline_sm90.cuh"
@@ -45,6 +46,72 @@ __device__ __forceinline__ int64_t KvRow(const int32_t* table, int block_tokens,
   return int64_t{table[pos / block_tokens]} * block_tokens + pos % block_tokens;
 }
 
+// Where the V code of key `slot` of a block goes within its head's row of
+// block_tokens codes for one dimension: keys 16a .. 16a + 15 stay in their
+// 16-byte group, ordered 0, 1, 8, 9, 2, 3, 10, 11, ..., so that bytes 4t ..
+// 4t + 3 hold keys 2t, 2t + 1, 2t + 8, 2t + 9: the two key pairs a P V
+// operand register of lane quad t needs (AccumulateCodes).
+__host__ __device__ constexpr int ValueCodeSlot(int slot) {
+  const int k = slot & 15;
+  return (slot & ~15) | (4 * ((k & 7) >> 1) + (k & 1) + 2 * (k >> 3));
+}
+
+// Bytes of one FP8 V group (paged_attention.h): 16 keys' V codes of one KV
+// head, then their 16 K and 16 V scales.
+__host__ __device__ constexpr int ValueGroupBytes(int head_dim) { return 16 * (head_dim + 8); }
+
+// An FP8 cache's append of one token (paged_attention.h's layout): every K
+// and V head row of `kv` (the token's qkv row past its q heads: the K heads,
+// then the V heads, already rotated) becomes its scale s = amax / 448 and
+// the codes of x / s (kernels/common/e4m3.cuh, as the CPU cache computes
+// them), stored at slot `slot` of block `block`; the row is overwritten with
+// code * s rounded to T, the values the cache now holds. A warp per head
+// row, 4 elements a lane.
+template <typename T>
+__device__ __forceinline__ void StoreKvCodes(T* kv, const PagedKv& cache, int64_t block, int slot, int kv_heads,
+                                             int head_dim) {
+  const int lane = threadIdx.x % 32;
+  const bool active = 4 * lane < head_dim;  // head_dim 64: half the lanes
+  const int64_t kv_width = int64_t{kv_heads} * head_dim;
+  for (int h = threadIdx.x / 32; h < 2 * kv_heads; h += kAppendThreads / 32) {
+    const bool value = h >= kv_heads;
+    const int head = value ? h - kv_heads : h;
+    T* x = kv + int64_t{h} * head_dim + 4 * lane;
+    float v[4] = {0.f, 0.f, 0.f, 0.f};
+    if (active) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[i] = ToFloat(x[i]);
+    }
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+    const float s = amax / kE4m3MaxValue;
+    uint32_t word[1];
+    E4m3Scale(s, /*bounded=*/true).Codes(v, word);
+    if (!active) continue;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const auto code = static_cast<__nv_fp8_storage_t>((word[0] >> (8 * i)) & 0xffu);
+      x[i] = FromFloat<T>(__half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3))) * s);
+    }
+    // The token's V group: its head's group of 16 keys in the block.
+    unsigned char* group =
+        static_cast<unsigned char*>(cache.v) +
+        ((block * kv_heads + head) * (cache.block_tokens / 16) + slot / 16) * int64_t{ValueGroupBytes(head_dim)};
+    if (value) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        group[(4 * lane + i) * 16 + ValueCodeSlot(slot % 16)] = static_cast<unsigned char>(word[0] >> (8 * i));
+      }
+    } else {
+      auto* codes = static_cast<unsigned char*>(cache.k);
+      *reinterpret_cast<uint32_t*>(codes + (block * cache.block_tokens + slot) * kv_width + int64_t{head} * head_dim +
+                                   4 * lane) = word[0];
+    }
+    if (lane == 0) reinterpret_cast<float*>(group + head_dim * 16)[(value ? 16 : 0) + slot % 16] = s;
+  }
+}
+
 // RoPE and the append in one launch (LaunchRopeKvAppend), one CTA per packed
 // token: the CTA computes its position's cos/sin as RopeKernel does, rotates
 // every q and k head of its qkv row in place and, when its sequence has a
@@ -68,9 +135,11 @@ __global__ void __launch_bounds__(kAppendThreads) RopeKvAppendKernel(const RopeP
   const int32_t table_begin = a.cache.cu_blocks[s];
   const bool keep = table_begin != a.cache.cu_blocks[s + 1];  // stateless rows are not stored
   const int64_t kv_width = int64_t{r.num_kv_heads} * r.head_dim;
+  const bool codes = a.cache.fp8;
   int64_t dst = 0;
+  int pos = 0;
   if (keep) {
-    const int pos = a.cache.start[s] + (token - a.cu_seqlens[s]);
+    pos = a.cache.start[s] + (token - a.cu_seqlens[s]);
     dst = KvRow(a.cache.block_tables + table_begin, a.cache.block_tokens, pos) * kv_width;
   }
   T* k_dst = static_cast<T*>(a.cache.k) + dst;
@@ -78,12 +147,20 @@ __global__ void __launch_bounds__(kAppendThreads) RopeKvAppendKernel(const RopeP
   if (r.q_norm != nullptr) rope::NormHeads(row, r);
   rope::RotateRow(row, cos_sin, r.num_heads, r.num_kv_heads, r.head_dim,
                   [&](int kv_head, int i0, const V& x1, const V& x2) {
-                    if (!keep) return;
+                    if (!keep || codes) return;
                     T* k_head = k_dst + kv_head * r.head_dim;
                     *reinterpret_cast<V*>(k_head + i0) = x1;
                     *reinterpret_cast<V*>(k_head + half + i0) = x2;
                   });
   if (!keep) return;
+  if (codes) {
+    __syncthreads();  // every rotated K head is in the row (keep and codes are the CTA's)
+    const int block_tokens = a.cache.block_tokens;
+    StoreKvCodes(row + int64_t{r.num_heads} * r.head_dim, a.cache,
+                 a.cache.block_tables[table_begin + pos / block_tokens], pos % block_tokens, r.num_kv_heads,
+                 r.head_dim);
+    return;
+  }
   const T* v_src = row + (r.num_heads + r.num_kv_heads) * r.head_dim;
   T* v_dst = static_cast<T*>(a.cache.v) + dst;
   for (int64_t i = threadIdx.x * kVec; i < kv_width; i += kAppendThreads * kVec) {
@@ -181,6 +258,12 @@ struct PagedTraits {
   // Byte offsets of stage s's K and V tiles in the ring.
   static constexpr __host__ __device__ int KTile(int s) { return 2 * s * kTileBytes; }
   static constexpr __host__ __device__ int VTile(int s) { return KTile(s) + kTileBytes; }
+  // An FP8 cache's tile (PagedKv::fp8) in the same stage: the K codes
+  // [64 keys][kHeadDim] under the TMA's swizzle (CodeSwizzle) in the K slot;
+  // the tile's 4 V groups (V codes, K scales, V scales of 16 keys each, as
+  // the cache holds them) in the V slot.
+  static constexpr int kGroupBytes = ValueGroupBytes(kHeadDim);
+  static_assert(kBlockN * kHeadDim <= kTileBytes && 4 * kGroupBytes <= kTileBytes, "an FP8 tile fits a stage");
   static constexpr int kMergeBytes = kPagedWarps * kPagedQueryRows * (kHeadDim + 2) * 4;
   static_assert(kMergeBytes <= kRingBytes, "the merge fits in the ring");
   static_assert(kHeadDim % kKvBoxCols == 0, "a head is whole 64-column boxes");
@@ -199,6 +282,37 @@ __device__ __forceinline__ int PagedSwizzle(int row, int chunk) {
 __device__ __forceinline__ int KvSwizzle(int row, int chunk) {
   return (chunk >> 3) * (kPagedKeyTile * kKvBoxCols) + row * kKvBoxCols + (((chunk & 7) ^ (row & 7)) << 3);
 }
+
+// Byte offset of 16-byte chunk `chunk` of key `key`'s codes in an FP8 K
+// tile, as the TMA's swizzle lays it out: 128-byte rows under the 128-byte
+// swizzle at head_dim 128, 64-byte rows under the 64-byte swizzle at 64. So
+// the 8 keys a ScoreCodes load reads at one chunk sit in 8 distinct bank
+// groups.
+template <int kHeadDim>
+__device__ __forceinline__ int CodeSwizzle(int key, int chunk) {
+  if constexpr (kHeadDim == 128) {
+    return key * 128 + ((chunk ^ (key & 7)) << 4);
+  } else {
+    return key * 64 + ((chunk ^ ((key >> 1) & 3)) << 4);
+  }
+}
+
+// The four codes of `word` as two fp16 pairs (exact: every e4m3 value is an
+// fp16): lo from bytes 0, 1, hi from bytes 2, 3, the first of each in the
+// low half. Two conversion instructions; the FP8 tiles multiply in fp16
+// whatever the activation dtype, since bf16 has no conversion from e4m3
+// (design record 0017).
+__device__ __forceinline__ void CodesToHalf2(uint32_t word, uint32_t& lo, uint32_t& hi) {
+  asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n\tcvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
+      : "=r"(lo), "=r"(hi)
+      : "r"(word));
+}
+
+// The probabilities times their V scales are scaled by this before their
+// rounding to fp16 (the scales are small: amax / 448), and the row sums
+// with them, so that O / L is unchanged: 2^12 keeps P * scale within fp16's
+// normal range for |V| up to 7168 and above its subnormals past 1.5e-8.
+inline constexpr float kValueCodeScale = 4096.f;
 
 // ---- Pieces both tiles share ----
 
@@ -308,6 +422,57 @@ __device__ __forceinline__ void ProduceKvTiles(const PagedAttentionParams& p, co
   }
 }
 
+// The producer warp for a session sequence of an FP8 cache: per tile, the
+// K codes of each run of `box` keys (one TMA box of box x kHeadDim bytes),
+// and each of its V groups of 16 keys (one bulk copy: the V codes and both
+// scales). Lane b issues K box b and group b; a group lies in one cache
+// block, since block_tokens is a multiple of 16. The block ids are read a
+// tile ahead.
+template <int kHeadDim>
+__device__ __forceinline__ void ProduceCodeTiles(const PagedAttentionParams& p, const PagedKvMaps& maps,
+                                                 const ItemContext& c, uint32_t ring, const KvPipeline& pipe,
+                                                 int kv_head, int lane) {
+  using Traits = PagedTraits<kHeadDim>;
+  constexpr int kRun = 16;
+  const int bt = p.cache.block_tokens;
+  const int box = PagedKvBoxRows(bt);
+  const int boxes = kPagedKeyTile / box;
+  const auto* groups = static_cast<const unsigned char*>(p.cache.v);
+  // The block and slot of the key that lane's K box (k_*) and group (g_*)
+  // start at in tile t.
+  const auto locate = [&](int t, int per_lane, int32_t* block, int32_t* slot) {
+    const int j = c.key_begin + t * kPagedKeyTile + lane * per_lane;
+    *block = j < c.key_end ? c.table[j / bt] : 0;
+    *slot = j % bt;
+  };
+  int32_t k_block, k_slot, g_block, g_slot;
+  locate(0, box, &k_block, &k_slot);
+  locate(0, kRun, &g_block, &g_slot);
+  KvStage stage;
+  for (int t = 0; t < c.n_tiles; ++t, stage.Advance()) {
+    const int key0 = c.key_begin + t * kPagedKeyTile;
+    const int live_boxes = min(boxes, (c.key_end - key0 + box - 1) / box);
+    const int live_groups = min(kPagedKeyTile / kRun, (c.key_end - key0 + kRun - 1) / kRun);
+    if (lane == 0) {
+      pipe.ProducerAcquire(stage,
+                           static_cast<uint32_t>(live_boxes * box * kHeadDim + live_groups * Traits::kGroupBytes));
+    }
+    __syncwarp();
+    const uint32_t full = pipe.FullBarrier(stage);
+    if (lane < live_boxes) {
+      gemm::TmaLoad2d(ring + Traits::KTile(stage.index) + lane * box * kHeadDim, &maps.k_pool, full, kv_head * kHeadDim,
+                      k_block * bt + k_slot);
+    }
+    if (lane < live_groups) {
+      const int64_t group = (int64_t{g_block} * p.num_kv_heads + kv_head) * (bt / kRun) + g_slot / kRun;
+      gemm::BulkLoad(ring + Traits::VTile(stage.index) + lane * Traits::kGroupBytes,
+                     groups + group * Traits::kGroupBytes, Traits::kGroupBytes, full);
+    }
+    locate(t + 1, box, &k_block, &k_slot);
+    locate(t + 1, kRun, &g_block, &g_slot);
+  }
+}
+
 // A warp zeroes V rows [from, to) of a tile: the rows past the item's keys
 // that it reads (a NaN there would turn a zero probability into a NaN
 // output). Only in an item's last tile, which no TMA writes again.
@@ -328,6 +493,67 @@ __device__ __forceinline__ void LoadQueryFragments(uint32_t (&q_frag)[PagedTrait
 #pragma unroll
   for (int kk = 0; kk < PagedTraits<kHeadDim>::kKSteps; ++kk) {
     LdMatrixX4(q_frag[kk], sQ + PagedSwizzle<kHeadDim>(row0 + (lane & 15), kk * 2 + (lane >> 4)));
+  }
+}
+
+// The A fragments of the m16 query tile at rows row0 .. row0 + 15 for
+// ScoreCodes, in fp16 (saturating at 65504): per k16 step kk, lane quad t
+// holds dimensions 16 kk + 4t .. 4t + 3 (registers 0, 1: the first pair of
+// rows g and g + 8; 2, 3: the second), where LoadQueryFragments gives it
+// 2t, 2t + 1 and 2t + 8, 2t + 9, so that one 4-byte load of K codes is a
+// lane's whole B fragment.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void LoadQueryFragmentsForCodes(uint32_t (&q_frag)[PagedTraits<kHeadDim>::kKSteps][4],
+                                                           const T* sQ, int row0, int lane) {
+  const int t = lane & 3;
+  const auto half = [](T x) { return fminf(fmaxf(ToFloat(x), -65504.f), 65504.f); };
+#pragma unroll
+  for (int kk = 0; kk < PagedTraits<kHeadDim>::kKSteps; ++kk) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const T* q = sQ + PagedSwizzle<kHeadDim>(row0 + (lane >> 2) + 8 * h, 2 * kk + (t >> 1)) + 4 * (t & 1);
+      q_frag[kk][h] = PackPair<__half>(half(q[0]), half(q[1]));
+      q_frag[kk][2 + h] = PackPair<__half>(half(q[2]), half(q[3]));
+    }
+  }
+}
+
+// ScoreKeys over an FP8 tile: the same scores (keys 16g + 8nt + 2t, + 1 in
+// tile 2g + nt), each lane's B fragment one 4-byte load of its key's codes
+// (dimensions 16 kk + 4t .. 4t + 3, matching LoadQueryFragmentsForCodes),
+// then every score times its key's K scale, from the key's V group.
+template <int kHeadDim, int kN16>
+__device__ __forceinline__ void ScoreCodes(float (&acc_s)[2 * kN16][4],
+                                           const uint32_t (&q_frag)[PagedTraits<kHeadDim>::kKSteps][4],
+                                           const unsigned char* sK, const unsigned char* sGroups, int key_row0,
+                                           int lane) {
+  const int t = lane & 3;
+#pragma unroll
+  for (int kk = 0; kk < PagedTraits<kHeadDim>::kKSteps; ++kk) {
+#pragma unroll
+    for (int g = 0; g < kN16; ++g) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int key = key_row0 + g * 16 + nt * 8 + (lane >> 2);
+        const uint32_t word = *reinterpret_cast<const uint32_t*>(sK + CodeSwizzle<kHeadDim>(key, kk) + 4 * t);
+        uint32_t b0, b1;
+        CodesToHalf2(word, b0, b1);
+        MmaM16N8K16<__half>(acc_s[2 * g + nt], q_frag[kk], b0, b1);
+      }
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < kN16; ++g) {
+    const float* k_scales = reinterpret_cast<const float*>(
+        sGroups + (key_row0 / 16 + g) * PagedTraits<kHeadDim>::kGroupBytes + kHeadDim * 16);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const float2 ks = *reinterpret_cast<const float2*>(k_scales + nt * 8 + 2 * t);
+      acc_s[2 * g + nt][0] *= ks.x;
+      acc_s[2 * g + nt][1] *= ks.y;
+      acc_s[2 * g + nt][2] *= ks.x;
+      acc_s[2 * g + nt][3] *= ks.y;
+    }
   }
 }
 
@@ -423,9 +649,56 @@ __device__ __forceinline__ void AccumulateValues(float (&acc_o)[PagedTraits<kHea
   }
 }
 
+// AccumulateValues over an FP8 tile, in fp16: each probability times its
+// key's V scale and kValueCodeScale before the rounding (a key at or past
+// `valid`, the tile's keys in range, gets 0: its probability is 0 and its
+// scale anything, and its codes, which may be NaN, are zeroed in the
+// operand), and each lane's B fragment one 4-byte load of the transposed V
+// codes, whose bytes 4t .. 4t + 3 are keys 2t, 2t + 1, 2t + 8, 2t + 9 of
+// the group (ValueCodeSlot).
+template <int kHeadDim, int kN16>
+__device__ __forceinline__ void AccumulateCodes(float (&acc_o)[PagedTraits<kHeadDim>::kDTiles][4],
+                                                const float (&acc_s)[2 * kN16][4], const unsigned char* sGroups,
+                                                int key_row0, int valid, int lane) {
+  const int t = lane & 3;
+#pragma unroll
+  for (int g = 0; g < kN16; ++g) {
+    const int k0 = key_row0 + g * 16 + 2 * t;  // this lane's keys: k0, k0 + 1, k0 + 8, k0 + 9
+    const unsigned char* group = sGroups + (key_row0 / 16 + g) * PagedTraits<kHeadDim>::kGroupBytes;
+    const float* v_scales = reinterpret_cast<const float*>(group + kHeadDim * 16) + 16;
+    const float2 lo = *reinterpret_cast<const float2*>(v_scales + 2 * t);
+    const float2 hi = *reinterpret_cast<const float2*>(v_scales + 8 + 2 * t);
+    const float s0 = k0 < valid ? lo.x * kValueCodeScale : 0.f;
+    const float s1 = k0 + 1 < valid ? lo.y * kValueCodeScale : 0.f;
+    const float s2 = k0 + 8 < valid ? hi.x * kValueCodeScale : 0.f;
+    const float s3 = k0 + 9 < valid ? hi.y * kValueCodeScale : 0.f;
+    uint32_t a[4];
+    a[0] = PackPair<__half>(acc_s[2 * g][0] * s0, acc_s[2 * g][1] * s1);
+    a[1] = PackPair<__half>(acc_s[2 * g][2] * s0, acc_s[2 * g][3] * s1);
+    a[2] = PackPair<__half>(acc_s[2 * g + 1][0] * s2, acc_s[2 * g + 1][1] * s3);
+    a[3] = PackPair<__half>(acc_s[2 * g + 1][2] * s2, acc_s[2 * g + 1][3] * s3);
+    // The tile's tail: the operand halves of keys past the range.
+    const bool tail = key_row0 + g * 16 + 16 > valid;
+    const uint32_t mask0 = (k0 < valid ? 0xffffu : 0u) | (k0 + 1 < valid ? 0xffff0000u : 0u);
+    const uint32_t mask1 = (k0 + 8 < valid ? 0xffffu : 0u) | (k0 + 9 < valid ? 0xffff0000u : 0u);
+#pragma unroll
+    for (int dt = 0; dt < PagedTraits<kHeadDim>::kDTiles; ++dt) {
+      const uint32_t word = *reinterpret_cast<const uint32_t*>(group + (dt * 8 + (lane >> 2)) * 16 + 4 * t);
+      uint32_t b0, b1;
+      CodesToHalf2(word, b0, b1);
+      if (tail) {
+        b0 &= mask0;
+        b1 &= mask1;
+      }
+      MmaM16N8K16<__half>(acc_o[dt], a, b0, b1);
+    }
+  }
+}
+
 // A narrow item: 16 rows, the consumer warps splitting each key tile
 // (above).
-template <typename T, int kHeadDim>
+// kCodes: the item's keys come from an FP8 cache's tiles.
+template <typename T, int kHeadDim, bool kCodes>
 __device__ __forceinline__ void PagedNarrowTile(const PagedAttentionParams& p, const PagedWorkItem& item,
                                                 const ItemContext& c, const KvPipeline& pipe, unsigned char* smem_raw) {
   using Traits = PagedTraits<kHeadDim>;
@@ -456,28 +729,46 @@ __device__ __forceinline__ void PagedNarrowTile(const PagedAttentionParams& p, c
   uint32_t q_frag[kKSteps][4];
   CpAsyncWait<0>();
   gemm::NamedBarrierSync(1, kPagedConsumerThreads);
-  LoadQueryFragments<T, kHeadDim>(q_frag, sQ, 0, lane);
+  if constexpr (kCodes) {
+    LoadQueryFragmentsForCodes<T, kHeadDim>(q_frag, sQ, 0, lane);
+  } else {
+    LoadQueryFragments<T, kHeadDim>(q_frag, sQ, 0, lane);
+  }
 
   KvStage stage;
   for (int t = 0; t < c.n_tiles; ++t, stage.Advance()) {
     pipe.ConsumerWait(stage);
-    const T* sKs = reinterpret_cast<const T*>(smem_raw + Traits::KTile(stage.index));
-    T* sVs = reinterpret_cast<T*>(smem_raw + Traits::VTile(stage.index));
+    unsigned char* k_slot = smem_raw + Traits::KTile(stage.index);
+    unsigned char* v_slot = smem_raw + Traits::VTile(stage.index);
     const int key0 = c.key_begin + t * kPagedKeyTile + warp * 16;  // this warp's first key
-    // The tail past the keys, in this warp's 16 rows.
-    if (key0 + 16 > c.key_end)
-      ZeroValueRows<T, kHeadDim>(sVs, max(warp * 16, c.key_end - (key0 - warp * 16)), warp * 16 + 16, lane);
-
     float acc_s[2][4] = {};
-    ScoreKeys<T, kHeadDim, 1>(acc_s, q_frag, sKs, warp * 16, lane);
+    if constexpr (kCodes) {
+      ScoreCodes<kHeadDim, 1>(acc_s, q_frag, k_slot, v_slot, warp * 16, lane);
+    } else {
+      // The tail past the keys, in this warp's 16 rows.
+      if (key0 + 16 > c.key_end) {
+        ZeroValueRows<T, kHeadDim>(reinterpret_cast<T*>(v_slot), max(warp * 16, c.key_end - (key0 - warp * 16)),
+                                   warp * 16 + 16, lane);
+      }
+      ScoreKeys<T, kHeadDim, 1>(acc_s, q_frag, reinterpret_cast<const T*>(k_slot), warp * 16, lane);
+    }
     // Only tiles that reach past the first query or the range, or below the
     // last query's window, need the mask.
     if (key0 + 15 > min_pos || key0 + 15 >= c.key_end || (p.window > 0 && key0 <= max_pos - p.window)) {
       MaskScores(acc_s, key0, quad_col, q_pos, c.key_end, p.window);
     }
     SoftmaxStep(acc_s, acc_o, row_max, row_sum, scale_log2);
-    AccumulateValues<T, kHeadDim, 1>(acc_o, acc_s, sVs, warp * 16, lane);
+    if constexpr (kCodes) {
+      AccumulateCodes<kHeadDim, 1>(acc_o, acc_s, v_slot, warp * 16, c.key_end - (key0 - warp * 16), lane);
+    } else {
+      AccumulateValues<T, kHeadDim, 1>(acc_o, acc_s, reinterpret_cast<const T*>(v_slot), warp * 16, lane);
+    }
     pipe.ConsumerRelease(stage);
+  }
+  // An FP8 tile's O carries kValueCodeScale (AccumulateCodes); so does L.
+  if constexpr (kCodes) {
+    row_sum[0] *= kValueCodeScale;
+    row_sum[1] *= kValueCodeScale;
   }
 
   // Merge the warps through shared memory (the ring is free once every
@@ -549,7 +840,7 @@ __device__ __forceinline__ void PagedNarrowTile(const PagedAttentionParams& p, c
 // S = Q K^T is 8 n8 score tiles per warp, each warp keeps the online softmax
 // of its own rows, and O needs no merge between warps. Never split, so it
 // writes the output directly.
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kCodes>
 __device__ __forceinline__ void PagedWideTile(const PagedAttentionParams& p, const PagedWorkItem& item,
                                               const ItemContext& c, const KvPipeline& pipe, unsigned char* smem_raw) {
   using Traits = PagedTraits<kHeadDim>;
@@ -583,33 +874,50 @@ __device__ __forceinline__ void PagedWideTile(const PagedAttentionParams& p, con
   uint32_t q_frag[kKSteps][4];
   CpAsyncWait<0>();
   gemm::NamedBarrierSync(1, kPagedConsumerThreads);
-  LoadQueryFragments<T, kHeadDim>(q_frag, sQ, warp * 16, lane);
+  if constexpr (kCodes) {
+    LoadQueryFragmentsForCodes<T, kHeadDim>(q_frag, sQ, warp * 16, lane);
+  } else {
+    LoadQueryFragments<T, kHeadDim>(q_frag, sQ, warp * 16, lane);
+  }
 
   KvStage stage;
   for (int t = 0; t < c.n_tiles; ++t, stage.Advance()) {
     pipe.ConsumerWait(stage);
     const int key0 = c.key_begin + t * kPagedKeyTile;
-    const T* sKs = reinterpret_cast<const T*>(smem_raw + Traits::KTile(stage.index));
-    T* sVs = reinterpret_cast<T*>(smem_raw + Traits::VTile(stage.index));
+    unsigned char* k_slot = smem_raw + Traits::KTile(stage.index);
+    unsigned char* v_slot = smem_raw + Traits::VTile(stage.index);
     // Every warp reads every V row: each zeroes the tail in its 16, then
-    // all meet (the same condition for every consumer warp).
-    if (key0 + kPagedKeyTile > c.key_end) {
-      ZeroValueRows<T, kHeadDim>(sVs, max(warp * 16, c.key_end - key0), warp * 16 + 16, lane);
+    // all meet (the same condition for every consumer warp). An FP8 tile's
+    // tail needs no zeroes (AccumulateCodes).
+    if (!kCodes && key0 + kPagedKeyTile > c.key_end) {
+      ZeroValueRows<T, kHeadDim>(reinterpret_cast<T*>(v_slot), max(warp * 16, c.key_end - key0), warp * 16 + 16, lane);
       gemm::NamedBarrierSync(1, kPagedConsumerThreads);
     }
     // A warp whose rows all come before the tile's keys, or whose window
     // ends below them, has nothing to do with it.
     if (!(key0 > warp_max_pos || (p.window > 0 && key0 + kPagedKeyTile - 1 <= warp_min_pos - p.window))) {
       float acc_s[2 * kN16][4] = {};
-      ScoreKeys<T, kHeadDim, kN16>(acc_s, q_frag, sKs, 0, lane);
+      if constexpr (kCodes) {
+        ScoreCodes<kHeadDim, kN16>(acc_s, q_frag, k_slot, v_slot, 0, lane);
+      } else {
+        ScoreKeys<T, kHeadDim, kN16>(acc_s, q_frag, reinterpret_cast<const T*>(k_slot), 0, lane);
+      }
       if (key0 + kPagedKeyTile - 1 > warp_min_pos || key0 + kPagedKeyTile - 1 >= c.key_end ||
           (p.window > 0 && key0 <= warp_max_pos - p.window)) {
         MaskScores(acc_s, key0, quad_col, q_pos, c.key_end, p.window);
       }
       SoftmaxStep(acc_s, acc_o, row_max, row_sum, scale_log2);
-      AccumulateValues<T, kHeadDim, kN16>(acc_o, acc_s, sVs, 0, lane);
+      if constexpr (kCodes) {
+        AccumulateCodes<kHeadDim, kN16>(acc_o, acc_s, v_slot, 0, c.key_end - key0, lane);
+      } else {
+        AccumulateValues<T, kHeadDim, kN16>(acc_o, acc_s, reinterpret_cast<const T*>(v_slot), 0, lane);
+      }
     }
     pipe.ConsumerRelease(stage);
+  }
+  if constexpr (kCodes) {  // as in PagedNarrowTile
+    row_sum[0] *= kValueCodeScale;
+    row_sum[1] *= kValueCodeScale;
   }
 
 #pragma unroll
@@ -632,7 +940,9 @@ __device__ __forceinline__ void PagedWideTile(const PagedAttentionParams& p, con
 // consumer warps take the item's tile, by its width. Hopper only (TMA and
 // mbarriers); other device passes compile it empty (the launcher refuses
 // builds without sm_90a).
-template <typename T, int kHeadDim>
+// kCodes: the cache is FP8 (PagedKv::fp8), its session sequences read from
+// its code tiles; stateless sequences read their own rows as ever.
+template <typename T, int kHeadDim, bool kCodes>
 __global__ void __launch_bounds__(kPagedThreads, 2)
     PagedAttentionKernel(const PagedAttentionParams p, const __grid_constant__ PagedKvMaps maps) {
 #if LS_GEMM_DEVICE_SM90A
@@ -656,13 +966,23 @@ __global__ void __launch_bounds__(kPagedThreads, 2)
       gemm::PrefetchTensorMap(c.pooled ? &maps.k_pool : &maps.k_rows);
       gemm::PrefetchTensorMap(c.pooled ? &maps.v_pool : &maps.v_rows);
     }
-    ProduceKvTiles<kHeadDim>(p, maps, c, ring, pipe, blockIdx.y, threadIdx.x % 32);
+    if (kCodes && c.pooled) {
+      ProduceCodeTiles<kHeadDim>(p, maps, c, ring, pipe, blockIdx.y, threadIdx.x % 32);
+    } else {
+      ProduceKvTiles<kHeadDim>(p, maps, c, ring, pipe, blockIdx.y, threadIdx.x % 32);
+    }
     return;
   }
-  if (item.rows == kPagedWideRows) {
-    PagedWideTile<T, kHeadDim>(p, item, c, pipe, smem_raw);
+  if (kCodes && c.pooled) {
+    if (item.rows == kPagedWideRows) {
+      PagedWideTile<T, kHeadDim, kCodes>(p, item, c, pipe, smem_raw);
+    } else {
+      PagedNarrowTile<T, kHeadDim, kCodes>(p, item, c, pipe, smem_raw);
+    }
+  } else if (item.rows == kPagedWideRows) {
+    PagedWideTile<T, kHeadDim, false>(p, item, c, pipe, smem_raw);
   } else {
-    PagedNarrowTile<T, kHeadDim>(p, item, c, pipe, smem_raw);
+    PagedNarrowTile<T, kHeadDim, false>(p, item, c, pipe, smem_raw);
   }
 #endif
 }

@@ -33,21 +33,29 @@ absl::StatusOr<PFN_cuTensorMapEncodeTiled_v12000> TensorMapEncoder() {
   return encoder;
 }
 
-}  // namespace
-
-absl::StatusOr<CUtensorMap> MakeSw128TensorMap(const void* base, int64_t rows, int64_t cols, int64_t row_stride,
-                                               int box_rows, CUtensorMapDataType type, int element_bytes) {
-  // The descriptor is a pure function of these values (device addresses
-  // are unified), so a remembered one is never stale, not even for memory
-  // freed and allocated again at the same address. Serving repeats a few
-  // hundred (buffer, rows) combinations, so most launches skip the driver
-  // call. Per thread, so the launch path takes no lock (the server drives
-  // each stream from its own thread); bounded: a full memo is dropped and
-  // refills.
+// Every map of the project: 2-D, boxes of box_rows x box_bytes, zero fill
+// outside the matrix. The descriptor is a pure function of these values
+// (device addresses are unified), so a remembered one is never stale, not
+// even for memory freed and allocated again at the same address. Serving
+// repeats a few hundred (buffer, rows) combinations, so most launches skip
+// the driver call. Per thread, so the launch path takes no lock (the server
+// drives each stream from its own thread); bounded: a full memo is dropped
+// and refills.
+absl::StatusOr<CUtensorMap> MakeTensorMap(const void* base, int64_t rows, int64_t cols, int64_t row_stride,
+                                          int box_rows, int box_bytes, CUtensorMapDataType type, int element_bytes,
+                                          CUtensorMapSwizzle swizzle) {
   constexpr size_t kMaxRemembered = 1024;
-  using Key = std::tuple<const void*, int64_t, int64_t, int64_t, int, int, int>;
+  using Key = std::tuple<const void*, int64_t, int64_t, int64_t, int, int, int, int, int>;
   thread_local std::map<Key, CUtensorMap> remembered;
-  const Key key{base, rows, cols, row_stride, box_rows, static_cast<int>(type), element_bytes};
+  const Key key{base,
+                rows,
+                cols,
+                row_stride,
+                box_rows,
+                box_bytes,
+                static_cast<int>(type),
+                element_bytes,
+                static_cast<int>(swizzle)};
   if (const auto it = remembered.find(key); it != remembered.end()) return it->second;
 
   absl::StatusOr<PFN_cuTensorMapEncodeTiled_v12000> encode = TensorMapEncoder();
@@ -55,12 +63,12 @@ absl::StatusOr<CUtensorMap> MakeSw128TensorMap(const void* base, int64_t rows, i
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_stride) * element_bytes};  // bytes, of dim 1
-  const cuuint32_t box_cols = static_cast<cuuint32_t>(128 / element_bytes);
+  const cuuint32_t box_cols = static_cast<cuuint32_t>(box_bytes / element_bytes);
   const cuuint32_t box[2] = {box_cols, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult res = (*encode)(&map, type, 2, const_cast<void*>(base), dims, strides, box, element_strides,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS) {
     return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(res),
                                             ") for [", rows, ", ", cols, "] (row stride ", row_stride, ") box ",
@@ -69,6 +77,18 @@ absl::StatusOr<CUtensorMap> MakeSw128TensorMap(const void* base, int64_t rows, i
   if (remembered.size() >= kMaxRemembered) remembered.clear();
   remembered.emplace(key, map);
   return map;
+}
+
+}  // namespace
+
+absl::StatusOr<CUtensorMap> MakeSw128TensorMap(const void* base, int64_t rows, int64_t cols, int64_t row_stride,
+                                               int box_rows, CUtensorMapDataType type, int element_bytes) {
+  return MakeTensorMap(base, rows, cols, row_stride, box_rows, 128, type, element_bytes, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+absl::StatusOr<CUtensorMap> MakeByteTensorMap(const void* base, int64_t rows, int64_t cols, int64_t row_stride,
+                                              int box_rows, int box_cols, CUtensorMapSwizzle swizzle) {
+  return MakeTensorMap(base, rows, cols, row_stride, box_rows, box_cols, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, swizzle);
 }
 
 }  // namespace layerserve::kernels

@@ -20,4 +20,10 @@ namespace layerserve::kernels {
 absl::StatusOr<CUtensorMap> MakeSw128TensorMap(const void* base, int64_t rows, int64_t cols, int64_t row_stride,
                                                int box_rows, CUtensorMapDataType type, int element_bytes);
 
+// The same over bytes (e.g. e4m3 codes), with boxes of box_rows x box_cols
+// bytes (box_cols a multiple of 16, at most 128 with a swizzle) under
+// `swizzle`: the FP8 KV cache's tiles (paged_attention.cuh).
+absl::StatusOr<CUtensorMap> MakeByteTensorMap(const void* base, int64_t rows, int64_t cols, int64_t row_stride,
+                                              int box_rows, int box_cols, CUtensorMapSwizzle swizzle);
+
 }  // namespace layerserve::kernels

@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "layerserve/kernels/gemm.h"
 #include "server/core/backend.h"
+#include "server/core/kv_cache_dtype.h"
 #include "server/cuda/gemm_tuning.h"
 #include "server/cuda/kernel_timing.h"
 #include "server/model/model.h"
@@ -75,6 +76,10 @@ struct CudaBackendOptions {
   // Auto mode: where its per-shape table comes from (cache file, autotune
   // pass at load, pins); see gemm_tuning.h.
   cuda::GemmTuningOptions gemm_tuning;
+  // What the KV cache stores (--kv-cache-dtype): the activation dtype, or
+  // FP8 codes and scales (server/core/kv_cache_dtype.h; block_tokens a
+  // multiple of 16).
+  KvCacheDType kv_cache_dtype = KvCacheDType::kActivation;
 };
 
 class CudaBackend : public Backend {

@@ -32,24 +32,46 @@ void AttachKv(const KvPool* pool, const BatchKvMeta& meta, BatchGeometry* geomet
   geometry->partial_lse = meta.partial_lse;
 }
 
-int64_t KvPool::BlockBytes(const LayerShape& shape, int num_layers, int64_t block_tokens) {
-  if (block_tokens < 1) return 0;
-  const int64_t row_bytes =
-      int64_t{shape.num_kv_heads} * shape.head_dim * kernels::DTypeBytes(shape.dtype);
-  return SaturatingMul(SaturatingMul(2 * int64_t{num_layers}, block_tokens), row_bytes);
+namespace {
+
+// One token's K (or V) row in one layer: its elements, or its codes and a
+// scale per KV head.
+int64_t RowBytes(const LayerShape& shape, KvCacheDType dtype) {
+  const int64_t width = int64_t{shape.num_kv_heads} * shape.head_dim;
+  if (dtype == KvCacheDType::kFp8E4M3) {
+    return width + int64_t{shape.num_kv_heads} * static_cast<int64_t>(sizeof(float));
+  }
+  return width * kernels::DTypeBytes(shape.dtype);
 }
 
-absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(const LayerShape& shape, int num_layers,
-                                                       const KvCacheShape& cache, int num_streams,
-                                                       int64_t max_tokens) {
+}  // namespace
+
+int64_t KvPool::BlockBytes(const LayerShape& shape, KvCacheDType dtype, int num_layers,
+                           int64_t block_tokens) {
+  if (block_tokens < 1) return 0;
+  return SaturatingMul(SaturatingMul(2 * int64_t{num_layers}, block_tokens),
+                       RowBytes(shape, dtype));
+}
+
+absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(const LayerShape& shape, KvCacheDType dtype,
+                                                       int num_layers, const KvCacheShape& cache,
+                                                       int num_streams, int64_t max_tokens) {
   if (cache.num_blocks < 0 ||
       (cache.num_blocks > 0 && (cache.block_tokens < 1 || cache.block_tokens > INT32_MAX))) {
     return absl::InvalidArgumentError(absl::StrCat("cuda backend: a KV cache of ", cache.num_blocks,
                                                    " blocks of ", cache.block_tokens,
                                                    " tokens is not a pool"));
   }
+  const bool fp8 = dtype == KvCacheDType::kFp8E4M3;
+  if (fp8 && cache.num_blocks > 0 && cache.block_tokens % 16 != 0) {
+    // The paged kernel loads V codes and scales in runs of 16 keys of one
+    // block (layerserve/kernels/paged_attention.h).
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda backend: --kv-cache-dtype=fp8 needs --kv-block-tokens a multiple of 16, got ",
+        cache.block_tokens));
+  }
   const int64_t bytes =
-      SaturatingMul(BlockBytes(shape, num_layers, cache.block_tokens), cache.num_blocks);
+      SaturatingMul(BlockBytes(shape, dtype, num_layers, cache.block_tokens), cache.num_blocks);
   const auto exhausted = [&](absl::string_view cause) {
     const bool overflow = bytes == std::numeric_limits<int64_t>::max();
     return absl::ResourceExhaustedError(
@@ -85,19 +107,29 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(const LayerShape& shape, 
     LS_ASSIGN_OR_RETURN(s.partials, DeviceBuffer::Allocate(partial_bytes));
     staging.push_back(std::move(s));
   }
-  // One layer's K (or V) pool: half of what a block costs in one layer, per block.
-  const size_t layer_bytes = static_cast<size_t>(BlockBytes(shape, 1, cache.block_tokens) / 2) *
-                             static_cast<size_t>(cache.num_blocks);
-  return std::unique_ptr<KvPool>(new KvPool(shape, cache, layer_bytes, max_tokens, device.num_sms,
-                                            limits, *std::move(storage), std::move(staging)));
+  // One layer's K and V pools: K's elements (or codes); V's the same, or
+  // the FP8 V groups, which hold both scales too.
+  const size_t tokens = static_cast<size_t>(cache.num_blocks * cache.block_tokens);
+  const size_t width =
+      static_cast<size_t>(shape.num_kv_heads) * static_cast<size_t>(shape.head_dim);
+  const size_t k_bytes = tokens * width * (fp8 ? 1 : kernels::DTypeBytes(shape.dtype));
+  const size_t v_bytes =
+      fp8 ? k_bytes + tokens * static_cast<size_t>(shape.num_kv_heads) * 2 * sizeof(float)
+          : k_bytes;
+  return std::unique_ptr<KvPool>(new KvPool(shape, cache, fp8, k_bytes, v_bytes, max_tokens,
+                                            device.num_sms, limits, *std::move(storage),
+                                            std::move(staging)));
 }
 
-KvPool::KvPool(const LayerShape& layer, const KvCacheShape& shape, size_t layer_bytes,
-               int64_t max_tokens, int num_sms, kernels::PagedPlanLimits plan_limits,
-               DeviceBuffer storage, std::vector<Staging> staging)
+KvPool::KvPool(const LayerShape& layer, const KvCacheShape& shape, bool fp8, size_t k_bytes,
+               size_t v_bytes, int64_t max_tokens, int num_sms,
+               kernels::PagedPlanLimits plan_limits, DeviceBuffer storage,
+               std::vector<Staging> staging)
     : layer_(layer),
       shape_(shape),
-      layer_bytes_(layer_bytes),
+      fp8_(fp8),
+      k_bytes_(k_bytes),
+      v_bytes_(v_bytes),
       max_tokens_(max_tokens),
       num_sms_(num_sms),
       plan_limits_(plan_limits),

@@ -2,13 +2,15 @@
 // that the core's session table hands out (server/core/kv_blocks.h,
 // sessions.h), and each stream's staging for the block tables of a batch.
 //
-// Layout, in the activation dtype (bf16, or fp16 for fp16 checkpoints), one
-// cudaMalloc: for each layer of the span a K pool and a V pool of
+// Layout, one cudaMalloc: for each layer of the span a K pool and a V pool
+// in the activation dtype (bf16, or fp16 for fp16 checkpoints) of
 // [num_blocks][block_tokens][kv_heads * head_dim] elements, the layout the
-// paged kernels take (layerserve/kernels/paged_attention.h) and the CPU
-// backend's cache has too. Rows are written before they are read (a step
-// stores its tokens' K/V before any later step attends over them), so the
-// pool is never cleared.
+// CPU backend's cache has too; or, with --kv-cache-dtype=fp8, the K and V
+// codes then the K and V scales in the FP8 layout of
+// layerserve/kernels/paged_attention.h's PagedKv (V transposed within each
+// block). Rows are written before they are read (a step stores its tokens'
+// K/V before any later step attends over them), so the pool is never
+// cleared.
 //
 // A session batch's metadata travels like cu_seqlens: the stream's thread
 // packs it into its pinned staging, one copy moves it to the device on the
@@ -31,6 +33,7 @@
 #include "base/cuda/cuda_resources.h"
 #include "layerserve/kernels/paged_attention.h"
 #include "server/core/backend.h"
+#include "server/core/kv_cache_dtype.h"
 #include "server/cuda/layer_executor.h"
 
 namespace layerserve::cuda {
@@ -66,26 +69,30 @@ void AttachKv(const KvPool* pool, const BatchKvMeta& meta, BatchGeometry* geomet
 class KvPool {
  public:
   // Bytes one block costs: num_layers x (K, V) x block_tokens x kv_heads x
-  // head_dim x element size. 0 for block_tokens < 1; INT64_MAX where the
-  // product overflows.
-  static int64_t BlockBytes(const LayerShape& shape, int num_layers, int64_t block_tokens);
+  // (head_dim x element size, or for FP8 head_dim codes and a 4-byte scale).
+  // 0 for block_tokens < 1; INT64_MAX where the product overflows.
+  static int64_t BlockBytes(const LayerShape& shape, KvCacheDType dtype, int num_layers,
+                            int64_t block_tokens);
 
   // The pool for `cache` (num_blocks 0: an empty pool, nothing allocated), and
   // for each of `num_streams` streams a staging area for batches of up to
   // `max_tokens` tokens. INVALID_ARGUMENT for a negative block count, or with
   // blocks, block_tokens outside [1, 2^31); RESOURCE_EXHAUSTED naming the
   // bytes when the device cannot hold the pool; INTERNAL for other device
-  // failures. The current device must be set; its SM count shapes the
-  // attention plans.
-  static absl::StatusOr<std::unique_ptr<KvPool>> Create(const LayerShape& shape, int num_layers,
-                                                        const KvCacheShape& cache, int num_streams,
-                                                        int64_t max_tokens);
+  // failures. An FP8 pool needs block_tokens a multiple of 16
+  // (INVALID_ARGUMENT otherwise). The current device must be set; its SM
+  // count shapes the attention plans.
+  static absl::StatusOr<std::unique_ptr<KvPool>> Create(const LayerShape& shape, KvCacheDType dtype,
+                                                        int num_layers, const KvCacheShape& cache,
+                                                        int num_streams, int64_t max_tokens);
 
   const KvCacheShape& shape() const { return shape_; }
   size_t bytes() const { return storage_.bytes(); }
-  // Layer `layer`'s K and V pools.
-  void* k(int layer) const { return Pool(layer, 0); }
-  void* v(int layer) const { return Pool(layer, 1); }
+  // Layer `layer`'s K and V pools (in an FP8 pool: the K codes, and the V
+  // groups of codes and scales).
+  void* k(int layer) const { return Layer(layer); }
+  void* v(int layer) const { return Layer(layer) + k_bytes_; }
+  bool fp8() const { return fp8_; }
 
   // Packs `batch`'s start positions, block tables and attention plan into
   // stream `stream`'s pinned staging and enqueues their copy to the device
@@ -107,22 +114,25 @@ class KvPool {
     DeviceBuffer partials;  // partial_out then partial_lse, fp32
   };
 
-  KvPool(const LayerShape& layer, const KvCacheShape& shape, size_t layer_bytes, int64_t max_tokens,
-         int num_sms, kernels::PagedPlanLimits plan_limits, DeviceBuffer storage,
-         std::vector<Staging> staging);
+  KvPool(const LayerShape& layer, const KvCacheShape& shape, bool fp8, size_t k_bytes,
+         size_t v_bytes, int64_t max_tokens, int num_sms, kernels::PagedPlanLimits plan_limits,
+         DeviceBuffer storage, std::vector<Staging> staging);
 
-  void* Pool(int layer, int which) const {
+  // One layer's storage: its K pool, then its V pool.
+  unsigned char* Layer(int layer) const {
     return static_cast<unsigned char*>(storage_.data()) +
-           (2 * static_cast<size_t>(layer) + which) * layer_bytes_;
+           static_cast<size_t>(layer) * (k_bytes_ + v_bytes_);
   }
 
   const LayerShape layer_;
   const KvCacheShape shape_;
-  const size_t layer_bytes_;  // of one layer's K (or V) pool
+  const bool fp8_;
+  const size_t k_bytes_;  // of one layer's K pool
+  const size_t v_bytes_;  // of one layer's V pool (FP8: the scales too)
   const int64_t max_tokens_;
   const int num_sms_;
   const kernels::PagedPlanLimits plan_limits_;
-  DeviceBuffer storage_;  // [num_layers][K, V][num_blocks][block_tokens][kv_width]
+  DeviceBuffer storage_;  // [num_layers][K pool, V pool]
   // per stream: [start | cu_blocks | items | combines | block_tables]
   std::vector<Staging> staging_;
 };

@@ -215,6 +215,7 @@ kernels::PagedKv LayerExecutor::CacheOf(int layer, const BatchGeometry& batch) c
   kernels::PagedKv cache;
   cache.k = batch.kv_pool->k(layer);
   cache.v = batch.kv_pool->v(layer);
+  cache.fp8 = batch.kv_pool->fp8();
   cache.num_blocks = batch.kv_pool->shape().num_blocks;
   cache.block_tokens = static_cast<int>(batch.kv_pool->shape().block_tokens);
   cache.start = batch.kv_start;

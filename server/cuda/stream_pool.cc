@@ -90,7 +90,8 @@ absl::StatusOr<int64_t> StreamPool::DeviceMemoryUsedBytes() const {
 }
 
 int64_t StreamPool::KvBlockBytes(int64_t block_tokens) const {
-  return KvPool::BlockBytes(executor_.shape(), executor_.num_layers(), block_tokens);
+  return KvPool::BlockBytes(executor_.shape(), options_.kv_cache_dtype, executor_.num_layers(),
+                            block_tokens);
 }
 
 // kKvReserveBytes covers kernel modules loaded lazily on their first launch,
@@ -119,9 +120,10 @@ absl::Status StreamPool::AllocateKvCache(const KvCacheShape& shape) {
     if (kv_pool_ != nullptr) return already();
   }
   LS_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
-  LS_ASSIGN_OR_RETURN(std::unique_ptr<KvPool> pool,
-                      KvPool::Create(executor_.shape(), executor_.num_layers(), shape,
-                                     static_cast<int>(slots_.size()), options_.max_batch_tokens));
+  LS_ASSIGN_OR_RETURN(
+      std::unique_ptr<KvPool> pool,
+      KvPool::Create(executor_.shape(), options_.kv_cache_dtype, executor_.num_layers(), shape,
+                     static_cast<int>(slots_.size()), options_.max_batch_tokens));
   {
     MutexLock lock(&kv_mu_);
     if (kv_pool_ != nullptr) return already();

@@ -9,11 +9,17 @@
 //   - RopeKvAppend: q and k rotate bit for bit as LaunchRope rotates them,
 //     the new rows land bit-exactly at their slots, and nothing else in the
 //     pool changes.
+//   - The FP8 cache (PagedKv's FP8 layout): the same cases' session keys
+//     quantized per row and KV head on the host (base/dtype.h's e4m3, the
+//     CPU backend's), the attention against the float64 reference over code
+//     * scale, and the append storing exactly those codes and scales and
+//     writing code * scale back over its session rows' K and V columns.
 //   - Validation: bad params are INVALID_ARGUMENT before any launch.
 //
 // Every pool row the attention must not read (rows past a sequence's start,
 // and spare blocks no table names) holds NaN, as does the output before the
 // launch: a key read from the wrong row, or an output never written, fails.
+// In an FP8 pool those rows hold NaN codes (0x7f) and NaN scales.
 //
 // Every case runs under three plans: the device's own, one that splits every
 // tile's keys as finely as it can (one 64-key tile per split), padded with
@@ -32,6 +38,7 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <string>
@@ -39,6 +46,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "base/dtype.h"
 #include "gtest/gtest.h"
 #include "layerserve/kernels/layer_ops.h"
 #include "layerserve/kernels/paged_attention.h"
@@ -77,6 +85,7 @@ struct PagedCase {
   int block_tokens;
   int window;
   std::vector<SeqSpec> seqs;
+  bool fp8 = false;  // the cache holds e4m3 codes and scales
 };
 
 void PrintTo(const PagedCase& c, std::ostream* os) { *os << c.name; }
@@ -150,6 +159,82 @@ PagedProblem BuildProblem(const PagedCase& c, bool history, uint64_t seed) {
   return pr;
 }
 
+// An FP8 pool as PagedKv lays it out (paged_attention.h), quantized from a
+// problem's pool on the host.
+struct Fp8Pool {
+  std::vector<uint8_t> k;  // K codes, rows as in bf16
+  std::vector<uint8_t> v;  // V groups of 16 keys: codes [head_dim][16], 16 K scales, 16 V scales
+};
+
+// Where key `slot` of a block sits among its group's V codes of one
+// dimension: its group of 16 ordered 0, 1, 8, 9, 2, 3, 10, 11, ...
+int ValueSlot(int slot) {
+  const int place[16] = {0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15};  // key -> place
+  return place[slot % 16];
+}
+
+// The byte offset of the V group that holds `slot` of `block`, KV head `h`.
+int64_t GroupOffset(const PagedCase& c, int64_t block, int h, int slot) {
+  return ((block * c.kv_heads + h) * (c.block_tokens / 16) + slot / 16) * 16 * (c.head_dim + 8);
+}
+
+// Stores one token's codes and scales of KV head `h` at `slot` of `block`.
+void PutCodes(const PagedCase& c, int64_t kv_width, int64_t block, int slot, int h, bool value, const uint8_t* codes,
+              float scale, Fp8Pool* pool) {
+  const int d = c.head_dim;
+  uint8_t* group = &pool->v[static_cast<size_t>(GroupOffset(c, block, h, slot))];
+  for (int e = 0; e < d; ++e) {
+    if (value) {
+      group[e * 16 + ValueSlot(slot)] = codes[e];
+    } else {
+      pool->k[static_cast<size_t>((block * c.block_tokens + slot) * kv_width + int64_t{h} * d + e)] = codes[e];
+    }
+  }
+  std::memcpy(group + d * 16 + (value ? 64 : 0) + 4 * (slot % 16), &scale, 4);
+}
+
+// The e4m3 codes and scale of one head's row x[0..d): s = amax / 448 in
+// float32, code e4m3(x / s) (zero codes for s = 0); a row holding NaN gets
+// NaN codes and a NaN scale.
+float QuantizeHead(const double* x, int d, uint8_t* codes) {
+  float amax = 0.f;
+  bool nan = false;
+  for (int e = 0; e < d; ++e) {
+    nan = nan || std::isnan(x[e]);
+    amax = std::max(amax, std::fabs(static_cast<float>(x[e])));
+  }
+  if (nan) {
+    std::fill_n(codes, d, uint8_t{0x7f});
+    return NAN;
+  }
+  const float s = amax / kFp8E4M3Max;
+  for (int e = 0; e < d; ++e) codes[e] = s == 0.f ? 0 : FloatToFp8E4M3(static_cast<float>(x[e]) / s);
+  return s;
+}
+
+// Quantizes pr's pools in place (each value becomes code * scale, NaN rows
+// stay NaN) and returns the codes and scales in the device layout.
+Fp8Pool QuantizePool(const PagedCase& c, PagedProblem* pr) {
+  Fp8Pool pool;
+  const int d = c.head_dim;
+  const int64_t rows = pr->num_blocks * c.block_tokens;
+  pool.k.resize(static_cast<size_t>(rows * pr->kv_width));
+  pool.v.resize(static_cast<size_t>(rows * c.kv_heads * (d + 8)));
+  std::vector<uint8_t> codes(static_cast<size_t>(d));
+  for (int64_t row = 0; row < rows; ++row) {
+    for (int h = 0; h < c.kv_heads; ++h) {
+      for (const bool value : {false, true}) {
+        double* x = &(value ? pr->pool_v : pr->pool_k)[row * pr->kv_width + int64_t{h} * d];
+        const float s = QuantizeHead(x, d, codes.data());
+        PutCodes(c, pr->kv_width, row / c.block_tokens, static_cast<int>(row % c.block_tokens), h, value, codes.data(),
+                 s, &pool);
+        for (int e = 0; e < d; ++e) x[e] = std::isnan(s) ? NAN : static_cast<double>(Fp8E4M3ToFloat(codes[e])) * s;
+      }
+    }
+  }
+  return pool;
+}
+
 // The sequence that packed row `token` belongs to.
 size_t SequenceOf(const PagedProblem& pr, int64_t token) {
   return static_cast<size_t>(std::upper_bound(pr.cu_seqlens.begin(), pr.cu_seqlens.end(), token) -
@@ -178,9 +263,11 @@ Expected Reference(const PagedCase& c, const PagedProblem& pr) {
     const int start = pr.start[s];
     const int q_pos = start + static_cast<int>(token - pr.cu_seqlens[s]);
     const int lo = c.window > 0 ? std::max(0, q_pos - c.window + 1) : 0;
-    // Key and value j: from the pool below start, from the new rows after.
+    // Key and value j: from the pool below start, from the new rows after;
+    // a session's all from an FP8 pool (the append stored its new ones).
+    const bool pooled = c.fp8 && c.seqs[s].session;
     const auto kv_at = [&](int j, bool value) -> const double* {
-      if (j < start) {
+      if (j < start || pooled) {
         const int64_t row =
             int64_t{pr.block_tables[pr.cu_blocks[s] + j / c.block_tokens]} * c.block_tokens + j % c.block_tokens;
         return &(value ? pr.pool_v : pr.pool_k)[row * pr.kv_width + int64_t{kvh} * d];
@@ -230,18 +317,25 @@ Expected Reference(const PagedCase& c, const PagedProblem& pr) {
 }
 
 // The device copies of a problem and the PagedKv over them.
+// With `fp8`, the pools are its codes and scales.
 struct DeviceProblem {
-  DeviceProblem(const PagedCase& c, const PagedProblem& pr)
+  DeviceProblem(const PagedCase& c, const PagedProblem& pr, const Fp8Pool* fp8 = nullptr)
       : qkv(pr.qkv.size() * DTypeBytes(c.dtype)),
-        pool_k(pr.pool_k.size() * DTypeBytes(c.dtype)),
-        pool_v(pr.pool_v.size() * DTypeBytes(c.dtype)),
+        pool_k(fp8 != nullptr ? fp8->k.size() : pr.pool_k.size() * DTypeBytes(c.dtype)),
+        pool_v(fp8 != nullptr ? fp8->v.size() : pr.pool_v.size() * DTypeBytes(c.dtype)),
         cu_seqlens(pr.cu_seqlens.size() * 4),
         start(pr.start.size() * 4),
         cu_blocks(pr.cu_blocks.size() * 4),
         block_tables(pr.block_tables.size() * 4) {
     qkv.Upload(Encode(c.dtype, pr.qkv).data(), qkv.bytes());
-    pool_k.Upload(Encode(c.dtype, pr.pool_k).data(), pool_k.bytes());
-    pool_v.Upload(Encode(c.dtype, pr.pool_v).data(), pool_v.bytes());
+    if (fp8 != nullptr) {
+      pool_k.Upload(fp8->k.data(), pool_k.bytes());
+      pool_v.Upload(fp8->v.data(), pool_v.bytes());
+      cache.fp8 = true;
+    } else {
+      pool_k.Upload(Encode(c.dtype, pr.pool_k).data(), pool_k.bytes());
+      pool_v.Upload(Encode(c.dtype, pr.pool_v).data(), pool_v.bytes());
+    }
     cu_seqlens.Upload(pr.cu_seqlens.data(), cu_seqlens.bytes());
     start.Upload(pr.start.data(), start.bytes());
     cu_blocks.Upload(pr.cu_blocks.data(), cu_blocks.bytes());
@@ -293,10 +387,12 @@ struct DevicePlan {
 
 TEST_P(PagedAttentionTest, WithinTwiceThePlainImplementationsError) {
   const PagedCase& c = GetParam();
-  const PagedProblem pr = BuildProblem(c, /*history=*/true, 7000 + c.head_dim + c.block_tokens);
+  PagedProblem pr = BuildProblem(c, /*history=*/true, 7000 + c.head_dim + c.block_tokens);
+  std::optional<Fp8Pool> fp8;
+  if (c.fp8) fp8 = QuantizePool(c, &pr);
   const Expected want = Reference(c, pr);
   const ErrorStats plain = Errors(want.plain, want.exact);
-  DeviceProblem dp(c, pr);
+  DeviceProblem dp(c, pr, fp8 ? &*fp8 : nullptr);
   const int64_t out_width = int64_t{c.heads} * c.head_dim;
   DeviceBuffer out(pr.tokens * out_width * DTypeBytes(c.dtype));
 
@@ -382,6 +478,48 @@ TEST_P(PagedAttentionTest, WithinTwiceThePlainImplementationsError) {
   }
 }
 
+// The FP8 append's results: the codes and scales of each session token's
+// rotated K and V heads at its slot (quantized on the host as the CPU cache
+// does, so bit for bit), every other code and scale as it was; the qkv rows
+// as LaunchRope left them (`rotated`) but the session rows' K and V columns,
+// which hold code * scale rounded to the dtype.
+void ExpectFp8Append(const PagedCase& c, const PagedProblem& pr, Fp8Pool want, const std::vector<double>& rotated,
+                     const std::vector<double>& got_qkv, const DeviceProblem& fused) {
+  const int d = c.head_dim;
+  std::vector<double> want_qkv = rotated;
+  std::vector<uint8_t> codes(static_cast<size_t>(d));
+  for (size_t s = 0; s < c.seqs.size(); ++s) {
+    if (!c.seqs[s].session) continue;
+    for (int i = 0; i < c.seqs[s].len; ++i) {
+      const int pos = c.seqs[s].start + i;
+      const int64_t block = pr.block_tables[pr.cu_blocks[s] + pos / c.block_tokens];
+      const int slot = pos % c.block_tokens;
+      double* row = &want_qkv[(pr.cu_seqlens[s] + i) * pr.qkv_width + int64_t{c.heads} * d];
+      for (int h = 0; h < c.kv_heads; ++h) {
+        for (const bool value : {false, true}) {
+          double* x = row + (value ? pr.kv_width : 0) + int64_t{h} * d;
+          const float scale = QuantizeHead(x, d, codes.data());
+          PutCodes(c, pr.kv_width, block, slot, h, value, codes.data(), scale, &want);
+          for (int e = 0; e < d; ++e) {
+            x[e] = RoundToDType(c.dtype, static_cast<float>(Fp8E4M3ToFloat(codes[e]) * scale));
+          }
+        }
+      }
+    }
+  }
+  const auto describe_qkv = [&](size_t i) {
+    return "token " + std::to_string(static_cast<int64_t>(i) / pr.qkv_width) + " column " +
+           std::to_string(static_cast<int64_t>(i) % pr.qkv_width);
+  };
+  EXPECT_TRUE(AllClose(got_qkv, want_qkv, 0, 0, describe_qkv)) << "qkv rows";
+  std::vector<uint8_t> got(want.k.size());
+  fused.pool_k.Download(got.data(), got.size());
+  EXPECT_EQ(got, want.k) << "K codes";
+  got.resize(want.v.size());
+  fused.pool_v.Download(got.data(), got.size());
+  EXPECT_EQ(got, want.v) << "V groups (codes and scales)";
+}
+
 // RoPE and the cache write in one launch, on two copies of one problem whose
 // pool rows all hold random values: on one, LaunchRope alone (the stateless
 // path's kernel, tested against its reference in layer_ops_test); on the
@@ -392,7 +530,9 @@ TEST_P(PagedAttentionTest, WithinTwiceThePlainImplementationsError) {
 // session token's start + i).
 TEST_P(PagedAttentionTest, RopeAndAppendRotateAsRopeAndStoreTheNewRowsOnly) {
   const PagedCase& c = GetParam();
-  const PagedProblem pr = BuildProblem(c, /*history=*/false, 9000 + c.head_dim + c.block_tokens);
+  PagedProblem pr = BuildProblem(c, /*history=*/false, 9000 + c.head_dim + c.block_tokens);
+  std::optional<Fp8Pool> fp8;
+  if (c.fp8) fp8 = QuantizePool(c, &pr);
   std::vector<int32_t> positions;
   for (const SeqSpec& spec : c.seqs) {
     for (int i = 0; i < spec.len; ++i) positions.push_back(spec.start + i);
@@ -405,7 +545,7 @@ TEST_P(PagedAttentionTest, RopeAndAppendRotateAsRopeAndStoreTheNewRowsOnly) {
   if (!positions.empty()) d_positions.Upload(positions.data(), positions.size() * 4);
   d_inv_freq.Upload(inv_freq.data(), inv_freq.size() * 4);
 
-  DeviceProblem rope_only(c, pr), fused(c, pr);
+  DeviceProblem rope_only(c, pr), fused(c, pr, fp8 ? &*fp8 : nullptr);
   const auto rope_of = [&](const DeviceProblem& dp) {
     RopeParams r;
     r.qkv = dp.qkv.get();
@@ -434,8 +574,12 @@ TEST_P(PagedAttentionTest, RopeAndAppendRotateAsRopeAndStoreTheNewRowsOnly) {
     return "token " + std::to_string(static_cast<int64_t>(i) / pr.qkv_width) + " column " +
            std::to_string(static_cast<int64_t>(i) % pr.qkv_width);
   };
-  EXPECT_TRUE(AllClose(Decode(c.dtype, bytes), rotated, 0, 0, describe_qkv)) << "qkv rows";
   EXPECT_NE(rotated, pr.qkv) << "nothing was rotated: the test would prove nothing";
+  if (c.fp8) {
+    ExpectFp8Append(c, pr, *fp8, rotated, Decode(c.dtype, bytes), fused);
+    return;
+  }
+  EXPECT_TRUE(AllClose(Decode(c.dtype, bytes), rotated, 0, 0, describe_qkv)) << "qkv rows";
 
   // The pool as it was, with each session token's K and V row at its slot.
   std::vector<double> want_k = pr.pool_k, want_v = pr.pool_v;
@@ -510,6 +654,39 @@ std::vector<PagedCase> Cases() {
 INSTANTIATE_TEST_SUITE_P(Kernels, PagedAttentionTest, ::testing::ValuesIn(Cases()),
                          [](const ::testing::TestParamInfo<PagedCase>& info) { return std::string(info.param.name); });
 
+// The FP8 cache: every case whose blocks are a multiple of 16 tokens, and
+// blocks of 32 and 64 (K boxes of 32 and 64 keys).
+std::vector<PagedCase> Fp8Cases() {
+  std::vector<PagedCase> cases;
+  for (PagedCase c : Cases()) {
+    if (c.block_tokens % 16 != 0) continue;
+    c.fp8 = true;
+    cases.push_back(c);
+  }
+  cases.push_back({"bf16_d128_llama3_block32_mixed",
+                   DType::kBF16,
+                   128,
+                   32,
+                   8,
+                   32,
+                   0,
+                   {{37, 1, true}, {0, 5, false}, {700, 1, true}, {16, 70, true}},
+                   true});
+  cases.push_back({"fp16_d64_gqa4_block64_window50",
+                   DType::kF16,
+                   64,
+                   8,
+                   2,
+                   64,
+                   50,
+                   {{130, 2, true}, {0, 9, false}, {300, 66, true}},
+                   true});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fp8Cache, PagedAttentionTest, ::testing::ValuesIn(Fp8Cases()),
+                         [](const ::testing::TestParamInfo<PagedCase>& info) { return std::string(info.param.name); });
+
 // Validation rejects bad params before launching anything, so this runs
 // without a GPU: the pointers are aligned and never dereferenced.
 TEST(PagedAttentionValidationTest, RejectsBadParams) {
@@ -522,7 +699,13 @@ TEST(PagedAttentionValidationTest, RejectsBadParams) {
   good.cu_seqlens = dummy;
   good.num_seqs = 1;
   good.tokens = 1;
-  good.cache = {dummy, dummy, 1, 16, dummy, dummy, dummy};
+  good.cache = {.k = dummy,
+                .v = dummy,
+                .num_blocks = 1,
+                .block_tokens = 16,
+                .start = dummy,
+                .cu_blocks = dummy,
+                .block_tables = dummy};
   good.num_heads = 2;
   good.num_kv_heads = 1;
   good.head_dim = 128;
@@ -572,6 +755,12 @@ TEST(PagedAttentionValidationTest, RejectsBadParams) {
       {"zero softmax scale", [](PagedAttentionParams& p) { p.softmax_scale = 0.f; }, false},
       {"no work items", [](PagedAttentionParams& p) { p.num_items = 0; }, false},
       {"null work items", [](PagedAttentionParams& p) { p.items = nullptr; }, false},
+      {"FP8 blocks of 8 tokens",
+       [](PagedAttentionParams& p) {
+         p.cache.fp8 = true;
+         p.cache.block_tokens = 8;
+       },
+       true},
       {"combines without workspace",
        [](PagedAttentionParams& p) {
          p.num_combines = 1;

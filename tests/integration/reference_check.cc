@@ -24,11 +24,12 @@ double RoundTo(double value, const std::string& datatype) {
 
 }  // namespace
 
-DemoReference::DemoReference(int64_t first_layer, int64_t end_layer) {
+DemoReference::DemoReference(int64_t first_layer, int64_t end_layer, bool kv_cache_fp8) {
   LayerRange range;
   range.begin = first_layer;
   range.end = end_layer;
   model_ = test_support::ToReference(MakeDemoModel(range));
+  model_.config.kv_cache_fp8 = kv_cache_fp8;
 }
 
 std::vector<double> DemoReference::Run(const std::vector<float>& x, int64_t batch,

@@ -18,8 +18,9 @@ namespace layerserve::integration {
 
 class DemoReference {
  public:
-  // Layers [first_layer, end_layer) of the demo model.
-  DemoReference(int64_t first_layer, int64_t end_layer);
+  // Layers [first_layer, end_layer) of the demo model; with kv_cache_fp8,
+  // attention reads K and V as --kv-cache-dtype=fp8 stores them.
+  DemoReference(int64_t first_layer, int64_t end_layer, bool kv_cache_fp8 = false);
 
   int64_t hidden() const { return model_.config.hidden; }
 

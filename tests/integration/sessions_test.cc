@@ -826,6 +826,36 @@ TEST(SessionLimitsTest, KvCacheExhaustedSaysHowManyBlocksAreFree) {
   EXPECT_TRUE(k1.Send(3, /*end=*/true));
 }
 
+// --kv-cache-dtype=fp8: the same memory holds more blocks (about 3.8x the
+// CPU backend's float32 rows, 1.9x CUDA's bf16 ones), and a session's steps
+// match the float64 reference whose attention reads K and V quantized as the
+// cache stores them, at the backend's usual tolerance; the reference without
+// the quantization is measurably farther.
+TEST(SessionLimitsTest, Fp8KvCacheHoldsMoreTokensAndStepsMatchItsReference) {
+  Served plain;
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--kv-cache-memory=1MiB"}, &plain));
+  if (!plain.sessions()) GTEST_SKIP() << kNoSessions;
+  const int64_t plain_blocks = plain.Parameter("kv_blocks");
+  Served served;
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--kv-cache-memory=1MiB", "--kv-cache-dtype=fp8"}, &served));
+  const int64_t blocks = served.Parameter("kv_blocks");
+  EXPECT_GE(static_cast<double>(blocks), 1.8 * static_cast<double>(plain_blocks))
+      << blocks << " blocks of FP8 against " << plain_blocks;
+
+  Session session(served.client.get(), std::string("fp8"), Sequence(2, 40, 8700), "FP32");
+  session.UseReference(DemoReference(0, 4, /*kv_cache_fp8=*/true));
+  for (const int64_t piece : {17, 1, 1, 5, 16}) ASSERT_TRUE(session.Send(piece));
+  // The unquantized reference misses at least one of the same steps' tokens
+  // at float32's tolerance (a bf16 backend's is wider than the quantization's
+  // effect, so only the CPU backend's run can tell them apart here).
+  if (ToleranceFor("FP32") > 1e-4) return;
+  Session unquantized(served.client.get(), std::string("plain"), Sequence(2, 40, 8700), "FP32");
+  unquantized.UseReference(DemoReference(0, 4));
+  bool missed = false;
+  for (const int64_t piece : {17, 1, 1, 5, 16}) missed = !unquantized.Send(piece) || missed;
+  EXPECT_TRUE(missed) << "the FP8 cache's steps match the unquantized reference: no quantization?";
+}
+
 // --max-sessions: one more session than allowed is refused until one ends.
 TEST(SessionLimitsTest, MaxSessionsRefusesOneMoreUntilOneEnds) {
   Served served;

@@ -62,11 +62,32 @@ namespace layerserve::kernels {
 
 // One layer's paged KV cache and where each packed sequence sits in it. All
 // pointers are device memory; none is owned.
+//
+// In the activation dtype (fp8 false), k and v are [num_blocks, block_tokens,
+// num_kv_heads * head_dim] elements of that dtype. As FP8 (fp8 true;
+// block_tokens a multiple of 16): a token's row of each KV head is e4m3
+// codes at one float32 scale (amax / 448 of the row:
+// server/core/kv_cache_dtype.h), laid out for the attention's loads:
+//   k: [num_blocks, block_tokens, num_kv_heads * head_dim] codes (rows as
+//      in bf16, a byte per element);
+//   v: [num_blocks, num_kv_heads, block_tokens / 16] groups of 16 keys, each
+//      group 16 * (head_dim + 8) bytes: the group's V codes [head_dim][16]
+//      (transposed: a dimension's 16 keys adjacent, in the order 0, 1, 8,
+//      9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15, so that the P V operand
+//      a thread needs, keys 2t, 2t + 1, 2t + 8, 2t + 9 of one dimension, is
+//      4 adjacent bytes), then its 16 K scales, then its 16 V scales
+//      (float32). A group is one copy: a run of 16 keys' values and scales.
+// Worked example, block_tokens 16, 8 KV heads of 128: position 5 of block 3,
+// KV head 2, dimension 7 has its K code at byte (3 * 16 + 5) * 1024 + 2 *
+// 128 + 7; its group starts at byte (3 * 8 + 2) * 2176 of v, its V code at
+// 7 * 16 + 9 in it (key 5 sits tenth), its K scale at 2048 + 5 * 4 and its
+// V scale at 2112 + 5 * 4. Design record 0017.
 struct PagedKv {
-  void* k = nullptr;       // [num_blocks, block_tokens, num_kv_heads * head_dim]
-  void* v = nullptr;       // same
+  void* k = nullptr;
+  void* v = nullptr;
   int64_t num_blocks = 0;  // of each pool (PagedAttention's bound on its reads)
   int block_tokens = 0;
+  bool fp8 = false;                       // the FP8 layout above
   const int32_t* start = nullptr;         // [num_seqs]: position of each sequence's first new token
   const int32_t* cu_blocks = nullptr;     // [num_seqs + 1]: offsets of the tables in block_tables
   const int32_t* block_tables = nullptr;  // every sequence's table, concatenated
@@ -86,9 +107,14 @@ struct KvAppendParams {
 // (its positions are each token's own), then stores each session sequence's
 // rotated K rows and its V rows (the K and V columns of the same qkv rows)
 // in the cache, one CTA per token: the K it stores comes from the registers
-// that rotated it. INVALID_ARGUMENT for params LaunchRope refuses, head_dim
-// other than 64 or 128, a dtype other than bf16 or fp16, or a cache or
-// packing not set.
+// that rotated it. Into an FP8 cache it stores each head's codes and scale,
+// and writes the values the cache now holds (code * scale, rounded to the
+// dtype) back over the session rows' K and V columns of qkv, so that an
+// attention over those rows (a batch with nothing cached yet) sees what
+// later steps will read from the cache. INVALID_ARGUMENT for params
+// LaunchRope refuses, head_dim other than 64 or 128, a dtype other than bf16
+// or fp16, a cache or packing not set, or an FP8 cache whose block_tokens is
+// not a multiple of 16.
 absl::Status LaunchRopeKvAppend(const RopeParams& rope, const KvAppendParams& append, cudaStream_t stream);
 
 // ---- The plan of a PagedAttention launch (host code, no GPU needed) ----
@@ -187,7 +213,9 @@ absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const std::vector<PagedSeq
 // already has more than either count.
 absl::Status PadPagedPlan(int64_t items, int64_t combines, PagedAttentionPlan* plan);
 
-// Causal grouped-query attention of every new token over its sequence's keys:
+// Causal grouped-query attention of every new token over its sequence's keys
+// (read from an FP8 cache as code * scale, the scales applied in fp32 to the
+// scores and to the probabilities before P V):
 // query i of sequence s sits at position q = start[s] + i and sees key j iff
 // j <= q, and with window > 0 only iff q - j < window (sliding-window
 // attention, as the CPU backend and transformers define it). A session
