@@ -144,6 +144,9 @@ ServedModel ServedModelFromFlags(const ServerFlags& flags, const ModelSpan& span
   served.sessions = true;
   served.kv_block_tokens = kv.shape->block_tokens;
   served.kv_blocks = kv.shape->num_blocks;
+  // ValidateFlags refused every other value.
+  served.kv_cache_dtype = std::string(KvCacheDTypeName(
+      ParseKvCacheDType(flags.kv_cache_dtype).value_or(KvCacheDType::kActivation)));
   served.max_sessions = flags.max_sessions;
   served.max_session_tokens = flags.max_session_tokens;
   served.session_idle_timeout_us = flags.session_idle_timeout_s * 1'000'000;

@@ -841,6 +841,8 @@ TEST(SessionLimitsTest, Fp8KvCacheHoldsMoreTokensAndStepsMatchItsReference) {
   const int64_t blocks = served.Parameter("kv_blocks");
   EXPECT_GE(static_cast<double>(blocks), 1.8 * static_cast<double>(plain_blocks))
       << blocks << " blocks of FP8 against " << plain_blocks;
+  EXPECT_EQ(served.config.parameters().at("kv_cache_dtype").string_value(), "fp8");
+  EXPECT_EQ(plain.config.parameters().at("kv_cache_dtype").string_value(), "auto");
 
   Session session(served.client.get(), std::string("fp8"), Sequence(2, 40, 8700), "FP32");
   session.UseReference(DemoReference(0, 4, /*kv_cache_fp8=*/true));

@@ -28,6 +28,7 @@ ServedModel Model(bool sessions) {
     model.sessions = true;
     model.kv_block_tokens = 16;
     model.kv_blocks = 1000;
+    model.kv_cache_dtype = "fp8";
     model.max_sessions = 128;
     model.max_session_tokens = 8192;
     model.session_idle_timeout_us = 30'000'000;
@@ -48,8 +49,8 @@ TEST(ModelConfigTest, StatelessModelHasTheDynamicBatcher) {
   EXPECT_EQ(config.dynamic_batching().max_queue_delay_microseconds(), 250u);
   EXPECT_EQ(config.dynamic_batching().default_queue_policy().max_queue_size(), 77u);
   EXPECT_TRUE(config.dynamic_batching().default_queue_policy().allow_timeout_override());
-  for (const char* key : {"kv_block_tokens", "kv_blocks", "max_sessions", "max_session_tokens",
-                          "session_idle_timeout_us"}) {
+  for (const char* key : {"kv_block_tokens", "kv_blocks", "kv_cache_dtype", "max_sessions",
+                          "max_session_tokens", "session_idle_timeout_us"}) {
     EXPECT_EQ(Parameter(config, key), "<absent>") << key;
   }
   EXPECT_EQ(Parameter(config, "compute_backend"), "cpu");
@@ -68,6 +69,7 @@ TEST(ModelConfigTest, SessionsAdvertiseTheSequenceBatcher) {
   EXPECT_EQ(batching.oldest().preferred_batch_size_size(), 0);
   EXPECT_EQ(Parameter(config, "kv_block_tokens"), "16");
   EXPECT_EQ(Parameter(config, "kv_blocks"), "1000");
+  EXPECT_EQ(Parameter(config, "kv_cache_dtype"), "fp8");
   EXPECT_EQ(Parameter(config, "max_sessions"), "128");
   EXPECT_EQ(Parameter(config, "max_session_tokens"), "8192");
   EXPECT_EQ(Parameter(config, "session_idle_timeout_us"), "30000000");

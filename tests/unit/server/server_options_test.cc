@@ -162,6 +162,22 @@ TEST(ServerOptionsTest, KvCachePlan) {
   EXPECT_EQ(table.idle_timeout, std::chrono::seconds(5));
 }
 
+// --kv-cache-dtype: checked before anything starts, handed to the backend,
+// advertised with the sessions.
+TEST(ServerOptionsTest, KvCacheDtypeReachesTheBackendAndTheModelConfig) {
+  EXPECT_EQ(Refusal({"--kv-cache-dtype=fp8"}), "");
+  EXPECT_EQ(Refusal({"--kv-cache-dtype=fp8_e4m3"}), "");
+  EXPECT_NE(Refusal({"--kv-cache-dtype=int8"}).find("--kv-cache-dtype=int8"), std::string::npos);
+  EXPECT_EQ(CpuBackendOptionsFromFlags(Parse({})).kv_cache_dtype, KvCacheDType::kActivation);
+  const ServerFlags fp8 = Parse({"--kv-cache-dtype=fp8"});
+  EXPECT_EQ(CpuBackendOptionsFromFlags(fp8).kv_cache_dtype, KvCacheDType::kFp8E4M3);
+  KvCachePlan kv;
+  kv.shape = KvCacheShape{.num_blocks = 10, .block_tokens = 16};
+  const ModelSpan span = MakeDemoModel({.begin = 0, .end = 1}, "demo");
+  EXPECT_EQ(ServedModelFromFlags(fp8, span, "cpu", kv).kv_cache_dtype, "fp8");
+  EXPECT_EQ(ServedModelFromFlags(Parse({}), span, "cpu", kv).kv_cache_dtype, "auto");
+}
+
 TEST(ServerOptionsTest, ServedModelReportsTheSpanAndItsSessions) {
   const ServerFlags flags =
       Parse({"--max-batch-tokens=128", "--max-queue-delay-us=50", "--max-queue-size=9",
