@@ -65,50 +65,62 @@ __host__ __device__ constexpr int ValueGroupBytes(int head_dim) { return 16 * (h
 // then the V heads, already rotated) becomes its scale s = amax / 448 and
 // the codes of x / s (kernels/common/e4m3.cuh, as the CPU cache computes
 // them), stored at slot `slot` of block `block`; the row is overwritten with
-// code * s rounded to T, the values the cache now holds. A warp per head
-// row, 4 elements a lane.
-template <typename T>
-__device__ __forceinline__ void StoreKvCodes(T* kv, const PagedKv& cache, int64_t block, int slot, int kv_heads,
-                                             int head_dim) {
-  const int lane = threadIdx.x % 32;
-  const bool active = 4 * lane < head_dim;  // head_dim 64: half the lanes
-  const int64_t kv_width = int64_t{kv_heads} * head_dim;
-  for (int h = threadIdx.x / 32; h < 2 * kv_heads; h += kAppendThreads / 32) {
+// code * s rounded to T, the values the cache now holds. Eight lanes a head
+// row (kElems elements each), so that the CTA's 128 threads take 16 rows at
+// once: a decode step's whole token for Llama-3-8B's 8 KV heads, in one
+// pass with a 3-step reduction.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void StoreKvCodes(T* kv, const PagedKv& cache, int64_t block, int slot, int kv_heads) {
+  constexpr int kLanes = 8;
+  constexpr int kElems = kHeadDim / kLanes;  // 16 or 8
+  static_assert(kAppendThreads % kLanes == 0 && kElems % 4 == 0, "whole code words a lane");
+  const int part = threadIdx.x % kLanes;
+  const int64_t kv_width = int64_t{kv_heads} * kHeadDim;
+  // Every thread runs every pass (the shuffles need the whole warp); rows
+  // past the last are all zeros and store nothing.
+  for (int h0 = 0; h0 < 2 * kv_heads; h0 += kAppendThreads / kLanes) {
+    const int h = h0 + static_cast<int>(threadIdx.x) / kLanes;
+    const bool active = h < 2 * kv_heads;
     const bool value = h >= kv_heads;
     const int head = value ? h - kv_heads : h;
-    T* x = kv + int64_t{h} * head_dim + 4 * lane;
-    float v[4] = {0.f, 0.f, 0.f, 0.f};
-    if (active) {
+    T* x = kv + int64_t{h} * kHeadDim + part * kElems;
+    float v[kElems];
+    float amax = 0.f;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) v[i] = ToFloat(x[i]);
+    for (int i = 0; i < kElems; ++i) {
+      v[i] = active ? ToFloat(x[i]) : 0.f;
+      amax = fmaxf(amax, fabsf(v[i]));
     }
-    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
 #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+    for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+    }
     const float s = amax / kE4m3MaxValue;
-    uint32_t word[1];
-    E4m3Scale(s, /*bounded=*/true).Codes(v, word);
+    uint32_t words[kElems / 4];
+    E4m3Scale(s, /*bounded=*/true).Codes(v, words);
     if (!active) continue;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const auto code = static_cast<__nv_fp8_storage_t>((word[0] >> (8 * i)) & 0xffu);
+    for (int i = 0; i < kElems; ++i) {
+      const auto code = static_cast<__nv_fp8_storage_t>((words[i / 4] >> (8 * (i % 4))) & 0xffu);
       x[i] = FromFloat<T>(__half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3))) * s);
     }
     // The token's V group: its head's group of 16 keys in the block.
     unsigned char* group =
         static_cast<unsigned char*>(cache.v) +
-        ((block * kv_heads + head) * (cache.block_tokens / 16) + slot / 16) * int64_t{ValueGroupBytes(head_dim)};
+        ((block * kv_heads + head) * (cache.block_tokens / 16) + slot / 16) * int64_t{ValueGroupBytes(kHeadDim)};
     if (value) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        group[(4 * lane + i) * 16 + ValueCodeSlot(slot % 16)] = static_cast<unsigned char>(word[0] >> (8 * i));
+      for (int i = 0; i < kElems; ++i) {
+        group[(part * kElems + i) * 16 + ValueCodeSlot(slot % 16)] =
+            static_cast<unsigned char>(words[i / 4] >> (8 * (i % 4)));
       }
     } else {
-      auto* codes = static_cast<unsigned char*>(cache.k);
-      *reinterpret_cast<uint32_t*>(codes + (block * cache.block_tokens + slot) * kv_width + int64_t{head} * head_dim +
-                                   4 * lane) = word[0];
+      auto* codes = static_cast<unsigned char*>(cache.k) + (block * cache.block_tokens + slot) * kv_width +
+                    int64_t{head} * kHeadDim + part * kElems;
+#pragma unroll
+      for (int w = 0; w < kElems / 4; ++w) reinterpret_cast<uint32_t*>(codes)[w] = words[w];
     }
-    if (lane == 0) reinterpret_cast<float*>(group + head_dim * 16)[(value ? 16 : 0) + slot % 16] = s;
+    if (part == 0) reinterpret_cast<float*>(group + kHeadDim * 16)[(value ? 16 : 0) + slot % 16] = s;
   }
 }
 
@@ -156,9 +168,13 @@ __global__ void __launch_bounds__(kAppendThreads) RopeKvAppendKernel(const RopeP
   if (codes) {
     __syncthreads();  // every rotated K head is in the row (keep and codes are the CTA's)
     const int block_tokens = a.cache.block_tokens;
-    StoreKvCodes(row + int64_t{r.num_heads} * r.head_dim, a.cache,
-                 a.cache.block_tables[table_begin + pos / block_tokens], pos % block_tokens, r.num_kv_heads,
-                 r.head_dim);
+    const int64_t block = a.cache.block_tables[table_begin + pos / block_tokens];
+    T* kv = row + int64_t{r.num_heads} * r.head_dim;
+    if (r.head_dim == 128) {
+      StoreKvCodes<T, 128>(kv, a.cache, block, pos % block_tokens, r.num_kv_heads);
+    } else {
+      StoreKvCodes<T, 64>(kv, a.cache, block, pos % block_tokens, r.num_kv_heads);
+    }
     return;
   }
   const T* v_src = row + (r.num_heads + r.num_kv_heads) * r.head_dim;
