@@ -246,7 +246,7 @@ struct PagedAttentionParams {
   int head_dim = 0;  // 64 or 128
   int window = 0;    // sliding window in tokens; 0: full causal
   float softmax_scale = 0.f;
-  DType dtype = DType::kBF16;  // bf16 or fp16, of q, k, v, out and the cache
+  DType dtype = DType::kBF16;  // bf16 or fp16, of q, k, v, out and (unless cache.fp8) the cache
   // The plan (PlanPagedAttention) for exactly these sequences and head
   // counts, uploaded to the device, and the workspace its splits write:
   // partial_out [partial_rows, num_kv_heads, head_dim] and partial_lse
