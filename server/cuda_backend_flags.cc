@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "base/status_macros.h"
-#include "server/core/kv_cache_dtype.h"
 
 namespace layerserve {
 
@@ -30,9 +29,7 @@ absl::StatusOr<CudaBackendOptions> CudaBackendOptionsFromFlags(const ServerFlags
   options.gemm_tuning.cache_path = flags.gemm_tune_cache;
   options.gemm_tuning.build = std::string(version);
   options.gemm_tuning.pins = std::move(pins);
-  // ValidateFlags refused every other value.
-  options.kv_cache_dtype =
-      ParseKvCacheDType(flags.kv_cache_dtype).value_or(KvCacheDType::kActivation);
+  options.kv_cache_dtype = KvCacheDTypeOf(flags);
   return options;
 }
 

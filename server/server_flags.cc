@@ -14,7 +14,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
-#include "server/core/kv_cache_dtype.h"
 #include "server/model/model.h"
 
 namespace layerserve {
@@ -419,6 +418,10 @@ absl::StatusOr<int64_t> KvCacheBytes(std::string_view flag, int64_t available,
   }
   if (number > (uint64_t{INT64_MAX} >> shift)) return bad();
   return static_cast<int64_t>(number << shift);
+}
+
+KvCacheDType KvCacheDTypeOf(const ServerFlags& flags) {
+  return ParseKvCacheDType(flags.kv_cache_dtype).value_or(KvCacheDType::kActivation);
 }
 
 }  // namespace layerserve

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/core/kv_cache_dtype.h"
 
 namespace layerserve {
 
@@ -86,5 +87,10 @@ absl::Status CheckFlags(const ServerFlags& flags);
 // INVALID_ARGUMENT for anything else, quoting the value.
 absl::StatusOr<int64_t> KvCacheBytes(std::string_view value, int64_t available,
                                      double auto_fraction);
+
+// --kv-cache-dtype, parsed: what the backends are given and ModelConfig
+// advertises. Flags that passed CheckFlags parse; anything else reads as
+// auto.
+KvCacheDType KvCacheDTypeOf(const ServerFlags& flags);
 
 }  // namespace layerserve

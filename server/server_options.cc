@@ -10,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
-#include "server/core/kv_cache_dtype.h"
 #include "server/grpc/completion_queues.h"
 
 namespace layerserve {
@@ -42,9 +41,7 @@ std::string ModelSource::Description(std::string_view layers_flag) const {
 CpuBackendOptions CpuBackendOptionsFromFlags(const ServerFlags& flags) {
   CpuBackendOptions options;
   options.num_threads = flags.cpu_threads;
-  // ValidateFlags refused every other value.
-  options.kv_cache_dtype =
-      ParseKvCacheDType(flags.kv_cache_dtype).value_or(KvCacheDType::kActivation);
+  options.kv_cache_dtype = KvCacheDTypeOf(flags);
   return options;
 }
 
@@ -144,9 +141,7 @@ ServedModel ServedModelFromFlags(const ServerFlags& flags, const ModelSpan& span
   served.sessions = true;
   served.kv_block_tokens = kv.shape->block_tokens;
   served.kv_blocks = kv.shape->num_blocks;
-  // ValidateFlags refused every other value.
-  served.kv_cache_dtype = std::string(KvCacheDTypeName(
-      ParseKvCacheDType(flags.kv_cache_dtype).value_or(KvCacheDType::kActivation)));
+  served.kv_cache_dtype = KvCacheDTypeOf(flags);
   served.max_sessions = flags.max_sessions;
   served.max_session_tokens = flags.max_session_tokens;
   served.session_idle_timeout_us = flags.session_idle_timeout_s * 1'000'000;

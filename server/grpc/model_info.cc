@@ -147,7 +147,8 @@ void FillModelConfig(const ServedModel& model, inference::ModelConfig* config) {
   if (model.sessions) {
     parameters["kv_block_tokens"].set_string_value(absl::StrCat(model.kv_block_tokens));
     parameters["kv_blocks"].set_string_value(absl::StrCat(model.kv_blocks));
-    parameters["kv_cache_dtype"].set_string_value(model.kv_cache_dtype);
+    parameters["kv_cache_dtype"].set_string_value(
+        std::string(KvCacheDTypeName(model.kv_cache_dtype)));
     parameters["max_sessions"].set_string_value(absl::StrCat(model.max_sessions));
     // 0: no bound beyond the KV cache's blocks.
     parameters["max_session_tokens"].set_string_value(absl::StrCat(model.max_session_tokens));

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "server/core/kv_cache_dtype.h"
 #include "server/model/model.h"
 
 namespace layerserve {
@@ -23,9 +24,9 @@ struct ServedModel {
   // Without sessions: why, for the error a session request gets ("the cuda
   // backend keeps no KV cache yet", "--kv-cache-memory=0").
   std::string sessions_off_reason;
-  int64_t kv_block_tokens = 0;          // tokens per KV cache block
-  int64_t kv_blocks = 0;                // blocks in the pool
-  std::string kv_cache_dtype = "auto";  // --kv-cache-dtype's meaning: "auto" or "fp8"
+  int64_t kv_block_tokens = 0;                              // tokens per KV cache block
+  int64_t kv_blocks = 0;                                    // blocks in the pool
+  KvCacheDType kv_cache_dtype = KvCacheDType::kActivation;  // advertised as "auto" or "fp8"
   int64_t max_sessions = 0;
   int64_t max_session_tokens = 0;       // 0: no limit beyond the pool
   int64_t session_idle_timeout_us = 0;  // 0: sessions never expire

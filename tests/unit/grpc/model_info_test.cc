@@ -28,7 +28,7 @@ ServedModel Model(bool sessions) {
     model.sessions = true;
     model.kv_block_tokens = 16;
     model.kv_blocks = 1000;
-    model.kv_cache_dtype = "fp8";
+    model.kv_cache_dtype = KvCacheDType::kFp8E4M3;
     model.max_sessions = 128;
     model.max_session_tokens = 8192;
     model.session_idle_timeout_us = 30'000'000;

@@ -174,8 +174,9 @@ TEST(ServerOptionsTest, KvCacheDtypeReachesTheBackendAndTheModelConfig) {
   KvCachePlan kv;
   kv.shape = KvCacheShape{.num_blocks = 10, .block_tokens = 16};
   const ModelSpan span = MakeDemoModel({.begin = 0, .end = 1}, "demo");
-  EXPECT_EQ(ServedModelFromFlags(fp8, span, "cpu", kv).kv_cache_dtype, "fp8");
-  EXPECT_EQ(ServedModelFromFlags(Parse({}), span, "cpu", kv).kv_cache_dtype, "auto");
+  EXPECT_EQ(ServedModelFromFlags(fp8, span, "cpu", kv).kv_cache_dtype, KvCacheDType::kFp8E4M3);
+  EXPECT_EQ(ServedModelFromFlags(Parse({}), span, "cpu", kv).kv_cache_dtype,
+            KvCacheDType::kActivation);
 }
 
 TEST(ServerOptionsTest, ServedModelReportsTheSpanAndItsSessions) {
