@@ -58,6 +58,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "base/cuda/cuda_resources.h"
+#include "base/dtype.h"
 #include "bench/attention/bench_util.cuh"
 #include "bench/layer/device_rates.h"
 #include "layerserve/kernels/common.h"
@@ -186,15 +187,6 @@ InputSet MakeCodeSet(const Batch& b, uint32_t seed) {
   return set;
 }
 
-// An e4m3 byte's value (the kernel's reading: the exponent-15 codes, which
-// SanitizeCodes keeps below 0x7f, as the wider formats read them).
-double CodeValue(unsigned char b) {
-  const int exponent = (b >> 3) & 15;
-  const double mantissa = b & 7;
-  const double v = exponent == 0 ? std::ldexp(mantissa, -9) : std::ldexp(1.0 + mantissa / 8.0, exponent - 7);
-  return (b & 0x80) != 0 ? -v : v;
-}
-
 // Random pools and rows; then, as RopeKvAppend does before the attention in a
 // served step, each new token's K and V row stored at its cache position.
 InputSet MakeSet(const Batch& b, uint32_t seed) {
@@ -313,9 +305,10 @@ bool Validate(const Batch& b, const InputSet& set, std::string& report) {
           std::memcpy(&ks, group + kHeadDim * 16 + in_group * 4, 4);
           std::memcpy(&vs, group + kHeadDim * 16 + 64 + in_group * 4, 4);
           for (int e = 0; e < kHeadDim; ++e) {
-            k[int64_t{j} * kKvWidth + h * kHeadDim + e] =
-                static_cast<float>(CodeValue(kc[(blk * kBlockTokens + slot) * kKvWidth + h * kHeadDim + e]) * ks);
-            v[int64_t{j} * kKvWidth + h * kHeadDim + e] = static_cast<float>(CodeValue(group[e * 16 + place]) * vs);
+            k[int64_t{j} * kKvWidth + h * kHeadDim + e] = static_cast<float>(
+                double{Fp8E4M3ToFloat(kc[(blk * kBlockTokens + slot) * kKvWidth + h * kHeadDim + e])} * ks);
+            v[int64_t{j} * kKvWidth + h * kHeadDim + e] =
+                static_cast<float>(double{Fp8E4M3ToFloat(group[e * 16 + place])} * vs);
           }
         }
       }
